@@ -1,0 +1,735 @@
+"""B-spline KAN kernels in pure Warp (no torch import).
+
+Layout (the innermost index is the one consecutive threads walk, so it is the coalesced one):
+
+- ``x``             [N, in]
+- ``grid``          [in, G + 2k + 1]   knots per input (efficient-kan's ``grid`` buffer)
+- ``base_weight_t`` [in, out]          transpose of efficient-kan's ``base_weight``
+- ``scaler_t``      [in, out]          transpose of efficient-kan's ``spline_scaler``
+- ``coef``          [in, G + k, out]   efficient-kan's ``spline_weight`` permuted (1, 2, 0)
+- ``y``             [N, out]
+
+Maths. Knots ``t_0 .. t_{G+2k}`` cut the line into ``G + 2k`` cells. Cell ``c`` carries the ``k + 1``
+bases ``B_{c-k} .. B_c``; bases with an index outside ``[0, G + k)`` do not exist (zero coefficient).
+On a uniform grid the local coordinate is ``u = (x - t_c) / h`` and ``B_{c-k+m}(x) = sum_p u^p M_k[p, m]``
+with ``M_k`` generated exactly by :func:`uniform_basis_matrix`; a non-uniform grid (what ``update_grid``
+produces) runs the local Cox-de Boor triangle on the ``2k`` knots around the cell instead. Either way the
+cost per edge is O(k) and does not depend on ``G``.
+
+Inputs outside ``[t_0, t_{G+2k})`` (and NaN) get a zero spline term, as in pykan and efficient-kan.
+
+Backward. ``dx`` is one thread per (n, i). ``d base_weight`` and ``d spline_scaler`` are reductions over
+rows: each thread sums a fixed chunk of rows for one (i, o) into a partial buffer and a combine pass adds
+the chunks in a fixed order, so no atomics are used and the result is bitwise reproducible.
+``d coef`` is a scatter by cell; the rows are bucketed by (input, cell) first, then one thread per
+coefficient (i, j, o) gathers the rows of the ``k + 1`` cells that touch basis ``j``: no atomics on
+floating-point values at all. Bucketing uses a stable radix sort when ``deterministic=True`` (rows keep
+their index order inside a bucket, so sums are bitwise reproducible), and a cheaper counting sort with
+integer atomics otherwise (same values up to rounding order).
+"""
+
+import functools
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+import warp as wp
+
+__all__ = [
+    "MAX_SPLINE_ORDER",
+    "BSplineVariant",
+    "BSplineWorkspace",
+    "uniform_basis_matrix",
+    "get_variant",
+    "launch_forward",
+    "launch_backward",
+    "grid_is_uniform",
+]
+
+MAX_SPLINE_ORDER = 5
+_OUT_TILE = 4  # outputs per forward thread: the basis of (n, i) is reused across them
+_TARGET_PARTIAL_THREADS = 1 << 17  # parallelism aimed at by the row-chunked reductions
+
+
+@functools.lru_cache(maxsize=None)
+def uniform_basis_matrix(order: int) -> tuple[tuple[float, ...], ...]:
+    """Exact ``M_k`` (``k = order``) with ``B_{c-k+m}(t_c + u h) = sum_p u^p M[p][m]``.
+
+    Derived from the cardinal B-spline ``N_k(t) = 1/k! sum_j (-1)^j C(k+1, j) (t - j)_+^k``: basis
+    ``B_{c-k+m}`` is ``N_k`` on its piece ``q = k - m``, evaluated at ``t = u + q``.
+    """
+    if not 0 <= order <= MAX_SPLINE_ORDER + 2:
+        raise ValueError(f"spline_order must be in [0, {MAX_SPLINE_ORDER + 2}], got {order}")
+    k = order
+    size = k + 1
+    matrix = [[Fraction(0)] * size for _ in range(size)]
+    for m in range(size):
+        q = k - m
+        for j in range(q + 1):
+            sign_binom = (-1) ** j * math.comb(k + 1, j)
+            shift = q - j  # (u + shift)^k = sum_p C(k, p) u^p shift^(k-p)
+            for p in range(size):
+                matrix[p][m] += Fraction(sign_binom * math.comb(k, p) * shift ** (k - p), math.factorial(k))
+    return tuple(tuple(float(v) for v in row) for row in matrix)
+
+
+def grid_is_uniform(grid: np.ndarray, rtol: float = 1e-5) -> bool:
+    """True when every row of ``grid`` [in, n_knots] has equal spacing (to ``rtol`` of the spacing)."""
+    grid = np.asarray(grid, dtype=np.float64)
+    if grid.ndim != 2 or grid.shape[1] < 2:
+        return False
+    steps = np.diff(grid, axis=1)
+    h = (grid[:, -1:] - grid[:, :1]) / steps.shape[1]
+    if np.any(h <= 0) or not np.all(np.isfinite(grid)):
+        return False
+    return bool(np.all(np.abs(steps - h) <= rtol * np.abs(h)))
+
+
+@dataclass(frozen=True)
+class BSplineVariant:
+    """The compiled kernels of one (spline order, uniform-or-general, scalar type) combination."""
+
+    order: int
+    uniform: bool
+    scalar: type
+    forward: wp.Kernel
+    backward_x: wp.Kernel
+    backward_rows: wp.Kernel
+    combine_rows: wp.Kernel
+    bucket_keys: wp.Kernel
+    bucket_counts: wp.Kernel
+    bucket_place: wp.Kernel
+    backward_coef: wp.Kernel
+    basis_matrix: object  # a wp matrix value passed to every kernel (unused by the general path)
+    module: str
+
+
+_SCALARS = {"float32": wp.float32, "float64": wp.float64}
+
+
+@functools.lru_cache(maxsize=None)
+def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSplineVariant:
+    """Build (lazily) the kernels for one variant; all of them live in one Warp module."""
+    if not 1 <= order <= MAX_SPLINE_ORDER:
+        raise ValueError(f"spline_order must be in [1, {MAX_SPLINE_ORDER}], got {order}")
+    if scalar_name not in _SCALARS:
+        raise TypeError(f"scalar type must be one of {sorted(_SCALARS)}, got {scalar_name}")
+    scalar = _SCALARS[scalar_name]
+    K = order + 1
+    OT = _OUT_TILE
+    vecK = wp.types.vector(length=K, dtype=scalar)
+    vecOT = wp.types.vector(length=OT, dtype=scalar)
+    matK = wp.types.matrix(shape=(K, K), dtype=scalar)
+    module = f"warpkan_bspline_k{order}_{'uniform' if uniform else 'general'}_{scalar_name}"
+    kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
+    zero = scalar(0.0)
+    one = scalar(1.0)
+
+    # ------------------------------------------------------------------ basis evaluation (@wp.func)
+    @wp.func
+    def silu_and_grad(x: scalar):
+        sig = one / (one + wp.exp(-x))
+        return x * sig, sig * (one + x * (one - sig))
+
+    @wp.func
+    def uniform_locate(grid: wp.array2d(dtype=scalar), i: int, x: scalar):
+        """(valid, cell, u, 1/h) on the uniform grid of input i."""
+        n_cells = grid.shape[1] - 1
+        t0 = grid[i, 0]
+        inv_h = scalar(n_cells) / (grid[i, n_cells] - t0)
+        s = (x - t0) * inv_h
+        valid = int(0)
+        cell = int(0)
+        u = zero
+        if s >= zero and s < scalar(n_cells):  # false for NaN and +-Inf
+            cell = wp.min(int(s), n_cells - 1)
+            u = s - scalar(cell)
+            valid = 1
+        return valid, cell, u, inv_h
+
+    @wp.func
+    def uniform_basis(u: scalar, basis_matrix: matK):
+        b = vecK()
+        power = one
+        for p in range(K):
+            for m in range(K):
+                b[m] = b[m] + basis_matrix[p, m] * power
+            power = power * u
+        return b
+
+    @wp.func
+    def uniform_basis_grad(u: scalar, inv_h: scalar, basis_matrix: matK):
+        """d/dx of the K bases: sum_p p M[p, m] u^(p-1) / h."""
+        db = vecK()
+        power = one
+        for p in range(1, K):
+            for m in range(K):
+                db[m] = db[m] + scalar(p) * basis_matrix[p, m] * power
+            power = power * u
+        return db * inv_h
+
+    @wp.func
+    def knot(grid: wp.array2d(dtype=scalar), i: int, idx: int):
+        """Knot idx of input i, extended linearly past both ends (those knots only shape bases whose
+        index lies outside [0, G + k), which carry no coefficient)."""
+        last = grid.shape[1] - 1
+        if idx < 0:
+            return grid[i, 0] + scalar(idx) * (grid[i, 1] - grid[i, 0])
+        if idx > last:
+            return grid[i, last] + scalar(idx - last) * (grid[i, last] - grid[i, last - 1])
+        return grid[i, idx]
+
+    @wp.func
+    def general_locate(grid: wp.array2d(dtype=scalar), i: int, x: scalar):
+        """(valid, cell) by binary search in the knots of input i."""
+        last = grid.shape[1] - 1
+        valid = int(0)
+        lo = int(0)
+        if x >= grid[i, 0] and x < grid[i, last]:
+            valid = 1
+            hi = last
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if x >= grid[i, mid]:
+                    lo = mid
+                else:
+                    hi = mid
+        return valid, lo
+
+    @wp.func
+    def safe_div(a: scalar, b: scalar):
+        if b == zero:
+            return zero
+        return a / b
+
+    @wp.func
+    def general_basis_and_grad(grid: wp.array2d(dtype=scalar), i: int, cell: int, x: scalar):
+        """Local Cox-de Boor triangle (NURBS book A2.2): bases B_{cell-k..cell} and their x-derivatives."""
+        left = vecK()
+        right = vecK()
+        b = vecK()
+        lower = vecK()  # the degree k-1 bases, kept for the derivative
+        b[0] = one
+        for j in range(1, K):
+            left[j] = x - knot(grid, i, cell + 1 - j)
+            right[j] = knot(grid, i, cell + j) - x
+            if j == K - 1:
+                lower = b
+            saved = zero
+            for r in range(K - 1):
+                if r < j:
+                    temp = safe_div(b[r], right[r + 1] + left[j - r])
+                    b[r] = saved + right[r + 1] * temp
+                    saved = left[j - r] * temp
+            b[j] = saved
+        # d/dx B_{l,k} = k (B_{l,k-1} / (t_{l+k} - t_l) - B_{l+1,k-1} / (t_{l+k+1} - t_{l+1})), l = cell-k+m;
+        # lower[q] is B_{cell-k+1+q, k-1}.
+        db = vecK()
+        kf = scalar(K - 1)
+        for m in range(K):
+            l = cell - (K - 1) + m
+            if m >= 1:
+                db[m] = db[m] + kf * safe_div(lower[m - 1], knot(grid, i, l + K - 1) - knot(grid, i, l))
+            if m <= K - 2:
+                db[m] = db[m] - kf * safe_div(lower[m], knot(grid, i, l + K) - knot(grid, i, l + 1))
+        return b, db
+
+    @wp.func
+    def basis_at(grid: wp.array2d(dtype=scalar), i: int, x: scalar, basis_matrix: matK):
+        """(valid, cell, bases) for x on input i; bases are zero when x is off the grid."""
+        if wp.static(uniform):
+            valid, cell, u, inv_h = uniform_locate(grid, i, x)
+            b = vecK()
+            if valid:
+                b = uniform_basis(u, basis_matrix)
+            return valid, cell, b
+        else:
+            valid, cell = general_locate(grid, i, x)
+            b = vecK()
+            if valid:
+                b, db = general_basis_and_grad(grid, i, cell, x)
+            return valid, cell, b
+
+    @wp.func
+    def basis_and_grad_at(grid: wp.array2d(dtype=scalar), i: int, x: scalar, basis_matrix: matK):
+        if wp.static(uniform):
+            valid, cell, u, inv_h = uniform_locate(grid, i, x)
+            b = vecK()
+            db = vecK()
+            if valid:
+                b = uniform_basis(u, basis_matrix)
+                db = uniform_basis_grad(u, inv_h, basis_matrix)
+            return valid, cell, b, db
+        else:
+            valid, cell = general_locate(grid, i, x)
+            b = vecK()
+            db = vecK()
+            if valid:
+                b, db = general_basis_and_grad(grid, i, cell, x)
+            return valid, cell, b, db
+
+    @wp.func
+    def spline_at(coef: wp.array3d(dtype=scalar), i: int, cell: int, o: int, b: vecK):
+        """sum_m b_m C[i, cell-k+m, o], skipping bases whose index is outside [0, G + k)."""
+        n_coef = coef.shape[1]
+        acc = zero
+        for m in range(K):
+            j = cell - (K - 1) + m
+            if j >= 0 and j < n_coef:
+                acc = acc + b[m] * coef[i, j, o]
+        return acc
+
+    # ------------------------------------------------------------------ forward
+    @kernel
+    def forward(
+        x: wp.array2d(dtype=scalar),
+        grid: wp.array2d(dtype=scalar),
+        base_weight_t: wp.array2d(dtype=scalar),
+        scaler_t: wp.array2d(dtype=scalar),
+        coef: wp.array3d(dtype=scalar),
+        basis_matrix: matK,
+        use_base: int,
+        y: wp.array2d(dtype=scalar),
+    ):
+        # consecutive threads take consecutive output tiles of one row: coefficient reads coalesce
+        tid = wp.tid()
+        n_out = y.shape[1]
+        n_tiles = (n_out + OT - 1) // OT
+        n = tid // n_tiles
+        o0 = (tid - n * n_tiles) * OT
+        acc = vecOT()
+        for i in range(x.shape[1]):
+            xv = x[n, i]
+            valid, cell, b = basis_at(grid, i, xv, basis_matrix)
+            act = zero
+            if use_base:
+                act, dact = silu_and_grad(xv)
+            for t in range(OT):
+                o = o0 + t
+                if o < n_out:
+                    term = zero
+                    if use_base:
+                        term = base_weight_t[i, o] * act
+                    if valid:
+                        term = term + scaler_t[i, o] * spline_at(coef, i, cell, o, b)
+                    acc[t] = acc[t] + term
+        for t in range(OT):
+            if o0 + t < n_out:
+                y[n, o0 + t] = acc[t]
+
+    # ------------------------------------------------------------------ backward: x
+    @kernel
+    def backward_x(
+        dy: wp.array2d(dtype=scalar),
+        x: wp.array2d(dtype=scalar),
+        grid: wp.array2d(dtype=scalar),
+        base_weight_t: wp.array2d(dtype=scalar),
+        scaler_t: wp.array2d(dtype=scalar),
+        coef: wp.array3d(dtype=scalar),
+        basis_matrix: matK,
+        use_base: int,
+        dx: wp.array2d(dtype=scalar),
+    ):
+        # dx[n, i] += sum_o dy[n, o] (w_b[i, o] silu'(x) + s[i, o] sum_m b'_m C[i, c-k+m, o])
+        tid = wp.tid()
+        n_in = x.shape[1]
+        n = tid // n_in
+        i = tid - n * n_in
+        xv = x[n, i]
+        valid, cell, b, db = basis_and_grad_at(grid, i, xv, basis_matrix)
+        act = zero
+        dact = zero
+        if use_base:
+            act, dact = silu_and_grad(xv)
+        acc = zero
+        for o in range(dy.shape[1]):
+            g = zero
+            if use_base:
+                g = base_weight_t[i, o] * dact
+            if valid:
+                g = g + scaler_t[i, o] * spline_at(coef, i, cell, o, db)
+            acc = acc + dy[n, o] * g
+        dx[n, i] = dx[n, i] + acc
+
+    # ------------------------------------------------------------------ backward: base weight, scaler
+    @kernel
+    def backward_rows(
+        dy: wp.array2d(dtype=scalar),
+        x: wp.array2d(dtype=scalar),
+        grid: wp.array2d(dtype=scalar),
+        coef: wp.array3d(dtype=scalar),
+        basis_matrix: matK,
+        rows_per_chunk: int,
+        partial_base: wp.array3d(dtype=scalar),
+        partial_scaler: wp.array3d(dtype=scalar),
+    ):
+        # partial[chunk, i, o] = sum over the chunk's rows of dy[n, o] silu(x[n, i]) (resp. spline(x[n, i]))
+        tid = wp.tid()
+        n_out = dy.shape[1]
+        n_in = x.shape[1]
+        o = tid % n_out
+        rest = tid // n_out
+        i = rest % n_in
+        chunk = rest // n_in
+        start = chunk * rows_per_chunk
+        stop = wp.min(start + rows_per_chunk, x.shape[0])
+        acc_base = zero
+        acc_scaler = zero
+        for n in range(start, stop):
+            xv = x[n, i]
+            g = dy[n, o]
+            act, dact = silu_and_grad(xv)
+            acc_base = acc_base + g * act
+            valid, cell, b = basis_at(grid, i, xv, basis_matrix)
+            if valid:
+                acc_scaler = acc_scaler + g * spline_at(coef, i, cell, o, b)
+        partial_base[chunk, i, o] = acc_base
+        partial_scaler[chunk, i, o] = acc_scaler
+
+    @kernel
+    def combine_rows(
+        partial_base: wp.array3d(dtype=scalar),
+        partial_scaler: wp.array3d(dtype=scalar),
+        use_base: int,
+        d_base_weight_t: wp.array2d(dtype=scalar),
+        d_scaler_t: wp.array2d(dtype=scalar),
+    ):
+        i, o = wp.tid()
+        acc_base = zero
+        acc_scaler = zero
+        for chunk in range(partial_base.shape[0]):  # fixed order: deterministic
+            acc_base = acc_base + partial_base[chunk, i, o]
+            acc_scaler = acc_scaler + partial_scaler[chunk, i, o]
+        if use_base:
+            d_base_weight_t[i, o] = d_base_weight_t[i, o] + acc_base
+        d_scaler_t[i, o] = d_scaler_t[i, o] + acc_scaler
+
+    # ------------------------------------------------------------------ backward: coefficients
+    @wp.func
+    def bucket_of(grid: wp.array2d(dtype=scalar), i: int, x: scalar, basis_matrix: matK):
+        """Bucket of x: cell + 1 on the grid, 0 off the grid (NaN included). Buckets run 0 .. G + 2k."""
+        valid, cell, b = basis_at(grid, i, x, basis_matrix)
+        if valid:
+            return cell + 1
+        return 0
+
+    @kernel
+    def bucket_keys(
+        x: wp.array2d(dtype=scalar),
+        grid: wp.array2d(dtype=scalar),
+        basis_matrix: matK,
+        n_buckets: int,
+        keys: wp.array(dtype=wp.int32),
+        rows: wp.array(dtype=wp.int32),
+        counts: wp.array(dtype=wp.int32),
+    ):
+        # entry e = i * N + n; key = i * n_buckets + bucket; the stable sort keeps n ascending per key
+        i, n = wp.tid()
+        e = i * x.shape[0] + n
+        key = i * n_buckets + bucket_of(grid, i, x[n, i], basis_matrix)
+        keys[e] = key
+        rows[e] = n
+        wp.atomic_add(counts, key, 1)
+
+    @kernel
+    def bucket_counts(
+        x: wp.array2d(dtype=scalar),
+        grid: wp.array2d(dtype=scalar),
+        basis_matrix: matK,
+        n_buckets: int,
+        keys: wp.array(dtype=wp.int32),
+        counts: wp.array(dtype=wp.int32),
+    ):
+        i, n = wp.tid()
+        key = i * n_buckets + bucket_of(grid, i, x[n, i], basis_matrix)
+        keys[i * x.shape[0] + n] = key
+        wp.atomic_add(counts, key, 1)
+
+    @kernel
+    def bucket_place(
+        keys: wp.array(dtype=wp.int32),
+        offsets: wp.array(dtype=wp.int32),
+        cursor: wp.array(dtype=wp.int32),
+        n_rows: int,
+        rows: wp.array(dtype=wp.int32),
+    ):
+        e = wp.tid()
+        key = keys[e]
+        slot = wp.atomic_add(cursor, key, 1)  # order inside a bucket depends on scheduling
+        rows[offsets[key] + slot] = e % n_rows
+
+    @kernel
+    def backward_coef(
+        dy: wp.array2d(dtype=scalar),
+        x: wp.array2d(dtype=scalar),
+        grid: wp.array2d(dtype=scalar),
+        scaler_t: wp.array2d(dtype=scalar),
+        basis_matrix: matK,
+        rows: wp.array(dtype=wp.int32),
+        offsets: wp.array(dtype=wp.int32),
+        counts: wp.array(dtype=wp.int32),
+        n_buckets: int,
+        d_coef: wp.array3d(dtype=scalar),
+    ):
+        # d_coef[i, j, o] += s[i, o] sum_{m} sum_{n in cell j+k-m} dy[n, o] b_m(x[n, i])
+        tid = wp.tid()
+        n_out = d_coef.shape[2]
+        n_coef = d_coef.shape[1]
+        o = tid % n_out
+        rest = tid // n_out
+        j = rest % n_coef
+        i = rest // n_coef
+        acc = zero
+        for m in range(K):
+            key = i * n_buckets + (j + (K - 1) - m) + 1
+            start = offsets[key]
+            for e in range(start, start + counts[key]):
+                n = rows[e]
+                valid, cell, b = basis_at(grid, i, x[n, i], basis_matrix)
+                acc = acc + dy[n, o] * b[m]
+        d_coef[i, j, o] = d_coef[i, j, o] + scaler_t[i, o] * acc
+
+    basis_matrix = matK(*[scalar(v) for row in uniform_basis_matrix(order) for v in row])
+    return BSplineVariant(
+        order=order,
+        uniform=uniform,
+        scalar=scalar,
+        forward=forward,
+        backward_x=backward_x,
+        backward_rows=backward_rows,
+        combine_rows=combine_rows,
+        bucket_keys=bucket_keys,
+        bucket_counts=bucket_counts,
+        bucket_place=bucket_place,
+        backward_coef=backward_coef,
+        basis_matrix=basis_matrix,
+        module=module,
+    )
+
+
+def _scalar_name(array: wp.array) -> str:
+    if array.dtype == wp.float32:
+        return "float32"
+    if array.dtype == wp.float64:
+        return "float64"
+    raise TypeError(f"x must be float32 or float64, got {wp.types.type_repr(array.dtype)}")
+
+
+def _check_shapes(x, grid, base_weight_t, scaler_t, coef, order):
+    n_in = x.shape[1]
+    n_out = coef.shape[2]
+    n_coef = coef.shape[1]
+    expected = {
+        "grid": (n_in, n_coef + order + 1),
+        "base_weight_t": (n_in, n_out),
+        "scaler_t": (n_in, n_out),
+        "coef": (n_in, n_coef, n_out),
+    }
+    for name, arr in (("grid", grid), ("base_weight_t", base_weight_t), ("scaler_t", scaler_t), ("coef", coef)):
+        if tuple(arr.shape) != expected[name]:
+            raise ValueError(f"{name} must have shape {expected[name]}, got {tuple(arr.shape)}")
+        if arr.dtype != x.dtype:
+            raise TypeError(f"{name} must have the dtype of x ({wp.types.type_repr(x.dtype)}), got {wp.types.type_repr(arr.dtype)}")
+        if arr.device != x.device:
+            raise ValueError(f"{name} must be on the device of x ({x.device}), got {arr.device}")
+
+
+def launch_forward(
+    x: "wp.array2d",
+    grid: "wp.array2d",
+    base_weight_t: "wp.array2d",
+    scaler_t: "wp.array2d",
+    coef: "wp.array3d",
+    y: "wp.array2d",
+    order: int,
+    uniform: bool,
+    use_base: bool = True,
+    stream: "wp.Stream | None" = None,
+) -> None:
+    """y[n, o] = sum_i base_weight_t[i, o] silu(x[n, i]) + scaler_t[i, o] spline_io(x[n, i]). Overwrites y."""
+    _check_shapes(x, grid, base_weight_t, scaler_t, coef, order)
+    variant = get_variant(order, uniform, _scalar_name(x))
+    n_rows, n_out = x.shape[0], coef.shape[2]
+    if n_rows == 0 or n_out == 0:
+        return
+    if x.shape[1] == 0:
+        y.zero_()
+        return
+    n_tiles = (n_out + _OUT_TILE - 1) // _OUT_TILE
+    wp.launch(
+        variant.forward,
+        dim=n_rows * n_tiles,
+        inputs=[x, grid, base_weight_t, scaler_t, coef, variant.basis_matrix, int(use_base)],
+        outputs=[y],
+        device=x.device,
+        stream=stream,
+        record_tape=False,
+    )
+
+
+class BSplineWorkspace:
+    """Scratch buffers of the backward pass, grown on demand and reused between calls on one device."""
+
+    def __init__(self, device):
+        self.device = wp.get_device(device)
+        self._buffers: dict[str, wp.array] = {}
+
+    def get(self, name: str, shape, dtype, zero: bool = False) -> wp.array:
+        size = int(np.prod(shape)) if len(shape) else 1
+        buf = self._buffers.get((name, dtype))
+        if buf is None or buf.size < size:
+            buf = wp.empty(max(size, 1), dtype=dtype, device=self.device)
+            self._buffers[(name, dtype)] = buf
+        view = buf[:size].reshape(tuple(shape)) if len(shape) > 1 else buf[:size]
+        if zero:
+            view.zero_()
+        return view
+
+
+_workspaces: dict[str, BSplineWorkspace] = {}
+
+
+def _workspace(device) -> BSplineWorkspace:
+    key = str(wp.get_device(device))
+    if key not in _workspaces:
+        _workspaces[key] = BSplineWorkspace(key)
+    return _workspaces[key]
+
+
+def row_chunks(n_rows: int, n_in: int, n_out: int) -> tuple[int, int]:
+    """(n_chunks, rows_per_chunk) for the row reductions: a function of the shapes alone, so that the
+    summation order, and so the result, is the same on every run."""
+    pairs = max(n_in * n_out, 1)
+    n_chunks = max(1, min(-(-_TARGET_PARTIAL_THREADS // pairs), -(-n_rows // 32)))
+    rows_per_chunk = -(-n_rows // n_chunks)
+    n_chunks = -(-n_rows // rows_per_chunk)
+    return n_chunks, rows_per_chunk
+
+
+def launch_backward(
+    dy: "wp.array2d",
+    x: "wp.array2d",
+    grid: "wp.array2d",
+    base_weight_t: "wp.array2d",
+    scaler_t: "wp.array2d",
+    coef: "wp.array3d",
+    order: int,
+    uniform: bool,
+    use_base: bool = True,
+    dx: "wp.array2d | None" = None,
+    d_base_weight_t: "wp.array2d | None" = None,
+    d_scaler_t: "wp.array2d | None" = None,
+    d_coef: "wp.array3d | None" = None,
+    deterministic: bool = False,
+    stream: "wp.Stream | None" = None,
+    workspace: "BSplineWorkspace | None" = None,
+) -> None:
+    """Accumulate (+=) the gradients of ``launch_forward`` into whichever of dx, d_base_weight_t,
+    d_scaler_t, d_coef are given. ``d_base_weight_t`` and ``d_scaler_t`` go together."""
+    _check_shapes(x, grid, base_weight_t, scaler_t, coef, order)
+    scalar_name = _scalar_name(x)
+    variant = get_variant(order, uniform, scalar_name)
+    device = x.device
+    n_rows, n_in = x.shape
+    n_coef, n_out = coef.shape[1], coef.shape[2]
+    if n_rows == 0 or n_in == 0 or n_out == 0:
+        return
+    if tuple(dy.shape) != (n_rows, n_out):
+        raise ValueError(f"dy must have shape {(n_rows, n_out)}, got {tuple(dy.shape)}")
+    ws = workspace or _workspace(device)
+    bm = variant.basis_matrix
+    scalar = variant.scalar
+
+    with wp.ScopedStream(stream) if stream is not None else _null_context():
+        if dx is not None:
+            wp.launch(
+                variant.backward_x,
+                dim=n_rows * n_in,
+                inputs=[dy, x, grid, base_weight_t, scaler_t, coef, bm, int(use_base)],
+                outputs=[dx],
+                device=device,
+                record_tape=False,
+            )
+
+        if d_base_weight_t is not None or d_scaler_t is not None:
+            if d_base_weight_t is None or d_scaler_t is None:
+                raise ValueError("d_base_weight_t and d_scaler_t must be given together")
+            n_chunks, rows_per_chunk = row_chunks(n_rows, n_in, n_out)
+            partial_base = ws.get("partial_base", (n_chunks, n_in, n_out), scalar)
+            partial_scaler = ws.get("partial_scaler", (n_chunks, n_in, n_out), scalar)
+            wp.launch(
+                variant.backward_rows,
+                dim=n_chunks * n_in * n_out,
+                inputs=[dy, x, grid, coef, bm, rows_per_chunk],
+                outputs=[partial_base, partial_scaler],
+                device=device,
+                record_tape=False,
+            )
+            wp.launch(
+                variant.combine_rows,
+                dim=(n_in, n_out),
+                inputs=[partial_base, partial_scaler, int(use_base)],
+                outputs=[d_base_weight_t, d_scaler_t],
+                device=device,
+                record_tape=False,
+            )
+
+        if d_coef is not None:
+            n_buckets = grid.shape[1] + 1  # G + 2k cells, plus the off-grid bucket 0
+            n_keys = n_in * n_buckets
+            n_entries = n_rows * n_in
+            if n_keys >= 2**31 or n_entries >= 2**31:
+                raise ValueError(f"too large for int32 bucketing: {n_entries} entries, {n_keys} buckets")
+            counts = ws.get("counts", (n_keys,), wp.int32, zero=True)
+            offsets = ws.get("offsets", (n_keys,), wp.int32)
+            if deterministic:
+                keys = ws.get("keys", (2 * n_entries,), wp.int32)
+                rows = ws.get("rows", (2 * n_entries,), wp.int32)
+                wp.launch(
+                    variant.bucket_keys,
+                    dim=(n_in, n_rows),
+                    inputs=[x, grid, bm, n_buckets],
+                    outputs=[keys, rows, counts],
+                    device=device,
+                    record_tape=False,
+                )
+                wp.utils.radix_sort_pairs(keys, rows, n_entries, end_bit=max(1, int(n_keys - 1).bit_length()))
+                wp.utils.array_scan(counts, offsets, inclusive=False)
+            else:
+                keys = ws.get("keys", (n_entries,), wp.int32)
+                rows = ws.get("rows", (n_entries,), wp.int32)
+                wp.launch(
+                    variant.bucket_counts,
+                    dim=(n_in, n_rows),
+                    inputs=[x, grid, bm, n_buckets],
+                    outputs=[keys, counts],
+                    device=device,
+                    record_tape=False,
+                )
+                wp.utils.array_scan(counts, offsets, inclusive=False)
+                cursor = ws.get("cursor", (n_keys,), wp.int32, zero=True)
+                wp.launch(
+                    variant.bucket_place,
+                    dim=n_entries,
+                    inputs=[keys, offsets, cursor, n_rows],
+                    outputs=[rows],
+                    device=device,
+                    record_tape=False,
+                )
+            wp.launch(
+                variant.backward_coef,
+                dim=n_in * n_coef * n_out,
+                inputs=[dy, x, grid, scaler_t, bm, rows, offsets, counts, n_buckets],
+                outputs=[d_coef],
+                device=device,
+                record_tape=False,
+            )
+
+
+class _null_context:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
