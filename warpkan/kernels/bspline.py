@@ -45,6 +45,8 @@ __all__ = [
     "launch_forward",
     "launch_backward",
     "grid_is_uniform",
+    "clear_workspaces",
+    "row_chunks",
 ]
 
 MAX_SPLINE_ORDER = 5
@@ -587,14 +589,20 @@ class BSplineWorkspace:
         return view
 
 
-_workspaces: dict[str, BSplineWorkspace] = {}
+_workspaces: dict[tuple, BSplineWorkspace] = {}
 
 
-def _workspace(device) -> BSplineWorkspace:
-    key = str(wp.get_device(device))
+def _workspace(device, stream) -> BSplineWorkspace:
+    # one workspace per (device, stream): backward passes on different streams must not share scratch
+    key = (str(wp.get_device(device)), stream.cuda_stream if stream is not None else 0)
     if key not in _workspaces:
-        _workspaces[key] = BSplineWorkspace(key)
+        _workspaces[key] = BSplineWorkspace(key[0])
     return _workspaces[key]
+
+
+def clear_workspaces() -> None:
+    """Free the backward pass's cached scratch buffers on every device."""
+    _workspaces.clear()
 
 
 def row_chunks(n_rows: int, n_in: int, n_out: int) -> tuple[int, int]:
@@ -637,11 +645,13 @@ def launch_backward(
         return
     if tuple(dy.shape) != (n_rows, n_out):
         raise ValueError(f"dy must have shape {(n_rows, n_out)}, got {tuple(dy.shape)}")
-    ws = workspace or _workspace(device)
+    ws = workspace or _workspace(device, stream)
     bm = variant.basis_matrix
     scalar = variant.scalar
 
-    with wp.ScopedStream(stream) if stream is not None else _null_context():
+    # sync_enter=False: the caller's stream already orders our work; waiting on Warp's own stream would
+    # break CUDA-graph capture of the caller's stream.
+    with wp.ScopedStream(stream, sync_enter=False) if stream is not None else _null_context():
         if dx is not None:
             wp.launch(
                 variant.backward_x,

@@ -1,0 +1,98 @@
+"""One benchmark registry and runner for every family: ``warpkan bench [family] [--device] [--quick] [--out DIR]``.
+
+A family registers a function with :func:`register`; it returns a list of result rows (plain dicts). The
+runner writes ``<out>/<family>.json`` and ``<out>/<family>.md`` (a markdown table of the rows).
+Timing helpers live in :mod:`warpkan.bench.timing`. Torch is imported by the family modules, not here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import platform
+from typing import Callable
+
+__all__ = ["register", "families", "run", "markdown_table"]
+
+# family name -> module that registers it (imported lazily so `warpkan bench` starts fast)
+_FAMILY_MODULES = {
+    "bspline": "warpkan.bench.bspline",
+}
+_REGISTRY: dict[str, Callable] = {}
+
+
+def register(family: str):
+    def wrap(fn):
+        _REGISTRY[family] = fn
+        return fn
+
+    return wrap
+
+
+def families() -> list[str]:
+    return sorted(_FAMILY_MODULES)
+
+
+def _load(family: str) -> Callable:
+    if family not in _FAMILY_MODULES:
+        raise ValueError(f"unknown benchmark family {family!r}; known: {', '.join(families())}")
+    importlib.import_module(_FAMILY_MODULES[family])
+    return _REGISTRY[family]
+
+
+def markdown_table(rows: list[dict]) -> str:
+    if not rows:
+        return "(no rows)\n"
+    columns: list[str] = []
+    for row in rows:
+        for key in row:
+            if key not in columns:
+                columns.append(key)
+
+    def fmt(v):
+        if v is None:
+            return "–"
+        if isinstance(v, float):
+            if v == 0:
+                return "0"
+            return f"{v:.3g}" if abs(v) < 1e4 else f"{v:.3e}"
+        return str(v)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        lines.append("| " + " | ".join(fmt(row.get(c)) for c in columns) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def run(family_names: list[str] | None, device: str, quick: bool, out_dir: str) -> dict[str, list[dict]]:
+    os.makedirs(out_dir, exist_ok=True)
+    results = {}
+    for family in family_names or families():
+        fn = _load(family)
+        rows = fn(device=device, quick=quick)
+        results[family] = rows
+        meta = {"family": family, "device": device, "quick": quick, "host": platform.node()}
+        meta.update(_environment(device))
+        with open(os.path.join(out_dir, f"{family}.json"), "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=2)
+        table = markdown_table(rows)
+        with open(os.path.join(out_dir, f"{family}.md"), "w") as f:
+            f.write(f"# {family} ({meta.get('device_name', device)})\n\n{table}")
+        print(f"\n## {family} on {meta.get('device_name', device)}\n\n{table}", flush=True)
+    return results
+
+
+def _environment(device: str) -> dict:
+    import warp as wp
+
+    env = {"warp": wp.__version__}
+    try:
+        import torch
+
+        env["torch"] = torch.__version__
+        if device.startswith("cuda") and torch.cuda.is_available():
+            env["device_name"] = torch.cuda.get_device_name(device)
+    except ImportError:
+        pass
+    return env

@@ -1,0 +1,55 @@
+"""Timing and memory helpers shared by the benchmark families (torch needed)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+__all__ = ["time_fn", "peak_memory", "HARDWARE"]
+
+# Ceilings measured on the GPU machine (DESIGN.md): used for roofline columns.
+HARDWARE = {
+    "hbm_bytes_per_s": 4.3e12,  # device-to-device copy, read + write
+    "fp32_simt_flops": 60e12,  # H100/H200 SXM fp32 non-tensor peak (datasheet, ~67 TFLOP/s)
+    "tf32_flops": 400e12,
+    "bf16_flops": 730e12,  # cuBLAS fp16 measured
+}
+
+
+def time_fn(fn, device: str, warmup: int = 3, repeat: int = 20) -> float:
+    """Median milliseconds of ``fn()`` after warm-up; CUDA events on cuda, perf_counter on the CPU.
+    Compilation happens during warm-up, so it is excluded."""
+    for _ in range(warmup):
+        fn()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(repeat):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return statistics.median(times)
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def peak_memory(fn, device: str) -> float | None:
+    """Peak MiB allocated by ``fn()`` above what was allocated before it (cuda only)."""
+    if not device.startswith("cuda"):
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20

@@ -1,0 +1,9 @@
+"""PyTorch layers and ops backed by warpkan's Warp kernels (``torch.library`` custom ops)."""
+
+from ._common import ensure_warp
+
+ensure_warp()
+
+from .bspline_ops import bspline_backward, bspline_forward, bspline_kan  # noqa: E402
+
+__all__ = ["bspline_kan", "bspline_forward", "bspline_backward"]

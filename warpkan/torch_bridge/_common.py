@@ -1,0 +1,79 @@
+"""What every torch op of warpkan shares: Warp start-up, zero-copy views on torch's current stream, and
+argument checks whose messages name the argument, what was expected and what was given."""
+
+from __future__ import annotations
+
+import torch
+import warp as wp
+
+_streams: dict[int, wp.Stream] = {}
+_devices: dict[str, wp.Device] = {}
+_ready = False
+
+
+def ensure_warp() -> None:
+    global _ready
+    if not _ready:
+        wp.init()
+        _ready = True
+
+
+def warp_device(device: torch.device) -> wp.Device:
+    key = str(device)
+    found = _devices.get(key)
+    if found is None:
+        ensure_warp()
+        found = _devices[key] = wp.device_from_torch(device)
+    return found
+
+
+def warp_stream(device: torch.device) -> wp.Stream | None:
+    """Warp's wrapper of torch's current stream on ``device`` (None on the CPU), cached per handle so the
+    hot path creates nothing."""
+    if device.type != "cuda":
+        return None
+    torch_stream = torch.cuda.current_stream(device)
+    handle = torch_stream.cuda_stream
+    found = _streams.get(handle)
+    if found is None:
+        ensure_warp()
+        found = _streams[handle] = wp.stream_from_torch(torch_stream)
+    return found
+
+
+def to_warp(t: torch.Tensor) -> wp.array:
+    """Zero-copy Warp view of a contiguous tensor."""
+    return wp.from_torch(t, requires_grad=False)
+
+
+FLOAT_DTYPES = (torch.float32, torch.float64)
+
+
+def check_tensor(name: str, t, *, ndim_min: int | None = None, ndim: int | None = None,
+                 shape: tuple | None = None, last_dim: int | None = None,
+                 dtypes: tuple = FLOAT_DTYPES, like: torch.Tensor | None = None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+    if ndim_min is not None and t.dim() < ndim_min:
+        raise ValueError(f"{name} must have at least {ndim_min} dimension(s), got shape {tuple(t.shape)}")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+    if last_dim is not None and (t.dim() == 0 or t.shape[-1] != last_dim):
+        raise ValueError(f"{name} must have last dimension {last_dim}, got shape {tuple(t.shape)}")
+    if dtypes and t.dtype not in dtypes:
+        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{name} must have dtype in ({names}), got {str(t.dtype).replace('torch.', '')}")
+    if like is not None:
+        if t.device != like.device:
+            raise ValueError(f"{name} must be on device {like.device}, got {t.device}")
+        if dtypes and t.dtype != like.dtype:
+            raise TypeError(f"{name} must have dtype {like.dtype} (that of x), got {t.dtype}")
+
+
+def autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The autocast dtype active for ``device``, or None."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return None
