@@ -1,0 +1,31 @@
+"""warpkan: Kolmogorov-Arnold Network layers with NVIDIA Warp kernels.
+
+``import warpkan`` imports Warp and numpy only. The Warp-native layers below are loaded on first use; the
+PyTorch layers live in :mod:`warpkan.torch_bridge` (which needs torch).
+"""
+
+from importlib import import_module
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it (imported lazily)
+_LAZY = {
+    "KANLinear": "warpkan.native.bspline",
+    "KANNetwork": "warpkan.native.network",
+    "bspline_basis": "warpkan.native.funcs",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'warpkan' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

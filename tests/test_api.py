@@ -1,0 +1,39 @@
+"""The public API is locked: adding or removing a public name is a deliberate change to this file."""
+
+import subprocess
+import sys
+
+import warpkan
+
+EXPECTED_WARPKAN = {
+    "__version__",
+    "KANLinear",
+    "KANNetwork",
+    "bspline_basis",
+}
+
+EXPECTED_TORCH_BRIDGE = {
+    "KANLinear",
+    "bspline_kan",
+    "bspline_forward",
+    "bspline_backward",
+}
+
+
+def test_warpkan_all_is_locked():
+    assert set(warpkan.__all__) == EXPECTED_WARPKAN
+    for name in warpkan.__all__:
+        assert getattr(warpkan, name) is not None, name
+
+
+def test_torch_bridge_all_is_locked():
+    import warpkan.torch_bridge as tb
+
+    assert set(tb.__all__) == EXPECTED_TORCH_BRIDGE
+    for name in tb.__all__:
+        assert getattr(tb, name) is not None, name
+
+
+def test_import_warpkan_does_not_import_torch():
+    code = "import sys, warpkan; import warpkan.kernels.bspline; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
