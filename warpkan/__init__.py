@@ -12,7 +12,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "KANLinear": "warpkan.native.bspline",
     "KANNetwork": "warpkan.native.network",
-    "bspline_basis": "warpkan.native.funcs",
+    "Adam": "warpkan.native.optim",
 }
 
 __all__ = ["__version__", *_LAZY]

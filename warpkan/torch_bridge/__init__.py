@@ -5,5 +5,6 @@ from ._common import ensure_warp
 ensure_warp()
 
 from .bspline_ops import bspline_backward, bspline_forward, bspline_kan  # noqa: E402
+from .kan_linear import KANLinear  # noqa: E402
 
-__all__ = ["bspline_kan", "bspline_forward", "bspline_backward"]
+__all__ = ["KANLinear", "bspline_kan", "bspline_forward", "bspline_backward"]

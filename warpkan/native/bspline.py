@@ -1,0 +1,134 @@
+"""Warp-native B-spline KAN layer: parameters in ``wp.array``s, differentiable under ``wp.Tape``.
+
+The same kernels as the torch layer; the hand-written backward is recorded with ``Tape.record_func``.
+"""
+
+import math
+
+import numpy as np
+import warp as wp
+
+from ..kernels import bspline as kb
+from ._tape import active_tape, new_output, record_backward
+
+__all__ = ["KANLinear"]
+
+_NP_DTYPES = {wp.float32: np.float32, wp.float64: np.float64}
+
+
+class KANLinear:
+    """y[n, o] = sum_i base_weight[o, i] silu(x[n, i]) + spline_scaler[o, i] spline_{o,i}(x[n, i]).
+
+    Call it on a ``wp.array2d`` x [N, in]; it returns y [N, out]. Under an active ``wp.Tape`` the output
+    carries a gradient array and ``tape.backward()`` accumulates into ``x.grad`` (when x requires grad) and
+    into the gradients of :meth:`parameters`.
+
+    Parameters are stored in the kernel layout (output index innermost): ``base_weight_t`` [in, out],
+    ``scaler_t`` [in, out], ``coef`` [in, G + k, out]; ``grid`` [in, G + 2k + 1] holds the knots.
+    :meth:`state_dict` / :meth:`load_state_dict` use efficient-kan's names and layout, so a state dict moves
+    between this layer and ``warpkan.torch_bridge.KANLinear`` (as numpy arrays).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        grid_size: int = 5,
+        spline_order: int = 3,
+        grid_range=(-1.0, 1.0),
+        use_base: bool = True,
+        scale_noise: float = 0.1,
+        deterministic: bool = False,
+        device=None,
+        dtype=wp.float32,
+        seed: int = 0,
+    ):
+        if dtype not in _NP_DTYPES:
+            raise TypeError(f"dtype must be wp.float32 or wp.float64, got {dtype}")
+        if not 1 <= spline_order <= kb.MAX_SPLINE_ORDER:
+            raise ValueError(f"spline_order must be in [1, {kb.MAX_SPLINE_ORDER}], got {spline_order}")
+        for name, value in (("in_features", in_features), ("out_features", out_features), ("grid_size", grid_size)):
+            if int(value) < 1:
+                raise ValueError(f"{name} must be positive, got {value}")
+        self.in_features, self.out_features = in_features, out_features
+        self.grid_size, self.spline_order = grid_size, spline_order
+        self.use_base, self.deterministic = use_base, deterministic
+        self.device = wp.get_device(device)
+        self.dtype = dtype
+        np_dtype = _NP_DTYPES[dtype]
+        rng = np.random.default_rng(seed)
+        lo, hi = grid_range
+        h = (hi - lo) / grid_size
+        knots = np.arange(-spline_order, grid_size + spline_order + 1) * h + lo
+        bound = 1.0 / math.sqrt(in_features)  # kaiming_uniform(a=sqrt(5)) of nn.Linear
+        self.grid = wp.array(np.tile(knots, (in_features, 1)).astype(np_dtype), dtype=dtype, device=self.device)
+        self.base_weight_t = self._param(rng.uniform(-bound, bound, (in_features, out_features)) * use_base)
+        self.scaler_t = self._param(rng.uniform(-bound, bound, (in_features, out_features)))
+        noise = (rng.uniform(-0.5, 0.5, (in_features, grid_size + spline_order, out_features))) * scale_noise / grid_size
+        self.coef = self._param(noise)
+        self.uniform = True
+
+    def _param(self, values) -> wp.array:
+        return wp.array(np.ascontiguousarray(values, dtype=_NP_DTYPES[self.dtype]), dtype=self.dtype,
+                        device=self.device, requires_grad=True)
+
+    def parameters(self) -> list:
+        return [self.base_weight_t, self.scaler_t, self.coef] if self.use_base else [self.scaler_t, self.coef]
+
+    def __call__(self, x: wp.array) -> wp.array:
+        if not isinstance(x, wp.array) or x.ndim != 2 or x.shape[1] != self.in_features:
+            raise ValueError(f"x must be a wp.array2d of shape [N, {self.in_features}], got {getattr(x, 'shape', type(x))}")
+        if x.dtype != self.dtype:
+            raise TypeError(f"x must have dtype {wp.types.type_repr(self.dtype)}, got {wp.types.type_repr(x.dtype)}")
+        if x.device != self.device:
+            raise ValueError(f"x must be on {self.device}, got {x.device}")
+        tape = active_tape()
+        y = new_output((x.shape[0], self.out_features), self.dtype, self.device, tape)
+        args = (x, self.grid, self.base_weight_t, self.scaler_t, self.coef)
+        kb.launch_forward(*args, y, self.spline_order, self.uniform, self.use_base)
+
+        def backward():
+            kb.launch_backward(
+                y.grad, *args, self.spline_order, self.uniform, self.use_base,
+                dx=x.grad if x.requires_grad else None,
+                d_base_weight_t=self.base_weight_t.grad, d_scaler_t=self.scaler_t.grad, d_coef=self.coef.grad,
+                deterministic=self.deterministic,
+            )
+
+        record_backward(tape, backward, [x, y, self.base_weight_t, self.scaler_t, self.coef])
+        return y
+
+    # ---------------------------------------------------------------- state (efficient-kan layout)
+    def state_dict(self) -> dict:
+        return {
+            "base_weight": self.base_weight_t.numpy().T.copy(),
+            "spline_weight": self.coef.numpy().transpose(2, 0, 1).copy(),
+            "spline_scaler": self.scaler_t.numpy().T.copy(),
+            "grid": self.grid.numpy().copy(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        expected = {
+            "base_weight": (self.out_features, self.in_features),
+            "spline_weight": (self.out_features, self.in_features, self.grid_size + self.spline_order),
+            "spline_scaler": (self.out_features, self.in_features),
+            "grid": (self.in_features, self.grid_size + 2 * self.spline_order + 1),
+        }
+        for key, shape in expected.items():
+            if key not in state:
+                raise ValueError(f"state dict is missing {key!r}")
+            if tuple(np.shape(state[key])) != shape:
+                raise ValueError(f"{key} must have shape {shape}, got {tuple(np.shape(state[key]))}")
+        np_dtype = _NP_DTYPES[self.dtype]
+        self.base_weight_t.assign(np.ascontiguousarray(np.asarray(state["base_weight"]).T, dtype=np_dtype))
+        self.coef.assign(np.ascontiguousarray(np.asarray(state["spline_weight"]).transpose(1, 2, 0), dtype=np_dtype))
+        self.scaler_t.assign(np.ascontiguousarray(np.asarray(state["spline_scaler"]).T, dtype=np_dtype))
+        grid = np.ascontiguousarray(state["grid"], dtype=np_dtype)
+        self.grid.assign(grid)
+        self.uniform = kb.grid_is_uniform(grid)
+
+    def config(self) -> dict:
+        return {
+            "type": "KANLinear", "in_features": self.in_features, "out_features": self.out_features,
+            "grid_size": self.grid_size, "spline_order": self.spline_order, "use_base": self.use_base,
+        }

@@ -1,0 +1,195 @@
+"""``KANLinear``: a drop-in B-spline KAN layer with efficient-kan's parameters, on Warp kernels."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..kernels import bspline as kb
+from ..reference.bspline import b_splines
+from ._common import autocast_dtype, check_tensor
+from .bspline_ops import bspline_kan
+
+__all__ = ["KANLinear"]
+
+
+def _kernel_layout_parameter(shape_kernel: tuple, permutation: tuple, device, dtype) -> nn.Parameter:
+    """A parameter that reads as efficient-kan's shape but is stored in the kernel's layout (output index
+    innermost, the coalesced one), so the kernels use it without a copy. ``permutation`` maps the kernel
+    layout to the public shape."""
+    return nn.Parameter(torch.empty(shape_kernel, device=device, dtype=dtype).permute(*permutation))
+
+
+class KANLinear(nn.Module):
+    """y = base_weight @ silu(x) + sum_i spline_scaler[o, i] * spline_{o,i}(x_i), for x of shape (..., in).
+
+    Parameters and buffers follow efficient-kan's ``KANLinear`` (names and shapes), so its checkpoints load
+    with ``load_state_dict`` and give the same outputs:
+
+    - ``base_weight`` [out, in], ``spline_weight`` [out, in, G + k], ``spline_scaler`` [out, in]
+      (a parameter when ``enable_standalone_scale_spline``, else a non-persistent buffer of ones);
+    - ``grid`` buffer [in, G + 2k + 1]: the knots of each input.
+
+    Inputs outside ``[grid[:, 0], grid[:, -1])`` get a zero spline term (as in efficient-kan and pykan); the
+    base path still applies. While the grid is uniform (at construction, or when a loaded grid is), the
+    kernels use the matrix form; after :meth:`update_grid` they run the general de Boor path. Cost per edge is
+    O(k) either way, independent of ``grid_size``.
+
+    Under bf16/fp16 autocast the layer computes in fp32 (fp32 accumulation) and returns the autocast dtype.
+    ``deterministic=True`` makes every gradient bitwise reproducible from run to run.
+
+    Unlike efficient-kan, the initial ``spline_weight`` is drawn directly as small uniform noise instead of a
+    least-squares fit of noise, which would be an O(G^3) solve at large ``grid_size``; the distribution of the
+    initial spline values is the same order (``scale_noise / grid_size``).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        grid_size: int = 5,
+        spline_order: int = 3,
+        scale_noise: float = 0.1,
+        scale_base: float = 1.0,
+        scale_spline: float = 1.0,
+        enable_standalone_scale_spline: bool = True,
+        base_activation=torch.nn.SiLU,
+        grid_eps: float = 0.02,
+        grid_range=(-1, 1),
+        deterministic: bool = False,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        for name, value in (("in_features", in_features), ("out_features", out_features), ("grid_size", grid_size)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not isinstance(spline_order, int) or not 1 <= spline_order <= kb.MAX_SPLINE_ORDER:
+            raise ValueError(f"spline_order must be an int in [1, {kb.MAX_SPLINE_ORDER}], got {spline_order!r}")
+        lo, hi = float(grid_range[0]), float(grid_range[1])
+        if not hi > lo:
+            raise ValueError(f"grid_range must be increasing, got {tuple(grid_range)}")
+        self.in_features = in_features
+        self.out_features = out_features
+        self.grid_size = grid_size
+        self.spline_order = spline_order
+        self.scale_noise = scale_noise
+        self.scale_base = scale_base
+        self.scale_spline = scale_spline
+        self.enable_standalone_scale_spline = enable_standalone_scale_spline
+        self.grid_eps = grid_eps
+        self.deterministic = deterministic
+        self.use_base = _base_path(base_activation)
+        self.base_activation = torch.nn.SiLU() if self.use_base else None
+        dtype = dtype or torch.get_default_dtype()
+        if dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"dtype must be float32 or float64, got {dtype}")
+
+        h = (hi - lo) / grid_size
+        knots = torch.arange(-spline_order, grid_size + spline_order + 1, device=device, dtype=dtype) * h + lo
+        self.register_buffer("grid", knots.expand(in_features, -1).contiguous())
+        n_coef = grid_size + spline_order
+        self.base_weight = _kernel_layout_parameter((in_features, out_features), (1, 0), device, dtype)
+        self.spline_weight = _kernel_layout_parameter((in_features, n_coef, out_features), (2, 0, 1), device, dtype)
+        if enable_standalone_scale_spline:
+            self.spline_scaler = _kernel_layout_parameter((in_features, out_features), (1, 0), device, dtype)
+        else:
+            self.register_buffer(
+                "spline_scaler", torch.full((out_features, in_features), float(scale_spline), device=device, dtype=dtype),
+                persistent=False,
+            )
+        self._grid_uniform = True
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self):
+        nn.init.kaiming_uniform_(self.base_weight, a=math.sqrt(5) * self.scale_base)
+        self.spline_weight.uniform_(-0.5, 0.5).mul_(self.scale_noise / self.grid_size)
+        if self.enable_standalone_scale_spline:
+            nn.init.kaiming_uniform_(self.spline_scaler, a=math.sqrt(5) * self.scale_spline)
+        if not self.use_base:
+            self.base_weight.zero_()
+
+    @property
+    def scaled_spline_weight(self) -> torch.Tensor:
+        return self.spline_weight * self.spline_scaler.unsqueeze(-1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_tensor("x", x, ndim_min=1, last_dim=self.in_features, dtypes=())
+        if x.device != self.grid.device:
+            raise ValueError(f"x must be on the layer's device {self.grid.device}, got {x.device}")
+        cast_to = autocast_dtype(x.device)
+        if cast_to is not None:
+            with torch.autocast(x.device.type, enabled=False):
+                return self._forward(x.to(self.grid.dtype)).to(cast_to)
+        if x.dtype != self.grid.dtype:
+            raise TypeError(
+                f"x must have the layer's dtype {self.grid.dtype} (use autocast for bf16/fp16), got {x.dtype}"
+            )
+        return self._forward(x)
+
+    def _forward(self, x):
+        return bspline_kan(
+            x, self.grid, self.base_weight if self.use_base else None, self.spline_weight, self.spline_scaler,
+            self.spline_order, self._grid_uniform, self.deterministic,
+        )
+
+    @torch.no_grad()
+    def update_grid(self, x: torch.Tensor, margin: float = 0.01):
+        """Refit the knots to the distribution of x (efficient-kan's rule: a ``grid_eps`` blend of the
+        sample quantiles and a uniform grid over the data range) and refit ``spline_weight`` by least squares
+        so the layer's spline output on x is preserved. The fit targets the unscaled spline, so
+        ``spline_scaler`` is applied once (efficient-kan applies it twice here)."""
+        check_tensor("x", x, ndim_min=1, last_dim=self.in_features, dtypes=())
+        x = x.reshape(-1, self.in_features).to(self.grid.dtype)
+        if x.shape[0] < 2:
+            raise ValueError(f"update_grid needs at least 2 samples, got {x.shape[0]}")
+        k, G = self.spline_order, self.grid_size
+        bases = b_splines(x, self.grid, k).permute(1, 0, 2)  # [in, batch, G + k]
+        target = torch.bmm(bases, self.spline_weight.permute(1, 2, 0))  # [in, batch, out], unscaled spline
+        x_sorted = torch.sort(x, dim=0)[0]
+        batch = x.shape[0]
+        grid_adaptive = x_sorted[torch.linspace(0, batch - 1, G + 1, dtype=torch.int64, device=x.device)]
+        uniform_step = (x_sorted[-1] - x_sorted[0] + 2 * margin) / G
+        grid_uniform = (
+            torch.arange(G + 1, dtype=x.dtype, device=x.device).unsqueeze(1) * uniform_step + x_sorted[0] - margin
+        )
+        grid = self.grid_eps * grid_uniform + (1 - self.grid_eps) * grid_adaptive
+        steps = torch.arange(1, k + 1, device=x.device, dtype=x.dtype).unsqueeze(1)
+        grid = torch.cat([grid[:1] - uniform_step * steps.flip(0), grid, grid[-1:] + uniform_step * steps], dim=0)
+        self.grid.copy_(grid.T)
+        new_bases = b_splines(x, self.grid, k).permute(1, 0, 2)
+        solution = torch.linalg.lstsq(new_bases, target).solution  # [in, G + k, out]
+        self.spline_weight.copy_(solution.permute(2, 0, 1))
+        self._grid_uniform = kb.grid_is_uniform(self.grid.detach().cpu().numpy())
+
+    def regularization_loss(self, regularize_activation: float = 1.0, regularize_entropy: float = 1.0):
+        """efficient-kan's L1 + entropy regulariser on the mean |spline_weight| of each edge."""
+        l1_fake = self.spline_weight.abs().mean(-1)
+        activation = l1_fake.sum()
+        p = l1_fake / activation
+        entropy = -torch.sum(p * p.log())
+        return regularize_activation * activation + regularize_entropy * entropy
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        # the fast path is valid only for equally spaced knots: decide from what was loaded
+        self._grid_uniform = kb.grid_is_uniform(self.grid.detach().cpu().numpy())
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, grid_size={self.grid_size}, "
+            f"spline_order={self.spline_order}, base={'silu' if self.use_base else 'none'}, "
+            f"uniform_grid={self._grid_uniform}, deterministic={self.deterministic}"
+        )
+
+
+def _base_path(base_activation) -> bool:
+    """The kernels fuse SiLU; other base activations are refused rather than silently replaced."""
+    if base_activation is None:
+        return False
+    if base_activation in (torch.nn.SiLU, "silu") or isinstance(base_activation, torch.nn.SiLU):
+        return True
+    raise ValueError(f"base_activation must be torch.nn.SiLU, 'silu' or None (no base path), got {base_activation!r}")
