@@ -1,0 +1,409 @@
+"""B-spline KAN: Warp kernels against the float64 reference written from the formulas."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import warp as wp
+
+import warpkan
+from warpkan.kernels import bspline as kb
+from warpkan.reference.bspline import b_splines, kan_linear
+from warpkan.reference.efficient_kan import EfficientKANLinear
+from warpkan.torch_bridge import KANLinear, bspline_backward, bspline_forward, bspline_kan
+
+# Tolerances per dtype: float64 kernels agree with the reference to rounding; float32 results are held to a
+# small multiple of the error the float32 reference itself makes against float64 (see _check_fp32).
+TOL64 = dict(rtol=1e-10, atol=1e-11)
+
+
+def _grid(n_in, grid_size, order, lo=-1.0, hi=1.0, dtype=torch.float64, perturb=0.0, seed=0):
+    h = (hi - lo) / grid_size
+    knots = (torch.arange(-order, grid_size + order + 1, dtype=dtype) * h + lo).expand(n_in, -1).contiguous()
+    if perturb:
+        gen = torch.Generator().manual_seed(seed)
+        knots = knots + perturb * h * torch.rand(knots.shape, generator=gen, dtype=dtype)
+        knots = torch.sort(knots, dim=1)[0]
+    return knots
+
+
+def _params(n_out, n_in, n_coef, dtype=torch.float64, device="cpu", seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    make = lambda *shape: torch.randn(*shape, generator=gen, dtype=dtype).to(device)  # noqa: E731
+    return make(n_out, n_in), make(n_out, n_in, n_coef), make(n_out, n_in)
+
+
+def _torch_device(device):
+    return torch.device("cuda" if device == "cuda" else "cpu")
+
+
+def _fwd_bwd(fn, x, params, dy):
+    x = x.detach().clone().requires_grad_()
+    params = [p.detach().clone().requires_grad_() for p in params]
+    y = fn(x, *params)
+    y.backward(dy)
+    return y.detach(), [x.grad] + [p.grad for p in params]
+
+
+@pytest.mark.parametrize("order", [1, 2, 3, 4, 5])
+def test_uniform_basis_matrix_matches_cox_de_boor(order):
+    u = torch.linspace(0, 1, 17, dtype=torch.float64)[:-1]
+    M = torch.tensor(kb.uniform_basis_matrix(order), dtype=torch.float64)
+    powers = torch.stack([u**p for p in range(order + 1)], dim=1)
+    local = powers @ M  # [points, k+1]: B_{c-k+m} on cell c
+    # cell c = order of a long uniform grid (all of B_0..B_order live there)
+    grid = _grid(1, 4 * order + 2, order, lo=0.0, hi=4 * order + 2.0)
+    x = grid[0, 2 * order] + u  # inside cell 2k of the extended grid
+    full = b_splines(x.unsqueeze(1), grid, order)[:, 0, :]
+    expected = full[:, order : 2 * order + 1]  # bases B_{c-k}..B_c with c = 2k
+    torch.testing.assert_close(local, expected, rtol=0, atol=1e-13)
+    torch.testing.assert_close(local.sum(1), torch.ones_like(u), rtol=0, atol=1e-13)  # partition of unity
+
+
+@pytest.mark.parametrize("order", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("uniform", [True, False])
+def test_forward_and_all_gradients_float64(device, order, uniform):
+    n_rows, n_in, n_out, grid_size = 29, 7, 5, 7  # primes
+    tdev = _torch_device(device)
+    grid = _grid(n_in, grid_size, order, perturb=0.0 if uniform else 0.4).to(tdev)
+    gen = torch.Generator().manual_seed(order)
+    # x ~ 1.6 N(0,1): covers the grid, its extension and beyond (zero spline term there)
+    x = (1.6 * torch.randn(n_rows, n_in, generator=gen, dtype=torch.float64)).to(tdev)
+    params = _params(n_out, n_in, grid_size + order, device=tdev)
+    dy = torch.randn(n_rows, n_out, generator=gen, dtype=torch.float64).to(tdev)
+    ours = lambda x, wb, sw, ss: bspline_kan(x, grid, wb, sw, ss, order, uniform)  # noqa: E731
+    ref = lambda x, wb, sw, ss: kan_linear(x, grid, wb, sw, ss, order)  # noqa: E731
+    y, grads = _fwd_bwd(ours, x, params, dy)
+    y_ref, grads_ref = _fwd_bwd(ref, x, params, dy)
+    torch.testing.assert_close(y, y_ref, **TOL64)
+    for name, g, g_ref in zip(["x", "base_weight", "spline_weight", "spline_scaler"], grads, grads_ref):
+        torch.testing.assert_close(g, g_ref, **TOL64, msg=lambda m: f"d{name}: {m}")
+
+
+def _check_fp32(ours32, ref32, ref64, name, factor=8.0):
+    """float32 error against float64 must be within ``factor`` x the float32 reference's own error."""
+    err = (ours32.double() - ref64).abs().max().item()
+    ref_err = (ref32.double() - ref64).abs().max().item()
+    scale = ref64.abs().max().item()
+    assert err <= factor * ref_err + 1e-6 * scale, f"{name}: error {err:.3e} vs reference's own {ref_err:.3e}"
+
+
+@pytest.mark.parametrize("uniform", [True, False])
+def test_float32_error_is_at_reference_level(device, uniform):
+    order, n_rows, n_in, n_out, grid_size = 3, 257, 19, 23, 11
+    tdev = _torch_device(device)
+    grid64 = _grid(n_in, grid_size, order, perturb=0.0 if uniform else 0.4).to(tdev)
+    gen = torch.Generator().manual_seed(5)
+    x64 = (1.3 * torch.randn(n_rows, n_in, generator=gen, dtype=torch.float64)).to(tdev)
+    p64 = _params(n_out, n_in, grid_size + order, device=tdev)
+    dy64 = torch.randn(n_rows, n_out, generator=gen, dtype=torch.float64).to(tdev)
+    to32 = lambda t: t.float()  # noqa: E731
+    grid32 = to32(grid64)
+    y64, g64 = _fwd_bwd(lambda x, *p: kan_linear(x, grid64, *p, order), x64, p64, dy64)
+    y32r, g32r = _fwd_bwd(lambda x, *p: kan_linear(x, grid32, *p, order), to32(x64), [to32(p) for p in p64], to32(dy64))
+    y32, g32 = _fwd_bwd(lambda x, *p: bspline_kan(x, grid32, *p, order, uniform), to32(x64), [to32(p) for p in p64], to32(dy64))
+    _check_fp32(y32, y32r, y64, "y")
+    for name, a, b, c in zip(["x", "base_weight", "spline_weight", "spline_scaler"], g32, g32r, g64):
+        _check_fp32(a, b, c, "d" + name)
+
+
+@pytest.mark.parametrize("order,uniform", [(1, True), (3, True), (3, False), (5, False)])
+def test_gradcheck_float64(device, order, uniform):
+    tdev = _torch_device(device)
+    n_in, n_out, grid_size = 3, 2, 4
+    grid = _grid(n_in, grid_size, order, perturb=0.0 if uniform else 0.3).to(tdev)
+    gen = torch.Generator().manual_seed(1)
+    # keep samples off knots: gradcheck's finite differences must not straddle a kink (k=1)
+    x = (torch.rand(2, 3, n_in, generator=gen, dtype=torch.float64) * 1.6 - 0.8).to(tdev).requires_grad_()
+    params = [p.requires_grad_() for p in _params(n_out, n_in, grid_size + order, device=tdev, seed=2)]
+    fn = lambda x, wb, sw, ss: bspline_kan(x, grid, wb, sw, ss, order, uniform)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (x, *params), eps=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (1, 3, 1, 2), (5, 1, 3, 1), (13, 17, 31, 19), (2, 3, 5, 37)])
+def test_awkward_sizes_and_grid_sizes(device, shape):
+    n_rows, n_in, n_out, grid_size = shape
+    order = 3
+    tdev = _torch_device(device)
+    grid = _grid(n_in, grid_size, order).to(tdev)
+    x = (1.2 * torch.randn(n_rows, n_in, dtype=torch.float64)).to(tdev)
+    params = _params(n_out, n_in, grid_size + order, device=tdev)
+    dy = torch.randn(n_rows, n_out, dtype=torch.float64).to(tdev)
+    y, grads = _fwd_bwd(lambda x, *p: bspline_kan(x, grid, *p, order, True), x, params, dy)
+    y_ref, grads_ref = _fwd_bwd(lambda x, *p: kan_linear(x, grid, *p, order), x, params, dy)
+    torch.testing.assert_close(y, y_ref, **TOL64)
+    for g, g_ref in zip(grads, grads_ref):
+        torch.testing.assert_close(g, g_ref, **TOL64)
+
+
+@pytest.mark.parametrize("grid_size", [1, 2**18])
+def test_extreme_grid_sizes(device, grid_size):
+    order, n_in, n_out = 3, 2, 3
+    tdev = _torch_device(device)
+    grid = _grid(n_in, grid_size, order).to(tdev)
+    x = (torch.rand(11, n_in, dtype=torch.float64) * 2.4 - 1.2).to(tdev)
+    params = _params(n_out, n_in, grid_size + order, device=tdev)
+    dy = torch.randn(11, n_out, dtype=torch.float64).to(tdev)
+    y, grads = _fwd_bwd(lambda x, *p: bspline_kan(x, grid, *p, order, True), x, params, dy)
+    y_ref, grads_ref = _fwd_bwd(lambda x, *p: kan_linear(x, grid, *p, order), x, params, dy)
+    # at G = 2^18 the knots are 2^-17 apart: the reference's own knot differences lose ~1e-11 relative
+    tol = TOL64 if grid_size == 1 else dict(rtol=1e-7, atol=1e-8)
+    torch.testing.assert_close(y, y_ref, **tol)
+    for g, g_ref in zip(grads, grads_ref):
+        torch.testing.assert_close(g, g_ref, **tol)
+
+
+def test_nd_input_and_noncontiguous(device):
+    tdev = _torch_device(device)
+    layer = KANLinear(6, 4, grid_size=5, dtype=torch.float64).to(tdev)
+    base = torch.randn(6, 2, 3, 5, dtype=torch.float64, device=tdev)
+    x = base.permute(1, 2, 3, 0)  # (2, 3, 5, 6), not contiguous
+    assert not x.is_contiguous()
+    y = layer(x)
+    assert y.shape == (2, 3, 5, 4)
+    ref = kan_linear(x.contiguous(), layer.grid, layer.base_weight, layer.spline_weight, layer.spline_scaler, 3)
+    torch.testing.assert_close(y, ref, **TOL64)
+
+
+def test_nan_row_stays_in_its_row(device):
+    tdev = _torch_device(device)
+    layer = KANLinear(5, 3, dtype=torch.float64).to(tdev)
+    x = torch.randn(7, 5, dtype=torch.float64, device=tdev)
+    clean = layer(x)
+    x[3, 2] = float("nan")
+    dirty = layer(x)
+    keep = torch.arange(7, device=tdev) != 3
+    assert torch.equal(dirty[keep], clean[keep])
+    assert torch.isnan(dirty[3]).all()
+    x.requires_grad_()
+    layer(x)[keep].sum().backward()
+    assert torch.isfinite(x.grad[keep]).all()
+
+
+def test_out_of_range_gets_zero_spline_term(device):
+    tdev = _torch_device(device)
+    layer = KANLinear(2, 3, grid_size=4, spline_order=2, base_activation=None, dtype=torch.float64).to(tdev)
+    x = torch.tensor([[-5.0, 9.0], [1e30, -1e30], [float("inf"), -float("inf")]], dtype=torch.float64, device=tdev)
+    assert torch.equal(layer(x), torch.zeros(3, 3, dtype=torch.float64, device=tdev))
+
+
+def test_empty_batch(device):
+    tdev = _torch_device(device)
+    layer = KANLinear(4, 3).to(tdev)
+    x = torch.empty(0, 4, device=tdev, requires_grad=True)
+    y = layer(x)
+    assert y.shape == (0, 3)
+    y.sum().backward()
+    assert x.grad.shape == (0, 4)
+    assert torch.equal(layer.spline_weight.grad, torch.zeros_like(layer.spline_weight))
+
+
+def test_update_grid_non_uniform_path(device):
+    tdev = _torch_device(device)
+    torch.manual_seed(0)
+    layer = KANLinear(3, 4, grid_size=6, dtype=torch.float64).to(tdev)
+    x = (0.5 * torch.randn(400, 3, dtype=torch.float64) + 0.2).to(tdev)
+    before = layer(x)
+    layer.update_grid(x)
+    assert not layer._grid_uniform
+    after = layer(x)
+    ref = kan_linear(x, layer.grid, layer.base_weight, layer.spline_weight, layer.spline_scaler, 3)
+    torch.testing.assert_close(after, ref, **TOL64)
+    # the refit preserves the layer's function on the data (spline_scaler applied once)
+    assert (after - before).abs().max() < 0.05 * before.abs().max()
+    dy = torch.randn_like(after)
+    params = [layer.base_weight, layer.spline_weight, layer.spline_scaler]
+    _, grads = _fwd_bwd(lambda x, *p: bspline_kan(x, layer.grid, *p, 3, False), x, params, dy)
+    _, grads_ref = _fwd_bwd(lambda x, *p: kan_linear(x, layer.grid, *p, 3), x, params, dy)
+    for g, g_ref in zip(grads, grads_ref):
+        torch.testing.assert_close(g, g_ref, **TOL64)
+
+
+@pytest.mark.parametrize("uniform", [True, False])
+def test_deterministic_mode_is_bitwise_reproducible(device, uniform):
+    tdev = _torch_device(device)
+    order, n_in, n_out, grid_size = 3, 8, 16, 6
+    grid = _grid(n_in, grid_size, order, dtype=torch.float32, perturb=0.0 if uniform else 0.3).to(tdev)
+    x = (0.7 * torch.randn(3000, n_in)).to(tdev)
+    params = [p.float() for p in _params(n_out, n_in, grid_size + order, device=tdev)]
+    dy = torch.randn(3000, n_out, device=tdev)
+    runs = []
+    for deterministic in (True, True, False):
+        runs.append(_fwd_bwd(lambda x, *p: bspline_kan(x, grid, *p, order, uniform, deterministic), x, params, dy)[1])
+    for a, b in zip(runs[0], runs[1]):
+        assert torch.equal(a, b)
+    for a, c in zip(runs[0], runs[2]):  # the default mode: same values up to summation order
+        torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5)
+
+
+def test_efficient_kan_state_dict_loads_and_matches(device):
+    tdev = _torch_device(device)
+    torch.manual_seed(3)
+    peer = EfficientKANLinear(6, 5, grid_size=7, spline_order=3)
+    ours = KANLinear(6, 5, grid_size=7, spline_order=3)
+    ours.load_state_dict(peer.state_dict())
+    peer, ours = peer.to(tdev), ours.to(tdev)
+    x = torch.randn(33, 6, device=tdev)
+    torch.testing.assert_close(ours(x), peer(x), rtol=1e-5, atol=1e-5)
+    # and back: our state dict is efficient-kan's format
+    again = EfficientKANLinear(6, 5, grid_size=7, spline_order=3).to(tdev)
+    again.load_state_dict(ours.state_dict())
+    torch.testing.assert_close(again(x), ours(x), rtol=1e-5, atol=1e-5)
+
+
+def test_regularization_loss_matches_efficient_kan():
+    torch.manual_seed(4)
+    peer = EfficientKANLinear(4, 3)
+    ours = KANLinear(4, 3)
+    ours.load_state_dict(peer.state_dict())
+    l1 = peer.spline_weight.abs().mean(-1)
+    p = l1 / l1.sum()
+    expected = 0.5 * l1.sum() + 2.0 * -(p * p.log()).sum()
+    torch.testing.assert_close(ours.regularization_loss(0.5, 2.0), expected)
+
+
+def test_bad_input_errors():
+    layer = KANLinear(4, 3)
+    with pytest.raises(ValueError, match="x must have last dimension 4"):
+        layer(torch.randn(5, 3))
+    with pytest.raises(TypeError, match="x must have the layer's dtype"):
+        layer(torch.randn(5, 4, dtype=torch.float16))
+    with pytest.raises(TypeError, match="x must have dtype"):
+        bspline_kan(torch.ones(2, 4, dtype=torch.int32), layer.grid, layer.base_weight, layer.spline_weight, layer.spline_scaler, 3, True)
+    with pytest.raises(ValueError, match="grid must have shape"):
+        bspline_kan(torch.randn(2, 4), layer.grid[:, :-1], layer.base_weight, layer.spline_weight, layer.spline_scaler, 3, True)
+    with pytest.raises(ValueError, match="must be on device"):
+        bspline_kan(torch.randn(2, 4), layer.grid.to("meta"), layer.base_weight, layer.spline_weight, layer.spline_scaler, 3, True)
+    with pytest.raises(ValueError, match="spline_order"):
+        KANLinear(4, 3, spline_order=9)
+    with pytest.raises(ValueError, match="base_activation"):
+        KANLinear(4, 3, base_activation=torch.nn.ReLU)
+    with pytest.raises(ValueError, match="x must be on the layer's device"):
+        layer(torch.randn(2, 4, device="meta"))
+    with pytest.raises(ValueError, match="x must be a wp.array2d"):
+        warpkan.KANLinear(4, 3)(wp.zeros((2, 5), dtype=wp.float32))
+    # nothing was corrupted: the layer still works
+    assert layer(torch.randn(2, 4)).shape == (2, 3)
+
+
+def test_autocast_bf16_computes_in_fp32(device):
+    tdev = _torch_device(device)
+    layer = KANLinear(8, 6).to(tdev)
+    x = torch.randn(10, 8, device=tdev)
+    with torch.autocast(tdev.type, dtype=torch.bfloat16):
+        y = layer(x)
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), layer(x), rtol=1e-2, atol=1e-2)
+
+
+def test_opcheck(device):
+    tdev = _torch_device(device)
+    order, n_in, n_out, grid_size = 3, 3, 4, 5
+    grid = _grid(n_in, grid_size, order, dtype=torch.float32).to(tdev)
+    wb, sw, ss = (p.float() for p in _params(n_out, n_in, grid_size + order, device=tdev))
+    x = torch.randn(6, n_in, device=tdev)
+    args = (x.requires_grad_(), grid, wb.t().contiguous().requires_grad_(), ss.t().contiguous().requires_grad_(),
+            sw.permute(1, 2, 0).contiguous().requires_grad_(), order, True, True, False)
+    torch.library.opcheck(bspline_forward, args)
+    dy = torch.randn(6, n_out, device=tdev)
+    bargs = (dy, *[a.detach() if isinstance(a, torch.Tensor) else a for a in args], True, True)
+    torch.library.opcheck(bspline_backward, bargs)
+
+
+def test_torch_compile_fullgraph(device):
+    tdev = _torch_device(device)
+    torch.manual_seed(0)
+    layer = KANLinear(5, 4).to(tdev)
+    x = torch.randn(3, 7, 5, device=tdev, requires_grad=True)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager" if tdev.type == "cpu" else "inductor")
+    y = compiled(x)
+    torch.testing.assert_close(y, layer(x))
+    y.square().sum().backward()
+    gx = x.grad.clone()
+    x.grad = None
+    layer(x).square().sum().backward()
+    torch.testing.assert_close(gx, x.grad)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")
+def test_cuda_graph_capture():
+    layer = KANLinear(16, 8, grid_size=9).cuda()
+    x = torch.randn(64, 16, device="cuda", requires_grad=True)
+    opt = torch.optim.SGD(layer.parameters(), lr=0.0)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):  # warm-up: compile kernels, grow the workspace
+            layer(x).square().sum().backward()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=False)
+    x.grad = None
+    with torch.cuda.graph(graph):
+        y = layer(x)
+        y.square().sum().backward()
+    x.data.copy_(torch.randn_like(x))
+    opt.zero_grad(set_to_none=False)
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = kan_linear(x.detach(), layer.grid, layer.base_weight, layer.spline_weight, layer.spline_scaler, 3)
+    torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_warp_native_matches_torch_gradients(device):
+    tdev = _torch_device(device)
+    native = warpkan.KANLinear(4, 3, grid_size=6, dtype=wp.float64, device=device, seed=7)
+    layer = KANLinear(4, 3, grid_size=6, dtype=torch.float64).to(tdev)
+    layer.load_state_dict({k: torch.tensor(v) for k, v in native.state_dict().items()})
+    x_np = np.random.default_rng(0).normal(size=(21, 4))
+    dy_np = np.random.default_rng(1).normal(size=(21, 3))
+    x = wp.array(x_np, dtype=wp.float64, device=device, requires_grad=True)
+    tape = wp.Tape()
+    with tape:
+        y = native(x)
+    tape.backward(grads={y: wp.array(dy_np, dtype=wp.float64, device=device)})
+    xt = torch.tensor(x_np, device=tdev, requires_grad=True)
+    yt = layer(xt)
+    yt.backward(torch.tensor(dy_np, device=tdev))
+    np.testing.assert_allclose(y.numpy(), yt.detach().cpu().numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(x.grad.numpy(), xt.grad.cpu().numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(native.base_weight_t.grad.numpy().T, layer.base_weight.grad.cpu().numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(native.scaler_t.grad.numpy().T, layer.spline_scaler.grad.cpu().numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(native.coef.grad.numpy().transpose(2, 0, 1), layer.spline_weight.grad.cpu().numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_warp_native_training_loop_and_npz_roundtrip(device, tmp_path):
+    """A pure-Warp loop (wp.Tape + Adam) fits f(x, y) = exp(sin(pi x) + y^2)."""
+    rng = np.random.default_rng(0)
+    pts = rng.uniform(-1, 1, (256, 2)).astype(np.float32)
+    target = np.exp(np.sin(np.pi * pts[:, :1]) + pts[:, 1:] ** 2).astype(np.float32)
+    net = warpkan.KANNetwork([warpkan.KANLinear(2, 5, grid_size=8, device=device), warpkan.KANLinear(5, 1, grid_size=8, device=device, seed=1)])
+    x = wp.array(pts, device=device)
+    t = wp.array(target, device=device)
+    loss = wp.zeros(1, dtype=wp.float32, device=device, requires_grad=True)
+    opt = warpkan.Adam(net.parameters(), lr=0.02)
+    history = []
+    for _ in range(150):
+        loss.zero_()
+        tape = wp.Tape()
+        with tape:
+            y = net(x)
+            wp.launch(_mse, dim=y.shape, inputs=[y, t], outputs=[loss], device=device)
+        tape.backward(loss)
+        opt.step()
+        tape.zero()
+        history.append(float(loss.numpy()[0]))
+    assert history[-1] < 0.02 * history[0]
+    path = tmp_path / "net.npz"
+    net.save(path)
+    other = warpkan.KANNetwork([warpkan.KANLinear(2, 5, grid_size=8, device=device, seed=9), warpkan.KANLinear(5, 1, grid_size=8, device=device, seed=9)])
+    other.load(path)
+    np.testing.assert_array_equal(other(x).numpy(), net(x).numpy())
+
+
+@wp.kernel
+def _mse(y: wp.array2d(dtype=wp.float32), t: wp.array2d(dtype=wp.float32), loss: wp.array(dtype=wp.float32)):
+    n, o = wp.tid()
+    d = y[n, o] - t[n, o]
+    wp.atomic_add(loss, 0, d * d / float(y.shape[0]))

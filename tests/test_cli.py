@@ -1,0 +1,33 @@
+"""The command line: info, precompile, bench (quick, CPU) and the demo's main job."""
+
+import json
+import os
+
+from warpkan.cli import main
+
+
+def test_info(capsys):
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "warp" in out and "kernel cache" in out
+
+
+def test_precompile_cpu(capsys):
+    assert main(["precompile", "--device", "cpu", "--orders", "2", "--uniform-only"]) == 0
+    assert "warpkan_bspline_k2_uniform_float32" in capsys.readouterr().out
+
+
+def test_bench_quick_writes_json_and_markdown(tmp_path):
+    assert main(["bench", "bspline", "--device", "cpu", "--quick", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "bspline.json").read_text())
+    impls = {row["impl"] for row in data["rows"]}
+    assert {"warpkan", "efficient-kan (torch)", "nn.Linear"} <= impls
+    assert all(row.get("total_ms", 0) > 0 for row in data["rows"])
+    assert "| case | impl |" in (tmp_path / "bspline.md").read_text()
+
+
+def test_demo_trains_and_writes_png(tmp_path, capsys):
+    assert main(["demo", "--device", "cpu", "--steps", "600", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| KAN [2, 5, 1]" in out and "| MLP" in out
+    assert os.path.getsize(tmp_path / "demo_surfaces.png") > 10_000

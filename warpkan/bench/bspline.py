@@ -1,0 +1,101 @@
+"""B-spline KAN benchmark: warpkan's KANLinear against efficient-kan (re-implemented in pure torch, same
+algorithm) and nn.Linear of the same (N, in, out), forward and forward+backward, in one run."""
+
+from __future__ import annotations
+
+import torch
+
+from . import register
+from .timing import HARDWARE, peak_memory, time_fn
+
+# (N, in, out, grid_size, order): DESIGN.md's peer table, then the grid-size-independence extremes
+FULL_CASES = [
+    (2**16, 32, 32, 64, 1),
+    (2**16, 32, 32, 64, 3),
+    (2**16, 32, 32, 64, 5),
+    (2**17, 32, 32, 32, 3),
+    (2**17, 32, 32, 64, 3),
+    (2**17, 32, 32, 256, 3),
+    (2**17, 32, 32, 1024, 3),
+    (2**17, 32, 32, 2**14, 3),
+    (2**17, 32, 32, 2**18, 3),
+    (65536, 256, 256, 8, 3),
+    (8192, 512, 512, 5, 3),
+    (128, 40, 256, 5, 3),
+]
+QUICK_CASES = [(512, 8, 8, 8, 3), (256, 16, 16, 64, 1)]
+
+
+def _make(impl, n_in, n_out, grid_size, order, device):
+    from ..reference.efficient_kan import EfficientKANLinear
+    from ..torch_bridge import KANLinear
+
+    if impl == "nn.Linear":
+        return torch.nn.Linear(n_in, n_out, bias=False).to(device)
+    if impl == "efficient-kan (torch)":
+        if grid_size > 4096:
+            return None  # its init solves a dense (G+1) x (G+k) least-squares problem
+        return EfficientKANLinear(n_in, n_out, grid_size, order).to(device)
+    return KANLinear(n_in, n_out, grid_size, order, deterministic=impl.endswith("deterministic")).to(device)
+
+
+IMPLS = ["warpkan", "warpkan deterministic", "efficient-kan (torch)", "nn.Linear"]
+
+
+def _measure(layer, x, device, quick):
+    def forward():
+        with torch.no_grad():
+            layer(x)
+
+    def train_step():
+        y = layer(x)
+        y.backward(dy)
+
+    dy = torch.randn(x.shape[0], layer(x[:1]).shape[1], device=device)
+    repeat = 5 if quick else 20
+    fwd = time_fn(forward, device, warmup=2, repeat=repeat)
+    total = time_fn(train_step, device, warmup=2, repeat=repeat)
+    return fwd, total, peak_memory(train_step, device)
+
+
+@register("bspline")
+def run(device: str = "cuda", quick: bool = False) -> list[dict]:
+    rows = []
+    for n_rows, n_in, n_out, grid_size, order in QUICK_CASES if quick else FULL_CASES:
+        case = f"N={n_rows} {n_in}->{n_out} G={grid_size} k={order}"
+        torch.manual_seed(0)
+        x = (torch.rand(n_rows, n_in, device=device) * 2 - 1).requires_grad_()
+        linear_total = None
+        results = []
+        for impl in IMPLS:
+            row = {"case": case, "impl": impl}
+            try:
+                layer = _make(impl, n_in, n_out, grid_size, order, device)
+                if layer is None:
+                    row["note"] = "skipped: init infeasible at this G"
+                    results.append(row)
+                    continue
+                fwd, total, peak = _measure(layer, x, device, quick)
+                row.update(fwd_ms=fwd, bwd_ms=total - fwd, total_ms=total, peak_MiB=peak)
+                if impl == "nn.Linear":
+                    linear_total = total
+                # minimum traffic: x, y, dy, dx once, and each parameter read and its gradient written once
+                params = sum(p.numel() for p in layer.parameters())
+                bytes_moved = 4 * (2 * n_rows * (n_in + n_out) + 2 * params)
+                row["GB/s (min traffic)"] = bytes_moved / (total * 1e-3) / 1e9
+                row["% HBM"] = 100 * bytes_moved / (total * 1e-3) / HARDWARE["hbm_bytes_per_s"]
+                del layer
+            except torch.OutOfMemoryError:
+                row["note"] = "out of memory"
+            results.append(row)
+            if device.startswith("cuda"):
+                torch.cuda.empty_cache()
+        for row in results:
+            if linear_total and "total_ms" in row:
+                row["x nn.Linear"] = row["total_ms"] / linear_total
+        warp_total = next((r.get("total_ms") for r in results if r["impl"] == "warpkan"), None)
+        for row in results:
+            if warp_total and "total_ms" in row and row["impl"].startswith("efficient"):
+                row["speed-up of warpkan"] = row["total_ms"] / warp_total
+        rows.extend(results)
+    return rows
