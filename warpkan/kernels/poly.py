@@ -1,0 +1,929 @@
+"""Polynomial KAN (PolyKAN) kernels in pure Warp (no torch import).
+
+Maths. ``y[n, o] = sum_i sum_{d=0..D} W[i, d, o] P_d(tanh x[n, i]) (+ bias[o])``.
+
+Layout (the innermost index is the one consecutive threads walk, so it is the coalesced one):
+
+- ``x``      [N, in]
+- ``coeffs`` [in, D + 1, out]   ChebyKAN's ``cheby_coeffs`` [in, out, D + 1] permuted (0, 2, 1): every kernel
+  that reads or writes the coefficients has consecutive threads on consecutive outputs ``o``
+- ``bias``   [out]
+- ``lut``, ``lut_grad`` [lut_size, D + 1]: ``P_d`` and ``P_d'`` on a uniform grid of [-1, 1]; one row holds every
+  degree of one grid point, so a thread walking ``d`` reads consecutive addresses
+- ``y``      [N, out]
+
+Bases. A basis is a small ``@wp.func`` recurrence: ``start`` gives the state at ``d = 0``, ``advance`` steps it
+from ``d`` to ``d + 1``, and ``value`` / ``grad`` read ``P_d`` and ``dP_d/dt`` out of it. Three-term bases
+(``P_{d+1} = (A_d t + B_d) P_d - C_d P_{d-1}``) only define ``(A_d, B_d, C_d)``; see :data:`BASES`. Adding a
+basis means adding one entry there: the kernels are generic in it.
+
+- ``chebyshev``: first kind, ``T_d``.
+- ``legendre``: ``P_d``.
+- ``hermite``: physicists' ``H_d`` (numpy's ``hermval``); on ``t = tanh x`` in [-1, 1].
+- ``gegenbauer``: ``C_d^(alpha)``, ``alpha > -1/2``, ``alpha != 0``.
+- ``jacobi``: ``P_d^(alpha, beta)``, ``alpha, beta > -1``.
+- ``fourier``: ``P_0 = 1``, ``P_{2k-1} = cos(k pi t)``, ``P_{2k} = sin(k pi t)``: degree D gives D + 1 functions
+  like every other basis (D = 8 is the constant plus cos/sin of k = 1..4).
+
+Modes. ``exact`` runs the recurrence in registers. ``lut`` reads ``P_d`` and ``P_d'`` from tables built once per
+(basis, degree, lut_size, alpha, beta, dtype, device) in float64 from the same recurrence, with linear
+interpolation. Interpolation error bound (h = 2 / (lut_size - 1), the table spacing; linear interpolation of a
+C^2 function errs by at most ``h^2 / 8 max|f''|`` on a cell):
+
+    |P_d^lut(t) - P_d(t)|   <= h^2 / 8 * max_[-1,1] |P_d''|   (+ rounding of the table to the I/O dtype)
+    |P_d'^lut(t) - P_d'(t)| <= h^2 / 8 * max_[-1,1] |P_d'''|
+
+For Chebyshev, Markov's inequality gives ``max|T_d''| = T_d''(1) = d^2 (d^2 - 1) / 3``; at D = 8 and
+lut_size = 4096 that is 4.0e-5. :func:`lut_error_bound` returns the bound per degree for every basis (the
+maxima of ``|P_d''|`` and ``|P_d'''|`` are taken on a grid 64 times finer than the table, end points included).
+The backward pass of LUT mode interpolates the derivative table: it approximates ``P_d'`` to O(h^2), and is not
+the derivative of the piecewise-linear forward (which would be O(h) off ``P_d'``).
+
+Kernels (all accumulate in the scalar type; float64 variants exist for gradcheck):
+
+- forward: one thread per (input chunk, block of ``_ROWS`` rows, tile of ``_OUTS`` outputs). The basis of
+  (n, i) is computed once per thread and reused across the tile of outputs; each coefficient load is reused
+  across the block of rows. The sum over inputs is split into chunks when the (rows x outputs) grid alone has
+  too few threads: each chunk writes a partial sum and a combine pass adds the chunks in a fixed order (no
+  atomics).
+- backward, x: one thread per (output chunk, input, block of rows): ``(1 - t^2) sum_d P_d'(t) sum_o dy W``;
+  output chunks are combined the same way.
+- backward, coefficients: one thread per (row chunk, input, tile of degrees, tile of outputs) with a
+  ``_DEG_TILE x _OUTS`` register accumulator; row chunks are combined in a fixed order.
+- backward, bias: one thread per (row chunk, output), then the same combine.
+
+Chunk counts depend on the shapes alone, so every result is bitwise reproducible run to run.
+
+Bad input: NaN in ``x[n, i]`` makes row n of y NaN (and, as under autograd, the coefficient gradient of input i);
+``+-Inf`` is ``t = +-1``.
+"""
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import warp as wp
+
+__all__ = [
+    "BASES",
+    "MAX_DEGREE",
+    "PolyVariant",
+    "get_variant",
+    "basis_names",
+    "check_basis",
+    "build_lut",
+    "lut_error_bound",
+    "launch_forward",
+    "launch_backward",
+    "evaluate_basis",
+    "clear_caches",
+]
+
+MAX_DEGREE = 64
+_ROWS = 4  # rows per forward / backward-x thread: each coefficient load is reused across them
+_OUTS = 4  # outputs per forward / backward-coefficient thread: each basis value is reused across them
+_DEG_TILE = 8  # degrees per backward-coefficient thread (its accumulator is _DEG_TILE x _OUTS)
+_TARGET_THREADS = 1 << 17  # parallelism the chunked reductions aim at
+_MIN_INPUTS_PER_CHUNK = 8
+_MIN_OUTPUTS_PER_CHUNK = 32
+_MIN_ROWS_PER_CHUNK = 32
+# The register-tiled kernels use 124-168 registers a thread on sm_90 (no spills): smaller blocks let more
+# of them share an SM than Warp's default of 256.
+_TILED_BLOCK_DIM = 128
+
+_SCALARS = {"float32": wp.float32, "float64": wp.float64}
+
+
+# ---------------------------------------------------------------------------------------------- bases
+@dataclass(frozen=True)
+class Basis:
+    """A polynomial (or trigonometric) basis: ``make(scalar)`` returns its Warp functions
+    ``(start, advance, value, grad)`` for one scalar type (see the module docstring)."""
+
+    name: str
+    make: Callable
+    uses_alpha: bool = False
+    uses_beta: bool = False
+
+
+def _three_term(name: str, make_coeffs: Callable, uses_alpha=False, uses_beta=False) -> Basis:
+    """A basis with ``P_0 = 1`` and ``P_{d+1} = (A_d t + B_d) P_d - C_d P_{d-1}``; ``make_coeffs(scalar)``
+    returns a ``@wp.func (d, alpha, beta) -> (A_d, B_d, C_d)``."""
+
+    def make(scalar):
+        vec4 = wp.types.vector(length=4, dtype=scalar)
+        coeffs = make_coeffs(scalar)
+        zero = scalar(0.0)
+        one = scalar(1.0)
+
+        # state = (P_{d-1}, P_d, P'_{d-1}, P'_d)
+        @wp.func
+        def start(t: scalar, alpha: scalar, beta: scalar):
+            return vec4(zero, one, zero, zero)
+
+        @wp.func
+        def advance(d: int, t: scalar, s: vec4, alpha: scalar, beta: scalar):
+            a, b, c = coeffs(d, alpha, beta)
+            m = a * t + b
+            # derivative of the recurrence: P'_{d+1} = m P'_d + A_d P_d - C_d P'_{d-1}
+            return vec4(s[1], m * s[1] - c * s[0], s[3], m * s[3] + a * s[1] - c * s[2])
+
+        @wp.func
+        def value(d: int, s: vec4):
+            return s[1]
+
+        @wp.func
+        def grad(d: int, s: vec4):
+            return s[3]
+
+        return start, advance, value, grad
+
+    return Basis(name, make, uses_alpha, uses_beta)
+
+
+def _chebyshev(scalar):
+    @wp.func
+    def coeffs(d: int, alpha: scalar, beta: scalar):
+        a = scalar(2.0)
+        if d == 0:
+            a = scalar(1.0)
+        return a, scalar(0.0), scalar(1.0)
+
+    return coeffs
+
+
+def _legendre(scalar):
+    @wp.func
+    def coeffs(d: int, alpha: scalar, beta: scalar):
+        n = scalar(d)
+        return (scalar(2.0) * n + scalar(1.0)) / (n + scalar(1.0)), scalar(0.0), n / (n + scalar(1.0))
+
+    return coeffs
+
+
+def _hermite(scalar):
+    @wp.func
+    def coeffs(d: int, alpha: scalar, beta: scalar):
+        return scalar(2.0), scalar(0.0), scalar(2.0) * scalar(d)
+
+    return coeffs
+
+
+def _gegenbauer(scalar):
+    @wp.func
+    def coeffs(d: int, alpha: scalar, beta: scalar):
+        n = scalar(d)
+        return (
+            scalar(2.0) * (n + alpha) / (n + scalar(1.0)),
+            scalar(0.0),
+            (n + scalar(2.0) * alpha - scalar(1.0)) / (n + scalar(1.0)),
+        )
+
+    return coeffs
+
+
+def _jacobi(scalar):
+    @wp.func
+    def coeffs(d: int, alpha: scalar, beta: scalar):
+        one = scalar(1.0)
+        two = scalar(2.0)
+        if d == 0:  # P_1 = (alpha + beta + 2) / 2 t + (alpha - beta) / 2
+            return (alpha + beta + two) / two, (alpha - beta) / two, scalar(0.0)
+        n = scalar(d)
+        s = two * n + alpha + beta
+        denom = two * (n + one) * (n + alpha + beta + one) * s
+        return (
+            (s + one) * (s + two) * s / denom,
+            (s + one) * (alpha * alpha - beta * beta) / denom,
+            two * (n + alpha) * (n + beta) * (s + two) / denom,
+        )
+
+    return coeffs
+
+
+def _fourier(scalar):
+    vec4 = wp.types.vector(length=4, dtype=scalar)
+    pi = scalar(math.pi)
+
+    # state = (cos k pi t, sin k pi t, cos pi t, sin pi t) with k = (d + 1) // 2
+    @wp.func
+    def start(t: scalar, alpha: scalar, beta: scalar):
+        return vec4(scalar(1.0), scalar(0.0), wp.cos(pi * t), wp.sin(pi * t))
+
+    @wp.func
+    def advance(d: int, t: scalar, s: vec4, alpha: scalar, beta: scalar):
+        if d % 2 == 1:  # P_d = cos k pi t, P_{d+1} = sin k pi t: same k
+            return s
+        # rotate by pi t: k -> k + 1
+        return vec4(s[0] * s[2] - s[1] * s[3], s[1] * s[2] + s[0] * s[3], s[2], s[3])
+
+    @wp.func
+    def value(d: int, s: vec4):
+        if d > 0 and d % 2 == 0:
+            return s[1]
+        return s[0]
+
+    @wp.func
+    def grad(d: int, s: vec4):
+        k = scalar((d + 1) // 2) * pi
+        if d > 0 and d % 2 == 0:
+            return k * s[0]
+        return -k * s[1]
+
+    return start, advance, value, grad
+
+
+BASES: dict[str, Basis] = {
+    "chebyshev": _three_term("chebyshev", _chebyshev),
+    "legendre": _three_term("legendre", _legendre),
+    "hermite": _three_term("hermite", _hermite),
+    "gegenbauer": _three_term("gegenbauer", _gegenbauer, uses_alpha=True),
+    "jacobi": _three_term("jacobi", _jacobi, uses_alpha=True, uses_beta=True),
+    "fourier": Basis("fourier", _fourier),
+}
+
+
+def basis_names() -> list[str]:
+    return list(BASES)
+
+
+def check_basis(basis: str, degree: int, alpha: float = 1.0, beta: float = 1.0) -> None:
+    """Raise ValueError/TypeError naming the argument when (basis, degree, alpha, beta) is not usable."""
+    if not isinstance(basis, str) or basis not in BASES:
+        raise ValueError(f"basis must be one of {basis_names()}, got {basis!r}")
+    if isinstance(degree, bool) or not isinstance(degree, (int, np.integer)):
+        raise TypeError(f"degree must be an int, got {type(degree).__name__}")
+    if not 0 <= degree <= MAX_DEGREE:
+        raise ValueError(f"degree must be in [0, {MAX_DEGREE}], got {degree}")
+    if basis == "gegenbauer" and not (alpha > -0.5 and alpha != 0.0):
+        raise ValueError(f"alpha must be > -1/2 and != 0 for the gegenbauer basis, got {alpha}")
+    if basis == "jacobi" and not (alpha > -1.0 and beta > -1.0):
+        raise ValueError(f"alpha and beta must be > -1 for the jacobi basis, got alpha={alpha}, beta={beta}")
+
+
+# ---------------------------------------------------------------------------------------------- kernels
+@dataclass(frozen=True)
+class PolyVariant:
+    """The compiled kernels of one (basis, scalar type); both modes and every degree share them."""
+
+    basis: str
+    scalar: type
+    forward: wp.Kernel
+    backward_x: wp.Kernel
+    backward_coeffs: wp.Kernel
+    backward_bias: wp.Kernel
+    combine: wp.Kernel
+    tabulate: wp.Kernel
+    module: str
+
+
+@functools.lru_cache(maxsize=None)
+def get_variant(basis: str, scalar_name: str = "float32") -> PolyVariant:
+    """Build (lazily) the kernels of one basis and scalar type; they all live in one Warp module."""
+    if basis not in BASES:
+        raise ValueError(f"basis must be one of {basis_names()}, got {basis!r}")
+    if scalar_name not in _SCALARS:
+        raise TypeError(f"scalar type must be one of {sorted(_SCALARS)}, got {scalar_name}")
+    scalar = _SCALARS[scalar_name]
+    start, advance, value, grad = BASES[basis].make(scalar)
+    R, O, DT = _ROWS, _OUTS, _DEG_TILE
+    vec4 = wp.types.vector(length=4, dtype=scalar)
+    vecR = wp.types.vector(length=R, dtype=scalar)
+    vecO = wp.types.vector(length=O, dtype=scalar)
+    vecDT = wp.types.vector(length=DT, dtype=scalar)
+    ivecR = wp.types.vector(length=R, dtype=wp.int32)
+    ivecO = wp.types.vector(length=O, dtype=wp.int32)
+    matR4 = wp.types.matrix(shape=(R, 4), dtype=scalar)
+    matRO = wp.types.matrix(shape=(R, O), dtype=scalar)
+    matDTO = wp.types.matrix(shape=(DT, O), dtype=scalar)
+    module = f"warpkan_poly_{basis}_{scalar_name}"
+    kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
+    zero = scalar(0.0)
+    one = scalar(1.0)
+
+    # ------------------------------------------------------------------ shared pieces (@wp.func)
+    @wp.func
+    def lut_cell(lut: wp.array2d(dtype=scalar), t: scalar):
+        """(cell, fraction) of t in [-1, 1] on the table's uniform grid. NaN gives cell 0 and a NaN
+        fraction, so the interpolated value is NaN and no index leaves the table."""
+        last_cell = lut.shape[0] - 2
+        s = (t + one) * scalar(0.5) * scalar(last_cell + 1)
+        cell = int(0)
+        if s >= zero:
+            cell = wp.min(int(s), last_cell)
+        return cell, s - scalar(cell)
+
+    @wp.func
+    def lerp(lut: wp.array2d(dtype=scalar), cell: int, frac: scalar, d: int):
+        lo = lut[cell, d]
+        return lo + frac * (lut[cell + 1, d] - lo)
+
+    @wp.func
+    def clamped_rows(n0: int, n_rows: int):
+        rows = ivecR()
+        for r in range(R):
+            rows[r] = wp.min(n0 + r, n_rows - 1)  # past-the-end rows recompute the last one, never written
+        return rows
+
+    @wp.func
+    def clamped_outs(o0: int, n_out: int):
+        outs = ivecO()
+        for t in range(O):
+            outs[t] = wp.min(o0 + t, n_out - 1)
+        return outs
+
+    # ------------------------------------------------------------------ forward
+    @kernel
+    def forward(
+        x: wp.array2d(dtype=scalar),
+        coeffs: wp.array3d(dtype=scalar),
+        lut: wp.array2d(dtype=scalar),
+        use_lut: int,
+        alpha: scalar,
+        beta: scalar,
+        inputs_per_chunk: int,
+        bias: wp.array(dtype=scalar),
+        has_bias: int,
+        out: wp.array3d(dtype=scalar),
+    ):
+        # out[chunk, n, o] = sum over the chunk's inputs (+ bias when the chunk is the whole sum)
+        tid = wp.tid()
+        n_rows = x.shape[0]
+        n_in = x.shape[1]
+        n_basis = coeffs.shape[1]
+        n_out = coeffs.shape[2]
+        n_out_tiles = (n_out + O - 1) // O
+        n_row_blocks = (n_rows + R - 1) // R
+        o0 = (tid % n_out_tiles) * O  # consecutive threads: consecutive output tiles (coalesced coeffs)
+        rest = tid // n_out_tiles
+        n0 = (rest % n_row_blocks) * R
+        chunk = rest // n_row_blocks
+        rows = clamped_rows(n0, n_rows)
+        outs = clamped_outs(o0, n_out)
+        i_start = chunk * inputs_per_chunk
+        i_stop = wp.min(i_start + inputs_per_chunk, n_in)
+        acc = matRO()
+        for i in range(i_start, i_stop):
+            t = vecR()
+            state = matR4()
+            cells = ivecR()
+            fracs = vecR()
+            for r in range(R):
+                t[r] = wp.tanh(x[rows[r], i])
+                if use_lut:
+                    cell, frac = lut_cell(lut, t[r])
+                    cells[r] = cell
+                    fracs[r] = frac
+                else:
+                    state[r] = start(t[r], alpha, beta)
+            for d in range(n_basis):
+                w = vecO()
+                for k in range(O):
+                    w[k] = coeffs[i, d, outs[k]]
+                for r in range(R):
+                    p = zero
+                    if use_lut:
+                        p = lerp(lut, cells[r], fracs[r], d)
+                    else:
+                        p = value(d, state[r])
+                        state[r] = advance(d, t[r], state[r], alpha, beta)
+                    for k in range(O):
+                        acc[r, k] = acc[r, k] + p * w[k]
+        for r in range(R):
+            n = n0 + r
+            if n < n_rows:
+                for k in range(O):
+                    o = o0 + k
+                    if o < n_out:
+                        v = acc[r, k]
+                        if has_bias:
+                            v = v + bias[o]
+                        out[chunk, n, o] = v
+
+    # ------------------------------------------------------------------ fixed-order combine of chunks
+    @kernel
+    def combine(
+        partial: wp.array3d(dtype=scalar),
+        bias: wp.array(dtype=scalar),
+        has_bias: int,
+        accumulate: int,
+        out: wp.array2d(dtype=scalar),
+    ):
+        a, b = wp.tid()
+        acc = zero
+        for c in range(partial.shape[0]):  # fixed order: deterministic
+            acc = acc + partial[c, a, b]
+        if has_bias:
+            acc = acc + bias[b]
+        if accumulate:
+            acc = acc + out[a, b]
+        out[a, b] = acc
+
+    # ------------------------------------------------------------------ backward: x
+    @kernel
+    def backward_x(
+        dy: wp.array2d(dtype=scalar),
+        x: wp.array2d(dtype=scalar),
+        coeffs: wp.array3d(dtype=scalar),
+        lut_grad: wp.array2d(dtype=scalar),
+        use_lut: int,
+        alpha: scalar,
+        beta: scalar,
+        outputs_per_chunk: int,
+        accumulate: int,
+        out: wp.array3d(dtype=scalar),
+    ):
+        # out[chunk, n, i] (+)= (1 - t^2) sum_d P_d'(t) sum_{o in chunk} dy[n, o] W[i, d, o], t = tanh x[n, i]
+        tid = wp.tid()
+        n_rows = x.shape[0]
+        n_in = x.shape[1]
+        n_basis = coeffs.shape[1]
+        n_out = coeffs.shape[2]
+        n_row_blocks = (n_rows + R - 1) // R
+        n0 = (tid % n_row_blocks) * R  # threads of a warp share i: coefficient loads are broadcasts
+        rest = tid // n_row_blocks
+        i = rest % n_in
+        chunk = rest // n_in
+        o_start = chunk * outputs_per_chunk
+        o_stop = wp.min(o_start + outputs_per_chunk, n_out)
+        rows = clamped_rows(n0, n_rows)
+        t = vecR()
+        state = matR4()
+        cells = ivecR()
+        fracs = vecR()
+        for r in range(R):
+            t[r] = wp.tanh(x[rows[r], i])
+            if use_lut:
+                cell, frac = lut_cell(lut_grad, t[r])
+                cells[r] = cell
+                fracs[r] = frac
+            else:
+                state[r] = start(t[r], alpha, beta)
+        acc = vecR()
+        for d in range(n_basis):
+            g = vecR()
+            for o in range(o_start, o_stop):
+                w = coeffs[i, d, o]
+                for r in range(R):
+                    g[r] = g[r] + dy[rows[r], o] * w
+            for r in range(R):
+                dp = zero
+                if use_lut:
+                    dp = lerp(lut_grad, cells[r], fracs[r], d)
+                else:
+                    dp = grad(d, state[r])
+                    state[r] = advance(d, t[r], state[r], alpha, beta)
+                acc[r] = acc[r] + g[r] * dp
+        for r in range(R):
+            n = n0 + r
+            if n < n_rows:
+                v = acc[r] * (one - t[r] * t[r])
+                if accumulate:
+                    v = v + out[chunk, n, i]
+                out[chunk, n, i] = v
+
+    # ------------------------------------------------------------------ backward: coefficients
+    @kernel
+    def backward_coeffs(
+        dy: wp.array2d(dtype=scalar),
+        x: wp.array2d(dtype=scalar),
+        lut: wp.array2d(dtype=scalar),
+        use_lut: int,
+        alpha: scalar,
+        beta: scalar,
+        degrees_per_tile: int,
+        rows_per_chunk: int,
+        accumulate: int,
+        out: wp.array4d(dtype=scalar),
+    ):
+        # out[chunk, i, d, o] (+)= sum_{n in chunk} dy[n, o] P_d(tanh x[n, i])
+        tid = wp.tid()
+        n_rows = x.shape[0]
+        n_in = x.shape[1]
+        n_basis = out.shape[2]
+        n_out = out.shape[3]
+        n_out_tiles = (n_out + O - 1) // O
+        n_deg_tiles = (n_basis + degrees_per_tile - 1) // degrees_per_tile
+        o0 = (tid % n_out_tiles) * O  # consecutive threads: consecutive output tiles (coalesced dy, out)
+        rest = tid // n_out_tiles
+        d0 = (rest % n_deg_tiles) * degrees_per_tile
+        rest = rest // n_deg_tiles
+        i = rest % n_in
+        chunk = rest // n_in
+        d_count = wp.min(degrees_per_tile, n_basis - d0)
+        outs = clamped_outs(o0, n_out)
+        n_start = chunk * rows_per_chunk
+        n_stop = wp.min(n_start + rows_per_chunk, n_rows)
+        acc = matDTO()
+        for n in range(n_start, n_stop):
+            tv = wp.tanh(x[n, i])
+            p = vecDT()
+            if use_lut:
+                cell, frac = lut_cell(lut, tv)
+                for k in range(DT):
+                    if k < d_count:
+                        p[k] = lerp(lut, cell, frac, d0 + k)
+            else:
+                state = start(tv, alpha, beta)
+                for d in range(d0):
+                    state = advance(d, tv, state, alpha, beta)
+                for k in range(DT):
+                    if k < d_count:
+                        p[k] = value(d0 + k, state)
+                        state = advance(d0 + k, tv, state, alpha, beta)
+            g = vecO()
+            for q in range(O):
+                g[q] = dy[n, outs[q]]
+            for k in range(DT):
+                for q in range(O):
+                    acc[k, q] = acc[k, q] + p[k] * g[q]
+        for k in range(DT):
+            if k < d_count:
+                for q in range(O):
+                    o = o0 + q
+                    if o < n_out:
+                        v = acc[k, q]
+                        if accumulate:
+                            v = v + out[chunk, i, d0 + k, o]
+                        out[chunk, i, d0 + k, o] = v
+
+    # ------------------------------------------------------------------ backward: bias
+    @kernel
+    def backward_bias(
+        dy: wp.array2d(dtype=scalar),
+        rows_per_chunk: int,
+        accumulate: int,
+        out: wp.array2d(dtype=scalar),
+    ):
+        chunk, o = wp.tid()
+        n_start = chunk * rows_per_chunk
+        n_stop = wp.min(n_start + rows_per_chunk, dy.shape[0])
+        acc = zero
+        for n in range(n_start, n_stop):
+            acc = acc + dy[n, o]
+        if accumulate:
+            acc = acc + out[chunk, o]
+        out[chunk, o] = acc
+
+    # ------------------------------------------------------------------ tables and plain evaluation
+    @kernel
+    def tabulate(
+        t: wp.array(dtype=scalar),
+        alpha: scalar,
+        beta: scalar,
+        values: wp.array2d(dtype=scalar),
+        grads: wp.array2d(dtype=scalar),
+    ):
+        # values[j, d] = P_d(t[j]), grads[j, d] = P_d'(t[j]) by the exact recurrence
+        j = wp.tid()
+        tv = t[j]
+        state = start(tv, alpha, beta)
+        for d in range(values.shape[1]):
+            values[j, d] = value(d, state)
+            grads[j, d] = grad(d, state)
+            state = advance(d, tv, state, alpha, beta)
+
+    return PolyVariant(
+        basis=basis,
+        scalar=scalar,
+        forward=forward,
+        backward_x=backward_x,
+        backward_coeffs=backward_coeffs,
+        backward_bias=backward_bias,
+        combine=combine,
+        tabulate=tabulate,
+        module=module,
+    )
+
+
+def _scalar_name(array: wp.array, name: str = "x") -> str:
+    if array.dtype == wp.float32:
+        return "float32"
+    if array.dtype == wp.float64:
+        return "float64"
+    raise TypeError(f"{name} must be float32 or float64, got {wp.types.type_repr(array.dtype)}")
+
+
+# ---------------------------------------------------------------------------------------------- tables
+_luts: dict[tuple, tuple] = {}
+
+
+def evaluate_basis(t: np.ndarray, basis: str, degree: int, alpha: float = 1.0, beta: float = 1.0):
+    """(P_d(t), P_d'(t)) as float64 numpy arrays [len(t), degree + 1], by the kernels' own recurrence
+    (on the CPU device)."""
+    check_basis(basis, degree, alpha, beta)
+    variant = get_variant(basis, "float64")
+    t_wp = wp.array(np.ascontiguousarray(t, dtype=np.float64).ravel(), dtype=wp.float64, device="cpu")
+    values = wp.empty((t_wp.shape[0], degree + 1), dtype=wp.float64, device="cpu")
+    grads = wp.empty_like(values)
+    if t_wp.shape[0]:
+        wp.launch(variant.tabulate, dim=t_wp.shape[0], inputs=[t_wp, alpha, beta], outputs=[values, grads],
+                  device="cpu", record_tape=False)
+    return values.numpy(), grads.numpy()
+
+
+def build_lut(basis: str, degree: int, lut_size: int, alpha: float = 1.0, beta: float = 1.0,
+              scalar_name: str = "float32", device="cpu") -> tuple:
+    """The (values, grads) tables [lut_size, degree + 1] on ``device``, built once in float64 and cached.
+
+    Building happens at the first call for a key (a host-to-device copy); call it before capturing a graph.
+    """
+    check_basis(basis, degree, alpha, beta)
+    if isinstance(lut_size, bool) or not isinstance(lut_size, (int, np.integer)) or lut_size < 2:
+        raise ValueError(f"lut_size must be an int >= 2, got {lut_size!r}")
+    device = wp.get_device(device)
+    key = (basis, int(degree), int(lut_size), float(alpha), float(beta), scalar_name, str(device))
+    found = _luts.get(key)
+    if found is None:
+        grid = np.linspace(-1.0, 1.0, int(lut_size))
+        values, grads = evaluate_basis(grid, basis, degree, alpha, beta)
+        dtype = _SCALARS[scalar_name]
+        found = (wp.array(values, dtype=dtype, device=device), wp.array(grads, dtype=dtype, device=device))
+        _luts[key] = found
+    return found
+
+
+def lut_error_bound(basis: str, degree: int, lut_size: int, alpha: float = 1.0, beta: float = 1.0,
+                    scalar_name: str = "float64") -> tuple[np.ndarray, np.ndarray]:
+    """Per-degree bounds (value_bound [D + 1], grad_bound [D + 1]) of ``|P_d^lut - P_d|`` and
+    ``|P_d'^lut - P_d'|`` on [-1, 1]: ``h^2 / 8 max|P_d''|`` and ``h^2 / 8 max|P_d'''|`` with ``h = 2 / (lut_size - 1)``,
+    plus the rounding of the tables and of the interpolation in ``scalar_name``.
+
+    The maxima of ``|P_d''|`` and ``|P_d'''|`` come from differencing the exact ``P_d'`` on a grid 64 times finer
+    than the table (end points included)."""
+    check_basis(basis, degree, alpha, beta)
+    fine = np.linspace(-1.0, 1.0, 64 * (int(lut_size) - 1) + 1)
+    values, grads = evaluate_basis(fine, basis, degree, alpha, beta)
+    step = fine[1] - fine[0]
+    second = np.gradient(grads, step, axis=0, edge_order=2)
+    third = np.gradient(second, step, axis=0, edge_order=2)
+    h = 2.0 / (int(lut_size) - 1)
+    eps = float(np.finfo(np.float32 if scalar_name == "float32" else np.float64).eps)
+    # the tables round to eps |P|; interpolation and the cell position add a few eps |P| (and eps |P'|
+    # through the rounding of t)
+    rounding_values = 4 * eps * (np.abs(values).max(axis=0) + np.abs(grads).max(axis=0))
+    rounding_grads = 4 * eps * (np.abs(grads).max(axis=0) + np.abs(second).max(axis=0))
+    value_bound = h * h / 8 * np.abs(second).max(axis=0) * (1 + 1e-3) + rounding_values
+    grad_bound = h * h / 8 * np.abs(third).max(axis=0) * (1 + 1e-3) + rounding_grads
+    return value_bound, grad_bound
+
+
+def clear_caches() -> None:
+    """Free the cached tables and the backward pass's scratch buffers."""
+    _luts.clear()
+    _workspaces.clear()
+
+
+# ---------------------------------------------------------------------------------------------- launchers
+class _Workspace:
+    """Scratch buffers of the chunked reductions, grown on demand and reused between calls on one stream."""
+
+    def __init__(self, device):
+        self.device = wp.get_device(device)
+        self._buffers: dict[tuple, wp.array] = {}
+
+    def get(self, name: str, shape, dtype) -> wp.array:
+        size = int(np.prod(shape))
+        buf = self._buffers.get((name, dtype))
+        if buf is None or buf.size < size:
+            buf = wp.empty(max(size, 1), dtype=dtype, device=self.device)
+            self._buffers[(name, dtype)] = buf
+        return buf[:size].reshape(tuple(shape))
+
+
+_workspaces: dict[tuple, _Workspace] = {}
+
+
+def _workspace(device, stream) -> _Workspace:
+    # one per (device, stream): passes on different streams must not share scratch
+    key = (str(wp.get_device(device)), stream.cuda_stream if stream is not None else 0)
+    if key not in _workspaces:
+        _workspaces[key] = _Workspace(key[0])
+    return _workspaces[key]
+
+
+def _chunks(total: int, threads_per_chunk: int, min_per_chunk: int) -> tuple[int, int]:
+    """(n_chunks, items_per_chunk) splitting ``total`` items so that about _TARGET_THREADS threads run; a
+    function of the shapes alone, so the summation order (and the result) is the same on every run."""
+    n_chunks = max(1, min(-(-_TARGET_THREADS // max(threads_per_chunk, 1)), -(-total // min_per_chunk)))
+    per_chunk = -(-total // n_chunks)
+    return -(-total // per_chunk), per_chunk
+
+
+def _degree_tiles(n_basis: int) -> tuple[int, int]:
+    n_tiles = -(-n_basis // _DEG_TILE)
+    per_tile = -(-n_basis // n_tiles)  # balanced tiles: 9 bases -> 5 + 4, not 8 + 1
+    return -(-n_basis // per_tile), per_tile
+
+
+def _check(x, coeffs, bias, lut_tables):
+    if x.ndim != 2:
+        raise ValueError(f"x must have 2 dimensions, got shape {tuple(x.shape)}")
+    if coeffs.ndim != 3:
+        raise ValueError(f"coeffs must have 3 dimensions [in, degree + 1, out], got shape {tuple(coeffs.shape)}")
+    if coeffs.shape[0] != x.shape[1]:
+        raise ValueError(f"coeffs must have shape ({x.shape[1]}, degree + 1, out), got {tuple(coeffs.shape)}")
+    named = [("coeffs", coeffs)]
+    if bias is not None:
+        if tuple(bias.shape) != (coeffs.shape[2],):
+            raise ValueError(f"bias must have shape ({coeffs.shape[2]},), got {tuple(bias.shape)}")
+        named.append(("bias", bias))
+    for name, arr in named:
+        if arr.dtype != x.dtype:
+            raise TypeError(f"{name} must have the dtype of x ({wp.types.type_repr(x.dtype)}), got {wp.types.type_repr(arr.dtype)}")
+        if arr.device != x.device:
+            raise ValueError(f"{name} must be on the device of x ({x.device}), got {arr.device}")
+    if lut_tables is not None:
+        values, grads = lut_tables
+        if values.shape[1] != coeffs.shape[1] or grads.shape != values.shape:
+            raise ValueError(f"lut tables must have shape (lut_size, {coeffs.shape[1]}), got {tuple(values.shape)}")
+        if values.dtype != x.dtype or values.device != x.device:
+            raise TypeError("lut tables must have the dtype and device of x")
+
+
+def _dummy(variant: PolyVariant, device) -> wp.array:
+    key = ("dummy", variant.scalar, str(device))
+    found = _luts.get(key)
+    if found is None:
+        found = _luts[key] = wp.zeros((2, 1), dtype=variant.scalar, device=device)
+    return found
+
+
+def launch_forward(
+    x: "wp.array2d",
+    coeffs: "wp.array3d",
+    y: "wp.array2d",
+    basis: str = "chebyshev",
+    bias: "wp.array | None" = None,
+    lut: "tuple | None" = None,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    stream: "wp.Stream | None" = None,
+    workspace: "_Workspace | None" = None,
+) -> None:
+    """y[n, o] = sum_i sum_d coeffs[i, d, o] P_d(tanh x[n, i]) (+ bias[o]). Overwrites y.
+
+    ``lut``: the (values, grads) tables of :func:`build_lut` for LUT mode, None for exact mode."""
+    _check(x, coeffs, bias, lut)
+    variant = get_variant(basis, _scalar_name(x))
+    device = x.device
+    n_rows, n_in = x.shape
+    n_out = coeffs.shape[2]
+    if tuple(y.shape) != (n_rows, n_out):
+        raise ValueError(f"y must have shape {(n_rows, n_out)}, got {tuple(y.shape)}")
+    if n_rows == 0 or n_out == 0:
+        return
+    dummy = _dummy(variant, device)
+    bias_arr = bias if bias is not None else dummy.reshape((2,))
+    with _on_stream(stream):
+        if n_in == 0:
+            y.zero_()
+            if bias is not None:
+                _launch_combine(variant, wp.zeros((1, n_rows, n_out), dtype=variant.scalar, device=device),
+                                bias, False, y)
+            return
+        threads = -(-n_rows // _ROWS) * -(-n_out // _OUTS)
+        n_chunks, per_chunk = _chunks(n_in, threads, _MIN_INPUTS_PER_CHUNK)
+        if n_chunks == 1:
+            target = y.reshape((1, n_rows, n_out))
+        else:
+            target = (workspace or _workspace(device, stream)).get("forward", (n_chunks, n_rows, n_out), variant.scalar)
+        table = lut[0] if lut is not None else dummy
+        wp.launch(
+            variant.forward,
+            block_dim=_TILED_BLOCK_DIM,
+            dim=n_chunks * threads,
+            inputs=[x, coeffs, table, int(lut is not None), variant.scalar(alpha), variant.scalar(beta), per_chunk,
+                    bias_arr, int(bias is not None and n_chunks == 1)],
+            outputs=[target],
+            device=device,
+            record_tape=False,
+        )
+        if n_chunks > 1:
+            _launch_combine(variant, target, bias if bias is not None else None, False, y)
+
+
+def _launch_combine(variant, partial, bias, accumulate, out):
+    has_bias = bias is not None
+    if not has_bias:
+        bias = _dummy(variant, out.device).reshape((2,))
+    wp.launch(
+        variant.combine,
+        dim=(out.shape[0], out.shape[1]),
+        inputs=[partial, bias, int(has_bias), int(accumulate)],
+        outputs=[out],
+        device=out.device,
+        record_tape=False,
+    )
+
+
+def launch_backward(
+    dy: "wp.array2d",
+    x: "wp.array2d",
+    coeffs: "wp.array3d",
+    basis: str = "chebyshev",
+    lut: "tuple | None" = None,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    dx: "wp.array2d | None" = None,
+    d_coeffs: "wp.array3d | None" = None,
+    d_bias: "wp.array | None" = None,
+    stream: "wp.Stream | None" = None,
+    workspace: "_Workspace | None" = None,
+) -> None:
+    """Accumulate (+=) the gradients of :func:`launch_forward` into whichever of dx, d_coeffs, d_bias are
+    given. Every sum is chunked by shape and combined in a fixed order: bitwise reproducible."""
+    _check(x, coeffs, None, lut)
+    variant = get_variant(basis, _scalar_name(x))
+    scalar = variant.scalar
+    device = x.device
+    n_rows, n_in = x.shape
+    n_basis, n_out = coeffs.shape[1], coeffs.shape[2]
+    if tuple(dy.shape) != (n_rows, n_out):
+        raise ValueError(f"dy must have shape {(n_rows, n_out)}, got {tuple(dy.shape)}")
+    for name, arr, shape in (("dx", dx, (n_rows, n_in)), ("d_coeffs", d_coeffs, tuple(coeffs.shape)),
+                             ("d_bias", d_bias, (n_out,))):
+        if arr is not None and tuple(arr.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape}, got {tuple(arr.shape)}")
+    if n_rows == 0 or n_out == 0:
+        return
+    ws = workspace or _workspace(device, stream)
+    use_lut = int(lut is not None)
+    dummy = _dummy(variant, device)
+    values_table = lut[0] if lut is not None else dummy
+    grads_table = lut[1] if lut is not None else dummy
+    a, b = scalar(alpha), scalar(beta)
+
+    with _on_stream(stream):
+        if dx is not None and n_in > 0:
+            row_blocks = -(-n_rows // _ROWS)
+            n_chunks, per_chunk = _chunks(n_out, row_blocks * n_in, _MIN_OUTPUTS_PER_CHUNK)
+            if n_chunks == 1:
+                target = dx.reshape((1, n_rows, n_in))
+            else:
+                target = ws.get("backward_x", (n_chunks, n_rows, n_in), scalar)
+            wp.launch(
+                variant.backward_x,
+                block_dim=_TILED_BLOCK_DIM,
+                dim=n_chunks * n_in * row_blocks,
+                inputs=[dy, x, coeffs, grads_table, use_lut, a, b, per_chunk, int(n_chunks == 1)],
+                outputs=[target],
+                device=device,
+                record_tape=False,
+            )
+            if n_chunks > 1:
+                _launch_combine(variant, target, None, True, dx)
+
+        if d_coeffs is not None and n_in > 0:
+            n_deg_tiles, per_tile = _degree_tiles(n_basis)
+            threads = n_in * n_deg_tiles * -(-n_out // _OUTS)
+            n_chunks, per_chunk = _chunks(n_rows, threads, _MIN_ROWS_PER_CHUNK)
+            if n_chunks == 1:
+                target = d_coeffs.reshape((1, n_in, n_basis, n_out))
+            else:
+                target = ws.get("backward_coeffs", (n_chunks, n_in, n_basis, n_out), scalar)
+            wp.launch(
+                variant.backward_coeffs,
+                block_dim=_TILED_BLOCK_DIM,
+                dim=n_chunks * threads,
+                inputs=[dy, x, values_table, use_lut, a, b, per_tile, per_chunk, int(n_chunks == 1)],
+                outputs=[target],
+                device=device,
+                record_tape=False,
+            )
+            if n_chunks > 1:
+                _launch_combine(variant, target.reshape((n_chunks, n_in * n_basis, n_out)), None, True,
+                                d_coeffs.reshape((n_in * n_basis, n_out)))
+
+        if d_bias is not None:
+            n_chunks, per_chunk = _chunks(n_rows, n_out, _MIN_ROWS_PER_CHUNK)
+            if n_chunks == 1:
+                target = d_bias.reshape((1, n_out))
+            else:
+                target = ws.get("backward_bias", (n_chunks, n_out), scalar)
+            wp.launch(
+                variant.backward_bias,
+                dim=(n_chunks, n_out),
+                inputs=[dy, per_chunk, int(n_chunks == 1)],
+                outputs=[target],
+                device=device,
+                record_tape=False,
+            )
+            if n_chunks > 1:
+                _launch_combine(variant, target.reshape((n_chunks, 1, n_out)), None, True, d_bias.reshape((1, n_out)))
+
+
+class _null_context:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _on_stream(stream):
+    # sync_enter=False: the caller's stream already orders our work; waiting on Warp's own stream would
+    # break CUDA-graph capture of the caller's stream.
+    return wp.ScopedStream(stream, sync_enter=False) if stream is not None else _null_context()
