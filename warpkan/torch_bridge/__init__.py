@@ -6,5 +6,8 @@ ensure_warp()
 
 from .bspline_ops import bspline_backward, bspline_forward, bspline_kan  # noqa: E402
 from .kan_linear import KANLinear  # noqa: E402
+from .ukan import UKANLinear  # noqa: E402
+from .ukan_ops import ukan_pairs, ukan_spline, ukan_spline_backward  # noqa: E402
 
-__all__ = ["KANLinear", "bspline_kan", "bspline_forward", "bspline_backward"]
+__all__ = ["KANLinear", "bspline_kan", "bspline_forward", "bspline_backward",
+           "UKANLinear", "ukan_pairs", "ukan_spline", "ukan_spline_backward"]

@@ -1,0 +1,200 @@
+"""``UKANLinear``: the unbounded-grid KAN layer (UKAN) with a coefficient-generator MLP, on Warp kernels."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..kernels import bspline as kb
+from ._common import autocast_dtype, check_tensor
+from .kan_linear import KANLinear, _base_path
+from .ukan_ops import check_grid_delta, positional_encoding, ukan_pairs, ukan_spline
+
+__all__ = ["UKANLinear"]
+
+
+class UKANLinear(nn.Module):
+    """y = base_weight @ silu(x) + sum_i spline_scaler[o, i] * spline_{o,i}(x_i) on an unbounded uniform grid.
+
+    Knots lie at every multiple of ``grid_delta`` (h), from -inf to +inf; no input normalisation and no grid
+    range. With K = k + 1, the cells are grouped K at a time: x falls in cell ``c = floor(x / h)``, group
+    ``g = floor(c / K)``. A coefficient-generator MLP (``cg_hidden`` -> SiLU -> ``cg_out``) maps the
+    concatenation of a sinusoidal encoding of g (``pe_dim``) and a learned embedding of the feature index
+    (``feature_embedding``, ``embed_dim``) to ``C_g`` [out, K]; the cell's K coefficients are the window
+    ``[C_{g-1}; C_g][r : r + K]`` with ``r = c mod K``.
+
+    The CG-MLP runs only on the distinct (feature, group) pairs the batch touches (and their g - 1
+    neighbours), never per sample, so memory grows with the number of touched groups, not with N * out.
+    Finding them reads one integer back to the host per forward. Inputs with |x| / h beyond 2^39 are
+    evaluated at that limit (finite, zero spline slope); NaN gives a zero spline term. Gradients are bitwise
+    reproducible (stable sort, no floating-point atomics).
+
+    Under bf16/fp16 autocast the layer computes in fp32 and returns the autocast dtype.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        spline_order: int = 3,
+        grid_delta: float = 0.1,
+        pe_dim: int = 16,
+        embed_dim: int = 8,
+        hidden_dim: int = 32,
+        base_activation="silu",
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        for name, value in (("in_features", in_features), ("out_features", out_features), ("hidden_dim", hidden_dim)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not isinstance(pe_dim, int) or pe_dim < 0 or pe_dim % 2:
+            raise ValueError(f"pe_dim must be a non-negative even int, got {pe_dim!r}")
+        if not isinstance(embed_dim, int) or embed_dim < 0:
+            raise ValueError(f"embed_dim must be a non-negative int, got {embed_dim!r}")
+        if pe_dim + embed_dim == 0:
+            raise ValueError("pe_dim + embed_dim must be positive: the CG-MLP needs an input")
+        if not isinstance(spline_order, int) or not 1 <= spline_order <= kb.MAX_SPLINE_ORDER:
+            raise ValueError(f"spline_order must be an int in [1, {kb.MAX_SPLINE_ORDER}], got {spline_order!r}")
+        dtype = dtype or torch.get_default_dtype()
+        if dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"dtype must be float32 or float64, got {dtype}")
+        self.in_features, self.out_features = in_features, out_features
+        self.spline_order = spline_order
+        self.grid_delta = check_grid_delta(grid_delta)
+        self.pe_dim, self.embed_dim, self.hidden_dim = pe_dim, embed_dim, hidden_dim
+        self.use_base = _base_path(base_activation)
+        K = spline_order + 1
+        factory = {"device": device, "dtype": dtype}
+        self.feature_embedding = nn.Parameter(torch.empty(in_features, embed_dim, **factory))
+        self.cg_hidden = nn.Linear(pe_dim + embed_dim, hidden_dim, **factory)
+        self.cg_out = nn.Linear(hidden_dim, out_features * K, **factory)
+        # [out, in] views of [in, out] storage: the kernels read them without a copy (output index innermost)
+        self.base_weight = nn.Parameter(torch.empty(in_features, out_features, **factory).t())
+        self.spline_scaler = nn.Parameter(torch.empty(in_features, out_features, **factory).t())
+        self._last = None  # (pair_feature, table) of the last forward, for regularization_loss
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self):
+        nn.init.normal_(self.feature_embedding)
+        self.cg_hidden.reset_parameters()
+        self.cg_out.reset_parameters()
+        nn.init.kaiming_uniform_(self.base_weight, a=math.sqrt(5))
+        nn.init.kaiming_uniform_(self.spline_scaler, a=math.sqrt(5))
+        if not self.use_base:
+            self.base_weight.zero_()
+
+    # ---------------------------------------------------------------- the coefficient generator
+    def generate_coefficients(self, pair_feature: torch.Tensor, pair_group: torch.Tensor) -> torch.Tensor:
+        """C_g [P, out, K] (unscaled) for the (feature, group) pairs given as two [P] integer tensors."""
+        features = torch.cat(
+            [positional_encoding(pair_group, self.pe_dim, self.cg_hidden.weight.dtype),
+             self.feature_embedding[pair_feature.long()]],
+            dim=-1,
+        )
+        out = self.cg_out(F.silu(self.cg_hidden(features)))
+        return out.view(-1, self.out_features, self.spline_order + 1)
+
+    # ---------------------------------------------------------------- forward
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_tensor("x", x, ndim_min=1, last_dim=self.in_features, dtypes=())
+        dtype = self.spline_scaler.dtype
+        if x.device != self.spline_scaler.device:
+            raise ValueError(f"x must be on the layer's device {self.spline_scaler.device}, got {x.device}")
+        cast_to = autocast_dtype(x.device)
+        if cast_to is not None:
+            with torch.autocast(x.device.type, enabled=False):
+                return self._forward(x.to(dtype)).to(cast_to)
+        if x.dtype != dtype:
+            raise TypeError(f"x must have the layer's dtype {dtype} (use autocast for bf16/fp16), got {x.dtype}")
+        return self._forward(x)
+
+    def _forward(self, x):
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        pairs = ukan_pairs(x2, self.grid_delta, self.spline_order)
+        sorted_elem, slot, pair_feature, pair_group, row_start, row_stop = pairs
+        table = self.generate_coefficients(pair_feature, pair_group)
+        self._last = (pair_feature, table)
+        y = ukan_spline(
+            x2, sorted_elem, slot, pair_feature, pair_group, row_start, row_stop, table,
+            self.base_weight.t(), self.spline_scaler.t(), self.grid_delta, self.spline_order, self.use_base,
+        )
+        return y.reshape(*lead, self.out_features)
+
+    # ---------------------------------------------------------------- regulariser (paper App. A.2)
+    def regularization_loss(self, regularize_activation: float = 1.0, regularize_entropy: float = 1.0,
+                            x: torch.Tensor | None = None) -> torch.Tensor:
+        """L1 + entropy on the generated coefficients of each edge (o, i), as efficient-kan does on its
+        stored ones: ``l1[o, i]`` is the mean |spline_scaler[o, i] * C| over the coefficients generated for
+        feature i (those of the last forward, or of ``x`` when given); the loss is
+        ``regularize_activation * sum l1 + regularize_entropy * entropy(l1 / sum l1)``. Differentiable
+        through the CG-MLP and the scaler."""
+        if x is not None:
+            check_tensor("x", x, ndim_min=1, last_dim=self.in_features, dtypes=())
+            pairs = ukan_pairs(x.reshape(-1, self.in_features).to(self.spline_scaler.dtype), self.grid_delta,
+                               self.spline_order)
+            pair_feature, table = pairs[2], self.generate_coefficients(pairs[2], pairs[3])
+        elif self._last is not None:
+            pair_feature, table = self._last
+        else:
+            raise RuntimeError("regularization_loss needs a forward pass first, or pass x")
+        pair_feature = pair_feature.long()
+        sums = table.new_zeros(self.in_features, self.out_features).index_add(0, pair_feature, table.abs().sum(-1))
+        counts = torch.bincount(pair_feature, minlength=self.in_features).clamp_min(1).to(table.dtype)
+        l1 = (sums / (counts.unsqueeze(-1) * table.shape[-1])).t() * self.spline_scaler.abs()  # [out, in]
+        activation = l1.sum()
+        p = l1 / activation
+        entropy = -torch.sum(p * torch.log(p.clamp_min(torch.finfo(p.dtype).tiny)))
+        return regularize_activation * activation + regularize_entropy * entropy
+
+    # ---------------------------------------------------------------- inference conversion (App. A.3)
+    @torch.no_grad()
+    def to_kan(self, lo: float, hi: float) -> KANLinear:
+        """A ``KANLinear`` equal to this layer on [lo, hi]: the knots are this layer's (spacing h, aligned to
+        multiples of h), the spline weights are the generated coefficients of every cell that meets
+        [lo, hi], and the scaler and base weight are copied. Outside the returned grid the KANLinear's
+        spline term is zero, as always for a bounded KAN."""
+        lo, hi = float(lo), float(hi)
+        if not (math.isfinite(lo) and math.isfinite(hi) and hi >= lo):
+            raise ValueError(f"to_kan needs finite lo <= hi, got lo={lo}, hi={hi}")
+        h, k = self.grid_delta, self.spline_order
+        K = k + 1
+        cell_lo, cell_hi = math.floor(lo / h), math.floor(hi / h)
+        grid_size = cell_hi - cell_lo + 1
+        param = self.spline_scaler
+        kan = KANLinear(
+            self.in_features, self.out_features, grid_size=grid_size, spline_order=k,
+            grid_range=(cell_lo * h, (cell_hi + 1) * h), base_activation=nn.SiLU if self.use_base else None,
+            device=param.device, dtype=param.dtype,
+        )
+        # knot j of the KAN is t_j = (cell_lo - k + j) h; KAN basis b' is this layer's B_{b' + cell_lo - k},
+        # whose coefficient is C_flat[b' + cell_lo - k - 1]
+        knots = (torch.arange(grid_size + 2 * k + 1, dtype=torch.float64) + (cell_lo - k)) * h
+        kan.grid.copy_(knots.to(param.device, param.dtype).expand(self.in_features, -1))
+        kan._grid_uniform = True
+        flat_lo = cell_lo - k - 1
+        group_lo, group_hi = flat_lo // K, (cell_hi - 1) // K
+        groups = torch.arange(group_lo, group_hi + 1, device=param.device, dtype=torch.int64)
+        n_groups = groups.numel()
+        features = torch.arange(self.in_features, device=param.device).repeat_interleave(n_groups)
+        table = self.generate_coefficients(features, groups.repeat(self.in_features))  # [in * n_groups, out, K]
+        flat = table.view(self.in_features, n_groups, self.out_features, K).permute(2, 0, 1, 3)
+        flat = flat.reshape(self.out_features, self.in_features, n_groups * K)
+        start = flat_lo - group_lo * K
+        kan.spline_weight.copy_(flat[:, :, start : start + grid_size + k])
+        kan.spline_scaler.copy_(self.spline_scaler)
+        kan.base_weight.copy_(self.base_weight)
+        return kan
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, spline_order={self.spline_order}, "
+            f"grid_delta={self.grid_delta}, pe_dim={self.pe_dim}, embed_dim={self.embed_dim}, "
+            f"hidden_dim={self.hidden_dim}, base={'silu' if self.use_base else 'none'}"
+        )

@@ -1,0 +1,207 @@
+"""torch.library custom ops of the UKAN layer, on the Warp kernels of ``warpkan.kernels.ukan``.
+
+Two ops do the Warp work; the CG-MLP between them is ordinary torch (a small dense GEMM on the touched pairs
+only), so autograd carries the table's gradient into the MLP's parameters:
+
+- ``warpkan::ukan_pairs(x)``: the distinct (feature, group) pairs x touches (plus the g - 1 neighbours), and
+  for each element its table row. The number of pairs P depends on the data: the op reads it back to the
+  host (one synchronisation per forward) and, under ``torch.compile``, P is an unbacked symbolic size.
+- ``warpkan::ukan_spline(x, ..., table, ...)``: the spline (and optional SiLU base) on the table
+  ``[P, out, K]``, differentiable in x, table, base weight and scaler (``warpkan::ukan_spline_backward``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..kernels import ukan as ku
+from ._common import check_tensor, to_warp, warp_stream
+
+__all__ = ["ukan_pairs", "ukan_spline", "ukan_spline_backward", "positional_encoding"]
+
+_TORCH_INT = {ku.wp.int32: torch.int32, ku.wp.int64: torch.int64}
+
+
+@torch.library.custom_op("warpkan::ukan_pairs", mutates_args=())
+def ukan_pairs(x: Tensor, grid_delta: float, spline_order: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """x [N, in] -> (sorted_elem [N*in] int32, slot [N, in] int32, pair_feature [P] int32,
+    pair_group [P] int64, row_start [P] int32, row_stop [P] int32). See ``warpkan.kernels.ukan``."""
+    x = x.contiguous()
+    n_entries = x.shape[0] * x.shape[1]
+    scratch = {
+        name: to_warp(torch.empty(shape, dtype=_TORCH_INT[dtype], device=x.device))
+        for name, (shape, dtype) in ku.pair_scratch(n_entries).items()
+    }
+    outputs = {}
+
+    def allocate(name, shape, dtype):
+        outputs[name] = torch.empty(shape, dtype=_TORCH_INT[dtype], device=x.device)
+        return to_warp(outputs[name])
+
+    ku.launch_pairs(to_warp(x), grid_delta, spline_order, scratch, allocate, stream=warp_stream(x.device))
+    return tuple(outputs[name] for name in ("sorted_elem", "slot", "pair_feature", "pair_group", "row_start", "row_stop"))
+
+
+@ukan_pairs.register_fake
+def _(x, grid_delta, spline_order):
+    n_pairs = torch.library.get_ctx().new_dynamic_size()
+    n_rows, n_in = x.shape
+
+    def new(shape, dtype):
+        return x.new_empty(shape, dtype=dtype)
+
+    return (
+        new((n_rows * n_in,), torch.int32),
+        new((n_rows, n_in), torch.int32),
+        new((n_pairs,), torch.int32),
+        new((n_pairs,), torch.int64),
+        new((n_pairs,), torch.int32),
+        new((n_pairs,), torch.int32),
+    )
+
+
+@torch.library.custom_op("warpkan::ukan_spline", mutates_args=())
+def ukan_spline(
+    x: Tensor,
+    sorted_elem: Tensor,
+    slot: Tensor,
+    pair_feature: Tensor,
+    pair_group: Tensor,
+    row_start: Tensor,
+    row_stop: Tensor,
+    table: Tensor,
+    base_weight_t: Tensor,
+    scaler_t: Tensor,
+    grid_delta: float,
+    spline_order: int,
+    use_base: bool,
+) -> Tensor:
+    """y [N, out] from x [N, in], the pair structure of ``ukan_pairs(x)`` and table [P, out, K];
+    base_weight_t / scaler_t [in, out]."""
+    x, slot, table, base_weight_t, scaler_t = (t.contiguous() for t in (x, slot, table, base_weight_t, scaler_t))
+    y = x.new_empty((x.shape[0], scaler_t.shape[1]))
+    ku.launch_forward(
+        to_warp(x), to_warp(slot), to_warp(table), to_warp(base_weight_t), to_warp(scaler_t), to_warp(y),
+        grid_delta, spline_order, use_base, stream=warp_stream(x.device),
+    )
+    return y
+
+
+@ukan_spline.register_fake
+def _(x, sorted_elem, slot, pair_feature, pair_group, row_start, row_stop, table, base_weight_t, scaler_t,
+      grid_delta, spline_order, use_base):
+    return x.new_empty((x.shape[0], scaler_t.shape[1]))
+
+
+def _pairs_to_warp(sorted_elem, slot, pair_feature, pair_group, row_start, row_stop) -> ku.PairBuffers:
+    return ku.PairBuffers(*(to_warp(t.contiguous()) for t in (sorted_elem, slot, pair_feature, pair_group, row_start, row_stop)))
+
+
+@torch.library.custom_op("warpkan::ukan_spline_backward", mutates_args=())
+def ukan_spline_backward(
+    dy: Tensor,
+    x: Tensor,
+    sorted_elem: Tensor,
+    slot: Tensor,
+    pair_feature: Tensor,
+    pair_group: Tensor,
+    row_start: Tensor,
+    row_stop: Tensor,
+    table: Tensor,
+    base_weight_t: Tensor,
+    scaler_t: Tensor,
+    grid_delta: float,
+    spline_order: int,
+    use_base: bool,
+    need_x: bool,
+    need_params: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dx, d_base_weight_t, d_scaler_t, d_table); the ones not asked for come back empty."""
+    dy, x, table, base_weight_t, scaler_t = (t.contiguous() for t in (dy, x, table, base_weight_t, scaler_t))
+    dx, d_base, d_scaler, d_table = _grad_buffers(x, base_weight_t, table, need_x, need_params, torch.zeros)
+    device = x.device
+
+    def partials(name, shape, dtype):
+        return to_warp(torch.empty(shape, dtype=x.dtype, device=device))
+
+    ku.launch_backward(
+        to_warp(dy), to_warp(x), _pairs_to_warp(sorted_elem, slot, pair_feature, pair_group, row_start, row_stop),
+        to_warp(table), to_warp(base_weight_t), to_warp(scaler_t), grid_delta, spline_order, use_base,
+        dx=to_warp(dx) if need_x else None,
+        d_base_weight_t=to_warp(d_base) if need_params else None,
+        d_scaler_t=to_warp(d_scaler) if need_params else None,
+        d_table=to_warp(d_table) if need_params else None,
+        partials=partials,
+        stream=warp_stream(device),
+    )
+    return dx, d_base, d_scaler, d_table
+
+
+def _grad_buffers(x, base_weight_t, table, need_x, need_params, alloc):
+    def make(shape, needed):
+        return alloc(shape if needed else (0,), dtype=x.dtype, device=x.device)
+
+    return (
+        make(x.shape, need_x),
+        make(base_weight_t.shape, need_params),
+        make(base_weight_t.shape, need_params),
+        make(table.shape, need_params),
+    )
+
+
+@ukan_spline_backward.register_fake
+def _(dy, x, sorted_elem, slot, pair_feature, pair_group, row_start, row_stop, table, base_weight_t, scaler_t,
+      grid_delta, spline_order, use_base, need_x, need_params):
+    return _grad_buffers(x, base_weight_t, table, need_x, need_params, torch.empty)
+
+
+def _setup_context(ctx, inputs, output):
+    (x, sorted_elem, slot, pair_feature, pair_group, row_start, row_stop, table, base_weight_t, scaler_t,
+     grid_delta, spline_order, use_base) = inputs
+    ctx.save_for_backward(x, sorted_elem, slot, pair_feature, pair_group, row_start, row_stop, table,
+                          base_weight_t, scaler_t)
+    ctx.config = (grid_delta, spline_order, use_base)
+
+
+def _backward(ctx, dy):
+    saved = ctx.saved_tensors
+    need_x = ctx.needs_input_grad[0]
+    need_params = any(ctx.needs_input_grad[7:10])
+    if not (need_x or need_params):
+        return (None,) * 13
+    dx, d_base, d_scaler, d_table = ukan_spline_backward(dy, *saved, *ctx.config, need_x, need_params)
+    use_base = ctx.config[2]
+    return (
+        dx if need_x else None,
+        None, None, None, None, None, None,
+        d_table if need_params and ctx.needs_input_grad[7] else None,
+        d_base if need_params and use_base and ctx.needs_input_grad[8] else None,
+        d_scaler if need_params and ctx.needs_input_grad[9] else None,
+        None, None, None,
+    )
+
+
+ukan_spline.register_autograd(_backward, setup_context=_setup_context)
+
+
+def positional_encoding(group: Tensor, pe_dim: int, dtype: torch.dtype) -> Tensor:
+    """[..., pe_dim] sinusoidal encoding of integer groups: (sin(g f_j), cos(g f_j)) interleaved with
+    f_j = PE_BASE^(-2j / pe_dim). The phase is formed in float64 so |g| ~ 1e7 keeps its precision."""
+    j = torch.arange(pe_dim // 2, device=group.device, dtype=torch.float64)
+    freq = torch.pow(torch.full_like(j, ku.PE_BASE), -2.0 * j / pe_dim)
+    phase = group.to(torch.float64).unsqueeze(-1) * freq
+    return torch.stack([torch.sin(phase), torch.cos(phase)], dim=-1).flatten(-2).to(dtype)
+
+
+def check_grid_delta(grid_delta) -> float:
+    if isinstance(grid_delta, bool) or not isinstance(grid_delta, (int, float)):
+        raise TypeError(f"grid_delta must be a number, got {type(grid_delta).__name__}")
+    h = float(grid_delta)
+    if not (h > 0 and h < float("inf")):
+        raise ValueError(f"grid_delta must be a positive finite number, got {grid_delta!r}")
+    return h
+
+
+def check_inputs(x: Tensor, n_in: int) -> None:
+    check_tensor("x", x, ndim_min=1, last_dim=n_in)
