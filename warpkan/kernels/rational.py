@@ -1,0 +1,671 @@
+"""Group-rational activation (KAT / FlashKAT) kernels in pure Warp (no torch import).
+
+Maths. ``F_g(x) = P(x) / Q_g(x)`` with ``P(x) = a_0 + a_1 x + ... + a_m x^m`` and a safe (PAU) denominator:
+
+- variant ``"A"`` (KAT's kernels):     ``Q = 1 + sum_{j=1..n} |b_{j-1}| |x|^j``
+- variant ``"B"`` (FlashKAT's paper):  ``Q = 1 + |sum_{j=1..n} b_{j-1} x^j|``
+
+Channels (the last, contiguous axis of ``x`` [N, C]) are split into ``G`` contiguous groups; the denominator
+``b`` [G, n] is per group, the numerator ``a`` [GA, m+1] is shared (GA = 1, as in KAT) or per group (GA = G).
+Where ``|.|`` is not differentiable its derivative is taken as ``sign(v) = -1 if v < 0 else +1`` (KAT's
+convention), so zero denominator coefficients, as in the identity init, still receive a gradient.
+
+Evaluation. For ``|x| <= T`` the powers of ``x`` are used directly. Above ``T`` (where ``x^m`` would overflow
+fp32) the same quantities are evaluated in homogeneous form, ``x = u / w`` with ``u = sign(x)`` and
+``w = 1 / |x|``: every polynomial is multiplied through by a power of ``w``, so nothing overflows and the
+result is the limit of the rational (``F ~ (a_m / b_{n-1}) x^(m-n)``) even for ``x = +-inf``.
+
+Layout and parallel scheme (both passes). ``x`` is viewed as [N, C / V] vectors of ``V`` channels (16-byte
+loads for fp32/bf16/fp16, ``V`` divides the group size so a vector never straddles two groups). The launch
+is tiled: every block works on ONE group, on a tile of that group's channel vectors and a chunk of rows.
+Its lanes walk the block's (row, vector) items in row-major order, ``lane, lane + B, lane + 2B, ...``, so
+consecutive lanes touch consecutive 16-byte vectors of a row (coalesced), and each lane reads the group's
+coefficients once. The layout (blocks, chunks, tiles) is a function of the shapes alone.
+
+Backward. One pass over ``x`` and ``dy``: each lane writes ``dx`` and keeps the ``m + 1 + n`` coefficient
+gradient sums of its items in fp32 registers; the block then reduces them with ``tile_sum`` (a tree), so
+there is no per-element global atomic. ``deterministic=True`` writes one partial row per block and a
+combine pass sums the blocks of each coefficient in a fixed order (bitwise reproducible); otherwise
+lane 0 adds the block sums with one atomic per coefficient per block. Arithmetic and accumulation run in
+fp32 for fp32/bf16/fp16 I/O (fp64 for fp64 I/O, which exists so the torch op can be gradchecked).
+"""
+
+import functools
+from dataclasses import dataclass
+
+import warp as wp
+
+__all__ = [
+    "VARIANTS",
+    "IO_TYPES",
+    "RationalKernels",
+    "RationalLayout",
+    "get_kernels",
+    "vector_width",
+    "layout",
+    "large_x_threshold",
+    "launch_forward",
+    "launch_backward",
+]
+
+VARIANTS = ("A", "B")
+MAX_ORDER = 12
+# I/O scalar type -> (Warp type, arithmetic type name, widest vector: 16 bytes)
+IO_TYPES = {
+    "float32": (wp.float32, "float32", 4),
+    "float64": (wp.float64, "float64", 2),
+    "float16": (wp.float16, "float32", 8),
+    "bfloat16": (wp.bfloat16, "float32", 8),
+}
+_ACC_TYPES = {"float32": wp.float32, "float64": wp.float64}
+
+BLOCK_DIM = 256
+_TARGET_BLOCKS = 2048  # about two waves of 256-thread blocks on an H100/H200 (132 SMs x 8 blocks)
+_MIN_ITEMS_PER_BLOCK = 2048  # vectors per block, so that small inputs do not spread over idle blocks
+_MAX_TILE_WIDTH = 1024  # vectors of one group handled by one block side by side
+
+
+def large_x_threshold(num_order: int, den_order: int) -> float:
+    """|x| above which the homogeneous (overflow-free) form is used: ``T^max(m, n) = 2^64``."""
+    return float(2.0 ** (64.0 / max(num_order, den_order, 1)))
+
+
+def vector_width(io_name: str, group_size: int) -> int:
+    """Channels per vector load: the widest power of two up to 16 bytes that divides the group size."""
+    width = IO_TYPES[io_name][2]
+    while width > 1 and group_size % width:
+        width //= 2
+    return width
+
+
+@dataclass(frozen=True)
+class RationalLayout:
+    """How the (rows x vectors) of each group are cut into blocks; a function of the shapes alone."""
+
+    vectors_per_group: int
+    tile_width: int
+    tiles_per_group: int
+    chunks: int
+    rows_per_chunk: int
+    num_groups: int
+
+    @property
+    def blocks_per_group(self) -> int:
+        return self.tiles_per_group * self.chunks
+
+    @property
+    def num_blocks(self) -> int:
+        return self.num_groups * self.blocks_per_group
+
+
+def layout(n_rows: int, vectors_per_group: int, num_groups: int) -> RationalLayout:
+    tiles = max(1, -(-vectors_per_group // _MAX_TILE_WIDTH))
+    tile_width = -(-vectors_per_group // tiles)
+    by_target = -(-_TARGET_BLOCKS // (num_groups * tiles))
+    by_size = -(-(n_rows * tile_width) // _MIN_ITEMS_PER_BLOCK)
+    chunks = max(1, min(by_target, by_size))
+    rows_per_chunk = max(1, -(-n_rows // chunks))
+    chunks = max(1, -(-n_rows // rows_per_chunk))
+    return RationalLayout(vectors_per_group, tile_width, tiles, chunks, rows_per_chunk, num_groups)
+
+
+@dataclass(frozen=True)
+class RationalKernels:
+    """The compiled kernels of one (orders, variant, I/O type, vector width) combination."""
+
+    num_order: int
+    den_order: int
+    variant: str
+    io_name: str
+    vec: int
+    io_vector: type
+    acc: type
+    grad_vector: type  # m + 1 + n accumulators
+    forward: wp.Kernel
+    backward: wp.Kernel
+    combine: wp.Kernel
+    module: str
+
+
+@functools.lru_cache(maxsize=None)
+def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec: int) -> RationalKernels:
+    """Build (lazily) the kernels of one combination; all of them live in one Warp module."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    if not (0 <= num_order <= MAX_ORDER and 1 <= den_order <= MAX_ORDER):
+        raise ValueError(f"order must be (m, n) with 0 <= m <= {MAX_ORDER}, 1 <= n <= {MAX_ORDER}, got {(num_order, den_order)}")
+    if io_name not in IO_TYPES:
+        raise TypeError(f"x must have a scalar type in {sorted(IO_TYPES)}, got {io_name}")
+    io_scalar, acc_name, max_vec = IO_TYPES[io_name]
+    if vec < 1 or vec > max_vec or vec & (vec - 1):
+        raise ValueError(f"vector width must be a power of two <= {max_vec}, got {vec}")
+    acc = _ACC_TYPES[acc_name]
+    M = num_order + 1  # numerator coefficients
+    N = den_order  # denominator coefficients
+    K = M + N
+    D = max(num_order, den_order) + 1  # powers 0 .. max(m, n)
+    V = vec
+    io_vec = wp.types.vector(length=V, dtype=io_scalar)
+    vecM = wp.types.vector(length=M, dtype=acc)
+    vecN = wp.types.vector(length=N, dtype=acc)
+    vecK = wp.types.vector(length=K, dtype=acc)
+    vecD = wp.types.vector(length=D, dtype=acc)
+    is_a = variant == "A"
+    threshold = acc(large_x_threshold(num_order, den_order))
+    module = f"warpkan_rational_{variant}_{num_order}_{den_order}_{io_name}_v{vec}"
+    kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
+    zero = acc(0.0)
+    one = acc(1.0)
+
+    # ------------------------------------------------------------------ maths (@wp.func)
+    @wp.func
+    def sgn(v: acc):
+        """Derivative of |v|, with +1 at 0 (KAT's convention)."""
+        if v < zero:
+            return -one
+        return one
+
+    @wp.func
+    def powers(v: acc):
+        p = vecD()
+        p[0] = one
+        for k in range(1, D):
+            p[k] = p[k - 1] * v
+        return p
+
+    @wp.func
+    def w_pow(e: int, wpow: vecD, spow: vecD):
+        """w^e for e of either sign (s = 1/w)."""
+        if e >= 0:
+            return wpow[e]
+        return spow[-e]
+
+    def make_rational(scaled: bool, with_grad: bool):
+        """The rational at x = u / w; ``scaled=False`` is the plain form (w = 1, every w-power folded away).
+
+        Returns (F, dF/dx, gradient factors dF/d[a_0..a_m, b_0..b_{n-1}]) or just F."""
+
+        def rational(u: acc, w: acc, s: acc, a: vecM, bcoef: vecN, bsign: vecN):
+            upow = powers(u)
+            aupow = powers(wp.abs(u))
+            wpow = vecD()
+            spow = vecD()
+            if wp.static(scaled):
+                wpow = powers(w)
+                spow = powers(s)
+            ph = zero
+            dph = zero
+            fi = zero  # i as a float
+            for i in range(M):
+                term = a[i]
+                if wp.static(scaled):
+                    term = term * w_pow(num_order - i, wpow, spow)
+                ph = ph + term * upow[i]
+                if wp.static(with_grad):
+                    if i >= 1:
+                        dph = dph + fi * term * upow[i - 1]
+                fi = fi + one
+            # denominator: qh = w^n Q, dqh = w^(n-1) dQ/dx
+            qsum = zero
+            dqsum = zero
+            fj = zero
+            for j in range(1, N + 1):
+                fj = fj + one
+                term = bcoef[j - 1]
+                if wp.static(scaled):
+                    term = term * w_pow(den_order - j, wpow, spow)
+                if wp.static(is_a):
+                    qsum = qsum + term * aupow[j]
+                    if wp.static(with_grad):
+                        dqsum = dqsum + fj * term * aupow[j - 1]
+                else:
+                    qsum = qsum + term * upow[j]
+                    if wp.static(with_grad):
+                        dqsum = dqsum + fj * term * upow[j - 1]
+            wn = one
+            if wp.static(scaled):
+                wn = wpow[den_order]
+            q_sign = one
+            if wp.static(is_a):
+                qh = wn + qsum
+                q_sign = sgn(u)
+            else:
+                q_sign = sgn(qsum)
+                qh = wn + wp.abs(qsum)
+            r = one / qh
+            f_scale = one
+            fw_scale = one
+            if wp.static(scaled):
+                f_scale = w_pow(den_order - num_order, wpow, spow)
+                fw_scale = w_pow(den_order - num_order + 1, wpow, spow)
+            f = f_scale * ph * r
+            if wp.static(not with_grad):
+                return f, zero, vecK()
+            dfdx = fw_scale * r * (dph - ph * r * q_sign * dqsum)
+            g = vecK()
+            for i in range(M):
+                gi = upow[i] * r
+                if wp.static(scaled):
+                    gi = gi * w_pow(den_order - i, wpow, spow)
+                g[i] = gi
+            for j in range(1, N + 1):
+                gj = -f * r
+                if wp.static(is_a):
+                    gj = gj * bsign[j - 1] * aupow[j]
+                else:
+                    gj = gj * q_sign * upow[j]
+                if wp.static(scaled):
+                    gj = gj * w_pow(den_order - j, wpow, spow)
+                g[M + j - 1] = gj
+            return f, dfdx, g
+
+        rational.__name__ = rational.__qualname__ = (
+            f"rational_{'scaled' if scaled else 'plain'}_{'grad' if with_grad else 'value'}"
+        )
+        return wp.func(rational)
+
+    rational_plain_value = make_rational(False, False)
+    rational_scaled_value = make_rational(True, False)
+    rational_plain_grad = make_rational(False, True)
+    rational_scaled_grad = make_rational(True, True)
+
+    @wp.func
+    def rational_value(x: acc, a: vecM, bcoef: vecN, bsign: vecN):
+        ax = wp.abs(x)
+        if ax > threshold:  # false for NaN: it stays NaN on the plain path
+            f, d, g = rational_scaled_value(sgn(x), one / ax, ax, a, bcoef, bsign)
+            return f
+        f, d, g = rational_plain_value(x, one, one, a, bcoef, bsign)
+        return f
+
+    @wp.func
+    def rational_grad(x: acc, a: vecM, bcoef: vecN, bsign: vecN):
+        ax = wp.abs(x)
+        if ax > threshold:
+            return rational_scaled_grad(sgn(x), one / ax, ax, a, bcoef, bsign)
+        return rational_plain_grad(x, one, one, a, bcoef, bsign)
+
+    # ------------------------------------------------------------------ block decoding
+    @wp.func
+    def block_coefficients(blk: int, blocks_per_group: int, a: wp.array2d(dtype=acc), b: wp.array2d(dtype=acc)):
+        """(group, numerator, denominator |b| or b, sign(b)) of a block."""
+        g = blk // blocks_per_group
+        ga = int(0)
+        if a.shape[0] > 1:
+            ga = g
+        av = vecM()
+        for i in range(M):
+            av[i] = a[ga, i]
+        bcoef = vecN()
+        bsign = vecN()
+        for j in range(N):
+            bj = b[g, j]
+            bsign[j] = sgn(bj)
+            if wp.static(is_a):
+                bcoef[j] = wp.abs(bj)
+            else:
+                bcoef[j] = bj
+        return g, av, bcoef, bsign
+
+    @wp.func
+    def block_extent(
+        blk: int, g: int, blocks_per_group: int, vectors_per_group: int, tile_width: int, chunks: int,
+        rows_per_chunk: int, n_rows: int,
+    ):
+        """(first vector column, tile width, first row, end row) of a block."""
+        rest = blk - g * blocks_per_group
+        tile = rest // chunks
+        chunk = rest - tile * chunks
+        col0 = tile * tile_width
+        width = wp.min(tile_width, vectors_per_group - col0)
+        row0 = chunk * rows_per_chunk
+        row1 = wp.min(row0 + rows_per_chunk, n_rows)
+        return g * vectors_per_group + col0, width, row0, row1
+
+    # ------------------------------------------------------------------ forward
+    @kernel
+    def forward(
+        x: wp.array2d(dtype=io_vec),
+        a: wp.array2d(dtype=acc),
+        b: wp.array2d(dtype=acc),
+        vectors_per_group: int,
+        tile_width: int,
+        chunks: int,
+        rows_per_chunk: int,
+        blocks_per_group: int,
+        y: wp.array2d(dtype=io_vec),
+    ):
+        blk, lane = wp.tid()
+        lanes = wp.block_dim()
+        g, av, bcoef, bsign = block_coefficients(blk, blocks_per_group, a, b)
+        col0, width, row0, row1 = block_extent(
+            blk, g, blocks_per_group, vectors_per_group, tile_width, chunks, rows_per_chunk, x.shape[0])
+        # items of the block in row-major order; this lane takes lane, lane + lanes, ...
+        row_step = lanes // width
+        col_step = lanes - row_step * width
+        row = row0 + lane // width
+        col = lane - (lane // width) * width
+        while row < row1:
+            xv = x[row, col0 + col]
+            yv = io_vec()
+            for k in range(V):
+                yv[k] = io_scalar(rational_value(acc(xv[k]), av, bcoef, bsign))
+            y[row, col0 + col] = yv
+            col += col_step
+            row += row_step
+            if col >= width:
+                col -= width
+                row += 1
+
+    # ------------------------------------------------------------------ backward
+    @kernel
+    def backward(
+        dy: wp.array2d(dtype=io_vec),
+        x: wp.array2d(dtype=io_vec),
+        a: wp.array2d(dtype=acc),
+        b: wp.array2d(dtype=acc),
+        vectors_per_group: int,
+        tile_width: int,
+        chunks: int,
+        rows_per_chunk: int,
+        blocks_per_group: int,
+        need_dx: int,
+        accumulate_dx: int,
+        need_params: int,
+        use_atomics: int,
+        dx: wp.array2d(dtype=io_vec),
+        partials: wp.array2d(dtype=acc),
+        da: wp.array2d(dtype=acc),
+        db: wp.array2d(dtype=acc),
+    ):
+        blk, lane = wp.tid()
+        lanes = wp.block_dim()
+        g, av, bcoef, bsign = block_coefficients(blk, blocks_per_group, a, b)
+        col0, width, row0, row1 = block_extent(
+            blk, g, blocks_per_group, vectors_per_group, tile_width, chunks, rows_per_chunk, x.shape[0])
+        row_step = lanes // width
+        col_step = lanes - row_step * width
+        row = row0 + lane // width
+        col = lane - (lane // width) * width
+        sums = vecK()
+        while row < row1:
+            xv = x[row, col0 + col]
+            gv = dy[row, col0 + col]
+            dxv = io_vec()
+            for k in range(V):
+                gk = acc(gv[k])
+                f, dfdx, grads = rational_grad(acc(xv[k]), av, bcoef, bsign)
+                sums = sums + gk * grads
+                dxv[k] = io_scalar(gk * dfdx)
+            if need_dx:
+                if accumulate_dx:
+                    old = dx[row, col0 + col]
+                    for k in range(V):
+                        dxv[k] = io_scalar(acc(old[k]) + acc(dxv[k]))
+                dx[row, col0 + col] = dxv
+            col += col_step
+            row += row_step
+            if col >= width:
+                col -= width
+                row += 1
+        if need_params:
+            # block reduction (a tree in shared memory); every lane must take part
+            for k in range(K):
+                total = wp.tile_sum(wp.tile(sums[k]))
+                if lane == 0:
+                    value = total[0]
+                    if use_atomics:
+                        if k < M:
+                            ga = int(0)
+                            if da.shape[0] > 1:
+                                ga = g
+                            wp.atomic_add(da, ga, k, value)
+                        else:
+                            wp.atomic_add(db, g, k - M, value)
+                    else:
+                        partials[blk, k] = value
+
+    @kernel
+    def combine(
+        partials: wp.array2d(dtype=acc),
+        blocks_per_group: int,
+        da: wp.array2d(dtype=acc),
+        db: wp.array2d(dtype=acc),
+    ):
+        # one block per coefficient: its lanes sum strided block partials, then a tree; fixed order
+        out, lane = wp.tid()
+        lanes = wp.block_dim()
+        n_num = da.shape[0] * M
+        first = int(0)
+        count = blocks_per_group
+        k = int(0)
+        row = int(0)
+        if out < n_num:
+            row = out // M
+            k = out - row * M
+            if da.shape[0] == 1:
+                count = partials.shape[0]
+            else:
+                first = row * blocks_per_group
+        else:
+            rest = out - n_num
+            row = rest // N
+            k = M + rest - row * N
+            first = row * blocks_per_group
+        acc_sum = zero
+        for i in range(lane, count, lanes):
+            acc_sum = acc_sum + partials[first + i, k]
+        total = wp.tile_sum(wp.tile(acc_sum))
+        if lane == 0:
+            if out < n_num:
+                da[row, k] = da[row, k] + total[0]
+            else:
+                db[row, k - M] = db[row, k - M] + total[0]
+
+    return RationalKernels(
+        num_order=num_order,
+        den_order=den_order,
+        variant=variant,
+        io_name=io_name,
+        vec=vec,
+        io_vector=io_vec,
+        acc=acc,
+        grad_vector=vecK,
+        forward=forward,
+        backward=backward,
+        combine=combine,
+        module=module,
+    )
+
+
+# ---------------------------------------------------------------------- launchers
+
+_WARP_IO_NAMES = {wp.float32: "float32", wp.float64: "float64", wp.float16: "float16", wp.bfloat16: "bfloat16"}
+
+
+def io_name_of(dtype) -> str:
+    name = _WARP_IO_NAMES.get(dtype)
+    if name is None:
+        raise TypeError(f"x must be float32, float64, float16 or bfloat16, got {wp.types.type_repr(dtype)}")
+    return name
+
+
+def acc_type(io_name: str):
+    return _ACC_TYPES[IO_TYPES[io_name][1]]
+
+
+def check_coefficients(num_channels: int, num_groups: int, a, b, acc) -> tuple[int, int]:
+    """(m, n) from the coefficient arrays; raises ValueError/TypeError naming the argument."""
+    if num_groups < 1:
+        raise ValueError(f"num_groups must be >= 1, got {num_groups}")
+    if num_channels % num_groups:
+        raise ValueError(
+            f"num_groups ({num_groups}) must divide the number of channels ({num_channels}): uneven groups are refused"
+        )
+    if a.ndim != 2 or a.shape[0] not in (1, num_groups) or a.shape[1] < 1:
+        raise ValueError(f"weight_numerator must have shape (1 or {num_groups}, m + 1), got {tuple(a.shape)}")
+    if b.ndim != 2 or b.shape[0] != num_groups or b.shape[1] < 1:
+        raise ValueError(f"weight_denominator must have shape ({num_groups}, n), got {tuple(b.shape)}")
+    for name, arr in (("weight_numerator", a), ("weight_denominator", b)):
+        if arr.dtype != acc:
+            raise TypeError(f"{name} must be {wp.types.type_repr(acc)} (the arithmetic type of x), got {wp.types.type_repr(arr.dtype)}")
+    return a.shape[1] - 1, b.shape[1]
+
+
+def _vector_view(arr: "wp.array", vec_type, n_rows: int, n_vectors: int) -> "wp.array":
+    """[N, C] scalar array (contiguous) -> [N, C / V] array of vectors, sharing memory."""
+    if arr.dtype == vec_type:
+        return arr
+    if not arr.is_contiguous:
+        raise ValueError("arrays passed to the rational kernels must be contiguous")
+    return wp.array(ptr=arr.ptr, dtype=vec_type, shape=(n_rows, n_vectors), device=arr.device, copy=False)
+
+
+def _prepare(x, num_groups, a, b, variant, vec):
+    n_rows, n_channels = x.shape
+    io_name = io_name_of(x.dtype)
+    acc = acc_type(io_name)
+    m, n = check_coefficients(n_channels, num_groups, a, b, acc)
+    group_size = n_channels // num_groups
+    if vec is None:
+        vec = vector_width(io_name, group_size)
+    if group_size % vec:
+        raise ValueError(f"vector width {vec} must divide the group size {group_size}")
+    kernels = get_kernels(m, n, variant, io_name, vec)
+    lay = layout(n_rows, group_size // vec, num_groups)
+    return kernels, lay, n_channels // vec
+
+
+def launch_forward(
+    x: "wp.array2d",
+    a: "wp.array2d",
+    b: "wp.array2d",
+    y: "wp.array2d",
+    num_groups: int,
+    variant: str = "A",
+    vec: "int | None" = None,
+    stream: "wp.Stream | None" = None,
+) -> None:
+    """y = F(x) for x, y [N, C] contiguous (fp32/fp64/fp16/bf16); a [1 or G, m+1], b [G, n] in the arithmetic
+    type (fp32, or fp64 for fp64 x). Overwrites y."""
+    kernels, lay, n_vec = _prepare(x, num_groups, a, b, variant, vec)
+    if x.shape[0] == 0 or x.shape[1] == 0:
+        return
+    if tuple(y.shape) != tuple(x.shape) or y.dtype != x.dtype:
+        raise ValueError(f"y must have the shape and dtype of x {tuple(x.shape)}, got {tuple(y.shape)}")
+    xv = _vector_view(x, kernels.io_vector, x.shape[0], n_vec)
+    yv = _vector_view(y, kernels.io_vector, x.shape[0], n_vec)
+    wp.launch_tiled(
+        kernels.forward,
+        dim=[lay.num_blocks],
+        inputs=[xv, a, b, lay.vectors_per_group, lay.tile_width, lay.chunks, lay.rows_per_chunk, lay.blocks_per_group],
+        outputs=[yv],
+        block_dim=BLOCK_DIM,
+        device=x.device,
+        stream=stream,
+        record_tape=False,
+    )
+
+
+class _Workspace:
+    """Partial buffers of the deterministic backward, grown on demand, one per (device, stream)."""
+
+    def __init__(self):
+        self.buffers: dict = {}
+
+    def partials(self, device, rows: int, cols: int, dtype) -> "wp.array":
+        key = (str(device), dtype)
+        buf = self.buffers.get(key)
+        if buf is None or buf.size < rows * cols:
+            buf = wp.empty(max(rows * cols, 1), dtype=dtype, device=device)
+            self.buffers[key] = buf
+        return buf[: rows * cols].reshape((rows, cols))
+
+
+_workspaces: dict = {}
+
+
+def _workspace(device, stream) -> _Workspace:
+    key = (str(device), stream.cuda_stream if stream is not None else 0)
+    if key not in _workspaces:
+        _workspaces[key] = _Workspace()
+    return _workspaces[key]
+
+
+def clear_workspaces() -> None:
+    _workspaces.clear()
+
+
+def launch_backward(
+    dy: "wp.array2d",
+    x: "wp.array2d",
+    a: "wp.array2d",
+    b: "wp.array2d",
+    num_groups: int,
+    variant: str = "A",
+    dx: "wp.array2d | None" = None,
+    da: "wp.array2d | None" = None,
+    db: "wp.array2d | None" = None,
+    accumulate_dx: bool = True,
+    deterministic: bool = False,
+    vec: "int | None" = None,
+    stream: "wp.Stream | None" = None,
+) -> None:
+    """Gradients of ``launch_forward``. ``da`` and ``db`` (arithmetic type, shapes of a and b) are
+    accumulated (+=); ``dx`` is accumulated when ``accumulate_dx`` (Warp's adjoint convention) and
+    overwritten otherwise (the torch op: saves a read of dx). ``da`` and ``db`` go together."""
+    kernels, lay, n_vec = _prepare(x, num_groups, a, b, variant, vec)
+    if tuple(dy.shape) != tuple(x.shape) or dy.dtype != x.dtype:
+        raise ValueError(f"dy must have the shape and dtype of x {tuple(x.shape)}, got {tuple(dy.shape)}")
+    if (da is None) != (db is None):
+        raise ValueError("da and db must be given together")
+    need_params = da is not None
+    if need_params and (tuple(da.shape) != tuple(a.shape) or tuple(db.shape) != tuple(b.shape)):
+        raise ValueError(f"da, db must have the shapes of a, b: {tuple(a.shape)}, {tuple(b.shape)}")
+    if dx is not None and (tuple(dx.shape) != tuple(x.shape) or dx.dtype != x.dtype):
+        raise ValueError(f"dx must have the shape and dtype of x {tuple(x.shape)}, got {tuple(dx.shape)}")
+    if x.shape[0] == 0 or x.shape[1] == 0 or (dx is None and not need_params):
+        return
+    n_rows = x.shape[0]
+    xv = _vector_view(x, kernels.io_vector, n_rows, n_vec)
+    dyv = _vector_view(dy, kernels.io_vector, n_rows, n_vec)
+    dxv = _vector_view(dx, kernels.io_vector, n_rows, n_vec) if dx is not None else xv  # unused when not needed
+    use_partials = need_params and deterministic
+    k = kernels.grad_vector._length_
+    if use_partials:
+        partials = _workspace(x.device, stream).partials(x.device, lay.num_blocks, k, kernels.acc)
+    else:
+        partials = a  # unused
+    da_arg = da if need_params else a
+    db_arg = db if need_params else b
+    wp.launch_tiled(
+        kernels.backward,
+        dim=[lay.num_blocks],
+        inputs=[
+            dyv, xv, a, b,
+            lay.vectors_per_group, lay.tile_width, lay.chunks, lay.rows_per_chunk, lay.blocks_per_group,
+            int(dx is not None), int(accumulate_dx), int(need_params), int(need_params and not deterministic),
+        ],
+        outputs=[dxv, partials, da_arg, db_arg],
+        block_dim=BLOCK_DIM,
+        device=x.device,
+        stream=stream,
+        record_tape=False,
+    )
+    if use_partials:
+        wp.launch_tiled(
+            kernels.combine,
+            dim=[a.shape[0] * a.shape[1] + b.shape[0] * b.shape[1]],
+            inputs=[partials, lay.blocks_per_group],
+            outputs=[da, db],
+            block_dim=BLOCK_DIM,
+            device=x.device,
+            stream=stream,
+            record_tape=False,
+        )
+
+
+def bytes_moved(n_elements: int, io_bytes: int, backward: bool) -> int:
+    """HBM bytes of the ideal pass: forward reads x, writes y; backward reads x and dy, writes dx."""
+    return n_elements * io_bytes * (3 if backward else 2)
+
