@@ -1,0 +1,180 @@
+"""torch.library custom ops of the fused GEGLU feed-forward layer, on the kernels of ``warpkan.kernels.geglu``.
+
+Forward, by the number of rows N (``small_batch_rows`` is the switch, at most ``MAX_SMALL_ROWS``):
+
+- N <= small_batch_rows: the Warp weight-streaming kernels do the whole layer (two launches): every weight
+  element is read once and the gate is fused into the first projection.
+- otherwise: one concatenated ``[W_u | W_v]`` GEMM (cuBLAS through torch), the Warp gate kernel that reads
+  ``[u | v]`` once and writes h, and the W_o GEMM.
+
+Either way the op also returns ``uv`` (the pre-activations), which the backward needs; it is not
+differentiable. Backward: ``dh = dout W_o`` (GEMM), the Warp gate-backward kernel that reads ``dh`` and
+``uv`` once and writes ``duv`` and the recomputed ``h``, then the weight-gradient and ``dx`` GEMMs. GEMMs
+in float16/bfloat16 accumulate in float32 (cuBLAS); the Warp kernels always compute in float32.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..kernels import geglu as kg
+from ._common import check_tensor, to_warp, warp_stream
+
+__all__ = ["geglu_ffn", "geglu_ffn_forward", "geglu_ffn_backward", "GEGLU_DTYPES", "DEFAULT_SMALL_BATCH_ROWS"]
+
+GEGLU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+DEFAULT_SMALL_BATCH_ROWS = kg.MAX_SMALL_ROWS
+
+
+def _empty_like_rows(x: Tensor, cols: int) -> Tensor:
+    return x.new_empty((x.shape[0], cols))
+
+
+@torch.library.custom_op("warpkan::geglu_ffn_forward", mutates_args=())
+def geglu_ffn_forward(
+    x: Tensor,
+    w_uv: Tensor,
+    b_uv: Optional[Tensor],
+    w_o: Tensor,
+    b_o: Optional[Tensor],
+    activation: str,
+    small_batch_rows: int,
+) -> tuple[Tensor, Tensor]:
+    """x [N, hidden], w_uv [2 inter, hidden], b_uv [2 inter] or None, w_o [hidden, inter], b_o [hidden] or
+    None -> (out [N, hidden], uv [N, 2 inter])."""
+    x, w_uv, w_o = x.contiguous(), w_uv.contiguous(), w_o.contiguous()
+    b_uv = b_uv.contiguous() if b_uv is not None else None
+    b_o = b_o.contiguous() if b_o is not None else None
+    n_rows = x.shape[0]
+    n_inter = w_o.shape[1]
+    stream = warp_stream(x.device)
+    h = _empty_like_rows(x, n_inter)
+    if 0 < n_rows <= min(small_batch_rows, kg.MAX_SMALL_ROWS):
+        uv = _empty_like_rows(x, 2 * n_inter)
+        out = _empty_like_rows(x, w_o.shape[0])
+        kg.launch_small_forward(
+            to_warp(x), to_warp(w_uv), to_warp(b_uv) if b_uv is not None else None,
+            to_warp(w_o), to_warp(b_o) if b_o is not None else None,
+            to_warp(uv), to_warp(h), to_warp(out), activation, stream=stream,
+        )
+        return out, uv
+    uv = F.linear(x, w_uv, b_uv)
+    if n_rows > 0:
+        kg.launch_activation(to_warp(uv), to_warp(h), activation, stream=stream)
+    return F.linear(h, w_o, b_o), uv
+
+
+@geglu_ffn_forward.register_fake
+def _(x, w_uv, b_uv, w_o, b_o, activation, small_batch_rows):
+    return _empty_like_rows(x, w_o.shape[0]), _empty_like_rows(x, w_uv.shape[0])
+
+
+@torch.library.custom_op("warpkan::geglu_ffn_backward", mutates_args=())
+def geglu_ffn_backward(
+    dout: Tensor,
+    x: Tensor,
+    uv: Tensor,
+    w_uv: Tensor,
+    w_o: Tensor,
+    activation: str,
+    need_x: bool,
+    need_params: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Gradients (dx, d_w_uv, d_b_uv, d_w_o, d_b_o); the ones not asked for come back empty."""
+    dout, x, uv = dout.contiguous(), x.contiguous(), uv.contiguous()
+    n_rows, n_inter = x.shape[0], w_o.shape[1]
+    dh = dout @ w_o
+    duv = torch.empty_like(uv)
+    h = _empty_like_rows(x, n_inter)
+    if n_rows > 0:
+        kg.launch_activation_backward(
+            to_warp(dh), to_warp(uv), to_warp(duv), to_warp(h), activation, stream=warp_stream(x.device)
+        )
+    empty = x.new_empty((0,))
+    dx = duv @ w_uv if need_x else empty
+    if need_params:
+        # the bias gradients are row sums in the I/O dtype; torch accumulates them in float32
+        return dx, duv.t() @ x, duv.sum(0), dout.t() @ h, dout.sum(0)
+    return dx, empty, empty, empty, empty
+
+
+@geglu_ffn_backward.register_fake
+def _(dout, x, uv, w_uv, w_o, activation, need_x, need_params):
+    empty = x.new_empty((0,))
+    dx = torch.empty_like(x) if need_x else empty
+    if need_params:
+        return (
+            dx, torch.empty_like(w_uv), w_uv.new_empty((w_uv.shape[0],)),
+            torch.empty_like(w_o), w_o.new_empty((w_o.shape[0],)),
+        )
+    return dx, empty, empty, empty, empty
+
+
+def _setup_context(ctx, inputs, output):
+    x, w_uv, b_uv, w_o, b_o, activation, small_batch_rows = inputs
+    out, uv = output
+    ctx.mark_non_differentiable(uv)
+    ctx.save_for_backward(x, uv, w_uv, w_o)
+    ctx.activation = activation
+
+
+def _backward(ctx, dout, _duv_unused):
+    x, uv, w_uv, w_o = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    need_x = need[0]
+    need_params = any(need[1:5])
+    if not (need_x or need_params):
+        return (None,) * 7
+    dx, d_w_uv, d_b_uv, d_w_o, d_b_o = geglu_ffn_backward(
+        dout, x, uv, w_uv, w_o, ctx.activation, need_x, need_params
+    )
+    return (
+        dx if need_x else None,
+        d_w_uv if need[1] else None,
+        d_b_uv if need[2] else None,
+        d_w_o if need[3] else None,
+        d_b_o if need[4] else None,
+        None,
+        None,
+    )
+
+
+geglu_ffn_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def geglu_ffn(
+    x: Tensor,
+    w_uv: Tensor,
+    w_o: Tensor,
+    b_uv: Tensor | None = None,
+    b_o: Tensor | None = None,
+    activation: str = "gelu",
+    small_batch_rows: int = DEFAULT_SMALL_BATCH_ROWS,
+) -> Tensor:
+    """``(gate(x W_u^T + b_u) * (x W_v^T + b_v)) W_o^T + b_o`` on x (..., hidden).
+
+    ``w_uv`` [2 inter, hidden] is ``W_u`` stacked on ``W_v`` (``nn.Linear`` layout), ``w_o`` [hidden,
+    inter]. ``activation`` is ``"gelu"`` (erf), ``"gelu_tanh"`` or ``"gelu_sigmoid"`` (``u sigmoid(1.702
+    u)``). Batches of at most ``small_batch_rows`` rows (capped at ``MAX_SMALL_ROWS``) take the
+    weight-streaming Warp kernels; larger ones the concatenated GEMM and the fused Warp gate. dtypes:
+    float16, bfloat16, float32, float64, the same for every tensor.
+    """
+    kg.activation_code(activation)  # raises ValueError naming the choices
+    check_tensor("x", x, ndim_min=1, dtypes=GEGLU_DTYPES)
+    check_tensor("w_o", w_o, ndim=2, dtypes=GEGLU_DTYPES, like=x)
+    n_hidden, n_inter = w_o.shape
+    check_tensor("x", x, last_dim=n_hidden, dtypes=GEGLU_DTYPES)
+    check_tensor("w_uv", w_uv, shape=(2 * n_inter, n_hidden), dtypes=GEGLU_DTYPES, like=x)
+    if b_uv is not None:
+        check_tensor("b_uv", b_uv, shape=(2 * n_inter,), dtypes=GEGLU_DTYPES, like=x)
+    if b_o is not None:
+        check_tensor("b_o", b_o, shape=(n_hidden,), dtypes=GEGLU_DTYPES, like=x)
+    if not isinstance(small_batch_rows, int) or isinstance(small_batch_rows, bool) or small_batch_rows < 0:
+        raise ValueError(f"small_batch_rows must be a non-negative int, got {small_batch_rows!r}")
+    lead = x.shape[:-1]
+    out, _ = geglu_ffn_forward(x.reshape(-1, n_hidden), w_uv, b_uv, w_o, b_o, activation, small_batch_rows)
+    return out.reshape(*lead, n_hidden)
