@@ -1,0 +1,124 @@
+"""``PolyKANLinear`` (and ``ChebyKANLinear``): polynomial KAN layers on Warp kernels."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..kernels import poly as kp
+from ._common import autocast_dtype, check_tensor
+from .poly_ops import poly_kan
+
+__all__ = ["PolyKANLinear", "ChebyKANLinear"]
+
+DEFAULT_LUT_SIZE = 4096
+_MODES = ("exact", "lut")
+
+
+class PolyKANLinear(nn.Module):
+    """``y[..., o] = sum_i sum_{d=0..degree} coeffs[i, o, d] P_d(tanh x[..., i]) (+ bias[o])`` for x (..., in).
+
+    ``basis``: ``chebyshev`` (first kind), ``legendre``, ``hermite``, ``gegenbauer`` (parameter ``alpha``),
+    ``jacobi`` (``alpha``, ``beta``) or ``fourier`` (``1, cos(pi t), sin(pi t), cos(2 pi t), ...``: degree + 1
+    functions like the others); see ``warpkan.kernels.poly``.
+
+    ``mode="exact"`` runs the basis recurrence in registers; ``mode="lut"`` interpolates tables of
+    ``lut_size`` points on [-1, 1] (a derivative table serves the backward pass). The interpolation error of
+    ``P_d`` is at most ``h^2 / 8 max|P_d''|`` with ``h = 2 / (lut_size - 1)``; for Chebyshev that is
+    ``h^2 d^2 (d^2 - 1) / 24``, e.g. 4.0e-5 at degree 8 and 3.3e-3 at degree 24 with the default 4096 points.
+    ``warpkan.kernels.poly.lut_error_bound`` gives it for every basis.
+
+    ``coeffs`` reads as ChebyKAN's ``cheby_coeffs`` shape [in, out, degree + 1] but is stored as
+    [in, degree + 1, out] (output index innermost, the coalesced one), so the kernels use it without a copy.
+    A state dict of ChebyKAN's ``ChebyKANLayer`` (``cheby_coeffs``, ``arange``) loads through a load hook and,
+    in exact mode, gives the same outputs (to rounding: ``cos(d acos t)`` and the recurrence differ there).
+
+    Under bf16/fp16 autocast the layer computes in fp32 and returns the autocast dtype. Every gradient is
+    bitwise reproducible run to run (fixed-order reductions, no atomics). NaN in one row of x makes that row of
+    the output NaN; as under autograd, it also makes the coefficient gradients of that input NaN.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        degree: int,
+        basis: str = "chebyshev",
+        mode: str = "lut",
+        lut_size: int = DEFAULT_LUT_SIZE,
+        bias: bool = False,
+        alpha: float = 1.0,
+        beta: float = 1.0,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        for name, value in (("in_features", in_features), ("out_features", out_features)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        kp.check_basis(basis, degree, alpha, beta)
+        if mode not in _MODES:
+            raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+        if isinstance(lut_size, bool) or not isinstance(lut_size, int) or lut_size < 2:
+            raise ValueError(f"lut_size must be an int >= 2, got {lut_size!r}")
+        self.in_features, self.out_features, self.degree = in_features, out_features, degree
+        self.basis, self.mode, self.lut_size = basis, mode, lut_size
+        self.alpha, self.beta = float(alpha), float(beta)
+        storage = torch.empty((in_features, degree + 1, out_features), device=device, dtype=dtype)
+        self.coeffs = nn.Parameter(storage.permute(0, 2, 1))
+        self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype)) if bias else None
+        self.reset_parameters()
+        self.register_load_state_dict_pre_hook(_load_chebykan_state)
+
+    def reset_parameters(self) -> None:
+        # ChebyKAN's initialisation
+        nn.init.normal_(self.coeffs, mean=0.0, std=1.0 / (self.in_features * (self.degree + 1)))
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_tensor("x", x, ndim_min=1, last_dim=self.in_features, dtypes=())
+        if x.device != self.coeffs.device:
+            raise ValueError(f"x must be on the layer's device {self.coeffs.device}, got {x.device}")
+        cast_to = autocast_dtype(x.device)
+        if cast_to is not None:
+            with torch.autocast(x.device.type, enabled=False):
+                return self._forward(x.to(self.coeffs.dtype)).to(cast_to)
+        if x.dtype != self.coeffs.dtype:
+            raise TypeError(f"x must have the layer's dtype {self.coeffs.dtype} (use autocast for bf16/fp16), got {x.dtype}")
+        return self._forward(x)
+
+    def _forward(self, x):
+        lut_size = self.lut_size if self.mode == "lut" else 0
+        return poly_kan(x, self.coeffs.permute(0, 2, 1), self.bias, self.basis, lut_size, self.alpha, self.beta)
+
+    def extra_repr(self) -> str:
+        extra = f", alpha={self.alpha}" if kp.BASES[self.basis].uses_alpha else ""
+        extra += f", beta={self.beta}" if kp.BASES[self.basis].uses_beta else ""
+        lut = f", lut_size={self.lut_size}" if self.mode == "lut" else ""
+        return (f"in_features={self.in_features}, out_features={self.out_features}, degree={self.degree}, "
+                f"basis={self.basis!r}{extra}, mode={self.mode!r}{lut}, bias={self.bias is not None}")
+
+
+class ChebyKANLinear(PolyKANLinear):
+    """:class:`PolyKANLinear` with the Chebyshev basis: ChebyKAN's ``ChebyKANLayer(input_dim, output_dim,
+    degree)`` argument order, and its state dicts load."""
+
+    def __init__(self, in_features: int, out_features: int, degree: int, mode: str = "lut",
+                 lut_size: int = DEFAULT_LUT_SIZE, bias: bool = False, device=None, dtype=None):
+        super().__init__(in_features, out_features, degree, basis="chebyshev", mode=mode, lut_size=lut_size,
+                         bias=bias, device=device, dtype=dtype)
+
+
+def _load_chebykan_state(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                         error_msgs):
+    """ChebyKAN's ``cheby_coeffs`` [in, out, D + 1] is our ``coeffs`` (same public shape); its ``arange``
+    buffer is implied by the degree."""
+    key = prefix + "cheby_coeffs"
+    if key not in state_dict:
+        return
+    if module.basis != "chebyshev":
+        error_msgs.append(f"{key}: ChebyKAN coefficients need basis='chebyshev', this layer has {module.basis!r}")
+        return
+    state_dict[prefix + "coeffs"] = state_dict.pop(key)
+    state_dict.pop(prefix + "arange", None)
