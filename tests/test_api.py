@@ -17,6 +17,10 @@ EXPECTED_TORCH_BRIDGE = {
     "bspline_kan",
     "bspline_forward",
     "bspline_backward",
+    "GEGLUFFN",
+    "geglu_ffn",
+    "geglu_ffn_forward",
+    "geglu_ffn_backward",
 }
 
 

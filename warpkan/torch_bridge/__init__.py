@@ -5,9 +5,12 @@ from ._common import ensure_warp
 ensure_warp()
 
 from .bspline_ops import bspline_backward, bspline_forward, bspline_kan  # noqa: E402
+from .geglu import GEGLUFFN  # noqa: E402
+from .geglu_ops import geglu_ffn, geglu_ffn_backward, geglu_ffn_forward  # noqa: E402
 from .kan_linear import KANLinear  # noqa: E402
 from .ukan import UKANLinear  # noqa: E402
 from .ukan_ops import ukan_pairs, ukan_spline, ukan_spline_backward  # noqa: E402
 
 __all__ = ["KANLinear", "bspline_kan", "bspline_forward", "bspline_backward",
+           "GEGLUFFN", "geglu_ffn", "geglu_ffn_forward", "geglu_ffn_backward",
            "UKANLinear", "ukan_pairs", "ukan_spline", "ukan_spline_backward"]
