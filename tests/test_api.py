@@ -10,6 +10,8 @@ EXPECTED_WARPKAN = {
     "KANLinear",
     "KANNetwork",
     "Adam",
+    "PolyKANLinear",
+    "ChebyKANLinear",
 }
 
 EXPECTED_TORCH_BRIDGE = {
@@ -21,6 +23,11 @@ EXPECTED_TORCH_BRIDGE = {
     "geglu_ffn",
     "geglu_ffn_forward",
     "geglu_ffn_backward",
+    "PolyKANLinear",
+    "ChebyKANLinear",
+    "poly_kan",
+    "poly_forward",
+    "poly_backward",
 }
 
 

@@ -13,6 +13,8 @@ _LAZY = {
     "KANLinear": "warpkan.native.bspline",
     "KANNetwork": "warpkan.native.network",
     "Adam": "warpkan.native.optim",
+    "PolyKANLinear": "warpkan.native.poly",
+    "ChebyKANLinear": "warpkan.native.poly",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -18,6 +18,7 @@ __all__ = ["register", "families", "run", "markdown_table"]
 # family name -> module that registers it (imported lazily so `warpkan bench` starts fast)
 _FAMILY_MODULES = {
     "bspline": "warpkan.bench.bspline",
+    "poly": "warpkan.bench.poly",
 }
 _REGISTRY: dict[str, Callable] = {}
 

@@ -8,9 +8,12 @@ from .bspline_ops import bspline_backward, bspline_forward, bspline_kan  # noqa:
 from .geglu import GEGLUFFN  # noqa: E402
 from .geglu_ops import geglu_ffn, geglu_ffn_backward, geglu_ffn_forward  # noqa: E402
 from .kan_linear import KANLinear  # noqa: E402
+from .poly import ChebyKANLinear, PolyKANLinear  # noqa: E402
+from .poly_ops import poly_backward, poly_forward, poly_kan  # noqa: E402
 from .ukan import UKANLinear  # noqa: E402
 from .ukan_ops import ukan_pairs, ukan_spline, ukan_spline_backward  # noqa: E402
 
 __all__ = ["KANLinear", "bspline_kan", "bspline_forward", "bspline_backward",
            "GEGLUFFN", "geglu_ffn", "geglu_ffn_forward", "geglu_ffn_backward",
-           "UKANLinear", "ukan_pairs", "ukan_spline", "ukan_spline_backward"]
+           "UKANLinear", "ukan_pairs", "ukan_spline", "ukan_spline_backward",
+           "PolyKANLinear", "ChebyKANLinear", "poly_kan", "poly_forward", "poly_backward"]
