@@ -94,24 +94,27 @@ def geglu_ffn_backward(
         kg.launch_activation_backward(
             to_warp(dh), to_warp(uv), to_warp(duv), to_warp(h), activation, stream=warp_stream(x.device)
         )
-    empty = x.new_empty((0,))
-    dx = duv @ w_uv if need_x else empty
+    dx = duv @ w_uv if need_x else _nothing(x)
     if need_params:
         # the bias gradients are row sums in the I/O dtype; torch accumulates them in float32
         return dx, duv.t() @ x, duv.sum(0), dout.t() @ h, dout.sum(0)
-    return dx, empty, empty, empty, empty
+    return dx, _nothing(x), _nothing(x), _nothing(x), _nothing(x)
+
+
+def _nothing(x: Tensor) -> Tensor:
+    """A gradient not asked for: a fresh empty tensor (outputs of a custom op may not alias each other)."""
+    return x.new_empty((0,))
 
 
 @geglu_ffn_backward.register_fake
 def _(dout, x, uv, w_uv, w_o, activation, need_x, need_params):
-    empty = x.new_empty((0,))
-    dx = torch.empty_like(x) if need_x else empty
+    dx = torch.empty_like(x) if need_x else _nothing(x)
     if need_params:
         return (
             dx, torch.empty_like(w_uv), w_uv.new_empty((w_uv.shape[0],)),
             torch.empty_like(w_o), w_o.new_empty((w_o.shape[0],)),
         )
-    return dx, empty, empty, empty, empty
+    return dx, _nothing(x), _nothing(x), _nothing(x), _nothing(x)
 
 
 def _setup_context(ctx, inputs, output):

@@ -1,0 +1,271 @@
+"""Fused GEGLU FFN: the Warp kernels and the torch ops against the float64 reference."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from warpkan.reference.geglu import gate, geglu_ffn_reference, torch_baseline
+from warpkan.torch_bridge import GEGLUFFN, geglu_ffn, geglu_ffn_forward
+
+ACTIVATIONS = ("gelu", "gelu_tanh", "gelu_sigmoid")
+HIDDEN, INTER = 48, 80  # not powers of two; the first projection has a partial last block in every bucket
+
+# Largest error, relative to max |reference|, over the forward and all five gradients. Each is twice the
+# worst error that the same maths in plain torch makes in that dtype against float64 (measured on these
+# shapes, seeds 0-2, both paths): the fused layer must be as accurate as the unfused one.
+TOLERANCE = {
+    (torch.float32, "gelu"): 1.5e-6,
+    (torch.float32, "gelu_tanh"): 1.5e-6,
+    (torch.float32, "gelu_sigmoid"): 1.5e-6,
+    (torch.float16, "gelu"): 2.6e-3,
+    (torch.float16, "gelu_tanh"): 3.0e-3,
+    (torch.float16, "gelu_sigmoid"): 2.2e-3,
+    (torch.bfloat16, "gelu"): 2.4e-2,
+    (torch.bfloat16, "gelu_tanh"): 1.4e-2,
+    (torch.bfloat16, "gelu_sigmoid"): 1.8e-2,
+}
+SMALL, LARGE = 16, 0  # small_batch_rows values that force the weight-streaming or the GEMM path
+
+
+def _tensors(rows, dtype, device, seed=0, hidden=HIDDEN, inter=INTER):
+    """x, w_uv, b_uv, w_o, b_o, dout, at nn.Linear's initial scale."""
+    g = torch.Generator().manual_seed(seed)
+
+    def uniform(*shape, fan_in):
+        return ((torch.rand(*shape, generator=g) * 2 - 1) / fan_in**0.5).to(dtype).to(device)
+
+    x = torch.randn(rows, hidden, generator=g).to(dtype).to(device)
+    w_uv = uniform(2 * inter, hidden, fan_in=hidden)
+    b_uv = uniform(2 * inter, fan_in=hidden)
+    w_o = uniform(hidden, inter, fan_in=inter)
+    b_o = uniform(hidden, fan_in=inter)
+    dout = torch.randn(rows, hidden, generator=g).to(dtype).to(device)
+    return x, w_uv, b_uv, w_o, b_o, dout
+
+
+def _run(tensors, activation, small_batch_rows, bias=True):
+    """(out, dx, d_w_uv, d_b_uv, d_w_o, d_b_o) of the op and of the float64 reference."""
+    x, w_uv, b_uv, w_o, b_o, dout = tensors
+    leaves = [t.clone().requires_grad_() for t in (x, w_uv, b_uv, w_o, b_o)]
+    lx, lw_uv, lb_uv, lw_o, lb_o = leaves
+    out = geglu_ffn(lx, lw_uv, lw_o, lb_uv if bias else None, lb_o if bias else None, activation, small_batch_rows)
+    used = leaves if bias else [lx, lw_uv, lw_o]
+    grads = torch.autograd.grad(out, used, dout)
+    ref_leaves = [t.detach().double().requires_grad_() for t in (x, w_uv, b_uv, w_o, b_o)]
+    rx, rw_uv, rb_uv, rw_o, rb_o = ref_leaves
+    ref = geglu_ffn_reference(rx, rw_uv, rb_uv if bias else None, rw_o, rb_o if bias else None, activation)
+    ref_used = ref_leaves if bias else [rx, rw_uv, rw_o]
+    ref_grads = torch.autograd.grad(ref, ref_used, dout.double())
+    return (out, *grads), (ref, *ref_grads)
+
+
+def _rel_error(a, b):
+    return ((a.double() - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("path", ["small", "large"])
+def test_forward_and_gradients_match_reference(device, dtype, activation, path):
+    rows, small_batch_rows = (5, SMALL) if path == "small" else (37, LARGE)
+    bias = activation != "gelu_tanh"
+    ours, ref = _run(_tensors(rows, dtype, device), activation, small_batch_rows, bias)
+    assert ours[0].dtype == dtype and ours[0].shape == (rows, HIDDEN)
+    names = ["out", "dx", "d_w_uv", "d_b_uv", "d_w_o", "d_b_o"] if bias else ["out", "dx", "d_w_uv", "d_w_o"]
+    tol = TOLERANCE[(dtype, activation)]
+    for name, a, b in zip(names, ours, ref):
+        assert a.dtype == dtype, name
+        assert _rel_error(a, b) <= tol, f"{name}: {_rel_error(a, b):.3g} > {tol:.3g}"
+
+
+@pytest.mark.parametrize("rows", [1, 4, 7, 16])
+def test_every_small_row_bucket(device, rows):
+    ours, ref = _run(_tensors(rows, torch.float32, device, seed=rows), "gelu", SMALL)
+    for a, b in zip(ours, ref):
+        assert _rel_error(a, b) <= TOLERANCE[(torch.float32, "gelu")]
+
+
+def test_small_and_large_paths_agree(device):
+    tensors = _tensors(9, torch.float32, device, seed=3)
+    small, _ = _run(tensors, "gelu_sigmoid", SMALL)
+    large, _ = _run(tensors, "gelu_sigmoid", LARGE)
+    for a, b in zip(small, large):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("small_batch_rows", [SMALL, LARGE])
+def test_gradcheck_float64(device, small_batch_rows):
+    x, w_uv, b_uv, w_o, b_o, _ = _tensors(3, torch.float64, device, hidden=6, inter=5)
+    inputs = [t.requires_grad_() for t in (x, w_uv, b_uv, w_o, b_o)]
+    for activation in ACTIVATIONS:
+        def fn(x, w_uv, b_uv, w_o, b_o):
+            return geglu_ffn(x, w_uv, w_o, b_uv, b_o, activation, small_batch_rows)
+
+        assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-8)
+
+
+def test_float64_forward_is_exact(device):
+    ours, ref = _run(_tensors(6, torch.float64, device), "gelu", SMALL)
+    for a, b in zip(ours, ref):
+        assert _rel_error(a, b) <= 1e-13
+
+
+def test_gate_over_a_wide_range(device):
+    """Gates and their derivatives from the element-wise kernels, far into both tails (no overflow NaN)."""
+    u = torch.linspace(-40.0, 40.0, 161, dtype=torch.float64)
+    n = u.numel()
+    # x = [u | 1] with identity weights: uv = x, out[:n] = gate(u) * 1, and d sum(out) / du = gate'(u)
+    x = torch.cat([u, torch.ones_like(u)]).reshape(1, -1).to(device).requires_grad_()
+    w_uv = torch.eye(2 * n, dtype=torch.float64, device=device)
+    w_o = torch.eye(2 * n, n, dtype=torch.float64, device=device)
+    for activation in ACTIVATIONS:
+        out = geglu_ffn(x, w_uv, w_o, activation=activation, small_batch_rows=LARGE)
+        (dx,) = torch.autograd.grad(out.sum(), x)
+        ref_u = u.clone().requires_grad_()
+        ref = gate(ref_u, activation)
+        (ref_du,) = torch.autograd.grad(ref.sum(), ref_u)
+        torch.testing.assert_close(out.detach().cpu()[0, :n], ref.detach(), rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(dx.cpu()[0, :n], ref_du, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(dx.cpu()[0, n:], ref.detach(), rtol=1e-12, atol=1e-14)
+        assert torch.isfinite(dx).all()
+
+
+def test_module_nd_input_and_from_separate(device):
+    torch.manual_seed(0)
+    hidden, inter = 12, 20
+    w_u, w_v = torch.randn(inter, hidden, device=device), torch.randn(inter, hidden, device=device)
+    w_o = torch.randn(hidden, inter, device=device)
+    b_u, b_v, b_o = torch.randn(inter, device=device), torch.randn(inter, device=device), torch.randn(hidden, device=device)
+    layer = GEGLUFFN.from_separate(w_u, w_v, w_o, b_u, b_v, b_o, activation="gelu_tanh")
+    assert layer.w_uv.shape == (2 * inter, hidden) and torch.equal(layer.w_u, w_u) and torch.equal(layer.w_v, w_v)
+    for lead in [(2, 3), (19,), ()]:
+        x = torch.randn(*lead, hidden, device=device)
+        expected = torch_baseline(x.double(), w_u.double(), w_v.double(), w_o.double(), "gelu_tanh",
+                                  b_u.double(), b_v.double(), b_o.double())
+        out = layer(x)
+        assert out.shape == (*lead, hidden)
+        torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-4)
+
+
+def test_non_contiguous_inputs(device):
+    x, w_uv, b_uv, w_o, b_o, _ = _tensors(6, torch.float32, device)
+    x_nc = torch.stack([x, x], dim=2)[..., 0]  # strided view (stride 2), same values as x
+    assert not x_nc.is_contiguous()
+    w_uv_nc = w_uv.t().contiguous().t()  # column-major
+    w_o_nc = w_o.t().contiguous().t()
+    for small_batch_rows in (SMALL, LARGE):
+        expected = geglu_ffn(x, w_uv, w_o, b_uv, b_o, "gelu", small_batch_rows)
+        got = geglu_ffn(x_nc, w_uv_nc, w_o_nc, b_uv, b_o, "gelu", small_batch_rows)
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("small_batch_rows", [SMALL, LARGE])
+def test_nan_row_affects_only_that_row(device, small_batch_rows):
+    x, w_uv, b_uv, w_o, b_o, dout = _tensors(5, torch.float32, device)
+    clean = geglu_ffn(x, w_uv, w_o, b_uv, b_o, "gelu", small_batch_rows)
+    x = x.clone()
+    x[2, 7] = float("nan")
+    x.requires_grad_()
+    out = geglu_ffn(x, w_uv, w_o, b_uv, b_o, "gelu", small_batch_rows)
+    (dx,) = torch.autograd.grad(out, x, dout)
+    others = [0, 1, 3, 4]
+    assert torch.isnan(out[2]).all()
+    torch.testing.assert_close(out[others], clean[others], rtol=1e-6, atol=1e-6)
+    assert torch.isfinite(dx[others]).all()
+
+
+def test_empty_batch(device):
+    layer = GEGLUFFN(8, 12, bias=True, device=device)
+    x = torch.empty(0, 3, 8, device=device, requires_grad=True)
+    out = layer(x)
+    assert out.shape == (0, 3, 8)
+    out.sum().backward()
+    assert x.grad.shape == x.shape
+    assert torch.equal(layer.w_uv.grad, torch.zeros_like(layer.w_uv))
+    assert torch.equal(layer.b_o.grad, torch.zeros_like(layer.b_o))
+
+
+def test_reproducible_bitwise(device):
+    for small_batch_rows in (SMALL, LARGE):
+        first, _ = _run(_tensors(11, torch.float16, device), "gelu", small_batch_rows)
+        second, _ = _run(_tensors(11, torch.float16, device), "gelu", small_batch_rows)
+        for a, b in zip(first, second):
+            assert torch.equal(a, b)
+
+
+def test_bad_inputs(device):
+    x, w_uv, b_uv, w_o, b_o, _ = _tensors(4, torch.float32, device)
+    with pytest.raises(ValueError, match="x"):
+        geglu_ffn(x[:, :-1], w_uv, w_o)
+    with pytest.raises(TypeError, match="x"):
+        geglu_ffn(x.double(), w_uv, w_o)
+    with pytest.raises(TypeError, match="x"):
+        geglu_ffn(x.to(torch.int32), w_uv, w_o)
+    with pytest.raises(TypeError, match="x"):
+        geglu_ffn(x.numpy() if device == "cpu" else x.cpu().numpy(), w_uv, w_o)
+    with pytest.raises(ValueError, match="w_uv"):
+        geglu_ffn(x, w_uv[:-1], w_o)
+    with pytest.raises(ValueError, match="w_o"):
+        geglu_ffn(x, w_uv, w_o[0])
+    with pytest.raises(ValueError, match="b_uv"):
+        geglu_ffn(x, w_uv, w_o, b_uv[:-1])
+    with pytest.raises(ValueError, match="b_o"):
+        geglu_ffn(x, w_uv, w_o, b_uv, b_o[:-1])
+    with pytest.raises(ValueError, match="activation"):
+        geglu_ffn(x, w_uv, w_o, activation="relu")
+    with pytest.raises(ValueError, match="small_batch_rows"):
+        geglu_ffn(x, w_uv, w_o, small_batch_rows=-1)
+    with pytest.raises(ValueError, match="device"):
+        geglu_ffn(x.to("meta"), w_uv, w_o)
+    with pytest.raises(ValueError, match="hidden"):
+        GEGLUFFN(0, 4)
+    with pytest.raises(ValueError, match="intermediate"):
+        GEGLUFFN(4, 2.5)
+    with pytest.raises(ValueError, match="activation"):
+        GEGLUFFN(4, 4, activation="swish")
+    with pytest.raises(ValueError, match="together"):
+        GEGLUFFN.from_separate(w_uv[:INTER], w_uv[INTER:], w_o, b_u=b_uv[:INTER])
+    with pytest.raises(ValueError, match="w_v"):
+        GEGLUFFN.from_separate(w_uv[:INTER], w_uv[: INTER - 1], w_o)
+    layer = GEGLUFFN(HIDDEN, INTER, device=device)
+    with pytest.raises(TypeError, match="x"):
+        layer(x.half())
+
+
+@pytest.mark.parametrize("small_batch_rows", [SMALL, LARGE])
+def test_opcheck(device, small_batch_rows):
+    x, w_uv, b_uv, w_o, b_o, _ = _tensors(5, torch.float32, device, hidden=10, inter=7)
+    x, w_uv, w_o, b_o = (t.requires_grad_() for t in (x, w_uv, w_o, b_o))
+    torch.library.opcheck(geglu_ffn_forward, (x, w_uv, None, w_o, b_o, "gelu", small_batch_rows))
+    torch.library.opcheck(geglu_ffn_forward, (x, w_uv, b_uv, w_o, None, "gelu_sigmoid", small_batch_rows))
+
+
+def test_torch_compile_fullgraph(device):
+    torch.manual_seed(0)
+    layer = GEGLUFFN(16, 24, activation="gelu_tanh", bias=True, device=device)
+    compiled = torch.compile(layer, fullgraph=True)
+    for rows in (3, 40):  # both paths through the same compiled graph
+        x = torch.randn(rows, 16, device=device, requires_grad=True)
+        out = compiled(x)
+        (dx,) = torch.autograd.grad(out.sum(), x)
+        x2 = x.detach().clone().requires_grad_()
+        expected = layer(x2)
+        (dx2,) = torch.autograd.grad(expected.sum(), x2)
+        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(dx, dx2)
+
+
+def test_autocast(device):
+    layer = GEGLUFFN(8, 12, device=device)
+    x = torch.randn(3, 8, device=device)
+    with torch.autocast(device_type=device, dtype=torch.bfloat16):
+        out = layer(x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), layer(x), rtol=3e-2, atol=3e-2)
+
+
+def test_kernels_do_not_import_torch():
+    code = "import sys, warpkan.kernels.geglu; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
