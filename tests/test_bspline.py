@@ -63,7 +63,8 @@ def test_uniform_basis_matrix_matches_cox_de_boor(order):
 
 @pytest.mark.parametrize("order", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("uniform", [True, False])
-def test_forward_and_all_gradients_float64(device, order, uniform):
+@pytest.mark.parametrize("strategy", ["stencil", "gemm"])
+def test_forward_and_all_gradients_float64(device, order, uniform, strategy):
     n_rows, n_in, n_out, grid_size = 29, 7, 5, 7  # primes
     tdev = _torch_device(device)
     grid = _grid(n_in, grid_size, order, perturb=0.0 if uniform else 0.4).to(tdev)
@@ -72,7 +73,7 @@ def test_forward_and_all_gradients_float64(device, order, uniform):
     x = (1.6 * torch.randn(n_rows, n_in, generator=gen, dtype=torch.float64)).to(tdev)
     params = _params(n_out, n_in, grid_size + order, device=tdev)
     dy = torch.randn(n_rows, n_out, generator=gen, dtype=torch.float64).to(tdev)
-    ours = lambda x, wb, sw, ss: bspline_kan(x, grid, wb, sw, ss, order, uniform)  # noqa: E731
+    ours = lambda x, wb, sw, ss: bspline_kan(x, grid, wb, sw, ss, order, uniform, strategy=strategy)  # noqa: E731
     ref = lambda x, wb, sw, ss: kan_linear(x, grid, wb, sw, ss, order)  # noqa: E731
     y, grads = _fwd_bwd(ours, x, params, dy)
     y_ref, grads_ref = _fwd_bwd(ref, x, params, dy)
@@ -90,7 +91,8 @@ def _check_fp32(ours32, ref32, ref64, name, factor=8.0):
 
 
 @pytest.mark.parametrize("uniform", [True, False])
-def test_float32_error_is_at_reference_level(device, uniform):
+@pytest.mark.parametrize("strategy", ["stencil", "gemm"])
+def test_float32_error_is_at_reference_level(device, uniform, strategy):
     order, n_rows, n_in, n_out, grid_size = 3, 257, 19, 23, 11
     tdev = _torch_device(device)
     grid64 = _grid(n_in, grid_size, order, perturb=0.0 if uniform else 0.4).to(tdev)
@@ -102,14 +104,15 @@ def test_float32_error_is_at_reference_level(device, uniform):
     grid32 = to32(grid64)
     y64, g64 = _fwd_bwd(lambda x, *p: kan_linear(x, grid64, *p, order), x64, p64, dy64)
     y32r, g32r = _fwd_bwd(lambda x, *p: kan_linear(x, grid32, *p, order), to32(x64), [to32(p) for p in p64], to32(dy64))
-    y32, g32 = _fwd_bwd(lambda x, *p: bspline_kan(x, grid32, *p, order, uniform), to32(x64), [to32(p) for p in p64], to32(dy64))
+    y32, g32 = _fwd_bwd(lambda x, *p: bspline_kan(x, grid32, *p, order, uniform, strategy=strategy), to32(x64), [to32(p) for p in p64], to32(dy64))
     _check_fp32(y32, y32r, y64, "y")
     for name, a, b, c in zip(["x", "base_weight", "spline_weight", "spline_scaler"], g32, g32r, g64):
         _check_fp32(a, b, c, "d" + name)
 
 
 @pytest.mark.parametrize("order,uniform", [(1, True), (3, True), (3, False), (5, False)])
-def test_gradcheck_float64(device, order, uniform):
+@pytest.mark.parametrize("strategy", ["stencil", "gemm"])
+def test_gradcheck_float64(device, order, uniform, strategy):
     tdev = _torch_device(device)
     n_in, n_out, grid_size = 3, 2, 4
     grid = _grid(n_in, grid_size, order, perturb=0.0 if uniform else 0.3).to(tdev)
@@ -117,12 +120,13 @@ def test_gradcheck_float64(device, order, uniform):
     # keep samples off knots: gradcheck's finite differences must not straddle a kink (k=1)
     x = (torch.rand(2, 3, n_in, generator=gen, dtype=torch.float64) * 1.6 - 0.8).to(tdev).requires_grad_()
     params = [p.requires_grad_() for p in _params(n_out, n_in, grid_size + order, device=tdev, seed=2)]
-    fn = lambda x, wb, sw, ss: bspline_kan(x, grid, wb, sw, ss, order, uniform)  # noqa: E731
+    fn = lambda x, wb, sw, ss: bspline_kan(x, grid, wb, sw, ss, order, uniform, strategy=strategy)  # noqa: E731
     assert torch.autograd.gradcheck(fn, (x, *params), eps=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 1, 1), (1, 3, 1, 2), (5, 1, 3, 1), (13, 17, 31, 19), (2, 3, 5, 37)])
-def test_awkward_sizes_and_grid_sizes(device, shape):
+@pytest.mark.parametrize("strategy", ["stencil", "gemm"])
+def test_awkward_sizes_and_grid_sizes(device, shape, strategy):
     n_rows, n_in, n_out, grid_size = shape
     order = 3
     tdev = _torch_device(device)
@@ -130,11 +134,38 @@ def test_awkward_sizes_and_grid_sizes(device, shape):
     x = (1.2 * torch.randn(n_rows, n_in, dtype=torch.float64)).to(tdev)
     params = _params(n_out, n_in, grid_size + order, device=tdev)
     dy = torch.randn(n_rows, n_out, dtype=torch.float64).to(tdev)
-    y, grads = _fwd_bwd(lambda x, *p: bspline_kan(x, grid, *p, order, True), x, params, dy)
+    y, grads = _fwd_bwd(lambda x, *p: bspline_kan(x, grid, *p, order, True, strategy=strategy), x, params, dy)
     y_ref, grads_ref = _fwd_bwd(lambda x, *p: kan_linear(x, grid, *p, order), x, params, dy)
     torch.testing.assert_close(y, y_ref, **TOL64)
     for g, g_ref in zip(grads, grads_ref):
         torch.testing.assert_close(g, g_ref, **TOL64)
+
+
+def test_gemm_strategy_chunks_rows(device, monkeypatch):
+    """Rows are processed in chunks of the dense basis; results do not depend on the chunking."""
+    from warpkan.torch_bridge import bspline_ops
+
+    order, n_in, n_out, grid_size = 2, 5, 4, 6
+    tdev = _torch_device(device)
+    grid = _grid(n_in, grid_size, order).to(tdev)
+    x = torch.randn(103, n_in, dtype=torch.float64).to(tdev)
+    params = _params(n_out, n_in, grid_size + order, device=tdev)
+    dy = torch.randn(103, n_out, dtype=torch.float64).to(tdev)
+    whole = _fwd_bwd(lambda x, *p: bspline_kan(x, grid, *p, order, True, strategy="gemm"), x, params, dy)
+    monkeypatch.setattr(bspline_ops, "GEMM_CHUNK_BYTES", 8 * n_in * (grid_size + order) * 10)  # 10 rows
+    chunked = _fwd_bwd(lambda x, *p: bspline_kan(x, grid, *p, order, True, strategy="gemm"), x, params, dy)
+    torch.testing.assert_close(chunked[0], whole[0], **TOL64)
+    for a, b in zip(chunked[1], whole[1]):
+        torch.testing.assert_close(a, b, **TOL64)
+
+
+def test_auto_strategy_choice():
+    from warpkan.torch_bridge import choose_strategy
+
+    assert choose_strategy(65536, 256, 256, 11) == "gemm"
+    assert choose_strategy(2**17, 32, 32, 2**18 + 3) == "stencil"
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        KANLinear(3, 2, strategy="fast")
 
 
 @pytest.mark.parametrize("grid_size", [1, 2**18])
@@ -230,7 +261,7 @@ def test_deterministic_mode_is_bitwise_reproducible(device, uniform):
     dy = torch.randn(3000, n_out, device=tdev)
     runs = []
     for deterministic in (True, True, False):
-        runs.append(_fwd_bwd(lambda x, *p: bspline_kan(x, grid, *p, order, uniform, deterministic), x, params, dy)[1])
+        runs.append(_fwd_bwd(lambda x, *p: bspline_kan(x, grid, *p, order, uniform, deterministic, "stencil"), x, params, dy)[1])
     for a, b in zip(runs[0], runs[1]):
         assert torch.equal(a, b)
     for a, c in zip(runs[0], runs[2]):  # the default mode: same values up to summation order
@@ -305,10 +336,11 @@ def test_opcheck(device):
     x = torch.randn(6, n_in, device=tdev)
     args = (x.requires_grad_(), grid, wb.t().contiguous().requires_grad_(), ss.t().contiguous().requires_grad_(),
             sw.permute(1, 2, 0).contiguous().requires_grad_(), order, True, True, False)
-    torch.library.opcheck(bspline_forward, args)
     dy = torch.randn(6, n_out, device=tdev)
-    bargs = (dy, *[a.detach() if isinstance(a, torch.Tensor) else a for a in args], True, True)
-    torch.library.opcheck(bspline_backward, bargs)
+    for strategy in ("stencil", "gemm"):
+        torch.library.opcheck(bspline_forward, (*args, strategy))
+        bargs = (dy, *[a.detach() if isinstance(a, torch.Tensor) else a for a in args], strategy, True, True)
+        torch.library.opcheck(bspline_backward, bargs)
 
 
 def test_torch_compile_fullgraph(device):

@@ -47,6 +47,8 @@ __all__ = [
     "grid_is_uniform",
     "clear_workspaces",
     "row_chunks",
+    "launch_expand_basis",
+    "launch_contract_basis_grad",
 ]
 
 MAX_SPLINE_ORDER = 5
@@ -103,6 +105,8 @@ class BSplineVariant:
     bucket_counts: wp.Kernel
     bucket_place: wp.Kernel
     backward_coef: wp.Kernel
+    expand_basis: wp.Kernel
+    contract_basis_grad: wp.Kernel
     basis_matrix: object  # a wp matrix value passed to every kernel (unused by the general path)
     module: str
 
@@ -492,6 +496,42 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
                 acc = acc + dy[n, o] * b[m]
         d_coef[i, j, o] = d_coef[i, j, o] + scaler_t[i, o] * acc
 
+    # ------------------------------------------------------------------ dense-basis (GEMM) strategy
+    @kernel
+    def expand_basis(
+        x: wp.array2d(dtype=scalar),
+        grid: wp.array2d(dtype=scalar),
+        basis_matrix: matK,
+        basis: wp.array3d(dtype=scalar),
+    ):
+        # basis[n, i, j] = B_j(x[n, i]) into a zeroed [N, in, G + k] buffer: only the k + 1 non-zeros are written
+        n, i = wp.tid()
+        valid, cell, b = basis_at(grid, i, x[n, i], basis_matrix)
+        if valid:
+            for m in range(K):
+                j = cell - (K - 1) + m
+                if j >= 0 and j < basis.shape[2]:
+                    basis[n, i, j] = b[m]
+
+    @kernel
+    def contract_basis_grad(
+        x: wp.array2d(dtype=scalar),
+        grid: wp.array2d(dtype=scalar),
+        basis_matrix: matK,
+        d_basis: wp.array3d(dtype=scalar),
+        dx: wp.array2d(dtype=scalar),
+    ):
+        # dx[n, i] += sum_m d_basis[n, i, cell-k+m] dB_{cell-k+m}/dx
+        n, i = wp.tid()
+        valid, cell, b, db = basis_and_grad_at(grid, i, x[n, i], basis_matrix)
+        if valid:
+            acc = zero
+            for m in range(K):
+                j = cell - (K - 1) + m
+                if j >= 0 and j < d_basis.shape[2]:
+                    acc = acc + db[m] * d_basis[n, i, j]
+            dx[n, i] = dx[n, i] + acc
+
     basis_matrix = matK(*[scalar(v) for row in uniform_basis_matrix(order) for v in row])
     return BSplineVariant(
         order=order,
@@ -505,6 +545,8 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
         bucket_counts=bucket_counts,
         bucket_place=bucket_place,
         backward_coef=backward_coef,
+        expand_basis=expand_basis,
+        contract_basis_grad=contract_basis_grad,
         basis_matrix=basis_matrix,
         module=module,
     )
@@ -568,6 +610,26 @@ def launch_forward(
         stream=stream,
         record_tape=False,
     )
+
+
+def launch_expand_basis(x, grid, basis, order: int, uniform: bool, stream=None) -> None:
+    """Write the B-spline bases of x [N, in] into ``basis`` [N, in, G + k], which must be zeroed: only the
+    k + 1 non-zero entries per (n, i) are written. The dense-basis strategy multiplies this by the
+    coefficients with a GEMM."""
+    variant = get_variant(order, uniform, _scalar_name(x))
+    if x.shape[0] == 0 or x.shape[1] == 0:
+        return
+    wp.launch(variant.expand_basis, dim=tuple(x.shape), inputs=[x, grid, variant.basis_matrix], outputs=[basis],
+              device=x.device, stream=stream, record_tape=False)
+
+
+def launch_contract_basis_grad(x, grid, d_basis, dx, order: int, uniform: bool, stream=None) -> None:
+    """dx[n, i] += sum_j d_basis[n, i, j] dB_j(x[n, i]) / dx, over the k + 1 non-zero bases only."""
+    variant = get_variant(order, uniform, _scalar_name(x))
+    if x.shape[0] == 0 or x.shape[1] == 0:
+        return
+    wp.launch(variant.contract_basis_grad, dim=tuple(x.shape), inputs=[x, grid, variant.basis_matrix, d_basis],
+              outputs=[dx], device=x.device, stream=stream, record_tape=False)
 
 
 class BSplineWorkspace:

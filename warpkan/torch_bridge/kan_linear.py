@@ -10,7 +10,7 @@ from torch import nn
 from ..kernels import bspline as kb
 from ..reference.bspline import b_splines
 from ._common import autocast_dtype, check_tensor
-from .bspline_ops import bspline_kan
+from .bspline_ops import STRATEGIES, bspline_kan
 
 __all__ = ["KANLinear"]
 
@@ -38,7 +38,8 @@ class KANLinear(nn.Module):
     O(k) either way, independent of ``grid_size``.
 
     Under bf16/fp16 autocast the layer computes in fp32 (fp32 accumulation) and returns the autocast dtype.
-    ``deterministic=True`` makes every gradient bitwise reproducible from run to run.
+    ``deterministic=True`` makes every gradient bitwise reproducible from run to run. ``strategy`` picks the
+    computation ("stencil", "gemm" or "auto"; see :func:`warpkan.torch_bridge.bspline_kan`).
 
     Unlike efficient-kan, the initial ``spline_weight`` is drawn directly as small uniform noise instead of a
     least-squares fit of noise, which would be an O(G^3) solve at large ``grid_size``; the distribution of the
@@ -59,6 +60,7 @@ class KANLinear(nn.Module):
         grid_eps: float = 0.02,
         grid_range=(-1, 1),
         deterministic: bool = False,
+        strategy: str = "auto",
         device=None,
         dtype=None,
     ):
@@ -81,6 +83,9 @@ class KANLinear(nn.Module):
         self.enable_standalone_scale_spline = enable_standalone_scale_spline
         self.grid_eps = grid_eps
         self.deterministic = deterministic
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+        self.strategy = strategy
         self.use_base = _base_path(base_activation)
         self.base_activation = torch.nn.SiLU() if self.use_base else None
         dtype = dtype or torch.get_default_dtype()
@@ -133,7 +138,7 @@ class KANLinear(nn.Module):
     def _forward(self, x):
         return bspline_kan(
             x, self.grid, self.base_weight if self.use_base else None, self.spline_weight, self.spline_scaler,
-            self.spline_order, self._grid_uniform, self.deterministic,
+            self.spline_order, self._grid_uniform, self.deterministic, self.strategy,
         )
 
     @torch.no_grad()
