@@ -12,6 +12,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "KANLinear": "warpkan.native.bspline",
     "KANNetwork": "warpkan.native.network",
+    "UKANLinear": "warpkan.native.ukan",
     "Adam": "warpkan.native.optim",
     "PolyKANLinear": "warpkan.native.poly",
     "ChebyKANLinear": "warpkan.native.poly",

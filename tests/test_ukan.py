@@ -1,0 +1,315 @@
+"""UKAN: Warp kernels (torch ops, UKANLinear, Warp-native layer) against the float64 reference that
+materialises the coefficients per sample (the paper's approach)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import warp as wp
+
+import warpkan.torch_bridge as tb
+from warpkan.kernels.ukan import CELL_LIMIT
+from warpkan.reference import ukan as ru
+from warpkan.torch_bridge import UKANLinear
+
+H = 0.25  # a power of two: knots k * H are exact in binary, so "exactly on a knot" means what it says
+
+
+def make_layer(n_in, n_out, device, dtype=torch.float64, order=3, base="silu", seed=0, pe_dim=4, embed_dim=3,
+               hidden_dim=6):
+    torch.manual_seed(seed)
+    return UKANLinear(n_in, n_out, spline_order=order, grid_delta=H, pe_dim=pe_dim, embed_dim=embed_dim,
+                      hidden_dim=hidden_dim, base_activation=base, device=device, dtype=dtype)
+
+
+def reference(layer, x):
+    return ru.ukan_linear(
+        x, layer.grid_delta, layer.spline_order, layer.pe_dim, layer.feature_embedding,
+        layer.cg_hidden.weight, layer.cg_hidden.bias, layer.cg_out.weight, layer.cg_out.bias,
+        layer.spline_scaler, layer.base_weight if layer.use_base else None,
+    )
+
+
+def params_of(layer):
+    return [(n, p) for n, p in layer.named_parameters() if layer.use_base or n != "base_weight"]
+
+
+def forward_and_grads(fn, layer, x, dy):
+    x = x.detach().requires_grad_()
+    y = fn(x)
+    names, params = zip(*params_of(layer))
+    grads = torch.autograd.grad(y, (x, *params), dy)
+    return y.detach(), dict(zip(("x", *names), grads))
+
+
+def layer_in_dtype(layer, dtype):
+    copy = make_layer(layer.in_features, layer.out_features, layer.spline_scaler.device, dtype=dtype,
+                      order=layer.spline_order, base="silu" if layer.use_base else None, pe_dim=layer.pe_dim,
+                      embed_dim=layer.embed_dim, hidden_dim=layer.hidden_dim)
+    copy.load_state_dict({k: v.to(dtype) for k, v in layer.state_dict().items()})
+    return copy
+
+
+# ---------------------------------------------------------------------- forward and every gradient
+@pytest.mark.parametrize("order,base,shape", [(3, "silu", (7, 3, 5)), (1, None, (1, 2, 3)), (2, "silu", (13, 5, 1))])
+def test_matches_reference_float64(device, order, base, shape):
+    n, n_in, n_out = shape
+    layer = make_layer(n_in, n_out, device, order=order, base=base)
+    x = torch.randn(n, n_in, dtype=torch.float64, device=device) * 2
+    dy = torch.randn(n, n_out, dtype=torch.float64, device=device)
+    y, grads = forward_and_grads(layer, layer, x, dy)
+    y_ref, grads_ref = forward_and_grads(lambda t: reference(layer, t), layer, x, dy)
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    for name in grads_ref:
+        torch.testing.assert_close(grads[name], grads_ref[name], rtol=1e-11, atol=1e-12, msg=name)
+
+
+def test_float32_within_reference_error(device):
+    # tolerance from the reference itself: how far the float32 reference lands from the float64 one
+    layer64 = make_layer(5, 7, device, hidden_dim=16)
+    layer32 = layer_in_dtype(layer64, torch.float32)
+    x = torch.randn(31, 5, dtype=torch.float64, device=device) * 3
+    dy = torch.randn(31, 7, dtype=torch.float64, device=device)
+    y64, g64 = forward_and_grads(lambda t: reference(layer64, t), layer64, x, dy)
+    yr32, gr32 = forward_and_grads(lambda t: reference(layer32, t), layer32, x.float(), dy.float())
+    y32, g32 = forward_and_grads(layer32, layer32, x.float(), dy.float())
+
+    def check(ours, ref32, exact, what):
+        budget = 4 * (ref32.double() - exact).abs().max().item() + 1e-6 * exact.abs().max().item()
+        assert (ours.double() - exact).abs().max().item() <= budget, what
+
+    check(y32, yr32, y64, "y")
+    for name in g64:
+        check(g32[name], gr32[name], g64[name], name)
+
+
+def test_gradcheck(device):
+    layer = make_layer(2, 3, device, pe_dim=2, embed_dim=1, hidden_dim=3)
+    x = (torch.tensor([[-1.1, 0.3], [2.2, -0.6], [0.9, 1.7]], dtype=torch.float64, device=device)).requires_grad_()
+    params = [p for _, p in params_of(layer)]
+    names = [n for n, _ in params_of(layer)]
+
+    def fn(x, *values):
+        return torch.func.functional_call(layer, dict(zip(names, values)), (x,))
+
+    assert torch.autograd.gradcheck(fn, (x, *params), eps=1e-6, atol=1e-8)
+
+
+def test_nd_input_and_noncontiguous(device):
+    layer = make_layer(4, 3, device)
+    x = torch.randn(2, 3, 5, 4, dtype=torch.float64, device=device).transpose(1, 2)  # non-contiguous
+    y = layer(x)
+    assert y.shape == (2, 5, 3, 3)
+    torch.testing.assert_close(y, reference(layer, x), rtol=1e-12, atol=1e-12)
+
+
+# ---------------------------------------------------------------------- grid edge cases
+def test_knots_and_group_boundaries(device):
+    # K = 4 cells per group: x = m * H sits on a knot, and on a group boundary when m % 4 == 0
+    layer = make_layer(2, 3, device, base=None)
+    knots = torch.tensor([-9, -8, -5, -4, -1, 0, 1, 3, 4, 7, 8, 12], dtype=torch.float64, device=device) * H
+    x = torch.stack([knots, knots.flip(0)], dim=1)
+    dy = torch.randn(x.shape[0], 3, dtype=torch.float64, device=device)
+    y, grads = forward_and_grads(layer, layer, x, dy)
+    y_ref, grads_ref = forward_and_grads(lambda t: reference(layer, t), layer, x, dy)
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    for name in grads_ref:
+        torch.testing.assert_close(grads[name], grads_ref[name], rtol=1e-11, atol=1e-12, msg=name)
+    # a cubic spline is C^2: approaching each knot from the left gives the value on the knot
+    left = layer(x - 1e-9)
+    torch.testing.assert_close(left, y, rtol=0, atol=1e-7)
+
+
+def test_group_indices_are_floored_for_negative_inputs(device):
+    x = torch.tensor([[-0.01], [-1.0], [-1.01], [0.0], [0.99], [1.0]], dtype=torch.float64, device=device)
+    # h = 0.25, K = 4: one group per unit interval
+    _, slot, feature, group, start, stop = tb.ukan_pairs(x, H, 3)
+    groups_of_rows = group[slot[:, 0].long()].tolist()
+    assert groups_of_rows == [-1, -1, -2, 0, 0, 1]
+    assert torch.all(group[slot[:, 0].long() - 1] == group[slot[:, 0].long()] - 1)
+
+
+@pytest.mark.parametrize("base", ["silu", None])
+def test_huge_inputs_finite(device, base):
+    layer = make_layer(3, 4, device, base=base)
+    x = torch.tensor([[1e6, -1e6, 3.0], [-7.5e5, 2e6, -1e6], [0.1, 1e7, -1e7]], dtype=torch.float64, device=device)
+    dy = torch.ones(3, 4, dtype=torch.float64, device=device)
+    y, grads = forward_and_grads(layer, layer, x, dy)
+    assert torch.isfinite(y).all()
+    assert all(torch.isfinite(g).all() for g in grads.values())
+    y_ref, grads_ref = forward_and_grads(lambda t: reference(layer, t), layer, x, dy)
+    torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
+    for name in grads_ref:
+        torch.testing.assert_close(grads[name], grads_ref[name], rtol=1e-9, atol=1e-10, msg=name)
+    # float32 too: the cell is located in float64, so u keeps its precision at |x| = 1e6
+    layer32 = layer_in_dtype(layer, torch.float32)
+    y32, g32 = forward_and_grads(layer32, layer32, x.float(), dy.float())
+    assert torch.isfinite(y32).all() and all(torch.isfinite(g).all() for g in g32.values())
+
+
+def test_beyond_cell_limit_and_inf(device):
+    # past |x| / h = 2^39 (and at +-Inf) the spline is evaluated at the limit: finite, zero spline slope
+    layer = make_layer(2, 3, device, base=None)
+    big = CELL_LIMIT * H
+    x = torch.tensor([[1e30, -1e30], [math.inf, -math.inf], [big * 4, 0.5]], dtype=torch.float64, device=device)
+    dy = torch.ones(3, 3, dtype=torch.float64, device=device)
+    y, grads = forward_and_grads(layer, layer, x, dy)
+    assert torch.isfinite(y).all() and all(torch.isfinite(g).all() for g in grads.values())
+    assert torch.all(grads["x"][:2] == 0)
+    torch.testing.assert_close(y[0], y[1])
+    torch.testing.assert_close(y, reference(layer, x), rtol=1e-12, atol=1e-12)
+
+
+def test_nan_row_stays_in_its_row(device):
+    layer = make_layer(3, 4, device)
+    x = torch.randn(5, 3, dtype=torch.float64, device=device)
+    x[2, 1] = float("nan")
+    y = layer(x)
+    assert torch.isnan(y[2]).all()  # the SiLU base path carries the NaN
+    clean = torch.cat([x[:2], x[3:]])
+    # (not bitwise: the CG-MLP GEMM runs on a different number of pairs)
+    torch.testing.assert_close(torch.cat([y[:2], y[3:]]), layer(clean), rtol=1e-12, atol=1e-12)
+    layer_nb = make_layer(3, 4, device, base=None)  # no base: the NaN input just gets a zero spline term
+    torch.testing.assert_close(layer_nb(x), reference(layer_nb, x), rtol=1e-12, atol=1e-12)
+
+
+def test_empty_batch(device):
+    layer = make_layer(3, 4, device)
+    x = torch.zeros(0, 3, dtype=torch.float64, device=device, requires_grad=True)
+    y = layer(x)
+    assert y.shape == (0, 4)
+    y.sum().backward()
+    assert x.grad.shape == (0, 3)
+    assert torch.all(layer.spline_scaler.grad == 0) and torch.all(layer.cg_out.weight.grad == 0)
+
+
+def test_bad_input(device):
+    layer = make_layer(3, 4, device)
+    with pytest.raises(ValueError, match="x"):
+        layer(torch.zeros(2, 5, dtype=torch.float64, device=device))
+    with pytest.raises(TypeError, match="x"):
+        layer(torch.zeros(2, 3, dtype=torch.float32, device=device))
+    with pytest.raises(TypeError, match="x"):
+        layer([[0.0, 0.0, 0.0]])
+    with pytest.raises(ValueError, match="grid_delta"):
+        UKANLinear(3, 4, grid_delta=0.0)
+    with pytest.raises(TypeError, match="grid_delta"):
+        UKANLinear(3, 4, grid_delta="0.1")
+    with pytest.raises(ValueError, match="pe_dim"):
+        UKANLinear(3, 4, pe_dim=3)
+    with pytest.raises(ValueError, match="spline_order"):
+        UKANLinear(3, 4, spline_order=9)
+    with pytest.raises(ValueError, match="base_activation"):
+        UKANLinear(3, 4, base_activation="relu")
+
+
+def test_deterministic_bitwise(device):
+    layer = make_layer(4, 5, device, dtype=torch.float32, hidden_dim=8)
+    x = torch.randn(257, 4, device=device) * 2
+    runs = []
+    for _ in range(2):
+        layer.zero_grad()
+        y = layer(x)
+        y.square().sum().backward()
+        runs.append([y.detach().clone()] + [p.grad.clone() for p in layer.parameters()])
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+# ---------------------------------------------------------------------- to_kan, regulariser
+@pytest.mark.parametrize("base,lo,hi", [("silu", -2.3, 4.1), (None, -1.0, 1.0), ("silu", 0.3, 0.3)])
+def test_to_kan_matches_on_interval(device, base, lo, hi):
+    layer = make_layer(3, 4, device, base=base)
+    kan = layer.to_kan(lo, hi)
+    assert isinstance(kan, tb.KANLinear)
+    x = torch.linspace(lo, hi, 97, dtype=torch.float64, device=device)
+    knots = torch.arange(math.ceil(lo / H), math.floor(hi / H) + 1, dtype=torch.float64, device=device) * H
+    x = torch.cat([x, knots]).unsqueeze(-1).expand(-1, 3).contiguous()
+    x[:, 1] = x[:, 1].flip(0)
+    torch.testing.assert_close(kan(x), layer(x), rtol=1e-12, atol=1e-12)
+
+
+def test_regularization_loss(device):
+    layer = make_layer(3, 4, device)
+    x = torch.randn(9, 3, dtype=torch.float64, device=device) * 2
+    layer(x)
+    loss = layer.regularization_loss()
+    # by hand: per-edge mean |s C| over the generated coefficients of the feature's touched pairs
+    _, _, feature, group, _, _ = tb.ukan_pairs(x, H, 3)
+    table = layer.generate_coefficients(feature, group)
+    l1 = torch.stack([table[feature == i].abs().mean(dim=(0, 2)) for i in range(3)], dim=1) * layer.spline_scaler.abs()
+    p = l1 / l1.sum()
+    expected = l1.sum() - (p * p.log()).sum()
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(layer.regularization_loss(x=x), expected)
+    loss.backward()
+    assert layer.cg_out.weight.grad.abs().sum() > 0 and layer.spline_scaler.grad.abs().sum() > 0
+
+
+# ---------------------------------------------------------------------- torch.library checks
+def test_opcheck(device):
+    layer = make_layer(3, 4, device)
+    x = torch.randn(6, 3, dtype=torch.float64, device=device) * 2
+    torch.library.opcheck(tb.ukan_pairs, (x, H, 3))
+    pairs = tb.ukan_pairs(x, H, 3)
+    table = layer.generate_coefficients(pairs[2], pairs[3]).detach().requires_grad_()
+    args = (x.clone().requires_grad_(), *pairs, table, layer.base_weight.t().detach().requires_grad_(),
+            layer.spline_scaler.t().detach().requires_grad_(), H, 3, True)
+    torch.library.opcheck(tb.ukan_spline, args)
+
+
+def test_torch_compile_fullgraph(device):
+    layer = make_layer(3, 4, device)
+    compiled = torch.compile(layer, fullgraph=True)
+    x = torch.randn(6, 3, dtype=torch.float64, device=device, requires_grad=True)
+    y = compiled(x)
+    torch.testing.assert_close(y, layer(x))
+    y.sum().backward()
+    grad_compiled = x.grad.clone()
+    x.grad = None
+    layer(x).sum().backward()
+    torch.testing.assert_close(grad_compiled, x.grad)
+
+
+# ---------------------------------------------------------------------- Warp-native layer
+def test_native_matches_torch_layer_under_tape(device):
+    from warpkan.native.ukan import UKANLinear as NativeUKAN
+
+    native = NativeUKAN(3, 4, spline_order=3, grid_delta=H, pe_dim=4, embed_dim=3, hidden_dim=6,
+                        device=device, dtype=wp.float64, seed=1)
+    layer = make_layer(3, 4, device)
+    layer.load_state_dict({k: torch.from_numpy(v) for k, v in native.state_dict().items()})
+    x_t = torch.randn(11, 3, dtype=torch.float64, device=device) * 3
+    x_t[4, 0] = float("nan")
+    dy_t = torch.randn(11, 4, dtype=torch.float64, device=device)
+    dy_t[4] = 0
+    x = wp.array(x_t.cpu().numpy(), dtype=wp.float64, device=device, requires_grad=True)
+    tape = wp.Tape()
+    with tape:
+        y = native(x)
+    y.grad = wp.array(dy_t.cpu().numpy(), dtype=wp.float64, device=device)
+    tape.backward()
+    y_ref, grads_ref = forward_and_grads(layer, layer, x_t, dy_t)
+    np.testing.assert_allclose(y.numpy(), y_ref.cpu().numpy(), rtol=1e-12, atol=1e-12)
+    torch_names = {"feature_embedding": "feature_embedding", "cg_hidden.weight": "w1", "cg_hidden.bias": "b1",
+                   "cg_out.weight": "w2", "cg_out.bias": "b2"}
+    for name, attr in torch_names.items():
+        np.testing.assert_allclose(getattr(native, attr).grad.numpy(), grads_ref[name].cpu().numpy(),
+                                   rtol=1e-11, atol=1e-12, err_msg=name)
+    np.testing.assert_allclose(native.scaler_t.grad.numpy().T, grads_ref["spline_scaler"].cpu().numpy(), rtol=1e-11, atol=1e-12)
+    np.testing.assert_allclose(native.base_weight_t.grad.numpy().T, grads_ref["base_weight"].cpu().numpy(), rtol=1e-11, atol=1e-12)
+    dx = x.grad.numpy()
+    np.testing.assert_allclose(np.delete(dx, 4, 0), np.delete(grads_ref["x"].cpu().numpy(), 4, 0), rtol=1e-11, atol=1e-12)
+
+
+def test_native_bad_input_and_empty(device):
+    from warpkan.native.ukan import UKANLinear as NativeUKAN
+
+    native = NativeUKAN(3, 2, device=device, dtype=wp.float32)
+    with pytest.raises(ValueError, match="x"):
+        native(wp.zeros((4, 5), dtype=wp.float32, device=device))
+    with pytest.raises(TypeError, match="x"):
+        native(wp.zeros((4, 3), dtype=wp.float64, device=device))
+    y = native(wp.zeros((0, 3), dtype=wp.float32, device=device))
+    assert y.shape == (0, 2)
