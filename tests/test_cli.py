@@ -21,7 +21,7 @@ def test_bench_quick_writes_json_and_markdown(tmp_path):
     assert main(["bench", "bspline", "--device", "cpu", "--quick", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "bspline.json").read_text())
     impls = {row["impl"] for row in data["rows"]}
-    assert {"warpkan", "efficient-kan (torch)", "nn.Linear"} <= impls
+    assert {"warpkan", "warpkan stencil", "warpkan gemm", "efficient-kan (torch)", "nn.Linear"} <= impls
     assert all(row.get("total_ms", 0) > 0 for row in data["rows"])
     assert "| case | impl |" in (tmp_path / "bspline.md").read_text()
 

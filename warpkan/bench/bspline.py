@@ -36,10 +36,13 @@ def _make(impl, n_in, n_out, grid_size, order, device):
         if grid_size > 4096:
             return None  # its init solves a dense (G+1) x (G+k) least-squares problem
         return EfficientKANLinear(n_in, n_out, grid_size, order).to(device)
-    return KANLinear(n_in, n_out, grid_size, order, deterministic=impl.endswith("deterministic")).to(device)
+    strategy = impl.split()[1] if len(impl.split()) > 1 else "auto"
+    if strategy == "gemm" and grid_size > 4096:
+        return None  # the dense basis row would be longer than the whole input
+    return KANLinear(n_in, n_out, grid_size, order, deterministic=impl.endswith("deterministic"), strategy=strategy).to(device)
 
 
-IMPLS = ["warpkan", "warpkan deterministic", "efficient-kan (torch)", "nn.Linear"]
+IMPLS = ["warpkan", "warpkan stencil", "warpkan stencil deterministic", "warpkan gemm", "efficient-kan (torch)", "nn.Linear"]
 
 
 def _measure(layer, x, device, quick):
@@ -72,7 +75,7 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
             try:
                 layer = _make(impl, n_in, n_out, grid_size, order, device)
                 if layer is None:
-                    row["note"] = "skipped: init infeasible at this G"
+                    row["note"] = "skipped: infeasible at this G"
                     results.append(row)
                     continue
                 fwd, total, peak = _measure(layer, x, device, quick)
@@ -97,5 +100,11 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
         for row in results:
             if warp_total and "total_ms" in row and row["impl"].startswith("efficient"):
                 row["speed-up of warpkan"] = row["total_ms"] / warp_total
+        if not quick or device.startswith("cuda"):
+            from ..torch_bridge import choose_strategy
+
+            for row in results:
+                if row["impl"] == "warpkan":
+                    row["impl"] = f"warpkan (auto: {choose_strategy(n_rows, n_in, n_out, grid_size + order)})"
         rows.extend(results)
     return rows
