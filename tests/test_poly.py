@@ -1,0 +1,391 @@
+"""Polynomial KAN (PolyKAN): Warp kernels against numpy/scipy and the float64 torch reference."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import warp as wp
+from numpy.polynomial import chebyshev as npcheb
+from numpy.polynomial import hermite as npherm
+from numpy.polynomial import legendre as npleg
+
+import warpkan
+from warpkan.kernels import poly as kp
+from warpkan.reference import poly as ref
+from warpkan.torch_bridge import ChebyKANLinear, PolyKANLinear, poly_forward, poly_kan
+
+BASES = ["chebyshev", "legendre", "hermite", "gegenbauer", "jacobi", "fourier"]
+# parameters away from the special cases (alpha = 1/2 is Legendre, alpha = beta = 0 is Legendre, ...)
+PARAMS = {"gegenbauer": (0.75, 1.0), "jacobi": (0.5, -0.25)}
+EPS = {torch.float32: float(np.finfo(np.float32).eps), torch.float64: float(np.finfo(np.float64).eps)}
+
+
+def params(basis):
+    return PARAMS.get(basis, (1.0, 1.0))
+
+
+# ---------------------------------------------------------------------------------- numpy / scipy truth
+def numpy_basis(t, basis, degree, alpha=1.0, beta=1.0):
+    """(P_d(t), P_d'(t)) [len(t), degree + 1] from numpy.polynomial / scipy.special / cos and sin."""
+    eye = np.eye(degree + 1)
+    if basis in ("chebyshev", "legendre", "hermite"):
+        mod = {"chebyshev": npcheb, "legendre": npleg, "hermite": npherm}[basis]
+        vander = {"chebyshev": npcheb.chebvander, "legendre": npleg.legvander, "hermite": npherm.hermvander}[basis]
+        der = {"chebyshev": npcheb.chebder, "legendre": npleg.legder, "hermite": npherm.hermder}[basis]
+        val = {"chebyshev": npcheb.chebval, "legendre": npleg.legval, "hermite": npherm.hermval}[basis]
+        del mod
+        grads = np.stack([val(t, der(eye[d])) if d else np.zeros_like(t) for d in range(degree + 1)], axis=-1)
+        return vander(t, degree), grads
+    if basis == "fourier":
+        values, grads = [np.ones_like(t)], [np.zeros_like(t)]
+        for d in range(1, degree + 1):
+            k = (d + 1) // 2 * math.pi
+            if d % 2:
+                values.append(np.cos(k * t))
+                grads.append(-k * np.sin(k * t))
+            else:
+                values.append(np.sin(k * t))
+                grads.append(k * np.cos(k * t))
+        return np.stack(values, -1), np.stack(grads, -1)
+    special = pytest.importorskip("scipy.special")
+    if basis == "gegenbauer":  # d/dt C_n^a = 2 a C_{n-1}^{a+1}
+        values = [special.eval_gegenbauer(d, alpha, t) for d in range(degree + 1)]
+        grads = [2 * alpha * special.eval_gegenbauer(d - 1, alpha + 1, t) if d else 0 * t for d in range(degree + 1)]
+    else:  # d/dt P_n^(a,b) = (n + a + b + 1) / 2 P_{n-1}^(a+1,b+1)
+        values = [special.eval_jacobi(d, alpha, beta, t) for d in range(degree + 1)]
+        grads = [(d + alpha + beta + 1) / 2 * special.eval_jacobi(d - 1, alpha + 1, beta + 1, t) if d else 0 * t
+                 for d in range(degree + 1)]
+    return np.stack(values, -1), np.stack(grads, -1)
+
+
+@pytest.mark.parametrize("basis", BASES)
+def test_exact_recurrence_matches_numpy(basis):
+    degree = 32 if basis != "hermite" else 20
+    alpha, beta = params(basis)
+    t = np.concatenate([np.linspace(-1, 1, 101), [-1.0, 1.0, 0.0]])
+    values, grads = kp.evaluate_basis(t, basis, degree, alpha, beta)
+    want_values, want_grads = numpy_basis(t, basis, degree, alpha, beta)
+    scale_v = np.abs(want_values).max(axis=0) + 1
+    scale_g = np.abs(want_grads).max(axis=0) + 1
+    # float64 recurrences lose a few digits to cancellation at degree 32 (relative to the basis' size)
+    assert np.all(np.abs(values - want_values) <= 1e-11 * scale_v)
+    assert np.all(np.abs(grads - want_grads) <= 1e-10 * scale_g)
+
+
+@pytest.mark.parametrize("basis", BASES)
+def test_exact_layer_matches_numpy(device, basis):
+    alpha, beta = params(basis)
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(7, 5)) * 1.5
+    coeffs = rng.normal(size=(5, 7, 3))
+    bias = rng.normal(size=3)
+    b, _ = numpy_basis(np.tanh(x).ravel(), basis, 6, alpha, beta)
+    want = np.einsum("nid,ido->no", b.reshape(7, 5, 7), coeffs) + bias
+    args = [torch.tensor(a, device=device) for a in (x, coeffs, bias)]
+    got = poly_kan(*args, basis=basis, alpha=alpha, beta=beta).cpu().numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------- LUT mode
+def _lut_values_and_grads(basis, degree, lut_size, t, dtype, device, alpha=1.0, beta=1.0):
+    """P_d^lut(t) and P_d'^lut(t) read through the layer: one input, out = degree + 1 identity coefficients."""
+    x = torch.tensor(np.arctanh(np.clip(t, -1 + 1e-16, 1 - 1e-16)), dtype=dtype, device=device).reshape(-1, 1)
+    x.requires_grad_(True)
+    coeffs = torch.eye(degree + 1, dtype=dtype, device=device).reshape(1, degree + 1, degree + 1)
+    y = poly_kan(x, coeffs, basis=basis, lut_size=lut_size, alpha=alpha, beta=beta)
+    grads = []
+    t_used = torch.tanh(x.detach())
+    for d in range(degree + 1):
+        (gx,) = torch.autograd.grad(y[:, d].sum(), x, retain_graph=True)
+        grads.append(gx[:, 0] / (1 - t_used[:, 0] ** 2))  # the kernel's dP/dt times dt/dx
+    return t_used[:, 0].cpu().double().numpy(), y.detach().cpu().double().numpy(), torch.stack(grads, -1).cpu().double().numpy()
+
+
+@pytest.mark.parametrize("basis,degree,lut_size", [("chebyshev", 8, 257), ("chebyshev", 24, 4096), ("legendre", 8, 129),
+                                                   ("fourier", 8, 257), ("jacobi", 6, 101)])
+def test_lut_within_documented_bound_float64(basis, degree, lut_size):
+    alpha, beta = params(basis)
+    h = 2 / (lut_size - 1)
+    # cell mid points (where linear interpolation errs most) near both ends and the middle, plus random points
+    mids = -1 + h * (np.arange(lut_size - 1) + 0.5)
+    t = np.concatenate([mids[:40], mids[-40:], mids[lut_size // 2 - 20: lut_size // 2 + 20],
+                        np.random.default_rng(2).uniform(-0.999, 0.999, 200)])
+    t_used, values, grads = _lut_values_and_grads(basis, degree, lut_size, t, torch.float64, "cpu", alpha, beta)
+    want_values, want_grads = numpy_basis(t_used, basis, degree, alpha, beta)
+    value_bound, grad_bound = kp.lut_error_bound(basis, degree, lut_size, alpha, beta, "float64")
+    value_err = np.abs(values - want_values).max(axis=0)
+    grad_err = np.abs(grads - want_grads).max(axis=0)
+    assert np.all(value_err <= value_bound), (value_err, value_bound)
+    # the derivative is divided by 1 - t^2 here, which costs a few eps relative near the ends
+    assert np.all(grad_err <= grad_bound + 1e-9 * (np.abs(want_grads).max(axis=0) + 1)), (grad_err, grad_bound)
+    # and the bound is not vacuous: the top degree comes within a factor of 2 of it
+    assert value_err[-1] >= value_bound[-1] / 2
+
+
+def test_lut_bound_closed_form_chebyshev():
+    degree, lut_size = 8, 4096
+    h = 2 / (lut_size - 1)
+    d = np.arange(degree + 1)
+    closed = h * h / 8 * d**2 * (d**2 - 1) / 3
+    value_bound, _ = kp.lut_error_bound("chebyshev", degree, lut_size)
+    np.testing.assert_allclose(value_bound[2:], closed[2:], rtol=2e-3)
+    assert value_bound[-1] == pytest.approx(4.0e-5, rel=0.01)
+
+
+def test_lut_layer_float32_within_bound(device):
+    degree, lut_size = 8, 1024
+    rng = np.random.default_rng(3)
+    x = torch.tensor(rng.normal(size=(37, 13)), dtype=torch.float32, device=device)
+    coeffs = torch.tensor(rng.normal(size=(13, degree + 1, 11)) / 13, dtype=torch.float32, device=device)
+    got = poly_kan(x, coeffs, lut_size=lut_size).double()
+    want = ref.poly_kan(x.double(), coeffs.double())
+    value_bound, _ = kp.lut_error_bound("chebyshev", degree, lut_size, scalar_name="float32")
+    # |dy| <= sum_i sum_d |W| bound_d, plus the float32 rounding of the sum itself
+    bound = torch.einsum("ido,d->o", coeffs.double().abs(), torch.tensor(value_bound, device=device))
+    rounding = 4 * (13 * (degree + 1)) * EPS[torch.float32] * ref.poly_kan(x.double().abs() * 0 + 1, coeffs.double().abs())
+    assert torch.all((got - want).abs() <= bound + rounding)
+
+
+# ---------------------------------------------------------------------------------- gradients
+def _inputs(device, dtype, n, n_in, n_out, degree, seed=0, nd=False):
+    g = torch.Generator().manual_seed(seed)
+    shape = (2, n, n_in) if nd else (n, n_in)
+    x = (torch.randn(shape, generator=g, dtype=torch.float64) * 1.5).to(device=device, dtype=dtype)
+    coeffs = (torch.randn((n_in, degree + 1, n_out), generator=g, dtype=torch.float64) / (n_in * (degree + 1)) ** 0.5)
+    bias = torch.randn((n_out,), generator=g, dtype=torch.float64)
+    return [t.to(device=device, dtype=dtype).requires_grad_(True) for t in (x, coeffs, bias)]
+
+
+def _check_against_reference(x, coeffs, bias, basis, lut_size, tol_scale=1.0):
+    alpha, beta = params(basis)
+    y = poly_kan(x, coeffs, bias, basis=basis, lut_size=lut_size, alpha=alpha, beta=beta)
+    dy = torch.randn_like(y)
+    grads = torch.autograd.grad(y, (x, coeffs, bias), dy)
+    x64, c64, b64 = (t.detach().double().requires_grad_(True) for t in (x, coeffs, bias))
+    y64 = ref.poly_kan(x64, c64, b64, basis, alpha, beta)
+    grads64 = torch.autograd.grad(y64, (x64, c64, b64), dy.double(), allow_unused=True)
+    grads64 = [torch.zeros_like(t) if g is None else g for t, g in zip((x64, c64, b64), grads64)]  # degree 0: y is flat in x
+    # tolerance from the error the float reference itself makes in this dtype
+    ref_err = [0.0] * 4
+    if x.dtype != torch.float64:
+        xr, cr, br = (t.detach().to(x.dtype).requires_grad_(True) for t in (x64, c64, b64))
+        yr = ref.poly_kan(xr, cr, br, basis, alpha, beta)
+        gr = torch.autograd.grad(yr, (xr, cr, br), dy, allow_unused=True)
+        gr = [torch.zeros_like(t) if g is None else g for t, g in zip((xr, cr, br), gr)]
+        ref_err = [float((a.double() - b).detach().abs().max()) if a.numel() else 0.0 for a, b in zip((yr, *gr), (y64, *grads64))]
+    for name, got, want, err in zip(("y", "dx", "dcoeffs", "dbias"), (y, *grads), (y64, *grads64), ref_err):
+        scale = float(want.detach().abs().max()) if want.numel() else 0.0
+        tol = tol_scale * (8 * err + 64 * EPS[x.dtype] * (scale + 1))
+        assert got.shape == want.shape, name
+        assert float((got.double() - want).detach().abs().max()) <= tol if got.numel() else True, name
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 0), (7, 5, 3, 1), (37, 13, 17, 5), (130, 40, 9, 8)])
+def test_exact_float64_forward_and_grads(device, shape):
+    n, n_in, n_out, degree = shape
+    for basis in ("chebyshev", "fourier") if shape[0] < 100 else ("chebyshev",):
+        _check_against_reference(*_inputs(device, torch.float64, n, n_in, n_out, degree), basis, 0)
+
+
+@pytest.mark.parametrize("basis", ["chebyshev", "fourier"])
+def test_exact_float32_forward_and_grads(device, basis):
+    for shape in ((7, 5, 3, 1), (37, 13, 17, 5), (33, 40, 70, 24)):
+        _check_against_reference(*_inputs(device, torch.float32, *shape, seed=4), basis, 0)
+
+
+def test_other_bases_float64_grads(device):
+    for basis in ("legendre", "hermite", "gegenbauer", "jacobi"):
+        _check_against_reference(*_inputs(device, torch.float64, 11, 6, 5, 4, seed=5), basis, 0)
+
+
+def test_gradcheck(device):
+    x, coeffs, bias = _inputs(device, torch.float64, 5, 3, 4, 4, seed=6)
+    for basis in ("chebyshev", "fourier", "jacobi"):
+        alpha, beta = params(basis)
+        assert torch.autograd.gradcheck(lambda a, c, b: poly_kan(a, c, b, basis, 0, alpha, beta), (x, coeffs, bias))
+
+
+def test_lut_grads_close_to_exact(device):
+    # LUT mode's coefficient gradient reads the value table, its input gradient the derivative table
+    x, coeffs, bias = _inputs(device, torch.float64, 19, 6, 5, 8, seed=7)
+    value_bound, grad_bound = kp.lut_error_bound("chebyshev", 8, 2048)
+    y = poly_kan(x, coeffs, bias, lut_size=2048)
+    dy = torch.randn_like(y)
+    dx, dc, db = torch.autograd.grad(y, (x, coeffs, bias), dy)
+    ex, ec, eb = torch.autograd.grad(ref.poly_kan(x, coeffs, bias), (x, coeffs, bias), dy)
+    vb = torch.tensor(value_bound, device=device)
+    gb = torch.tensor(grad_bound, device=device)
+    assert torch.all((dc - ec).abs() <= dy.abs().sum(0) * vb[:, None] + 1e-12)
+    assert torch.all((dx - ex).abs() <= (dy.abs() @ (coeffs.abs() * gb[:, None]).sum(1).t()) + 1e-12)
+    assert torch.equal(db, eb) or torch.allclose(db, eb, rtol=1e-14, atol=1e-14)
+
+
+# ---------------------------------------------------------------------------------- awkward input
+def test_nd_and_non_contiguous_input(device):
+    x, coeffs, bias = _inputs(device, torch.float64, 6, 5, 4, 3, nd=True)
+    _check_against_reference(x, coeffs, bias, "chebyshev", 0)
+    xt = x.detach().transpose(0, 1)  # (6, 2, 5), not contiguous
+    assert not xt.is_contiguous()
+    torch.testing.assert_close(poly_kan(xt, coeffs, bias), ref.poly_kan(xt, coeffs, bias), rtol=1e-12, atol=1e-12)
+
+
+def test_nan_row_stays_in_its_row(device):
+    x, coeffs, bias = _inputs(device, torch.float32, 9, 6, 5, 4)
+    x = x.detach().clone()
+    x[3, 2] = float("nan")
+    x[5, 1] = float("inf")
+    x.requires_grad_(True)
+    for lut_size in (0, 512):
+        y = poly_kan(x, coeffs, bias, lut_size=lut_size)
+        assert torch.all(torch.isnan(y[3])) and torch.all(torch.isfinite(y[torch.arange(9) != 3]))
+        dx, dc = torch.autograd.grad(y, (x, coeffs), torch.ones_like(y))
+        assert torch.isnan(dx[3, 2]) and torch.all(torch.isfinite(dx[torch.arange(9) != 3]))
+        # as under autograd: the coefficients of input 2 see the NaN row (those of the constant P_0 too in LUT
+        # mode, where P_0 is interpolated), the others do not
+        assert torch.all(torch.isnan(dc[2, 1:]))
+        assert torch.all(torch.isfinite(dc[torch.arange(6) != 2]))
+
+
+def test_empty_batch(device):
+    _, coeffs, bias = _inputs(device, torch.float32, 1, 4, 3, 2)
+    x = torch.empty((0, 4), device=device, requires_grad=True)
+    y = poly_kan(x, coeffs, bias)
+    assert y.shape == (0, 3)
+    dx, dc, db = torch.autograd.grad(y.sum(), (x, coeffs, bias))
+    assert dx.shape == (0, 4) and torch.all(dc == 0) and torch.all(db == 0)
+    assert poly_kan(torch.empty((2, 0, 4), device=device), coeffs).shape == (2, 0, 3)
+
+
+def test_bad_arguments_name_the_argument():
+    coeffs = torch.zeros(4, 3, 2)
+    with pytest.raises(ValueError, match="x"):
+        poly_kan(torch.zeros(5, 3), coeffs)
+    with pytest.raises(TypeError, match="x"):
+        poly_kan(torch.zeros(5, 4, dtype=torch.int32), coeffs)
+    with pytest.raises(TypeError, match="coeffs"):
+        poly_kan(torch.zeros(5, 4), coeffs.double())
+    with pytest.raises(ValueError, match="coeffs"):
+        poly_kan(torch.zeros(5, 4), torch.zeros(4, 3))
+    with pytest.raises(ValueError, match="bias"):
+        poly_kan(torch.zeros(5, 4), coeffs, torch.zeros(3))
+    with pytest.raises(ValueError, match="basis"):
+        poly_kan(torch.zeros(5, 4), coeffs, basis="laguerre")
+    with pytest.raises(ValueError, match="lut_size"):
+        poly_kan(torch.zeros(5, 4), coeffs, lut_size=1)
+    with pytest.raises(ValueError, match="alpha"):
+        poly_kan(torch.zeros(5, 4), coeffs, basis="gegenbauer", alpha=0.0)
+    with pytest.raises(ValueError, match="degree"):
+        PolyKANLinear(4, 2, kp.MAX_DEGREE + 1)
+    with pytest.raises(ValueError, match="mode"):
+        PolyKANLinear(4, 2, 3, mode="fast")
+    with pytest.raises(ValueError, match="in_features"):
+        PolyKANLinear(0, 2, 3)
+    with pytest.raises(TypeError, match="dtype"):
+        PolyKANLinear(4, 2, 3)(torch.zeros(2, 4, dtype=torch.float64))
+
+
+def test_wrong_device(device):
+    if device != "cuda":
+        pytest.skip("needs a second device")
+    with pytest.raises(ValueError, match="device"):
+        poly_kan(torch.zeros(5, 4, device="cuda"), torch.zeros(4, 3, 2))
+
+
+def test_reductions_are_bitwise_reproducible(device):
+    # 130 rows and 40 inputs: the forward, dx and dcoeffs sums are all split into chunks here
+    x, coeffs, bias = _inputs(device, torch.float32, 130, 40, 9, 8, seed=8)
+    runs = []
+    for _ in range(2):
+        y = poly_kan(x, coeffs, bias, lut_size=1024)
+        runs.append((y, *torch.autograd.grad(y, (x, coeffs, bias), torch.ones_like(y))))
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+# ---------------------------------------------------------------------------------- torch integration
+def test_opcheck(device):
+    x, coeffs, bias = _inputs(device, torch.float64, 6, 5, 4, 3)
+    for lut_size in (0, 129):
+        torch.library.opcheck(poly_forward, (x, coeffs, bias, "chebyshev", lut_size, 1.0, 1.0))
+    torch.library.opcheck(poly_forward, (x, coeffs, None, "fourier", 0, 1.0, 1.0))
+
+
+def test_torch_compile_fullgraph(device):
+    layer = PolyKANLinear(5, 4, 6, bias=True, device=device)
+    x = torch.randn(8, 5, device=device, requires_grad=True)
+    compiled = torch.compile(layer, fullgraph=True)
+    y = compiled(x)
+    torch.testing.assert_close(y, layer(x), rtol=0, atol=0)
+    (gx,) = torch.autograd.grad(y.sum(), x)
+    (ex,) = torch.autograd.grad(layer(x).sum(), x)
+    torch.testing.assert_close(gx, ex, rtol=0, atol=0)
+
+
+def test_chebykan_state_dict_loads_and_matches(device):
+    g = torch.Generator().manual_seed(9)
+    state = {"cheby_coeffs": torch.randn(6, 5, 9, generator=g) / 54, "arange": torch.arange(0, 9, 1)}
+    layer = ChebyKANLinear(6, 5, 8, mode="exact", device=device)
+    layer.load_state_dict(state)
+    assert layer.coeffs.shape == (6, 5, 9) and layer.coeffs.permute(0, 2, 1).is_contiguous()
+    x = torch.randn(4, 3, 6, generator=g).to(device)
+    want = ref.chebykan_acos(x.double(), state["cheby_coeffs"].double().to(device))
+    got = layer(x)
+    assert got.shape == (4, 3, 5)
+    # acos/cos and the recurrence agree to float32 rounding (cos(d acos t) loses ~d eps near |t| = 1)
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=64 * EPS[torch.float32])
+    with pytest.raises(RuntimeError, match="basis"):
+        PolyKANLinear(6, 5, 8, basis="legendre").load_state_dict(state)
+
+
+def test_autocast_bf16_returns_bf16():
+    layer = PolyKANLinear(5, 4, 3)
+    x = torch.randn(3, 5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), layer(x), rtol=1e-2, atol=1e-2)
+
+
+def test_module_repr_and_modes():
+    layer = PolyKANLinear(3, 2, 4, basis="jacobi", alpha=0.5, beta=0.25, mode="exact", bias=True)
+    text = repr(layer)
+    assert "jacobi" in text and "alpha=0.5" in text and "beta=0.25" in text and "exact" in text
+
+
+# ---------------------------------------------------------------------------------- Warp-native
+def test_native_layer_with_tape_matches_torch(device):
+    layer = warpkan.PolyKANLinear(5, 4, 6, basis="chebyshev", mode="exact", bias=True, device=device, dtype=wp.float64, seed=3)
+    rng = np.random.default_rng(10)
+    layer.bias.assign(rng.normal(size=4))
+    x_np = rng.normal(size=(9, 5))
+    dy_np = rng.normal(size=(9, 4))
+    x = wp.array(x_np, dtype=wp.float64, device=device, requires_grad=True)
+    tape = wp.Tape()
+    with tape:
+        y = layer(x)
+    tape.backward(grads={y: wp.array(dy_np, dtype=wp.float64, device=device)})
+
+    torch_layer = PolyKANLinear(5, 4, 6, mode="exact", bias=True, dtype=torch.float64)
+    torch_layer.load_state_dict({k: torch.tensor(v) for k, v in layer.state_dict().items()})
+    xt = torch.tensor(x_np, requires_grad=True)
+    yt = torch_layer(xt)
+    gx, gc, gb = torch.autograd.grad(yt, (xt, torch_layer.coeffs, torch_layer.bias), torch.tensor(dy_np))
+    np.testing.assert_allclose(y.numpy(), yt.detach().numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(x.grad.numpy(), gx.numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(layer.coeffs.grad.numpy(), gc.permute(0, 2, 1).numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(layer.bias.grad.numpy(), gb.numpy(), rtol=1e-12, atol=1e-12)
+
+    # ChebyKAN's state dict loads into the native layer too
+    cheby = warpkan.ChebyKANLinear(5, 4, 6, mode="exact", device=device, dtype=wp.float64)
+    cheby.load_state_dict({"cheby_coeffs": gc.numpy(), "arange": np.arange(7)})
+    np.testing.assert_array_equal(cheby.state_dict()["coeffs"], gc.numpy())
+
+
+def test_native_lut_layer_runs_without_tape(device):
+    layer = warpkan.PolyKANLinear(3, 2, 5, basis="fourier", mode="lut", lut_size=512, device=device)
+    x = wp.array(np.zeros((4, 3), dtype=np.float32), device=device)
+    y = layer(x)
+    assert y.shape == (4, 2) and y.grad is None
+    with pytest.raises(ValueError, match="x"):
+        layer(wp.zeros((4, 2), dtype=wp.float32, device=device))
