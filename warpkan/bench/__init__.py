@@ -18,7 +18,9 @@ __all__ = ["register", "families", "run", "markdown_table"]
 # family name -> module that registers it (imported lazily so `warpkan bench` starts fast)
 _FAMILY_MODULES = {
     "bspline": "warpkan.bench.bspline",
+    "geglu": "warpkan.bench.geglu",
     "poly": "warpkan.bench.poly",
+    "ukan": "warpkan.bench.ukan",
 }
 _REGISTRY: dict[str, Callable] = {}
 

@@ -1,0 +1,130 @@
+"""GEGLU FFN benchmark: warpkan's GEGLUFFN against the torch baseline (two F.linear, gelu, multiply,
+F.linear) in the same run, at hidden 4096 / intermediate 12288 in float16 for batch 4 .. 128.
+
+At small batch the layer is bound by reading its three weight matrices (3 * hidden * intermediate * 2
+bytes = 302 MB), so every row reports the weight-streaming bandwidth of its forward pass, and that as a
+fraction of the measured device-to-device copy rate (DESIGN.md: 4.3-4.8 TB/s on the H200).
+
+Implementations:
+
+- ``warpkan``: the layer as shipped (weight streaming up to ``small_batch_rows`` = 16 rows, the
+  concatenated GEMM plus the fused Warp gate above);
+- ``warpkan streaming`` / ``warpkan GEMM+gate``: one path forced, to place the switch;
+- ``torch baseline``: what a PyTorch user writes, unfused;
+- the ``(CUDA graph)`` rows replay the forward from a captured graph (cuda only), which removes the host's
+  launch overhead from both sides: the difference from the plain rows is that overhead.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import register
+from .timing import HARDWARE, peak_memory, time_fn
+
+FULL_SHAPE = (4096, 12288)
+FULL_BATCHES = [4, 8, 16, 32, 64, 128]
+QUICK_SHAPE = (64, 192)
+QUICK_BATCHES = [4, 32]
+COPY_RATE_HIGH = 4.8e12  # the best device-to-device copy rate measured (DESIGN.md); HARDWARE has the low end
+ACTIVATION = "gelu"
+
+
+def _baseline(w_u, w_v, w_o):
+    from ..reference.geglu import torch_baseline
+
+    def forward(x):
+        return torch_baseline(x, w_u, w_v, w_o, ACTIVATION)
+
+    return forward
+
+
+def _impls(layer, batch):
+    """name -> callable x -> out, for the implementations that apply at this batch."""
+    from ..torch_bridge import geglu_ffn
+
+    w_uv, w_o = layer.w_uv, layer.w_o
+    impls = {"warpkan": layer}
+    if batch <= 16:
+        impls["warpkan streaming"] = lambda x: geglu_ffn(x, w_uv, w_o, activation=ACTIVATION, small_batch_rows=16)
+    impls["warpkan GEMM+gate"] = lambda x: geglu_ffn(x, w_uv, w_o, activation=ACTIVATION, small_batch_rows=0)
+    impls["torch baseline (F.linear x2 + gelu + mul + F.linear)"] = _baseline(layer.w_u, layer.w_v, w_o)
+    return impls
+
+
+def _graphed(fn, x):
+    """fn(x) captured in a CUDA graph (after a warm-up on a side stream, as torch recommends)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.no_grad():
+        for _ in range(3):
+            fn(x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.no_grad():
+        fn(x)
+    return graph.replay
+
+
+@register("geglu")
+def run(device: str = "cuda", quick: bool = False) -> list[dict]:
+    from ..torch_bridge import GEGLUFFN
+
+    hidden, inter = QUICK_SHAPE if quick else FULL_SHAPE
+    batches = QUICK_BATCHES if quick else FULL_BATCHES
+    dtype = torch.float16
+    torch.manual_seed(0)
+    layer = GEGLUFFN(hidden, inter, activation=ACTIVATION, device=device, dtype=dtype)
+    weight_bytes = 3 * hidden * inter * dtype.itemsize
+    repeat = 5 if quick else 50
+    rows = []
+    for batch in batches:
+        case = f"N={batch} {hidden}/{inter} fp16"
+        x = torch.randn(batch, hidden, device=device, dtype=dtype)
+        dy = torch.randn(batch, hidden, device=device, dtype=dtype)
+        x_train = x.clone().requires_grad_()
+        impls = _impls(layer, batch)
+        timed = []
+        for name, fn in impls.items():
+            def forward(fn=fn):
+                with torch.no_grad():
+                    fn(x)
+
+            def train_step(fn=fn):
+                fn(x_train).backward(dy)
+
+            fwd = time_fn(forward, device, warmup=3, repeat=repeat)
+            total = time_fn(train_step, device, warmup=2, repeat=max(5, repeat // 5))
+            layer.zero_grad(set_to_none=True)
+            timed.append((name, fwd, total, peak_memory(train_step, device)))
+            layer.zero_grad(set_to_none=True)
+            if device.startswith("cuda"):
+                try:
+                    replay = _graphed(fn, x)
+                    timed.append((f"{name} (CUDA graph)", time_fn(replay, device, warmup=3, repeat=repeat), None, None))
+                except Exception as exc:  # report, do not hide: a failed capture is a finding
+                    rows.append({"case": case, "impl": f"{name} (CUDA graph)", "note": f"capture failed: {exc}"})
+        baseline = {name: fwd for name, fwd, _, _ in timed if name.startswith("torch baseline")}
+        baseline_total = {name: total for name, _, total, _ in timed if name.startswith("torch baseline")}
+        for name, fwd, total, peak in timed:
+            graphed = name.endswith("(CUDA graph)")
+            peer_fwd = baseline.get(
+                "torch baseline (F.linear x2 + gelu + mul + F.linear)" + (" (CUDA graph)" if graphed else "")
+            )
+            peer_total = baseline_total.get("torch baseline (F.linear x2 + gelu + mul + F.linear)")
+            bandwidth = weight_bytes / (fwd * 1e-3)
+            rows.append({
+                "case": case,
+                "impl": name,
+                "fwd_ms": fwd,
+                "bwd_ms": None if total is None else total - fwd,
+                "total_ms": total,
+                "fwd_speedup_vs_baseline": None if peer_fwd is None else peer_fwd / fwd,
+                "total_speedup_vs_baseline": None if total is None or peer_total is None else peer_total / total,
+                "fwd_weight_GB_s": bandwidth / 1e9,
+                "pct_of_copy_4.3TB_s": 100 * bandwidth / HARDWARE["hbm_bytes_per_s"],
+                "pct_of_copy_4.8TB_s": 100 * bandwidth / COPY_RATE_HIGH,
+                "fwd_TFLOP_s": 2 * batch * weight_bytes / dtype.itemsize / (fwd * 1e-3) / 1e12,
+                "peak_MiB": peak,
+            })
+    return rows
