@@ -21,6 +21,7 @@ _FAMILY_MODULES = {
     "geglu": "warpkan.bench.geglu",
     "poly": "warpkan.bench.poly",
     "ukan": "warpkan.bench.ukan",
+    "ukan": "warpkan.bench.ukan",
 }
 _REGISTRY: dict[str, Callable] = {}
 

@@ -1,0 +1,97 @@
+"""UKAN benchmark: warpkan's UKANLinear (CG-MLP on the touched (feature, group) pairs only) against the UKAN
+paper's approach (the CG-MLP run for every sample and input, materialising per-sample coefficients; pure
+torch, the float64 reference run in float32) and warpkan's KANLinear on the equivalent bounded grid (same
+knot spacing over the data range), plus nn.Linear, in one run. Targets (issue): UKAN fwd+bwd <= 1.5x
+KANLinear and peak memory <= 1.2x KANLinear."""
+
+from __future__ import annotations
+
+import torch
+
+from . import register
+from .timing import peak_memory, time_fn
+
+# (N, in, out, G): G cells of the equivalent KAN grid over the data range [-1, 1), so h = 2 / G
+FULL_CASES = [(1024, 32, 32, 32), (65536, 32, 32, 32), (8192, 256, 256, 32), (65536, 32, 32, 256)]
+QUICK_CASES = [(256, 8, 8, 16), (64, 16, 16, 32)]
+ORDER = 3
+CG = dict(pe_dim=16, embed_dim=8, hidden_dim=32)  # the CG-MLP of every UKAN row
+IMPLS = ["warpkan UKANLinear", "paper: per-sample CG-MLP (pure torch)", "warpkan KANLinear (same grid)", "nn.Linear"]
+
+
+class _PaperUKAN(torch.nn.Module):
+    """The paper's method on a UKANLinear's parameters: coefficients generated per sample and input."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x):
+        from ..reference.ukan import ukan_linear
+
+        m = self.layer
+        return ukan_linear(x, m.grid_delta, m.spline_order, m.pe_dim, m.feature_embedding, m.cg_hidden.weight,
+                           m.cg_hidden.bias, m.cg_out.weight, m.cg_out.bias, m.spline_scaler,
+                           m.base_weight if m.use_base else None)
+
+
+def _make(impl, n_in, n_out, grid_size, device):
+    from ..torch_bridge import KANLinear, UKANLinear
+
+    h = 2.0 / grid_size
+    if impl == "nn.Linear":
+        return torch.nn.Linear(n_in, n_out, bias=False).to(device)
+    if impl.startswith("warpkan KANLinear"):
+        return KANLinear(n_in, n_out, grid_size=grid_size, spline_order=ORDER, grid_range=(-1, 1), device=device)
+    layer = UKANLinear(n_in, n_out, spline_order=ORDER, grid_delta=h, device=device, **CG)
+    return layer if impl.startswith("warpkan") else _PaperUKAN(layer)
+
+
+def _measure(layer, x, dy, device, quick):
+    def forward():
+        with torch.no_grad():
+            layer(x)
+
+    def train_step():
+        layer(x).backward(dy)
+
+    repeat = 5 if quick else 20
+    fwd = time_fn(forward, device, warmup=2, repeat=repeat)
+    total = time_fn(train_step, device, warmup=2, repeat=repeat)
+    return fwd, total, peak_memory(train_step, device)
+
+
+@register("ukan")
+def run(device: str = "cuda", quick: bool = False) -> list[dict]:
+    rows = []
+    for n_rows, n_in, n_out, grid_size in QUICK_CASES if quick else FULL_CASES:
+        case = f"N={n_rows} {n_in}->{n_out} k={ORDER} h=2/{grid_size}"
+        torch.manual_seed(0)
+        x = (torch.rand(n_rows, n_in, device=device) * 2 - 1).requires_grad_()
+        dy = torch.randn(n_rows, n_out, device=device)
+        results = []
+        for impl in IMPLS:
+            row = {"case": case, "impl": impl}
+            try:
+                layer = _make(impl, n_in, n_out, grid_size, device)
+                fwd, total, peak = _measure(layer, x, dy, device, quick)
+                row.update(fwd_ms=fwd, bwd_ms=total - fwd, total_ms=total, peak_MiB=peak)
+                if impl == "warpkan UKANLinear":
+                    from ..torch_bridge import ukan_pairs
+
+                    row["table rows"] = int(ukan_pairs(x.detach(), layer.grid_delta, ORDER)[2].shape[0])
+                del layer
+            except torch.OutOfMemoryError:
+                row["note"] = "out of memory"
+            results.append(row)
+            x.grad = None
+            if device.startswith("cuda"):
+                torch.cuda.empty_cache()
+        kan = next((r for r in results if r["impl"].startswith("warpkan KANLinear")), {})
+        for row in results:
+            if kan.get("total_ms") and "total_ms" in row:
+                row["time x KANLinear"] = row["total_ms"] / kan["total_ms"]
+            if kan.get("peak_MiB") and row.get("peak_MiB") is not None:
+                row["memory x KANLinear"] = row["peak_MiB"] / kan["peak_MiB"]
+        rows.extend(results)
+    return rows
