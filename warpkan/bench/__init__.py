@@ -21,7 +21,6 @@ _FAMILY_MODULES = {
     "geglu": "warpkan.bench.geglu",
     "poly": "warpkan.bench.poly",
     "ukan": "warpkan.bench.ukan",
-    "ukan": "warpkan.bench.ukan",
 }
 _REGISTRY: dict[str, Callable] = {}
 
