@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the project root, after warp is staged into /tmp/site:
-#   bash scripts/gpu_session.sh "<pytest targets>" "<bench families>"
+#   bash scripts/gpu_session.sh "<pytest targets>" "<bench families>" ["<pytest -k expression>"]
+# The GPU machine's warp has no CPU compiler, so by default only the cuda-parametrised tests run there
+# (the CPU ones run in CI).
 # Runs the tests with cuda present and the benchmarks on cuda; logs and results go to $OUT.
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -8,10 +10,11 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 tests=${1:-tests}
 families=${2:-}
+select=${3:-cuda or graph}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -m warpkan.cli info | tee -a "$OUT/gpu.txt"
 if [ "$tests" != "none" ]; then
-  python3 -m pytest $tests -q -p no:cacheprovider -x --timeout=900 2>&1 | tee "$OUT/tests.log" | tail -25
+  python3 -m pytest $tests -k "$select" -q -p no:cacheprovider --timeout=900 2>&1 | tee "$OUT/tests.log" | tail -25
 fi
 for family in $families; do
   python3 -m warpkan.cli bench "$family" --device cuda --out "$OUT/bench" 2>&1 | tee "$OUT/bench-$family.log" | tail -40
