@@ -65,6 +65,22 @@ def test_matches_reference_float64(device, order, base, shape):
         torch.testing.assert_close(grads[name], grads_ref[name], rtol=1e-11, atol=1e-12, msg=name)
 
 
+def test_many_elements_per_pair_split_gather(device):
+    # few touched groups, many rows: the d_table gather splits every row's elements across threads
+    from warpkan.kernels.ukan import table_splits
+
+    layer = make_layer(2, 3, device, base=None)
+    x = torch.rand(1500, 2, dtype=torch.float64, device=device) - 0.5
+    n_pairs = tb.ukan_pairs(x, H, 3)[2].shape[0]
+    assert table_splits(x.numel(), n_pairs, 3) > 1
+    dy = torch.randn(1500, 3, dtype=torch.float64, device=device)
+    y, grads = forward_and_grads(layer, layer, x, dy)
+    y_ref, grads_ref = forward_and_grads(lambda t: reference(layer, t), layer, x, dy)
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    for name in grads_ref:
+        torch.testing.assert_close(grads[name], grads_ref[name], rtol=1e-10, atol=1e-11, msg=name)
+
+
 def test_float32_within_reference_error(device):
     # tolerance from the reference itself: how far the float32 reference lands from the float64 one
     layer64 = make_layer(5, 7, device, hidden_dim=16)

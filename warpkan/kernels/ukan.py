@@ -24,9 +24,10 @@ The pipeline (the forward needs one host read-back: the size of the coefficient 
    GEMM); the Warp-native layer uses the SIMT dense kernels at the bottom of this file.
 3. **Spline forward**: one thread per (n, 4 outputs), looping over inputs, reading two table rows.
 4. **Backward**: dx per (n, i); d base weight / d scaler by row chunks into partial buffers and a fixed-order
-   combine; d table by one thread per (row, output) gathering the sorted elements of its own row and of the
-   next row (whose window reaches back into it). No floating-point atomics anywhere and the sort is stable,
-   so every gradient is bitwise reproducible (there is no separate non-deterministic mode).
+   combine; d table by threads per (split, row, output), each gathering a fixed slice of the sorted elements
+   of its own row and of the next row (whose window reaches back into it), into partials that a second pass
+   adds in a fixed order (the split count depends on the shapes only). No floating-point atomics anywhere
+   and the sort is stable, so every gradient is bitwise reproducible (there is no separate non-deterministic mode).
 """
 
 import functools
@@ -59,6 +60,7 @@ _GROUP_BIAS = 2**40  # g + bias > 0 for every clamped g (and g - 1)
 _FEATURE_STRIDE = 2**41  # key = i * stride + g + bias
 PE_BASE = 10000.0  # sinusoidal encoding frequencies: PE_BASE^(-2j / pe_dim)
 _OUT_TILE = 4
+_TARGET_TABLE_THREADS = 1 << 17  # parallelism aimed at by the d_table gather
 
 _SCALARS = {"float32": wp.float32, "float64": wp.float64}
 
@@ -75,6 +77,7 @@ class UKANVariant:
     backward_rows: wp.Kernel
     combine_rows: wp.Kernel
     backward_table: wp.Kernel
+    combine_table: wp.Kernel
     basis_matrix: object
     module: str
 
@@ -407,6 +410,11 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
                         acc[idx] = acc[idx] + b[m]
         return acc
 
+    @wp.func
+    def split_range(start: int, stop: int, split: int, n_splits: int):
+        length = stop - start
+        return start + (length * split) // n_splits, start + (length * (split + 1)) // n_splits
+
     @kernel
     def backward_table(
         dy: wp.array2d(dtype=scalar),
@@ -416,27 +424,38 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
         pair_group: wp.array(dtype=wp.int64),
         row_start: wp.array(dtype=wp.int32),
         row_stop: wp.array(dtype=wp.int32),
-        scaler_t: wp.array2d(dtype=scalar),
         h: wp.float64,
         basis_matrix: matK,
-        d_table: wp.array3d(dtype=scalar),
+        partial: wp.array4d(dtype=scalar),
     ):
-        # d_table[p, o, :] += s[i, o] (sum over the elements of row p of their C_g share
-        #                              + sum over the elements of row p + 1 of their C_{g-1} share)
-        tid = wp.tid()
-        n_out = d_table.shape[1]
-        p = tid // n_out
-        o = tid - p * n_out
+        # partial[split, p, o, :] = this split's share of (the C_g contributions of row p's elements
+        #                           + the C_{g-1} contributions of row p + 1's elements)
+        split, p, o = wp.tid()
+        n_splits = partial.shape[0]
         i = pair_feature[p]
         acc = vecK()
-        acc = gather_row(dy, x, sorted_elem, row_start[p], row_stop[p], o, h, basis_matrix, 1, acc)
+        lo, hi = split_range(row_start[p], row_stop[p], split, n_splits)
+        acc = gather_row(dy, x, sorted_elem, lo, hi, o, h, basis_matrix, 1, acc)
         q = p + 1
-        if q < d_table.shape[0]:
+        if q < partial.shape[1]:
             if pair_feature[q] == i and pair_group[q] == pair_group[p] + wp.int64(1):
-                acc = gather_row(dy, x, sorted_elem, row_start[q], row_stop[q], o, h, basis_matrix, 0, acc)
-        s = scaler_t[i, o]
+                lo, hi = split_range(row_start[q], row_stop[q], split, n_splits)
+                acc = gather_row(dy, x, sorted_elem, lo, hi, o, h, basis_matrix, 0, acc)
         for m in range(K):
-            d_table[p, o, m] = d_table[p, o, m] + s * acc[m]
+            partial[split, p, o, m] = acc[m]
+
+    @kernel
+    def combine_table(
+        partial: wp.array4d(dtype=scalar),
+        pair_feature: wp.array(dtype=wp.int32),
+        scaler_t: wp.array2d(dtype=scalar),
+        d_table: wp.array3d(dtype=scalar),
+    ):
+        p, o, m = wp.tid()
+        acc = zero
+        for split in range(partial.shape[0]):  # fixed order: deterministic
+            acc = acc + partial[split, p, o, m]
+        d_table[p, o, m] = d_table[p, o, m] + scaler_t[pair_feature[p], o] * acc
 
     basis_matrix = matK(*[scalar(v) for row in uniform_basis_matrix(order) for v in row])
     return UKANVariant(
@@ -450,6 +469,7 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
         backward_rows=backward_rows,
         combine_rows=combine_rows,
         backward_table=backward_table,
+        combine_table=combine_table,
         basis_matrix=basis_matrix,
         module=module,
     )
@@ -642,15 +662,27 @@ def launch_backward(
                       inputs=[partial_base, partial_scaler, int(use_base)],
                       outputs=[d_base_weight_t, d_scaler_t], device=device, record_tape=False)
         if d_table is not None and n_pairs > 0:
+            n_splits = table_splits(n_rows * n_in, n_pairs, n_out)
+            partial_table = partials("partial_table", (n_splits, n_pairs, n_out, order + 1), variant.scalar)
             wp.launch(
                 variant.backward_table,
-                dim=n_pairs * n_out,
+                dim=(n_splits, n_pairs, n_out),
                 inputs=[dy, x, pairs.sorted_elem, pairs.pair_feature, pairs.pair_group, pairs.row_start,
-                        pairs.row_stop, scaler_t, h, bm],
-                outputs=[d_table],
+                        pairs.row_stop, h, bm],
+                outputs=[partial_table],
                 device=device,
                 record_tape=False,
             )
+            wp.launch(variant.combine_table, dim=(n_pairs, n_out, order + 1),
+                      inputs=[partial_table, pairs.pair_feature, scaler_t], outputs=[d_table],
+                      device=device, record_tape=False)
+
+
+def table_splits(n_entries: int, n_pairs: int, n_out: int) -> int:
+    """Splits per table row for the d_table gather: enough threads to fill a GPU, at least ~32 elements per
+    split on average; a function of the shapes alone, so the summation order is fixed."""
+    want = -(-_TARGET_TABLE_THREADS // max(n_pairs * n_out, 1))
+    return max(1, min(want, n_entries // (32 * max(n_pairs, 1))))
 
 
 # ---------------------------------------------------------------------- 2. CG-MLP in Warp (native layer)
