@@ -338,10 +338,12 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
         dx: wp.array2d(dtype=scalar),
     ):
         # dx[n, i] += sum_o dy[n, o] (w_b[i, o] silu'(x) + s[i, o] sum_m b'_m C[i, c-k+m, o])
+        # Consecutive threads take consecutive rows of one input: w_b[i, :] and s[i, :] are broadcast across
+        # the warp, and rows in the same cell read the same coefficient lines.
         tid = wp.tid()
-        n_in = x.shape[1]
-        n = tid // n_in
-        i = tid - n * n_in
+        n_rows = x.shape[0]
+        i = tid // n_rows
+        n = tid - i * n_rows
         xv = x[n, i]
         valid, cell, b, db = basis_and_grad_at(grid, i, xv, basis_matrix)
         act = zero
