@@ -367,16 +367,19 @@ def _empty_vector(io_name: str, device) -> "wp.array1d":
     return found
 
 
-def launch_activation(uv: "wp.array2d", h: "wp.array2d", activation: str, stream: "wp.Stream | None" = None):
-    """h[m, j] = gelu(uv[m, j]) * uv[m, inter + j]."""
+def launch_activation(
+    uv: "wp.array2d", h: "wp.array2d", activation: str, stream: "wp.Stream | None" = None, record: bool = False
+):
+    """h[m, j] = gelu(uv[m, j]) * uv[m, inter + j]. With ``record=True`` nothing runs: the launch comes back
+    as a list of ``wp.Launch`` to replay with ``.launch(stream)`` (what the torch ops cache)."""
     io_name = _io_name(uv)
     n_rows, n_inter = h.shape
     _check("uv", uv, (n_rows, 2 * n_inter), io_name)
     _check("h", h, (n_rows, n_inter), io_name)
     if n_rows == 0 or n_inter == 0:
-        return
+        return [] if record else None
     variant = get_variant(io_name)
-    wp.launch(
+    cmd = wp.launch(
         variant.activation_forward,
         dim=(n_rows, n_inter),
         inputs=[uv, activation_code(activation)],
@@ -384,7 +387,9 @@ def launch_activation(uv: "wp.array2d", h: "wp.array2d", activation: str, stream
         device=uv.device,
         stream=stream,
         record_tape=False,
+        record_cmd=record,
     )
+    return [cmd] if record else None
 
 
 def launch_activation_backward(
@@ -394,6 +399,7 @@ def launch_activation_backward(
     h: "wp.array2d",
     activation: str,
     stream: "wp.Stream | None" = None,
+    record: bool = False,
 ):
     """Writes (does not accumulate) duv = [dh v gelu'(u) | dh gelu(u)] and the recomputed h = gelu(u) v.
     Both are intermediates of the layer, never parameter gradients."""
@@ -404,9 +410,9 @@ def launch_activation_backward(
     _check("duv", duv, (n_rows, 2 * n_inter), io_name)
     _check("h", h, (n_rows, n_inter), io_name)
     if n_rows == 0 or n_inter == 0:
-        return
+        return [] if record else None
     variant = get_variant(io_name)
-    wp.launch(
+    cmd = wp.launch(
         variant.activation_backward,
         dim=(n_rows, n_inter),
         inputs=[dh, uv, activation_code(activation)],
@@ -414,7 +420,9 @@ def launch_activation_backward(
         device=uv.device,
         stream=stream,
         record_tape=False,
+        record_cmd=record,
     )
+    return [cmd] if record else None
 
 
 def launch_small_forward(
@@ -428,6 +436,7 @@ def launch_small_forward(
     out: "wp.array2d",
     activation: str,
     stream: "wp.Stream | None" = None,
+    record: bool = False,
 ):
     """The whole layer for at most ``MAX_SMALL_ROWS`` rows by weight streaming: writes uv (the
     pre-activations, kept for the backward), h and out."""
@@ -444,7 +453,7 @@ def launch_small_forward(
     _check("h", h, (n_rows, n_inter), io_name)
     _check("out", out, (n_rows, n_hidden), io_name)
     if n_rows == 0:
-        return
+        return [] if record else None
     variant = get_small_variant(io_name, small_rows_bucket(n_rows))
     device = x.device
     cols = variant.cols_per_block
@@ -452,7 +461,7 @@ def launch_small_forward(
     # a bias-less launch still needs an array argument of the right type; the kernels do not read it
     b_uv_arg = b_uv if b_uv is not None else _empty_vector(io_name, device)
     b_o_arg = b_o if b_o is not None else _empty_vector(io_name, device)
-    wp.launch_tiled(
+    up = wp.launch_tiled(
         variant.up_projection,
         dim=[-(-n_inter // cols)],
         inputs=[x, w_uv, b_uv_arg, int(b_uv is not None), n_rows, code],
@@ -461,10 +470,11 @@ def launch_small_forward(
         stream=stream,
         block_dim=variant.up_block_dim,
         record_tape=False,
+        record_cmd=record,
     )
     if n_hidden == 0:
-        return
-    wp.launch_tiled(
+        return [up] if record else None
+    down = wp.launch_tiled(
         variant.down_projection,
         dim=[-(-n_hidden // cols)],
         inputs=[h, w_o, b_o_arg, int(b_o is not None), n_rows],
@@ -473,4 +483,6 @@ def launch_small_forward(
         stream=stream,
         block_dim=variant.down_block_dim,
         record_tape=False,
+        record_cmd=record,
     )
+    return [up, down] if record else None
