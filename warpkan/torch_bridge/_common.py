@@ -46,6 +46,21 @@ def to_warp(t: torch.Tensor) -> wp.array:
     return wp.from_torch(t, requires_grad=False)
 
 
+class TorchWorkspace:
+    """Scratch buffers for Warp launchers, allocated from torch's caching allocator on the current stream:
+    stream-ordered, reused across calls, and legal under CUDA-graph capture (Warp's own allocator is not
+    the capture stream's)."""
+
+    _TORCH_DTYPES = {wp.int32: torch.int32, wp.float32: torch.float32, wp.float64: torch.float64}
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def get(self, name: str, shape, dtype, zero: bool = False) -> wp.array:
+        make = torch.zeros if zero else torch.empty
+        return to_warp(make(tuple(shape), dtype=self._TORCH_DTYPES[dtype], device=self.device))
+
+
 FLOAT_DTYPES = (torch.float32, torch.float64)
 
 

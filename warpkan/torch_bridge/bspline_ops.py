@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..kernels import bspline as kb
-from ._common import check_tensor, to_warp, warp_stream
+from ._common import TorchWorkspace, check_tensor, to_warp, warp_stream
 
 __all__ = ["bspline_kan", "bspline_forward", "bspline_backward", "choose_strategy", "STRATEGIES"]
 
@@ -164,6 +164,7 @@ def bspline_backward(
         d_coef=to_warp(d_coef) if need_params else None,
         deterministic=deterministic,
         stream=stream,
+        workspace=TorchWorkspace(x.device),
     )
     return dx, d_base, d_scaler, d_coef
 
