@@ -20,6 +20,7 @@ EXPECTED_TORCH_BRIDGE = {
     "bspline_kan",
     "bspline_forward",
     "bspline_backward",
+    "choose_strategy",
     "UKANLinear",
     "ukan_pairs",
     "ukan_spline",

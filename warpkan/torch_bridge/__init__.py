@@ -4,7 +4,7 @@ from ._common import ensure_warp
 
 ensure_warp()
 
-from .bspline_ops import bspline_backward, bspline_forward, bspline_kan  # noqa: E402
+from .bspline_ops import bspline_backward, bspline_forward, bspline_kan, choose_strategy  # noqa: E402
 from .geglu import GEGLUFFN  # noqa: E402
 from .geglu_ops import geglu_ffn, geglu_ffn_backward, geglu_ffn_forward  # noqa: E402
 from .kan_linear import KANLinear  # noqa: E402
@@ -13,7 +13,7 @@ from .poly_ops import poly_backward, poly_forward, poly_kan  # noqa: E402
 from .ukan import UKANLinear  # noqa: E402
 from .ukan_ops import ukan_pairs, ukan_spline, ukan_spline_backward  # noqa: E402
 
-__all__ = ["KANLinear", "bspline_kan", "bspline_forward", "bspline_backward",
+__all__ = ["KANLinear", "bspline_kan", "bspline_forward", "bspline_backward", "choose_strategy",
            "GEGLUFFN", "geglu_ffn", "geglu_ffn_forward", "geglu_ffn_backward",
            "UKANLinear", "ukan_pairs", "ukan_spline", "ukan_spline_backward",
            "PolyKANLinear", "ChebyKANLinear", "poly_kan", "poly_forward", "poly_backward"]
