@@ -1,0 +1,141 @@
+"""Polynomial KAN benchmark: warpkan's PolyKANLinear (LUT and exact modes) against the two torch forms of
+ChebyKAN in the same run, eager and under torch.compile:
+
+- the acos/cos form, ChebyKAN's own ``ChebyKANLayer.forward`` (re-implemented in pure torch, same code);
+- the recurrence + einsum form.
+
+Plus a whole network at PolyKAN's Speech Commands widths (Fourier basis, 40 -> 256 -> 256 -> 12, degree 8,
+batch 128), forward + backward per batch, against the torch cos/sin + einsum form of the same network.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from . import register
+from .timing import HARDWARE, peak_memory, time_fn
+
+# (B, in, out, degree): PolyKAN's three configurations, then a large one
+FULL_CASES = [(128, 40, 256, 8), (64, 256, 512, 15), (32, 512, 1024, 24), (4096, 512, 512, 8)]
+QUICK_CASES = [(64, 16, 32, 8)]
+# fwd+bwd targets on the GPU machine (ms), from the issue
+TARGET_MS = {(128, 40, 256, 8): 0.10, (64, 256, 512, 15): 0.10, (32, 512, 1024, 24): 0.10, (4096, 512, 512, 8): 0.25}
+SPEECH_WIDTHS, SPEECH_DEGREE, SPEECH_BATCH = (40, 256, 256, 12), 8, 128
+QUICK_SPEECH_WIDTHS, QUICK_SPEECH_BATCH = (40, 32, 12), 16  # --quick: a CPU smoke run
+
+
+class _TorchPolyLayer(nn.Module):
+    """A peer layer in ChebyKAN's layout (``cheby_coeffs`` [in, out, D + 1]), running one of the torch forms."""
+
+    def __init__(self, n_in, n_out, degree, form):
+        super().__init__()
+        self.cheby_coeffs = nn.Parameter(torch.randn(n_in, n_out, degree + 1) / (n_in * (degree + 1)))
+        self.form = form
+
+    def forward(self, x):
+        from ..reference import poly as ref
+
+        if self.form == "acos":
+            return ref.chebykan_acos(x, self.cheby_coeffs)
+        if self.form == "recurrence":
+            return ref.chebyshev_recurrence_einsum(x, self.cheby_coeffs)
+        # fourier: cos / sin of k pi t, then einsum
+        b = ref.basis_values(torch.tanh(x), "fourier", self.cheby_coeffs.shape[2] - 1)
+        return torch.einsum("bid,iod->bo", b, self.cheby_coeffs)
+
+
+def _warp_layer(n_in, n_out, degree, mode, basis="chebyshev"):
+    from ..torch_bridge import PolyKANLinear
+
+    return PolyKANLinear(n_in, n_out, degree, basis=basis, mode=mode)
+
+
+LAYER_IMPLS = {
+    "warpkan lut": lambda *a: _warp_layer(*a, "lut"),
+    "warpkan exact": lambda *a: _warp_layer(*a, "exact"),
+    "acos/cos (ChebyKAN, torch) eager": lambda *a: _TorchPolyLayer(*a, "acos"),
+    "acos/cos (ChebyKAN, torch) compile": lambda *a: torch.compile(_TorchPolyLayer(*a, "acos")),
+    "recurrence+einsum (torch) eager": lambda *a: _TorchPolyLayer(*a, "recurrence"),
+    "recurrence+einsum (torch) compile": lambda *a: torch.compile(_TorchPolyLayer(*a, "recurrence")),
+}
+
+
+def _measure(model, x, n_out, device, quick):
+    dy = torch.randn(x.shape[0], n_out, device=device)
+
+    def forward():
+        with torch.no_grad():
+            model(x)
+
+    def train_step():
+        model(x).backward(dy)
+
+    repeat = 5 if quick else 50
+    fwd = time_fn(forward, device, warmup=3, repeat=repeat)
+    total = time_fn(train_step, device, warmup=3, repeat=repeat)
+    return fwd, total, peak_memory(train_step, device)
+
+
+def _rows_for(case, factories, x, n_out, flops_fwd, device, quick, target=None):
+    """One row per implementation; ``factories`` maps its name to a function that builds the model."""
+    rows = []
+    for impl, factory in factories.items():
+        row = {"case": case, "impl": impl}
+        try:
+            model = factory().to(device)
+            fwd, total, peak = _measure(model, x, n_out, device, quick)
+            row.update(fwd_ms=fwd, bwd_ms=total - fwd, total_ms=total, peak_MiB=peak)
+            # forward + backward is three contractions of the forward's size (y, dx, d coeffs)
+            row["TFLOP/s"] = 3 * flops_fwd / (total * 1e-3) / 1e12
+            row["% fp32 SIMT"] = 100 * row["TFLOP/s"] * 1e12 / HARDWARE["fp32_simt_flops"]
+            del model
+        except torch.OutOfMemoryError:
+            row["note"] = "out of memory"
+        rows.append(row)
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    best_torch = min((r["total_ms"] for r in rows if "total_ms" in r and "torch" in r["impl"]), default=None)
+    for row in rows:
+        if best_torch and "total_ms" in row:
+            row["x best torch"] = row["total_ms"] / best_torch
+        if target is not None and row["impl"].startswith("warpkan"):
+            row["target_ms"] = target
+    return rows
+
+
+@register("poly")
+def run(device: str = "cuda", quick: bool = False) -> list[dict]:
+    rows = []
+    for n_rows, n_in, n_out, degree in QUICK_CASES if quick else FULL_CASES:
+        case = f"B={n_rows} {n_in}->{n_out} D={degree}"
+        torch.manual_seed(0)
+        x = torch.randn(n_rows, n_in, device=device, requires_grad=True)
+        flops = 2 * n_rows * n_in * (degree + 1) * n_out
+        factories = {name: (lambda b=builder: b(n_in, n_out, degree)) for name, builder in LAYER_IMPLS.items()}
+        rows += _rows_for(case, factories, x, n_out, flops, device, quick, TARGET_MS.get((n_rows, n_in, n_out, degree)))
+
+    # the Speech Commands network, Fourier basis
+    widths, degree = (QUICK_SPEECH_WIDTHS, SPEECH_DEGREE) if quick else (SPEECH_WIDTHS, SPEECH_DEGREE)
+    batch = QUICK_SPEECH_BATCH if quick else SPEECH_BATCH
+    pairs = list(zip(widths[:-1], widths[1:]))
+
+    def network(layer, compiled=False):
+        def build():
+            model = nn.Sequential(*[layer(a, b) for a, b in pairs])
+            return torch.compile(model) if compiled else model
+
+        return build
+
+    factories = {
+        "warpkan fourier lut": network(lambda a, b: _warp_layer(a, b, degree, "lut", "fourier")),
+        "warpkan fourier exact": network(lambda a, b: _warp_layer(a, b, degree, "exact", "fourier")),
+        "cos/sin+einsum (torch) eager": network(lambda a, b: _TorchPolyLayer(a, b, degree, "fourier")),
+        "cos/sin+einsum (torch) compile": network(lambda a, b: _TorchPolyLayer(a, b, degree, "fourier"), True),
+    }
+    torch.manual_seed(0)
+    x = torch.randn(batch, widths[0], device=device, requires_grad=True)
+    flops = sum(2 * batch * a * (degree + 1) * b for a, b in pairs)
+    case = f"{'Speech Commands net' if not quick else 'small net'} B={batch} {'->'.join(map(str, widths))} fourier D={degree}"
+    rows += _rows_for(case, factories, x, widths[-1], flops, device, quick)
+    return rows
