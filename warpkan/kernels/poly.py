@@ -46,8 +46,10 @@ Kernels (all accumulate in the scalar type; float64 variants exist for gradcheck
   across the block of rows. The sum over inputs is split into chunks when the (rows x outputs) grid alone has
   too few threads: each chunk writes a partial sum and a combine pass adds the chunks in a fixed order (no
   atomics).
-- backward, x: one thread per (output chunk, input, block of rows): ``(1 - t^2) sum_d P_d'(t) sum_o dy W``;
-  output chunks are combined the same way.
+- backward, x: one thread per (output chunk, input, tile of ``_DEG_TILE`` degrees, block of ``_ROWS`` rows):
+  ``(1 - t^2) sum_d P_d'(t) sum_o dy[n, o] W[i, d, o]`` with a ``_ROWS x _DEG_TILE`` register accumulator, so
+  each ``dy`` load serves the tile's degrees and each coefficient load the block's rows; the (output chunk,
+  degree tile) partial sums are combined the same way.
 - backward, coefficients: one thread per (row chunk, input, tile of degrees, tile of outputs) with a
   ``_DEG_TILE x _OUTS`` register accumulator; row chunks are combined in a fixed order.
 - backward, bias: one thread per (row chunk, output), then the same combine.
@@ -84,7 +86,7 @@ __all__ = [
 MAX_DEGREE = 64
 _ROWS = 4  # rows per forward / backward-x thread: each coefficient load is reused across them
 _OUTS = 4  # outputs per forward / backward-coefficient thread: each basis value is reused across them
-_DEG_TILE = 8  # degrees per backward-coefficient thread (its accumulator is _DEG_TILE x _OUTS)
+_DEG_TILE = 8  # degrees per backward thread (accumulators _DEG_TILE x _OUTS and _ROWS x _DEG_TILE)
 _TARGET_THREADS = 1 << 17  # parallelism the chunked reductions aim at
 _MIN_INPUTS_PER_CHUNK = 8
 _MIN_OUTPUTS_PER_CHUNK = 32
@@ -295,9 +297,11 @@ def get_variant(basis: str, scalar_name: str = "float32") -> PolyVariant:
     vecDT = wp.types.vector(length=DT, dtype=scalar)
     ivecR = wp.types.vector(length=R, dtype=wp.int32)
     ivecO = wp.types.vector(length=O, dtype=wp.int32)
+    ivecDT = wp.types.vector(length=DT, dtype=wp.int32)
     matR4 = wp.types.matrix(shape=(R, 4), dtype=scalar)
     matRO = wp.types.matrix(shape=(R, O), dtype=scalar)
     matDTO = wp.types.matrix(shape=(DT, O), dtype=scalar)
+    matRDT = wp.types.matrix(shape=(R, DT), dtype=scalar)
     module = f"warpkan_poly_{basis}_{scalar_name}"
     kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
     zero = scalar(0.0)
@@ -431,55 +435,64 @@ def get_variant(basis: str, scalar_name: str = "float32") -> PolyVariant:
         use_lut: int,
         alpha: scalar,
         beta: scalar,
+        degrees_per_tile: int,
         outputs_per_chunk: int,
         accumulate: int,
         out: wp.array3d(dtype=scalar),
     ):
-        # out[chunk, n, i] (+)= (1 - t^2) sum_d P_d'(t) sum_{o in chunk} dy[n, o] W[i, d, o], t = tanh x[n, i]
+        # out[chunk, n, i] (+)= (1 - t^2) sum_{d in tile} P_d'(t) sum_{o in chunk} dy[n, o] W[i, d, o],
+        # t = tanh x[n, i], chunk = (output chunk, degree tile). Each dy load serves the tile's degrees and
+        # each coefficient load the block's rows.
         tid = wp.tid()
         n_rows = x.shape[0]
         n_in = x.shape[1]
         n_basis = coeffs.shape[1]
         n_out = coeffs.shape[2]
         n_row_blocks = (n_rows + R - 1) // R
-        n0 = (tid % n_row_blocks) * R  # threads of a warp share i: coefficient loads are broadcasts
+        n_deg_tiles = (n_basis + degrees_per_tile - 1) // degrees_per_tile
+        n0 = (tid % n_row_blocks) * R  # threads of a warp share (i, d): coefficient loads are broadcasts
         rest = tid // n_row_blocks
+        deg_tile = rest % n_deg_tiles
+        rest = rest // n_deg_tiles
         i = rest % n_in
-        chunk = rest // n_in
-        o_start = chunk * outputs_per_chunk
+        o_chunk = rest // n_in
+        chunk = o_chunk * n_deg_tiles + deg_tile
+        d0 = deg_tile * degrees_per_tile
+        d_count = wp.min(degrees_per_tile, n_basis - d0)
+        o_start = o_chunk * outputs_per_chunk
         o_stop = wp.min(o_start + outputs_per_chunk, n_out)
         rows = clamped_rows(n0, n_rows)
-        t = vecR()
-        state = matR4()
-        cells = ivecR()
-        fracs = vecR()
-        for r in range(R):
-            t[r] = wp.tanh(x[rows[r], i])
-            if use_lut:
-                cell, frac = lut_cell(lut_grad, t[r])
-                cells[r] = cell
-                fracs[r] = frac
-            else:
-                state[r] = start(t[r], alpha, beta)
-        acc = vecR()
-        for d in range(n_basis):
-            g = vecR()
-            for o in range(o_start, o_stop):
-                w = coeffs[i, d, o]
-                for r in range(R):
-                    g[r] = g[r] + dy[rows[r], o] * w
+        degs = ivecDT()
+        for k in range(DT):
+            degs[k] = wp.min(d0 + k, n_basis - 1)  # past-the-tile degrees reread the last one, weighted 0
+        g = matRDT()
+        for o in range(o_start, o_stop):
+            g_dy = vecR()
             for r in range(R):
-                dp = zero
-                if use_lut:
-                    dp = lerp(lut_grad, cells[r], fracs[r], d)
-                else:
-                    dp = grad(d, state[r])
-                    state[r] = advance(d, t[r], state[r], alpha, beta)
-                acc[r] = acc[r] + g[r] * dp
+                g_dy[r] = dy[rows[r], o]
+            for k in range(DT):
+                w = coeffs[i, degs[k], o]
+                for r in range(R):
+                    g[r, k] = g[r, k] + g_dy[r] * w
         for r in range(R):
+            tv = wp.tanh(x[rows[r], i])
+            acc = zero
+            if use_lut:
+                cell, frac = lut_cell(lut_grad, tv)
+                for k in range(DT):
+                    if k < d_count:
+                        acc = acc + g[r, k] * lerp(lut_grad, cell, frac, d0 + k)
+            else:
+                state = start(tv, alpha, beta)
+                for d in range(d0):
+                    state = advance(d, tv, state, alpha, beta)
+                for k in range(DT):
+                    if k < d_count:
+                        acc = acc + g[r, k] * grad(d0 + k, state)
+                        state = advance(d0 + k, tv, state, alpha, beta)
             n = n0 + r
             if n < n_rows:
-                v = acc[r] * (one - t[r] * t[r])
+                v = acc * (one - tv * tv)
                 if accumulate:
                     v = v + out[chunk, n, i]
                 out[chunk, n, i] = v
@@ -859,18 +872,20 @@ def launch_backward(
     with _on_stream(stream):
         if dx is not None and n_in > 0:
             row_blocks = -(-n_rows // _ROWS)
-            n_chunks, per_chunk = _chunks(n_out, row_blocks * n_in, _MIN_OUTPUTS_PER_CHUNK)
+            n_deg_tiles, per_tile = _degree_tiles(n_basis)
+            n_out_chunks, per_chunk = _chunks(n_out, row_blocks * n_in * n_deg_tiles, _MIN_OUTPUTS_PER_CHUNK)
+            n_chunks = n_out_chunks * n_deg_tiles
             if n_chunks == 1:
                 target = dx.reshape((1, n_rows, n_in))
             else:
                 target = ws.get("backward_x", (n_chunks, n_rows, n_in), scalar)
             wp.launch(
                 variant.backward_x,
-                block_dim=_TILED_BLOCK_DIM,
                 dim=n_chunks * n_in * row_blocks,
-                inputs=[dy, x, coeffs, grads_table, use_lut, a, b, per_chunk, int(n_chunks == 1)],
+                inputs=[dy, x, coeffs, grads_table, use_lut, a, b, per_tile, per_chunk, int(n_chunks == 1)],
                 outputs=[target],
                 device=device,
+                block_dim=_TILED_BLOCK_DIM,
                 record_tape=False,
             )
             if n_chunks > 1:
