@@ -10,7 +10,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 tests=${1:-tests}
 families=${2:-}
-select=${3:-cuda or graph}
+select=${3:-cuda}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -m warpkan.cli info | tee -a "$OUT/gpu.txt"
 if [ "$tests" != "none" ]; then

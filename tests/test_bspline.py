@@ -264,8 +264,10 @@ def test_deterministic_mode_is_bitwise_reproducible(device, uniform):
         runs.append(_fwd_bwd(lambda x, *p: bspline_kan(x, grid, *p, order, uniform, deterministic, "stencil"), x, params, dy)[1])
     for a, b in zip(runs[0], runs[1]):
         assert torch.equal(a, b)
-    for a, c in zip(runs[0], runs[2]):  # the default mode: same values up to summation order
-        torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5)
+    # the default mode: the same sums in another order; over 3000 float32 terms of size ~1 the rounding of
+    # the two orders differs by up to ~sqrt(3000) * 2^-24 * 3000 ~ 1e-4 in absolute terms
+    for a, c in zip(runs[0], runs[2]):
+        torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-4)
 
 
 def test_efficient_kan_state_dict_loads_and_matches(device):

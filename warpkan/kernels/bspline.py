@@ -635,11 +635,23 @@ def launch_contract_basis_grad(x, grid, d_basis, dx, order: int, uniform: bool, 
 
 
 class BSplineWorkspace:
-    """Scratch buffers of the backward pass, grown on demand and reused between calls on one device."""
+    """Scratch buffers of the backward pass, grown on demand and reused between calls on one device, and
+    the two device-wide primitives the bucketing needs (an exclusive scan and a stable key-value sort).
+
+    A host framework can pass its own workspace with the same four methods: the torch bridge allocates from
+    torch's caching allocator and scans and sorts with torch, which keeps the backward pass legal under
+    CUDA-graph capture of torch's stream (``wp.utils``' scan and sort are not, on a foreign stream)."""
 
     def __init__(self, device):
         self.device = wp.get_device(device)
         self._buffers: dict[str, wp.array] = {}
+
+    def exclusive_scan(self, counts: wp.array, offsets: wp.array) -> None:
+        wp.utils.array_scan(counts, offsets, inclusive=False)
+
+    def sort_pairs(self, keys: wp.array, values: wp.array, count: int, key_bits: int) -> None:
+        """Stable sort of keys[:count] with values[:count]; both arrays hold at least 2 * count entries."""
+        wp.utils.radix_sort_pairs(keys, values, count, end_bit=key_bits)
 
     def get(self, name: str, shape, dtype, zero: bool = False) -> wp.array:
         size = int(np.prod(shape)) if len(shape) else 1
@@ -768,8 +780,8 @@ def launch_backward(
                     device=device,
                     record_tape=False,
                 )
-                wp.utils.radix_sort_pairs(keys, rows, n_entries, end_bit=max(1, int(n_keys - 1).bit_length()))
-                wp.utils.array_scan(counts, offsets, inclusive=False)
+                ws.sort_pairs(keys, rows, n_entries, max(1, int(n_keys - 1).bit_length()))
+                ws.exclusive_scan(counts, offsets)
             else:
                 keys = ws.get("keys", (n_entries,), wp.int32)
                 rows = ws.get("rows", (n_entries,), wp.int32)
@@ -781,7 +793,7 @@ def launch_backward(
                     device=device,
                     record_tape=False,
                 )
-                wp.utils.array_scan(counts, offsets, inclusive=False)
+                ws.exclusive_scan(counts, offsets)
                 cursor = ws.get("cursor", (n_keys,), wp.int32, zero=True)
                 wp.launch(
                     variant.bucket_place,
