@@ -157,9 +157,9 @@ def _inputs(device, dtype, n, n_in, n_out, degree, seed=0, nd=False):
     return [t.to(device=device, dtype=dtype).requires_grad_(True) for t in (x, coeffs, bias)]
 
 
-def _check_against_reference(x, coeffs, bias, basis, lut_size, tol_scale=1.0):
+def _check_against_reference(x, coeffs, bias, basis, lut_size, tol_scale=1.0, strategy="fused"):
     alpha, beta = params(basis)
-    y = poly_kan(x, coeffs, bias, basis=basis, lut_size=lut_size, alpha=alpha, beta=beta)
+    y = poly_kan(x, coeffs, bias, basis=basis, lut_size=lut_size, alpha=alpha, beta=beta, strategy=strategy)
     dy = torch.randn_like(y)
     grads = torch.autograd.grad(y, (x, coeffs, bias), dy)
     x64, c64, b64 = (t.detach().double().requires_grad_(True) for t in (x, coeffs, bias))
@@ -194,6 +194,29 @@ def test_exact_float32_forward_and_grads(device, basis):
         _check_against_reference(*_inputs(device, torch.float32, *shape, seed=4), basis, 0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_gemm_strategy_forward_and_grads(device, dtype):
+    for shape in ((1, 1, 1, 0), (37, 13, 17, 5)):
+        for basis in ("chebyshev", "fourier"):
+            _check_against_reference(*_inputs(device, dtype, *shape, seed=11), basis, 0, strategy="gemm")
+
+
+def test_gemm_strategy_matches_fused(device, monkeypatch):
+    from warpkan.torch_bridge import poly_ops
+
+    monkeypatch.setattr(poly_ops, "GEMM_CHUNK_BYTES", 5 * 13 * 9 * 8)  # 5 rows a chunk: the row loop runs
+    x, coeffs, bias = _inputs(device, torch.float64, 23, 13, 7, 8, seed=12)
+    for lut_size in (0, 1024):
+        outs = []
+        for strategy in ("fused", "gemm"):
+            y = poly_kan(x, coeffs, bias, lut_size=lut_size, strategy=strategy)
+            outs.append((y, *torch.autograd.grad(y, (x, coeffs, bias), torch.ones_like(y))))
+        for a, b in zip(*outs):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert poly_ops.choose_strategy(4096, 512, 9, 512) == "gemm"
+    assert poly_ops.choose_strategy(32, 512, 25, 1024) == "fused"
+
+
 def test_other_bases_float64_grads(device):
     for basis in ("legendre", "hermite", "gegenbauer", "jacobi"):
         _check_against_reference(*_inputs(device, torch.float64, 11, 6, 5, 4, seed=5), basis, 0)
@@ -201,9 +224,9 @@ def test_other_bases_float64_grads(device):
 
 def test_gradcheck(device):
     x, coeffs, bias = _inputs(device, torch.float64, 5, 3, 4, 4, seed=6)
-    for basis in ("chebyshev", "fourier", "jacobi"):
+    for basis, strategy in (("chebyshev", "fused"), ("fourier", "fused"), ("jacobi", "fused"), ("chebyshev", "gemm")):
         alpha, beta = params(basis)
-        assert torch.autograd.gradcheck(lambda a, c, b: poly_kan(a, c, b, basis, 0, alpha, beta), (x, coeffs, bias))
+        assert torch.autograd.gradcheck(lambda a, c, b: poly_kan(a, c, b, basis, 0, alpha, beta, strategy), (x, coeffs, bias))
 
 
 def test_lut_grads_close_to_exact(device):
@@ -236,8 +259,8 @@ def test_nan_row_stays_in_its_row(device):
     x[3, 2] = float("nan")
     x[5, 1] = float("inf")
     x.requires_grad_(True)
-    for lut_size in (0, 512):
-        y = poly_kan(x, coeffs, bias, lut_size=lut_size)
+    for lut_size, strategy in ((0, "fused"), (512, "fused"), (0, "gemm")):
+        y = poly_kan(x, coeffs, bias, lut_size=lut_size, strategy=strategy)
         assert torch.all(torch.isnan(y[3])) and torch.all(torch.isfinite(y[torch.arange(9) != 3]))
         dx, dc = torch.autograd.grad(y, (x, coeffs), torch.ones_like(y))
         assert torch.isnan(dx[3, 2]) and torch.all(torch.isfinite(dx[torch.arange(9) != 3]))
@@ -250,10 +273,11 @@ def test_nan_row_stays_in_its_row(device):
 def test_empty_batch(device):
     _, coeffs, bias = _inputs(device, torch.float32, 1, 4, 3, 2)
     x = torch.empty((0, 4), device=device, requires_grad=True)
-    y = poly_kan(x, coeffs, bias)
-    assert y.shape == (0, 3)
-    dx, dc, db = torch.autograd.grad(y.sum(), (x, coeffs, bias))
-    assert dx.shape == (0, 4) and torch.all(dc == 0) and torch.all(db == 0)
+    for strategy in ("fused", "gemm"):
+        y = poly_kan(x, coeffs, bias, strategy=strategy)
+        assert y.shape == (0, 3)
+        dx, dc, db = torch.autograd.grad(y.sum(), (x, coeffs, bias))
+        assert dx.shape == (0, 4) and torch.all(dc == 0) and torch.all(db == 0)
     assert poly_kan(torch.empty((2, 0, 4), device=device), coeffs).shape == (2, 0, 3)
 
 
@@ -273,6 +297,8 @@ def test_bad_arguments_name_the_argument():
         poly_kan(torch.zeros(5, 4), coeffs, basis="laguerre")
     with pytest.raises(ValueError, match="lut_size"):
         poly_kan(torch.zeros(5, 4), coeffs, lut_size=1)
+    with pytest.raises(ValueError, match="strategy"):
+        poly_kan(torch.zeros(5, 4), coeffs, strategy="cublas")
     with pytest.raises(ValueError, match="alpha"):
         poly_kan(torch.zeros(5, 4), coeffs, basis="gegenbauer", alpha=0.0)
     with pytest.raises(ValueError, match="degree"):
@@ -307,8 +333,9 @@ def test_reductions_are_bitwise_reproducible(device):
 def test_opcheck(device):
     x, coeffs, bias = _inputs(device, torch.float64, 6, 5, 4, 3)
     for lut_size in (0, 129):
-        torch.library.opcheck(poly_forward, (x, coeffs, bias, "chebyshev", lut_size, 1.0, 1.0))
-    torch.library.opcheck(poly_forward, (x, coeffs, None, "fourier", 0, 1.0, 1.0))
+        for strategy in ("fused", "gemm"):
+            torch.library.opcheck(poly_forward, (x, coeffs, bias, "chebyshev", lut_size, 1.0, 1.0, strategy))
+    torch.library.opcheck(poly_forward, (x, coeffs, None, "fourier", 0, 1.0, 1.0, "fused"))
 
 
 def test_torch_compile_fullgraph(device):
@@ -389,3 +416,29 @@ def test_native_lut_layer_runs_without_tape(device):
     assert y.shape == (4, 2) and y.grad is None
     with pytest.raises(ValueError, match="x"):
         layer(wp.zeros((4, 2), dtype=wp.float32, device=device))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")
+@pytest.mark.parametrize("mode", ["lut", "exact"])
+def test_cuda_graph_capture(mode):
+    layer = PolyKANLinear(40, 24, 8, mode=mode, bias=True).cuda()
+    x = torch.randn(64, 40, device="cuda", requires_grad=True)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):  # warm-up: compile kernels, build the tables
+            layer(x).square().sum().backward()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    layer.zero_grad(set_to_none=False)
+    x.grad = None
+    with torch.cuda.graph(graph):
+        y = layer(x)
+        y.square().sum().backward()
+    layer.zero_grad(set_to_none=False)
+    graph.replay()
+    torch.cuda.synchronize()
+    want = layer(x)
+    torch.testing.assert_close(y, want)
+    (want_grad,) = torch.autograd.grad(want.square().sum(), layer.coeffs)
+    torch.testing.assert_close(layer.coeffs.grad, want_grad)

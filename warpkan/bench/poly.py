@@ -45,15 +45,17 @@ class _TorchPolyLayer(nn.Module):
         return torch.einsum("bid,iod->bo", b, self.cheby_coeffs)
 
 
-def _warp_layer(n_in, n_out, degree, mode, basis="chebyshev"):
+def _warp_layer(n_in, n_out, degree, mode, basis="chebyshev", strategy="auto"):
     from ..torch_bridge import PolyKANLinear
 
-    return PolyKANLinear(n_in, n_out, degree, basis=basis, mode=mode)
+    return PolyKANLinear(n_in, n_out, degree, basis=basis, mode=mode, strategy=strategy)
 
 
 LAYER_IMPLS = {
-    "warpkan lut": lambda *a: _warp_layer(*a, "lut"),
-    "warpkan exact": lambda *a: _warp_layer(*a, "exact"),
+    "warpkan lut fused": lambda *a: _warp_layer(*a, "lut", strategy="fused"),
+    "warpkan exact fused": lambda *a: _warp_layer(*a, "exact", strategy="fused"),
+    "warpkan lut gemm": lambda *a: _warp_layer(*a, "lut", strategy="gemm"),
+    "warpkan exact gemm": lambda *a: _warp_layer(*a, "exact", strategy="gemm"),
     "acos/cos (ChebyKAN, torch) eager": lambda *a: _TorchPolyLayer(*a, "acos"),
     "acos/cos (ChebyKAN, torch) compile": lambda *a: torch.compile(_TorchPolyLayer(*a, "acos")),
     "recurrence+einsum (torch) eager": lambda *a: _TorchPolyLayer(*a, "recurrence"),
@@ -106,6 +108,8 @@ def _rows_for(case, factories, x, n_out, flops_fwd, device, quick, target=None):
 
 @register("poly")
 def run(device: str = "cuda", quick: bool = False) -> list[dict]:
+    from ..torch_bridge.poly_ops import choose_strategy
+
     rows = []
     for n_rows, n_in, n_out, degree in QUICK_CASES if quick else FULL_CASES:
         case = f"B={n_rows} {n_in}->{n_out} D={degree}"
@@ -113,7 +117,12 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
         x = torch.randn(n_rows, n_in, device=device, requires_grad=True)
         flops = 2 * n_rows * n_in * (degree + 1) * n_out
         factories = {name: (lambda b=builder: b(n_in, n_out, degree)) for name, builder in LAYER_IMPLS.items()}
-        rows += _rows_for(case, factories, x, n_out, flops, device, quick, TARGET_MS.get((n_rows, n_in, n_out, degree)))
+        case_rows = _rows_for(case, factories, x, n_out, flops, device, quick, TARGET_MS.get((n_rows, n_in, n_out, degree)))
+        picked = choose_strategy(n_rows, n_in, degree + 1, n_out)
+        for row in case_rows:
+            if row["impl"].startswith("warpkan") and row["impl"].endswith(picked):
+                row["impl"] += " (auto)"
+        rows += case_rows
 
     # the Speech Commands network, Fourier basis
     widths, degree = (QUICK_SPEECH_WIDTHS, SPEECH_DEGREE) if quick else (SPEECH_WIDTHS, SPEECH_DEGREE)
@@ -128,8 +137,8 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
         return build
 
     factories = {
-        "warpkan fourier lut": network(lambda a, b: _warp_layer(a, b, degree, "lut", "fourier")),
-        "warpkan fourier exact": network(lambda a, b: _warp_layer(a, b, degree, "exact", "fourier")),
+        "warpkan fourier lut (auto)": network(lambda a, b: _warp_layer(a, b, degree, "lut", "fourier")),
+        "warpkan fourier exact (auto)": network(lambda a, b: _warp_layer(a, b, degree, "exact", "fourier")),
         "cos/sin+einsum (torch) eager": network(lambda a, b: _TorchPolyLayer(a, b, degree, "fourier")),
         "cos/sin+einsum (torch) compile": network(lambda a, b: _TorchPolyLayer(a, b, degree, "fourier"), True),
     }

@@ -56,6 +56,11 @@ Kernels (all accumulate in the scalar type; float64 variants exist for gradcheck
 
 Chunk counts depend on the shapes alone, so every result is bitwise reproducible run to run.
 
+A second strategy serves large batches (the torch bridge picks it by shape): :func:`launch_expand_basis`
+writes the dense basis ``B`` [N, in (D + 1)] and cuBLAS does the three contractions (``y = B W``,
+``dW = B^T dy``, ``dB = dy W^T``); :func:`launch_dx_from_dbasis` folds ``dB`` back into ``dx``. The kernel
+layout [in, D + 1, out] is already the GEMM's [in (D + 1), out] matrix.
+
 Bad input: NaN in ``x[n, i]`` makes row n of y NaN (and, as under autograd, the coefficient gradient of input i);
 ``+-Inf`` is ``t = +-1``.
 """
@@ -79,6 +84,8 @@ __all__ = [
     "lut_error_bound",
     "launch_forward",
     "launch_backward",
+    "launch_expand_basis",
+    "launch_dx_from_dbasis",
     "evaluate_basis",
     "clear_caches",
 ]
@@ -277,6 +284,8 @@ class PolyVariant:
     backward_coeffs: wp.Kernel
     backward_bias: wp.Kernel
     combine: wp.Kernel
+    expand_basis: wp.Kernel
+    dx_from_dbasis: wp.Kernel
     tabulate: wp.Kernel
     module: str
 
@@ -580,6 +589,58 @@ def get_variant(basis: str, scalar_name: str = "float32") -> PolyVariant:
             acc = acc + out[chunk, o]
         out[chunk, o] = acc
 
+    # ------------------------------------------------------------------ dense basis (the GEMM strategy)
+    @kernel
+    def expand_basis(
+        x: wp.array2d(dtype=scalar),
+        lut: wp.array2d(dtype=scalar),
+        use_lut: int,
+        alpha: scalar,
+        beta: scalar,
+        n_basis: int,
+        basis_out: wp.array2d(dtype=scalar),
+    ):
+        # basis_out[n, i * n_basis + d] = P_d(tanh x[n, i]): the left operand of y = B @ coeffs.reshape(-1, out)
+        n, i = wp.tid()
+        tv = wp.tanh(x[n, i])
+        base = i * n_basis
+        if use_lut:
+            cell, frac = lut_cell(lut, tv)
+            for d in range(n_basis):
+                basis_out[n, base + d] = lerp(lut, cell, frac, d)
+        else:
+            state = start(tv, alpha, beta)
+            for d in range(n_basis):
+                basis_out[n, base + d] = value(d, state)
+                state = advance(d, tv, state, alpha, beta)
+
+    @kernel
+    def dx_from_dbasis(
+        x: wp.array2d(dtype=scalar),
+        d_basis: wp.array2d(dtype=scalar),
+        lut_grad: wp.array2d(dtype=scalar),
+        use_lut: int,
+        alpha: scalar,
+        beta: scalar,
+        n_basis: int,
+        dx: wp.array2d(dtype=scalar),
+    ):
+        # dx[n, i] += (1 - t^2) sum_d d_basis[n, i * n_basis + d] P_d'(t), t = tanh x[n, i]
+        n, i = wp.tid()
+        tv = wp.tanh(x[n, i])
+        base = i * n_basis
+        acc = zero
+        if use_lut:
+            cell, frac = lut_cell(lut_grad, tv)
+            for d in range(n_basis):
+                acc = acc + d_basis[n, base + d] * lerp(lut_grad, cell, frac, d)
+        else:
+            state = start(tv, alpha, beta)
+            for d in range(n_basis):
+                acc = acc + d_basis[n, base + d] * grad(d, state)
+                state = advance(d, tv, state, alpha, beta)
+        dx[n, i] = dx[n, i] + acc * (one - tv * tv)
+
     # ------------------------------------------------------------------ tables and plain evaluation
     @kernel
     def tabulate(
@@ -606,6 +667,8 @@ def get_variant(basis: str, scalar_name: str = "float32") -> PolyVariant:
         backward_coeffs=backward_coeffs,
         backward_bias=backward_bias,
         combine=combine,
+        expand_basis=expand_basis,
+        dx_from_dbasis=dx_from_dbasis,
         tabulate=tabulate,
         module=module,
     )
@@ -928,6 +991,57 @@ def launch_backward(
             )
             if n_chunks > 1:
                 _launch_combine(variant, target.reshape((n_chunks, 1, n_out)), None, True, d_bias.reshape((1, n_out)))
+
+
+def launch_expand_basis(
+    x: "wp.array2d",
+    basis_out: "wp.array2d",
+    basis: str = "chebyshev",
+    lut: "tuple | None" = None,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    stream: "wp.Stream | None" = None,
+) -> None:
+    """basis_out [N, in * (D + 1)] = P_d(tanh x[n, i]) at column i * (D + 1) + d: the dense basis of the GEMM
+    strategy (``y = basis_out @ coeffs.reshape(in * (D + 1), out)``). Overwrites basis_out."""
+    variant = get_variant(basis, _scalar_name(x))
+    n_rows, n_in = x.shape
+    if basis_out.shape[0] != n_rows or (n_in and basis_out.shape[1] % n_in):
+        raise ValueError(f"basis_out must have shape ({n_rows}, {n_in} * (degree + 1)), got {tuple(basis_out.shape)}")
+    if n_rows == 0 or n_in == 0:
+        return
+    n_basis = basis_out.shape[1] // n_in
+    table = lut[0] if lut is not None else _dummy(variant, x.device)
+    with _on_stream(stream):
+        wp.launch(variant.expand_basis, dim=(n_rows, n_in),
+                  inputs=[x, table, int(lut is not None), variant.scalar(alpha), variant.scalar(beta), n_basis],
+                  outputs=[basis_out], device=x.device, record_tape=False)
+
+
+def launch_dx_from_dbasis(
+    x: "wp.array2d",
+    d_basis: "wp.array2d",
+    dx: "wp.array2d",
+    basis: str = "chebyshev",
+    lut: "tuple | None" = None,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    stream: "wp.Stream | None" = None,
+) -> None:
+    """dx[n, i] += (1 - t^2) sum_d d_basis[n, i * (D + 1) + d] P_d'(t): the input gradient of the GEMM strategy
+    from ``d_basis = dy @ coeffs.reshape(in * (D + 1), out).T``."""
+    variant = get_variant(basis, _scalar_name(x))
+    n_rows, n_in = x.shape
+    if d_basis.shape[0] != n_rows or (n_in and d_basis.shape[1] % n_in):
+        raise ValueError(f"d_basis must have shape ({n_rows}, {n_in} * (degree + 1)), got {tuple(d_basis.shape)}")
+    if n_rows == 0 or n_in == 0:
+        return
+    n_basis = d_basis.shape[1] // n_in
+    table = lut[1] if lut is not None else _dummy(variant, x.device)
+    with _on_stream(stream):
+        wp.launch(variant.dx_from_dbasis, dim=(n_rows, n_in),
+                  inputs=[x, d_basis, table, int(lut is not None), variant.scalar(alpha), variant.scalar(beta), n_basis],
+                  outputs=[dx], device=x.device, record_tape=False)
 
 
 class _null_context:

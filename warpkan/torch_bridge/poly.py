@@ -7,7 +7,7 @@ from torch import nn
 
 from ..kernels import poly as kp
 from ._common import autocast_dtype, check_tensor
-from .poly_ops import poly_kan
+from .poly_ops import STRATEGIES, poly_kan
 
 __all__ = ["PolyKANLinear", "ChebyKANLinear"]
 
@@ -33,8 +33,11 @@ class PolyKANLinear(nn.Module):
     A state dict of ChebyKAN's ``ChebyKANLayer`` (``cheby_coeffs``, ``arange``) loads through a load hook and,
     in exact mode, gives the same outputs (to rounding: ``cos(d acos t)`` and the recurrence differ there).
 
-    Under bf16/fp16 autocast the layer computes in fp32 and returns the autocast dtype. Every gradient is
-    bitwise reproducible run to run (fixed-order reductions, no atomics). NaN in one row of x makes that row of
+    ``strategy``: ``"fused"`` (register-tiled Warp kernels, every gradient bitwise reproducible run to run:
+    fixed-order reductions, no atomics), ``"gemm"`` (a Warp kernel writes the dense basis and cuBLAS
+    contracts it: large batches) or ``"auto"`` (by FLOP count, ``warpkan.torch_bridge.poly_ops.choose_strategy``).
+
+    Under bf16/fp16 autocast the layer computes in fp32 and returns the autocast dtype. NaN in one row of x makes that row of
     the output NaN; as under autograd, it also makes the coefficient gradients of that input NaN.
     """
 
@@ -49,6 +52,7 @@ class PolyKANLinear(nn.Module):
         bias: bool = False,
         alpha: float = 1.0,
         beta: float = 1.0,
+        strategy: str = "auto",
         device=None,
         dtype=None,
     ):
@@ -61,6 +65,9 @@ class PolyKANLinear(nn.Module):
             raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
         if isinstance(lut_size, bool) or not isinstance(lut_size, int) or lut_size < 2:
             raise ValueError(f"lut_size must be an int >= 2, got {lut_size!r}")
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+        self.strategy = strategy
         self.in_features, self.out_features, self.degree = in_features, out_features, degree
         self.basis, self.mode, self.lut_size = basis, mode, lut_size
         self.alpha, self.beta = float(alpha), float(beta)
@@ -90,14 +97,16 @@ class PolyKANLinear(nn.Module):
 
     def _forward(self, x):
         lut_size = self.lut_size if self.mode == "lut" else 0
-        return poly_kan(x, self.coeffs.permute(0, 2, 1), self.bias, self.basis, lut_size, self.alpha, self.beta)
+        return poly_kan(x, self.coeffs.permute(0, 2, 1), self.bias, self.basis, lut_size, self.alpha, self.beta,
+                        self.strategy)
 
     def extra_repr(self) -> str:
         extra = f", alpha={self.alpha}" if kp.BASES[self.basis].uses_alpha else ""
         extra += f", beta={self.beta}" if kp.BASES[self.basis].uses_beta else ""
         lut = f", lut_size={self.lut_size}" if self.mode == "lut" else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, degree={self.degree}, "
-                f"basis={self.basis!r}{extra}, mode={self.mode!r}{lut}, bias={self.bias is not None}")
+                f"basis={self.basis!r}{extra}, mode={self.mode!r}{lut}, bias={self.bias is not None}, "
+                f"strategy={self.strategy!r}")
 
 
 class ChebyKANLinear(PolyKANLinear):
@@ -105,9 +114,10 @@ class ChebyKANLinear(PolyKANLinear):
     degree)`` argument order, and its state dicts load."""
 
     def __init__(self, in_features: int, out_features: int, degree: int, mode: str = "lut",
-                 lut_size: int = DEFAULT_LUT_SIZE, bias: bool = False, device=None, dtype=None):
+                 lut_size: int = DEFAULT_LUT_SIZE, bias: bool = False, strategy: str = "auto", device=None,
+                 dtype=None):
         super().__init__(in_features, out_features, degree, basis="chebyshev", mode=mode, lut_size=lut_size,
-                         bias=bias, device=device, dtype=dtype)
+                         bias=bias, strategy=strategy, device=device, dtype=dtype)
 
 
 def _load_chebykan_state(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
