@@ -30,11 +30,9 @@ def numpy_basis(t, basis, degree, alpha=1.0, beta=1.0):
     """(P_d(t), P_d'(t)) [len(t), degree + 1] from numpy.polynomial / scipy.special / cos and sin."""
     eye = np.eye(degree + 1)
     if basis in ("chebyshev", "legendre", "hermite"):
-        mod = {"chebyshev": npcheb, "legendre": npleg, "hermite": npherm}[basis]
         vander = {"chebyshev": npcheb.chebvander, "legendre": npleg.legvander, "hermite": npherm.hermvander}[basis]
         der = {"chebyshev": npcheb.chebder, "legendre": npleg.legder, "hermite": npherm.hermder}[basis]
         val = {"chebyshev": npcheb.chebval, "legendre": npleg.legval, "hermite": npherm.hermval}[basis]
-        del mod
         grads = np.stack([val(t, der(eye[d])) if d else np.zeros_like(t) for d in range(degree + 1)], axis=-1)
         return vander(t, degree), grads
     if basis == "fourier":
