@@ -31,6 +31,7 @@ fp32 for fp32/bf16/fp16 I/O (fp64 for fp64 I/O, which exists so the torch op can
 """
 
 import functools
+import os
 from dataclasses import dataclass
 
 import warp as wp
@@ -46,6 +47,8 @@ __all__ = [
     "large_x_threshold",
     "launch_forward",
     "launch_backward",
+    "init_coefficients",
+    "second_moment",
 ]
 
 VARIANTS = ("A", "B")
@@ -669,3 +672,55 @@ def bytes_moved(n_elements: int, io_bytes: int, backward: bool) -> int:
     """HBM bytes of the ideal pass: forward reads x, writes y; backward reads x and dy, writes dx."""
     return n_elements * io_bytes * (3 if backward else 2)
 
+
+
+# ---------------------------------------------------------------------- fitted inits (no torch)
+
+_INITS_PATH = os.path.join(os.path.dirname(__file__), "..", "data", "rational_inits.json")
+
+
+@functools.lru_cache(maxsize=1)
+def _init_table() -> dict:
+    import json
+
+    with open(_INITS_PATH) as fh:
+        return json.load(fh)["inits"]
+
+
+def init_names() -> tuple:
+    return ("identity", "swish", "gelu")
+
+
+def init_coefficients(init: str, order: tuple, variant: str) -> "tuple[list[float], list[float]]":
+    """(numerator [m+1], denominator [n]) of a fitted init ("identity", "swish", "gelu"), fitted to the exact
+    activation under ``variant`` (see scripts/fit_rational_inits.py)."""
+    if init not in init_names():
+        raise ValueError(f"init must be one of {init_names()}, got {init!r}")
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    m, n = (int(v) for v in order)
+    table = _init_table()
+    key = f"{variant}_{m}_{n}"
+    if init == "identity":
+        return [0.0, 1.0] + [0.0] * (m - 1), [0.0] * n
+    if key not in table:
+        fitted = sorted({k.split("_", 1)[1].replace("_", ", ") for k in table})
+        raise ValueError(f"no fitted {init!r} init for order {(m, n)}; fitted orders: {', '.join('(' + f + ')' for f in fitted)}")
+    entry = table[key][init]
+    return list(entry["numerator"]), list(entry["denominator"])
+
+
+def second_moment(numerator, denominator, variant: str, points: int = 80) -> float:
+    """E[F(x)^2] for x ~ N(0, 1) (Gauss-Hermite quadrature): the gain of the variance-preserving init."""
+    import numpy as np
+
+    t, w = np.polynomial.hermite_e.hermegauss(points)
+    a = np.asarray(numerator, dtype=np.float64)
+    b = np.asarray(denominator, dtype=np.float64)
+    p = np.polyval(a[::-1], t)
+    powers = np.stack([t ** (j + 1) for j in range(len(b))])
+    if variant == "A":
+        q = 1.0 + (np.abs(b)[:, None] * np.abs(powers)).sum(0)
+    else:
+        q = 1.0 + np.abs((b[:, None] * powers).sum(0))
+    return float((w * (p / q) ** 2).sum() / w.sum())

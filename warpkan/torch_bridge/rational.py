@@ -1,0 +1,156 @@
+"""Group-rational (KAT) layers on Warp kernels: ``GroupRational``, ``GRKANLinear`` and the KAT MLP block."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..kernels import rational as kr
+from .rational_ops import check_config, group_rational
+
+__all__ = ["GroupRational", "GRKANLinear", "KATMLP"]
+
+
+class GroupRational(nn.Module):
+    """Learnable group-rational activation ``F_g(x) = P(x) / Q_g(x)`` on x (..., num_features), channels-last.
+
+    Channels are split into ``num_groups`` contiguous groups (``num_features`` must be a multiple). Parameters
+    follow KAT's ``KAT_Group`` (so its checkpoints load as they are): ``weight_numerator`` [1, m + 1] when
+    ``shared_numerator`` (KAT) else [num_groups, m + 1], and ``weight_denominator`` [num_groups, n].
+    ``variant`` "A": ``Q = 1 + sum_j |b_j| |x|^(j+1)`` (KAT's kernels); "B": ``Q = 1 + |sum_j b_j x^(j+1)|``
+    (FlashKAT's paper). ``init`` ("identity", "swish", "gelu") loads coefficients fitted here to the exact
+    activation under that variant. fp32, bf16 and fp16 inputs are computed with fp32 arithmetic and fp32
+    gradient sums; ``deterministic=True`` makes the coefficient gradients bitwise reproducible.
+    """
+
+    def __init__(
+        self,
+        num_features: int,
+        num_groups: int = 8,
+        order: tuple = (5, 4),
+        variant: str = "A",
+        init: str = "swish",
+        shared_numerator: bool = True,
+        deterministic: bool = False,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        check_config(num_features, num_groups, variant)
+        if len(order) != 2 or not (0 <= order[0] <= kr.MAX_ORDER and 1 <= order[1] <= kr.MAX_ORDER):
+            raise ValueError(f"order must be (m, n) with 0 <= m <= {kr.MAX_ORDER}, 1 <= n <= {kr.MAX_ORDER}, got {order}")
+        self.num_features = num_features
+        self.num_groups = num_groups
+        self.order = (int(order[0]), int(order[1]))
+        self.variant = variant
+        self.init = init
+        self.shared_numerator = shared_numerator
+        self.deterministic = deterministic
+        factory = {"device": device, "dtype": dtype or torch.float32}
+        rows = 1 if shared_numerator else num_groups
+        self.weight_numerator = nn.Parameter(torch.empty(rows, self.order[0] + 1, **factory))
+        self.weight_denominator = nn.Parameter(torch.empty(num_groups, self.order[1], **factory))
+        self.reset_parameters()
+
+    def reset_parameters(self, init: str | None = None) -> None:
+        init = init or self.init
+        numerator, denominator = kr.init_coefficients(init, self.order, self.variant)
+        with torch.no_grad():
+            self.weight_numerator.copy_(torch.tensor(numerator).expand_as(self.weight_numerator))
+            self.weight_denominator.copy_(torch.tensor(denominator).expand_as(self.weight_denominator))
+        self.init = init
+
+    def gain(self) -> float:
+        """E[F(x)^2] for x ~ N(0, 1) under the current coefficients of group 0."""
+        return kr.second_moment(
+            self.weight_numerator[0].detach().double().cpu().tolist(),
+            self.weight_denominator[0].detach().double().cpu().tolist(),
+            self.variant,
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 0 or x.shape[-1] != self.num_features:
+            raise ValueError(f"x must have last dimension {self.num_features}, got shape {tuple(x.shape)}")
+        return group_rational(
+            x, self.weight_numerator, self.weight_denominator, self.num_groups, self.variant, self.deterministic
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.num_features}, num_groups={self.num_groups}, order={self.order}, variant={self.variant!r}, "
+            f"init={self.init!r}, shared_numerator={self.shared_numerator}"
+        )
+
+
+class GRKANLinear(nn.Module):
+    """GR-KAN layer: ``Linear(GroupRational(x))`` for x (..., in_features).
+
+    The linear weight gets KAT's variance-preserving init: ``W ~ N(0, 1 / (in_features * E[F(x)^2]))`` with
+    ``x ~ N(0, 1)``, so unit-variance inputs give unit-variance outputs at init; the bias starts at zero.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        num_groups: int = 8,
+        order: tuple = (5, 4),
+        variant: str = "A",
+        init: str = "swish",
+        shared_numerator: bool = True,
+        bias: bool = True,
+        deterministic: bool = False,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        self.rational = GroupRational(
+            in_features, num_groups, order, variant, init, shared_numerator, deterministic, device=device, dtype=dtype
+        )
+        self.linear = nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.in_features = in_features
+        self.out_features = out_features
+        self.reset_linear()
+
+    def reset_linear(self) -> None:
+        gain = max(self.rational.gain(), 1e-12)
+        with torch.no_grad():
+            self.linear.weight.normal_(0.0, 1.0 / math.sqrt(self.in_features * gain))
+            if self.linear.bias is not None:
+                self.linear.bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(self.rational(x))
+
+
+class KATMLP(nn.Module):
+    """KAT's transformer MLP with GR-KAN: ``GroupRational -> Linear -> GroupRational -> Linear``, identity init
+    on the first rational and swish (by default) on the second."""
+
+    def __init__(
+        self,
+        in_features: int,
+        hidden_features: int | None = None,
+        out_features: int | None = None,
+        num_groups: int = 8,
+        order: tuple = (5, 4),
+        variant: str = "A",
+        inits: tuple = ("identity", "swish"),
+        shared_numerator: bool = True,
+        bias: bool = True,
+        deterministic: bool = False,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        hidden_features = hidden_features or in_features
+        out_features = out_features or in_features
+        common = dict(num_groups=num_groups, order=order, variant=variant, shared_numerator=shared_numerator,
+                      bias=bias, deterministic=deterministic, device=device, dtype=dtype)
+        self.fc1 = GRKANLinear(in_features, hidden_features, init=inits[0], **common)
+        self.fc2 = GRKANLinear(hidden_features, out_features, init=inits[1], **common)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.fc1(x))

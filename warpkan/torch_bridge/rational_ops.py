@@ -1,0 +1,177 @@
+"""torch.library custom ops of the group-rational activation, on the Warp kernels of ``warpkan.kernels.rational``.
+
+The ops take x [N, C]; :func:`group_rational` takes (..., C) channels-last inputs and is what
+``GroupRational`` calls. Arithmetic and the coefficient-gradient sums run in fp32 for fp32/bf16/fp16 x (fp64
+for fp64 x); the coefficient gradients come back in the dtype of the weights.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..kernels import rational as kr
+from ._common import check_tensor, to_warp, warp_stream
+
+__all__ = ["group_rational", "group_rational_forward", "group_rational_backward"]
+
+IO_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+_IO_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def _arith_dtype(x: Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _aligned(t: Tensor) -> Tensor:
+    """Contiguous, with a 16-byte aligned start (the kernels load 16-byte vectors)."""
+    t = t.contiguous()
+    if t.numel() and t.data_ptr() % 16:
+        t = t.clone()
+    return t
+
+
+def _coefficients(x: Tensor, weight_numerator: Tensor, weight_denominator: Tensor) -> tuple[Tensor, Tensor]:
+    dtype = _arith_dtype(x)
+    return weight_numerator.to(dtype).contiguous(), weight_denominator.to(dtype).contiguous()
+
+
+@torch.library.custom_op("warpkan::group_rational_forward", mutates_args=())
+def group_rational_forward(
+    x: Tensor, weight_numerator: Tensor, weight_denominator: Tensor, num_groups: int, variant: str, deterministic: bool
+) -> Tensor:
+    """x [N, C] -> F(x) [N, C]. ``deterministic`` only affects the backward pass (autograd sees it here)."""
+    x = _aligned(x)
+    a, b = _coefficients(x, weight_numerator, weight_denominator)
+    y = torch.empty_like(x)
+    if x.numel():
+        kr.launch_forward(to_warp(x), to_warp(a), to_warp(b), to_warp(y), num_groups, variant,
+                          stream=warp_stream(x.device))
+    return y
+
+
+@group_rational_forward.register_fake
+def _(x, weight_numerator, weight_denominator, num_groups, variant, deterministic):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("warpkan::group_rational_backward", mutates_args=())
+def group_rational_backward(
+    dy: Tensor,
+    x: Tensor,
+    weight_numerator: Tensor,
+    weight_denominator: Tensor,
+    num_groups: int,
+    variant: str,
+    deterministic: bool,
+    need_x: bool,
+    need_params: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(dx, d_weight_numerator, d_weight_denominator); dx in x's dtype, the others in the arithmetic dtype
+    (fp32, or fp64 for fp64 x). The ones not asked for come back empty."""
+    x = _aligned(x)
+    dy = _aligned(dy.to(x.dtype))
+    a, b = _coefficients(x, weight_numerator, weight_denominator)
+    dx, da, db = _grad_buffers(x, weight_numerator, weight_denominator, need_x, need_params, torch.zeros)
+    if x.numel() and (need_x or need_params):
+        kr.launch_backward(
+            to_warp(dy), to_warp(x), to_warp(a), to_warp(b), num_groups, variant,
+            dx=to_warp(dx) if need_x else None,
+            da=to_warp(da) if need_params else None,
+            db=to_warp(db) if need_params else None,
+            accumulate_dx=False,
+            deterministic=deterministic,
+            stream=warp_stream(x.device),
+        )
+    return dx, da, db
+
+
+def _grad_buffers(x, weight_numerator, weight_denominator, need_x, need_params, alloc):
+    dtype = _arith_dtype(x)
+    # dx is overwritten by the kernel: no need to zero it
+    dx = torch.empty(x.shape if need_x else (0,), dtype=x.dtype, device=x.device)
+    da = alloc(weight_numerator.shape if need_params else (0,), dtype=dtype, device=x.device)
+    db = alloc(weight_denominator.shape if need_params else (0,), dtype=dtype, device=x.device)
+    return dx, da, db
+
+
+@group_rational_backward.register_fake
+def _(dy, x, weight_numerator, weight_denominator, num_groups, variant, deterministic, need_x, need_params):
+    return _grad_buffers(x, weight_numerator, weight_denominator, need_x, need_params, torch.empty)
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight_numerator, weight_denominator, num_groups, variant, deterministic = inputs
+    ctx.save_for_backward(x, weight_numerator, weight_denominator)
+    ctx.config = (num_groups, variant, deterministic)
+
+
+def _backward(ctx, dy):
+    x, weight_numerator, weight_denominator = ctx.saved_tensors
+    need_x = ctx.needs_input_grad[0]
+    need_params = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
+    if not (need_x or need_params):
+        return None, None, None, None, None, None
+    dx, da, db = group_rational_backward(
+        dy, x, weight_numerator, weight_denominator, *ctx.config, need_x, need_params
+    )
+    return (
+        dx if need_x else None,
+        da.to(weight_numerator.dtype) if ctx.needs_input_grad[1] else None,
+        db.to(weight_denominator.dtype) if ctx.needs_input_grad[2] else None,
+        None, None, None,
+    )
+
+
+group_rational_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def check_config(num_features: int, num_groups: int, variant: str) -> None:
+    if not isinstance(num_groups, int) or num_groups < 1:
+        raise ValueError(f"num_groups must be a positive int, got {num_groups!r}")
+    if num_features % num_groups:
+        raise ValueError(
+            f"num_groups ({num_groups}) must divide the number of channels ({num_features}): uneven groups are refused"
+        )
+    if variant not in kr.VARIANTS:
+        raise ValueError(f"variant must be one of {kr.VARIANTS}, got {variant!r}")
+
+
+def group_rational(
+    x: Tensor,
+    weight_numerator: Tensor,
+    weight_denominator: Tensor,
+    num_groups: int,
+    variant: str = "A",
+    deterministic: bool = False,
+) -> Tensor:
+    """The group-rational activation on x (..., C), channels-last, fp32/bf16/fp16/fp64.
+
+    weight_numerator [1 (shared, as in KAT) or num_groups, m + 1]; weight_denominator [num_groups, n].
+    Group g covers channels [g C/G, (g + 1) C/G). Variant "A": Q = 1 + sum_j |b_j| |x|^(j+1) (KAT's
+    kernels); "B": Q = 1 + |sum_j b_j x^(j+1)| (FlashKAT's paper).
+    """
+    check_tensor("x", x, ndim_min=1, dtypes=IO_DTYPES)
+    channels = x.shape[-1]
+    check_config(channels, num_groups, variant)
+    weight_dtypes = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+    check_tensor("weight_numerator", weight_numerator, ndim=2, dtypes=weight_dtypes)
+    check_tensor("weight_denominator", weight_denominator, ndim=2, dtypes=weight_dtypes)
+    if weight_numerator.shape[0] not in (1, num_groups) or not 1 <= weight_numerator.shape[1] <= kr.MAX_ORDER + 1:
+        raise ValueError(
+            f"weight_numerator must have shape (1 or {num_groups}, m + 1) with m <= {kr.MAX_ORDER}, "
+            f"got {tuple(weight_numerator.shape)}"
+        )
+    if weight_denominator.shape[0] != num_groups or not 1 <= weight_denominator.shape[1] <= kr.MAX_ORDER:
+        raise ValueError(
+            f"weight_denominator must have shape ({num_groups}, n) with 1 <= n <= {kr.MAX_ORDER}, "
+            f"got {tuple(weight_denominator.shape)}"
+        )
+    for name, w in (("weight_numerator", weight_numerator), ("weight_denominator", weight_denominator)):
+        if w.device != x.device:
+            raise ValueError(f"{name} must be on device {x.device} (that of x), got {w.device}")
+    lead = x.shape[:-1]
+    y = group_rational_forward(
+        x.reshape(-1, channels), weight_numerator, weight_denominator, num_groups, variant, deterministic
+    )
+    return y.reshape(*lead, channels)
