@@ -13,6 +13,8 @@ EXPECTED_WARPKAN = {
     "Adam",
     "PolyKANLinear",
     "ChebyKANLinear",
+    "GroupRational",
+    "GRKANLinear",
 }
 
 EXPECTED_TORCH_BRIDGE = {
@@ -34,6 +36,12 @@ EXPECTED_TORCH_BRIDGE = {
     "poly_kan",
     "poly_forward",
     "poly_backward",
+    "GroupRational",
+    "GRKANLinear",
+    "KATMLP",
+    "group_rational",
+    "group_rational_forward",
+    "group_rational_backward",
 }
 
 

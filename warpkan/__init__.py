@@ -16,6 +16,8 @@ _LAZY = {
     "Adam": "warpkan.native.optim",
     "PolyKANLinear": "warpkan.native.poly",
     "ChebyKANLinear": "warpkan.native.poly",
+    "GroupRational": "warpkan.native.rational",
+    "GRKANLinear": "warpkan.native.rational",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -10,10 +10,14 @@ from .geglu_ops import geglu_ffn, geglu_ffn_backward, geglu_ffn_forward  # noqa:
 from .kan_linear import KANLinear  # noqa: E402
 from .poly import ChebyKANLinear, PolyKANLinear  # noqa: E402
 from .poly_ops import poly_backward, poly_forward, poly_kan  # noqa: E402
+from .rational import GRKANLinear, GroupRational, KATMLP  # noqa: E402
+from .rational_ops import group_rational, group_rational_backward, group_rational_forward  # noqa: E402
 from .ukan import UKANLinear  # noqa: E402
 from .ukan_ops import ukan_pairs, ukan_spline, ukan_spline_backward  # noqa: E402
 
 __all__ = ["KANLinear", "bspline_kan", "bspline_forward", "bspline_backward", "choose_strategy",
            "GEGLUFFN", "geglu_ffn", "geglu_ffn_forward", "geglu_ffn_backward",
            "UKANLinear", "ukan_pairs", "ukan_spline", "ukan_spline_backward",
-           "PolyKANLinear", "ChebyKANLinear", "poly_kan", "poly_forward", "poly_backward"]
+           "PolyKANLinear", "ChebyKANLinear", "poly_kan", "poly_forward", "poly_backward",
+           "GroupRational", "GRKANLinear", "KATMLP", "group_rational", "group_rational_forward",
+           "group_rational_backward"]
