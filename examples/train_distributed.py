@@ -52,6 +52,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.steps < 1 or args.batch < 1 or args.warmup < 0:
         parser.error("--steps and --batch must be positive and --warmup non-negative")
+    if args.warmup >= args.steps:
+        parser.error(f"--warmup ({args.warmup}) must be smaller than --steps ({args.steps}): nothing would be timed")
     return args
 
 
@@ -153,10 +155,13 @@ def main(argv=None) -> int:
     else:
         device = torch.device("cpu")
     dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
-    try:
-        return _run(args, backend, rank, world, device)
-    finally:
-        dist.destroy_process_group()
+    status = _run(args, backend, rank, world, device)
+    # every rank reaches this point before any tears its connections down: a rank that exits while a peer
+    # is still talking to it can abort that peer at exit. (On an exception there is no barrier: the peers
+    # would wait forever; torchrun ends them.)
+    dist.barrier()
+    dist.destroy_process_group()
+    return status
 
 
 def _run(args, backend, rank, world, device) -> int:
