@@ -686,17 +686,17 @@ def _scalar_name(array: wp.array, name: str = "x") -> str:
 _luts: dict[tuple, tuple] = {}
 
 
-def evaluate_basis(t: np.ndarray, basis: str, degree: int, alpha: float = 1.0, beta: float = 1.0):
-    """(P_d(t), P_d'(t)) as float64 numpy arrays [len(t), degree + 1], by the kernels' own recurrence
-    (on the CPU device)."""
+def evaluate_basis(t: np.ndarray, basis: str, degree: int, alpha: float = 1.0, beta: float = 1.0, device="cpu"):
+    """(P_d(t), P_d'(t)) as float64 numpy arrays [len(t), degree + 1], by the kernels' own recurrence,
+    run on ``device`` (so a machine without a CPU compiler can build tables on its GPU)."""
     check_basis(basis, degree, alpha, beta)
     variant = get_variant(basis, "float64")
-    t_wp = wp.array(np.ascontiguousarray(t, dtype=np.float64).ravel(), dtype=wp.float64, device="cpu")
-    values = wp.empty((t_wp.shape[0], degree + 1), dtype=wp.float64, device="cpu")
+    t_wp = wp.array(np.ascontiguousarray(t, dtype=np.float64).ravel(), dtype=wp.float64, device=device)
+    values = wp.empty((t_wp.shape[0], degree + 1), dtype=wp.float64, device=device)
     grads = wp.empty_like(values)
     if t_wp.shape[0]:
         wp.launch(variant.tabulate, dim=t_wp.shape[0], inputs=[t_wp, alpha, beta], outputs=[values, grads],
-                  device="cpu", record_tape=False)
+                  device=device, record_tape=False)
     return values.numpy(), grads.numpy()
 
 
@@ -714,7 +714,7 @@ def build_lut(basis: str, degree: int, lut_size: int, alpha: float = 1.0, beta: 
     found = _luts.get(key)
     if found is None:
         grid = np.linspace(-1.0, 1.0, int(lut_size))
-        values, grads = evaluate_basis(grid, basis, degree, alpha, beta)
+        values, grads = evaluate_basis(grid, basis, degree, alpha, beta, device)
         dtype = _SCALARS[scalar_name]
         found = (wp.array(values, dtype=dtype, device=device), wp.array(grads, dtype=dtype, device=device))
         _luts[key] = found
