@@ -148,6 +148,7 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
     K = M + N
     D = max(num_order, den_order) + 1  # powers 0 .. max(m, n)
     V = vec
+    FLUSH = max(1, 64 // vec)  # items (of V elements) per inner sum
     io_vec = wp.types.vector(length=V, dtype=io_scalar)
     vecM = wp.types.vector(length=M, dtype=acc)
     vecN = wp.types.vector(length=N, dtype=acc)
@@ -391,6 +392,10 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
         row = row0 + lane // width
         col = lane - (lane // width) * width
         sums = vecK()
+        # two-level sum inside the lane: a short running sum flushed every FLUSH items keeps the rounding
+        # error growing like (items / FLUSH + FLUSH) instead of items (a lane walks many items on the CPU)
+        inner = vecK()
+        pending = int(0)
         while row < row1:
             xv = x[row, col0 + col]
             gv = dy[row, col0 + col]
@@ -398,8 +403,13 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
             for k in range(V):
                 gk = acc(gv[k])
                 f, dfdx, grads = rational_grad(acc(xv[k]), av, bcoef, bsign)
-                sums = sums + gk * grads
+                inner = inner + gk * grads
                 dxv[k] = io_scalar(gk * dfdx)
+            pending += 1
+            if pending == FLUSH:
+                sums = sums + inner
+                inner = vecK()
+                pending = 0
             if need_dx:
                 if accumulate_dx:
                     old = dx[row, col0 + col]
@@ -411,6 +421,7 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
             if col >= width:
                 col -= width
                 row += 1
+        sums = sums + inner
         if need_params:
             # block reduction (a tree in shared memory); every lane must take part
             for k in range(K):

@@ -1,0 +1,321 @@
+"""Group-rational activation (KAT / FlashKAT): Warp kernels against the float64 torch reference."""
+
+import numpy as np
+import pytest
+import torch
+import warp as wp
+
+import warpkan
+from warpkan.kernels import rational as kr
+from warpkan.reference.rational import group_rational_reference
+from warpkan.torch_bridge import GRKANLinear, GroupRational, KATMLP, group_rational
+from warpkan.torch_bridge.rational_ops import group_rational_backward, group_rational_forward
+
+# relative error of one rounding in the I/O dtype: outputs and dx are rounded once to it
+IO_EPS = {torch.float64: 2.0**-52, torch.float32: 2.0**-23, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
+
+
+def _coefficients(groups, shared, variant, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    a = 0.5 * torch.randn(1 if shared else groups, 6, generator=g, dtype=dtype)
+    b = 0.5 * torch.randn(groups, 4, generator=g, dtype=dtype)
+    return a, b
+
+
+def _reference_grads(x, a, b, groups, variant, dy):
+    """Forward and all gradients of the float64 reference at the given (already rounded) values."""
+    xr, ar, br = (t.detach().double().clone().requires_grad_() for t in (x, a, b))
+    y = group_rational_reference(xr, ar, br, groups, variant)
+    y.backward(dy.double())
+    return y.detach(), xr.grad, ar.grad, br.grad
+
+
+def _kernel_grads(x, a, b, groups, variant, dy, deterministic=False):
+    xk, ak, bk = (t.detach().clone().requires_grad_() for t in (x, a, b))
+    y = group_rational(xk, ak, bk, groups, variant, deterministic)
+    y.backward(dy)
+    return y.detach(), xk.grad, ak.grad, bk.grad
+
+
+def _torch_device(device):
+    return torch.device("cuda" if device == "cuda" else "cpu")
+
+
+@pytest.mark.parametrize("variant", ["A", "B"])
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_matches_reference(device, variant, shared, dtype):
+    dev = _torch_device(device)
+    groups = 4
+    x = torch.randn(3, 7, 32, dtype=torch.float64).to(dtype)  # N-D input, 21 rows
+    dy = torch.randn(3, 7, 32, dtype=torch.float64).to(dtype)
+    a, b = _coefficients(groups, shared, variant)
+    y64, dx64, da64, db64 = _reference_grads(x, a, b, groups, variant, dy)
+    y, dx, da, db = _kernel_grads(x.to(dev), a.to(dtype).to(dev), b.to(dtype).to(dev), groups, variant, dy.to(dev))
+    assert y.dtype == dtype and da.dtype == dtype and y.shape == x.shape
+    if dtype == torch.float64:
+        tol = dict(rtol=1e-11, atol=1e-12)
+        for got, ref in ((y, y64), (dx, dx64), (da, da64), (db, db64)):
+            torch.testing.assert_close(got.cpu(), ref, **tol)
+        return
+    # float32: no worse than the same formula evaluated by torch in float32 (a few roundings more at most)
+    y32, dx32, da32, db32 = _reference_grads_in(torch.float32, x, a, b, groups, variant, dy)
+    for got, ref32, ref in ((y, y32, y64), (dx, dx32, dx64), (da, da32, da64), (db, db32, db64)):
+        err = (got.cpu().double() - ref).abs().max().item()
+        err_ref = (ref32.double() - ref).abs().max().item()
+        scale = ref.abs().max().item()
+        assert err <= 4 * err_ref + 16 * IO_EPS[dtype] * scale, (err, err_ref, scale)
+
+
+def _reference_grads_in(dtype, x, a, b, groups, variant, dy):
+    xr, ar, br = (t.detach().to(dtype).clone().requires_grad_() for t in (x, a, b))
+    y = group_rational_reference(xr, ar, br, groups, variant)
+    y.backward(dy.to(dtype))
+    return y.detach(), xr.grad, ar.grad, br.grad
+
+
+def test_gradcheck_float64(device):
+    dev = _torch_device(device)
+    for variant, shared in (("A", True), ("B", False)):
+        a, b = _coefficients(2, shared, variant)
+        x = (torch.rand(5, 8, dtype=torch.float64) + 0.1) * torch.sign(torch.randn(5, 8, dtype=torch.float64))
+        inputs = tuple(t.to(dev).requires_grad_() for t in (x, a, b))
+        assert torch.autograd.gradcheck(lambda x_, a_, b_: group_rational(x_, a_, b_, 2, variant), inputs)
+
+
+@pytest.mark.parametrize("variant", ["A", "B"])
+def test_coefficient_gradient_precision_fp32(device, variant):
+    """fp32 kernels vs float64: the coefficient gradients err no more than torch's own fp32 evaluation of
+    the formula (the FlashKAT precision target, at a reduced ViT shape: 8 x 197 tokens x 96 channels)."""
+    dev = _torch_device(device)
+    groups = 8
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(8, 197, 96, generator=g).float()
+    dy = torch.randn(8, 197, 96, generator=g).float() / x[..., 0].numel()  # gradient of a mean over rows
+    numerator, denominator = kr.init_coefficients("swish", (5, 4), variant)
+    a = torch.tensor([numerator], dtype=torch.float32)
+    b = torch.tensor([denominator], dtype=torch.float32).repeat(groups, 1) + 0.01 * torch.randn(groups, 4, generator=g)
+    _, _, da64, db64 = _reference_grads(x, a, b, groups, variant, dy)
+    _, _, da32, db32 = _reference_grads_in(torch.float32, x, a, b, groups, variant, dy)
+    for deterministic in (True, False):
+        _, _, da, db = _kernel_grads(x.to(dev), a.to(dev), b.to(dev), groups, variant, dy.to(dev), deterministic)
+        for got, ref32, ref in ((da, da32, da64), (db, db32, db64)):
+            mae = (got.cpu().double() - ref).abs().mean().item()
+            mae_ref = (ref32.double() - ref).abs().mean().item()
+            assert mae <= max(mae_ref, 4 * IO_EPS[torch.float32] * ref.abs().max().item()), (mae, mae_ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_io(device, dtype):
+    """bf16/fp16 I/O: fp32 arithmetic, so y and dx are the float64 values rounded once; the coefficient
+    gradients (fp32 sums) are at fp32 level."""
+    dev = _torch_device(device)
+    groups = 2
+    x = torch.randn(9, 64).to(dtype)
+    dy = torch.randn(9, 64).to(dtype)
+    a, b = (t.float() for t in _coefficients(groups, True, "A"))
+    y64, dx64, da64, db64 = _reference_grads(x, a, b, groups, "A", dy)
+    y, dx, da, db = _kernel_grads(x.to(dev), a.to(dev), b.to(dev), groups, "A", dy.to(dev))
+    assert y.dtype == dtype and dx.dtype == dtype and da.dtype == torch.float32
+    eps = IO_EPS[dtype]
+    for got, ref in ((y, y64), (dx, dx64)):
+        assert ((got.cpu().double() - ref).abs() <= 2 * eps * ref.abs() + 1e-6 * (1 + ref.abs())).all()
+    for got, ref in ((da, da64), (db, db64)):
+        torch.testing.assert_close(got.cpu().double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("variant", ["A", "B"])
+def test_zero_huge_nan_inf(device, variant):
+    dev = _torch_device(device)
+    groups = 2
+    a, b = _coefficients(groups, False, variant)
+    x = torch.randn(6, 8, dtype=torch.float64)
+    x[0, 0] = 0.0
+    x[1, :] = torch.tensor([1e30, -1e30, 3e8, -3e8, 1e12, 7e3, -7e4, 1e20])
+    x[2, 3] = float("nan")
+    x[3, 5] = float("inf")
+    x[3, 6] = float("-inf")
+    dy = torch.randn(6, 8, dtype=torch.float64)
+    for dtype in (torch.float64, torch.float32):
+        xi = x.to(dtype)
+        finite = torch.ones(6, dtype=torch.bool)
+        finite[2] = finite[3] = False
+        y64, dx64, _, _ = _reference_grads(xi[finite], a, b, groups, variant, dy[finite].to(dtype))
+        y, dx, da, db = _kernel_grads(xi.to(dev), a.to(dtype).to(dev), b.to(dtype).to(dev), groups, variant,
+                                      dy.to(dtype).to(dev))
+        y, dx = y.cpu(), dx.cpu()
+        rtol = 1e-10 if dtype == torch.float64 else 1e-4
+        torch.testing.assert_close(y[finite].double(), y64, rtol=rtol, atol=rtol)
+        torch.testing.assert_close(dx[finite].double(), dx64, rtol=rtol, atol=rtol)
+        # NaN stays in its row; +-inf gives the rational's limit (~ (a_m / b_{n-1}) x), not NaN
+        assert torch.isnan(y[2, 3]) and torch.isnan(dx[2, 3])
+        assert torch.isfinite(y[2, [0, 1, 2, 4, 5, 6, 7]]).all()
+        assert torch.isinf(y[3, 5]) and torch.isinf(y[3, 6]) and torch.isfinite(dx[3, 5])
+        # the coefficient gradients sum over all rows: the NaN row makes them NaN, as in the reference
+        assert torch.isnan(da).any() and torch.isnan(db).any()
+
+
+def test_blocks_of_many_lanes_on_cpu():
+    """The tile reduction and the lane-to-item mapping with 256-lane blocks (the GPU configuration), run on
+    the CPU by enabling CPU blocks; includes a group wider than one block tile (> 1024 vectors)."""
+    previous = wp.config.enable_cpu_blocks
+    wp.config.enable_cpu_blocks = True
+    try:
+        for rows, channels, groups, shared in ((301, 24, 3, True), (9, 8400, 2, False)):
+            x = torch.randn(rows, channels)
+            dy = torch.randn(rows, channels)
+            a, b = (t.float() for t in _coefficients(groups, shared, "A"))
+            y64, dx64, da64, db64 = _reference_grads(x, a, b, groups, "A", dy)
+            for deterministic in (True, False):
+                y = torch.empty_like(x)
+                dx = torch.zeros_like(x)
+                da, db = torch.zeros_like(a), torch.zeros_like(b)
+                w = wp.from_torch
+                kr.launch_forward(w(x), w(a), w(b), w(y), groups, "A")
+                kr.launch_backward(w(dy), w(x), w(a), w(b), groups, "A", dx=w(dx), da=w(da), db=w(db),
+                                   deterministic=deterministic)
+                for got, ref in ((y, y64), (dx, dx64), (da, da64), (db, db64)):
+                    torch.testing.assert_close(got.double(), ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+    finally:
+        wp.config.enable_cpu_blocks = previous
+
+
+def test_deterministic_is_bitwise(device):
+    dev = _torch_device(device)
+    x = torch.randn(50, 16, device=dev)
+    dy = torch.randn(50, 16, device=dev)
+    a, b = (t.float().to(dev) for t in _coefficients(4, True, "A"))
+    first = _kernel_grads(x, a, b, 4, "A", dy, deterministic=True)
+    second = _kernel_grads(x, a, b, 4, "A", dy, deterministic=True)
+    for u, v in zip(first, second):
+        assert torch.equal(u, v)
+
+
+def test_awkward_sizes_and_layouts(device):
+    dev = _torch_device(device)
+    a, b = _coefficients(5, False, "B", dtype=torch.float32)
+    a, b = a.to(dev), b.to(dev)
+    # 1 row, a prime group size (3 channels per group: scalar loads), non-contiguous input
+    for x in (torch.randn(1, 15), torch.randn(15, 13).t(), torch.randn(2, 3, 30)[..., ::2]):
+        x = x.to(dev)
+        y = group_rational(x, a, b, 5, "B")
+        ref = group_rational_reference(x.double().cpu(), a.double().cpu(), b.double().cpu(), 5, "B")
+        torch.testing.assert_close(y.cpu().double(), ref, rtol=1e-5, atol=1e-5)
+    # empty batch
+    x = torch.randn(0, 15, device=dev, requires_grad=True)
+    ar, br = a.clone().requires_grad_(), b.clone().requires_grad_()
+    y = group_rational(x, ar, br, 5, "B")
+    assert y.shape == (0, 15)
+    y.sum().backward()
+    assert x.grad.shape == (0, 15) and torch.equal(ar.grad, torch.zeros_like(a))
+
+
+def test_bad_input_is_refused():
+    a, b = _coefficients(4, True, "A", dtype=torch.float32)
+    x = torch.randn(3, 32)
+    with pytest.raises(ValueError, match="uneven groups"):
+        group_rational(torch.randn(3, 30), a, b, 4)
+    with pytest.raises(ValueError, match="uneven groups"):
+        GroupRational(30, num_groups=4)
+    with pytest.raises(TypeError, match="x must have dtype"):
+        group_rational(x.int(), a, b, 4)
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        group_rational(x.numpy(), a, b, 4)
+    with pytest.raises(ValueError, match="weight_numerator"):
+        group_rational(x, torch.randn(3, 6), b, 4)
+    with pytest.raises(ValueError, match="weight_denominator"):
+        group_rational(x, a, torch.randn(2, 4), 4)
+    with pytest.raises(ValueError, match="variant"):
+        group_rational(x, a, b, 4, variant="C")
+    with pytest.raises(ValueError, match="init"):
+        GroupRational(32, 4, init="relu")
+    with pytest.raises(ValueError, match="fitted"):
+        GroupRational(32, 4, order=(7, 2), init="gelu")
+    with pytest.raises(ValueError, match="last dimension 32"):
+        GroupRational(32, 4)(torch.randn(3, 16))
+
+
+def test_opcheck_and_compile():
+    x = torch.randn(6, 16, requires_grad=True)
+    a, b = (t.float().requires_grad_() for t in _coefficients(4, True, "A"))
+    torch.library.opcheck(group_rational_forward, (x, a, b, 4, "A", True))
+    dy = torch.randn(6, 16)
+    torch.library.opcheck(group_rational_backward, (dy, x.detach(), a.detach(), b.detach(), 4, "A", True, True, True))
+    layer = GroupRational(16, num_groups=4)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    y = compiled(x)
+    torch.testing.assert_close(y, layer(x))
+    y.sum().backward()
+    assert layer.weight_denominator.grad is not None and x.grad is not None
+
+
+def test_modules_inits_and_checkpoints():
+    layer = GroupRational(64, num_groups=8, init="swish")
+    assert tuple(layer.weight_numerator.shape) == (1, 6) and tuple(layer.weight_denominator.shape) == (8, 4)
+    assert tuple(GroupRational(64, 8, shared_numerator=False).weight_numerator.shape) == (8, 6)
+    x = torch.linspace(-3, 3, 64 * 4).reshape(4, 64)
+    for variant in ("A", "B"):
+        swish = GroupRational(64, 8, variant=variant, init="swish")(x)
+        torch.testing.assert_close(swish, torch.nn.functional.silu(x), rtol=0, atol=1e-5)
+        gelu = GroupRational(64, 8, variant=variant, init="gelu")(x)
+        torch.testing.assert_close(gelu, torch.nn.functional.gelu(x), rtol=0, atol=1e-2)
+        torch.testing.assert_close(GroupRational(64, 8, variant=variant, init="identity")(x), x)
+    # a KAT KAT_Group state dict (same names and shapes) loads as it is
+    kat_state = {"weight_numerator": torch.randn(1, 6), "weight_denominator": torch.randn(8, 4)}
+    layer.load_state_dict(kat_state)
+    torch.testing.assert_close(layer.weight_denominator, kat_state["weight_denominator"])
+
+
+def test_grkan_linear_and_kat_mlp():
+    torch.manual_seed(0)
+    layer = GRKANLinear(96, 64, num_groups=8)
+    x = torch.randn(4096, 96)
+    y = layer(x)
+    assert y.shape == (4096, 64)
+    assert 0.85 < y.std().item() < 1.15  # variance-preserving init
+    mlp = KATMLP(32, 64, num_groups=4)
+    assert mlp.fc1.rational.init == "identity" and mlp.fc2.rational.init == "swish"
+    out = mlp(torch.randn(3, 5, 32))
+    assert out.shape == (3, 5, 32)
+    out.sum().backward()
+    assert mlp.fc1.rational.weight_denominator.grad is not None
+
+
+@pytest.mark.parametrize("variant", ["A", "B"])
+def test_native_layers_match_torch(device, variant):
+    layer = warpkan.GRKANLinear(16, 5, num_groups=4, variant=variant, init="gelu", shared_numerator=False,
+                                deterministic=True, dtype=wp.float64, device=device)
+    torch_layer = GRKANLinear(16, 5, num_groups=4, variant=variant, init="gelu", shared_numerator=False,
+                              dtype=torch.float64)
+    torch_layer.load_state_dict({k: torch.tensor(v) for k, v in layer.state_dict().items()})
+    xn = np.random.default_rng(0).normal(size=(7, 16))
+    x = wp.array(xn, dtype=wp.float64, requires_grad=True, device=device)
+    tape = wp.Tape()
+    with tape:
+        y = layer(x)
+    y.grad = wp.array(np.ones((7, 5)), dtype=wp.float64, device=device)
+    tape.backward()
+    xt = torch.tensor(xn, requires_grad=True)
+    torch_layer(xt).sum().backward()
+    np.testing.assert_allclose(y.numpy(), torch_layer(xt).detach().numpy(), rtol=1e-12, atol=1e-12)
+    pairs = [
+        (x.grad, xt.grad),
+        (layer.rational.weight_numerator.grad, torch_layer.rational.weight_numerator.grad),
+        (layer.rational.weight_denominator.grad, torch_layer.rational.weight_denominator.grad),
+        (layer.weight.grad, torch_layer.linear.weight.grad),
+        (layer.bias.grad, torch_layer.linear.bias.grad),
+    ]
+    for got, ref in pairs:
+        np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=1e-10, atol=1e-12)
+    # Warp's convention: gradients accumulate (a second backward of the rational alone doubles them)
+    rational = layer.rational
+    h_tape = wp.Tape()
+    with h_tape:
+        h = rational(x)
+    h.grad = wp.array(np.ones((7, 16)), dtype=wp.float64, device=device)
+    h_tape.zero()
+    h.grad = wp.array(np.ones((7, 16)), dtype=wp.float64, device=device)
+    h_tape.backward()
+    once = rational.weight_denominator.grad.numpy().copy()
+    h_tape.backward()
+    np.testing.assert_allclose(rational.weight_denominator.grad.numpy(), 2 * once, rtol=1e-12)
