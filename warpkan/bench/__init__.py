@@ -20,6 +20,7 @@ _FAMILY_MODULES = {
     "bspline": "warpkan.bench.bspline",
     "geglu": "warpkan.bench.geglu",
     "poly": "warpkan.bench.poly",
+    "rational": "warpkan.bench.rational",
     "ukan": "warpkan.bench.ukan",
 }
 _REGISTRY: dict[str, Callable] = {}

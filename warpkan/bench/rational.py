@@ -1,0 +1,184 @@
+"""Group-rational (KAT) benchmark: warpkan's kernels against, in the same run, a pure-torch implementation of
+the formula (KAT's torch reference style: explicit powers, autograd, no atomics), the same compiled with
+torch.compile, nn.GELU, and a device-to-device copy of x (the bandwidth ceiling the GB/s columns are
+compared with). Then the GR-KAN layer against nn.GELU + nn.Linear at the ViT-S MLP shape.
+
+KAT's own Triton kernel is timed when ``WARPKAN_KAT_PATH`` names a directory from which
+``kat_rational.rational_triton`` imports (its code is not part of this project). FlashKAT's kernels are not
+run here (no importable package): their published numbers are in DESIGN.md.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from . import register
+from .timing import HARDWARE, peak_memory, time_fn
+
+FULL_ACTIVATION_CASES = [((1024, 197, 768), torch.float32), ((1024, 197, 768), torch.bfloat16),
+                         ((256, 197, 768), torch.float32), ((256, 197, 768), torch.bfloat16)]
+QUICK_ACTIVATION_CASES = [((4, 64, 96), torch.float32), ((4, 64, 96), torch.bfloat16)]
+FULL_LAYER_CASES = [((256 * 197, 384, 1536), torch.float32), ((256 * 197, 384, 1536), torch.bfloat16)]
+QUICK_LAYER_CASES = [((256, 64, 128), torch.float32)]
+GROUPS = 8
+ORDER = (5, 4)
+
+
+def torch_formula(x, weight_numerator, weight_denominator, num_groups):
+    """Variant A in plain torch ops in x's dtype: what KAT's torch reference computes (atomics-free autograd)."""
+    shape = x.shape
+    c = shape[-1]
+    z = x.reshape(-1, num_groups, c // num_groups)
+    a = weight_numerator.to(x.dtype).expand(num_groups, -1)
+    b = weight_denominator.to(x.dtype).abs()
+    p = a[:, -1].view(1, num_groups, 1).expand_as(z)
+    for i in range(a.shape[1] - 2, -1, -1):
+        p = p * z + a[:, i].view(1, num_groups, 1)
+    az = z.abs()
+    q = b[:, -1].view(1, num_groups, 1).expand_as(z)
+    for j in range(b.shape[1] - 2, -1, -1):
+        q = q * az + b[:, j].view(1, num_groups, 1)
+    q = q * az + 1
+    return (p / q).reshape(shape)
+
+
+def _kat_triton():
+    path = os.environ.get("WARPKAN_KAT_PATH")
+    if not path:
+        return None
+    sys.path.insert(0, path)
+    try:
+        from kat_rational.rational_triton import RationalTriton1DGroup  # type: ignore
+    except Exception:  # noqa: BLE001 - a peer that does not import is reported, not fatal
+        return None
+    return lambda x, a, b, g: RationalTriton1DGroup.apply(x, a.expand(g, -1).contiguous(), b, g)
+
+
+def _activation_impls(device):
+    from ..torch_bridge import group_rational
+
+    impls = {
+        "warpkan": lambda x, a, b, g: group_rational(x, a, b, g, "A"),
+        "warpkan deterministic": lambda x, a, b, g: group_rational(x, a, b, g, "A", True),
+        "torch formula (KAT torch reference style)": torch_formula,
+        "torch formula, torch.compile": torch.compile(torch_formula),
+        "nn.GELU": lambda x, a, b, g: torch.nn.functional.gelu(x),
+    }
+    kat = _kat_triton() if device.startswith("cuda") else None
+    if kat is not None:
+        impls["KAT Triton (atomics)"] = kat
+    return impls
+
+
+def _copy_ms(x, device, repeat):
+    out = torch.empty_like(x)
+    return time_fn(lambda: out.copy_(x), device, warmup=2, repeat=repeat)
+
+
+def _activation_rows(device, quick):
+    from ..kernels import rational as kr
+
+    rows = []
+    repeat = 3 if quick else 20
+    numerator, denominator = kr.init_coefficients("swish", ORDER, "A")
+    for shape, dtype in QUICK_ACTIVATION_CASES if quick else FULL_ACTIVATION_CASES:
+        case = f"x {tuple(shape)} {str(dtype).replace('torch.', '')}"
+        torch.manual_seed(0)
+        x = torch.randn(shape, device=device, dtype=dtype)
+        dy = torch.randn(shape, device=device, dtype=dtype)
+        a = torch.tensor([numerator], device=device)
+        b = torch.tensor([denominator], device=device).repeat(GROUPS, 1)
+        nbytes = x.numel() * x.element_size()
+        copy_ms = _copy_ms(x, device, repeat)
+        copy_bw = 2 * nbytes / (copy_ms * 1e-3)
+        rows.append({"case": case, "impl": "copy x (measured ceiling)", "fwd_ms": copy_ms,
+                     "fwd GB/s": copy_bw / 1e9, "fwd % copy": 100.0,
+                     "% HBM (DESIGN figure)": 100 * copy_bw / HARDWARE["hbm_bytes_per_s"]})
+        gelu_total = None
+        for name, fn in _activation_impls(device).items():
+            row = {"case": case, "impl": name}
+            try:
+                xg = x.clone().requires_grad_()
+                ag = a.clone().requires_grad_()
+                bg = b.clone().requires_grad_()
+
+                def forward():
+                    with torch.no_grad():
+                        fn(x, a, b, GROUPS)
+
+                y = fn(xg, ag, bg, GROUPS)
+                params = [xg] if name == "nn.GELU" else [xg, ag, bg]
+
+                def backward():
+                    torch.autograd.grad(y, params, dy, retain_graph=True)
+
+                def train_step():
+                    out = fn(xg, ag, bg, GROUPS)
+                    torch.autograd.grad(out, params, dy)
+
+                fwd = time_fn(forward, device, warmup=3, repeat=repeat)
+                bwd = time_fn(backward, device, warmup=3, repeat=repeat)
+                row.update(fwd_ms=fwd, bwd_ms=bwd, total_ms=fwd + bwd)
+                row["fwd GB/s"] = 2 * nbytes / (fwd * 1e-3) / 1e9
+                row["bwd GB/s"] = 3 * nbytes / (bwd * 1e-3) / 1e9
+                row["fwd % copy"] = 100 * 2 * nbytes / (fwd * 1e-3) / copy_bw
+                row["bwd % copy"] = 100 * 3 * nbytes / (bwd * 1e-3) / copy_bw
+                row["peak_MiB"] = peak_memory(train_step, device)
+                if name == "nn.GELU":
+                    gelu_total = fwd + bwd
+                del y
+            except torch.OutOfMemoryError:
+                row["note"] = "out of memory"
+            rows.append(row)
+            if device.startswith("cuda"):
+                torch.cuda.empty_cache()
+        for row in rows:
+            if row["case"] == case and gelu_total and "total_ms" in row:
+                row["x nn.GELU"] = row["total_ms"] / gelu_total
+        if not device.startswith("cuda") or _kat_triton() is None:
+            rows.append({"case": case, "impl": "KAT Triton / FlashKAT Triton",
+                         "note": "not in run (set WARPKAN_KAT_PATH on a GPU for KAT's; FlashKAT: DESIGN.md figures)"})
+    return rows
+
+
+def _layer_rows(device, quick):
+    from ..torch_bridge import GRKANLinear
+
+    rows = []
+    repeat = 3 if quick else 20
+    for (n_rows, n_in, n_out), dtype in QUICK_LAYER_CASES if quick else FULL_LAYER_CASES:
+        case = f"layer N={n_rows} {n_in}->{n_out} {str(dtype).replace('torch.', '')}"
+        torch.manual_seed(0)
+        x = torch.randn(n_rows, n_in, device=device, dtype=dtype, requires_grad=True)
+        dy = torch.randn(n_rows, n_out, device=device, dtype=dtype)
+        layers = {
+            "warpkan GRKANLinear": GRKANLinear(n_in, n_out, GROUPS).to(device=device, dtype=dtype),
+            "nn.GELU + nn.Linear": torch.nn.Sequential(torch.nn.GELU(), torch.nn.Linear(n_in, n_out)).to(
+                device=device, dtype=dtype),
+        }
+        results = []
+        for name, layer in layers.items():
+            def forward():
+                with torch.no_grad():
+                    layer(x)
+
+            def train_step():
+                layer(x).backward(dy)
+
+            fwd = time_fn(forward, device, warmup=3, repeat=repeat)
+            total = time_fn(train_step, device, warmup=3, repeat=repeat)
+            results.append({"case": case, "impl": name, "fwd_ms": fwd, "bwd_ms": total - fwd, "total_ms": total,
+                            "peak_MiB": peak_memory(train_step, device)})
+        base = results[-1]["total_ms"]
+        for row in results:
+            row["x nn.GELU+Linear"] = row["total_ms"] / base
+        rows.extend(results)
+    return rows
+
+
+@register("rational")
+def run(device: str = "cuda", quick: bool = False) -> list[dict]:
+    return _activation_rows(device, quick) + _layer_rows(device, quick)
