@@ -41,6 +41,8 @@ __all__ = [
     "BSplineVariant",
     "BSplineWorkspace",
     "uniform_basis_matrix",
+    "basis_funcs",
+    "BasisFuncs",
     "get_variant",
     "launch_forward",
     "launch_backward",
@@ -114,45 +116,33 @@ class BSplineVariant:
 _SCALARS = {"float32": wp.float32, "float64": wp.float64}
 
 
+@dataclass(frozen=True)
+class BasisFuncs:
+    """``@wp.func`` pieces shared by every kernel that evaluates uniform B-splines in matrix form (the
+    B-spline, UKAN and building-block kernels), for one (order, scalar type)."""
+
+    vec: type  # K-vector of the scalar type
+    mat: type  # K x K matrix of the scalar type (the type of M_k)
+    basis_matrix: object  # M_k as a value of ``mat``
+    silu_and_grad: object  # x -> (silu(x), silu'(x))
+    uniform_basis: object  # (u, M) -> [B_{c-k} .. B_c](u)
+    uniform_basis_grad: object  # (u, 1/h, M) -> d/dx of the same
+
+
 @functools.lru_cache(maxsize=None)
-def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSplineVariant:
-    """Build (lazily) the kernels for one variant; all of them live in one Warp module."""
+def basis_funcs(order: int, scalar_name: str = "float32") -> BasisFuncs:
     if not 1 <= order <= MAX_SPLINE_ORDER:
         raise ValueError(f"spline_order must be in [1, {MAX_SPLINE_ORDER}], got {order}")
-    if scalar_name not in _SCALARS:
-        raise TypeError(f"scalar type must be one of {sorted(_SCALARS)}, got {scalar_name}")
     scalar = _SCALARS[scalar_name]
     K = order + 1
-    OT = _OUT_TILE
     vecK = wp.types.vector(length=K, dtype=scalar)
-    vecOT = wp.types.vector(length=OT, dtype=scalar)
     matK = wp.types.matrix(shape=(K, K), dtype=scalar)
-    module = f"warpkan_bspline_k{order}_{'uniform' if uniform else 'general'}_{scalar_name}"
-    kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
-    zero = scalar(0.0)
     one = scalar(1.0)
 
-    # ------------------------------------------------------------------ basis evaluation (@wp.func)
     @wp.func
     def silu_and_grad(x: scalar):
         sig = one / (one + wp.exp(-x))
         return x * sig, sig * (one + x * (one - sig))
-
-    @wp.func
-    def uniform_locate(grid: wp.array2d(dtype=scalar), i: int, x: scalar):
-        """(valid, cell, u, 1/h) on the uniform grid of input i."""
-        n_cells = grid.shape[1] - 1
-        t0 = grid[i, 0]
-        inv_h = scalar(n_cells) / (grid[i, n_cells] - t0)
-        s = (x - t0) * inv_h
-        valid = int(0)
-        cell = int(0)
-        u = zero
-        if s >= zero and s < scalar(n_cells):  # false for NaN and +-Inf
-            cell = wp.min(int(s), n_cells - 1)
-            u = s - scalar(cell)
-            valid = 1
-        return valid, cell, u, inv_h
 
     @wp.func
     def uniform_basis(u: scalar, basis_matrix: matK):
@@ -174,6 +164,49 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
                 db[m] = db[m] + scalar(p) * basis_matrix[p, m] * power
             power = power * u
         return db * inv_h
+
+    basis_matrix = matK(*[scalar(v) for row in uniform_basis_matrix(order) for v in row])
+    return BasisFuncs(vecK, matK, basis_matrix, silu_and_grad, uniform_basis, uniform_basis_grad)
+
+
+@functools.lru_cache(maxsize=None)
+def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSplineVariant:
+    """Build (lazily) the kernels for one variant; all of them live in one Warp module."""
+    if not 1 <= order <= MAX_SPLINE_ORDER:
+        raise ValueError(f"spline_order must be in [1, {MAX_SPLINE_ORDER}], got {order}")
+    if scalar_name not in _SCALARS:
+        raise TypeError(f"scalar type must be one of {sorted(_SCALARS)}, got {scalar_name}")
+    scalar = _SCALARS[scalar_name]
+    K = order + 1
+    OT = _OUT_TILE
+    shared = basis_funcs(order, scalar_name)
+    vecK, matK = shared.vec, shared.mat
+    vecOT = wp.types.vector(length=OT, dtype=scalar)
+    module = f"warpkan_bspline_k{order}_{'uniform' if uniform else 'general'}_{scalar_name}"
+    kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
+    zero = scalar(0.0)
+    one = scalar(1.0)
+
+    # ------------------------------------------------------------------ basis evaluation (@wp.func)
+    silu_and_grad = shared.silu_and_grad
+    uniform_basis = shared.uniform_basis
+    uniform_basis_grad = shared.uniform_basis_grad
+
+    @wp.func
+    def uniform_locate(grid: wp.array2d(dtype=scalar), i: int, x: scalar):
+        """(valid, cell, u, 1/h) on the uniform grid of input i."""
+        n_cells = grid.shape[1] - 1
+        t0 = grid[i, 0]
+        inv_h = scalar(n_cells) / (grid[i, n_cells] - t0)
+        s = (x - t0) * inv_h
+        valid = int(0)
+        cell = int(0)
+        u = zero
+        if s >= zero and s < scalar(n_cells):  # false for NaN and +-Inf
+            cell = wp.min(int(s), n_cells - 1)
+            u = s - scalar(cell)
+            valid = 1
+        return valid, cell, u, inv_h
 
     @wp.func
     def knot(grid: wp.array2d(dtype=scalar), i: int, idx: int):
@@ -534,7 +567,7 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
                     acc = acc + db[m] * d_basis[n, i, j]
             dx[n, i] = dx[n, i] + acc
 
-    basis_matrix = matK(*[scalar(v) for row in uniform_basis_matrix(order) for v in row])
+    basis_matrix = shared.basis_matrix
     return BSplineVariant(
         order=order,
         uniform=uniform,
