@@ -1,7 +1,8 @@
 """Group-rational (KAT) benchmark: warpkan's kernels against, in the same run, a pure-torch implementation of
 the formula (KAT's torch reference style: explicit powers, autograd, no atomics), the same compiled with
 torch.compile, nn.GELU, and a device-to-device copy of x (the bandwidth ceiling the GB/s columns are
-compared with). Then the GR-KAN layer against nn.GELU + nn.Linear at the ViT-S MLP shape.
+compared with), and the mean absolute error of the coefficient gradients against a float64 reference (dy ~
+N(0, 1), FlashKAT's precision measure). Then the GR-KAN layer against nn.GELU + nn.Linear at the ViT-S MLP shape.
 
 KAT's own Triton kernel is timed when ``WARPKAN_KAT_PATH`` names a directory from which
 ``kat_rational.rational_triton`` imports (its code is not part of this project). FlashKAT's kernels are not
@@ -73,6 +74,21 @@ def _activation_impls(device):
     return impls
 
 
+def _float64_coefficient_grads(x, dy, a, b, num_groups, chunk_rows=4096):
+    """d weight_numerator, d weight_denominator of the float64 reference, summed over row chunks in float64
+    (the full tensors in float64 with autograd would not fit)."""
+    from ..reference.rational import group_rational_reference
+
+    a64 = a.detach().double().requires_grad_()
+    b64 = b.detach().double().requires_grad_()
+    x2 = x.reshape(-1, x.shape[-1])
+    dy2 = dy.reshape(-1, x.shape[-1])
+    for start in range(0, x2.shape[0], chunk_rows):
+        y = group_rational_reference(x2[start:start + chunk_rows].double(), a64, b64, num_groups, "A")
+        y.backward(dy2[start:start + chunk_rows].double())
+    return a64.grad, b64.grad
+
+
 def _copy_ms(x, device, repeat):
     out = torch.empty_like(x)
     return time_fn(lambda: out.copy_(x), device, warmup=2, repeat=repeat)
@@ -98,6 +114,7 @@ def _activation_rows(device, quick):
                      "fwd GB/s": copy_bw / 1e9, "fwd % copy": 100.0,
                      "% HBM (DESIGN figure)": 100 * copy_bw / HARDWARE["hbm_bytes_per_s"]})
         gelu_total = None
+        da64, db64 = _float64_coefficient_grads(x, dy, a, b, GROUPS)
         for name, fn in _activation_impls(device).items():
             row = {"case": case, "impl": name}
             try:
@@ -129,6 +146,10 @@ def _activation_rows(device, quick):
                 row["peak_MiB"] = peak_memory(train_step, device)
                 if name == "nn.GELU":
                     gelu_total = fwd + bwd
+                else:  # precision of the coefficient gradients (dy ~ N(0, 1)), as FlashKAT reports it
+                    _, da, db = torch.autograd.grad(y, params, dy, retain_graph=True)
+                    row["dA MAE vs fp64"] = (da.double() - da64).abs().mean().item()
+                    row["dB MAE vs fp64"] = (db.double() - db64).abs().mean().item()
                 del y
             except torch.OutOfMemoryError:
                 row["note"] = "out of memory"
