@@ -13,6 +13,9 @@ EXPECTED_WARPKAN = {
     "Adam",
     "PolyKANLinear",
     "ChebyKANLinear",
+    "bspline_funcs",
+    "poly_funcs",
+    "rational_funcs",
     "GroupRational",
     "GRKANLinear",
 }

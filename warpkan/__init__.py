@@ -16,6 +16,9 @@ _LAZY = {
     "Adam": "warpkan.native.optim",
     "PolyKANLinear": "warpkan.native.poly",
     "ChebyKANLinear": "warpkan.native.poly",
+    "bspline_funcs": "warpkan.funcs",
+    "poly_funcs": "warpkan.funcs",
+    "rational_funcs": "warpkan.funcs",
     "GroupRational": "warpkan.native.rational",
     "GRKANLinear": "warpkan.native.rational",
 }
