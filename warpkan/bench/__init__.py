@@ -1,7 +1,9 @@
 """One benchmark registry and runner for every family: ``warpkan bench [family] [--device] [--quick] [--out DIR]``.
 
 A family registers a function with :func:`register`; it returns a list of result rows (plain dicts). The
-runner writes ``<out>/<family>.json`` and ``<out>/<family>.md`` (a markdown table of the rows).
+runner writes ``<out>/<family>.json`` and ``<out>/<family>.md`` (a markdown table of the rows), and
+``<out>/<family>.png`` where the family also registers a plot with :func:`register_plot` and matplotlib is
+installed.
 Timing helpers live in :mod:`warpkan.bench.timing`. Torch is imported by the family modules, not here.
 """
 
@@ -13,7 +15,7 @@ import os
 import platform
 from typing import Callable
 
-__all__ = ["register", "families", "run", "markdown_table"]
+__all__ = ["register", "register_plot", "families", "run", "markdown_table"]
 
 # family name -> module that registers it (imported lazily so `warpkan bench` starts fast)
 _FAMILY_MODULES = {
@@ -24,11 +26,22 @@ _FAMILY_MODULES = {
     "ukan": "warpkan.bench.ukan",
 }
 _REGISTRY: dict[str, Callable] = {}
+_PLOTS: dict[str, Callable] = {}
 
 
 def register(family: str):
     def wrap(fn):
         _REGISTRY[family] = fn
+        return fn
+
+    return wrap
+
+
+def register_plot(family: str):
+    """``fn(rows, path)`` draws the family's rows into the PNG at ``path``."""
+
+    def wrap(fn):
+        _PLOTS[family] = fn
         return fn
 
     return wrap
@@ -84,7 +97,21 @@ def run(family_names: list[str] | None, device: str, quick: bool, out_dir: str) 
         with open(os.path.join(out_dir, f"{family}.md"), "w") as f:
             f.write(f"# {family} ({meta.get('device_name', device)})\n\n{table}")
         print(f"\n## {family} on {meta.get('device_name', device)}\n\n{table}", flush=True)
+        if family in _PLOTS:
+            _plot(family, rows, os.path.join(out_dir, f"{family}.png"))
     return results
+
+
+def _plot(family: str, rows: list[dict], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+    except ImportError:
+        print(f"(no plot for {family}: matplotlib is not installed)")
+        return
+    _PLOTS[family](rows, path)
+    print(f"plot written to {path}")
 
 
 def _environment(device: str) -> dict:

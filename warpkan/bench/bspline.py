@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from . import register
+from . import register, register_plot
 from .timing import HARDWARE, peak_memory, time_fn
 
 # (N, in, out, grid_size, order): DESIGN.md's peer table, then the grid-size-independence extremes
@@ -108,3 +108,33 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
                     row["impl"] = f"warpkan (auto: {choose_strategy(n_rows, n_in, n_out, grid_size + order)})"
         rows.extend(results)
     return rows
+
+
+@register_plot("bspline")
+def plot(rows: list[dict], path: str) -> None:
+    """fwd+bwd time against grid size at (N=2^17, 32->32, k=3): the grid-size-independence picture."""
+    import matplotlib.pyplot as plt
+
+    series: dict[str, list[tuple[int, float]]] = {}
+    for row in rows:
+        case = row["case"]
+        if not case.startswith(f"N={2**17} 32->32") or "total_ms" not in row:
+            continue
+        grid_size = int(case.split("G=")[1].split()[0])
+        series.setdefault(row["impl"].split(" (auto")[0], []).append((grid_size, row["total_ms"]))
+    if not series:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, points in sorted(series.items()):
+        points.sort()
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("grid size G")
+    ax.set_ylabel("forward + backward (ms)")
+    ax.set_title("B-spline KAN, N=2^17, 32->32, k=3")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
