@@ -45,7 +45,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--log-every", type=int, default=50, help="print the loss every this many steps (0: never)")
+    parser.add_argument("--log-every", type=int, default=50,
+                        help="show the loss on rank 0's progress bar every this many steps (0: never)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--save-state", default=None,
                         help="rank 0 writes the trained model's full state_dict (on the CPU) to this file")
     parser.add_argument("--no-check", action="store_true", help="don't fail when the loss did not go down")
@@ -107,12 +109,16 @@ def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
 
 
 def train(model: nn.Module, optimizer: torch.optim.Optimizer, batches, *, warmup: int = 0, log_every: int = 0,
-          log=print, synchronize=lambda: None) -> tuple[list[float], float]:
+          progress: bool = False, desc: str = "", synchronize=lambda: None) -> tuple[list[float], float]:
     """Plain training loop on the prepared batches; returns (losses of this rank, seconds for the steps after
-    ``warmup``). Losses are read back only at log points and at the end, to keep the loop asynchronous."""
+    ``warmup``). The loss is read back only every ``log_every`` steps (shown on the progress bar) and at the
+    end, to keep the loop asynchronous."""
+    from tqdm import tqdm
+
     losses = []
     start = None
-    for step, (xy, z) in enumerate(batches):
+    bar = tqdm(batches, desc=desc, disable=not progress, file=sys.stdout)
+    for step, (xy, z) in enumerate(bar):
         if step == warmup:
             synchronize()
             start = time.perf_counter()
@@ -121,9 +127,10 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer, batches, *, warmup
         loss.backward()
         optimizer.step()
         losses.append(loss.detach())
-        if log_every and (step % log_every == 0 or step == len(batches) - 1):
-            log(f"step {step:5d}  loss {loss.item():.4e}")
+        if progress and log_every and (step % log_every == 0 or step == len(batches) - 1):
+            bar.set_postfix(loss=f"{loss.item():.3e}")
     synchronize()
+    bar.close()
     elapsed = time.perf_counter() - start if start is not None else float("nan")
     return [float(v) for v in torch.stack(losses).cpu()], elapsed
 
@@ -198,8 +205,9 @@ def _run(args, backend, rank, world, device) -> int:
         log(f"{'FSDP2' if args.fsdp else 'DDP'} on {backend}, {world} rank(s), widths {widths}, grid {args.grid_size}, "
             f"{args.dtype}, {n_params} parameters (global count), {args.batch} samples/rank/step, {args.steps} steps")
 
-    losses, elapsed = train(wrapped, optimizer, batches, warmup=args.warmup,
-                            log_every=args.log_every if rank == 0 else 0, log=log, synchronize=synchronize)
+    losses, elapsed = train(wrapped, optimizer, batches, warmup=args.warmup, log_every=args.log_every,
+                            progress=rank == 0 and not args.no_progress, desc=f"[rank 0/{world}] training",
+                            synchronize=synchronize)
 
     timed_steps = args.steps - args.warmup
     rate = timed_steps * args.batch / elapsed if timed_steps > 0 else 0.0
