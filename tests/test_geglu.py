@@ -284,3 +284,15 @@ def test_cached_launches_follow_the_arguments(device):
                 expected = geglu_ffn_reference(x_now.double(), w_uv.double(), b_uv.double(), w_o.double(),
                                                b_o.double(), "gelu")
                 assert _rel_error(got, expected) <= TOLERANCE[(torch.float32, "gelu")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("rows", [5, 13, 40])
+def test_tensor_core_streaming_path(device, dtype, rows):
+    """float16/bfloat16 with hidden and inter multiples of 64 take the tensor-core streaming kernels (one
+    batch capacity per row count here); forward and gradients against the float64 reference."""
+    tensors = _tensors(rows, dtype, device, seed=rows, hidden=64, inter=128)
+    ours, ref = _run(tensors, "gelu", 64)
+    tol = TOLERANCE[(dtype, "gelu")]
+    for name, a, b in zip(("out", "dx", "d_w_uv", "d_b_uv", "d_w_o", "d_b_o"), ours, ref):
+        assert _rel_error(a, b) <= tol, f"{name}: {_rel_error(a, b):.3g} > {tol:.3g}"

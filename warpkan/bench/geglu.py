@@ -7,7 +7,7 @@ fraction of the measured device-to-device copy rate (DESIGN.md: 4.3-4.8 TB/s on 
 
 Implementations:
 
-- ``warpkan``: the layer as shipped (weight streaming up to ``small_batch_rows`` = 16 rows, the
+- ``warpkan``: the layer as shipped (weight streaming up to ``small_batch_rows`` = 8 rows, the
   concatenated GEMM plus the fused Warp gate above);
 - ``warpkan streaming`` / ``warpkan GEMM+gate``: one path forced, to place the switch;
 - ``torch baseline``: what a PyTorch user writes, unfused;
@@ -45,8 +45,8 @@ def _impls(layer, batch):
 
     w_uv, w_o = layer.w_uv, layer.w_o
     impls = {"warpkan": layer}
-    if batch <= 16:
-        impls["warpkan streaming"] = lambda x: geglu_ffn(x, w_uv, w_o, activation=ACTIVATION, small_batch_rows=16)
+    if batch <= 64:
+        impls["warpkan streaming"] = lambda x: geglu_ffn(x, w_uv, w_o, activation=ACTIVATION, small_batch_rows=64)
     impls["warpkan GEMM+gate"] = lambda x: geglu_ffn(x, w_uv, w_o, activation=ACTIVATION, small_batch_rows=0)
     impls["torch baseline (F.linear x2 + gelu + mul + F.linear)"] = _baseline(layer.w_u, layer.w_v, w_o)
     return impls

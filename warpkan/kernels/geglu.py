@@ -55,6 +55,13 @@ __all__ = [
     "launch_activation",
     "launch_activation_backward",
     "launch_small_forward",
+    "TC_MAX_ROWS",
+    "TensorCoreVariant",
+    "get_tc_variant",
+    "tc_eligible",
+    "tc_n_tiles",
+    "tc_splits",
+    "launch_tc_forward",
 ]
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "gelu_sigmoid")
@@ -486,3 +493,317 @@ def launch_small_forward(
         record_cmd=record,
     )
     return [up, down] if record else None
+
+
+# ------------------------------------------------------------------------ tensor-core weight streaming
+#
+# At small batch the layer reads 3 * hidden * inter weights and does 2 * batch FLOPs per weight: plain
+# float32 FMAs stop keeping up with HBM from about 8 rows on, so the streaming kernels multiply on the
+# tensor cores (mma.sync m16n8k16, float16/bfloat16 in, float32 accumulation) and are then bound by the
+# weight reads alone. Warp has no mma builtin, so the inner loop is a native snippet (``wp.func_native``);
+# the CPU (and pre-sm_80 GPUs) run a plain loop in the same snippet that computes exactly the values the
+# lane would hold, so the kernels, their indexing and their outputs are the same everywhere.
+#
+# One warp owns TC_ROW_TILE rows of each of two weight tiles (the u rows j and the v rows inter + j in the
+# first projection, 32 consecutive output rows in the second) and one slice of the reduction dimension.
+# mma's A fragment wants, per lane, elements (row g, k 2t..2t+1) and (row g, k 2t+8..2t+9); a sum over k
+# may take the k in any order, so lane (g, t) instead reads 32 contiguous bytes of rows g and g + 8 (two
+# 16-byte loads each) per 64-k block and feeds them to four mma steps. x (or h) is read the same way, so
+# A and B agree on the order. Each warp writes its float32 partial sums to partial[split, row, col]; a
+# fixed-order combine kernel adds the splits and applies the epilogue (bias and gate for the first
+# projection, bias and the cast for the second): bitwise reproducible.
+
+TC_K_BLOCK = 64
+TC_ROW_TILE = 16
+TC_MAX_ROWS = 64
+TC_IO = ("float16", "bfloat16")
+TC_TARGET_WARPS = 2048  # warps per projection wanted in flight; the reduction is split until there are
+TC_N_TILES = (1, 2, 4, 8)  # batch capacities of 8, 16, 32, 64 rows
+TC_UNROLL = 2  # 64-k blocks per unrolled step of the reduction loop (more weight loads in flight)
+
+_TC_SNIPPET = """
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    const int MT = 2;
+    const int NT = @NT@;
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+    float acc[MT][NT][4];
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+        #pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
+    const char* wrow[MT][2];
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+        #pragma unroll
+        for (int h = 0; h < 2; ++h)
+            wrow[mt][h] = (const char*)w.data + (long long)(row0 + mt * row_step + g + 8 * h) * w.strides[0];
+    const char* xrow[NT];
+    #pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        int r = nt * 8 + g;
+        r = r < n_rows ? r : n_rows - 1;  // rows past the batch only feed output columns that are dropped
+        xrow[nt] = (const char*)x.data + (long long)r * x.strides[0];
+    }
+    #pragma unroll @UNROLL@
+    for (int k = k_begin + 16 * t; k < k_end; k += 64) {
+        unsigned int wa[MT][2][8];
+        unsigned int xb[NT][8];
+        #pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+            #pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const char* p = wrow[mt][h] + 2 * (long long)k;
+                asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                    : "=r"(wa[mt][h][0]), "=r"(wa[mt][h][1]), "=r"(wa[mt][h][2]), "=r"(wa[mt][h][3]) : "l"(p));
+                asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                    : "=r"(wa[mt][h][4]), "=r"(wa[mt][h][5]), "=r"(wa[mt][h][6]), "=r"(wa[mt][h][7]) : "l"(p + 16));
+            }
+        #pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const char* p = xrow[nt] + 2 * (long long)k;
+            asm("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
+                : "=r"(xb[nt][0]), "=r"(xb[nt][1]), "=r"(xb[nt][2]), "=r"(xb[nt][3]) : "l"(p));
+            asm("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
+                : "=r"(xb[nt][4]), "=r"(xb[nt][5]), "=r"(xb[nt][6]), "=r"(xb[nt][7]) : "l"(p + 16));
+        }
+        #pragma unroll
+        for (int s = 0; s < 4; ++s)
+            #pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+                #pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+                    asm("mma.sync.aligned.m16n8k16.row.col.f32.@MMA@.@MMA@.f32 "
+                        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                        : "+f"(acc[mt][nt][0]), "+f"(acc[mt][nt][1]), "+f"(acc[mt][nt][2]), "+f"(acc[mt][nt][3])
+                        : "r"(wa[mt][0][2 * s]), "r"(wa[mt][1][2 * s]), "r"(wa[mt][0][2 * s + 1]),
+                          "r"(wa[mt][1][2 * s + 1]), "r"(xb[nt][2 * s]), "r"(xb[nt][2 * s + 1]));
+    }
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+        #pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int n = nt * 8 + 2 * t + (e & 1);
+                if (n < n_rows)
+                    *wp::address(partial, split, n, row0 + mt * row_step + g + 8 * (e >> 1)) = acc[mt][nt][e];
+            }
+#else
+    for (int mt = 0; mt < MT; ++mt)
+        for (int nt = 0; nt < NT; ++nt)
+            for (int e = 0; e < 4; ++e) {
+                const int n = nt * 8 + 2 * t + (e & 1);
+                const int row = row0 + mt * row_step + g + 8 * (e >> 1);
+                if (n >= n_rows) continue;
+                float total = 0.0f;
+                for (int k = k_begin; k < k_end; ++k)
+                    total += float(*wp::address(w, row, k)) * float(*wp::address(x, n, k));
+                *wp::address(partial, split, n, row) = total;
+            }
+#endif
+"""
+
+
+@dataclass(frozen=True)
+class TensorCoreVariant:
+    """The tensor-core weight-streaming kernels of one (I/O type, batch capacity of 8 * n_tiles rows)."""
+
+    io_name: str
+    n_tiles: int
+    projection: wp.Kernel
+    gate_combine: wp.Kernel
+    out_combine: wp.Kernel
+    module: str
+
+
+def tc_n_tiles(n_rows: int) -> int:
+    """The compiled batch capacity (in 8-row tiles) that serves ``n_rows`` (1 .. TC_MAX_ROWS)."""
+    for n_tiles in TC_N_TILES:
+        if n_rows <= 8 * n_tiles:
+            return n_tiles
+    raise ValueError(f"the tensor-core streaming path takes at most {TC_MAX_ROWS} rows, got {n_rows}")
+
+
+def tc_eligible(io_name: str, n_rows: int, n_hidden: int, n_inter: int) -> bool:
+    """Whether the tensor-core streaming path serves this shape (the caller also checks 16-byte alignment
+    of x, w_uv and w_o)."""
+    return (
+        io_name in TC_IO
+        and 1 <= n_rows <= TC_MAX_ROWS
+        and n_hidden > 0
+        and n_inter > 0
+        and n_hidden % TC_K_BLOCK == 0
+        and n_inter % TC_K_BLOCK == 0
+    )
+
+
+def tc_splits(n_hidden: int, n_inter: int, target_warps: int = 0) -> tuple:
+    """(splits of the first projection's reduction, splits of the second's): enough warps to keep the
+    weight reads in flight, whole 64-k blocks per split."""
+    target = target_warps or TC_TARGET_WARPS
+
+    def splits(groups: int, k: int) -> int:
+        blocks = k // TC_K_BLOCK
+        wanted = min(blocks, max(1, -(-target // groups)))
+        per = -(-blocks // wanted)
+        return -(-blocks // per)  # no empty split
+
+    return splits(n_inter // TC_ROW_TILE, n_hidden), splits(n_hidden // (2 * TC_ROW_TILE), n_inter)
+
+
+@functools.lru_cache(maxsize=None)
+def get_tc_variant(io_name: str, n_tiles: int, unroll: int = 0) -> TensorCoreVariant:
+    if io_name not in TC_IO:
+        raise TypeError(f"the tensor-core path takes float16 or bfloat16, got {io_name}")
+    if n_tiles not in TC_N_TILES:
+        raise ValueError(f"n_tiles must be one of {TC_N_TILES}, got {n_tiles}")
+    io = _io_scalar(io_name)
+    gate, _ = _gate_funcs("float32")
+    unroll = unroll or TC_UNROLL
+    module = f"warpkan_geglu_tc{n_tiles}_u{unroll}_{io_name}"
+    kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
+    snippet = _TC_SNIPPET.replace("@NT@", str(n_tiles)).replace("@UNROLL@", str(unroll)).replace("@MMA@", "f16" if io_name == "float16" else "bf16")
+
+    @wp.func_native(snippet)
+    def warp_tile_product(
+        w: wp.array2d(dtype=io),
+        x: wp.array2d(dtype=io),
+        partial: wp.array3d(dtype=wp.float32),
+        row0: int,
+        row_step: int,
+        n_rows: int,
+        k_begin: int,
+        k_end: int,
+        split: int,
+        lane: int,
+    ): ...
+
+    @kernel
+    def projection(
+        x: wp.array2d(dtype=io),
+        w: wp.array2d(dtype=io),
+        n_rows: int,
+        group_rows: int,
+        row_step: int,
+        n_groups: int,
+        k_per_split: int,
+        partial: wp.array3d(dtype=wp.float32),
+    ):
+        # consecutive warps share a reduction slice (so its x stays in L1) and take consecutive row groups
+        tid = wp.tid()
+        lane = tid % 32
+        warp = tid // 32
+        split = warp // n_groups
+        group = warp - split * n_groups
+        k_begin = split * k_per_split
+        k_end = wp.min(k_begin + k_per_split, x.shape[1])
+        warp_tile_product(w, x, partial, group * group_rows, row_step, n_rows, k_begin, k_end, split, lane)
+
+    @kernel
+    def gate_combine(
+        partial: wp.array3d(dtype=wp.float32),
+        b_uv: wp.array1d(dtype=io),
+        use_bias: int,
+        code: int,
+        uv: wp.array2d(dtype=io),
+        h: wp.array2d(dtype=io),
+    ):
+        m, j = wp.tid()
+        n_inter = h.shape[1]
+        u = float(0.0)
+        v = float(0.0)
+        for s in range(partial.shape[0]):
+            u += partial[s, m, j]
+            v += partial[s, m, n_inter + j]
+        if use_bias:
+            u += float(b_uv[j])
+            v += float(b_uv[n_inter + j])
+        uv[m, j] = io(u)
+        uv[m, n_inter + j] = io(v)
+        h[m, j] = io(gate(u, code) * v)
+
+    @kernel
+    def out_combine(
+        partial: wp.array3d(dtype=wp.float32), b_o: wp.array1d(dtype=io), use_bias: int, out: wp.array2d(dtype=io)
+    ):
+        m, o = wp.tid()
+        y = float(0.0)
+        for s in range(partial.shape[0]):
+            y += partial[s, m, o]
+        if use_bias:
+            y += float(b_o[o])
+        out[m, o] = io(y)
+
+    return TensorCoreVariant(io_name, n_tiles, projection, gate_combine, out_combine, module)
+
+
+def launch_tc_forward(
+    x: "wp.array2d",
+    w_uv: "wp.array2d",
+    b_uv: "wp.array1d | None",
+    w_o: "wp.array2d",
+    b_o: "wp.array1d | None",
+    uv: "wp.array2d",
+    h: "wp.array2d",
+    out: "wp.array2d",
+    partial_up: "wp.array3d",
+    partial_down: "wp.array3d",
+    activation: str,
+    stream: "wp.Stream | None" = None,
+    record: bool = False,
+):
+    """The whole layer by tensor-core weight streaming (see :func:`tc_eligible`): writes uv, h and out.
+    ``partial_up`` [splits, N, 2 inter] and ``partial_down`` [splits, N, hidden] are float32 scratch whose
+    first dimensions set the reduction splits (:func:`tc_splits`). x, w_uv and w_o must be 16-byte aligned
+    with row strides that are multiples of 16 bytes."""
+    io_name = _io_name(x)
+    n_rows, n_hidden = x.shape
+    n_inter = w_o.shape[1]
+    if not tc_eligible(io_name, n_rows, n_hidden, n_inter):
+        raise ValueError(f"the tensor-core path does not serve {io_name} [{n_rows}, {n_hidden}] x {n_inter}")
+    _check("w_uv", w_uv, (2 * n_inter, n_hidden), io_name)
+    _check("w_o", w_o, (n_hidden, n_inter), io_name)
+    if b_uv is not None:
+        _check("b_uv", b_uv, (2 * n_inter,), io_name)
+    if b_o is not None:
+        _check("b_o", b_o, (n_hidden,), io_name)
+    _check("uv", uv, (n_rows, 2 * n_inter), io_name)
+    _check("h", h, (n_rows, n_inter), io_name)
+    _check("out", out, (n_rows, n_hidden), io_name)
+    split_up, split_down = partial_up.shape[0], partial_down.shape[0]
+    _check("partial_up", partial_up, (split_up, n_rows, 2 * n_inter), "float32")
+    _check("partial_down", partial_down, (split_down, n_rows, n_hidden), "float32")
+    for name, a in (("x", x), ("w_uv", w_uv), ("w_o", w_o), ("h", h)):
+        if a.ptr % 16 or a.strides[0] % 16 or not a.is_contiguous:
+            raise ValueError(f"{name} must be 16-byte aligned for the tensor-core path")
+    variant = get_tc_variant(io_name, tc_n_tiles(n_rows), TC_UNROLL)
+    device = x.device
+    code = activation_code(activation)
+    b_uv_arg = b_uv if b_uv is not None else _empty_vector(io_name, device)
+    b_o_arg = b_o if b_o is not None else _empty_vector(io_name, device)
+    common = {"device": device, "stream": stream, "record_tape": False, "record_cmd": record}
+    cmds = []
+
+    def projection(act, weight, group_rows, row_step, n_groups, splits, partial):
+        k_blocks = act.shape[1] // TC_K_BLOCK
+        k_per_split = -(-k_blocks // splits) * TC_K_BLOCK
+        cmds.append(wp.launch(
+            variant.projection, dim=n_groups * splits * 32,
+            inputs=[act, weight, n_rows, group_rows, row_step, n_groups, k_per_split], outputs=[partial],
+            block_dim=128, **common,
+        ))
+
+    projection(x, w_uv, TC_ROW_TILE, n_inter, n_inter // TC_ROW_TILE, split_up, partial_up)
+    cmds.append(wp.launch(
+        variant.gate_combine, dim=(n_rows, n_inter), inputs=[partial_up, b_uv_arg, int(b_uv is not None), code],
+        outputs=[uv, h], **common,
+    ))
+    projection(h, w_o, 2 * TC_ROW_TILE, TC_ROW_TILE, n_hidden // (2 * TC_ROW_TILE), split_down, partial_down)
+    cmds.append(wp.launch(
+        variant.out_combine, dim=(n_rows, n_hidden), inputs=[partial_down, b_o_arg, int(b_o is not None)],
+        outputs=[out], **common,
+    ))
+    return cmds if record else None
