@@ -26,7 +26,7 @@ def timed(fn, repeat=20):
 
 
 def main():
-    for n_rows, n_in, n_out, grid_size in [(2**17, 32, 32, 64), (2**17, 32, 32, 2**18), (65536, 256, 256, 8)]:
+    for n_rows, n_in, n_out, grid_size in [(2**17, 32, 32, 64), (2**17, 32, 32, 1024), (2**17, 32, 32, 2**18), (65536, 256, 256, 8)]:
         order = 3
         h = 2.0 / grid_size
         knots = (torch.arange(-order, grid_size + order + 1, device="cuda") * h - 1).expand(n_in, -1).contiguous()
@@ -43,6 +43,10 @@ def main():
             "forward": lambda: kb.launch_forward(w(x), w(knots), w(wb), w(s), w(coef), w(y), order, True, stream=stream),
             "backward dx": lambda: kb.launch_backward(*args, dx=w(dx), stream=stream),
             "backward d_base+d_scaler": lambda: kb.launch_backward(*args, d_base_weight_t=w(dwb), d_scaler_t=w(ds), stream=stream),
+            "backward params, bucketed (base+scaler+coef)": lambda: kb.launch_backward(
+                *args, d_base_weight_t=w(dwb), d_scaler_t=w(ds), d_coef=w(dc), stream=stream),
+            "backward params, deterministic (base+scaler+coef)": lambda: kb.launch_backward(
+                *args, d_base_weight_t=w(dwb), d_scaler_t=w(ds), d_coef=w(dc), deterministic=True, stream=stream),
             "backward d_coef (counting)": lambda: kb.launch_backward(*args, d_coef=w(dc), stream=stream),
             "backward d_coef (radix, deterministic)": lambda: kb.launch_backward(*args, d_coef=w(dc), deterministic=True, stream=stream),
         }

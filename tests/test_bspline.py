@@ -141,6 +141,35 @@ def test_awkward_sizes_and_grid_sizes(device, shape, strategy):
         torch.testing.assert_close(g, g_ref, **TOL64)
 
 
+@pytest.mark.parametrize("use_base", [True, False])
+@pytest.mark.parametrize("uniform", [True, False])
+def test_bucketed_parameter_gradients_float64(device, use_base, uniform):
+    """Well-filled buckets (many rows per cell) take the bucketed kernel with per-bucket flushes."""
+    from warpkan.kernels import bspline as kbs
+
+    order, n_in, n_out, grid_size = 2, 3, 5, 4
+    n_rows = 40 * (grid_size + 2 * order + 2)
+    assert n_rows >= kbs._MIN_ROWS_PER_BUCKET * (grid_size + 2 * order + 2)
+    tdev = _torch_device(device)
+    grid = _grid(n_in, grid_size, order, perturb=0.0 if uniform else 0.3).to(tdev)
+    gen = torch.Generator().manual_seed(11)
+    x = (1.4 * torch.randn(n_rows, n_in, generator=gen, dtype=torch.float64)).to(tdev)
+    wb, sw, ss = _params(n_out, n_in, grid_size + order, device=tdev)
+    dy = torch.randn(n_rows, n_out, generator=gen, dtype=torch.float64).to(tdev)
+    base = wb if use_base else None
+    ours = lambda x, sw, ss: bspline_kan(x, grid, base, sw, ss, order, uniform, strategy="stencil")  # noqa: E731
+    ref = lambda x, sw, ss: kan_linear(x, grid, wb, sw, ss, order, use_base=use_base)  # noqa: E731
+    y, grads = _fwd_bwd(ours, x, [sw, ss], dy)
+    y_ref, grads_ref = _fwd_bwd(ref, x, [sw, ss], dy)
+    torch.testing.assert_close(y, y_ref, **TOL64)
+    for g, g_ref in zip(grads, grads_ref):
+        torch.testing.assert_close(g, g_ref, **TOL64)
+    if use_base:
+        _, (_, g_base) = _fwd_bwd(lambda x, wb: bspline_kan(x, grid, wb, sw, ss, order, uniform, strategy="stencil"), x, [wb], dy)
+        _, (_, g_base_ref) = _fwd_bwd(lambda x, wb: kan_linear(x, grid, wb, sw, ss, order), x, [wb], dy)
+        torch.testing.assert_close(g_base, g_base_ref, **TOL64)
+
+
 def test_gemm_strategy_chunks_rows(device, monkeypatch):
     """Rows are processed in chunks of the dense basis; results do not depend on the chunking."""
     from warpkan.torch_bridge import bspline_ops

@@ -55,7 +55,13 @@ __all__ = [
 
 MAX_SPLINE_ORDER = 5
 _OUT_TILE = 4  # outputs per forward thread: the basis of (n, i) is reused across them
-_TARGET_PARTIAL_THREADS = 1 << 17  # parallelism aimed at by the row-chunked reductions
+_TARGET_PARTIAL_THREADS = 1 << 19  # parallelism aimed at by the row-chunked reductions
+_ROW_BLOCK = 32  # threads per row in the block-per-row dx kernel (one warp)
+# The bucketed parameter kernel flushes k + 3 atomics per distinct (input, cell) in a chunk; it is used when
+# buckets hold at least this many rows on average (else the atomics would approach one per entry, and the
+# atomic-free gather kernel is used instead).
+_MIN_ROWS_PER_BUCKET = 16
+_ENTRIES_PER_CHUNK = 256
 
 
 @functools.lru_cache(maxsize=None)
@@ -107,10 +113,15 @@ class BSplineVariant:
     bucket_counts: wp.Kernel
     bucket_place: wp.Kernel
     backward_coef: wp.Kernel
+    backward_params_bucketed: wp.Kernel
     expand_basis: wp.Kernel
     contract_basis_grad: wp.Kernel
     basis_matrix: object  # a wp matrix value passed to every kernel (unused by the general path)
     module: str
+
+    @property
+    def modules(self) -> tuple:
+        return (self.module, self.module + "_rowblock")
 
 
 _SCALARS = {"float32": wp.float32, "float64": wp.float64}
@@ -184,6 +195,9 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
     vecOT = wp.types.vector(length=OT, dtype=scalar)
     module = f"warpkan_bspline_k{order}_{'uniform' if uniform else 'general'}_{scalar_name}"
     kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
+    # Block-reduction kernels run with their own block size; Warp compiles a module per block size, so they
+    # live in a module of their own rather than recompiling the rest.
+    row_block_kernel = functools.partial(wp.kernel, enable_backward=False, module=module + "_rowblock")
     zero = scalar(0.0)
     one = scalar(1.0)
 
@@ -358,7 +372,7 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
                 y[n, o0 + t] = acc[t]
 
     # ------------------------------------------------------------------ backward: x
-    @kernel
+    @row_block_kernel
     def backward_x(
         dy: wp.array2d(dtype=scalar),
         x: wp.array2d(dtype=scalar),
@@ -371,27 +385,30 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
         dx: wp.array2d(dtype=scalar),
     ):
         # dx[n, i] += sum_o dy[n, o] (w_b[i, o] silu'(x) + s[i, o] sum_m b'_m C[i, c-k+m, o])
-        # Consecutive threads take consecutive rows of one input: w_b[i, :] and s[i, :] are broadcast across
-        # the warp, and rows in the same cell read the same coefficient lines.
-        tid = wp.tid()
-        n_rows = x.shape[0]
-        i = tid // n_rows
-        n = tid - i * n_rows
-        xv = x[n, i]
-        valid, cell, b, db = basis_and_grad_at(grid, i, xv, basis_matrix)
-        act = zero
-        dact = zero
-        if use_base:
-            act, dact = silu_and_grad(xv)
-        acc = zero
-        for o in range(dy.shape[1]):
-            g = zero
+        # One block per row: its threads take the outputs (consecutive threads, consecutive o: every load
+        # of dy, w_b, s and C is coalesced), then one block reduction per (n, i). The basis of (n, i) is
+        # evaluated by every thread of the block (same x, no divergence); the reduction order is fixed.
+        n, lane = wp.tid()
+        lanes = wp.block_dim()
+        n_out = dy.shape[1]
+        for i in range(x.shape[1]):
+            xv = x[n, i]
+            valid, cell, b, db = basis_and_grad_at(grid, i, xv, basis_matrix)
+            act = zero
+            dact = zero
             if use_base:
-                g = base_weight_t[i, o] * dact
-            if valid:
-                g = g + scaler_t[i, o] * spline_at(coef, i, cell, o, db)
-            acc = acc + dy[n, o] * g
-        dx[n, i] = dx[n, i] + acc
+                act, dact = silu_and_grad(xv)
+            acc = zero
+            for o in range(lane, n_out, lanes):
+                g = zero
+                if use_base:
+                    g = base_weight_t[i, o] * dact
+                if valid:
+                    g = g + scaler_t[i, o] * spline_at(coef, i, cell, o, db)
+                acc = acc + dy[n, o] * g
+            total = wp.tile_extract(wp.tile_sum(wp.tile(acc)), 0)
+            if lane == 0:
+                dx[n, i] = dx[n, i] + total
 
     # ------------------------------------------------------------------ backward: base weight, scaler
     @kernel
@@ -494,11 +511,13 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
         cursor: wp.array(dtype=wp.int32),
         n_rows: int,
         rows: wp.array(dtype=wp.int32),
+        sorted_keys: wp.array(dtype=wp.int32),
     ):
         e = wp.tid()
         key = keys[e]
-        slot = wp.atomic_add(cursor, key, 1)  # order inside a bucket depends on scheduling
-        rows[offsets[key] + slot] = e % n_rows
+        slot = offsets[key] + wp.atomic_add(cursor, key, 1)  # order inside a bucket depends on scheduling
+        rows[slot] = e % n_rows
+        sorted_keys[slot] = key
 
     @kernel
     def backward_coef(
@@ -530,6 +549,74 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
                 valid, cell, b = basis_at(grid, i, x[n, i], basis_matrix)
                 acc = acc + dy[n, o] * b[m]
         d_coef[i, j, o] = d_coef[i, j, o] + scaler_t[i, o] * acc
+
+    @kernel
+    def backward_params_bucketed(
+        dy: wp.array2d(dtype=scalar),
+        x: wp.array2d(dtype=scalar),
+        grid: wp.array2d(dtype=scalar),
+        scaler_t: wp.array2d(dtype=scalar),
+        coef: wp.array3d(dtype=scalar),
+        basis_matrix: matK,
+        sorted_keys: wp.array(dtype=wp.int32),
+        rows: wp.array(dtype=wp.int32),
+        n_entries: int,
+        n_buckets: int,
+        entries_per_chunk: int,
+        use_base: int,
+        d_base_weight_t: wp.array2d(dtype=scalar),
+        d_scaler_t: wp.array2d(dtype=scalar),
+        d_coef: wp.array3d(dtype=scalar),
+    ):
+        # One thread per (chunk of bucketed entries, output o); consecutive threads take consecutive o, so a
+        # warp walks the same entries (x broadcast, dy and C coalesced). Per entry it adds dy * B_m into k + 1
+        # register sums for the current (input, cell) and dy * silu into one for the input; when the key
+        # changes it flushes them with one atomic per coefficient: entries of one bucket are contiguous, so
+        # with well-filled buckets that is far fewer atomics than entries. d_scaler comes at the flush as
+        # sum_m C[i, j, o] * G[i, j, o] (G the unscaled coefficient gradient), with no per-entry C loads.
+        tid = wp.tid()
+        n_out = dy.shape[1]
+        n_coef = coef.shape[1]
+        o = tid % n_out
+        start = (tid // n_out) * entries_per_chunk
+        stop = wp.min(start + entries_per_chunk, n_entries)
+        current = int(-1)
+        acc = vecK()
+        acc_base = zero
+        for e in range(start, stop + 1):
+            key = int(-2)
+            if e < stop:
+                key = sorted_keys[e]
+            if key != current and current >= 0:
+                i_cur = current // n_buckets
+                bucket = current - i_cur * n_buckets
+                if bucket > 0:
+                    cell = bucket - 1
+                    s = scaler_t[i_cur, o]
+                    acc_scaler = zero
+                    for m in range(K):
+                        j = cell - (K - 1) + m
+                        if j >= 0 and j < n_coef:
+                            wp.atomic_add(d_coef, i_cur, j, o, s * acc[m])
+                            acc_scaler = acc_scaler + coef[i_cur, j, o] * acc[m]
+                    wp.atomic_add(d_scaler_t, i_cur, o, acc_scaler)
+                if key < 0 or key // n_buckets != i_cur:
+                    if use_base:
+                        wp.atomic_add(d_base_weight_t, i_cur, o, acc_base)
+                    acc_base = zero
+                acc = vecK()
+            if e < stop:
+                current = key
+                i = key // n_buckets
+                n = rows[e]
+                xv = x[n, i]
+                g = dy[n, o]
+                if use_base:
+                    act, dact = silu_and_grad(xv)
+                    acc_base = acc_base + g * act
+                if key - i * n_buckets > 0:
+                    valid, cell, b = basis_at(grid, i, xv, basis_matrix)
+                    acc = acc + g * b
 
     # ------------------------------------------------------------------ dense-basis (GEMM) strategy
     @kernel
@@ -580,6 +667,7 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
         bucket_counts=bucket_counts,
         bucket_place=bucket_place,
         backward_coef=backward_coef,
+        backward_params_bucketed=backward_params_bucketed,
         expand_basis=expand_basis,
         contract_basis_grad=contract_basis_grad,
         basis_matrix=basis_matrix,
@@ -762,14 +850,38 @@ def launch_backward(
     # break CUDA-graph capture of the caller's stream.
     with wp.ScopedStream(stream, sync_enter=False) if stream is not None else _null_context():
         if dx is not None:
+            block = _ROW_BLOCK if device.is_cuda else 1
             wp.launch(
                 variant.backward_x,
-                dim=n_rows * n_in,
+                dim=(n_rows, block),
                 inputs=[dy, x, grid, base_weight_t, scaler_t, coef, bm, int(use_base)],
                 outputs=[dx],
                 device=device,
+                block_dim=block,
                 record_tape=False,
             )
+
+        n_buckets = grid.shape[1] + 1  # G + 2k cells, plus the off-grid bucket 0
+        bucketed = (
+            not deterministic
+            and d_coef is not None
+            and d_base_weight_t is not None
+            and n_rows >= _MIN_ROWS_PER_BUCKET * n_buckets
+        )
+        if bucketed:
+            rows, sorted_keys, _, _ = _bucket_entries(variant, ws, x, grid, n_buckets, deterministic=False)
+            n_entries = n_rows * n_in
+            n_chunks = -(-n_entries // _ENTRIES_PER_CHUNK)
+            wp.launch(
+                variant.backward_params_bucketed,
+                dim=n_chunks * n_out,
+                inputs=[dy, x, grid, scaler_t, coef, bm, sorted_keys, rows, n_entries, n_buckets,
+                        _ENTRIES_PER_CHUNK, int(use_base)],
+                outputs=[d_base_weight_t, d_scaler_t, d_coef],
+                device=device,
+                record_tape=False,
+            )
+            return
 
         if d_base_weight_t is not None or d_scaler_t is not None:
             if d_base_weight_t is None or d_scaler_t is None:
@@ -795,47 +907,7 @@ def launch_backward(
             )
 
         if d_coef is not None:
-            n_buckets = grid.shape[1] + 1  # G + 2k cells, plus the off-grid bucket 0
-            n_keys = n_in * n_buckets
-            n_entries = n_rows * n_in
-            if n_keys >= 2**31 or n_entries >= 2**31:
-                raise ValueError(f"too large for int32 bucketing: {n_entries} entries, {n_keys} buckets")
-            counts = ws.get("counts", (n_keys,), wp.int32, zero=True)
-            offsets = ws.get("offsets", (n_keys,), wp.int32)
-            if deterministic:
-                keys = ws.get("keys", (2 * n_entries,), wp.int32)
-                rows = ws.get("rows", (2 * n_entries,), wp.int32)
-                wp.launch(
-                    variant.bucket_keys,
-                    dim=(n_in, n_rows),
-                    inputs=[x, grid, bm, n_buckets],
-                    outputs=[keys, rows, counts],
-                    device=device,
-                    record_tape=False,
-                )
-                ws.sort_pairs(keys, rows, n_entries, max(1, int(n_keys - 1).bit_length()))
-                ws.exclusive_scan(counts, offsets)
-            else:
-                keys = ws.get("keys", (n_entries,), wp.int32)
-                rows = ws.get("rows", (n_entries,), wp.int32)
-                wp.launch(
-                    variant.bucket_counts,
-                    dim=(n_in, n_rows),
-                    inputs=[x, grid, bm, n_buckets],
-                    outputs=[keys, counts],
-                    device=device,
-                    record_tape=False,
-                )
-                ws.exclusive_scan(counts, offsets)
-                cursor = ws.get("cursor", (n_keys,), wp.int32, zero=True)
-                wp.launch(
-                    variant.bucket_place,
-                    dim=n_entries,
-                    inputs=[keys, offsets, cursor, n_rows],
-                    outputs=[rows],
-                    device=device,
-                    record_tape=False,
-                )
+            rows, _, offsets, counts = _bucket_entries(variant, ws, x, grid, n_buckets, deterministic)
             wp.launch(
                 variant.backward_coef,
                 dim=n_in * n_coef * n_out,
@@ -844,6 +916,40 @@ def launch_backward(
                 device=device,
                 record_tape=False,
             )
+
+
+def _bucket_entries(variant, ws, x, grid, n_buckets: int, deterministic: bool):
+    """Group the (n, i) entries by key i * n_buckets + bucket: returns (rows, sorted_keys, offsets, counts),
+    rows[e] being the row of the e-th entry in key order and offsets/counts the extent of each key.
+    Deterministic: a stable sort keeps rows ascending inside a bucket. Otherwise: a counting sort with
+    integer atomics (the order inside a bucket depends on scheduling)."""
+    n_rows, n_in = x.shape
+    n_keys = n_in * n_buckets
+    n_entries = n_rows * n_in
+    if n_keys >= 2**31 or n_entries >= 2**31:
+        raise ValueError(f"too large for int32 bucketing: {n_entries} entries, {n_keys} buckets")
+    device = x.device
+    bm = variant.basis_matrix
+    counts = ws.get("counts", (n_keys,), wp.int32, zero=True)
+    offsets = ws.get("offsets", (n_keys,), wp.int32)
+    if deterministic:
+        keys = ws.get("keys", (2 * n_entries,), wp.int32)
+        rows = ws.get("rows", (2 * n_entries,), wp.int32)
+        wp.launch(variant.bucket_keys, dim=(n_in, n_rows), inputs=[x, grid, bm, n_buckets],
+                  outputs=[keys, rows, counts], device=device, record_tape=False)
+        ws.sort_pairs(keys, rows, n_entries, max(1, int(n_keys - 1).bit_length()))
+        ws.exclusive_scan(counts, offsets)
+        return rows, keys, offsets, counts
+    keys = ws.get("keys", (n_entries,), wp.int32)
+    rows = ws.get("rows", (n_entries,), wp.int32)
+    sorted_keys = ws.get("sorted_keys", (n_entries,), wp.int32)
+    wp.launch(variant.bucket_counts, dim=(n_in, n_rows), inputs=[x, grid, bm, n_buckets],
+              outputs=[keys, counts], device=device, record_tape=False)
+    ws.exclusive_scan(counts, offsets)
+    cursor = ws.get("cursor", (n_keys,), wp.int32, zero=True)
+    wp.launch(variant.bucket_place, dim=n_entries, inputs=[keys, offsets, cursor, n_rows],
+              outputs=[rows, sorted_keys], device=device, record_tape=False)
+    return rows, sorted_keys, offsets, counts
 
 
 class _null_context:
