@@ -8,7 +8,7 @@ Inputs are uniform in [-1, 1]. Each model is trained with Adam on the same sampl
 RMSE table on held-out points, saves a plot of the fits along one axis, and checks that UKAN learns every
 function (test RMSE well below the target's standard deviation).
 
-    python examples/ukan_regression.py [--steps 1500] [--device cpu|cuda] [--out ukan_regression.png]
+    python examples/ukan_regression.py [--steps 600] [--device cpu|cuda] [--out ukan_regression.png]
 """
 
 import argparse
@@ -53,7 +53,7 @@ def train(model, x, y, steps, desc):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--samples", type=int, default=2000)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", default="ukan_regression.png")

@@ -8,7 +8,7 @@ whichever groups the data reaches. Both are trained on the same samples of
 
 The script saves a plot and checks that UKAN fits the target (and beats the fixed-grid KAN).
 
-    python examples/ukan_unbounded.py [--steps 1500] [--device cpu|cuda] [--out ukan_unbounded.png]
+    python examples/ukan_unbounded.py [--steps 800] [--device cpu|cuda] [--out ukan_unbounded.png]
 """
 
 import argparse
@@ -41,7 +41,7 @@ def train(model, x, y, steps, desc):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", default="ukan_unbounded.png")
     args = parser.parse_args()

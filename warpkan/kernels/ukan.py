@@ -53,6 +53,7 @@ __all__ = [
     "launch_dense_backward",
     "launch_embedding_backward",
     "PE_BASE",
+    "table_splits",
 ]
 
 CELL_LIMIT = float(2**39)  # |x / h| is clamped here: |g| < 2^39, so keys and g - 1 fit comfortably in int64

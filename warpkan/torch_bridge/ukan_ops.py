@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ..kernels import ukan as ku
-from ._common import check_tensor, to_warp, warp_stream
+from ._common import to_warp, warp_stream
 
 __all__ = ["ukan_pairs", "ukan_spline", "ukan_spline_backward", "positional_encoding"]
 
@@ -201,7 +201,3 @@ def check_grid_delta(grid_delta) -> float:
     if not (h > 0 and h < float("inf")):
         raise ValueError(f"grid_delta must be a positive finite number, got {grid_delta!r}")
     return h
-
-
-def check_inputs(x: Tensor, n_in: int) -> None:
-    check_tensor("x", x, ndim_min=1, last_dim=n_in)
