@@ -67,6 +67,7 @@ def bspline_funcs(order: int = 3, scalar=wp.float32) -> SimpleNamespace:
     - ``basis_dx(u, inv_h) -> vec(k+1)``: their derivatives in x.
     - ``spline(x, lo, h, grid_size, coef, row) -> (value, dvalue/dx)``: ``sum_j coef[row, j] B_j(x)`` with
       ``coef`` a ``wp.array2d`` of ``G + k`` columns (one curve per row).
+    - ``spline_d2(x, lo, h, grid_size, coef, row) -> (value, d/dx, d^2/dx^2)``, for second-order PDE residuals.
     """
     if not 1 <= order <= _kb.MAX_SPLINE_ORDER:
         raise ValueError(f"order must be in [1, {_kb.MAX_SPLINE_ORDER}], got {order}")
@@ -137,7 +138,37 @@ def bspline_funcs(order: int = 3, scalar=wp.float32) -> SimpleNamespace:
                     slope = slope + c * dbm
         return value, slope * inv_h
 
-    return SimpleNamespace(order=order, scalar=scalar, locate=locate, basis=basis, basis_dx=basis_dx, spline=spline)
+    @wp.func
+    def spline_d2(x: scalar, lo: scalar, h: scalar, grid_size: int, coef: wp.array2d(dtype=scalar), row: int):
+        """(value, d/dx, d^2/dx^2): the second derivative is piecewise polynomial of degree k - 2 (0 for k = 1)."""
+        inv_h = one / h
+        valid, cell, u = locate(x, lo, inv_h, grid_size)
+        value = zero
+        slope = zero
+        curvature = zero
+        if valid == 1:
+            for m in range(K):
+                j = cell - k + m
+                if j >= 0 and j < grid_size + k:
+                    bm = zero
+                    dbm = zero
+                    d2bm = zero
+                    power = one
+                    for p in range(K):
+                        bm = bm + M[p, m] * power
+                        if p + 1 < K:
+                            dbm = dbm + scalar(p + 1) * M[p + 1, m] * power
+                        if p + 2 < K:
+                            d2bm = d2bm + scalar((p + 2) * (p + 1)) * M[p + 2, m] * power
+                        power = power * u
+                    c = coef[row, j]
+                    value = value + c * bm
+                    slope = slope + c * dbm
+                    curvature = curvature + c * d2bm
+        return value, slope * inv_h, curvature * inv_h * inv_h
+
+    return SimpleNamespace(order=order, scalar=scalar, locate=locate, basis=basis, basis_dx=basis_dx, spline=spline,
+                           spline_d2=spline_d2)
 
 
 @functools.lru_cache(maxsize=None)
