@@ -15,6 +15,11 @@ import os
 import sys
 
 import torch
+import torch._functorch.config
+
+# The backward of each implementation is timed alone, replaying one graph (retain_graph=True); compiled
+# peers donate their saved buffers by default, which forbids that.
+torch._functorch.config.donated_buffer = False
 
 from . import register
 from .timing import HARDWARE, peak_memory, time_fn
