@@ -3,6 +3,9 @@
 import json
 import os
 
+import pytest
+
+from warpkan.bench import families
 from warpkan.cli import main
 
 
@@ -24,6 +27,15 @@ def test_bench_quick_writes_json_and_markdown(tmp_path):
     assert {"warpkan", "warpkan stencil", "warpkan gemm", "efficient-kan (torch)", "nn.Linear"} <= impls
     assert all(row.get("total_ms", 0) > 0 for row in data["rows"])
     assert "| case | impl |" in (tmp_path / "bspline.md").read_text()
+
+
+@pytest.mark.parametrize("family", [f for f in families() if f != "bspline"])
+def test_every_benchmark_family_runs_quick_on_cpu(tmp_path, family):
+    assert main(["bench", family, "--device", "cpu", "--quick", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / f"{family}.json").read_text())["rows"]
+    assert rows
+    timed = [row for row in rows if any(key.endswith("_ms") and isinstance(value, float) for key, value in row.items())]
+    assert timed, f"no timed rows in {family}"
 
 
 def test_demo_trains_and_writes_png(tmp_path, capsys):
