@@ -240,13 +240,9 @@ def test_mixed_network_npz_roundtrip(tmp_path):
 
     def build(seed):
         layers = [warpkan.KANLinear(3, 4, grid_size=5, device="cpu", seed=seed),
-                  warpkan.PolyKANLinear(4, 4, degree=3, mode="exact", device="cpu", seed=seed)]
-        # a layer joins a saved network once it has config() (KANNetwork checks it on load)
-        ukan = warpkan.UKANLinear(4, 2, pe_dim=4, embed_dim=2, hidden_dim=8, device="cpu", seed=seed)
-        if hasattr(ukan, "config"):
-            layers.append(ukan)
-        else:
-            layers.append(warpkan.KANLinear(4, 2, grid_size=3, device="cpu", seed=seed + 7))
+                  warpkan.PolyKANLinear(4, 4, degree=3, mode="exact", device="cpu", seed=seed),
+                  warpkan.GRKANLinear(4, 4, num_groups=2, device="cpu", seed=seed),
+                  warpkan.UKANLinear(4, 2, pe_dim=4, embed_dim=2, hidden_dim=8, device="cpu", seed=seed)]
         return warpkan.KANNetwork(layers)
 
     net = build(0)

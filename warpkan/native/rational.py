@@ -97,6 +97,14 @@ class GroupRational:
         return {"weight_numerator": self.weight_numerator.numpy().copy(),
                 "weight_denominator": self.weight_denominator.numpy().copy()}
 
+    def config(self) -> dict:
+        """What ``KANNetwork.load`` checks a saved network against."""
+        return {
+            "type": "GroupRational", "num_features": self.num_features, "num_groups": self.num_groups,
+            "order": list(self.order), "variant": self.variant,
+            "shared_numerator": int(self.weight_numerator.shape[0]) == 1,
+        }
+
     def load_state_dict(self, state: dict) -> None:
         for key, arr in (("weight_numerator", self.weight_numerator), ("weight_denominator", self.weight_denominator)):
             if key not in state:
@@ -213,6 +221,12 @@ class GRKANLinear:
         if self.bias is not None:
             state["linear.bias"] = self.bias.numpy().copy()
         return state
+
+    def config(self) -> dict:
+        return {
+            "type": "GRKANLinear", "rational": self.rational.config(), "in_features": self.in_features,
+            "out_features": self.out_features, "bias": self.bias is not None,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.rational.load_state_dict({k[len("rational."):]: v for k, v in state.items() if k.startswith("rational.")})

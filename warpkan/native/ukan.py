@@ -155,6 +155,14 @@ class UKANLinear:
             state[key] = value.T.copy() if transposed else value.copy()
         return state
 
+    def config(self) -> dict:
+        """What ``KANNetwork.load`` checks a saved network against."""
+        return {
+            "type": "UKANLinear", "in_features": self.in_features, "out_features": self.out_features,
+            "spline_order": self.spline_order, "grid_delta": self.grid_delta, "pe_dim": self.pe_dim,
+            "embed_dim": self.embed_dim, "hidden_dim": self.hidden_dim, "use_base": self.use_base,
+        }
+
     def load_state_dict(self, state: dict) -> None:
         for key, (attr, transposed) in self._STATE.items():
             if key not in state:
