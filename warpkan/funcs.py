@@ -75,9 +75,9 @@ def bspline_funcs(order: int = 3, scalar=wp.float32) -> SimpleNamespace:
     k = order
     K = order + 1
     two_k = 2 * order  # a Python constant: Warp cannot type the literal product `2 * k` of a closure int
-    vecK = wp.types.vector(length=K, dtype=scalar)
-    matK = wp.types.matrix(shape=(K, K), dtype=scalar)
-    M = matK(*[scalar(v) for row in _kb.uniform_basis_matrix(order) for v in row])
+    shared = _kb.basis_funcs(order, "float64" if scalar == wp.float64 else "float32")
+    M = shared.basis_matrix
+    uniform_basis, uniform_basis_grad = shared.uniform_basis, shared.uniform_basis_grad
     zero = scalar(0.0)
     one = scalar(1.0)
 
@@ -96,23 +96,11 @@ def bspline_funcs(order: int = 3, scalar=wp.float32) -> SimpleNamespace:
 
     @wp.func
     def basis(u: scalar):
-        b = vecK()
-        power = one
-        for p in range(K):
-            for m in range(K):
-                b[m] = b[m] + M[p, m] * power
-            power = power * u
-        return b
+        return uniform_basis(u, M)
 
     @wp.func
     def basis_dx(u: scalar, inv_h: scalar):
-        db = vecK()
-        power = one
-        for p in range(1, K):
-            for m in range(K):
-                db[m] = db[m] + scalar(p) * M[p, m] * power
-            power = power * u
-        return db * inv_h
+        return uniform_basis_grad(u, inv_h, M)
 
     @wp.func
     def spline(x: scalar, lo: scalar, h: scalar, grid_size: int, coef: wp.array2d(dtype=scalar), row: int):

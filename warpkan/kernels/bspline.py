@@ -43,6 +43,8 @@ __all__ = [
     "uniform_basis_matrix",
     "basis_funcs",
     "BasisFuncs",
+    "silu_func",
+    "combine_rows_kernel",
     "get_variant",
     "launch_forward",
     "launch_backward",
@@ -141,6 +143,48 @@ class BasisFuncs:
 
 
 @functools.lru_cache(maxsize=None)
+def silu_func(scalar_name: str = "float32"):
+    """``@wp.func`` x -> (silu(x), silu'(x)) in the scalar type; the base path of every KAN layer."""
+    scalar = _SCALARS[scalar_name]
+    one = scalar(1.0)
+
+    @wp.func
+    def silu_and_grad(x: scalar):
+        sig = one / (one + wp.exp(-x))
+        return x * sig, sig * (one + x * (one - sig))
+
+    return silu_and_grad
+
+
+@functools.lru_cache(maxsize=None)
+def combine_rows_kernel(scalar_name: str = "float32") -> wp.Kernel:
+    """The fixed-order combine pass of row-chunked reductions: d_base[i, o] += sum_chunk partial_base[chunk, i, o]
+    (when use_base) and d_scaler[i, o] += sum_chunk partial_scaler[chunk, i, o]. Shared by the B-spline and
+    UKAN backward passes (one small module per scalar type)."""
+    scalar = _SCALARS[scalar_name]
+
+    @wp.kernel(enable_backward=False, module=f"warpkan_combine_rows_{scalar_name}")
+    def combine_rows(
+        partial_base: wp.array3d(dtype=scalar),
+        partial_scaler: wp.array3d(dtype=scalar),
+        use_base: int,
+        d_base_weight_t: wp.array2d(dtype=scalar),
+        d_scaler_t: wp.array2d(dtype=scalar),
+    ):
+        i, o = wp.tid()
+        acc_base = scalar(0.0)
+        acc_scaler = scalar(0.0)
+        for chunk in range(partial_base.shape[0]):  # fixed order: deterministic
+            acc_base = acc_base + partial_base[chunk, i, o]
+            acc_scaler = acc_scaler + partial_scaler[chunk, i, o]
+        if use_base:
+            d_base_weight_t[i, o] = d_base_weight_t[i, o] + acc_base
+        d_scaler_t[i, o] = d_scaler_t[i, o] + acc_scaler
+
+    return combine_rows
+
+
+@functools.lru_cache(maxsize=None)
 def basis_funcs(order: int, scalar_name: str = "float32") -> BasisFuncs:
     if not 1 <= order <= MAX_SPLINE_ORDER:
         raise ValueError(f"spline_order must be in [1, {MAX_SPLINE_ORDER}], got {order}")
@@ -149,11 +193,7 @@ def basis_funcs(order: int, scalar_name: str = "float32") -> BasisFuncs:
     vecK = wp.types.vector(length=K, dtype=scalar)
     matK = wp.types.matrix(shape=(K, K), dtype=scalar)
     one = scalar(1.0)
-
-    @wp.func
-    def silu_and_grad(x: scalar):
-        sig = one / (one + wp.exp(-x))
-        return x * sig, sig * (one + x * (one - sig))
+    silu_and_grad = silu_func(scalar_name)
 
     @wp.func
     def uniform_basis(u: scalar, basis_matrix: matK):
@@ -445,23 +485,7 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
         partial_base[chunk, i, o] = acc_base
         partial_scaler[chunk, i, o] = acc_scaler
 
-    @kernel
-    def combine_rows(
-        partial_base: wp.array3d(dtype=scalar),
-        partial_scaler: wp.array3d(dtype=scalar),
-        use_base: int,
-        d_base_weight_t: wp.array2d(dtype=scalar),
-        d_scaler_t: wp.array2d(dtype=scalar),
-    ):
-        i, o = wp.tid()
-        acc_base = zero
-        acc_scaler = zero
-        for chunk in range(partial_base.shape[0]):  # fixed order: deterministic
-            acc_base = acc_base + partial_base[chunk, i, o]
-            acc_scaler = acc_scaler + partial_scaler[chunk, i, o]
-        if use_base:
-            d_base_weight_t[i, o] = d_base_weight_t[i, o] + acc_base
-        d_scaler_t[i, o] = d_scaler_t[i, o] + acc_scaler
+    combine_rows = combine_rows_kernel(scalar_name)
 
     # ------------------------------------------------------------------ backward: coefficients
     @wp.func

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import warp as wp
 
-from .bspline import MAX_SPLINE_ORDER, row_chunks, uniform_basis_matrix
+from .bspline import MAX_SPLINE_ORDER, basis_funcs, combine_rows_kernel, row_chunks, silu_func
 
 __all__ = [
     "CELL_LIMIT",
@@ -93,9 +93,9 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
     scalar = _SCALARS[scalar_name]
     K = order + 1
     OT = _OUT_TILE
-    vecK = wp.types.vector(length=K, dtype=scalar)
+    shared = basis_funcs(order, scalar_name)  # the matrix-form basis pieces of the B-spline kernels
+    vecK, matK = shared.vec, shared.mat
     vecOT = wp.types.vector(length=OT, dtype=scalar)
-    matK = wp.types.matrix(shape=(K, K), dtype=scalar)
     module = f"warpkan_ukan_k{order}_{scalar_name}"
     kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
     zero = scalar(0.0)
@@ -109,10 +109,9 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
     KF = wp.float64(K)
 
     # ------------------------------------------------------------------ per-element maths (@wp.func)
-    @wp.func
-    def silu_and_grad(x: scalar):
-        sig = one / (one + wp.exp(-x))
-        return x * sig, sig * (one + x * (one - sig))
+    silu_and_grad = shared.silu_and_grad
+    basis = shared.uniform_basis  # (u, M) -> the K bases
+    basis_grad = shared.uniform_basis_grad  # (u, du/dx, M) -> their x-derivatives
 
     @wp.func
     def locate(x: scalar, h: wp.float64):
@@ -139,26 +138,6 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
             r = r - K
             g = g + wp.int64(1)
         return int(1), g, r, u, du_dx
-
-    @wp.func
-    def basis(u: scalar, basis_matrix: matK):
-        b = vecK()
-        power = one
-        for p in range(K):
-            for m in range(K):
-                b[m] = b[m] + basis_matrix[p, m] * power
-            power = power * u
-        return b
-
-    @wp.func
-    def basis_grad(u: scalar, du_dx: scalar, basis_matrix: matK):
-        db = vecK()
-        power = one
-        for p in range(1, K):
-            for m in range(K):
-                db[m] = db[m] + scalar(p) * basis_matrix[p, m] * power
-            power = power * u
-        return db * du_dx
 
     @wp.func
     def window_dot(table: wp.array3d(dtype=scalar), slot: int, o: int, r: int, b: vecK):
@@ -361,23 +340,7 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
         partial_base[chunk, i, o] = acc_base
         partial_scaler[chunk, i, o] = acc_scaler
 
-    @kernel
-    def combine_rows(
-        partial_base: wp.array3d(dtype=scalar),
-        partial_scaler: wp.array3d(dtype=scalar),
-        use_base: int,
-        d_base_weight_t: wp.array2d(dtype=scalar),
-        d_scaler_t: wp.array2d(dtype=scalar),
-    ):
-        i, o = wp.tid()
-        acc_base = zero
-        acc_scaler = zero
-        for chunk in range(partial_base.shape[0]):  # fixed order: deterministic
-            acc_base = acc_base + partial_base[chunk, i, o]
-            acc_scaler = acc_scaler + partial_scaler[chunk, i, o]
-        if use_base:
-            d_base_weight_t[i, o] = d_base_weight_t[i, o] + acc_base
-        d_scaler_t[i, o] = d_scaler_t[i, o] + acc_scaler
+    combine_rows = combine_rows_kernel(scalar_name)
 
     @wp.func
     def gather_row(
@@ -458,7 +421,7 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
             acc = acc + partial[split, p, o, m]
         d_table[p, o, m] = d_table[p, o, m] + scaler_t[pair_feature[p], o] * acc
 
-    basis_matrix = matK(*[scalar(v) for row in uniform_basis_matrix(order) for v in row])
+    basis_matrix = shared.basis_matrix
     return UKANVariant(
         order=order,
         scalar=scalar,
@@ -706,11 +669,7 @@ def get_dense_variant(scalar_name: str = "float32") -> DenseVariant:
     kernel = functools.partial(wp.kernel, enable_backward=False, module=f"warpkan_ukan_mlp_{scalar_name}")
     zero = scalar(0.0)
     one = scalar(1.0)
-
-    @wp.func
-    def silu_and_grad(x: scalar):
-        sig = one / (one + wp.exp(-x))
-        return x * sig, sig * (one + x * (one - sig))
+    silu_and_grad = silu_func(scalar_name)
 
     @kernel
     def features(
