@@ -10,6 +10,7 @@ wp.config.quiet = True
 wp.init()
 
 from warpkan.kernels import bspline as kb  # noqa: E402
+from warpkan.torch_bridge._common import TorchWorkspace  # noqa: E402
 
 
 def timed(fn, repeat=20):
@@ -39,16 +40,24 @@ def main():
         args = (w(dy), w(x), w(knots), w(wb), w(s), w(coef), order, True)
         dx, dwb, ds, dc = (torch.zeros_like(t) for t in (x, wb, s, coef))
         stream = wp.stream_from_torch(torch.cuda.current_stream())
+        ws = TorchWorkspace(torch.device("cuda"))  # what the torch bridge passes
+        variant = kb.get_variant(order, True)
+        n_buckets = knots.shape[1] + 1
+
+        def bucketing():
+            with wp.ScopedStream(stream, sync_enter=False):
+                kb._bucket_entries(variant, ws, w(x), w(knots), n_buckets)
+
         phases = {
+            "bucketing (keys, stable sort, offsets)": bucketing,
             "forward": lambda: kb.launch_forward(w(x), w(knots), w(wb), w(s), w(coef), w(y), order, True, stream=stream),
-            "backward dx": lambda: kb.launch_backward(*args, dx=w(dx), stream=stream),
-            "backward d_base+d_scaler": lambda: kb.launch_backward(*args, d_base_weight_t=w(dwb), d_scaler_t=w(ds), stream=stream),
+            "backward dx": lambda: kb.launch_backward(*args, workspace=ws, dx=w(dx), stream=stream),
+            "backward d_base+d_scaler": lambda: kb.launch_backward(*args, workspace=ws, d_base_weight_t=w(dwb), d_scaler_t=w(ds), stream=stream),
             "backward params, bucketed (base+scaler+coef)": lambda: kb.launch_backward(
-                *args, d_base_weight_t=w(dwb), d_scaler_t=w(ds), d_coef=w(dc), stream=stream),
+                *args, workspace=ws, d_base_weight_t=w(dwb), d_scaler_t=w(ds), d_coef=w(dc), stream=stream),
             "backward params, deterministic (base+scaler+coef)": lambda: kb.launch_backward(
-                *args, d_base_weight_t=w(dwb), d_scaler_t=w(ds), d_coef=w(dc), deterministic=True, stream=stream),
-            "backward d_coef (counting)": lambda: kb.launch_backward(*args, d_coef=w(dc), stream=stream),
-            "backward d_coef (radix, deterministic)": lambda: kb.launch_backward(*args, d_coef=w(dc), deterministic=True, stream=stream),
+                *args, workspace=ws, d_base_weight_t=w(dwb), d_scaler_t=w(ds), d_coef=w(dc), deterministic=True, stream=stream),
+            "backward d_coef only (gather)": lambda: kb.launch_backward(*args, workspace=ws, d_coef=w(dc), stream=stream),
         }
         print(f"\nN={n_rows} {n_in}->{n_out} G={grid_size} k={order}")
         for name, fn in phases.items():

@@ -18,14 +18,17 @@ cost per edge is O(k) and does not depend on ``G``.
 
 Inputs outside ``[t_0, t_{G+2k})`` (and NaN) get a zero spline term, as in pykan and efficient-kan.
 
-Backward. ``dx`` is one thread per (n, i). ``d base_weight`` and ``d spline_scaler`` are reductions over
-rows: each thread sums a fixed chunk of rows for one (i, o) into a partial buffer and a combine pass adds
-the chunks in a fixed order, so no atomics are used and the result is bitwise reproducible.
-``d coef`` is a scatter by cell; the rows are bucketed by (input, cell) first, then one thread per
-coefficient (i, j, o) gathers the rows of the ``k + 1`` cells that touch basis ``j``: no atomics on
-floating-point values at all. Bucketing uses a stable radix sort when ``deterministic=True`` (rows keep
-their index order inside a bucket, so sums are bitwise reproducible), and a cheaper counting sort with
-integer atomics otherwise (same values up to rounding order).
+Backward. ``dx``: one block per row; its threads take consecutive outputs (coalesced loads) and a block
+reduction finishes each (n, i). Parameter gradients start from the (n, i) entries bucketed by (input, cell)
+with a stable sort (and a binary search for each bucket's extent), so the grouping is the same on every
+run. Then either
+
+- (default, when buckets hold many rows) one pass over the bucketed entries accumulates ``dy * B`` for the
+  current bucket and ``dy * silu`` for the current input in registers and flushes them with one atomic per
+  coefficient per bucket run: d coef, d spline_scaler and d base_weight in a single pass; or
+- (``deterministic=True``, or sparse buckets) one thread per coefficient (i, j, o) gathers the rows of the
+  ``k + 1`` cells that touch basis ``j``, and d base_weight / d spline_scaler are row-chunk partials added
+  by a fixed-order combine pass: no floating-point atomics, bitwise-reproducible gradients.
 """
 
 import functools
@@ -112,8 +115,7 @@ class BSplineVariant:
     backward_rows: wp.Kernel
     combine_rows: wp.Kernel
     bucket_keys: wp.Kernel
-    bucket_counts: wp.Kernel
-    bucket_place: wp.Kernel
+    bucket_offsets: wp.Kernel
     backward_coef: wp.Kernel
     backward_params_bucketed: wp.Kernel
     expand_basis: wp.Kernel
@@ -504,44 +506,27 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
         n_buckets: int,
         keys: wp.array(dtype=wp.int32),
         rows: wp.array(dtype=wp.int32),
-        counts: wp.array(dtype=wp.int32),
     ):
         # entry e = i * N + n; key = i * n_buckets + bucket; the stable sort keeps n ascending per key
         i, n = wp.tid()
         e = i * x.shape[0] + n
-        key = i * n_buckets + bucket_of(grid, i, x[n, i], basis_matrix)
-        keys[e] = key
+        keys[e] = i * n_buckets + bucket_of(grid, i, x[n, i], basis_matrix)
         rows[e] = n
-        wp.atomic_add(counts, key, 1)
 
     @kernel
-    def bucket_counts(
-        x: wp.array2d(dtype=scalar),
-        grid: wp.array2d(dtype=scalar),
-        basis_matrix: matK,
-        n_buckets: int,
-        keys: wp.array(dtype=wp.int32),
-        counts: wp.array(dtype=wp.int32),
-    ):
-        i, n = wp.tid()
-        key = i * n_buckets + bucket_of(grid, i, x[n, i], basis_matrix)
-        keys[i * x.shape[0] + n] = key
-        wp.atomic_add(counts, key, 1)
-
-    @kernel
-    def bucket_place(
-        keys: wp.array(dtype=wp.int32),
-        offsets: wp.array(dtype=wp.int32),
-        cursor: wp.array(dtype=wp.int32),
-        n_rows: int,
-        rows: wp.array(dtype=wp.int32),
-        sorted_keys: wp.array(dtype=wp.int32),
-    ):
-        e = wp.tid()
-        key = keys[e]
-        slot = offsets[key] + wp.atomic_add(cursor, key, 1)  # order inside a bucket depends on scheduling
-        rows[slot] = e % n_rows
-        sorted_keys[slot] = key
+    def bucket_offsets(sorted_keys: wp.array(dtype=wp.int32), n_entries: int, offsets: wp.array(dtype=wp.int32)):
+        # offsets[k] = first position whose key is >= k (a lower bound by binary search): bucket k holds
+        # sorted entries offsets[k] .. offsets[k + 1] - 1. No atomics, so no contention on popular buckets.
+        k = wp.tid()
+        lo = int(0)
+        hi = n_entries
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if sorted_keys[mid] < k:
+                lo = mid + 1
+            else:
+                hi = mid
+        offsets[k] = lo
 
     @kernel
     def backward_coef(
@@ -552,7 +537,6 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
         basis_matrix: matK,
         rows: wp.array(dtype=wp.int32),
         offsets: wp.array(dtype=wp.int32),
-        counts: wp.array(dtype=wp.int32),
         n_buckets: int,
         d_coef: wp.array3d(dtype=scalar),
     ):
@@ -567,8 +551,7 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
         acc = zero
         for m in range(K):
             key = i * n_buckets + (j + (K - 1) - m) + 1
-            start = offsets[key]
-            for e in range(start, start + counts[key]):
+            for e in range(offsets[key], offsets[key + 1]):
                 n = rows[e]
                 valid, cell, b = basis_at(grid, i, x[n, i], basis_matrix)
                 acc = acc + dy[n, o] * b[m]
@@ -688,8 +671,7 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
         backward_rows=backward_rows,
         combine_rows=combine_rows,
         bucket_keys=bucket_keys,
-        bucket_counts=bucket_counts,
-        bucket_place=bucket_place,
+        bucket_offsets=bucket_offsets,
         backward_coef=backward_coef,
         backward_params_bucketed=backward_params_bucketed,
         expand_basis=expand_basis,
@@ -781,18 +763,15 @@ def launch_contract_basis_grad(x, grid, d_basis, dx, order: int, uniform: bool, 
 
 class BSplineWorkspace:
     """Scratch buffers of the backward pass, grown on demand and reused between calls on one device, and
-    the two device-wide primitives the bucketing needs (an exclusive scan and a stable key-value sort).
+    the device-wide primitive the bucketing needs (a stable key-value sort).
 
-    A host framework can pass its own workspace with the same four methods: the torch bridge allocates from
-    torch's caching allocator and scans and sorts with torch, which keeps the backward pass legal under
-    CUDA-graph capture of torch's stream (``wp.utils``' scan and sort are not, on a foreign stream)."""
+    A host framework can pass its own workspace with the same two methods: the torch bridge allocates from
+    torch's caching allocator and sorts with torch, which keeps the backward pass legal under CUDA-graph
+    capture of torch's stream (``wp.utils``' sort is not, on a foreign stream)."""
 
     def __init__(self, device):
         self.device = wp.get_device(device)
         self._buffers: dict[str, wp.array] = {}
-
-    def exclusive_scan(self, counts: wp.array, offsets: wp.array) -> None:
-        wp.utils.array_scan(counts, offsets, inclusive=False)
 
     def sort_pairs(self, keys: wp.array, values: wp.array, count: int, key_bits: int) -> None:
         """Stable sort of keys[:count] with values[:count]; both arrays hold at least 2 * count entries."""
@@ -893,7 +872,7 @@ def launch_backward(
             and n_rows >= _MIN_ROWS_PER_BUCKET * n_buckets
         )
         if bucketed:
-            rows, sorted_keys, _, _ = _bucket_entries(variant, ws, x, grid, n_buckets, deterministic=False)
+            rows, sorted_keys, _ = _bucket_entries(variant, ws, x, grid, n_buckets)
             n_entries = n_rows * n_in
             n_chunks = -(-n_entries // _ENTRIES_PER_CHUNK)
             wp.launch(
@@ -931,49 +910,36 @@ def launch_backward(
             )
 
         if d_coef is not None:
-            rows, _, offsets, counts = _bucket_entries(variant, ws, x, grid, n_buckets, deterministic)
+            rows, _, offsets = _bucket_entries(variant, ws, x, grid, n_buckets)
             wp.launch(
                 variant.backward_coef,
                 dim=n_in * n_coef * n_out,
-                inputs=[dy, x, grid, scaler_t, bm, rows, offsets, counts, n_buckets],
+                inputs=[dy, x, grid, scaler_t, bm, rows, offsets, n_buckets],
                 outputs=[d_coef],
                 device=device,
                 record_tape=False,
             )
 
 
-def _bucket_entries(variant, ws, x, grid, n_buckets: int, deterministic: bool):
-    """Group the (n, i) entries by key i * n_buckets + bucket: returns (rows, sorted_keys, offsets, counts),
-    rows[e] being the row of the e-th entry in key order and offsets/counts the extent of each key.
-    Deterministic: a stable sort keeps rows ascending inside a bucket. Otherwise: a counting sort with
-    integer atomics (the order inside a bucket depends on scheduling)."""
+def _bucket_entries(variant, ws, x, grid, n_buckets: int):
+    """Group the (n, i) entries by key i * n_buckets + bucket: returns (rows, sorted_keys, offsets), rows[e]
+    being the row of the e-th entry in key order and offsets[k] .. offsets[k + 1] the extent of key k.
+    A stable sort keeps rows ascending inside a bucket, so the grouping is the same on every run."""
     n_rows, n_in = x.shape
     n_keys = n_in * n_buckets
     n_entries = n_rows * n_in
-    if n_keys >= 2**31 or n_entries >= 2**31:
+    if n_keys >= 2**31 - 1 or n_entries >= 2**31:
         raise ValueError(f"too large for int32 bucketing: {n_entries} entries, {n_keys} buckets")
     device = x.device
-    bm = variant.basis_matrix
-    counts = ws.get("counts", (n_keys,), wp.int32, zero=True)
-    offsets = ws.get("offsets", (n_keys,), wp.int32)
-    if deterministic:
-        keys = ws.get("keys", (2 * n_entries,), wp.int32)
-        rows = ws.get("rows", (2 * n_entries,), wp.int32)
-        wp.launch(variant.bucket_keys, dim=(n_in, n_rows), inputs=[x, grid, bm, n_buckets],
-                  outputs=[keys, rows, counts], device=device, record_tape=False)
-        ws.sort_pairs(keys, rows, n_entries, max(1, int(n_keys - 1).bit_length()))
-        ws.exclusive_scan(counts, offsets)
-        return rows, keys, offsets, counts
-    keys = ws.get("keys", (n_entries,), wp.int32)
-    rows = ws.get("rows", (n_entries,), wp.int32)
-    sorted_keys = ws.get("sorted_keys", (n_entries,), wp.int32)
-    wp.launch(variant.bucket_counts, dim=(n_in, n_rows), inputs=[x, grid, bm, n_buckets],
-              outputs=[keys, counts], device=device, record_tape=False)
-    ws.exclusive_scan(counts, offsets)
-    cursor = ws.get("cursor", (n_keys,), wp.int32, zero=True)
-    wp.launch(variant.bucket_place, dim=n_entries, inputs=[keys, offsets, cursor, n_rows],
-              outputs=[rows, sorted_keys], device=device, record_tape=False)
-    return rows, sorted_keys, offsets, counts
+    keys = ws.get("keys", (2 * n_entries,), wp.int32)
+    rows = ws.get("rows", (2 * n_entries,), wp.int32)
+    offsets = ws.get("offsets", (n_keys + 1,), wp.int32)
+    wp.launch(variant.bucket_keys, dim=(n_in, n_rows), inputs=[x, grid, variant.basis_matrix, n_buckets],
+              outputs=[keys, rows], device=device, record_tape=False)
+    ws.sort_pairs(keys, rows, n_entries, max(1, int(n_keys - 1).bit_length()))
+    wp.launch(variant.bucket_offsets, dim=n_keys + 1, inputs=[keys, n_entries], outputs=[offsets],
+              device=device, record_tape=False)
+    return rows, keys, offsets
 
 
 class _null_context:

@@ -60,11 +60,6 @@ class TorchWorkspace:
         make = torch.zeros if zero else torch.empty
         return to_warp(make(tuple(shape), dtype=self._TORCH_DTYPES[dtype], device=self.device))
 
-    def exclusive_scan(self, counts: wp.array, offsets: wp.array) -> None:
-        counts_t, offsets_t = wp.to_torch(counts), wp.to_torch(offsets)
-        offsets_t[:1].zero_()
-        torch.cumsum(counts_t[:-1], 0, dtype=offsets_t.dtype, out=offsets_t[1:])
-
     def sort_pairs(self, keys: wp.array, values: wp.array, count: int, key_bits: int) -> None:
         keys_t, values_t = wp.to_torch(keys)[:count], wp.to_torch(values)[:count]
         sorted_keys, order = torch.sort(keys_t, stable=True)
