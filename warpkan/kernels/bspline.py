@@ -111,6 +111,7 @@ class BSplineVariant:
     uniform: bool
     scalar: type
     forward: wp.Kernel
+    forward_lanes: wp.Kernel
     backward_x: wp.Kernel
     backward_rows: wp.Kernel
     combine_rows: wp.Kernel
@@ -413,6 +414,34 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
             if o0 + t < n_out:
                 y[n, o0 + t] = acc[t]
 
+    @kernel
+    def forward_lanes(
+        x: wp.array2d(dtype=scalar),
+        grid: wp.array2d(dtype=scalar),
+        base_weight_t: wp.array2d(dtype=scalar),
+        scaler_t: wp.array2d(dtype=scalar),
+        coef: wp.array3d(dtype=scalar),
+        basis_matrix: matK,
+        use_base: int,
+        y: wp.array2d(dtype=scalar),
+    ):
+        # one thread per (n, o), consecutive threads consecutive o: every load of w_b, s and C is a coalesced
+        # row segment; the basis of (n, i) is evaluated by each thread of the row (same x: no divergence)
+        tid = wp.tid()
+        n_out = y.shape[1]
+        n = tid // n_out
+        o = tid - n * n_out
+        acc = zero
+        for i in range(x.shape[1]):
+            xv = x[n, i]
+            valid, cell, b = basis_at(grid, i, xv, basis_matrix)
+            if use_base:
+                act, dact = silu_and_grad(xv)
+                acc = acc + base_weight_t[i, o] * act
+            if valid:
+                acc = acc + scaler_t[i, o] * spline_at(coef, i, cell, o, b)
+        y[n, o] = acc
+
     # ------------------------------------------------------------------ backward: x
     @row_block_kernel
     def backward_x(
@@ -667,6 +696,7 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
         uniform=uniform,
         scalar=scalar,
         forward=forward,
+        forward_lanes=forward_lanes,
         backward_x=backward_x,
         backward_rows=backward_rows,
         combine_rows=combine_rows,
@@ -719,6 +749,7 @@ def launch_forward(
     uniform: bool,
     use_base: bool = True,
     stream: "wp.Stream | None" = None,
+    layout: str = "tiles",
 ) -> None:
     """y[n, o] = sum_i base_weight_t[i, o] silu(x[n, i]) + scaler_t[i, o] spline_io(x[n, i]). Overwrites y."""
     _check_shapes(x, grid, base_weight_t, scaler_t, coef, order)
@@ -728,6 +759,11 @@ def launch_forward(
         return
     if x.shape[1] == 0:
         y.zero_()
+        return
+    if layout == "lanes":
+        wp.launch(variant.forward_lanes, dim=n_rows * n_out,
+                  inputs=[x, grid, base_weight_t, scaler_t, coef, variant.basis_matrix, int(use_base)],
+                  outputs=[y], device=x.device, stream=stream, record_tape=False)
         return
     n_tiles = (n_out + _OUT_TILE - 1) // _OUT_TILE
     wp.launch(
