@@ -51,8 +51,6 @@ def main():
         phases = {
             "bucketing (keys, stable sort, offsets)": bucketing,
             "forward": lambda: kb.launch_forward(w(x), w(knots), w(wb), w(s), w(coef), w(y), order, True, stream=stream),
-            "forward, lanes layout": lambda: kb.launch_forward(w(x), w(knots), w(wb), w(s), w(coef), w(y), order, True,
-                                                               stream=stream, layout="lanes"),
             "backward dx": lambda: kb.launch_backward(*args, workspace=ws, dx=w(dx), stream=stream),
             "backward d_base+d_scaler": lambda: kb.launch_backward(*args, workspace=ws, d_base_weight_t=w(dwb), d_scaler_t=w(ds), stream=stream),
             "backward params, bucketed (base+scaler+coef)": lambda: kb.launch_backward(

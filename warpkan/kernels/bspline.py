@@ -59,7 +59,6 @@ __all__ = [
 ]
 
 MAX_SPLINE_ORDER = 5
-_OUT_TILE = 4  # outputs per forward thread: the basis of (n, i) is reused across them
 _TARGET_PARTIAL_THREADS = 1 << 19  # parallelism aimed at by the row-chunked reductions
 _ROW_BLOCK = 32  # threads per row in the block-per-row dx kernel (one warp)
 # The bucketed parameter kernel flushes k + 3 atomics per distinct (input, cell) in a chunk; it is used when
@@ -111,7 +110,6 @@ class BSplineVariant:
     uniform: bool
     scalar: type
     forward: wp.Kernel
-    forward_lanes: wp.Kernel
     backward_x: wp.Kernel
     backward_rows: wp.Kernel
     combine_rows: wp.Kernel
@@ -232,10 +230,8 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
         raise TypeError(f"scalar type must be one of {sorted(_SCALARS)}, got {scalar_name}")
     scalar = _SCALARS[scalar_name]
     K = order + 1
-    OT = _OUT_TILE
     shared = basis_funcs(order, scalar_name)
     vecK, matK = shared.vec, shared.mat
-    vecOT = wp.types.vector(length=OT, dtype=scalar)
     module = f"warpkan_bspline_k{order}_{'uniform' if uniform else 'general'}_{scalar_name}"
     kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
     # Block-reduction kernels run with their own block size; Warp compiles a module per block size, so they
@@ -388,45 +384,10 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
         use_base: int,
         y: wp.array2d(dtype=scalar),
     ):
-        # consecutive threads take consecutive output tiles of one row: coefficient reads coalesce
-        tid = wp.tid()
-        n_out = y.shape[1]
-        n_tiles = (n_out + OT - 1) // OT
-        n = tid // n_tiles
-        o0 = (tid - n * n_tiles) * OT
-        acc = vecOT()
-        for i in range(x.shape[1]):
-            xv = x[n, i]
-            valid, cell, b = basis_at(grid, i, xv, basis_matrix)
-            act = zero
-            if use_base:
-                act, dact = silu_and_grad(xv)
-            for t in range(OT):
-                o = o0 + t
-                if o < n_out:
-                    term = zero
-                    if use_base:
-                        term = base_weight_t[i, o] * act
-                    if valid:
-                        term = term + scaler_t[i, o] * spline_at(coef, i, cell, o, b)
-                    acc[t] = acc[t] + term
-        for t in range(OT):
-            if o0 + t < n_out:
-                y[n, o0 + t] = acc[t]
-
-    @kernel
-    def forward_lanes(
-        x: wp.array2d(dtype=scalar),
-        grid: wp.array2d(dtype=scalar),
-        base_weight_t: wp.array2d(dtype=scalar),
-        scaler_t: wp.array2d(dtype=scalar),
-        coef: wp.array3d(dtype=scalar),
-        basis_matrix: matK,
-        use_base: int,
-        y: wp.array2d(dtype=scalar),
-    ):
-        # one thread per (n, o), consecutive threads consecutive o: every load of w_b, s and C is a coalesced
-        # row segment; the basis of (n, i) is evaluated by each thread of the row (same x: no divergence)
+        # One thread per (n, o), consecutive threads consecutive o: every load of w_b, s and C is a coalesced
+        # row segment; the basis of (n, i) is evaluated by each thread of the row (same x: no divergence).
+        # Measured on an H200 (N=2^17, 32->32, G=64): 0.72 ms, against 0.78 ms for threads that each reuse the
+        # basis over a tile of 4 outputs (uncoalesced), and the same order at 256->256.
         tid = wp.tid()
         n_out = y.shape[1]
         n = tid // n_out
@@ -696,7 +657,6 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
         uniform=uniform,
         scalar=scalar,
         forward=forward,
-        forward_lanes=forward_lanes,
         backward_x=backward_x,
         backward_rows=backward_rows,
         combine_rows=combine_rows,
@@ -749,7 +709,6 @@ def launch_forward(
     uniform: bool,
     use_base: bool = True,
     stream: "wp.Stream | None" = None,
-    layout: str = "tiles",
 ) -> None:
     """y[n, o] = sum_i base_weight_t[i, o] silu(x[n, i]) + scaler_t[i, o] spline_io(x[n, i]). Overwrites y."""
     _check_shapes(x, grid, base_weight_t, scaler_t, coef, order)
@@ -760,15 +719,9 @@ def launch_forward(
     if x.shape[1] == 0:
         y.zero_()
         return
-    if layout == "lanes":
-        wp.launch(variant.forward_lanes, dim=n_rows * n_out,
-                  inputs=[x, grid, base_weight_t, scaler_t, coef, variant.basis_matrix, int(use_base)],
-                  outputs=[y], device=x.device, stream=stream, record_tape=False)
-        return
-    n_tiles = (n_out + _OUT_TILE - 1) // _OUT_TILE
     wp.launch(
         variant.forward,
-        dim=n_rows * n_tiles,
+        dim=n_rows * n_out,
         inputs=[x, grid, base_weight_t, scaler_t, coef, variant.basis_matrix, int(use_base)],
         outputs=[y],
         device=x.device,
