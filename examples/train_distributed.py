@@ -63,14 +63,16 @@ def target_function(xy: torch.Tensor) -> torch.Tensor:
     return torch.exp(torch.sin(math.pi * xy[:, :1]) + xy[:, 1:2] ** 2)
 
 
-def build_model(widths, grid_size: int, spline_order: int, device, dtype, seed: int) -> nn.Sequential:
+def build_model(widths, grid_size: int, spline_order: int, device, dtype, seed: int,
+                contiguous_parameters: bool = False) -> nn.Sequential:
     """The same initial parameters on every rank (seeded), so FSDP2 shards agree and DDP's start-up
-    broadcast from rank 0 changes nothing."""
+    broadcast from rank 0 changes nothing. FSDP2 needs contiguous parameters."""
     from warpkan.torch_bridge import KANLinear
 
     torch.manual_seed(seed)
     return nn.Sequential(*(
-        KANLinear(n_in, n_out, grid_size=grid_size, spline_order=spline_order, device=device, dtype=dtype)
+        KANLinear(n_in, n_out, grid_size=grid_size, spline_order=spline_order, device=device, dtype=dtype,
+                  contiguous_parameters=contiguous_parameters)
         for n_in, n_out in zip(widths[:-1], widths[1:])
     ))
 
@@ -92,16 +94,6 @@ def rank_batches(steps: int, batch: int, rank: int, world: int, seed: int, devic
         rows = slice(rank * batch, (rank + 1) * batch)
         batches.append((xy[rows].to(device), z[rows].to(device)))
     return [batches[step % distinct] for step in range(steps)]
-
-
-def make_parameters_contiguous(model: nn.Module) -> None:
-    """FSDP2 refuses non-contiguous parameters, and KANLinear keeps its parameters as transposed views of the
-    kernel layout (so the kernels read them without a copy). Re-store them contiguously in the public shape;
-    the op then makes the kernel-layout copy in each forward (a small cost, linear in the parameter count)."""
-    for module in model.modules():
-        for name, param in list(module.named_parameters(recurse=False)):
-            if not param.is_contiguous():
-                setattr(module, name, nn.Parameter(param.detach().contiguous(), requires_grad=param.requires_grad))
 
 
 def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
@@ -183,14 +175,14 @@ def _run(args, backend, rank, world, device) -> int:
     def log(message):
         print(f"[rank {rank}/{world}] {message}", flush=True)
 
-    model = build_model(widths, args.grid_size, args.spline_order, device, dtype, args.seed)
+    model = build_model(widths, args.grid_size, args.spline_order, device, dtype, args.seed,
+                        contiguous_parameters=args.fsdp)
     if args.fsdp:
         # FSDP2 warns whenever a wrapped module returns a view (KANLinear reshapes its 2-D result back to the
         # input's leading shape); the warning is about in-place ops on that output, which this loop never does.
         warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
         from torch.distributed.fsdp import fully_shard
 
-        make_parameters_contiguous(model)
         for layer in model:
             fully_shard(layer)
         fully_shard(model)

@@ -226,6 +226,25 @@ def test_nd_input_and_noncontiguous(device):
     torch.testing.assert_close(y, ref, **TOL64)
 
 
+def test_contiguous_parameters_same_layer(device):
+    """contiguous_parameters only changes storage: same initial values, outputs and gradients."""
+    tdev = _torch_device(device)
+    layers = []
+    for contiguous in (False, True):
+        torch.manual_seed(5)
+        layers.append(KANLinear(4, 3, grid_size=6, contiguous_parameters=contiguous, dtype=torch.float64).to(tdev))
+    views, plain = layers
+    assert not views.spline_weight.is_contiguous() and plain.spline_weight.is_contiguous()
+    for a, b in zip(views.parameters(), plain.parameters()):
+        assert torch.equal(a, b)
+    x = torch.randn(9, 4, dtype=torch.float64, device=tdev)
+    for layer in layers:
+        layer(x).square().sum().backward()
+    torch.testing.assert_close(plain(x), views(x), rtol=0, atol=0)
+    for a, b in zip(views.parameters(), plain.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
+
+
 def test_nan_row_stays_in_its_row(device):
     tdev = _torch_device(device)
     layer = KANLinear(5, 3, dtype=torch.float64).to(tdev)

@@ -15,11 +15,13 @@ from .bspline_ops import STRATEGIES, bspline_kan
 __all__ = ["KANLinear"]
 
 
-def _kernel_layout_parameter(shape_kernel: tuple, permutation: tuple, device, dtype) -> nn.Parameter:
+def _kernel_layout_parameter(shape_kernel: tuple, permutation: tuple, device, dtype, contiguous: bool) -> nn.Parameter:
     """A parameter that reads as efficient-kan's shape but is stored in the kernel's layout (output index
     innermost, the coalesced one), so the kernels use it without a copy. ``permutation`` maps the kernel
-    layout to the public shape."""
-    return nn.Parameter(torch.empty(shape_kernel, device=device, dtype=dtype).permute(*permutation))
+    layout to the public shape. With ``contiguous`` it is stored in the public shape instead (for FSDP2,
+    which refuses non-contiguous parameters); the op then copies it into the kernel layout on each call."""
+    storage = torch.empty(shape_kernel, device=device, dtype=dtype).permute(*permutation)
+    return nn.Parameter(storage.contiguous() if contiguous else storage)
 
 
 class KANLinear(nn.Module):
@@ -40,6 +42,9 @@ class KANLinear(nn.Module):
     Under bf16/fp16 autocast the layer computes in fp32 (fp32 accumulation) and returns the autocast dtype.
     ``deterministic=True`` makes every gradient bitwise reproducible from run to run. ``strategy`` picks the
     computation ("stencil", "gemm" or "auto"; see :func:`warpkan.torch_bridge.bspline_kan`).
+    ``contiguous_parameters=True`` stores the parameters contiguously in their public shapes, as FSDP2
+    (``fully_shard``) requires; by default they are views of the kernels' layout, which saves a copy of the
+    coefficient table on every call.
 
     Unlike efficient-kan, the initial ``spline_weight`` is drawn directly as small uniform noise instead of a
     least-squares fit of noise, which would be an O(G^3) solve at large ``grid_size``; the distribution of the
@@ -61,6 +66,7 @@ class KANLinear(nn.Module):
         grid_range=(-1, 1),
         deterministic: bool = False,
         strategy: str = "auto",
+        contiguous_parameters: bool = False,
         device=None,
         dtype=None,
     ):
@@ -96,10 +102,11 @@ class KANLinear(nn.Module):
         knots = torch.arange(-spline_order, grid_size + spline_order + 1, device=device, dtype=dtype) * h + lo
         self.register_buffer("grid", knots.expand(in_features, -1).contiguous())
         n_coef = grid_size + spline_order
-        self.base_weight = _kernel_layout_parameter((in_features, out_features), (1, 0), device, dtype)
-        self.spline_weight = _kernel_layout_parameter((in_features, n_coef, out_features), (2, 0, 1), device, dtype)
+        layout = dict(device=device, dtype=dtype, contiguous=contiguous_parameters)
+        self.base_weight = _kernel_layout_parameter((in_features, out_features), (1, 0), **layout)
+        self.spline_weight = _kernel_layout_parameter((in_features, n_coef, out_features), (2, 0, 1), **layout)
         if enable_standalone_scale_spline:
-            self.spline_scaler = _kernel_layout_parameter((in_features, out_features), (1, 0), device, dtype)
+            self.spline_scaler = _kernel_layout_parameter((in_features, out_features), (1, 0), **layout)
         else:
             self.register_buffer(
                 "spline_scaler", torch.full((out_features, in_features), float(scale_spline), device=device, dtype=dtype),
@@ -110,10 +117,17 @@ class KANLinear(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self):
-        nn.init.kaiming_uniform_(self.base_weight, a=math.sqrt(5) * self.scale_base)
-        self.spline_weight.uniform_(-0.5, 0.5).mul_(self.scale_noise / self.grid_size)
+        # values are drawn in the public (contiguous) shape and copied in, so the initial parameters do not
+        # depend on how they are stored (see contiguous_parameters)
+        def drawn(param, init):
+            values = torch.empty(param.shape, device=param.device, dtype=param.dtype)
+            init(values)
+            param.copy_(values)
+
+        drawn(self.base_weight, lambda t: nn.init.kaiming_uniform_(t, a=math.sqrt(5) * self.scale_base))
+        drawn(self.spline_weight, lambda t: t.uniform_(-0.5, 0.5).mul_(self.scale_noise / self.grid_size))
         if self.enable_standalone_scale_spline:
-            nn.init.kaiming_uniform_(self.spline_scaler, a=math.sqrt(5) * self.scale_spline)
+            drawn(self.spline_scaler, lambda t: nn.init.kaiming_uniform_(t, a=math.sqrt(5) * self.scale_spline))
         if not self.use_base:
             self.base_weight.zero_()
 
