@@ -52,8 +52,6 @@ def main():
             "bucketing (keys, stable sort, offsets)": bucketing,
             "forward": lambda: kb.launch_forward(w(x), w(knots), w(wb), w(s), w(coef), w(y), order, True, stream=stream),
             "backward dx": lambda: kb.launch_backward(*args, workspace=ws, dx=w(dx), stream=stream),
-            "backward dx, vec4 loads": lambda: kb.launch_backward(*args, workspace=ws, dx=w(dx), stream=stream,
-                                                                 dx_layout="vec4"),
             "backward d_base+d_scaler": lambda: kb.launch_backward(*args, workspace=ws, d_base_weight_t=w(dwb), d_scaler_t=w(ds), stream=stream),
             "backward params, bucketed (base+scaler+coef)": lambda: kb.launch_backward(
                 *args, workspace=ws, d_base_weight_t=w(dwb), d_scaler_t=w(ds), d_coef=w(dc), stream=stream),

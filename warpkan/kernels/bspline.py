@@ -111,7 +111,6 @@ class BSplineVariant:
     scalar: type
     forward: wp.Kernel
     backward_x: wp.Kernel
-    backward_x_vec4: wp.Kernel
     backward_rows: wp.Kernel
     combine_rows: wp.Kernel
     bucket_keys: wp.Kernel
@@ -443,49 +442,6 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
             if lane == 0:
                 dx[n, i] = dx[n, i] + total
 
-    vec4 = wp.types.vector(length=4, dtype=scalar)
-
-    @kernel
-    def backward_x_vec4(
-        dy: wp.array2d(dtype=vec4),
-        x: wp.array2d(dtype=scalar),
-        grid: wp.array2d(dtype=scalar),
-        base_weight_t: wp.array2d(dtype=vec4),
-        scaler_t: wp.array2d(dtype=vec4),
-        coef: wp.array3d(dtype=vec4),
-        basis_matrix: matK,
-        use_base: int,
-        dx: wp.array2d(dtype=scalar),
-    ):
-        # One thread per (n, i), consecutive threads consecutive i: dy[n, :] is broadcast and every other load
-        # is a 16-byte vector of 4 outputs (the output dimension is viewed as groups of 4), so a thread walks
-        # its rows of w_b, s and C with a quarter of the load instructions and no cross-thread reduction.
-        tid = wp.tid()
-        n_in = x.shape[1]
-        n = tid // n_in
-        i = tid - n * n_in
-        xv = x[n, i]
-        valid, cell, b, db = basis_and_grad_at(grid, i, xv, basis_matrix)
-        act = zero
-        dact = zero
-        if use_base:
-            act, dact = silu_and_grad(xv)
-        n_coef = coef.shape[1]
-        acc = zero
-        for q in range(dy.shape[1]):
-            g = vec4()
-            if use_base:
-                g = base_weight_t[i, q] * dact
-            if valid:
-                spline = vec4()
-                for m in range(K):
-                    j = cell - (K - 1) + m
-                    if j >= 0 and j < n_coef:
-                        spline = spline + coef[i, j, q] * db[m]
-                g = g + wp.cw_mul(scaler_t[i, q], spline)
-            acc = acc + wp.dot(dy[n, q], g)
-        dx[n, i] = dx[n, i] + acc
-
     # ------------------------------------------------------------------ backward: base weight, scaler
     @kernel
     def backward_rows(
@@ -702,7 +658,6 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
         scalar=scalar,
         forward=forward,
         backward_x=backward_x,
-        backward_x_vec4=backward_x_vec4,
         backward_rows=backward_rows,
         combine_rows=combine_rows,
         bucket_keys=bucket_keys,
@@ -866,7 +821,6 @@ def launch_backward(
     deterministic: bool = False,
     stream: "wp.Stream | None" = None,
     workspace: "BSplineWorkspace | None" = None,
-    dx_layout: str = "block",
 ) -> None:
     """Accumulate (+=) the gradients of ``launch_forward`` into whichever of dx, d_base_weight_t,
     d_scaler_t, d_coef are given. ``d_base_weight_t`` and ``d_scaler_t`` go together."""
@@ -887,18 +841,7 @@ def launch_backward(
     # sync_enter=False: the caller's stream already orders our work; waiting on Warp's own stream would
     # break CUDA-graph capture of the caller's stream.
     with wp.ScopedStream(stream, sync_enter=False) if stream is not None else _null_context():
-        vec4_views = _vec4_views(variant, dy, base_weight_t, scaler_t, coef) if dx is not None and dx_layout == "vec4" else None
-        if vec4_views is not None:
-            dy4, base4, scaler4, coef4 = vec4_views
-            wp.launch(
-                variant.backward_x_vec4,
-                dim=n_rows * n_in,
-                inputs=[dy4, x, grid, base4, scaler4, coef4, bm, int(use_base)],
-                outputs=[dx],
-                device=device,
-                record_tape=False,
-            )
-        elif dx is not None:
+        if dx is not None:
             block = _ROW_BLOCK if device.is_cuda else 1
             wp.launch(
                 variant.backward_x,
@@ -965,20 +908,6 @@ def launch_backward(
                 device=device,
                 record_tape=False,
             )
-
-
-def _vec4_views(variant, dy, base_weight_t, scaler_t, coef):
-    """The four arrays with their output dimension viewed as groups of 4 scalars (16-byte vectors for
-    float32), or None when that is not possible (the output count not a multiple of 4, a non-contiguous
-    array, or a start address off the vector alignment)."""
-    arrays = (dy, base_weight_t, scaler_t, coef)
-    vec4 = wp.types.vector(length=4, dtype=variant.scalar)
-    n_out = coef.shape[2]
-    if n_out % 4 or not all(a.is_contiguous and a.ptr % wp.types.type_size_in_bytes(vec4) == 0 for a in arrays):
-        return None
-    return tuple(
-        wp.array(ptr=a.ptr, dtype=vec4, shape=(*a.shape[:-1], n_out // 4), device=a.device) for a in arrays
-    )
 
 
 def _bucket_entries(variant, ws, x, grid, n_buckets: int):
