@@ -9,7 +9,7 @@ import torch
 import warp as wp
 
 import warpkan.torch_bridge as tb
-from warpkan.kernels.ukan import CELL_LIMIT
+from warpkan.kernels.ukan import CELL_LIMIT, table_capacity, table_chunk
 from warpkan.reference import ukan as ru
 from warpkan.torch_bridge import UKANLinear
 
@@ -65,14 +65,22 @@ def test_matches_reference_float64(device, order, base, shape):
         torch.testing.assert_close(grads[name], grads_ref[name], rtol=1e-11, atol=1e-12, msg=name)
 
 
-def test_many_elements_per_pair_split_gather(device):
-    # few touched groups, many rows: the d_table gather splits every row's elements across threads
-    from warpkan.kernels.ukan import table_splits
+def pairs_of(x, capacity=None):
+    n, n_in = x.shape
+    return tb.ukan_pairs(x, H, 3, capacity or table_capacity(n, n_in, 16))
 
+
+def test_many_elements_per_pair_split_gather(device):
+    # few touched groups, many rows: the d_table segmented reduction sees rows cut by chunk boundaries
+    # (head/tail partials added in the combine pass) as well as rows inside one chunk
     layer = make_layer(2, 3, device, base=None)
     x = torch.rand(1500, 2, dtype=torch.float64, device=device) - 0.5
-    n_pairs = tb.ukan_pairs(x, H, 3)[2].shape[0]
-    assert table_splits(x.numel(), n_pairs, 3) > 1
+    x[:40, 1] = x[:40, 1] * 0.01 + 3.0  # a small group: its 40 elements lie within one chunk
+    pairs = pairs_of(x)
+    start, stop = pairs[5], pairs[6]
+    chunk = table_chunk(x.numel(), 3)
+    spans = (stop - 1) // chunk - start // chunk
+    assert (spans[stop > start] > 1).any() and (spans[stop > start] == 0).any()
     dy = torch.randn(1500, 3, dtype=torch.float64, device=device)
     y, grads = forward_and_grads(layer, layer, x, dy)
     y_ref, grads_ref = forward_and_grads(lambda t: reference(layer, t), layer, x, dy)
@@ -140,10 +148,12 @@ def test_knots_and_group_boundaries(device):
 def test_group_indices_are_floored_for_negative_inputs(device):
     x = torch.tensor([[-0.01], [-1.0], [-1.01], [0.0], [0.99], [1.0]], dtype=torch.float64, device=device)
     # h = 0.25, K = 4: one group per unit interval
-    _, slot, feature, group, start, stop = tb.ukan_pairs(x, H, 3)
-    groups_of_rows = group[slot[:, 0].long()].tolist()
+    _, window, _, feature, group, start, stop, needed = pairs_of(x)
+    slot = torch.div(window[:, 0], 4, rounding_mode="floor") + 1  # window = (slot - 1) K + r
+    groups_of_rows = group[slot.long()].tolist()
     assert groups_of_rows == [-1, -1, -2, 0, 0, 1]
-    assert torch.all(group[slot[:, 0].long() - 1] == group[slot[:, 0].long()] - 1)
+    assert torch.all(group[slot.long() - 1] == group[slot.long()] - 1)
+    assert int(needed) == 5  # groups -2 (with -3 before it), -1, 0, 1
 
 
 @pytest.mark.parametrize("base", ["silu", None])
@@ -252,7 +262,8 @@ def test_regularization_loss(device):
     layer(x)
     loss = layer.regularization_loss()
     # by hand: per-edge mean |s C| over the generated coefficients of the feature's touched pairs
-    _, _, feature, group, _, _ = tb.ukan_pairs(x, H, 3)
+    _, _, _, feature, group, _, _, needed = pairs_of(x)
+    feature, group = feature[: int(needed)], group[: int(needed)]
     table = layer.generate_coefficients(feature, group)
     l1 = torch.stack([table[feature == i].abs().mean(dim=(0, 2)) for i in range(3)], dim=1) * layer.spline_scaler.abs()
     p = l1 / l1.sum()
@@ -267,11 +278,12 @@ def test_regularization_loss(device):
 def test_opcheck(device):
     layer = make_layer(3, 4, device)
     x = torch.randn(6, 3, dtype=torch.float64, device=device) * 2
-    torch.library.opcheck(tb.ukan_pairs, (x, H, 3))
-    pairs = tb.ukan_pairs(x, H, 3)
-    table = layer.generate_coefficients(pairs[2], pairs[3]).detach().requires_grad_()
-    args = (x.clone().requires_grad_(), *pairs, table, layer.base_weight.t().detach().requires_grad_(),
-            layer.spline_scaler.t().detach().requires_grad_(), H, 3, True)
+    torch.library.opcheck(tb.ukan_pairs, (x, H, 3, 20))
+    sorted_elem, window, local_u, feature, group, start, stop, _ = pairs_of(x, 20)
+    table = layer._table(feature, group).detach().requires_grad_()
+    args = (x.clone().requires_grad_(), sorted_elem, window, local_u, feature, start, stop, table,
+            layer.base_weight.t().detach().requires_grad_(), layer.spline_scaler.t().detach().requires_grad_(),
+            H, 3, True)
     torch.library.opcheck(tb.ukan_spline, args)
 
 
@@ -329,3 +341,56 @@ def test_native_bad_input_and_empty(device):
         native(wp.zeros((4, 3), dtype=wp.float64, device=device))
     y = native(wp.zeros((0, 3), dtype=wp.float32, device=device))
     assert y.shape == (0, 2)
+
+
+# ---------------------------------------------------------------------- fixed capacity, no read-back
+def test_capacity_overflow_gives_zero_spline_and_is_reported(device):
+    # a table too small for the data: the pairs past the capacity get no spline term (as NaN does), the
+    # rest are exact, and table_overflow() says how many rows were missing
+    layer = make_layer(1, 2, device, base=None)
+    x = torch.tensor([[0.1], [1.1], [2.1], [3.1], [4.1]], dtype=torch.float64, device=device)  # 5 groups
+    full = pairs_of(x)
+    assert int(full[7]) == 6 and layer.table_overflow(x) == 0
+    small = pairs_of(x, 4)
+    sorted_elem, window, local_u, feature, group, start, stop, needed = small
+    assert int(needed) == 6 and feature.shape == (4,)
+    table = layer._table(feature, group)
+    y = tb.ukan_spline(x, sorted_elem, window, local_u, feature, start, stop, table, layer.base_weight.t(),
+                       layer.spline_scaler.t(), H, 3, False)
+    y_ref = reference(layer, x)
+    torch.testing.assert_close(y[:3], y_ref[:3], rtol=1e-12, atol=1e-12)  # rows 0..3 fit: groups 0, 1, 2
+    assert torch.all(y[3:] == 0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")
+def test_cuda_graph_capture():
+    # nothing is read back to the host, so forward and backward capture; the replay recomputes the
+    # touched pairs of the new data
+    torch.manual_seed(0)
+    layer = UKANLinear(6, 5, grid_delta=0.25, device="cuda")
+    x = (torch.randn(97, 6, device="cuda") * 2).requires_grad_()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):  # warm-up: compile kernels
+            layer(x).square().sum().backward()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    layer.zero_grad(set_to_none=False)
+    x.grad = None
+    with torch.cuda.graph(graph):
+        y = layer(x)
+        y.square().sum().backward()
+    x.data.copy_(torch.randn_like(x) * 3)
+    layer.zero_grad(set_to_none=False)
+    graph.replay()
+    torch.cuda.synchronize()
+    ref_layer = UKANLinear(6, 5, grid_delta=0.25, device="cuda")
+    ref_layer.load_state_dict(layer.state_dict())
+    x_ref = x.detach().clone().requires_grad_()
+    y_ref = ref_layer(x_ref)
+    y_ref.square().sum().backward()
+    assert torch.equal(y, y_ref)  # same kernels, same data: bitwise
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-5, atol=1e-5)
+    for (name, p), p_ref in zip(layer.named_parameters(), ref_layer.parameters()):
+        torch.testing.assert_close(p.grad, p_ref.grad, rtol=1e-5, atol=1e-5, msg=name)

@@ -76,10 +76,8 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
                 layer = _make(impl, n_in, n_out, grid_size, device)
                 fwd, total, peak = _measure(layer, x, dy, device, quick)
                 row.update(fwd_ms=fwd, bwd_ms=total - fwd, total_ms=total, peak_MiB=peak)
-                if impl == "warpkan UKANLinear":
-                    from ..torch_bridge import ukan_pairs
-
-                    row["table rows"] = int(ukan_pairs(x.detach(), layer.grid_delta, ORDER)[2].shape[0])
+                if impl == "warpkan UKANLinear":  # rows the data needed, of the table's fixed capacity
+                    row["table rows"] = f"{int(layer._last[2])} of {layer._last[0].shape[0]}"
                 del layer
             except torch.OutOfMemoryError:
                 row["note"] = "out of memory"

@@ -3,31 +3,47 @@ come from a coefficient-generator MLP (CG-MLP), evaluated without ever materiali
 
 Maths (K = k + 1). For input x of feature i: ``s = x / h``, cell ``c = floor(s)``, group ``g = floor(c / K)``,
 offset ``r = c - g K`` (in [0, K) for negative x too), local coordinate ``u = s - c``. The CG-MLP maps
-(feature i, group g) to ``C_g`` [out, K]; the K coefficients of the cell are the window
+(feature i, group g) to ``C_g`` [K, out]; the K coefficients of the cell are the window
 ``[C_{g-1}; C_g][r : r + K]`` and ``spline_io(x) = [1 u .. u^k] M_k window`` (``M_k`` from
-:func:`warpkan.kernels.bspline.uniform_basis_matrix`). In flat terms, basis ``B_b`` (support
-``[b h, (b + K) h)``) has coefficient ``C_flat[b - 1]`` with ``C_flat[q] = C_{floor(q/K)}[q mod K]``.
+:func:`warpkan.kernels.bspline.uniform_basis_matrix`).
+
+Table layout. The table is ``[P, K, out]``, read as the 2-D array ``[P * K, out]``: the K coefficient rows of
+``C_{g-1}`` and ``C_g`` are adjacent, so the window of an element is the K consecutive rows starting at
+``window = (slot - 1) K + r`` and consecutive threads read consecutive outputs (coalesced). (The torch layer
+gets this order straight from the CG-MLP by permuting its output rows; its public ``[P, out, K]`` view is
+unchanged.)
 
 Unbounded inputs. ``s`` is formed in float64 whatever the I/O dtype and clamped to ``[-CELL_LIMIT,
 CELL_LIMIT]`` (2^39 cells) before the integer conversion, so group indices never overflow and ``u`` keeps
 full precision at |x| = 1e6. Inputs past the limit (|x| > 2^39 h, and +-Inf) are evaluated at the limit and
 have zero spline derivative. NaN inputs get a zero spline term.
 
-The pipeline (the forward needs one host read-back: the size of the coefficient table):
+The pipeline has no host read-back: every size is a function of the shapes, so it runs under CUDA-graph
+capture and ``torch.compile`` with static shapes.
 
 1. **Touched pairs.** Key every element (n, i) by (i, g) in an int64 (``i * 2^41 + g + 2^40``; NaN gets a
    sentinel past every feature), stable radix sort, mark the first element of each distinct key, and give it
    one table row, plus one for (i, g - 1) when that group is not itself touched. An inclusive scan gives
-   every element its table row (``slot``); the rows are sorted by (feature, group), so the row of
-   ``C_{g-1}`` is always ``slot - 1``, and each row records the range of sorted elements that use it.
-2. **CG-MLP** on the P table rows only: ``table [P, out, K]``. The torch bridge runs it with torch (a dense
+   every element its table row; the rows are sorted by (feature, group), so the row of ``C_{g-1}`` is always
+   ``slot - 1``. The table has a fixed **capacity** of rows chosen by the caller; rows past the number
+   needed are padding (feature 0, group 0, no elements), and elements whose row falls past the capacity are
+   treated like NaN (zero spline term). The number of rows needed is written to a one-element device array.
+   The pass also records, per element, its window start and local coordinate (``window``, ``local_u``), so
+   the spline kernels never locate the cell again (no float64 there).
+2. **CG-MLP** on the table rows: ``table [capacity, K, out]``. The torch bridge runs it with torch (a dense
    GEMM); the Warp-native layer uses the SIMT dense kernels at the bottom of this file.
-3. **Spline forward**: one thread per (n, 4 outputs), looping over inputs, reading two table rows.
-4. **Backward**: dx per (n, i); d base weight / d scaler by row chunks into partial buffers and a fixed-order
-   combine; d table by threads per (split, row, output), each gathering a fixed slice of the sorted elements
-   of its own row and of the next row (whose window reaches back into it), into partials that a second pass
-   adds in a fixed order (the split count depends on the shapes only). No floating-point atomics anywhere
-   and the sort is stable, so every gradient is bitwise reproducible (there is no separate non-deterministic mode).
+3. **Spline forward**: one thread per (n, 4 consecutive outputs), looping over inputs; the basis of (n, i)
+   is evaluated once per thread and reused across its outputs (the B-spline forward's design).
+4. **Backward** (no floating-point atomics; every gradient is bitwise reproducible, there is no separate
+   non-deterministic mode):
+   - dx: one block per row, its threads on consecutive outputs and one block reduction per (n, i) (the
+     B-spline ``backward_x`` design);
+   - d base weight / d scaler: row chunks into partial buffers and a fixed-order combine;
+   - d table: a segmented reduction over the sorted elements. One thread per (chunk of sorted elements,
+     output) walks its chunk once (one basis per element and output, as the B-spline bucketed kernel) and
+     accumulates the 2K-window of the current row; a row wholly inside the chunk is written out directly,
+     a row cut by a chunk boundary leaves a head/tail partial, and a combine pass adds those partials in
+     chunk order and applies the scaler.
 """
 
 import functools
@@ -45,15 +61,18 @@ __all__ = [
     "get_variant",
     "get_dense_variant",
     "pair_scratch",
+    "table_capacity",
     "launch_pairs",
+    "WarpPrimitives",
     "launch_forward",
     "launch_backward",
     "launch_features",
     "launch_dense_forward",
     "launch_dense_backward",
     "launch_embedding_backward",
+    "launch_reorder_table",
     "PE_BASE",
-    "table_splits",
+    "table_chunk",
 ]
 
 CELL_LIMIT = float(2**39)  # |x / h| is clamped here: |g| < 2^39, so keys and g - 1 fit comfortably in int64
@@ -61,7 +80,11 @@ _GROUP_BIAS = 2**40  # g + bias > 0 for every clamped g (and g - 1)
 _FEATURE_STRIDE = 2**41  # key = i * stride + g + bias
 PE_BASE = 10000.0  # sinusoidal encoding frequencies: PE_BASE^(-2j / pe_dim)
 _OUT_TILE = 4
-_TARGET_TABLE_THREADS = 1 << 17  # parallelism aimed at by the d_table gather
+_ROW_BLOCK = 32  # threads per row in the block-per-row dx kernel (one warp)
+_TARGET_TABLE_THREADS = 1 << 18  # parallelism aimed at by the d_table segmented reduction
+_MIN_TABLE_CHUNK = 64
+_MAX_TABLE_CHUNK = 4096
+_MIN_CAPACITY = 1024  # table rows always available (when 2 N in allows), whatever the feature count
 
 _SCALARS = {"float32": wp.float32, "float64": wp.float64}
 
@@ -85,7 +108,8 @@ class UKANVariant:
 
 @functools.lru_cache(maxsize=None)
 def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
-    """Build (lazily) the kernels of one (spline order, scalar type); they share one Warp module."""
+    """Build (lazily) the kernels of one (spline order, scalar type); they share one Warp module (the
+    block-reduction dx kernel has a module of its own: Warp compiles a module per block size)."""
     if not 1 <= order <= MAX_SPLINE_ORDER:
         raise ValueError(f"spline_order must be in [1, {MAX_SPLINE_ORDER}], got {order}")
     if scalar_name not in _SCALARS:
@@ -95,11 +119,12 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
     OT = _OUT_TILE
     shared = basis_funcs(order, scalar_name)  # the matrix-form basis pieces of the B-spline kernels
     vecK, matK = shared.vec, shared.mat
+    vec2K = wp.types.vector(length=2 * K, dtype=scalar)
     vecOT = wp.types.vector(length=OT, dtype=scalar)
     module = f"warpkan_ukan_k{order}_{scalar_name}"
     kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
+    row_block_kernel = functools.partial(wp.kernel, enable_backward=False, module=module + "_rowblock")
     zero = scalar(0.0)
-    one = scalar(1.0)
     limit = wp.float64(CELL_LIMIT)
     stride = wp.int64(_FEATURE_STRIDE)
     bias = wp.int64(_GROUP_BIAS)
@@ -115,17 +140,18 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
 
     @wp.func
     def locate(x: scalar, h: wp.float64):
-        """(valid, g, r, u, du/dx): group, offset and local coordinate of x on the unbounded grid."""
+        """(valid, g, r, u, sloped): group, offset and local coordinate of x on the unbounded grid; sloped is
+        0 for inputs clamped to the cell limit (zero spline derivative)."""
         s = wp.float64(x) / h
-        du_dx = scalar(wp.float64(1.0) / h)
+        sloped = int(1)
         if wp.isnan(s):
-            return int(0), wp.int64(0), int(0), zero, zero
+            return int(0), wp.int64(0), int(0), zero, int(0)
         if s > limit:
             s = limit
-            du_dx = zero
+            sloped = 0
         if s < -limit:
             s = -limit
-            du_dx = zero
+            sloped = 0
         cf = wp.floor(s)
         u = scalar(s - cf)
         c = wp.int64(cf)
@@ -137,18 +163,31 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
         if r >= K:
             r = r - K
             g = g + wp.int64(1)
-        return int(1), g, r, u, du_dx
+        return int(1), g, r, u, sloped
+
+    # window codes: w >= 0 a window start; -1 no spline term (NaN, past the capacity); w <= -2 the window
+    # -2 - w of an input clamped to the cell limit (zero spline derivative)
+    @wp.func
+    def encode_window(start: int, sloped: int):
+        if sloped:
+            return start
+        return -2 - start
 
     @wp.func
-    def window_dot(table: wp.array3d(dtype=scalar), slot: int, o: int, r: int, b: vecK):
-        """sum_m b_m [C_{g-1}; C_g][r + m]: rows slot - 1 and slot of the table."""
+    def decode_window(w: int):
+        """(valid, start, sloped)"""
+        if w >= 0:
+            return int(1), w, int(1)
+        if w == -1:
+            return int(0), int(0), int(0)
+        return int(1), -2 - w, int(0)
+
+    @wp.func
+    def window_dot(table: wp.array2d(dtype=scalar), start: int, o: int, b: vecK):
+        """sum_m b_m table[start + m, o]: the cell's K coefficients of output o."""
         acc = zero
         for m in range(K):
-            idx = r + m
-            if idx < K:
-                acc = acc + b[m] * table[slot - 1, o, idx]
-            else:
-                acc = acc + b[m] * table[slot, o, idx - K]
+            acc = acc + b[m] * table[start + m, o]
         return acc
 
     # ------------------------------------------------------------------ 1. touched (feature, group) pairs
@@ -158,14 +197,21 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
         h: wp.float64,
         keys: wp.array(dtype=wp.int64),
         elems: wp.array(dtype=wp.int32),
+        window: wp.array2d(dtype=wp.int32),
+        local_u: wp.array2d(dtype=scalar),
     ):
-        # element e = i * N + n, so the stable sort orders equal keys by row index
+        # element e = i * N + n, so the stable sort orders equal keys by row index; window holds the offset
+        # r (encoded with the slope flag) until pair_fill knows the row
         i, n = wp.tid()
         e = i * x.shape[0] + n
-        valid, g, r, u, du_dx = locate(x[n, i], h)
+        valid, g, r, u, sloped = locate(x[n, i], h)
         key = wp.int64(x.shape[1]) * stride  # NaN: sorts after every feature, gets no table row
         if valid:
             key = wp.int64(i) * stride + g + bias
+            window[n, i] = encode_window(r, sloped)
+        else:
+            window[n, i] = -1
+        local_u[n, i] = u
         keys[e] = key
         elems[e] = e
 
@@ -194,13 +240,13 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
         row_end: wp.array(dtype=wp.int32),
         sentinel: wp.int64,
         n_rows: int,
-        n_in: int,
         sorted_elem: wp.array(dtype=wp.int32),
-        slot: wp.array2d(dtype=wp.int32),
+        window: wp.array2d(dtype=wp.int32),
         pair_feature: wp.array(dtype=wp.int32),
         pair_group: wp.array(dtype=wp.int64),
         row_start: wp.array(dtype=wp.int32),
         row_stop: wp.array(dtype=wp.int32),
+        rows_total: wp.array(dtype=wp.int32),
     ):
         j = wp.tid()
         key = keys[j]
@@ -208,22 +254,30 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
         sorted_elem[j] = e
         i = e // n_rows
         n = e - i * n_rows
+        if j == keys.shape[0] - 1:
+            rows_total[0] = row_end[j]
         if key >= sentinel:
-            slot[n, i] = -1
             return
+        capacity = pair_feature.shape[0]
         row = row_end[j] - 1
-        slot[n, i] = row
+        valid, r, sloped = decode_window(window[n, i])
+        if row < capacity:
+            window[n, i] = encode_window((row - 1) * K + r, sloped)
+        else:
+            window[n, i] = -1  # past the capacity: no spline term
         need = rows_needed[j]
+        if need == 2 and row - 1 < capacity:
+            g_prev = key - wp.int64(i) * stride - bias - wp.int64(1)
+            pair_feature[row - 1] = i
+            pair_group[row - 1] = g_prev
+            row_start[row - 1] = j
+            row_stop[row - 1] = j
+        if row >= capacity:
+            return
         if need > 0:
-            g = key - wp.int64(i) * stride - bias
             pair_feature[row] = i
-            pair_group[row] = g
+            pair_group[row] = key - wp.int64(i) * stride - bias
             row_start[row] = j
-            if need == 2:
-                pair_feature[row - 1] = i
-                pair_group[row - 1] = g - wp.int64(1)
-                row_start[row - 1] = j
-                row_stop[row - 1] = j
         last = j == keys.shape[0] - 1
         if not last:
             last = keys[j + 1] != key
@@ -234,15 +288,16 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
     @kernel
     def forward(
         x: wp.array2d(dtype=scalar),
-        slot: wp.array2d(dtype=wp.int32),
-        table: wp.array3d(dtype=scalar),
+        window: wp.array2d(dtype=wp.int32),
+        local_u: wp.array2d(dtype=scalar),
+        table: wp.array2d(dtype=scalar),
         base_weight_t: wp.array2d(dtype=scalar),
         scaler_t: wp.array2d(dtype=scalar),
-        h: wp.float64,
         basis_matrix: matK,
         use_base: int,
         y: wp.array2d(dtype=scalar),
     ):
+        # consecutive threads take consecutive output tiles of one row: table reads coalesce
         tid = wp.tid()
         n_out = y.shape[1]
         n_tiles = (n_out + OT - 1) // OT
@@ -250,13 +305,13 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
         o0 = (tid - n * n_tiles) * OT
         acc = vecOT()
         for i in range(x.shape[1]):
-            xv = x[n, i]
-            valid, g, r, u, du_dx = locate(xv, h)
-            p = slot[n, i]
-            b = basis(u, basis_matrix)
+            valid, start, sloped = decode_window(window[n, i])
+            b = vecK()
+            if valid:
+                b = basis(local_u[n, i], basis_matrix)
             act = zero
             if use_base:
-                act, dact = silu_and_grad(xv)
+                act, dact = silu_and_grad(x[n, i])
             for t in range(OT):
                 o = o0 + t
                 if o < n_out:
@@ -264,55 +319,60 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
                     if use_base:
                         term = base_weight_t[i, o] * act
                     if valid:
-                        term = term + scaler_t[i, o] * window_dot(table, p, o, r, b)
+                        term = term + scaler_t[i, o] * window_dot(table, start, o, b)
                     acc[t] = acc[t] + term
         for t in range(OT):
             if o0 + t < n_out:
                 y[n, o0 + t] = acc[t]
 
     # ------------------------------------------------------------------ 4. backward
-    @kernel
+    @row_block_kernel
     def backward_x(
         dy: wp.array2d(dtype=scalar),
         x: wp.array2d(dtype=scalar),
-        slot: wp.array2d(dtype=wp.int32),
-        table: wp.array3d(dtype=scalar),
+        window: wp.array2d(dtype=wp.int32),
+        local_u: wp.array2d(dtype=scalar),
+        table: wp.array2d(dtype=scalar),
         base_weight_t: wp.array2d(dtype=scalar),
         scaler_t: wp.array2d(dtype=scalar),
-        h: wp.float64,
+        inv_h: scalar,
         basis_matrix: matK,
         use_base: int,
         dx: wp.array2d(dtype=scalar),
     ):
-        tid = wp.tid()
-        n_in = x.shape[1]
-        n = tid // n_in
-        i = tid - n * n_in
-        xv = x[n, i]
-        valid, g, r, u, du_dx = locate(xv, h)
-        p = slot[n, i]
-        db = basis_grad(u, du_dx, basis_matrix)
-        act = zero
-        dact = zero
-        if use_base:
-            act, dact = silu_and_grad(xv)
-        acc = zero
-        for o in range(dy.shape[1]):
-            grad = zero
+        # dx[n, i] += sum_o dy[n, o] (w_b[i, o] silu'(x) + s[i, o] sum_m b'_m table[window + m, o])
+        # One block per row, its threads on consecutive outputs (coalesced dy, w_b, s and table loads), one
+        # block reduction per (n, i) in a fixed order.
+        n, lane = wp.tid()
+        lanes = wp.block_dim()
+        n_out = dy.shape[1]
+        for i in range(x.shape[1]):
+            valid, start, sloped = decode_window(window[n, i])
+            db = vecK()
+            if valid and sloped:
+                db = basis_grad(local_u[n, i], inv_h, basis_matrix)
+            dact = zero
             if use_base:
-                grad = base_weight_t[i, o] * dact
-            if valid:
-                grad = grad + scaler_t[i, o] * window_dot(table, p, o, r, db)
-            acc = acc + dy[n, o] * grad
-        dx[n, i] = dx[n, i] + acc
+                act, dact = silu_and_grad(x[n, i])
+            acc = zero
+            for o in range(lane, n_out, lanes):
+                g = zero
+                if use_base:
+                    g = base_weight_t[i, o] * dact
+                if valid:
+                    g = g + scaler_t[i, o] * window_dot(table, start, o, db)
+                acc = acc + dy[n, o] * g
+            total = wp.tile_extract(wp.tile_sum(wp.tile(acc)), 0)
+            if lane == 0:
+                dx[n, i] = dx[n, i] + total
 
     @kernel
     def backward_rows(
         dy: wp.array2d(dtype=scalar),
         x: wp.array2d(dtype=scalar),
-        slot: wp.array2d(dtype=wp.int32),
-        table: wp.array3d(dtype=scalar),
-        h: wp.float64,
+        window: wp.array2d(dtype=wp.int32),
+        local_u: wp.array2d(dtype=scalar),
+        table: wp.array2d(dtype=scalar),
         basis_matrix: matK,
         rows_per_chunk: int,
         partial_base: wp.array3d(dtype=scalar),
@@ -330,96 +390,131 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
         acc_base = zero
         acc_scaler = zero
         for n in range(start, stop):
-            xv = x[n, i]
             grad = dy[n, o]
-            act, dact = silu_and_grad(xv)
+            act, dact = silu_and_grad(x[n, i])
             acc_base = acc_base + grad * act
-            valid, g, r, u, du_dx = locate(xv, h)
+            valid, w, sloped = decode_window(window[n, i])
             if valid:
-                acc_scaler = acc_scaler + grad * window_dot(table, slot[n, i], o, r, basis(u, basis_matrix))
+                acc_scaler = acc_scaler + grad * window_dot(table, w, o, basis(local_u[n, i], basis_matrix))
         partial_base[chunk, i, o] = acc_base
         partial_scaler[chunk, i, o] = acc_scaler
 
     combine_rows = combine_rows_kernel(scalar_name)
 
     @wp.func
-    def gather_row(
-        dy: wp.array2d(dtype=scalar),
-        x: wp.array2d(dtype=scalar),
-        sorted_elem: wp.array(dtype=wp.int32),
-        start: int,
-        stop: int,
-        o: int,
-        h: wp.float64,
-        basis_matrix: matK,
-        as_current: int,
-        acc: vecK,
-    ):
-        """Add the window contributions of the sorted elements [start, stop) to the K coefficients of one
-        row: as C_g (window positions >= K) when ``as_current``, else as C_{g-1} (positions < K)."""
-        n_rows = x.shape[0]
-        for j in range(start, stop):
-            e = sorted_elem[j]
-            i = e // n_rows
-            n = e - i * n_rows
-            valid, g, r, u, du_dx = locate(x[n, i], h)
-            b = basis(u, basis_matrix) * dy[n, o]
-            for m in range(K):
-                idx = r + m
-                if as_current:
-                    if idx >= K:
-                        acc[idx - K] = acc[idx - K] + b[m]
-                else:
-                    if idx < K:
-                        acc[idx] = acc[idx] + b[m]
-        return acc
-
-    @wp.func
-    def split_range(start: int, stop: int, split: int, n_splits: int):
-        length = stop - start
-        return start + (length * split) // n_splits, start + (length * (split + 1)) // n_splits
+    def store_window(dest: wp.array3d(dtype=scalar), at: int, o: int, acc: vec2K):
+        for m in range(2 * K):
+            dest[at, m, o] = acc[m]
 
     @kernel
     def backward_table(
         dy: wp.array2d(dtype=scalar),
-        x: wp.array2d(dtype=scalar),
         sorted_elem: wp.array(dtype=wp.int32),
-        pair_feature: wp.array(dtype=wp.int32),
-        pair_group: wp.array(dtype=wp.int64),
+        window: wp.array2d(dtype=wp.int32),
+        local_u: wp.array2d(dtype=scalar),
         row_start: wp.array(dtype=wp.int32),
         row_stop: wp.array(dtype=wp.int32),
-        h: wp.float64,
         basis_matrix: matK,
-        partial: wp.array4d(dtype=scalar),
+        chunk_size: int,
+        row_window: wp.array3d(dtype=scalar),
+        head: wp.array3d(dtype=scalar),
+        tail: wp.array3d(dtype=scalar),
     ):
-        # partial[split, p, o, :] = this split's share of (the C_g contributions of row p's elements
-        #                           + the C_{g-1} contributions of row p + 1's elements)
-        split, p, o = wp.tid()
-        n_splits = partial.shape[0]
-        i = pair_feature[p]
-        acc = vecK()
-        lo, hi = split_range(row_start[p], row_stop[p], split, n_splits)
-        acc = gather_row(dy, x, sorted_elem, lo, hi, o, h, basis_matrix, 1, acc)
-        q = p + 1
-        if q < partial.shape[1]:
-            if pair_feature[q] == i and pair_group[q] == pair_group[p] + wp.int64(1):
-                lo, hi = split_range(row_start[q], row_stop[q], split, n_splits)
-                acc = gather_row(dy, x, sorted_elem, lo, hi, o, h, basis_matrix, 0, acc)
-        for m in range(K):
-            partial[split, p, o, m] = acc[m]
+        # The 2K-window sum of row p, W_p[r + m] = sum over its elements of dy[n, o] b_m (positions < K
+        # belong to C_{g-1} = row p - 1, the rest to C_g = row p), for the rows this chunk of sorted elements
+        # meets: into row_window[p] when the row lies inside the chunk, else into head[chunk] (the row began
+        # in an earlier chunk) or tail[chunk] (it begins here and goes on).
+        tid = wp.tid()
+        n_out = dy.shape[1]
+        o = tid % n_out
+        chunk = tid // n_out
+        n_rows = dy.shape[0]
+        first = chunk * chunk_size
+        stop = wp.min(first + chunk_size, sorted_elem.shape[0])
+        current = int(-1)
+        acc = vec2K()
+        for j in range(first, stop + 1):
+            p = int(-1)
+            n = int(0)
+            i = int(0)
+            start = int(0)
+            if j < stop:
+                e = sorted_elem[j]
+                i = e // n_rows
+                n = e - i * n_rows
+                valid, start, sloped = decode_window(window[n, i])
+                if valid:
+                    p = start // K + 1
+            if p != current:  # flush the finished row (elements past the capacity or NaN end the walk)
+                if current >= 0:
+                    if row_start[current] >= first and row_stop[current] <= stop:
+                        store_window(row_window, current, o, acc)
+                    elif row_start[current] < first:
+                        store_window(head, chunk, o, acc)
+                    else:
+                        store_window(tail, chunk, o, acc)
+                current = p
+                acc = vec2K()
+            if p >= 0:
+                b = basis(local_u[n, i], basis_matrix) * dy[n, o]
+                r = start - (p - 1) * K
+                for m in range(K):
+                    acc[r + m] = acc[r + m] + b[m]
+
+    @wp.func
+    def resolved_window(
+        p: int,
+        o: int,
+        row_start: wp.array(dtype=wp.int32),
+        row_stop: wp.array(dtype=wp.int32),
+        chunk_size: int,
+        row_window: wp.array3d(dtype=scalar),
+        head: wp.array3d(dtype=scalar),
+        tail: wp.array3d(dtype=scalar),
+    ):
+        """W_p of backward_table: zero for a row without elements, else its own entry or its chunk partials
+        added in chunk order."""
+        acc = vec2K()
+        lo = row_start[p]
+        hi = row_stop[p]
+        if hi > lo:
+            c0 = lo // chunk_size
+            c1 = (hi - 1) // chunk_size
+            if c0 == c1:
+                for m in range(2 * K):
+                    acc[m] = row_window[p, m, o]
+            else:
+                for m in range(2 * K):
+                    acc[m] = tail[c0, m, o]
+                for c in range(c0 + 1, c1 + 1):
+                    for m in range(2 * K):
+                        acc[m] = acc[m] + head[c, m, o]
+        return acc
 
     @kernel
     def combine_table(
-        partial: wp.array4d(dtype=scalar),
+        row_start: wp.array(dtype=wp.int32),
+        row_stop: wp.array(dtype=wp.int32),
         pair_feature: wp.array(dtype=wp.int32),
         scaler_t: wp.array2d(dtype=scalar),
-        d_table: wp.array3d(dtype=scalar),
+        chunk_size: int,
+        row_window: wp.array3d(dtype=scalar),
+        head: wp.array3d(dtype=scalar),
+        tail: wp.array3d(dtype=scalar),
+        d_table: wp.array2d(dtype=scalar),
     ):
-        p, o, m = wp.tid()
-        acc = zero
-        for split in range(partial.shape[0]):  # fixed order: deterministic
-            acc = acc + partial[split, p, o, m]
-        d_table[p, o, m] = d_table[p, o, m] + scaler_t[pair_feature[p], o] * acc
+        # d C_p[m, o] = s[i, o] (W_p[K + m] + W_{p+1}[m]): row p + 1, when it has elements, is (i, g + 1)
+        tid = wp.tid()
+        n_out = d_table.shape[1]
+        o = tid % n_out
+        p = tid // n_out
+        own = resolved_window(p, o, row_start, row_stop, chunk_size, row_window, head, tail)
+        after = vec2K()
+        if p + 1 < row_start.shape[0]:
+            after = resolved_window(p + 1, o, row_start, row_stop, chunk_size, row_window, head, tail)
+        s = scaler_t[pair_feature[p], o]
+        for m in range(K):
+            d_table[p * K + m, o] = d_table[p * K + m, o] + s * (own[K + m] + after[m])
 
     basis_matrix = shared.basis_matrix
     return UKANVariant(
@@ -470,14 +565,24 @@ def _on(stream):
 # ---------------------------------------------------------------------- 1. pairs
 @dataclass
 class PairBuffers:
-    """Where the touched-pair search leaves its results (allocated by the caller once P is known)."""
+    """Where the touched-pair search leaves its results. Every size is a function of the shapes and the
+    capacity; the pair arrays must be zeroed by the caller (padding rows: feature 0, group 0, no elements)."""
 
     sorted_elem: wp.array  # [N * in] int32: elements e = i * N + n in (feature, group, n) order
-    slot: wp.array  # [N, in] int32: table row of C_g for element (n, i); -1 for NaN
-    pair_feature: wp.array  # [P] int32
-    pair_group: wp.array  # [P] int64
-    row_start: wp.array  # [P] int32: the sorted elements of row p are sorted_elem[row_start[p]:row_stop[p]]
-    row_stop: wp.array  # [P] int32
+    window: wp.array  # [N, in] int32: first table row ([P * K, out] view) of the element's window, coded
+    local_u: wp.array  # [N, in] scalar: local coordinate u in [0, 1)
+    pair_feature: wp.array  # [capacity] int32
+    pair_group: wp.array  # [capacity] int64
+    row_start: wp.array  # [capacity] int32: the sorted elements of row p are sorted_elem[row_start[p]:row_stop[p]]
+    row_stop: wp.array  # [capacity] int32
+    rows_needed: wp.array  # [1] int32: table rows the data needed (more than capacity: some were dropped)
+
+
+def table_capacity(n_rows: int, n_in: int, table_groups: int) -> int:
+    """Table rows allocated for a batch of n_rows x n_in: ``table_groups`` per feature on average (shared by
+    all features), at least 1024, and never more than 2 N in (each touched pair takes at most two rows).
+    A function of the shapes alone: no read-back, the same size on every call of one shape."""
+    return min(2 * n_rows * n_in, max(n_in * table_groups, _MIN_CAPACITY))
 
 
 def pair_scratch(n_entries: int) -> dict:
@@ -490,81 +595,84 @@ def pair_scratch(n_entries: int) -> dict:
     }
 
 
-def launch_pairs(x, grid_delta, order, scratch: dict, allocate, stream=None) -> PairBuffers:
-    """Find the distinct (feature, group) pairs that x [N, in] touches, plus the (feature, group - 1) pairs
-    their windows reach back into, sorted by (feature, group).
+class WarpPrimitives:
+    """The two device-wide primitives of the pair search, from ``wp.utils``. A host framework can pass its
+    own (the torch bridge sorts and scans with torch, which stays legal under CUDA-graph capture of torch's
+    stream; ``wp.utils``' are not, on a foreign stream)."""
 
-    ``scratch`` holds the arrays named by :func:`pair_scratch`; ``allocate(name, shape, wp_dtype)`` returns a
-    new array for each output once the number of rows P is known. This reads P back to the host (one
-    synchronisation): the table's size depends on the data."""
+    def sort_pairs(self, keys: wp.array, values: wp.array, count: int, key_bits: int) -> None:
+        """Stable sort of keys[:count] with values[:count]; both arrays hold 2 * count entries."""
+        wp.utils.radix_sort_pairs(keys, values, count, end_bit=key_bits)
+
+    def inclusive_scan(self, values: wp.array, out: wp.array) -> None:
+        wp.utils.array_scan(values, out, inclusive=True)
+
+
+def launch_pairs(x, grid_delta, order, scratch: dict, out: PairBuffers, stream=None, primitives=None) -> None:
+    """Find the distinct (feature, group) pairs that x [N, in] touches, plus the (feature, group - 1) pairs
+    their windows reach back into, sorted by (feature, group), into ``out`` (pair arrays zeroed by the
+    caller). ``scratch`` holds the arrays named by :func:`pair_scratch`; ``primitives`` sorts and scans
+    (default :class:`WarpPrimitives`). No host synchronisation."""
     h = _check_h(grid_delta)
     variant = get_variant(order, _scalar_name(x))
     n_rows, n_in = x.shape
     n_entries = n_rows * n_in
     if n_entries >= 2**31 or n_in >= 2**21:
         raise ValueError(f"too large for the int32 pair search: {n_rows} rows x {n_in} features")
+    if out.pair_feature.shape[0] * (order + 1) >= 2**31:
+        raise ValueError(f"table capacity {out.pair_feature.shape[0]} too large for int32 windows")
     device = x.device
     sentinel = wp.int64(n_in * _FEATURE_STRIDE)
+    if n_entries == 0:
+        return
     with _on(stream):
-        if n_entries == 0:
-            n_pairs = 0
-        else:
-            keys, elems = scratch["keys"], scratch["elems"]
-            rows_needed, row_end = scratch["rows_needed"], scratch["row_end"]
-            wp.launch(variant.pair_keys, dim=(n_in, n_rows), inputs=[x, h], outputs=[keys, elems],
-                      device=device, record_tape=False)
-            end_bit = int(n_in * _FEATURE_STRIDE).bit_length()
-            wp.utils.radix_sort_pairs(keys, elems, n_entries, end_bit=end_bit)
-            sorted_keys = keys[:n_entries]
-            wp.launch(variant.pair_mark, dim=n_entries, inputs=[sorted_keys, sentinel], outputs=[rows_needed],
-                      device=device, record_tape=False)
-            wp.utils.array_scan(rows_needed, row_end, inclusive=True)
-            n_pairs = int(row_end[n_entries - 1 : n_entries].numpy()[0])  # the one host read-back
-        out = PairBuffers(
-            sorted_elem=allocate("sorted_elem", (n_entries,), wp.int32),
-            slot=allocate("slot", (n_rows, n_in), wp.int32),
-            pair_feature=allocate("pair_feature", (n_pairs,), wp.int32),
-            pair_group=allocate("pair_group", (n_pairs,), wp.int64),
-            row_start=allocate("row_start", (n_pairs,), wp.int32),
-            row_stop=allocate("row_stop", (n_pairs,), wp.int32),
+        keys, elems = scratch["keys"], scratch["elems"]
+        rows_needed, row_end = scratch["rows_needed"], scratch["row_end"]
+        wp.launch(variant.pair_keys, dim=(n_in, n_rows), inputs=[x, h],
+                  outputs=[keys, elems, out.window, out.local_u], device=device, record_tape=False)
+        end_bit = int(n_in * _FEATURE_STRIDE).bit_length()
+        primitives = primitives or WarpPrimitives()
+        primitives.sort_pairs(keys, elems, n_entries, end_bit)
+        sorted_keys = keys[:n_entries]
+        wp.launch(variant.pair_mark, dim=n_entries, inputs=[sorted_keys, sentinel], outputs=[rows_needed],
+                  device=device, record_tape=False)
+        primitives.inclusive_scan(rows_needed, row_end)
+        wp.launch(
+            variant.pair_fill,
+            dim=n_entries,
+            inputs=[sorted_keys, elems[:n_entries], rows_needed, row_end, sentinel, n_rows],
+            outputs=[out.sorted_elem, out.window, out.pair_feature, out.pair_group, out.row_start,
+                     out.row_stop, out.rows_needed],
+            device=device,
+            record_tape=False,
         )
-        if n_entries:
-            wp.launch(
-                variant.pair_fill,
-                dim=n_entries,
-                inputs=[keys[:n_entries], elems[:n_entries], rows_needed, row_end, sentinel, n_rows, n_in],
-                outputs=[out.sorted_elem, out.slot, out.pair_feature, out.pair_group, out.row_start, out.row_stop],
-                device=device,
-                record_tape=False,
-            )
-    return out
 
 
 # ---------------------------------------------------------------------- 3./4. spline forward and backward
-def _check_spline_args(x, slot, table, base_weight_t, scaler_t, order):
+def _check_spline_args(x, window, local_u, table, base_weight_t, scaler_t, order):
     n_rows, n_in = x.shape
     n_out = scaler_t.shape[1]
-    expected = {
-        "slot": (n_rows, n_in),
-        "table": (table.shape[0], n_out, order + 1),
-        "base_weight_t": (n_in, n_out),
-        "scaler_t": (n_in, n_out),
-    }
-    for name, arr in (("slot", slot), ("table", table), ("base_weight_t", base_weight_t), ("scaler_t", scaler_t)):
-        if tuple(arr.shape) != expected[name]:
+    K = order + 1
+    if table.ndim != 2 or table.shape[1] != n_out or table.shape[0] % K:
+        raise ValueError(f"table must have shape [P * {K}, {n_out}], got {tuple(table.shape)}")
+    expected = {"window": (n_rows, n_in), "local_u": (n_rows, n_in), "base_weight_t": (n_in, n_out),
+                "scaler_t": (n_in, n_out)}
+    arrays = (("window", window), ("local_u", local_u), ("table", table), ("base_weight_t", base_weight_t),
+              ("scaler_t", scaler_t))
+    for name, arr in arrays:
+        if name in expected and tuple(arr.shape) != expected[name]:
             raise ValueError(f"{name} must have shape {expected[name]}, got {tuple(arr.shape)}")
         if arr.device != x.device:
             raise ValueError(f"{name} must be on the device of x ({x.device}), got {arr.device}")
-        want = wp.int32 if name == "slot" else x.dtype
+        want = wp.int32 if name == "window" else x.dtype
         if arr.dtype != want:
             raise TypeError(f"{name} must have dtype {wp.types.type_repr(want)}, got {wp.types.type_repr(arr.dtype)}")
 
 
-def launch_forward(x, slot, table, base_weight_t, scaler_t, y, grid_delta, order, use_base=True, stream=None):
+def launch_forward(x, window, local_u, table, base_weight_t, scaler_t, y, order, use_base=True, stream=None):
     """y [N, out] = sum_i base_weight_t[i, o] silu(x) + scaler_t[i, o] spline_io(x), the spline reading its
-    window from ``table`` [P, out, K] at rows slot - 1 and slot. Overwrites y."""
-    h = _check_h(grid_delta)
-    _check_spline_args(x, slot, table, base_weight_t, scaler_t, order)
+    window from ``table`` [P * K, out] (the pair search's ``window`` and ``local_u``). Overwrites y."""
+    _check_spline_args(x, window, local_u, table, base_weight_t, scaler_t, order)
     variant = get_variant(order, _scalar_name(x))
     n_rows, n_in = x.shape
     n_out = y.shape[1]
@@ -577,7 +685,7 @@ def launch_forward(x, slot, table, base_weight_t, scaler_t, y, grid_delta, order
     wp.launch(
         variant.forward,
         dim=n_rows * n_tiles,
-        inputs=[x, slot, table, base_weight_t, scaler_t, h, variant.basis_matrix, int(use_base)],
+        inputs=[x, window, local_u, table, base_weight_t, scaler_t, variant.basis_matrix, int(use_base)],
         outputs=[y],
         device=x.device,
         stream=stream,
@@ -585,68 +693,72 @@ def launch_forward(x, slot, table, base_weight_t, scaler_t, y, grid_delta, order
     )
 
 
+def table_chunk(n_entries: int, n_out: int) -> int:
+    """Sorted elements per chunk of the d_table segmented reduction: about _TARGET_TABLE_THREADS threads
+    (chunks x outputs), so the head/tail partials stay a few MiB; a function of the shapes alone."""
+    want = -(-n_entries * max(n_out, 1) // _TARGET_TABLE_THREADS)
+    return max(_MIN_TABLE_CHUNK, min(_MAX_TABLE_CHUNK, want))
+
+
 def launch_backward(
     dy, x, pairs: PairBuffers, table, base_weight_t, scaler_t, grid_delta, order, use_base=True,
     dx=None, d_base_weight_t=None, d_scaler_t=None, d_table=None, partials=None, stream=None,
 ):
     """Accumulate (+=) the gradients of :func:`launch_forward` into whichever of dx, d_base_weight_t,
-    d_scaler_t (these two together) and d_table are given. ``partials(name, shape, dtype)`` returns scratch
-    for the row reductions (default: fresh Warp arrays)."""
+    d_scaler_t (these two together) and d_table ([P * K, out]) are given. ``partials(name, shape, dtype)``
+    returns scratch (default: fresh Warp arrays)."""
     h = _check_h(grid_delta)
-    _check_spline_args(x, pairs.slot, table, base_weight_t, scaler_t, order)
+    _check_spline_args(x, pairs.window, pairs.local_u, table, base_weight_t, scaler_t, order)
     variant = get_variant(order, _scalar_name(x))
     device = x.device
     n_rows, n_in = x.shape
     n_out = scaler_t.shape[1]
-    n_pairs = table.shape[0]
+    K = order + 1
+    capacity = table.shape[0] // K
     if n_rows == 0 or n_in == 0 or n_out == 0:
         return
     if tuple(dy.shape) != (n_rows, n_out):
         raise ValueError(f"dy must have shape {(n_rows, n_out)}, got {tuple(dy.shape)}")
     bm = variant.basis_matrix
+    scalar = variant.scalar
     if partials is None:
         def partials(name, shape, dtype):
             return wp.empty(shape, dtype=dtype, device=device)
 
     with _on(stream):
         if dx is not None:
-            wp.launch(variant.backward_x, dim=n_rows * n_in,
-                      inputs=[dy, x, pairs.slot, table, base_weight_t, scaler_t, h, bm, int(use_base)],
-                      outputs=[dx], device=device, record_tape=False)
+            block = _ROW_BLOCK if device.is_cuda else 1
+            wp.launch(variant.backward_x, dim=(n_rows, block),
+                      inputs=[dy, x, pairs.window, pairs.local_u, table, base_weight_t, scaler_t,
+                              scalar(1.0 / h), bm, int(use_base)],
+                      outputs=[dx], device=device, block_dim=block, record_tape=False)
         if d_base_weight_t is not None or d_scaler_t is not None:
             if d_base_weight_t is None or d_scaler_t is None:
                 raise ValueError("d_base_weight_t and d_scaler_t must be given together")
             n_chunks, rows_per_chunk = row_chunks(n_rows, n_in, n_out)
-            partial_base = partials("partial_base", (n_chunks, n_in, n_out), variant.scalar)
-            partial_scaler = partials("partial_scaler", (n_chunks, n_in, n_out), variant.scalar)
+            partial_base = partials("partial_base", (n_chunks, n_in, n_out), scalar)
+            partial_scaler = partials("partial_scaler", (n_chunks, n_in, n_out), scalar)
             wp.launch(variant.backward_rows, dim=n_chunks * n_in * n_out,
-                      inputs=[dy, x, pairs.slot, table, h, bm, rows_per_chunk],
+                      inputs=[dy, x, pairs.window, pairs.local_u, table, bm, rows_per_chunk],
                       outputs=[partial_base, partial_scaler], device=device, record_tape=False)
             wp.launch(variant.combine_rows, dim=(n_in, n_out),
                       inputs=[partial_base, partial_scaler, int(use_base)],
                       outputs=[d_base_weight_t, d_scaler_t], device=device, record_tape=False)
-        if d_table is not None and n_pairs > 0:
-            n_splits = table_splits(n_rows * n_in, n_pairs, n_out)
-            partial_table = partials("partial_table", (n_splits, n_pairs, n_out, order + 1), variant.scalar)
-            wp.launch(
-                variant.backward_table,
-                dim=(n_splits, n_pairs, n_out),
-                inputs=[dy, x, pairs.sorted_elem, pairs.pair_feature, pairs.pair_group, pairs.row_start,
-                        pairs.row_stop, h, bm],
-                outputs=[partial_table],
-                device=device,
-                record_tape=False,
-            )
-            wp.launch(variant.combine_table, dim=(n_pairs, n_out, order + 1),
-                      inputs=[partial_table, pairs.pair_feature, scaler_t], outputs=[d_table],
-                      device=device, record_tape=False)
-
-
-def table_splits(n_entries: int, n_pairs: int, n_out: int) -> int:
-    """Splits per table row for the d_table gather: enough threads to fill a GPU, at least ~32 elements per
-    split on average; a function of the shapes alone, so the summation order is fixed."""
-    want = -(-_TARGET_TABLE_THREADS // max(n_pairs * n_out, 1))
-    return max(1, min(want, n_entries // (32 * max(n_pairs, 1))))
+        if d_table is not None and capacity > 0:
+            n_entries = n_rows * n_in
+            chunk = table_chunk(n_entries, n_out)
+            n_chunks = -(-n_entries // chunk)
+            row_window = partials("row_window", (capacity, 2 * K, n_out), scalar)
+            head = partials("head", (n_chunks, 2 * K, n_out), scalar)
+            tail = partials("tail", (n_chunks, 2 * K, n_out), scalar)
+            wp.launch(variant.backward_table, dim=n_chunks * n_out,
+                      inputs=[dy, pairs.sorted_elem, pairs.window, pairs.local_u, pairs.row_start,
+                              pairs.row_stop, bm, chunk],
+                      outputs=[row_window, head, tail], device=device, record_tape=False)
+            wp.launch(variant.combine_table, dim=capacity * n_out,
+                      inputs=[pairs.row_start, pairs.row_stop, pairs.pair_feature, scaler_t, chunk, row_window,
+                              head, tail],
+                      outputs=[d_table], device=device, record_tape=False)
 
 
 # ---------------------------------------------------------------------- 2. CG-MLP in Warp (native layer)
@@ -659,6 +771,7 @@ class DenseVariant:
     dense_backward_params: wp.Kernel
     dense_combine: wp.Kernel
     embedding_backward: wp.Kernel
+    reorder_table: wp.Kernel
 
 
 @functools.lru_cache(maxsize=None)
@@ -764,9 +877,9 @@ def get_dense_variant(scalar_name: str = "float32") -> DenseVariant:
             d_bias[b] = d_bias[b] + acc
 
     @wp.func
-    def lower_bound(values: wp.array(dtype=wp.int32), target: int):
+    def lower_bound(values: wp.array(dtype=wp.int32), count: int, target: int):
         lo = int(0)
-        hi = values.shape[0]
+        hi = count
         while lo < hi:
             mid = (lo + hi) // 2
             if values[mid] < target:
@@ -779,20 +892,45 @@ def get_dense_variant(scalar_name: str = "float32") -> DenseVariant:
     def embedding_backward(
         d_features: wp.array2d(dtype=scalar),
         pair_feature: wp.array(dtype=wp.int32),
+        rows_needed: wp.array(dtype=wp.int32),
         pe_dim: int,
         d_embedding: wp.array2d(dtype=scalar),
     ):
-        # the rows of feature i are contiguous (sorted by feature): sum them in order, no atomics
+        # the rows in use of feature i are contiguous (sorted by feature; the padding rows after them are
+        # not): sum them in order, no atomics
         i, e = wp.tid()
-        start = lower_bound(pair_feature, i)
-        stop = lower_bound(pair_feature, i + 1)
+        used = wp.min(rows_needed[0], pair_feature.shape[0])
+        start = lower_bound(pair_feature, used, i)
+        stop = lower_bound(pair_feature, used, i + 1)
         acc = zero
         for p in range(start, stop):
             acc = acc + d_features[p, pe_dim + e]
         d_embedding[i, e] = d_embedding[i, e] + acc
 
+    @kernel
+    def reorder_table(by_output: wp.array2d(dtype=scalar), K: int, to_kernel_order: int,
+                      by_basis: wp.array2d(dtype=scalar)):
+        # the MLP's [P, out * K] rows in (o, m) order <-> the spline kernels' [P * K, out]
+        p, b = wp.tid()
+        o = b // K
+        m = b - o * K
+        if to_kernel_order:
+            by_basis[p * K + m, o] = by_output[p, b]
+        else:
+            by_output[p, b] = by_basis[p * K + m, o]
+
     return DenseVariant(scalar, features, dense_forward, dense_backward_input, dense_backward_params,
-                        dense_combine, embedding_backward)
+                        dense_combine, embedding_backward, reorder_table)
+
+
+def launch_reorder_table(by_output, by_basis, order, to_kernel_order: bool, stream=None):
+    """Copy the CG-MLP output [P, out * K] ((o, m) order) into the kernels' table [P * K, out], or back."""
+    variant = get_dense_variant(_scalar_name(by_output, "by_output"))
+    if by_output.shape[0] == 0 or by_output.shape[1] == 0:
+        return
+    wp.launch(variant.reorder_table, dim=tuple(by_output.shape),
+              inputs=[by_output, order + 1, int(to_kernel_order)], outputs=[by_basis], device=by_output.device,
+              stream=stream, record_tape=False)
 
 
 def launch_features(pair_feature, pair_group, embedding, pe_dim, out, stream=None):
@@ -835,9 +973,9 @@ def launch_dense_backward(d_out, inp, weight, d_weight, d_bias, d_in=None, pre_i
                   device=device, record_tape=False)
 
 
-def launch_embedding_backward(d_features, pair_feature, pe_dim, d_embedding, stream=None):
+def launch_embedding_backward(d_features, pair_feature, rows_needed, pe_dim, d_embedding, stream=None):
     variant = get_dense_variant(_scalar_name(d_features, "d_features"))
     if d_embedding.shape[0] == 0 or d_embedding.shape[1] == 0:
         return
-    wp.launch(variant.embedding_backward, dim=tuple(d_embedding.shape), inputs=[d_features, pair_feature, int(pe_dim)],
+    wp.launch(variant.embedding_backward, dim=tuple(d_embedding.shape), inputs=[d_features, pair_feature, rows_needed, int(pe_dim)],
               outputs=[d_embedding], device=d_embedding.device, stream=stream, record_tape=False)

@@ -27,8 +27,8 @@ class UKANLinear:
     Call it on a ``wp.array2d`` x [N, in]; it returns y [N, out]. Under an active ``wp.Tape``,
     ``tape.backward()`` accumulates into ``x.grad`` (when x requires grad) and into the gradients of
     :meth:`parameters`. :meth:`state_dict` / :meth:`load_state_dict` use the torch layer's names and
-    layouts (as numpy arrays), so weights move between the two. Each call reads one integer back to the host
-    (the number of touched (feature, group) pairs).
+    layouts (as numpy arrays), so weights move between the two. The coefficient table has the torch layer's
+    fixed capacity (``table_groups``), so a call reads nothing back to the host.
     """
 
     def __init__(
@@ -41,6 +41,7 @@ class UKANLinear:
         embed_dim: int = 8,
         hidden_dim: int = 32,
         use_base: bool = True,
+        table_groups: int = 16,
         device=None,
         dtype=wp.float32,
         seed: int = 0,
@@ -60,6 +61,9 @@ class UKANLinear:
         self.spline_order, self.grid_delta = spline_order, float(grid_delta)
         self.pe_dim, self.embed_dim, self.hidden_dim = pe_dim, embed_dim, hidden_dim
         self.use_base = use_base
+        if int(table_groups) < 1:
+            raise ValueError(f"table_groups must be positive, got {table_groups}")
+        self.table_groups = int(table_groups)
         self.device = wp.get_device(device)
         self.dtype = dtype
         K = spline_order + 1
@@ -104,21 +108,33 @@ class UKANLinear:
         def empty(shape, dt=dtype):
             return wp.empty(shape, dtype=dt, device=device)
 
-        scratch = {name: empty(shape, dt) for name, (shape, dt) in ku.pair_scratch(n_rows * self.in_features).items()}
-        pairs = ku.launch_pairs(x, h, k, scratch, lambda name, shape, dt: empty(shape, dt))
-        n_pairs = pairs.pair_feature.shape[0]
+        n_in = self.in_features
+        scratch = {name: empty(shape, dt) for name, (shape, dt) in ku.pair_scratch(n_rows * n_in).items()}
+        n_pairs = ku.table_capacity(n_rows, n_in, self.table_groups)
+        pairs = ku.PairBuffers(
+            sorted_elem=empty((n_rows * n_in,), wp.int32), window=empty((n_rows, n_in), wp.int32),
+            local_u=empty((n_rows, n_in)), pair_feature=wp.zeros(n_pairs, dtype=wp.int32, device=device),
+            pair_group=wp.zeros(n_pairs, dtype=wp.int64, device=device),
+            row_start=wp.zeros(n_pairs, dtype=wp.int32, device=device),
+            row_stop=wp.zeros(n_pairs, dtype=wp.int32, device=device),
+            rows_needed=wp.zeros(1, dtype=wp.int32, device=device),
+        )
+        ku.launch_pairs(x, h, k, scratch, pairs)
+        self.last_rows_needed = pairs.rows_needed
         features = empty((n_pairs, self.pe_dim + self.embed_dim))
         pre1, hid = empty((n_pairs, hidden)), empty((n_pairs, hidden))
         table_flat = empty((n_pairs, out * K))
+        table = empty((n_pairs * K, out))
         ku.launch_features(pairs.pair_feature, pairs.pair_group, self.feature_embedding, self.pe_dim, features)
         ku.launch_dense_forward(features, self.w1, self.b1, True, pre1, hid)
         ku.launch_dense_forward(hid, self.w2, self.b2, False, table_flat, table_flat)
-        table = empty((0, out, K)) if n_pairs == 0 else table_flat.reshape((n_pairs, out, K))
+        ku.launch_reorder_table(table_flat, table, k, to_kernel_order=True)
         y = new_output((n_rows, out), dtype, device, tape)
-        ku.launch_forward(x, pairs.slot, table, self.base_weight_t, self.scaler_t, y, h, k, self.use_base)
+        ku.launch_forward(x, pairs.window, pairs.local_u, table, self.base_weight_t, self.scaler_t, y, k,
+                          self.use_base)
 
         def backward():
-            d_table = wp.zeros((n_pairs, out, K), dtype=dtype, device=device) if n_pairs else None
+            d_table = wp.zeros((n_pairs * K, out), dtype=dtype, device=device) if n_pairs else None
             d_base = self.base_weight_t.grad if self.use_base else wp.zeros_like(self.scaler_t)
             ku.launch_backward(
                 y.grad, x, pairs, table, self.base_weight_t, self.scaler_t, h, k, self.use_base,
@@ -127,12 +143,14 @@ class UKANLinear:
             )
             if n_pairs == 0:
                 return
+            d_table_flat = empty((n_pairs, out * K))
+            ku.launch_reorder_table(d_table_flat, d_table, k, to_kernel_order=False)
             d_hid = empty((n_pairs, hidden))
-            ku.launch_dense_backward(d_table.reshape((n_pairs, out * K)), hid, self.w2, self.w2.grad,
+            ku.launch_dense_backward(d_table_flat, hid, self.w2, self.w2.grad,
                                      self.b2.grad, d_in=d_hid, pre_in=pre1, silu_in=True)
             d_features = empty((n_pairs, self.pe_dim + self.embed_dim))
             ku.launch_dense_backward(d_hid, features, self.w1, self.w1.grad, self.b1.grad, d_in=d_features)
-            ku.launch_embedding_backward(d_features, pairs.pair_feature, self.pe_dim, self.feature_embedding.grad)
+            ku.launch_embedding_backward(d_features, pairs.pair_feature, pairs.rows_needed, self.pe_dim, self.feature_embedding.grad)
 
         record_backward(tape, backward, [x, y, *self.parameters()])
         return y

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import bspline as kb
+from ..kernels import ukan as ku
 from ._common import autocast_dtype, check_tensor
 from .kan_linear import KANLinear, _base_path
 from .ukan_ops import check_grid_delta, positional_encoding, ukan_pairs, ukan_spline
@@ -26,11 +27,15 @@ class UKANLinear(nn.Module):
     (``feature_embedding``, ``embed_dim``) to ``C_g`` [out, K]; the cell's K coefficients are the window
     ``[C_{g-1}; C_g][r : r + K]`` with ``r = c mod K``.
 
-    The CG-MLP runs only on the distinct (feature, group) pairs the batch touches (and their g - 1
-    neighbours), never per sample, so memory grows with the number of touched groups, not with N * out.
-    Finding them reads one integer back to the host per forward. Inputs with |x| / h beyond 2^39 are
-    evaluated at that limit (finite, zero spline slope); NaN gives a zero spline term. Gradients are bitwise
-    reproducible (stable sort, no floating-point atomics).
+    The CG-MLP runs only on a table of (feature, group) rows, never per sample: the distinct pairs the batch
+    touches (and their g - 1 neighbours), in a table of fixed capacity ``min(2 N in, max(in * table_groups,
+    1024))`` rows, so memory is bounded by the shapes and nothing is read back to the host (the layer can be
+    captured in a CUDA graph). ``table_groups`` is the average number of table rows per feature a batch may
+    use (a feature whose inputs span R groups of K h uses about R + 1); when a batch needs more rows than
+    the capacity, the elements of the pairs past it get a zero spline term, like off-grid inputs of a
+    bounded KAN: :meth:`table_overflow` tells (it reads the count back, so call it off the hot path).
+    Inputs with |x| / h beyond 2^39 are evaluated at that limit (finite, zero spline slope); NaN gives a
+    zero spline term. Gradients are bitwise reproducible (stable sort, no floating-point atomics).
 
     Under bf16/fp16 autocast the layer computes in fp32 and returns the autocast dtype.
     """
@@ -45,6 +50,7 @@ class UKANLinear(nn.Module):
         embed_dim: int = 8,
         hidden_dim: int = 32,
         base_activation="silu",
+        table_groups: int = 16,
         device=None,
         dtype=None,
     ):
@@ -58,6 +64,8 @@ class UKANLinear(nn.Module):
             raise ValueError(f"embed_dim must be a non-negative int, got {embed_dim!r}")
         if pe_dim + embed_dim == 0:
             raise ValueError("pe_dim + embed_dim must be positive: the CG-MLP needs an input")
+        if not isinstance(table_groups, int) or table_groups < 1:
+            raise ValueError(f"table_groups must be a positive int, got {table_groups!r}")
         if not isinstance(spline_order, int) or not 1 <= spline_order <= kb.MAX_SPLINE_ORDER:
             raise ValueError(f"spline_order must be an int in [1, {kb.MAX_SPLINE_ORDER}], got {spline_order!r}")
         dtype = dtype or torch.get_default_dtype()
@@ -67,6 +75,7 @@ class UKANLinear(nn.Module):
         self.spline_order = spline_order
         self.grid_delta = check_grid_delta(grid_delta)
         self.pe_dim, self.embed_dim, self.hidden_dim = pe_dim, embed_dim, hidden_dim
+        self.table_groups = table_groups
         self.use_base = _base_path(base_activation)
         K = spline_order + 1
         factory = {"device": device, "dtype": dtype}
@@ -76,7 +85,10 @@ class UKANLinear(nn.Module):
         # [out, in] views of [in, out] storage: the kernels read them without a copy (output index innermost)
         self.base_weight = nn.Parameter(torch.empty(in_features, out_features, **factory).t())
         self.spline_scaler = nn.Parameter(torch.empty(in_features, out_features, **factory).t())
-        self._last = None  # (pair_feature, table) of the last forward, for regularization_loss
+        # the kernels read the table as [P, K, out]: cg_out's rows (o, m) taken in (m, o) order
+        order_km = torch.arange(out_features * K, device=device).view(out_features, K).t().reshape(-1)
+        self.register_buffer("_rows_km", order_km, persistent=False)
+        self._last = None  # (pair_feature, table [P, K, out], rows_needed) of the last forward
         self.reset_parameters()
 
     @torch.no_grad()
@@ -100,6 +112,37 @@ class UKANLinear(nn.Module):
         out = self.cg_out(F.silu(self.cg_hidden(features)))
         return out.view(-1, self.out_features, self.spline_order + 1)
 
+    def _table(self, pair_feature: torch.Tensor, pair_group: torch.Tensor) -> torch.Tensor:
+        """The table as the kernels read it: [P * K, out] (C_g of row p is rows p K .. p K + K - 1)."""
+        features = torch.cat(
+            [positional_encoding(pair_group, self.pe_dim, self.cg_hidden.weight.dtype),
+             self.feature_embedding[pair_feature.long()]],
+            dim=-1,
+        )
+        hidden = F.silu(self.cg_hidden(features))
+        out = F.linear(hidden, self.cg_out.weight[self._rows_km], self.cg_out.bias[self._rows_km])
+        return out.view(-1, self.out_features)
+
+    def _pairs(self, x2: torch.Tensor):
+        capacity = ku.table_capacity(x2.shape[0], self.in_features, self.table_groups)
+        # detached: the pair structure (local_u included) is piecewise constant data for the spline op, whose
+        # own backward carries the gradient into x
+        return ukan_pairs(x2.detach(), self.grid_delta, self.spline_order, capacity)
+
+    @torch.no_grad()
+    def table_overflow(self, x: torch.Tensor | None = None) -> int:
+        """How many table rows the last forward (or ``x``) needed beyond the capacity (0: none; then every
+        element got its spline term). Reads one integer back to the host."""
+        if x is not None:
+            check_tensor("x", x, ndim_min=1, last_dim=self.in_features, dtypes=())
+            x2 = x.reshape(-1, self.in_features).to(self.spline_scaler.dtype)
+            needed, capacity = self._pairs(x2)[7], ku.table_capacity(x2.shape[0], self.in_features, self.table_groups)
+        elif self._last is not None:
+            needed, capacity = self._last[2], self._last[0].shape[0]
+        else:
+            raise RuntimeError("table_overflow needs a forward pass first, or pass x")
+        return max(0, int(needed.item()) - capacity)
+
     # ---------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_tensor("x", x, ndim_min=1, last_dim=self.in_features, dtypes=())
@@ -117,12 +160,11 @@ class UKANLinear(nn.Module):
     def _forward(self, x):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
-        pairs = ukan_pairs(x2, self.grid_delta, self.spline_order)
-        sorted_elem, slot, pair_feature, pair_group, row_start, row_stop = pairs
-        table = self.generate_coefficients(pair_feature, pair_group)
-        self._last = (pair_feature, table)
+        sorted_elem, window, local_u, pair_feature, pair_group, row_start, row_stop, needed = self._pairs(x2)
+        table = self._table(pair_feature, pair_group)
+        self._last = (pair_feature, table, needed)
         y = ukan_spline(
-            x2, sorted_elem, slot, pair_feature, pair_group, row_start, row_stop, table,
+            x2, sorted_elem, window, local_u, pair_feature, row_start, row_stop, table,
             self.base_weight.t(), self.spline_scaler.t(), self.grid_delta, self.spline_order, self.use_base,
         )
         return y.reshape(*lead, self.out_features)
@@ -137,17 +179,21 @@ class UKANLinear(nn.Module):
         through the CG-MLP and the scaler."""
         if x is not None:
             check_tensor("x", x, ndim_min=1, last_dim=self.in_features, dtypes=())
-            pairs = ukan_pairs(x.reshape(-1, self.in_features).to(self.spline_scaler.dtype), self.grid_delta,
-                               self.spline_order)
-            pair_feature, table = pairs[2], self.generate_coefficients(pairs[2], pairs[3])
+            pairs = self._pairs(x.reshape(-1, self.in_features).to(self.spline_scaler.dtype))
+            pair_feature, table, needed = pairs[3], self._table(pairs[3], pairs[4]), pairs[7]
         elif self._last is not None:
-            pair_feature, table = self._last
+            pair_feature, table, needed = self._last
         else:
             raise RuntimeError("regularization_loss needs a forward pass first, or pass x")
+        K = self.spline_order + 1
+        capacity = pair_feature.shape[0]
+        # only the rows in use (the padding rows past the count are not coefficients of any edge)
+        used = (torch.arange(capacity, device=needed.device) < needed).to(table.dtype)
         pair_feature = pair_feature.long()
-        sums = table.new_zeros(self.in_features, self.out_features).index_add(0, pair_feature, table.abs().sum(-1))
-        counts = torch.bincount(pair_feature, minlength=self.in_features).clamp_min(1).to(table.dtype)
-        l1 = (sums / (counts.unsqueeze(-1) * table.shape[-1])).t() * self.spline_scaler.abs()  # [out, in]
+        per_row = table.view(capacity, K, self.out_features).abs().sum(1) * used.unsqueeze(-1)
+        sums = table.new_zeros(self.in_features, self.out_features).index_add(0, pair_feature, per_row)
+        counts = table.new_zeros(self.in_features).index_add(0, pair_feature, used).clamp_min(1)
+        l1 = (sums / (counts.unsqueeze(-1) * K)).t() * self.spline_scaler.abs()  # [out, in]
         activation = l1.sum()
         p = l1 / activation
         entropy = -torch.sum(p * torch.log(p.clamp_min(torch.finfo(p.dtype).tiny)))
@@ -196,5 +242,6 @@ class UKANLinear(nn.Module):
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, spline_order={self.spline_order}, "
             f"grid_delta={self.grid_delta}, pe_dim={self.pe_dim}, embed_dim={self.embed_dim}, "
-            f"hidden_dim={self.hidden_dim}, base={'silu' if self.use_base else 'none'}"
+            f"hidden_dim={self.hidden_dim}, base={'silu' if self.use_base else 'none'}, "
+            f"table_groups={self.table_groups}"
         )

@@ -1,13 +1,16 @@
 """torch.library custom ops of the UKAN layer, on the Warp kernels of ``warpkan.kernels.ukan``.
 
-Two ops do the Warp work; the CG-MLP between them is ordinary torch (a small dense GEMM on the touched pairs
-only), so autograd carries the table's gradient into the MLP's parameters:
+Two ops do the Warp work; the CG-MLP between them is ordinary torch (a small dense GEMM on the table rows),
+so autograd carries the table's gradient into the MLP's parameters:
 
-- ``warpkan::ukan_pairs(x)``: the distinct (feature, group) pairs x touches (plus the g - 1 neighbours), and
-  for each element its table row. The number of pairs P depends on the data: the op reads it back to the
-  host (one synchronisation per forward) and, under ``torch.compile``, P is an unbacked symbolic size.
+- ``warpkan::ukan_pairs(x, grid_delta, spline_order, capacity)``: the distinct (feature, group) pairs x
+  touches (plus the g - 1 neighbours) in a table of ``capacity`` rows, and for each element its window in
+  that table. Every output size is a function of the shapes and the capacity (no host read-back), so the
+  layer runs under CUDA-graph capture and ``torch.compile`` with static shapes. The number of rows the data
+  needed comes back as a one-element device tensor.
 - ``warpkan::ukan_spline(x, ..., table, ...)``: the spline (and optional SiLU base) on the table
-  ``[P, out, K]``, differentiable in x, table, base weight and scaler (``warpkan::ukan_spline_backward``).
+  ``[capacity * K, out]``, differentiable in x, table, base weight and scaler
+  (``warpkan::ukan_spline_backward``).
 """
 
 from __future__ import annotations
@@ -23,51 +26,71 @@ __all__ = ["ukan_pairs", "ukan_spline", "ukan_spline_backward", "positional_enco
 _TORCH_INT = {ku.wp.int32: torch.int32, ku.wp.int64: torch.int64}
 
 
+class _TorchPrimitives:
+    """Sort and scan with torch on torch's current stream: legal under CUDA-graph capture."""
+
+    @staticmethod
+    def sort_pairs(keys, values, count, key_bits):
+        keys_t, values_t = ku.wp.to_torch(keys)[:count], ku.wp.to_torch(values)[:count]
+        sorted_keys, order = torch.sort(keys_t, stable=True)
+        values_t.copy_(values_t[order])
+        keys_t.copy_(sorted_keys)
+
+    @staticmethod
+    def inclusive_scan(values, out):
+        torch.cumsum(ku.wp.to_torch(values), 0, dtype=torch.int32, out=ku.wp.to_torch(out))
+
+
+_PRIMITIVES = _TorchPrimitives()
+
+
+def _pair_outputs(x: Tensor, capacity: int, alloc, zeroed) -> tuple:
+    n_rows, n_in = x.shape
+    return (
+        alloc((n_rows * n_in,), dtype=torch.int32, device=x.device),  # sorted_elem
+        alloc((n_rows, n_in), dtype=torch.int32, device=x.device),  # window
+        alloc((n_rows, n_in), dtype=x.dtype, device=x.device),  # local_u
+        zeroed((capacity,), dtype=torch.int32, device=x.device),  # pair_feature (padding rows: 0)
+        zeroed((capacity,), dtype=torch.int64, device=x.device),  # pair_group
+        zeroed((capacity,), dtype=torch.int32, device=x.device),  # row_start
+        zeroed((capacity,), dtype=torch.int32, device=x.device),  # row_stop
+        zeroed((1,), dtype=torch.int32, device=x.device),  # rows_needed
+    )
+
+
 @torch.library.custom_op("warpkan::ukan_pairs", mutates_args=())
-def ukan_pairs(x: Tensor, grid_delta: float, spline_order: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """x [N, in] -> (sorted_elem [N*in] int32, slot [N, in] int32, pair_feature [P] int32,
-    pair_group [P] int64, row_start [P] int32, row_stop [P] int32). See ``warpkan.kernels.ukan``."""
+def ukan_pairs(x: Tensor, grid_delta: float, spline_order: int, capacity: int
+               ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """x [N, in] -> (sorted_elem [N*in] int32, window [N, in] int32, local_u [N, in], pair_feature [C] int32,
+    pair_group [C] int64, row_start [C] int32, row_stop [C] int32, rows_needed [1] int32) for a table of
+    C = capacity rows. See ``warpkan.kernels.ukan``."""
     x = x.contiguous()
-    n_entries = x.shape[0] * x.shape[1]
+    outputs = _pair_outputs(x, capacity, torch.empty, torch.zeros)
     scratch = {
         name: to_warp(torch.empty(shape, dtype=_TORCH_INT[dtype], device=x.device))
-        for name, (shape, dtype) in ku.pair_scratch(n_entries).items()
+        for name, (shape, dtype) in ku.pair_scratch(x.shape[0] * x.shape[1]).items()
     }
-    outputs = {}
-
-    def allocate(name, shape, dtype):
-        outputs[name] = torch.empty(shape, dtype=_TORCH_INT[dtype], device=x.device)
-        return to_warp(outputs[name])
-
-    ku.launch_pairs(to_warp(x), grid_delta, spline_order, scratch, allocate, stream=warp_stream(x.device))
-    return tuple(outputs[name] for name in ("sorted_elem", "slot", "pair_feature", "pair_group", "row_start", "row_stop"))
+    buffers = ku.PairBuffers(*(to_warp(t) for t in outputs))
+    ku.launch_pairs(to_warp(x), grid_delta, spline_order, scratch, buffers, stream=warp_stream(x.device),
+                    primitives=_PRIMITIVES)
+    return outputs
 
 
 @ukan_pairs.register_fake
-def _(x, grid_delta, spline_order):
-    n_pairs = torch.library.get_ctx().new_dynamic_size()
-    n_rows, n_in = x.shape
-
-    def new(shape, dtype):
+def _(x, grid_delta, spline_order, capacity):
+    def alloc(shape, dtype, device):
         return x.new_empty(shape, dtype=dtype)
 
-    return (
-        new((n_rows * n_in,), torch.int32),
-        new((n_rows, n_in), torch.int32),
-        new((n_pairs,), torch.int32),
-        new((n_pairs,), torch.int64),
-        new((n_pairs,), torch.int32),
-        new((n_pairs,), torch.int32),
-    )
+    return _pair_outputs(x, capacity, alloc, alloc)
 
 
 @torch.library.custom_op("warpkan::ukan_spline", mutates_args=())
 def ukan_spline(
     x: Tensor,
     sorted_elem: Tensor,
-    slot: Tensor,
+    window: Tensor,
+    local_u: Tensor,
     pair_feature: Tensor,
-    pair_group: Tensor,
     row_start: Tensor,
     row_stop: Tensor,
     table: Tensor,
@@ -77,25 +100,22 @@ def ukan_spline(
     spline_order: int,
     use_base: bool,
 ) -> Tensor:
-    """y [N, out] from x [N, in], the pair structure of ``ukan_pairs(x)`` and table [P, out, K];
+    """y [N, out] from x [N, in], the pair structure of ``ukan_pairs(x)`` and table [C * K, out];
     base_weight_t / scaler_t [in, out]."""
-    x, slot, table, base_weight_t, scaler_t = (t.contiguous() for t in (x, slot, table, base_weight_t, scaler_t))
+    x, window, local_u, table, base_weight_t, scaler_t = (
+        t.contiguous() for t in (x, window, local_u, table, base_weight_t, scaler_t))
     y = x.new_empty((x.shape[0], scaler_t.shape[1]))
     ku.launch_forward(
-        to_warp(x), to_warp(slot), to_warp(table), to_warp(base_weight_t), to_warp(scaler_t), to_warp(y),
-        grid_delta, spline_order, use_base, stream=warp_stream(x.device),
+        to_warp(x), to_warp(window), to_warp(local_u), to_warp(table), to_warp(base_weight_t),
+        to_warp(scaler_t), to_warp(y), spline_order, use_base, stream=warp_stream(x.device),
     )
     return y
 
 
 @ukan_spline.register_fake
-def _(x, sorted_elem, slot, pair_feature, pair_group, row_start, row_stop, table, base_weight_t, scaler_t,
+def _(x, sorted_elem, window, local_u, pair_feature, row_start, row_stop, table, base_weight_t, scaler_t,
       grid_delta, spline_order, use_base):
     return x.new_empty((x.shape[0], scaler_t.shape[1]))
-
-
-def _pairs_to_warp(sorted_elem, slot, pair_feature, pair_group, row_start, row_stop) -> ku.PairBuffers:
-    return ku.PairBuffers(*(to_warp(t.contiguous()) for t in (sorted_elem, slot, pair_feature, pair_group, row_start, row_stop)))
 
 
 @torch.library.custom_op("warpkan::ukan_spline_backward", mutates_args=())
@@ -103,9 +123,9 @@ def ukan_spline_backward(
     dy: Tensor,
     x: Tensor,
     sorted_elem: Tensor,
-    slot: Tensor,
+    window: Tensor,
+    local_u: Tensor,
     pair_feature: Tensor,
-    pair_group: Tensor,
     row_start: Tensor,
     row_stop: Tensor,
     table: Tensor,
@@ -125,9 +145,13 @@ def ukan_spline_backward(
     def partials(name, shape, dtype):
         return to_warp(torch.empty(shape, dtype=x.dtype, device=device))
 
+    pairs = ku.PairBuffers(
+        *(to_warp(t.contiguous()) for t in (sorted_elem, window, local_u, pair_feature)),
+        None, to_warp(row_start.contiguous()), to_warp(row_stop.contiguous()), None,
+    )
     ku.launch_backward(
-        to_warp(dy), to_warp(x), _pairs_to_warp(sorted_elem, slot, pair_feature, pair_group, row_start, row_stop),
-        to_warp(table), to_warp(base_weight_t), to_warp(scaler_t), grid_delta, spline_order, use_base,
+        to_warp(dy), to_warp(x), pairs, to_warp(table), to_warp(base_weight_t), to_warp(scaler_t), grid_delta,
+        spline_order, use_base,
         dx=to_warp(dx) if need_x else None,
         d_base_weight_t=to_warp(d_base) if need_params else None,
         d_scaler_t=to_warp(d_scaler) if need_params else None,
@@ -151,15 +175,15 @@ def _grad_buffers(x, base_weight_t, table, need_x, need_params, alloc):
 
 
 @ukan_spline_backward.register_fake
-def _(dy, x, sorted_elem, slot, pair_feature, pair_group, row_start, row_stop, table, base_weight_t, scaler_t,
+def _(dy, x, sorted_elem, window, local_u, pair_feature, row_start, row_stop, table, base_weight_t, scaler_t,
       grid_delta, spline_order, use_base, need_x, need_params):
     return _grad_buffers(x, base_weight_t, table, need_x, need_params, torch.empty)
 
 
 def _setup_context(ctx, inputs, output):
-    (x, sorted_elem, slot, pair_feature, pair_group, row_start, row_stop, table, base_weight_t, scaler_t,
+    (x, sorted_elem, window, local_u, pair_feature, row_start, row_stop, table, base_weight_t, scaler_t,
      grid_delta, spline_order, use_base) = inputs
-    ctx.save_for_backward(x, sorted_elem, slot, pair_feature, pair_group, row_start, row_stop, table,
+    ctx.save_for_backward(x, sorted_elem, window, local_u, pair_feature, row_start, row_stop, table,
                           base_weight_t, scaler_t)
     ctx.config = (grid_delta, spline_order, use_base)
 
