@@ -215,6 +215,61 @@ def test_gemm_strategy_matches_fused(device, monkeypatch):
     assert poly_ops.choose_strategy(32, 512, 25, 1024) == "fused"
 
 
+def test_gemm_bf16_within_documented_bound(device):
+    # precision="bf16": each contraction A @ B of length K errs by at most (2^-8 + K 2^-24) (|A| @ |B|)
+    # (operands rounded to bf16, exact float32 products, float32 sums), plus the float32 basis itself
+    x, coeffs, bias = _inputs(device, torch.float32, 67, 24, 20, 8, seed=13)
+    n_in, n_basis, n_out = coeffs.shape
+    y = poly_kan(x, coeffs, bias, strategy="gemm", precision="bf16")
+    dy = torch.randn_like(y)
+    dx, dc, db = torch.autograd.grad(y, (x, coeffs, bias), dy)
+    x64, c64, b64 = (t.detach().double().requires_grad_(True) for t in (x, coeffs, bias))
+    y64 = ref.poly_kan(x64, c64, b64)
+    ex, ec, eb = torch.autograd.grad(y64, (x64, c64, b64), dy.double())
+
+    def factor(k):
+        return 2.0**-8 + k * 2.0**-24 + 8 * EPS[torch.float32]
+
+    t = torch.tanh(x64.detach())
+    values, grads = (torch.tensor(a, device=device).reshape(67, n_in, n_basis)
+                     for a in numpy_basis(t.cpu().numpy().ravel(), "chebyshev", n_basis - 1))
+    basis_abs = values.abs().reshape(67, -1)
+    w_abs = c64.detach().abs().reshape(n_in * n_basis, n_out)
+    bound_y = factor(n_in * n_basis) * basis_abs @ w_abs + 8 * EPS[torch.float32] * b64.detach().abs()
+    bound_dc = (factor(67) * basis_abs.t() @ dy.double().abs()).reshape(n_in, n_basis, n_out)
+    d_basis_abs = (dy.double().abs() @ w_abs.t()).reshape(67, n_in, n_basis)
+    bound_dx = (1 - t * t) * (factor(n_out) + (n_basis + 4) * EPS[torch.float32]) * (d_basis_abs * grads.abs()).sum(-1)
+    assert torch.all((y.double() - y64.detach()).abs() <= bound_y)
+    assert torch.all((dc.double() - ec).abs() <= bound_dc)
+    assert torch.all((dx.double() - ex).abs() <= bound_dx + 1e-6 * float(ex.abs().max()))
+    torch.testing.assert_close(db.double(), eb, rtol=1e-5, atol=1e-5)
+    # opt-in only: the default keeps float32 accuracy, whatever the strategy
+    y32 = poly_kan(x, coeffs, bias, strategy="gemm")
+    assert float((y32.double() - y64).abs().max()) <= 1e-5
+    with pytest.raises(ValueError, match="precision"):
+        poly_kan(x.double(), coeffs.double(), precision="bf16")
+    with pytest.raises(ValueError, match="precision"):
+        poly_kan(x, coeffs, precision="tf16")
+    with pytest.raises(ValueError, match="precision"):
+        PolyKANLinear(4, 2, 3, precision="half")
+
+
+def test_recorded_launches_follow_new_buffers(device):
+    # the fused path replays launches recorded per (pointers, shapes): new inputs of the same shape, and the
+    # tables dropped and rebuilt by clear_caches, must give fresh, correct results
+    x, coeffs, bias = _inputs(device, torch.float64, 33, 12, 10, 6, seed=14)
+    for _ in range(3):
+        _check_against_reference(x, coeffs, bias, "chebyshev", 0)
+        x = (x.detach() * 0.5).requires_grad_(True)
+    runs = []
+    for _ in range(2):
+        y = poly_kan(x, coeffs, bias, lut_size=256)
+        runs.append((y, *torch.autograd.grad(y, (x, coeffs, bias), torch.ones_like(y))))
+        kp.clear_caches()
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
 def test_other_bases_float64_grads(device):
     for basis in ("legendre", "hermite", "gegenbauer", "jacobi"):
         _check_against_reference(*_inputs(device, torch.float64, 11, 6, 5, 4, seed=5), basis, 0)

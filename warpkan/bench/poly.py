@@ -45,10 +45,10 @@ class _TorchPolyLayer(nn.Module):
         return torch.einsum("bid,iod->bo", b, self.cheby_coeffs)
 
 
-def _warp_layer(n_in, n_out, degree, mode, basis="chebyshev", strategy="auto"):
+def _warp_layer(n_in, n_out, degree, mode, basis="chebyshev", strategy="auto", precision="fp32"):
     from ..torch_bridge import PolyKANLinear
 
-    return PolyKANLinear(n_in, n_out, degree, basis=basis, mode=mode, strategy=strategy)
+    return PolyKANLinear(n_in, n_out, degree, basis=basis, mode=mode, strategy=strategy, precision=precision)
 
 
 LAYER_IMPLS = {
@@ -56,6 +56,8 @@ LAYER_IMPLS = {
     "warpkan exact fused": lambda *a: _warp_layer(*a, "exact", strategy="fused"),
     "warpkan lut gemm": lambda *a: _warp_layer(*a, "lut", strategy="gemm"),
     "warpkan exact gemm": lambda *a: _warp_layer(*a, "exact", strategy="gemm"),
+    # explicit opt-in to bf16 tensor cores (error bound in warpkan.torch_bridge.poly_ops); not an fp32 row
+    "warpkan lut gemm bf16": lambda *a: _warp_layer(*a, "lut", strategy="gemm", precision="bf16"),
     "acos/cos (ChebyKAN, torch) eager": lambda *a: _TorchPolyLayer(*a, "acos"),
     "acos/cos (ChebyKAN, torch) compile": lambda *a: torch.compile(_TorchPolyLayer(*a, "acos")),
     "recurrence+einsum (torch) eager": lambda *a: _TorchPolyLayer(*a, "recurrence"),
@@ -120,7 +122,7 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
         case_rows = _rows_for(case, factories, x, n_out, flops, device, quick, TARGET_MS.get((n_rows, n_in, n_out, degree)))
         picked = choose_strategy(n_rows, n_in, degree + 1, n_out)
         for row in case_rows:
-            if row["impl"].startswith("warpkan") and row["impl"].endswith(picked):
+            if row["impl"].startswith("warpkan") and row["impl"].endswith(picked):  # the fp32 rows
                 row["impl"] += " (auto)"
         rows += case_rows
 

@@ -88,6 +88,10 @@ __all__ = [
     "launch_dx_from_dbasis",
     "evaluate_basis",
     "clear_caches",
+    "on_clear_caches",
+    "FlatWorkspace",
+    "forward_scratch_size",
+    "backward_scratch_size",
 ]
 
 MAX_DEGREE = 64
@@ -284,6 +288,7 @@ class PolyVariant:
     backward_coeffs: wp.Kernel
     backward_bias: wp.Kernel
     combine: wp.Kernel
+    combine_segments: wp.Kernel
     expand_basis: wp.Kernel
     dx_from_dbasis: wp.Kernel
     tabulate: wp.Kernel
@@ -434,6 +439,36 @@ def get_variant(basis: str, scalar_name: str = "float32") -> PolyVariant:
             acc = acc + out[a, b]
         out[a, b] = acc
 
+    @wp.func
+    def combine_column(partial: wp.array2d(dtype=scalar), out: wp.array(dtype=scalar), j: int, accumulate: int):
+        acc = zero
+        for c in range(partial.shape[0]):  # fixed order: deterministic
+            acc = acc + partial[c, j]
+        if accumulate:
+            acc = acc + out[j]
+        out[j] = acc
+
+    @kernel
+    def combine_segments(
+        partial_a: wp.array2d(dtype=scalar),
+        partial_b: wp.array2d(dtype=scalar),
+        partial_c: wp.array2d(dtype=scalar),
+        size_a: int,
+        size_b: int,
+        accumulate: int,
+        out_a: wp.array(dtype=scalar),
+        out_b: wp.array(dtype=scalar),
+        out_c: wp.array(dtype=scalar),
+    ):
+        # the backward's (up to) three chunked sums [chunks, M] -> [M], each in a fixed order, in one launch
+        j = wp.tid()
+        if j < size_a:
+            combine_column(partial_a, out_a, j, accumulate)
+        elif j < size_a + size_b:
+            combine_column(partial_b, out_b, j - size_a, accumulate)
+        else:
+            combine_column(partial_c, out_c, j - size_a - size_b, accumulate)
+
     # ------------------------------------------------------------------ backward: x
     @kernel
     def backward_x(
@@ -506,7 +541,7 @@ def get_variant(basis: str, scalar_name: str = "float32") -> PolyVariant:
                     v = v + out[chunk, n, i]
                 out[chunk, n, i] = v
 
-    # ------------------------------------------------------------------ backward: coefficients
+    # ------------------------------------------------------------------ backward: coefficients (and bias)
     @kernel
     def backward_coeffs(
         dy: wp.array2d(dtype=scalar),
@@ -518,14 +553,18 @@ def get_variant(basis: str, scalar_name: str = "float32") -> PolyVariant:
         degrees_per_tile: int,
         rows_per_chunk: int,
         accumulate: int,
-        out: wp.array4d(dtype=scalar),
+        with_bias: int,
+        out: wp.array3d(dtype=scalar),
+        bias_out: wp.array2d(dtype=scalar),
     ):
-        # out[chunk, i, d, o] (+)= sum_{n in chunk} dy[n, o] P_d(tanh x[n, i])
+        # out[chunk, i * n_basis + d, o] (+)= sum_{n in chunk} dy[n, o] P_d(tanh x[n, i]); with_bias: the
+        # threads of (i, d tile) = (0, 0) also write bias_out[chunk, o] (+)= sum_{n in chunk} dy[n, o] from the
+        # dy values they load anyway (one launch for both gradients)
         tid = wp.tid()
         n_rows = x.shape[0]
         n_in = x.shape[1]
-        n_basis = out.shape[2]
-        n_out = out.shape[3]
+        n_basis = out.shape[1] // n_in
+        n_out = out.shape[2]
         n_out_tiles = (n_out + O - 1) // O
         n_deg_tiles = (n_basis + degrees_per_tile - 1) // degrees_per_tile
         o0 = (tid % n_out_tiles) * O  # consecutive threads: consecutive output tiles (coalesced dy, out)
@@ -539,6 +578,7 @@ def get_variant(basis: str, scalar_name: str = "float32") -> PolyVariant:
         n_start = chunk * rows_per_chunk
         n_stop = wp.min(n_start + rows_per_chunk, n_rows)
         acc = matDTO()
+        dy_sum = vecO()
         for n in range(n_start, n_stop):
             tv = wp.tanh(x[n, i])
             p = vecDT()
@@ -558,18 +598,28 @@ def get_variant(basis: str, scalar_name: str = "float32") -> PolyVariant:
             g = vecO()
             for q in range(O):
                 g[q] = dy[n, outs[q]]
+            dy_sum = dy_sum + g
             for k in range(DT):
                 for q in range(O):
                     acc[k, q] = acc[k, q] + p[k] * g[q]
         for k in range(DT):
             if k < d_count:
+                row = i * n_basis + d0 + k
                 for q in range(O):
                     o = o0 + q
                     if o < n_out:
                         v = acc[k, q]
                         if accumulate:
-                            v = v + out[chunk, i, d0 + k, o]
-                        out[chunk, i, d0 + k, o] = v
+                            v = v + out[chunk, row, o]
+                        out[chunk, row, o] = v
+        if with_bias and i == 0 and d0 == 0:
+            for q in range(O):
+                o = o0 + q
+                if o < n_out:
+                    v = dy_sum[q]
+                    if accumulate:
+                        v = v + bias_out[chunk, o]
+                    bias_out[chunk, o] = v
 
     # ------------------------------------------------------------------ backward: bias
     @kernel
@@ -667,6 +717,7 @@ def get_variant(basis: str, scalar_name: str = "float32") -> PolyVariant:
         backward_coeffs=backward_coeffs,
         backward_bias=backward_bias,
         combine=combine,
+        combine_segments=combine_segments,
         expand_basis=expand_basis,
         dx_from_dbasis=dx_from_dbasis,
         tabulate=tabulate,
@@ -747,9 +798,20 @@ def lut_error_bound(basis: str, degree: int, lut_size: int, alpha: float = 1.0, 
 
 
 def clear_caches() -> None:
-    """Free the cached tables and the backward pass's scratch buffers."""
+    """Free the cached tables and the backward pass's scratch buffers, and forget every recorded launch that
+    refers to them (the hooks of :func:`on_clear_caches`)."""
     _luts.clear()
     _workspaces.clear()
+    for hook in _clear_hooks:
+        hook()
+
+
+_clear_hooks: list = []
+
+
+def on_clear_caches(hook: Callable) -> None:
+    """Call ``hook()`` from :func:`clear_caches` (a cache of recorded launches that hold the tables)."""
+    _clear_hooks.append(hook)
 
 
 # ---------------------------------------------------------------------------------------------- launchers
@@ -767,6 +829,24 @@ class _Workspace:
             buf = wp.empty(max(size, 1), dtype=dtype, device=self.device)
             self._buffers[(name, dtype)] = buf
         return buf[:size].reshape(tuple(shape))
+
+
+class FlatWorkspace:
+    """Scratch views carved one after the other out of one caller-owned flat array (for instance a torch
+    tensor of :func:`forward_scratch_size` / :func:`backward_scratch_size` elements), so that recorded
+    launches address memory whose lifetime the caller controls."""
+
+    def __init__(self, buffer: "wp.array"):
+        self.buffer = buffer
+        self.offset = 0
+
+    def get(self, name: str, shape, dtype) -> wp.array:
+        size = int(np.prod(shape))
+        if dtype != self.buffer.dtype or self.offset + size > self.buffer.size:
+            raise ValueError(f"scratch buffer too small or of the wrong dtype for {name} {tuple(shape)}")
+        view = self.buffer[self.offset: self.offset + size].reshape(tuple(shape))
+        self.offset += size
+        return view
 
 
 _workspaces: dict[tuple, _Workspace] = {}
@@ -792,6 +872,52 @@ def _degree_tiles(n_basis: int) -> tuple[int, int]:
     n_tiles = -(-n_basis // _DEG_TILE)
     per_tile = -(-n_basis // n_tiles)  # balanced tiles: 9 bases -> 5 + 4, not 8 + 1
     return -(-n_basis // per_tile), per_tile
+
+
+@functools.lru_cache(maxsize=1024)
+def _forward_plan(n_rows: int, n_in: int, n_out: int) -> tuple[int, int, int]:
+    """(threads per chunk, n_chunks, inputs per chunk) of the forward."""
+    threads = -(-n_rows // _ROWS) * -(-n_out // _OUTS)
+    return (threads, *_chunks(n_in, threads, _MIN_INPUTS_PER_CHUNK))
+
+
+@functools.lru_cache(maxsize=1024)
+def _backward_plan(n_rows: int, n_in: int, n_basis: int, n_out: int) -> dict:
+    """Chunking of the backward's three sums (dx, coefficients, bias alone): a function of the shapes."""
+    row_blocks = -(-n_rows // _ROWS)
+    n_deg_tiles, per_tile = _degree_tiles(n_basis)
+    n_out_chunks, outs_per_chunk = _chunks(n_out, row_blocks * n_in * n_deg_tiles, _MIN_OUTPUTS_PER_CHUNK)
+    coeff_threads = n_in * n_deg_tiles * -(-n_out // _OUTS)
+    coeff_chunks, rows_per_chunk = _chunks(n_rows, coeff_threads, _MIN_ROWS_PER_CHUNK)
+    bias_chunks, bias_rows_per_chunk = _chunks(n_rows, n_out, _MIN_ROWS_PER_CHUNK)
+    return dict(row_blocks=row_blocks, per_tile=per_tile, x_chunks=n_out_chunks * n_deg_tiles,
+                outs_per_chunk=outs_per_chunk, coeff_threads=coeff_threads, coeff_chunks=coeff_chunks,
+                rows_per_chunk=rows_per_chunk, bias_chunks=bias_chunks, bias_rows_per_chunk=bias_rows_per_chunk)
+
+
+def forward_scratch_size(n_rows: int, n_in: int, n_out: int) -> int:
+    """Elements of scratch :func:`launch_forward` takes from its workspace for this shape (0: none)."""
+    if n_rows == 0 or n_in == 0 or n_out == 0:
+        return 0
+    _, n_chunks, _ = _forward_plan(n_rows, n_in, n_out)
+    return n_chunks * n_rows * n_out if n_chunks > 1 else 0
+
+
+def backward_scratch_size(n_rows: int, n_in: int, n_basis: int, n_out: int, need_x: bool = True,
+                          need_coeffs: bool = True, need_bias: bool = False) -> int:
+    """Elements of scratch :func:`launch_backward` takes from its workspace for this shape (0: none)."""
+    if n_rows == 0 or n_out == 0:
+        return 0
+    plan = _backward_plan(n_rows, n_in, n_basis, n_out)
+    size = 0
+    if need_x and n_in > 0 and plan["x_chunks"] > 1:
+        size += plan["x_chunks"] * n_rows * n_in
+    if need_coeffs and n_in > 0:
+        if plan["coeff_chunks"] > 1:  # coefficient partials, and the bias partials computed with them
+            size += plan["coeff_chunks"] * (n_in * n_basis * n_out + (n_out if need_bias else 0))
+    if need_bias and (not need_coeffs or n_in == 0) and plan["bias_chunks"] > 1:
+        size += plan["bias_chunks"] * n_out
+    return size
 
 
 def _check(x, coeffs, bias, lut_tables):
@@ -827,6 +953,14 @@ def _dummy(variant: PolyVariant, device) -> wp.array:
     return found
 
 
+def _run(kernel, dim, inputs, outputs, device, record, cmds, block_dim=256):
+    """wp.launch, or (record=True) a recorded ``wp.Launch`` appended to cmds and nothing run."""
+    cmd = wp.launch(kernel, dim=dim, inputs=inputs, outputs=outputs, device=device, block_dim=block_dim,
+                    record_tape=False, record_cmd=record)
+    if record:
+        cmds.append(cmd)
+
+
 def launch_forward(
     x: "wp.array2d",
     coeffs: "wp.array3d",
@@ -837,11 +971,14 @@ def launch_forward(
     alpha: float = 1.0,
     beta: float = 1.0,
     stream: "wp.Stream | None" = None,
-    workspace: "_Workspace | None" = None,
-) -> None:
+    workspace: "_Workspace | FlatWorkspace | None" = None,
+    record: bool = False,
+) -> "list | None":
     """y[n, o] = sum_i sum_d coeffs[i, d, o] P_d(tanh x[n, i]) (+ bias[o]). Overwrites y.
 
-    ``lut``: the (values, grads) tables of :func:`build_lut` for LUT mode, None for exact mode."""
+    ``lut``: the (values, grads) tables of :func:`build_lut` for LUT mode, None for exact mode.
+    ``record=True``: run nothing and return the launches (1, or 2 when the sum over inputs is chunked) as
+    ``wp.Launch`` objects to replay with ``launch(stream)``; every dimension of the shapes must be nonzero."""
     _check(x, coeffs, bias, lut)
     variant = get_variant(basis, _scalar_name(x))
     device = x.device
@@ -849,8 +986,11 @@ def launch_forward(
     n_out = coeffs.shape[2]
     if tuple(y.shape) != (n_rows, n_out):
         raise ValueError(f"y must have shape {(n_rows, n_out)}, got {tuple(y.shape)}")
+    cmds: list = []
+    if record and (n_rows == 0 or n_in == 0 or n_out == 0):
+        raise ValueError(f"record=True needs nonzero shapes, got x {tuple(x.shape)} and {n_out} outputs")
     if n_rows == 0 or n_out == 0:
-        return
+        return None
     dummy = _dummy(variant, device)
     bias_arr = bias if bias is not None else dummy.reshape((2,))
     with _on_stream(stream):
@@ -858,41 +998,29 @@ def launch_forward(
             y.zero_()
             if bias is not None:
                 _launch_combine(variant, wp.zeros((1, n_rows, n_out), dtype=variant.scalar, device=device),
-                                bias, False, y)
-            return
-        threads = -(-n_rows // _ROWS) * -(-n_out // _OUTS)
-        n_chunks, per_chunk = _chunks(n_in, threads, _MIN_INPUTS_PER_CHUNK)
+                                bias, False, y, False, cmds)
+            return None
+        threads, n_chunks, per_chunk = _forward_plan(n_rows, n_in, n_out)
         if n_chunks == 1:
             target = y.reshape((1, n_rows, n_out))
         else:
             target = (workspace or _workspace(device, stream)).get("forward", (n_chunks, n_rows, n_out), variant.scalar)
         table = lut[0] if lut is not None else dummy
-        wp.launch(
-            variant.forward,
-            block_dim=_TILED_BLOCK_DIM,
-            dim=n_chunks * threads,
-            inputs=[x, coeffs, table, int(lut is not None), variant.scalar(alpha), variant.scalar(beta), per_chunk,
-                    bias_arr, int(bias is not None and n_chunks == 1)],
-            outputs=[target],
-            device=device,
-            record_tape=False,
-        )
+        _run(variant.forward, n_chunks * threads,
+             [x, coeffs, table, int(lut is not None), variant.scalar(alpha), variant.scalar(beta), per_chunk,
+              bias_arr, int(bias is not None and n_chunks == 1)],
+             [target], device, record, cmds, _TILED_BLOCK_DIM)
         if n_chunks > 1:
-            _launch_combine(variant, target, bias if bias is not None else None, False, y)
+            _launch_combine(variant, target, bias, False, y, record, cmds)
+    return cmds if record else None
 
 
-def _launch_combine(variant, partial, bias, accumulate, out):
+def _launch_combine(variant, partial, bias, accumulate, out, record, cmds):
     has_bias = bias is not None
     if not has_bias:
         bias = _dummy(variant, out.device).reshape((2,))
-    wp.launch(
-        variant.combine,
-        dim=(out.shape[0], out.shape[1]),
-        inputs=[partial, bias, int(has_bias), int(accumulate)],
-        outputs=[out],
-        device=out.device,
-        record_tape=False,
-    )
+    _run(variant.combine, (out.shape[0], out.shape[1]), [partial, bias, int(has_bias), int(accumulate)], [out],
+         out.device, record, cmds)
 
 
 def launch_backward(
@@ -907,10 +1035,17 @@ def launch_backward(
     d_coeffs: "wp.array3d | None" = None,
     d_bias: "wp.array | None" = None,
     stream: "wp.Stream | None" = None,
-    workspace: "_Workspace | None" = None,
-) -> None:
-    """Accumulate (+=) the gradients of :func:`launch_forward` into whichever of dx, d_coeffs, d_bias are
-    given. Every sum is chunked by shape and combined in a fixed order: bitwise reproducible."""
+    workspace: "_Workspace | FlatWorkspace | None" = None,
+    accumulate: bool = True,
+    record: bool = False,
+) -> "list | None":
+    """The gradients of :func:`launch_forward` into whichever of dx, d_coeffs, d_bias are given: added
+    (``accumulate=True``, Warp's adjoint convention) or written (``accumulate=False``: the buffers need no
+    zeroing; every dimension of the shapes must then be nonzero).
+
+    At most three launches: the dx kernel, the coefficient kernel (which also sums the bias gradient), and one
+    fixed-order combine of whichever of the sums were split into chunks (by shape): bitwise reproducible.
+    ``record=True``: run nothing and return the launches as ``wp.Launch`` objects."""
     _check(x, coeffs, None, lut)
     variant = get_variant(basis, _scalar_name(x))
     scalar = variant.scalar
@@ -923,74 +1058,71 @@ def launch_backward(
                              ("d_bias", d_bias, (n_out,))):
         if arr is not None and tuple(arr.shape) != shape:
             raise ValueError(f"{name} must have shape {shape}, got {tuple(arr.shape)}")
+    if (record or not accumulate) and (n_rows == 0 or n_in == 0 or n_out == 0):
+        raise ValueError(f"record=True and accumulate=False need nonzero shapes, got x {tuple(x.shape)} and "
+                         f"{n_out} outputs")
+    cmds: list = []
     if n_rows == 0 or n_out == 0:
-        return
+        return cmds if record else None
     ws = workspace or _workspace(device, stream)
+    plan = _backward_plan(n_rows, n_in, n_basis, n_out)
     use_lut = int(lut is not None)
     dummy = _dummy(variant, device)
-    values_table = lut[0] if lut is not None else dummy
-    grads_table = lut[1] if lut is not None else dummy
+    dummy_partial = dummy.reshape((1, 2))
+    dummy_out = dummy.reshape((2,))
     a, b = scalar(alpha), scalar(beta)
+    # (partial [chunks, M], out [M]) pairs left for the one combine launch
+    segments = []
 
     with _on_stream(stream):
         if dx is not None and n_in > 0:
-            row_blocks = -(-n_rows // _ROWS)
-            n_deg_tiles, per_tile = _degree_tiles(n_basis)
-            n_out_chunks, per_chunk = _chunks(n_out, row_blocks * n_in * n_deg_tiles, _MIN_OUTPUTS_PER_CHUNK)
-            n_chunks = n_out_chunks * n_deg_tiles
+            n_chunks = plan["x_chunks"]
             if n_chunks == 1:
                 target = dx.reshape((1, n_rows, n_in))
             else:
                 target = ws.get("backward_x", (n_chunks, n_rows, n_in), scalar)
-            wp.launch(
-                variant.backward_x,
-                dim=n_chunks * n_in * row_blocks,
-                inputs=[dy, x, coeffs, grads_table, use_lut, a, b, per_tile, per_chunk, int(n_chunks == 1)],
-                outputs=[target],
-                device=device,
-                block_dim=_TILED_BLOCK_DIM,
-                record_tape=False,
-            )
-            if n_chunks > 1:
-                _launch_combine(variant, target, None, True, dx)
+                segments.append((target.reshape((n_chunks, n_rows * n_in)), dx.reshape((n_rows * n_in,))))
+            _run(variant.backward_x, n_chunks * n_in * plan["row_blocks"],
+                 [dy, x, coeffs, lut[1] if lut is not None else dummy, use_lut, a, b, plan["per_tile"],
+                  plan["outs_per_chunk"], int(accumulate and n_chunks == 1)],
+                 [target], device, record, cmds, _TILED_BLOCK_DIM)
 
         if d_coeffs is not None and n_in > 0:
-            n_deg_tiles, per_tile = _degree_tiles(n_basis)
-            threads = n_in * n_deg_tiles * -(-n_out // _OUTS)
-            n_chunks, per_chunk = _chunks(n_rows, threads, _MIN_ROWS_PER_CHUNK)
+            n_chunks = plan["coeff_chunks"]
+            with_bias = d_bias is not None
             if n_chunks == 1:
-                target = d_coeffs.reshape((1, n_in, n_basis, n_out))
+                target = d_coeffs.reshape((1, n_in * n_basis, n_out))
+                bias_target = d_bias.reshape((1, n_out)) if with_bias else dummy_partial
             else:
-                target = ws.get("backward_coeffs", (n_chunks, n_in, n_basis, n_out), scalar)
-            wp.launch(
-                variant.backward_coeffs,
-                block_dim=_TILED_BLOCK_DIM,
-                dim=n_chunks * threads,
-                inputs=[dy, x, values_table, use_lut, a, b, per_tile, per_chunk, int(n_chunks == 1)],
-                outputs=[target],
-                device=device,
-                record_tape=False,
-            )
-            if n_chunks > 1:
-                _launch_combine(variant, target.reshape((n_chunks, n_in * n_basis, n_out)), None, True,
-                                d_coeffs.reshape((n_in * n_basis, n_out)))
-
-        if d_bias is not None:
-            n_chunks, per_chunk = _chunks(n_rows, n_out, _MIN_ROWS_PER_CHUNK)
+                target = ws.get("backward_coeffs", (n_chunks, n_in * n_basis, n_out), scalar)
+                segments.append((target.reshape((n_chunks, n_in * n_basis * n_out)),
+                                 d_coeffs.reshape((n_in * n_basis * n_out,))))
+                bias_target = dummy_partial
+                if with_bias:
+                    bias_target = ws.get("backward_bias", (n_chunks, n_out), scalar)
+                    segments.append((bias_target, d_bias))
+            _run(variant.backward_coeffs, n_chunks * plan["coeff_threads"],
+                 [dy, x, lut[0] if lut is not None else dummy, use_lut, a, b, plan["per_tile"],
+                  plan["rows_per_chunk"], int(accumulate and n_chunks == 1), int(with_bias)],
+                 [target, bias_target], device, record, cmds, _TILED_BLOCK_DIM)
+        elif d_bias is not None:
+            n_chunks = plan["bias_chunks"]
             if n_chunks == 1:
                 target = d_bias.reshape((1, n_out))
             else:
                 target = ws.get("backward_bias", (n_chunks, n_out), scalar)
-            wp.launch(
-                variant.backward_bias,
-                dim=(n_chunks, n_out),
-                inputs=[dy, per_chunk, int(n_chunks == 1)],
-                outputs=[target],
-                device=device,
-                record_tape=False,
-            )
-            if n_chunks > 1:
-                _launch_combine(variant, target.reshape((n_chunks, 1, n_out)), None, True, d_bias.reshape((1, n_out)))
+                segments.append((target, d_bias))
+            _run(variant.backward_bias, (n_chunks, n_out),
+                 [dy, plan["bias_rows_per_chunk"], int(accumulate and n_chunks == 1)], [target], device, record,
+                 cmds)
+
+        if segments:
+            padded = segments + [(dummy_partial, dummy_out)] * (3 - len(segments))
+            sizes = [out.shape[0] for _, out in segments] + [0] * (3 - len(segments))
+            _run(variant.combine_segments, sum(sizes),
+                 [padded[0][0], padded[1][0], padded[2][0], sizes[0], sizes[1], int(accumulate)],
+                 [padded[0][1], padded[1][1], padded[2][1]], device, record, cmds)
+    return cmds if record else None
 
 
 def launch_expand_basis(

@@ -7,7 +7,7 @@ from torch import nn
 
 from ..kernels import poly as kp
 from ._common import autocast_dtype, check_tensor
-from .poly_ops import STRATEGIES, poly_kan
+from .poly_ops import PRECISIONS, STRATEGIES, poly_forward
 
 __all__ = ["PolyKANLinear", "ChebyKANLinear"]
 
@@ -36,6 +36,8 @@ class PolyKANLinear(nn.Module):
     ``strategy``: ``"fused"`` (register-tiled Warp kernels, every gradient bitwise reproducible run to run:
     fixed-order reductions, no atomics), ``"gemm"`` (a Warp kernel writes the dense basis and cuBLAS
     contracts it: large batches) or ``"auto"`` (by FLOP count, ``warpkan.torch_bridge.poly_ops.choose_strategy``).
+``precision="bf16"`` lets the GEMM strategy use bf16 tensor cores (float32 layers only; an explicit opt-in
+with the error bound documented in ``warpkan.torch_bridge.poly_ops``); the fused kernels ignore it.
 
     Under bf16/fp16 autocast the layer computes in fp32 and returns the autocast dtype. NaN in one row of x makes that row of
     the output NaN; as under autograd, it also makes the coefficient gradients of that input NaN.
@@ -53,6 +55,7 @@ class PolyKANLinear(nn.Module):
         alpha: float = 1.0,
         beta: float = 1.0,
         strategy: str = "auto",
+        precision: str = "fp32",
         device=None,
         dtype=None,
     ):
@@ -67,7 +70,9 @@ class PolyKANLinear(nn.Module):
             raise ValueError(f"lut_size must be an int >= 2, got {lut_size!r}")
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
-        self.strategy = strategy
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        self.strategy, self.precision = strategy, precision
         self.in_features, self.out_features, self.degree = in_features, out_features, degree
         self.basis, self.mode, self.lut_size = basis, mode, lut_size
         self.alpha, self.beta = float(alpha), float(beta)
@@ -96,9 +101,13 @@ class PolyKANLinear(nn.Module):
         return self._forward(x)
 
     def _forward(self, x):
+        # the configuration was checked at construction and x above: the op directly, no per-call re-checks
+        if self.precision == "bf16" and x.dtype != torch.float32:
+            raise ValueError(f"precision='bf16' needs a float32 layer, got {x.dtype}")
         lut_size = self.lut_size if self.mode == "lut" else 0
-        return poly_kan(x, self.coeffs.permute(0, 2, 1), self.bias, self.basis, lut_size, self.alpha, self.beta,
-                        self.strategy)
+        y = poly_forward(x.reshape(-1, self.in_features), self.coeffs.permute(0, 2, 1), self.bias, self.basis,
+                         lut_size, self.alpha, self.beta, self.strategy, self.precision)
+        return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         extra = f", alpha={self.alpha}" if kp.BASES[self.basis].uses_alpha else ""
@@ -106,7 +115,7 @@ class PolyKANLinear(nn.Module):
         lut = f", lut_size={self.lut_size}" if self.mode == "lut" else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, degree={self.degree}, "
                 f"basis={self.basis!r}{extra}, mode={self.mode!r}{lut}, bias={self.bias is not None}, "
-                f"strategy={self.strategy!r}")
+                f"strategy={self.strategy!r}" + (f", precision={self.precision!r}" if self.precision != "fp32" else ""))
 
 
 class ChebyKANLinear(PolyKANLinear):
@@ -114,10 +123,10 @@ class ChebyKANLinear(PolyKANLinear):
     degree)`` argument order, and its state dicts load."""
 
     def __init__(self, in_features: int, out_features: int, degree: int, mode: str = "lut",
-                 lut_size: int = DEFAULT_LUT_SIZE, bias: bool = False, strategy: str = "auto", device=None,
-                 dtype=None):
+                 lut_size: int = DEFAULT_LUT_SIZE, bias: bool = False, strategy: str = "auto",
+                 precision: str = "fp32", device=None, dtype=None):
         super().__init__(in_features, out_features, degree, basis="chebyshev", mode=mode, lut_size=lut_size,
-                         bias=bias, strategy=strategy, device=device, dtype=dtype)
+                         bias=bias, strategy=strategy, precision=precision, device=device, dtype=dtype)
 
 
 def _load_chebykan_state(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,

@@ -12,21 +12,47 @@ Two strategies compute the same map:
   is the fastest fp32 (or TF32, when torch allows it) contraction there.
 
 ``auto`` picks by the forward's FLOP count (:func:`choose_strategy`).
+
+``precision`` (GEMM strategy only; the fused kernels always compute in the I/O dtype):
+
+- ``"fp32"`` (default): cuBLAS in the I/O dtype. In float32 it follows torch's own TF32 setting
+  (``torch.backends.cuda.matmul``), exactly as ``nn.Linear`` does; by default that is full fp32.
+- ``"bf16"`` (explicit opt-in, float32 I/O only): the basis and the coefficients (and ``dy``) are rounded to
+  bfloat16 and the contractions run on bf16 tensor cores with float32 products and sums, float32 results.
+  Error bound, for every output (``K`` the contraction length: ``in (D + 1)`` for ``y``, rows for the
+  coefficient gradient, ``out`` for the basis gradient):
+
+      |y_bf16 - y| <= (2^-8 + K 2^-24) (|B| |W|)   (+ the float32 rounding of the basis itself)
+
+  since each operand is off by at most 2^-9 relative (round to nearest), the product of two bf16 numbers is
+  exact in float32, and a float32 sum of K terms errs by at most K 2^-24 of the sum of magnitudes. The
+  input gradient folds the basis gradient with ``(1 - t^2) P_d'(t)`` in float32 on top.
+  :data:`BF16_ERROR_BOUND` documents it and the tests check it against the float64 reference.
+
+Host overhead. A small layer is bound by the host: every fused call turns its (pointer, shape) signature
+into recorded ``wp.Launch`` objects once (views built from raw pointers, so no tensor is kept alive) and
+replays them (about 4.6 us a launch instead of 10 us, and no ``wp.from_torch``). Forward: 1 launch, or 2
+when the sum over inputs is split; backward: at most 3 (dx, coefficients with the bias, one combine of every
+split sum), writing into uninitialised gradient buffers (no zero fills).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Optional
 
 import torch
+import warp as wp
 from torch import Tensor
 
 from ..kernels import poly as kp
 from ._common import TorchWorkspace, check_tensor, to_warp, warp_device, warp_stream
 
-__all__ = ["poly_kan", "poly_forward", "poly_backward", "choose_strategy"]
+__all__ = ["poly_kan", "poly_forward", "poly_backward", "choose_strategy", "BF16_ERROR_BOUND"]
 
 STRATEGIES = ("auto", "fused", "gemm")
+PRECISIONS = ("fp32", "bf16")
+BF16_ERROR_BOUND = "(2**-8 + K * 2**-24) * (|A| @ |B|) for a contraction A @ B of length K"
 # Forward FLOPs (2 N in (D + 1) out) from which "auto" takes the GEMM strategy. A first guess from the FLOP
 # rates in DESIGN.md (fused SIMT well under cuBLAS' fp32 rate): retune on the GPU machine with
 # `warpkan bench poly`.
@@ -39,6 +65,13 @@ def choose_strategy(n_rows: int, n_in: int, n_basis: int, n_out: int) -> str:
     return "gemm" if 2 * n_rows * n_in * n_basis * n_out >= GEMM_MIN_FLOPS else "fused"
 
 
+def check_precision(precision: str, dtype: torch.dtype) -> None:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "bf16" and dtype != torch.float32:
+        raise ValueError(f"precision='bf16' needs float32 x and coeffs, got {dtype}")
+
+
 def _resolve(strategy: str, x: Tensor, coeffs: Tensor) -> str:
     if strategy == "auto":
         return choose_strategy(x.shape[0], x.shape[1], coeffs.shape[1], coeffs.shape[2])
@@ -49,25 +82,37 @@ def _row_chunk(n_rows: int, width: int, itemsize: int) -> int:
     return max(1, min(n_rows, GEMM_CHUNK_BYTES // max(1, width * itemsize)))
 
 
-def _gemm_forward(x, coeffs, bias, basis, tables, alpha, beta, stream):
+def _bf16_mm(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b with both operands rounded to bfloat16, float32 products and sums, a float32 result (bf16
+    tensor cores on the GPU; the same rounding, in plain float32 arithmetic, on the CPU)."""
+    a16, b16 = a.to(torch.bfloat16), b.to(torch.bfloat16)
+    if a.is_cuda:
+        return torch.mm(a16, b16, out_dtype=torch.float32)
+    return a16.float() @ b16.float()
+
+
+def _gemm_forward(x, coeffs, bias, basis, tables, alpha, beta, stream, precision="fp32"):
     n_rows, n_in = x.shape
     n_basis, n_out = coeffs.shape[1], coeffs.shape[2]
     weight = coeffs.reshape(n_in * n_basis, n_out)
     y = x.new_empty((n_rows, n_out))
     chunk = _row_chunk(n_rows, n_in * n_basis, x.element_size())
     buffer = x.new_empty((chunk, n_in * n_basis))
+    weight16 = weight.to(torch.bfloat16) if precision == "bf16" else None
     for start in range(0, n_rows, chunk):
         stop = min(start + chunk, n_rows)
         dense = buffer[: stop - start]
         kp.launch_expand_basis(to_warp(x[start:stop]), to_warp(dense), basis, tables, alpha, beta, stream)
-        if bias is not None:
+        if weight16 is not None:
+            y[start:stop] = _bf16_mm(dense, weight16) if bias is None else _bf16_mm(dense, weight16) + bias
+        elif bias is not None:
             torch.addmm(bias, dense, weight, out=y[start:stop])
         else:
             torch.mm(dense, weight, out=y[start:stop])
     return y
 
 
-def _gemm_backward(dy, x, coeffs, basis, tables, alpha, beta, dx, d_coeffs, d_bias, stream):
+def _gemm_backward(dy, x, coeffs, basis, tables, alpha, beta, dx, d_coeffs, d_bias, stream, precision="fp32"):
     n_rows, n_in = x.shape
     n_basis, n_out = coeffs.shape[1], coeffs.shape[2]
     weight = coeffs.reshape(n_in * n_basis, n_out)
@@ -84,10 +129,16 @@ def _gemm_backward(dy, x, coeffs, basis, tables, alpha, beta, dx, d_coeffs, d_bi
         dense = buffer[: stop - start]
         kp.launch_expand_basis(to_warp(x[start:stop]), to_warp(dense), basis, tables, alpha, beta, stream)
         if need_coeffs:
-            d_coeffs.view(n_in * n_basis, n_out).addmm_(dense.t(), dy[start:stop])
+            if precision == "bf16":
+                d_coeffs.view(n_in * n_basis, n_out).add_(_bf16_mm(dense.t(), dy[start:stop]))
+            else:
+                d_coeffs.view(n_in * n_basis, n_out).addmm_(dense.t(), dy[start:stop])
         if need_x:
             d_dense = d_buffer[: stop - start]
-            torch.mm(dy[start:stop], weight.t(), out=d_dense)
+            if precision == "bf16":
+                d_dense.copy_(_bf16_mm(dy[start:stop], weight.t()))
+            else:
+                torch.mm(dy[start:stop], weight.t(), out=d_dense)
             kp.launch_dx_from_dbasis(to_warp(x[start:stop]), to_warp(d_dense), to_warp(dx[start:stop]), basis,
                                      tables, alpha, beta, stream)
 
@@ -97,6 +148,97 @@ def _tables(x: Tensor, basis: str, n_basis: int, lut_size: int, alpha: float, be
         return None
     scalar = "float64" if x.dtype == torch.float64 else "float32"
     return kp.build_lut(basis, n_basis - 1, lut_size, alpha, beta, scalar, warp_device(x.device))
+
+
+# Recorded launches of the fused strategy, keyed by everything they address: (config, shapes, pointers). The
+# Warp views behind them are built from raw pointers and keep no tensor alive, so the caching allocator hands
+# the same output and scratch blocks back on the next call (which then hits); a hit needs the very same
+# pointers and shapes, so a replay always addresses live tensors of the shapes it was recorded with (every
+# tensor is contiguous here). The tables the launches read are dropped with them by kp.clear_caches().
+_WP_DTYPES = {torch.float32: wp.float32, torch.float64: wp.float64}
+_LAUNCHES: OrderedDict = OrderedDict()
+_LAUNCH_CACHE_SIZE = 64
+kp.on_clear_caches(_LAUNCHES.clear)
+
+
+def _view(t: Tensor | None) -> wp.array | None:
+    """A Warp view of a contiguous tensor's memory that does not keep it alive."""
+    if t is None:
+        return None
+    return wp.array(ptr=t.data_ptr(), dtype=_WP_DTYPES[t.dtype], shape=tuple(t.shape), device=warp_device(t.device),
+                    copy=False)
+
+
+def _ptr(t: Tensor | None) -> int:
+    return t.data_ptr() if t is not None else 0
+
+
+def _replay(key: tuple, record, device: torch.device) -> None:
+    cmds = _LAUNCHES.get(key)
+    if cmds is None:
+        cmds = _LAUNCHES[key] = record()
+        if len(_LAUNCHES) > _LAUNCH_CACHE_SIZE:
+            _LAUNCHES.popitem(last=False)
+    stream = warp_stream(device)
+    for cmd in cmds:
+        cmd.launch(stream)
+
+
+def _fused_forward(x, coeffs, bias, basis, lut_size, alpha, beta):
+    n_rows, n_in = x.shape
+    n_basis, n_out = coeffs.shape[1], coeffs.shape[2]
+    y = x.new_empty((n_rows, n_out))
+    if n_rows == 0 or n_out == 0:
+        return y
+    if n_in == 0:  # an empty sum: the bias alone
+        return y.copy_(bias.expand(n_rows, n_out)) if bias is not None else y.zero_()
+    size = kp.forward_scratch_size(n_rows, n_in, n_out)
+    scratch = x.new_empty((size,)) if size else None
+    key = ("forward", basis, lut_size, alpha, beta, x.dtype, x.device, n_rows, n_in, n_basis, n_out,
+           x.data_ptr(), coeffs.data_ptr(), _ptr(bias), y.data_ptr(), _ptr(scratch))
+
+    def record():
+        return kp.launch_forward(
+            _view(x), _view(coeffs), _view(y), basis, bias=_view(bias),
+            lut=_tables(x, basis, n_basis, lut_size, alpha, beta), alpha=alpha, beta=beta,
+            workspace=kp.FlatWorkspace(_view(scratch)) if scratch is not None else None, record=True,
+        )
+
+    _replay(key, record, x.device)
+    return y
+
+
+def _fused_backward(dy, x, coeffs, basis, lut_size, alpha, beta, need_x, need_coeffs, need_bias):
+    n_rows, n_in = x.shape
+    n_basis, n_out = coeffs.shape[1], coeffs.shape[2]
+    if n_rows == 0 or n_in == 0 or n_out == 0:  # some gradients are all zeros (or a plain sum): the simple path
+        dx, d_coeffs, d_bias = _grad_buffers(x, coeffs, need_x, need_coeffs, need_bias, torch.zeros)
+        kp.launch_backward(
+            to_warp(dy), to_warp(x), to_warp(coeffs), basis, lut=_tables(x, basis, n_basis, lut_size, alpha, beta),
+            alpha=alpha, beta=beta, dx=to_warp(dx) if need_x else None,
+            d_coeffs=to_warp(d_coeffs) if need_coeffs else None, d_bias=to_warp(d_bias) if need_bias else None,
+            stream=warp_stream(x.device), workspace=TorchWorkspace(x.device),
+        )
+        return dx, d_coeffs, d_bias
+    # every element is written (accumulate=False): no zero fills
+    dx, d_coeffs, d_bias = _grad_buffers(x, coeffs, need_x, need_coeffs, need_bias, torch.empty)
+    size = kp.backward_scratch_size(n_rows, n_in, n_basis, n_out, need_x, need_coeffs, need_bias)
+    scratch = x.new_empty((size,)) if size else None
+    key = ("backward", basis, lut_size, alpha, beta, x.dtype, x.device, n_rows, n_in, n_basis, n_out, need_x,
+           need_coeffs, need_bias, dy.data_ptr(), x.data_ptr(), coeffs.data_ptr(), dx.data_ptr(),
+           d_coeffs.data_ptr(), d_bias.data_ptr(), _ptr(scratch))
+
+    def record():
+        return kp.launch_backward(
+            _view(dy), _view(x), _view(coeffs), basis, lut=_tables(x, basis, n_basis, lut_size, alpha, beta),
+            alpha=alpha, beta=beta, dx=_view(dx) if need_x else None,
+            d_coeffs=_view(d_coeffs) if need_coeffs else None, d_bias=_view(d_bias) if need_bias else None,
+            workspace=kp.FlatWorkspace(_view(scratch)) if scratch is not None else None,
+            accumulate=False, record=True,
+        )
+
+    _replay(key, record, x.device)
+    return dx, d_coeffs, d_bias
 
 
 @torch.library.custom_op("warpkan::poly_forward", mutates_args=())
@@ -109,27 +251,19 @@ def poly_forward(
     alpha: float,
     beta: float,
     strategy: str,
+    precision: str = "fp32",
 ) -> Tensor:
     """x [N, in], coeffs [in, D + 1, out], bias [out] or None -> y [N, out]."""
     x, coeffs = x.contiguous(), coeffs.contiguous()
     bias = bias.contiguous() if bias is not None else None
-    tables = _tables(x, basis, coeffs.shape[1], lut_size, alpha, beta)
-    stream = warp_stream(x.device)
     if _resolve(strategy, x, coeffs) == "gemm":
-        return _gemm_forward(x, coeffs, bias, basis, tables, alpha, beta, stream)
-    y = x.new_empty((x.shape[0], coeffs.shape[2]))
-    kp.launch_forward(
-        to_warp(x), to_warp(coeffs), to_warp(y), basis,
-        bias=to_warp(bias) if bias is not None else None,
-        lut=tables, alpha=alpha, beta=beta,
-        stream=stream,
-        workspace=TorchWorkspace(x.device),
-    )
-    return y
+        tables = _tables(x, basis, coeffs.shape[1], lut_size, alpha, beta)
+        return _gemm_forward(x, coeffs, bias, basis, tables, alpha, beta, warp_stream(x.device), precision)
+    return _fused_forward(x, coeffs, bias, basis, lut_size, alpha, beta)
 
 
 @poly_forward.register_fake
-def _(x, coeffs, bias, basis, lut_size, alpha, beta, strategy):
+def _(x, coeffs, bias, basis, lut_size, alpha, beta, strategy, precision="fp32"):
     return x.new_empty((x.shape[0], coeffs.shape[2]))
 
 
@@ -146,25 +280,17 @@ def poly_backward(
     need_x: bool,
     need_coeffs: bool,
     need_bias: bool,
+    precision: str = "fp32",
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients (dx, d_coeffs, d_bias); the ones not asked for come back empty."""
     dy, x, coeffs = dy.contiguous(), x.contiguous(), coeffs.contiguous()
-    dx, d_coeffs, d_bias = _grad_buffers(x, coeffs, need_x, need_coeffs, need_bias, torch.zeros)
-    tables = _tables(x, basis, coeffs.shape[1], lut_size, alpha, beta)
-    stream = warp_stream(x.device)
     if _resolve(strategy, x, coeffs) == "gemm":
-        _gemm_backward(dy, x, coeffs, basis, tables, alpha, beta, dx, d_coeffs, d_bias, stream)
+        dx, d_coeffs, d_bias = _grad_buffers(x, coeffs, need_x, need_coeffs, need_bias, torch.zeros)
+        tables = _tables(x, basis, coeffs.shape[1], lut_size, alpha, beta)
+        _gemm_backward(dy, x, coeffs, basis, tables, alpha, beta, dx, d_coeffs, d_bias, warp_stream(x.device),
+                       precision)
         return dx, d_coeffs, d_bias
-    kp.launch_backward(
-        to_warp(dy), to_warp(x), to_warp(coeffs), basis,
-        lut=tables, alpha=alpha, beta=beta,
-        dx=to_warp(dx) if need_x else None,
-        d_coeffs=to_warp(d_coeffs) if need_coeffs else None,
-        d_bias=to_warp(d_bias) if need_bias else None,
-        stream=stream,
-        workspace=TorchWorkspace(x.device),
-    )
-    return dx, d_coeffs, d_bias
+    return _fused_backward(dy, x, coeffs, basis, lut_size, alpha, beta, need_x, need_coeffs, need_bias)
 
 
 def _grad_buffers(x, coeffs, need_x, need_coeffs, need_bias, alloc):
@@ -175,14 +301,15 @@ def _grad_buffers(x, coeffs, need_x, need_coeffs, need_bias, alloc):
 
 
 @poly_backward.register_fake
-def _(dy, x, coeffs, basis, lut_size, alpha, beta, strategy, need_x, need_coeffs, need_bias):
+def _(dy, x, coeffs, basis, lut_size, alpha, beta, strategy, need_x, need_coeffs, need_bias, precision="fp32"):
     return _grad_buffers(x, coeffs, need_x, need_coeffs, need_bias, torch.empty)
 
 
 def _setup_context(ctx, inputs, output):
-    x, coeffs, bias, basis, lut_size, alpha, beta, strategy = inputs
+    x, coeffs, bias, basis, lut_size, alpha, beta, strategy, precision = inputs
     ctx.save_for_backward(x, coeffs)
     ctx.config = (basis, lut_size, alpha, beta, strategy)
+    ctx.precision = precision
     ctx.has_bias = bias is not None
 
 
@@ -191,13 +318,13 @@ def _backward(ctx, dy):
     need_x, need_coeffs = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     need_bias = ctx.has_bias and ctx.needs_input_grad[2]
     if not (need_x or need_coeffs or need_bias):
-        return (None,) * 8
-    dx, d_coeffs, d_bias = poly_backward(dy, x, coeffs, *ctx.config, need_x, need_coeffs, need_bias)
+        return (None,) * 9
+    dx, d_coeffs, d_bias = poly_backward(dy, x, coeffs, *ctx.config, need_x, need_coeffs, need_bias, ctx.precision)
     return (
         dx if need_x else None,
         d_coeffs if need_coeffs else None,
         d_bias if need_bias else None,
-        None, None, None, None, None,
+        None, None, None, None, None, None,
     )
 
 
@@ -213,13 +340,15 @@ def poly_kan(
     alpha: float = 1.0,
     beta: float = 1.0,
     strategy: str = "auto",
+    precision: str = "fp32",
 ) -> Tensor:
     """``y[..., o] = sum_i sum_d coeffs[i, d, o] P_d(tanh x[..., i]) (+ bias[o])`` for x (..., in).
 
     coeffs [in, D + 1, out] (the kernel layout); ``lut_size = 0`` evaluates the basis exactly by its
     recurrence, ``lut_size >= 2`` reads it from tables of that many points on [-1, 1] (see
     ``warpkan.kernels.poly`` for the bases and the interpolation error bound). ``strategy``: "fused", "gemm"
-    or "auto" (see the module docstring).
+    or "auto"; ``precision``: "fp32" or "bf16" (the GEMM strategy's opt-in to bf16 tensor cores, float32
+    I/O only, with the error bound in the module docstring). See the module docstring.
     """
     check_tensor("x", x, ndim_min=1)
     check_tensor("coeffs", coeffs, ndim=3, like=x)
@@ -232,6 +361,8 @@ def poly_kan(
         check_tensor("bias", bias, shape=(n_out,), like=x)
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    check_precision(precision, x.dtype)
     lead = x.shape[:-1]
-    y = poly_forward(x.reshape(-1, n_in), coeffs, bias, basis, lut_size, float(alpha), float(beta), strategy)
+    y = poly_forward(x.reshape(-1, n_in), coeffs, bias, basis, lut_size, float(alpha), float(beta), strategy,
+                     precision)
     return y.reshape(*lead, n_out)
