@@ -51,8 +51,10 @@ Kernels (all accumulate in the scalar type; float64 variants exist for gradcheck
   each ``dy`` load serves the tile's degrees and each coefficient load the block's rows; the (output chunk,
   degree tile) partial sums are combined the same way.
 - backward, coefficients: one thread per (row chunk, input, tile of degrees, tile of outputs) with a
-  ``_DEG_TILE x _OUTS`` register accumulator; row chunks are combined in a fixed order.
-- backward, bias: one thread per (row chunk, output), then the same combine.
+  ``_DEG_TILE x _OUTS`` register accumulator; the threads of (input 0, degree tile 0) also sum the bias
+  gradient from the ``dy`` values they load anyway. (A bias-only gradient has its own small kernel.)
+- one ``combine_segments`` launch adds the chunks of every split sum of the backward (dx, coefficients,
+  bias) in a fixed order: the backward is at most three launches, the forward at most two.
 
 Chunk counts depend on the shapes alone, so every result is bitwise reproducible run to run.
 
