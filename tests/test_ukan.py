@@ -17,10 +17,11 @@ H = 0.25  # a power of two: knots k * H are exact in binary, so "exactly on a kn
 
 
 def make_layer(n_in, n_out, device, dtype=torch.float64, order=3, base="silu", seed=0, pe_dim=4, embed_dim=3,
-               hidden_dim=6):
+               hidden_dim=6, table_groups=None):
     torch.manual_seed(seed)
     return UKANLinear(n_in, n_out, spline_order=order, grid_delta=H, pe_dim=pe_dim, embed_dim=embed_dim,
-                      hidden_dim=hidden_dim, base_activation=base, device=device, dtype=dtype)
+                      hidden_dim=hidden_dim, base_activation=base, device=device, dtype=dtype,
+                      table_groups=table_groups)
 
 
 def reference(layer, x):
@@ -288,7 +289,7 @@ def test_opcheck(device):
 
 
 def test_torch_compile_fullgraph(device):
-    layer = make_layer(3, 4, device)
+    layer = make_layer(3, 4, device, table_groups=16)
     compiled = torch.compile(layer, fullgraph=True)
     x = torch.randn(6, 3, dtype=torch.float64, device=device, requires_grad=True)
     y = compiled(x)
@@ -362,12 +363,24 @@ def test_capacity_overflow_gives_zero_spline_and_is_reported(device):
     assert torch.all(y[3:] == 0)
 
 
+def test_default_table_grows_to_the_exact_need(device):
+    """table_groups=None: a batch spread over more groups than the default capacity still gets every spline
+    term (the table is sized from the needed row count), matching the per-sample reference."""
+    layer = make_layer(1, 2, device)
+    x = (torch.arange(700, dtype=torch.float64, device=device) * 2.05 - 700).unsqueeze(1)  # groups 2 apart: 1400 rows
+    assert int(pairs_of(x)[7]) > layer._capacity(x.shape[0])
+    torch.testing.assert_close(layer(x), reference(layer, x), rtol=1e-10, atol=1e-12)
+    assert layer.table_overflow() == 0
+    with pytest.raises(RuntimeError, match="table_groups"):
+        torch.compile(layer, fullgraph=True)(x[:5])
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")
 def test_cuda_graph_capture():
     # nothing is read back to the host, so forward and backward capture; the replay recomputes the
     # touched pairs of the new data
     torch.manual_seed(0)
-    layer = UKANLinear(6, 5, grid_delta=0.25, device="cuda")
+    layer = UKANLinear(6, 5, grid_delta=0.25, device="cuda", table_groups=16)
     x = (torch.randn(97, 6, device="cuda") * 2).requires_grad_()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -385,7 +398,7 @@ def test_cuda_graph_capture():
     layer.zero_grad(set_to_none=False)
     graph.replay()
     torch.cuda.synchronize()
-    ref_layer = UKANLinear(6, 5, grid_delta=0.25, device="cuda")
+    ref_layer = UKANLinear(6, 5, grid_delta=0.25, device="cuda", table_groups=16)
     ref_layer.load_state_dict(layer.state_dict())
     x_ref = x.detach().clone().requires_grad_()
     y_ref = ref_layer(x_ref)

@@ -17,6 +17,9 @@ from .ukan_ops import check_grid_delta, positional_encoding, ukan_pairs, ukan_sp
 __all__ = ["UKANLinear"]
 
 
+# the table capacity per feature when table_groups is None (then grown to the exact need when exceeded)
+_DEFAULT_TABLE_GROUPS = 16
+
 class UKANLinear(nn.Module):
     """y = base_weight @ silu(x) + sum_i spline_scaler[o, i] * spline_{o,i}(x_i) on an unbounded uniform grid.
 
@@ -28,12 +31,17 @@ class UKANLinear(nn.Module):
     ``[C_{g-1}; C_g][r : r + K]`` with ``r = c mod K``.
 
     The CG-MLP runs only on a table of (feature, group) rows, never per sample: the distinct pairs the batch
-    touches (and their g - 1 neighbours), in a table of fixed capacity ``min(2 N in, max(in * table_groups,
-    1024))`` rows, so memory is bounded by the shapes and nothing is read back to the host (the layer can be
-    captured in a CUDA graph). ``table_groups`` is the average number of table rows per feature a batch may
-    use (a feature whose inputs span R groups of K h uses about R + 1); when a batch needs more rows than
-    the capacity, the elements of the pairs past it get a zero spline term, like off-grid inputs of a
-    bounded KAN: :meth:`table_overflow` tells (it reads the count back, so call it off the hot path).
+    touches (and their g - 1 neighbours).
+
+    - ``table_groups=None`` (default): the table holds exactly the rows the batch needs. Finding that number
+      reads one integer back to the host per forward, so this mode cannot run under ``torch.compile`` or
+      CUDA-graph capture (it says so rather than truncating).
+    - ``table_groups=R``: a table of fixed capacity ``min(2 N in, max(in * R, 1024))`` rows, a function of
+      the shapes alone: nothing is read back, and the layer compiles and captures. ``R`` is the average
+      number of rows per feature a batch may use (a feature whose inputs span R groups of K h uses about
+      R + 1). When a batch needs more rows than the capacity, the elements of the pairs past it get a zero
+      spline term, like off-grid inputs of a bounded KAN: :meth:`table_overflow` tells (it reads the count
+      back, so call it off the hot path).
     Inputs with |x| / h beyond 2^39 are evaluated at that limit (finite, zero spline slope); NaN gives a
     zero spline term. Gradients are bitwise reproducible (stable sort, no floating-point atomics).
 
@@ -50,7 +58,7 @@ class UKANLinear(nn.Module):
         embed_dim: int = 8,
         hidden_dim: int = 32,
         base_activation="silu",
-        table_groups: int = 16,
+        table_groups: int | None = None,
         device=None,
         dtype=None,
     ):
@@ -64,8 +72,9 @@ class UKANLinear(nn.Module):
             raise ValueError(f"embed_dim must be a non-negative int, got {embed_dim!r}")
         if pe_dim + embed_dim == 0:
             raise ValueError("pe_dim + embed_dim must be positive: the CG-MLP needs an input")
-        if not isinstance(table_groups, int) or table_groups < 1:
-            raise ValueError(f"table_groups must be a positive int, got {table_groups!r}")
+        if table_groups is not None and (isinstance(table_groups, bool) or not isinstance(table_groups, int)
+                                         or table_groups < 1):
+            raise ValueError(f"table_groups must be None or a positive int, got {table_groups!r}")
         if not isinstance(spline_order, int) or not 1 <= spline_order <= kb.MAX_SPLINE_ORDER:
             raise ValueError(f"spline_order must be an int in [1, {kb.MAX_SPLINE_ORDER}], got {spline_order!r}")
         dtype = dtype or torch.get_default_dtype()
@@ -123,11 +132,25 @@ class UKANLinear(nn.Module):
         out = F.linear(hidden, self.cg_out.weight[self._rows_km], self.cg_out.bias[self._rows_km])
         return out.view(-1, self.out_features)
 
+    def _capacity(self, n_rows: int) -> int:
+        return ku.table_capacity(n_rows, self.in_features, self.table_groups or _DEFAULT_TABLE_GROUPS)
+
     def _pairs(self, x2: torch.Tensor):
-        capacity = ku.table_capacity(x2.shape[0], self.in_features, self.table_groups)
         # detached: the pair structure (local_u included) is piecewise constant data for the spline op, whose
         # own backward carries the gradient into x
-        return ukan_pairs(x2.detach(), self.grid_delta, self.spline_order, capacity)
+        capacity = self._capacity(x2.shape[0])
+        pairs = ukan_pairs(x2.detach(), self.grid_delta, self.spline_order, capacity)
+        if self.table_groups is not None:
+            return pairs
+        if torch.compiler.is_compiling() or (x2.is_cuda and torch.cuda.is_current_stream_capturing()):
+            raise RuntimeError(
+                "UKANLinear(table_groups=None) sizes its table by reading the needed row count back to the host, "
+                "which torch.compile and CUDA-graph capture cannot do: construct it with table_groups=R"
+            )
+        needed = int(pairs[7].item())
+        if needed > capacity:  # the exact size, rounded up so that similar batches reuse one allocation size
+            pairs = ukan_pairs(x2.detach(), self.grid_delta, self.spline_order, -(-needed // 1024) * 1024)
+        return pairs
 
     @torch.no_grad()
     def table_overflow(self, x: torch.Tensor | None = None) -> int:
@@ -136,7 +159,8 @@ class UKANLinear(nn.Module):
         if x is not None:
             check_tensor("x", x, ndim_min=1, last_dim=self.in_features, dtypes=())
             x2 = x.reshape(-1, self.in_features).to(self.spline_scaler.dtype)
-            needed, capacity = self._pairs(x2)[7], ku.table_capacity(x2.shape[0], self.in_features, self.table_groups)
+            pairs = self._pairs(x2)
+            needed, capacity = pairs[7], pairs[3].shape[0]
         elif self._last is not None:
             needed, capacity = self._last[2], self._last[0].shape[0]
         else:
