@@ -148,9 +148,11 @@ class UKANLinear(nn.Module):
                 "which torch.compile and CUDA-graph capture cannot do: construct it with table_groups=R"
             )
         needed = int(pairs[7].item())
-        if needed > capacity:  # the exact size, rounded up so that similar batches reuse one allocation size
+        if needed > capacity:  # grown, rounded up so that similar batches reuse one allocation size
             pairs = ukan_pairs(x2.detach(), self.grid_delta, self.spline_order, -(-needed // 1024) * 1024)
-        return pairs
+        # the CG-MLP runs on the needed rows only: the rows past them are padding with no elements
+        sorted_elem, window, local_u, feature, group, start, stop, count = pairs
+        return sorted_elem, window, local_u, feature[:needed], group[:needed], start[:needed], stop[:needed], count
 
     @torch.no_grad()
     def table_overflow(self, x: torch.Tensor | None = None) -> int:
