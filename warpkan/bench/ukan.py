@@ -78,7 +78,10 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
                 fwd, total, peak = _measure(layer, x, dy, device, quick)
                 row.update(fwd_ms=fwd, bwd_ms=total - fwd, total_ms=total, peak_MiB=peak)
                 if impl.startswith("warpkan UKANLinear"):  # rows the data needed, of the table's capacity
-                    row["table rows"] = f"{int(layer._last[2])} of {layer._last[0].shape[0]}"
+                    needed, capacity = int(layer._last[2]), layer._last[0].shape[0]
+                    row["table rows"] = f"{needed} of {capacity}"
+                    if needed > capacity:
+                        row["note"] = "table overflow: spline terms dropped, timing not comparable"
                 del layer
             except torch.OutOfMemoryError:
                 row["note"] = "out of memory"
