@@ -21,8 +21,9 @@ STRATEGIES = ("auto", "stencil", "gemm")
 GEMM_CHUNK_BYTES = 128 * 2**20
 # Up to this many coefficients per input the dense basis (zeros included) is cheaper to multiply on cuBLAS
 # than to gather per edge; beyond it the stencil kernels, whose cost does not grow with G, win. Measured on an
-# H200 at (N=2^17, 32->32, k=3), fwd+bwd: G=64 gemm 5.0 ms vs stencil 8.6; G=256 gemm 12.6 vs stencil 7.8.
-GEMM_MAX_COEFFICIENTS = 128
+# H200 at (N=2^17, 32->32, k=3), fwd+bwd: G=32 gemm 3.41 ms vs stencil 4.29; G=64 gemm 5.02 vs stencil 4.31;
+# wide layers with short bases (256->256 G=8, 512->512 G=5) 3-18x faster on gemm.
+GEMM_MAX_COEFFICIENTS = 48
 
 
 def choose_strategy(n_rows: int, n_in: int, n_out: int, n_coef: int) -> str:
