@@ -39,6 +39,8 @@ from fractions import Fraction
 import numpy as np
 import warp as wp
 
+from ._scalars import SCALARS, scalar_name
+
 __all__ = [
     "MAX_SPLINE_ORDER",
     "BSplineVariant",
@@ -127,7 +129,6 @@ class BSplineVariant:
         return (self.module, self.module + "_rowblock")
 
 
-_SCALARS = {"float32": wp.float32, "float64": wp.float64}
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ class BasisFuncs:
 @functools.lru_cache(maxsize=None)
 def silu_func(scalar_name: str = "float32"):
     """``@wp.func`` x -> (silu(x), silu'(x)) in the scalar type; the base path of every KAN layer."""
-    scalar = _SCALARS[scalar_name]
+    scalar = SCALARS[scalar_name]
     one = scalar(1.0)
 
     @wp.func
@@ -162,7 +163,7 @@ def combine_rows_kernel(scalar_name: str = "float32") -> wp.Kernel:
     """The fixed-order combine pass of row-chunked reductions: d_base[i, o] += sum_chunk partial_base[chunk, i, o]
     (when use_base) and d_scaler[i, o] += sum_chunk partial_scaler[chunk, i, o]. Shared by the B-spline and
     UKAN backward passes (one small module per scalar type)."""
-    scalar = _SCALARS[scalar_name]
+    scalar = SCALARS[scalar_name]
 
     @wp.kernel(enable_backward=False, module=f"warpkan_combine_rows_{scalar_name}")
     def combine_rows(
@@ -189,7 +190,7 @@ def combine_rows_kernel(scalar_name: str = "float32") -> wp.Kernel:
 def basis_funcs(order: int, scalar_name: str = "float32") -> BasisFuncs:
     if not 1 <= order <= MAX_SPLINE_ORDER:
         raise ValueError(f"spline_order must be in [1, {MAX_SPLINE_ORDER}], got {order}")
-    scalar = _SCALARS[scalar_name]
+    scalar = SCALARS[scalar_name]
     K = order + 1
     vecK = wp.types.vector(length=K, dtype=scalar)
     matK = wp.types.matrix(shape=(K, K), dtype=scalar)
@@ -226,9 +227,9 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
     """Build (lazily) the kernels for one variant; all of them live in one Warp module."""
     if not 1 <= order <= MAX_SPLINE_ORDER:
         raise ValueError(f"spline_order must be in [1, {MAX_SPLINE_ORDER}], got {order}")
-    if scalar_name not in _SCALARS:
-        raise TypeError(f"scalar type must be one of {sorted(_SCALARS)}, got {scalar_name}")
-    scalar = _SCALARS[scalar_name]
+    if scalar_name not in SCALARS:
+        raise TypeError(f"scalar type must be one of {sorted(SCALARS)}, got {scalar_name}")
+    scalar = SCALARS[scalar_name]
     K = order + 1
     shared = basis_funcs(order, scalar_name)
     vecK, matK = shared.vec, shared.mat
@@ -671,12 +672,6 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
     )
 
 
-def _scalar_name(array: wp.array) -> str:
-    if array.dtype == wp.float32:
-        return "float32"
-    if array.dtype == wp.float64:
-        return "float64"
-    raise TypeError(f"x must be float32 or float64, got {wp.types.type_repr(array.dtype)}")
 
 
 def _check_shapes(x, grid, base_weight_t, scaler_t, coef, order):
@@ -712,7 +707,7 @@ def launch_forward(
 ) -> None:
     """y[n, o] = sum_i base_weight_t[i, o] silu(x[n, i]) + scaler_t[i, o] spline_io(x[n, i]). Overwrites y."""
     _check_shapes(x, grid, base_weight_t, scaler_t, coef, order)
-    variant = get_variant(order, uniform, _scalar_name(x))
+    variant = get_variant(order, uniform, scalar_name(x))
     n_rows, n_out = x.shape[0], coef.shape[2]
     if n_rows == 0 or n_out == 0:
         return
@@ -734,7 +729,7 @@ def launch_expand_basis(x, grid, basis, order: int, uniform: bool, stream=None) 
     """Write the B-spline bases of x [N, in] into ``basis`` [N, in, G + k], which must be zeroed: only the
     k + 1 non-zero entries per (n, i) are written. The dense-basis strategy multiplies this by the
     coefficients with a GEMM."""
-    variant = get_variant(order, uniform, _scalar_name(x))
+    variant = get_variant(order, uniform, scalar_name(x))
     if x.shape[0] == 0 or x.shape[1] == 0:
         return
     wp.launch(variant.expand_basis, dim=tuple(x.shape), inputs=[x, grid, variant.basis_matrix], outputs=[basis],
@@ -743,7 +738,7 @@ def launch_expand_basis(x, grid, basis, order: int, uniform: bool, stream=None) 
 
 def launch_contract_basis_grad(x, grid, d_basis, dx, order: int, uniform: bool, stream=None) -> None:
     """dx[n, i] += sum_j d_basis[n, i, j] dB_j(x[n, i]) / dx, over the k + 1 non-zero bases only."""
-    variant = get_variant(order, uniform, _scalar_name(x))
+    variant = get_variant(order, uniform, scalar_name(x))
     if x.shape[0] == 0 or x.shape[1] == 0:
         return
     wp.launch(variant.contract_basis_grad, dim=tuple(x.shape), inputs=[x, grid, variant.basis_matrix, d_basis],
@@ -825,8 +820,8 @@ def launch_backward(
     """Accumulate (+=) the gradients of ``launch_forward`` into whichever of dx, d_base_weight_t,
     d_scaler_t, d_coef are given. ``d_base_weight_t`` and ``d_scaler_t`` go together."""
     _check_shapes(x, grid, base_weight_t, scaler_t, coef, order)
-    scalar_name = _scalar_name(x)
-    variant = get_variant(order, uniform, scalar_name)
+    dtype_name = scalar_name(x)
+    variant = get_variant(order, uniform, dtype_name)
     device = x.device
     n_rows, n_in = x.shape
     n_coef, n_out = coef.shape[1], coef.shape[2]

@@ -75,6 +75,8 @@ from typing import Callable
 import numpy as np
 import warp as wp
 
+from ._scalars import SCALARS, scalar_name
+
 __all__ = [
     "BASES",
     "MAX_DEGREE",
@@ -108,7 +110,6 @@ _MIN_ROWS_PER_CHUNK = 32
 # of them share an SM than Warp's default of 256.
 _TILED_BLOCK_DIM = 128
 
-_SCALARS = {"float32": wp.float32, "float64": wp.float64}
 
 
 # ---------------------------------------------------------------------------------------------- bases
@@ -302,9 +303,9 @@ def get_variant(basis: str, scalar_name: str = "float32") -> PolyVariant:
     """Build (lazily) the kernels of one basis and scalar type; they all live in one Warp module."""
     if basis not in BASES:
         raise ValueError(f"basis must be one of {basis_names()}, got {basis!r}")
-    if scalar_name not in _SCALARS:
-        raise TypeError(f"scalar type must be one of {sorted(_SCALARS)}, got {scalar_name}")
-    scalar = _SCALARS[scalar_name]
+    if scalar_name not in SCALARS:
+        raise TypeError(f"scalar type must be one of {sorted(SCALARS)}, got {scalar_name}")
+    scalar = SCALARS[scalar_name]
     start, advance, value, grad = BASES[basis].make(scalar)
     R, O, DT = _ROWS, _OUTS, _DEG_TILE
     vec4 = wp.types.vector(length=4, dtype=scalar)
@@ -727,12 +728,6 @@ def get_variant(basis: str, scalar_name: str = "float32") -> PolyVariant:
     )
 
 
-def _scalar_name(array: wp.array, name: str = "x") -> str:
-    if array.dtype == wp.float32:
-        return "float32"
-    if array.dtype == wp.float64:
-        return "float64"
-    raise TypeError(f"{name} must be float32 or float64, got {wp.types.type_repr(array.dtype)}")
 
 
 # ---------------------------------------------------------------------------------------------- tables
@@ -768,7 +763,7 @@ def build_lut(basis: str, degree: int, lut_size: int, alpha: float = 1.0, beta: 
     if found is None:
         grid = np.linspace(-1.0, 1.0, int(lut_size))
         values, grads = evaluate_basis(grid, basis, degree, alpha, beta, device)
-        dtype = _SCALARS[scalar_name]
+        dtype = SCALARS[scalar_name]
         found = (wp.array(values, dtype=dtype, device=device), wp.array(grads, dtype=dtype, device=device))
         _luts[key] = found
     return found
@@ -982,7 +977,7 @@ def launch_forward(
     ``record=True``: run nothing and return the launches (1, or 2 when the sum over inputs is chunked) as
     ``wp.Launch`` objects to replay with ``launch(stream)``; every dimension of the shapes must be nonzero."""
     _check(x, coeffs, bias, lut)
-    variant = get_variant(basis, _scalar_name(x))
+    variant = get_variant(basis, scalar_name(x))
     device = x.device
     n_rows, n_in = x.shape
     n_out = coeffs.shape[2]
@@ -1049,7 +1044,7 @@ def launch_backward(
     fixed-order combine of whichever of the sums were split into chunks (by shape): bitwise reproducible.
     ``record=True``: run nothing and return the launches as ``wp.Launch`` objects."""
     _check(x, coeffs, None, lut)
-    variant = get_variant(basis, _scalar_name(x))
+    variant = get_variant(basis, scalar_name(x))
     scalar = variant.scalar
     device = x.device
     n_rows, n_in = x.shape
@@ -1138,7 +1133,7 @@ def launch_expand_basis(
 ) -> None:
     """basis_out [N, in * (D + 1)] = P_d(tanh x[n, i]) at column i * (D + 1) + d: the dense basis of the GEMM
     strategy (``y = basis_out @ coeffs.reshape(in * (D + 1), out)``). Overwrites basis_out."""
-    variant = get_variant(basis, _scalar_name(x))
+    variant = get_variant(basis, scalar_name(x))
     n_rows, n_in = x.shape
     if basis_out.shape[0] != n_rows or (n_in and basis_out.shape[1] % n_in):
         raise ValueError(f"basis_out must have shape ({n_rows}, {n_in} * (degree + 1)), got {tuple(basis_out.shape)}")
@@ -1164,7 +1159,7 @@ def launch_dx_from_dbasis(
 ) -> None:
     """dx[n, i] += (1 - t^2) sum_d d_basis[n, i * (D + 1) + d] P_d'(t): the input gradient of the GEMM strategy
     from ``d_basis = dy @ coeffs.reshape(in * (D + 1), out).T``."""
-    variant = get_variant(basis, _scalar_name(x))
+    variant = get_variant(basis, scalar_name(x))
     n_rows, n_in = x.shape
     if d_basis.shape[0] != n_rows or (n_in and d_basis.shape[1] % n_in):
         raise ValueError(f"d_basis must have shape ({n_rows}, {n_in} * (degree + 1)), got {tuple(d_basis.shape)}")

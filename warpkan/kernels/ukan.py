@@ -52,6 +52,7 @@ from dataclasses import dataclass
 import numpy as np
 import warp as wp
 
+from ._scalars import SCALARS, scalar_name
 from .bspline import MAX_SPLINE_ORDER, basis_funcs, combine_rows_kernel, row_chunks, silu_func
 
 __all__ = [
@@ -86,7 +87,6 @@ _MIN_TABLE_CHUNK = 64
 _MAX_TABLE_CHUNK = 4096
 _MIN_CAPACITY = 1024  # table rows always available (when 2 N in allows), whatever the feature count
 
-_SCALARS = {"float32": wp.float32, "float64": wp.float64}
 
 
 @dataclass(frozen=True)
@@ -112,9 +112,9 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
     block-reduction dx kernel has a module of its own: Warp compiles a module per block size)."""
     if not 1 <= order <= MAX_SPLINE_ORDER:
         raise ValueError(f"spline_order must be in [1, {MAX_SPLINE_ORDER}], got {order}")
-    if scalar_name not in _SCALARS:
-        raise TypeError(f"scalar type must be one of {sorted(_SCALARS)}, got {scalar_name}")
-    scalar = _SCALARS[scalar_name]
+    if scalar_name not in SCALARS:
+        raise TypeError(f"scalar type must be one of {sorted(SCALARS)}, got {scalar_name}")
+    scalar = SCALARS[scalar_name]
     K = order + 1
     OT = _OUT_TILE
     shared = basis_funcs(order, scalar_name)  # the matrix-form basis pieces of the B-spline kernels
@@ -534,12 +534,6 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
     )
 
 
-def _scalar_name(array: wp.array, name: str = "x") -> str:
-    if array.dtype == wp.float32:
-        return "float32"
-    if array.dtype == wp.float64:
-        return "float64"
-    raise TypeError(f"{name} must be float32 or float64, got {wp.types.type_repr(array.dtype)}")
 
 
 def _check_h(grid_delta) -> float:
@@ -614,7 +608,7 @@ def launch_pairs(x, grid_delta, order, scratch: dict, out: PairBuffers, stream=N
     caller). ``scratch`` holds the arrays named by :func:`pair_scratch`; ``primitives`` sorts and scans
     (default :class:`WarpPrimitives`). No host synchronisation."""
     h = _check_h(grid_delta)
-    variant = get_variant(order, _scalar_name(x))
+    variant = get_variant(order, scalar_name(x))
     n_rows, n_in = x.shape
     n_entries = n_rows * n_in
     if n_entries >= 2**31 or n_in >= 2**21:
@@ -673,7 +667,7 @@ def launch_forward(x, window, local_u, table, base_weight_t, scaler_t, y, order,
     """y [N, out] = sum_i base_weight_t[i, o] silu(x) + scaler_t[i, o] spline_io(x), the spline reading its
     window from ``table`` [P * K, out] (the pair search's ``window`` and ``local_u``). Overwrites y."""
     _check_spline_args(x, window, local_u, table, base_weight_t, scaler_t, order)
-    variant = get_variant(order, _scalar_name(x))
+    variant = get_variant(order, scalar_name(x))
     n_rows, n_in = x.shape
     n_out = y.shape[1]
     if n_rows == 0 or n_out == 0:
@@ -709,7 +703,7 @@ def launch_backward(
     returns scratch (default: fresh Warp arrays)."""
     h = _check_h(grid_delta)
     _check_spline_args(x, pairs.window, pairs.local_u, table, base_weight_t, scaler_t, order)
-    variant = get_variant(order, _scalar_name(x))
+    variant = get_variant(order, scalar_name(x))
     device = x.device
     n_rows, n_in = x.shape
     n_out = scaler_t.shape[1]
@@ -778,7 +772,7 @@ class DenseVariant:
 def get_dense_variant(scalar_name: str = "float32") -> DenseVariant:
     """SIMT kernels of the small CG-MLP: feature rows, dense layers with optional SiLU, and their backward.
     The row counts are small (the touched pairs), so plain per-output threads suffice."""
-    scalar = _SCALARS[scalar_name]
+    scalar = SCALARS[scalar_name]
     kernel = functools.partial(wp.kernel, enable_backward=False, module=f"warpkan_ukan_mlp_{scalar_name}")
     zero = scalar(0.0)
     one = scalar(1.0)
@@ -925,7 +919,7 @@ def get_dense_variant(scalar_name: str = "float32") -> DenseVariant:
 
 def launch_reorder_table(by_output, by_basis, order, to_kernel_order: bool, stream=None):
     """Copy the CG-MLP output [P, out * K] ((o, m) order) into the kernels' table [P * K, out], or back."""
-    variant = get_dense_variant(_scalar_name(by_output, "by_output"))
+    variant = get_dense_variant(scalar_name(by_output, "by_output"))
     if by_output.shape[0] == 0 or by_output.shape[1] == 0:
         return
     wp.launch(variant.reorder_table, dim=tuple(by_output.shape),
@@ -934,7 +928,7 @@ def launch_reorder_table(by_output, by_basis, order, to_kernel_order: bool, stre
 
 
 def launch_features(pair_feature, pair_group, embedding, pe_dim, out, stream=None):
-    variant = get_dense_variant(_scalar_name(embedding, "embedding"))
+    variant = get_dense_variant(scalar_name(embedding, "embedding"))
     if out.shape[0] == 0:
         return
     wp.launch(variant.features, dim=tuple(out.shape), inputs=[pair_feature, pair_group, embedding, int(pe_dim)],
@@ -942,7 +936,7 @@ def launch_features(pair_feature, pair_group, embedding, pe_dim, out, stream=Non
 
 
 def launch_dense_forward(inp, weight, bias, apply_silu, pre, out, stream=None):
-    variant = get_dense_variant(_scalar_name(inp, "inp"))
+    variant = get_dense_variant(scalar_name(inp, "inp"))
     if out.shape[0] == 0:
         return
     wp.launch(variant.dense_forward, dim=tuple(out.shape), inputs=[inp, weight, bias, int(apply_silu)],
@@ -953,7 +947,7 @@ def launch_dense_backward(d_out, inp, weight, d_weight, d_bias, d_in=None, pre_i
                           partials=None, stream=None):
     """Accumulate d_weight, d_bias (chunked partials + fixed-order combine); write d_in (not accumulated)
     when given, multiplied by silu'(pre_in) when ``silu_in``."""
-    variant = get_dense_variant(_scalar_name(inp, "inp"))
+    variant = get_dense_variant(scalar_name(inp, "inp"))
     device = inp.device
     n_rows, n_in = inp.shape
     n_out = d_out.shape[1]
@@ -974,7 +968,7 @@ def launch_dense_backward(d_out, inp, weight, d_weight, d_bias, d_in=None, pre_i
 
 
 def launch_embedding_backward(d_features, pair_feature, rows_needed, pe_dim, d_embedding, stream=None):
-    variant = get_dense_variant(_scalar_name(d_features, "d_features"))
+    variant = get_dense_variant(scalar_name(d_features, "d_features"))
     if d_embedding.shape[0] == 0 or d_embedding.shape[1] == 0:
         return
     wp.launch(variant.embedding_backward, dim=tuple(d_embedding.shape), inputs=[d_features, pair_feature, rows_needed, int(pe_dim)],
