@@ -40,6 +40,7 @@ def _warp_step(example, device: str, n_points: int):
     import warp as wp
 
     import warpkan
+    from warpkan.kernels._common import on_stream
 
     model = example.KANModel(device)
     ts = wp.array(np.linspace(-5, 5, n_points, dtype=np.float32), device=device)
@@ -49,7 +50,7 @@ def _warp_step(example, device: str, n_points: int):
     stream = wp.stream_from_torch(torch.cuda.current_stream()) if device.startswith("cuda") else None
 
     def step():
-        with wp.ScopedStream(stream, sync_enter=False) if stream is not None else _nothing():
+        with on_stream(stream):
             loss.zero_()
             with tape:
                 c1, c2 = model.coefficients()
@@ -62,13 +63,6 @@ def _warp_step(example, device: str, n_points: int):
 
     return step, sum(p.size for p in model.parameters())
 
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _torch_kan_step(device: str, n_points: int):

@@ -39,7 +39,7 @@ from fractions import Fraction
 import numpy as np
 import warp as wp
 
-from ._scalars import SCALARS, scalar_name
+from ._common import SCALARS, on_stream, scalar_name
 
 __all__ = [
     "MAX_SPLINE_ORDER",
@@ -833,9 +833,7 @@ def launch_backward(
     bm = variant.basis_matrix
     scalar = variant.scalar
 
-    # sync_enter=False: the caller's stream already orders our work; waiting on Warp's own stream would
-    # break CUDA-graph capture of the caller's stream.
-    with wp.ScopedStream(stream, sync_enter=False) if stream is not None else _null_context():
+    with on_stream(stream):
         if dx is not None:
             block = _ROW_BLOCK if device.is_cuda else 1
             wp.launch(
@@ -924,11 +922,3 @@ def _bucket_entries(variant, ws, x, grid, n_buckets: int):
     wp.launch(variant.bucket_offsets, dim=n_keys + 1, inputs=[keys, n_entries], outputs=[offsets],
               device=device, record_tape=False)
     return rows, keys, offsets
-
-
-class _null_context:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False

@@ -75,7 +75,7 @@ from typing import Callable
 import numpy as np
 import warp as wp
 
-from ._scalars import SCALARS, scalar_name
+from ._common import SCALARS, on_stream, scalar_name
 
 __all__ = [
     "BASES",
@@ -990,7 +990,7 @@ def launch_forward(
         return None
     dummy = _dummy(variant, device)
     bias_arr = bias if bias is not None else dummy.reshape((2,))
-    with _on_stream(stream):
+    with on_stream(stream):
         if n_in == 0:
             y.zero_()
             if bias is not None:
@@ -1071,7 +1071,7 @@ def launch_backward(
     # (partial [chunks, M], out [M]) pairs left for the one combine launch
     segments = []
 
-    with _on_stream(stream):
+    with on_stream(stream):
         if dx is not None and n_in > 0:
             n_chunks = plan["x_chunks"]
             if n_chunks == 1:
@@ -1141,7 +1141,7 @@ def launch_expand_basis(
         return
     n_basis = basis_out.shape[1] // n_in
     table = lut[0] if lut is not None else _dummy(variant, x.device)
-    with _on_stream(stream):
+    with on_stream(stream):
         wp.launch(variant.expand_basis, dim=(n_rows, n_in),
                   inputs=[x, table, int(lut is not None), variant.scalar(alpha), variant.scalar(beta), n_basis],
                   outputs=[basis_out], device=x.device, record_tape=False)
@@ -1167,21 +1167,10 @@ def launch_dx_from_dbasis(
         return
     n_basis = d_basis.shape[1] // n_in
     table = lut[1] if lut is not None else _dummy(variant, x.device)
-    with _on_stream(stream):
+    with on_stream(stream):
         wp.launch(variant.dx_from_dbasis, dim=(n_rows, n_in),
                   inputs=[x, d_basis, table, int(lut is not None), variant.scalar(alpha), variant.scalar(beta), n_basis],
                   outputs=[dx], device=x.device, record_tape=False)
 
 
-class _null_context:
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc):
-        return False
-
-
-def _on_stream(stream):
-    # sync_enter=False: the caller's stream already orders our work; waiting on Warp's own stream would
-    # break CUDA-graph capture of the caller's stream.
-    return wp.ScopedStream(stream, sync_enter=False) if stream is not None else _null_context()

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 import numpy as np
 import warp as wp
 
-from ._scalars import SCALARS, scalar_name
+from ._common import SCALARS, on_stream, scalar_name
 from .bspline import MAX_SPLINE_ORDER, basis_funcs, combine_rows_kernel, row_chunks, silu_func
 
 __all__ = [
@@ -543,17 +543,7 @@ def _check_h(grid_delta) -> float:
     return h
 
 
-class _null_context:
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc):
-        return False
-
-
-def _on(stream):
-    # sync_enter=False: the caller's stream already orders our work (and stays graph-capturable)
-    return wp.ScopedStream(stream, sync_enter=False) if stream is not None else _null_context()
 
 
 # ---------------------------------------------------------------------- 1. pairs
@@ -619,7 +609,7 @@ def launch_pairs(x, grid_delta, order, scratch: dict, out: PairBuffers, stream=N
     sentinel = wp.int64(n_in * _FEATURE_STRIDE)
     if n_entries == 0:
         return
-    with _on(stream):
+    with on_stream(stream):
         keys, elems = scratch["keys"], scratch["elems"]
         rows_needed, row_end = scratch["rows_needed"], scratch["row_end"]
         wp.launch(variant.pair_keys, dim=(n_in, n_rows), inputs=[x, h],
@@ -719,7 +709,7 @@ def launch_backward(
         def partials(name, shape, dtype):
             return wp.empty(shape, dtype=dtype, device=device)
 
-    with _on(stream):
+    with on_stream(stream):
         if dx is not None:
             block = _ROW_BLOCK if device.is_cuda else 1
             wp.launch(variant.backward_x, dim=(n_rows, block),
@@ -953,7 +943,7 @@ def launch_dense_backward(d_out, inp, weight, d_weight, d_bias, d_in=None, pre_i
     n_out = d_out.shape[1]
     if n_rows == 0:
         return
-    with _on(stream):
+    with on_stream(stream):
         if d_in is not None:
             wp.launch(variant.dense_backward_input, dim=(n_rows, n_in),
                       inputs=[d_out, weight, pre_in if pre_in is not None else d_in, int(silu_in)],
