@@ -4,9 +4,9 @@ torch.compile, nn.GELU, and a device-to-device copy of x (the bandwidth ceiling 
 compared with), and the mean absolute error of the coefficient gradients against a float64 reference (dy ~
 N(0, 1), FlashKAT's precision measure). Then the GR-KAN layer against nn.GELU + nn.Linear at the ViT-S MLP shape.
 
-KAT's own Triton kernel is timed when ``WARPKAN_KAT_PATH`` names a directory from which
-``kat_rational.rational_triton`` imports (its code is not part of this project). FlashKAT's kernels are not
-run here (no importable package): their published numbers are in DESIGN.md.
+KAT's and FlashKAT's Triton kernels are timed when ``WARPKAN_KAT_PATH`` names a checkout of the FlashKAT
+repository (``rational_kat.kernels``) or of KAT's ``rational_kat_cu`` (``kat_rational``); their code is not
+part of this project.
 """
 
 from __future__ import annotations
@@ -51,16 +51,33 @@ def torch_formula(x, weight_numerator, weight_denominator, num_groups):
     return (p / q).reshape(shape)
 
 
-def _kat_triton():
+def _triton_peers() -> dict:
+    """KAT's and FlashKAT's Triton kernels, imported (never copied) from the checkout that
+    ``WARPKAN_KAT_PATH`` names: the FlashKAT repository (``rational_kat.kernels``: FlashKAT's kernel and its
+    copy of KAT's) or KAT's ``rational_kat_cu`` (``kat_rational``). Empty when unset or not importable."""
     path = os.environ.get("WARPKAN_KAT_PATH")
     if not path:
-        return None
-    sys.path.insert(0, path)
+        return {}
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    peers = {}
+    for module, label in (("rational_kat.kernels.rational_triton", "KAT Triton (atomics)"),
+                          ("kat_rational.rational_triton", "KAT Triton (atomics)")):
+        if label in peers:
+            break
+        try:
+            kat = __import__(module, fromlist=["RationalTriton1DGroup"]).RationalTriton1DGroup
+        except Exception:  # noqa: BLE001 - a peer that does not import is reported, not fatal
+            continue
+        peers[label] = lambda x, a, b, g, kat=kat: kat.apply(x, a.expand(g, -1).contiguous(), b, g)
     try:
-        from kat_rational.rational_triton import RationalTriton1DGroup  # type: ignore
-    except Exception:  # noqa: BLE001 - a peer that does not import is reported, not fatal
-        return None
-    return lambda x, a, b, g: RationalTriton1DGroup.apply(x, a.expand(g, -1).contiguous(), b, g)
+        from rational_kat.kernels.flash_rational_triton import FlashRationalTriton1DGroup  # type: ignore
+    except Exception:  # noqa: BLE001
+        pass
+    else:
+        peers["FlashKAT Triton"] = lambda x, a, b, g: FlashRationalTriton1DGroup.apply(
+            x, a.expand(g, -1).contiguous(), b)
+    return peers
 
 
 def _activation_impls(device):
@@ -68,14 +85,12 @@ def _activation_impls(device):
 
     impls = {
         "warpkan": lambda x, a, b, g: group_rational(x, a, b, g, "A"),
-        "warpkan deterministic": lambda x, a, b, g: group_rational(x, a, b, g, "A", True),
         "torch formula (KAT torch reference style)": torch_formula,
         "torch formula, torch.compile": torch.compile(torch_formula),
         "nn.GELU": lambda x, a, b, g: torch.nn.functional.gelu(x),
     }
-    kat = _kat_triton() if device.startswith("cuda") else None
-    if kat is not None:
-        impls["KAT Triton (atomics)"] = kat
+    if device.startswith("cuda"):
+        impls.update(_triton_peers())
     return impls
 
 
@@ -164,9 +179,9 @@ def _activation_rows(device, quick):
         for row in rows:
             if row["case"] == case and gelu_total and "total_ms" in row:
                 row["x nn.GELU"] = row["total_ms"] / gelu_total
-        if not device.startswith("cuda") or _kat_triton() is None:
+        if not device.startswith("cuda") or not _triton_peers():
             rows.append({"case": case, "impl": "KAT Triton / FlashKAT Triton",
-                         "note": "not in run (set WARPKAN_KAT_PATH on a GPU for KAT's; FlashKAT: DESIGN.md figures)"})
+                         "note": "not in run (set WARPKAN_KAT_PATH to a FlashKAT or rational_kat_cu checkout, on a GPU)"})
     return rows
 
 

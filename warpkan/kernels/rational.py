@@ -23,11 +23,18 @@ consecutive lanes touch consecutive 16-byte vectors of a row (coalesced), and ea
 coefficients once. The layout (blocks, chunks, tiles) is a function of the shapes alone.
 
 Backward. One pass over ``x`` and ``dy``: each lane writes ``dx`` and keeps the ``m + 1 + n`` coefficient
-gradient sums of its items in fp32 registers; the block then reduces them with ``tile_sum`` (a tree), so
-there is no per-element global atomic. ``deterministic=True`` writes one partial row per block and a
-combine pass sums the blocks of each coefficient in a fixed order (bitwise reproducible); otherwise
-lane 0 adds the block sums with one atomic per coefficient per block. Arithmetic and accumulation run in
-fp32 for fp32/bf16/fp16 I/O (fp64 for fp64 I/O, which exists so the torch op can be gradchecked).
+gradient sums of its items: short fp32 runs (RUN items) folded into fp64 lane totals. The block reduces
+the fp64 totals with ``tile_sum`` (a tree) and writes one fp64 partial row per block; a combine pass sums
+the partials of each coefficient in a fixed order. So there is no global atomic at all, the coefficient
+gradients are bitwise reproducible whatever ``deterministic`` says, and the only fp32 rounding in a sum is
+that of the short runs: the error of dA and dB is that of the per-element terms themselves (about
+``sqrt(N C / G) eps``), not of an fp32 sum over ``N C / G`` terms.
+
+Cost. The kernels are meant to run at HBM speed, so the common case is lean: for ``|x| <= T`` the value,
+the derivative and the gradient factors come from one set of powers of ``x`` with per-block constants
+folded in (``i a_i``, ``j |b_j|``; the sign of ``b_j`` of variant A is applied once to the block's sums),
+and ``1 / Q`` (``Q >= 1``) is the hardware reciprocal (``rcp.approx``, below an ulp) on the GPU. The
+homogeneous form only runs for a vector that holds an element above ``T``.
 """
 
 import functools
@@ -112,6 +119,27 @@ def layout(n_rows: int, vectors_per_group: int, num_groups: int) -> RationalLayo
     return RationalLayout(vectors_per_group, tile_width, tiles, chunks, rows_per_chunk, num_groups)
 
 
+_RCP_SNIPPET = """
+#if defined(__CUDA_ARCH__)
+    return __fdividef(1.0f, q);
+#else
+    return 1.0f / q;
+#endif
+"""
+
+
+@wp.func_native(_RCP_SNIPPET)
+def _fast_reciprocal(q: float) -> float:
+    """1 / q with the GPU's rcp.approx (relative error below 2^-23 for the q >= 1 of a safe denominator, and
+    0 for q = inf) instead of IEEE division, whose slow-path check is a large share of the element cost."""
+    ...
+
+
+@wp.func
+def _exact_reciprocal(q: wp.float64):
+    return wp.float64(1.0) / q
+
+
 @dataclass(frozen=True)
 class RationalKernels:
     """The compiled kernels of one (orders, variant, I/O type, vector width) combination."""
@@ -148,11 +176,12 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
     K = M + N
     D = max(num_order, den_order) + 1  # powers 0 .. max(m, n)
     V = vec
-    FLUSH = max(1, 64 // vec)  # items (of V elements) per inner sum
+    RUN = max(1, 32 // vec)  # items (of V elements) summed in the arithmetic type before the fp64 fold
     io_vec = wp.types.vector(length=V, dtype=io_scalar)
     vecM = wp.types.vector(length=M, dtype=acc)
     vecN = wp.types.vector(length=N, dtype=acc)
     vecK = wp.types.vector(length=K, dtype=acc)
+    vecKW = wp.types.vector(length=K, dtype=wp.float64)  # lane totals and block partials
     vecD = wp.types.vector(length=D, dtype=acc)
     is_a = variant == "A"
     threshold = acc(large_x_threshold(num_order, den_order))
@@ -268,48 +297,129 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
         )
         return wp.func(rational)
 
-    rational_plain_value = make_rational(False, False)
     rational_scaled_value = make_rational(True, False)
-    rational_plain_grad = make_rational(False, True)
     rational_scaled_grad = make_rational(True, True)
 
-    @wp.func
-    def rational_value(x: acc, a: vecM, bcoef: vecN, bsign: vecN):
-        ax = wp.abs(x)
-        if ax > threshold:  # false for NaN: it stays NaN on the plain path
-            f, d, g = rational_scaled_value(sgn(x), one / ax, ax, a, bcoef, bsign)
-            return f
-        f, d, g = rational_plain_value(x, one, one, a, bcoef, bsign)
-        return f
+    reciprocal = _fast_reciprocal if acc == wp.float32 else _exact_reciprocal
 
     @wp.func
-    def rational_grad(x: acc, a: vecM, bcoef: vecN, bsign: vecN):
+    def plain_value(x: acc, a: vecM, bq: vecN):
+        """F(x) for |x| <= T (bq = |b| for A, b for B)."""
+        xp = powers(x)
+        p = zero
+        for i in range(M):
+            p = p + a[i] * xp[i]
+        s = zero
+        for j in range(1, N + 1):
+            if wp.static(is_a):
+                s = s + bq[j - 1] * wp.abs(xp[j])
+            else:
+                s = s + bq[j - 1] * xp[j]
+        if wp.static(not is_a):
+            s = wp.abs(s)
+        return p * reciprocal(one + s)
+
+    @wp.func
+    def plain_step(x: acc, dy: acc, a: vecM, ia: vecM, bq: vecN, jb: vecN, run: vecK):
+        """(dy dF/dx, run + dy dF/d[a, b]) for |x| <= T, the sign of b_j left out for A (the caller applies
+        it to the block's sums). ia[i] = i a_i and jb[j-1] = j bq[j-1] are per-block constants."""
+        xp = powers(x)
+        p = zero
+        dp = zero
+        for i in range(M):
+            p = p + a[i] * xp[i]
+            if i >= 1:
+                dp = dp + ia[i] * xp[i - 1]
+        s = zero
+        ds = zero
+        for j in range(1, N + 1):
+            if wp.static(is_a):
+                s = s + bq[j - 1] * wp.abs(xp[j])
+                ds = ds + jb[j - 1] * wp.abs(xp[j - 1])
+            else:
+                s = s + bq[j - 1] * xp[j]
+                ds = ds + jb[j - 1] * xp[j - 1]
+        sg = one
+        q = one
+        if wp.static(is_a):
+            sg = sgn(x)
+            q = one + s
+        else:
+            sg = sgn(s)
+            q = one + wp.abs(s)
+        r = reciprocal(q)
+        f = p * r
+        dfdx = r * (dp - f * sg * ds)
+        t = dy * r
+        u = -t * f
+        if wp.static(not is_a):
+            u = u * sg
+        out = vecK()
+        for i in range(M):
+            out[i] = run[i] + t * xp[i]
+        for j in range(1, N + 1):
+            if wp.static(is_a):
+                out[M + j - 1] = run[M + j - 1] + u * wp.abs(xp[j])
+            else:
+                out[M + j - 1] = run[M + j - 1] + u * xp[j]
+        return dy * dfdx, out
+
+    @wp.func
+    def any_large(xv: io_vec):
+        """Whether an element of the vector needs the homogeneous form (false for NaN)."""
+        large = False
+        for k in range(V):
+            if wp.abs(acc(xv[k])) > threshold:
+                large = True
+        return large
+
+    @wp.func
+    def element_value(x: acc, a: vecM, bq: vecN, ones: vecN):
+        """F(x) for any x: the homogeneous form above T."""
         ax = wp.abs(x)
         if ax > threshold:
-            return rational_scaled_grad(sgn(x), one / ax, ax, a, bcoef, bsign)
-        return rational_plain_grad(x, one, one, a, bcoef, bsign)
+            f, d, g = rational_scaled_value(sgn(x), one / ax, ax, a, bq, ones)
+            return f
+        return plain_value(x, a, bq)
+
+    @wp.func
+    def element_step(x: acc, dy: acc, a: vecM, ia: vecM, bq: vecN, jb: vecN, ones: vecN, run: vecK):
+        """plain_step for any x: the homogeneous form above T."""
+        ax = wp.abs(x)
+        if ax > threshold:
+            f, d, g = rational_scaled_grad(sgn(x), one / ax, ax, a, bq, ones)
+            return dy * d, run + dy * g
+        return plain_step(x, dy, a, ia, bq, jb, run)
 
     # ------------------------------------------------------------------ block decoding
     @wp.func
     def block_coefficients(blk: int, blocks_per_group: int, a: wp.array2d(dtype=acc), b: wp.array2d(dtype=acc)):
-        """(group, numerator, denominator |b| or b, sign(b)) of a block."""
+        """(group, a, i a_i, bq = |b| (A) or b (B), j bq_j, sign(b)) of a block."""
         g = blk // blocks_per_group
         ga = int(0)
         if a.shape[0] > 1:
             ga = g
         av = vecM()
+        ia = vecM()
+        fi = zero
         for i in range(M):
             av[i] = a[ga, i]
-        bcoef = vecN()
+            ia[i] = fi * av[i]
+            fi = fi + one
+        bq = vecN()
+        jb = vecN()
         bsign = vecN()
+        fj = one
         for j in range(N):
             bj = b[g, j]
             bsign[j] = sgn(bj)
             if wp.static(is_a):
-                bcoef[j] = wp.abs(bj)
+                bq[j] = wp.abs(bj)
             else:
-                bcoef[j] = bj
-        return g, av, bcoef, bsign
+                bq[j] = bj
+            jb[j] = fj * bq[j]
+            fj = fj + one
+        return g, av, ia, bq, jb, bsign
 
     @wp.func
     def block_extent(
@@ -341,7 +451,10 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
     ):
         blk, lane = wp.tid()
         lanes = wp.block_dim()
-        g, av, bcoef, bsign = block_coefficients(blk, blocks_per_group, a, b)
+        g, av, ia, bq, jb, bsign = block_coefficients(blk, blocks_per_group, a, b)
+        ones = vecN()
+        for j in range(N):
+            ones[j] = one
         col0, width, row0, row1 = block_extent(
             blk, g, blocks_per_group, vectors_per_group, tile_width, chunks, rows_per_chunk, x.shape[0])
         # items of the block in row-major order; this lane takes lane, lane + lanes, ...
@@ -352,8 +465,12 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
         while row < row1:
             xv = x[row, col0 + col]
             yv = io_vec()
-            for k in range(V):
-                yv[k] = io_scalar(rational_value(acc(xv[k]), av, bcoef, bsign))
+            if any_large(xv):
+                for k in range(V):
+                    yv[k] = io_scalar(element_value(acc(xv[k]), av, bq, ones))
+            else:
+                for k in range(V):
+                    yv[k] = io_scalar(plain_value(acc(xv[k]), av, bq))
             y[row, col0 + col] = yv
             col += col_step
             row += row_step
@@ -376,39 +493,41 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
         need_dx: int,
         accumulate_dx: int,
         need_params: int,
-        use_atomics: int,
         dx: wp.array2d(dtype=io_vec),
-        partials: wp.array2d(dtype=acc),
-        da: wp.array2d(dtype=acc),
-        db: wp.array2d(dtype=acc),
+        partials: wp.array2d(dtype=wp.float64),
     ):
         blk, lane = wp.tid()
         lanes = wp.block_dim()
-        g, av, bcoef, bsign = block_coefficients(blk, blocks_per_group, a, b)
+        g, av, ia, bq, jb, bsign = block_coefficients(blk, blocks_per_group, a, b)
+        ones = vecN()
+        for j in range(N):
+            ones[j] = one
         col0, width, row0, row1 = block_extent(
             blk, g, blocks_per_group, vectors_per_group, tile_width, chunks, rows_per_chunk, x.shape[0])
         row_step = lanes // width
         col_step = lanes - row_step * width
         row = row0 + lane // width
         col = lane - (lane // width) * width
-        sums = vecK()
-        # two-level sum inside the lane: a short running sum flushed every FLUSH items keeps the rounding
-        # error growing like (items / FLUSH + FLUSH) instead of items (a lane walks many items on the CPU)
-        inner = vecK()
+        total = vecKW()  # fp64 lane totals
+        run = vecK()  # short run in the arithmetic type, folded into total every RUN items
         pending = int(0)
         while row < row1:
             xv = x[row, col0 + col]
             gv = dy[row, col0 + col]
             dxv = io_vec()
-            for k in range(V):
-                gk = acc(gv[k])
-                f, dfdx, grads = rational_grad(acc(xv[k]), av, bcoef, bsign)
-                inner = inner + gk * grads
-                dxv[k] = io_scalar(gk * dfdx)
+            if any_large(xv):
+                for k in range(V):
+                    d, run = element_step(acc(xv[k]), acc(gv[k]), av, ia, bq, jb, ones, run)
+                    dxv[k] = io_scalar(d)
+            else:
+                for k in range(V):
+                    d, run = plain_step(acc(xv[k]), acc(gv[k]), av, ia, bq, jb, run)
+                    dxv[k] = io_scalar(d)
             pending += 1
-            if pending == FLUSH:
-                sums = sums + inner
-                inner = vecK()
+            if pending == RUN:
+                for k in range(K):
+                    total[k] = total[k] + wp.float64(run[k])
+                run = vecK()
                 pending = 0
             if need_dx:
                 if accumulate_dx:
@@ -421,27 +540,22 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
             if col >= width:
                 col -= width
                 row += 1
-        sums = sums + inner
+        for k in range(K):
+            total[k] = total[k] + wp.float64(run[k])
         if need_params:
-            # block reduction (a tree in shared memory); every lane must take part
+            # block reduction in fp64 (a tree in shared memory; every lane takes part), then one partial row
             for k in range(K):
-                total = wp.tile_sum(wp.tile(sums[k]))
+                block_total = wp.tile_sum(wp.tile(total[k]))
                 if lane == 0:
-                    value = total[0]
-                    if use_atomics:
-                        if k < M:
-                            ga = int(0)
-                            if da.shape[0] > 1:
-                                ga = g
-                            wp.atomic_add(da, ga, k, value)
-                        else:
-                            wp.atomic_add(db, g, k - M, value)
-                    else:
-                        partials[blk, k] = value
+                    value = block_total[0]
+                    if wp.static(is_a):
+                        if k >= M:
+                            value = value * wp.float64(bsign[k - M])
+                    partials[blk, k] = value
 
     @kernel
     def combine(
-        partials: wp.array2d(dtype=acc),
+        partials: wp.array2d(dtype=wp.float64),
         blocks_per_group: int,
         da: wp.array2d(dtype=acc),
         db: wp.array2d(dtype=acc),
@@ -466,15 +580,15 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
             row = rest // N
             k = M + rest - row * N
             first = row * blocks_per_group
-        acc_sum = zero
+        acc_sum = wp.float64(0.0)
         for i in range(lane, count, lanes):
             acc_sum = acc_sum + partials[first + i, k]
         total = wp.tile_sum(wp.tile(acc_sum))
         if lane == 0:
             if out < n_num:
-                da[row, k] = da[row, k] + total[0]
+                da[row, k] = acc(wp.float64(da[row, k]) + total[0])
             else:
-                db[row, k - M] = db[row, k - M] + total[0]
+                db[row, k - M] = acc(wp.float64(db[row, k - M]) + total[0])
 
     return RationalKernels(
         num_order=num_order,
@@ -582,7 +696,7 @@ def launch_forward(
 
 
 class _Workspace:
-    """Partial buffers of the deterministic backward, grown on demand, one per (device, stream)."""
+    """fp64 partial buffers of the backward, grown on demand, one per (device, stream)."""
 
     def __init__(self):
         self.buffers: dict = {}
@@ -627,7 +741,10 @@ def launch_backward(
 ) -> None:
     """Gradients of ``launch_forward``. ``da`` and ``db`` (arithmetic type, shapes of a and b) are
     accumulated (+=); ``dx`` is accumulated when ``accumulate_dx`` (Warp's adjoint convention) and
-    overwritten otherwise (the torch op: saves a read of dx). ``da`` and ``db`` go together."""
+    overwritten otherwise (the torch op: saves a read of dx). ``da`` and ``db`` go together.
+    ``deterministic`` is accepted for symmetry with the other families: the coefficient gradients are always
+    reduced in a fixed order (fp64 block partials and a combine pass), so they are always bitwise
+    reproducible, at the cost of one small extra launch."""
     kernels, lay, n_vec = _prepare(x, num_groups, a, b, variant, vec)
     if tuple(dy.shape) != tuple(x.shape) or dy.dtype != x.dtype:
         raise ValueError(f"dy must have the shape and dtype of x {tuple(x.shape)}, got {tuple(dy.shape)}")
@@ -644,29 +761,26 @@ def launch_backward(
     xv = _vector_view(x, kernels.io_vector, n_rows, n_vec)
     dyv = _vector_view(dy, kernels.io_vector, n_rows, n_vec)
     dxv = _vector_view(dx, kernels.io_vector, n_rows, n_vec) if dx is not None else xv  # unused when not needed
-    use_partials = need_params and deterministic
     k = kernels.grad_vector._length_
-    if use_partials:
-        partials = _workspace(x.device, stream).partials(x.device, lay.num_blocks, k, kernels.acc)
+    if need_params:
+        partials = _workspace(x.device, stream).partials(x.device, lay.num_blocks, k, wp.float64)
     else:
-        partials = a  # unused
-    da_arg = da if need_params else a
-    db_arg = db if need_params else b
+        partials = _workspace(x.device, stream).partials(x.device, 1, 1, wp.float64)  # unused
     wp.launch_tiled(
         kernels.backward,
         dim=[lay.num_blocks],
         inputs=[
             dyv, xv, a, b,
             lay.vectors_per_group, lay.tile_width, lay.chunks, lay.rows_per_chunk, lay.blocks_per_group,
-            int(dx is not None), int(accumulate_dx), int(need_params), int(need_params and not deterministic),
+            int(dx is not None), int(accumulate_dx), int(need_params),
         ],
-        outputs=[dxv, partials, da_arg, db_arg],
+        outputs=[dxv, partials],
         block_dim=BLOCK_DIM,
         device=x.device,
         stream=stream,
         record_tape=False,
     )
-    if use_partials:
+    if need_params:
         wp.launch_tiled(
             kernels.combine,
             dim=[a.shape[0] * a.shape[1] + b.shape[0] * b.shape[1]],
