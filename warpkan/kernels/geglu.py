@@ -62,6 +62,12 @@ __all__ = [
     "tc_n_tiles",
     "tc_splits",
     "launch_tc_forward",
+    "TensorCoreBlockVariant",
+    "get_tc_block_variant",
+    "tc_block_eligible",
+    "tcb_down_splits",
+    "launch_tc_block_forward",
+    "launch_read_probe",
 ]
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "gelu_sigmoid")
@@ -807,3 +813,438 @@ def launch_tc_forward(
         outputs=[out], **common,
     ))
     return cmds if record else None
+
+
+# ------------------------------------------------------------- tensor-core streaming, block split-K (v2)
+#
+# Two launches per forward instead of four. A block of TCB_WARPS warps owns one group of 2 x 16 weight rows
+# (u rows j and v rows inter + j in the first projection; 32 consecutive outputs in the second) and one
+# slice of the reduction; its warps take interleaved 64-k blocks of the slice (so together they read
+# contiguous bytes of every row), multiply on the tensor cores as above, and add their sums through shared
+# memory in a fixed warp order. The first projection gives each group the whole reduction (no split), so
+# the block applies the bias and the gate itself. The second splits the reduction over blocks; each block
+# writes its sums to ``partial[split]``, counts itself done on a per-group counter, and the last block of a
+# group adds the splits in a fixed order and writes the outputs (the counters are zeroed by the first
+# projection, which always runs just before on the same stream). Bitwise reproducible.
+
+TCB_ROW_TILE = 16
+TCB_GROUP_ROWS = 2 * TCB_ROW_TILE
+
+_TCB_BLOCK_SNIPPET = """
+    const int lane = thread & 31;
+    const int warp = thread >> 5;
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    const int MT = 2;
+    const int NT = @NT@;
+    const int W = @W@;
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+    float acc[MT][NT][4];
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+        #pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
+    const char* wrow[MT][2];
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+        #pragma unroll
+        for (int h = 0; h < 2; ++h)
+            wrow[mt][h] = (const char*)w.data + (long long)(row0 + mt * row_step + g + 8 * h) * w.strides[0];
+    const char* xrow[NT];
+    #pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        int r = nt * 8 + g;
+        r = r < n_rows ? r : n_rows - 1;  // rows past the batch only feed sums that are dropped
+        xrow[nt] = (const char*)x.data + (long long)r * x.strides[0];
+    }
+    #pragma unroll @UNROLL@
+    for (int k = k_begin + 64 * warp + 16 * t; k < k_end; k += 64 * W) {
+        unsigned int wa[MT][2][8];
+        unsigned int xb[NT][8];
+        #pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+            #pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const char* p = wrow[mt][h] + 2 * (long long)k;
+                asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                    : "=r"(wa[mt][h][0]), "=r"(wa[mt][h][1]), "=r"(wa[mt][h][2]), "=r"(wa[mt][h][3]) : "l"(p));
+                asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                    : "=r"(wa[mt][h][4]), "=r"(wa[mt][h][5]), "=r"(wa[mt][h][6]), "=r"(wa[mt][h][7]) : "l"(p + 16));
+            }
+        #pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const char* p = xrow[nt] + 2 * (long long)k;
+            asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
+                : "=r"(xb[nt][0]), "=r"(xb[nt][1]), "=r"(xb[nt][2]), "=r"(xb[nt][3]) : "l"(p));
+            asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
+                : "=r"(xb[nt][4]), "=r"(xb[nt][5]), "=r"(xb[nt][6]), "=r"(xb[nt][7]) : "l"(p + 16));
+        }
+        #pragma unroll
+        for (int s = 0; s < 4; ++s)
+            #pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+                #pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+                    asm("mma.sync.aligned.m16n8k16.row.col.f32.@MMA@.@MMA@.f32 "
+                        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                        : "+f"(acc[mt][nt][0]), "+f"(acc[mt][nt][1]), "+f"(acc[mt][nt][2]), "+f"(acc[mt][nt][3])
+                        : "r"(wa[mt][0][2 * s]), "r"(wa[mt][1][2 * s]), "r"(wa[mt][0][2 * s + 1]),
+                          "r"(wa[mt][1][2 * s + 1]), "r"(xb[nt][2 * s]), "r"(xb[nt][2 * s + 1]));
+    }
+    // the block's warps add their sums through shared memory, always in warp order
+    __shared__ float red[W][MT * NT * 4][32];
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+        #pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) red[warp][(mt * NT + nt) * 4 + e][lane] = acc[mt][nt][e];
+    __syncthreads();
+    for (int q = thread; q < MT * NT * 4 * 32; q += 32 * W) {
+        const int l = q & 31;
+        const int f = q >> 5;
+        float total = 0.0f;
+        #pragma unroll
+        for (int v = 0; v < W; ++v) total += red[v][f][l];
+        const int e = f & 3;
+        const int nt = (f >> 2) % NT;
+        const int mt = (f >> 2) / NT;
+        const int n = nt * 8 + 2 * (l & 3) + (e & 1);
+        if (n < n_rows)
+            *wp::address(partial, split, n, row0 + mt * row_step + (l >> 2) + 8 * (e >> 1)) = total;
+    }
+    __threadfence();  // the sums are visible device-wide before this block counts itself done
+#else
+    // CPU: a block's threads run one after another, so its first thread writes all of the block's sums
+    if (thread == 0) {
+        for (int mt = 0; mt < MT; ++mt)
+            for (int r = 0; r < 16; ++r)
+                for (int n = 0; n < n_rows; ++n) {
+                    const int row = row0 + mt * row_step + r;
+                    float total = 0.0f;
+                    for (int k = k_begin; k < k_end; ++k)
+                        total += float(*wp::address(w, row, k)) * float(*wp::address(x, n, k));
+                    *wp::address(partial, split, n, row) = total;
+                }
+    }
+#endif
+"""
+
+# 1 when this block is the last of its group's `splits` blocks to finish (every block when splits == 1);
+# also the barrier after which the block's own sums are readable by all its threads.
+_TCB_DONE_SNIPPET = """
+#if defined(__CUDA_ARCH__)
+    __shared__ int block_is_last;
+    __syncthreads();
+    if (thread == 0) {
+        int last = 1;
+        if (splits > 1) {
+            __threadfence();
+            last = atomicAdd(wp::address(counters, group), 1) == splits - 1;
+            if (last) __threadfence();
+        }
+        block_is_last = last;
+    }
+    __syncthreads();
+    return block_is_last;
+#else
+    return split == splits - 1;  // CPU: blocks run in order, and splits of a group in increasing order
+#endif
+"""
+
+_TCB_LOAD_SNIPPET = """
+#if defined(__CUDA_ARCH__)
+    return __ldcg(wp::address(partial, split, n, row));  // from L2: written by other blocks of this launch
+#else
+    return *wp::address(partial, split, n, row);
+#endif
+"""
+
+
+@dataclass(frozen=True)
+class TensorCoreBlockVariant:
+    """The block split-K tensor-core streaming kernels of one (I/O type, 8 * n_tiles rows, warps, unroll)."""
+
+    io_name: str
+    n_tiles: int
+    warps: int
+    up_projection: wp.Kernel
+    down_projection: wp.Kernel
+    module: str
+
+
+TCB_WARPS = {1: 8, 2: 8, 4: 8, 8: 4}  # n_tiles -> warps per block (shared memory: warps * n_tiles KB)
+TCB_UNROLL = 1
+
+
+@functools.lru_cache(maxsize=None)
+def get_tc_block_variant(io_name: str, n_tiles: int, warps: int = 0, unroll: int = 0) -> TensorCoreBlockVariant:
+    if io_name not in TC_IO:
+        raise TypeError(f"the tensor-core path takes float16 or bfloat16, got {io_name}")
+    if n_tiles not in TC_N_TILES:
+        raise ValueError(f"n_tiles must be one of {TC_N_TILES}, got {n_tiles}")
+    warps = warps or TCB_WARPS[n_tiles]
+    unroll = unroll or TCB_UNROLL
+    if warps * n_tiles > 32 or (8 * n_tiles) % warps:
+        raise ValueError(f"{warps} warps per block do not fit n_tiles={n_tiles}")
+    io = _io_scalar(io_name)
+    gate, _ = _gate_funcs("float32")
+    module = f"warpkan_geglu_tcb{n_tiles}_w{warps}_u{unroll}_{io_name}"
+    kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
+    block_threads = 32 * warps
+    snippet = (
+        _TCB_BLOCK_SNIPPET.replace("@NT@", str(n_tiles)).replace("@W@", str(warps)).replace("@UNROLL@", str(unroll))
+        .replace("@MMA@", "f16" if io_name == "float16" else "bf16")
+    )
+
+    @wp.func_native(snippet)
+    def block_tile_product(
+        w: wp.array2d(dtype=io),
+        x: wp.array2d(dtype=io),
+        partial: wp.array3d(dtype=wp.float32),
+        row0: int,
+        row_step: int,
+        n_rows: int,
+        k_begin: int,
+        k_end: int,
+        split: int,
+        thread: int,
+    ): ...
+
+    @wp.func_native(_TCB_DONE_SNIPPET)
+    def block_done(counters: wp.array1d(dtype=wp.int32), group: int, split: int, splits: int, thread: int) -> int: ...
+
+    @wp.func_native(_TCB_LOAD_SNIPPET)
+    def load_partial(partial: wp.array3d(dtype=wp.float32), split: int, n: int, row: int) -> float: ...
+
+    @kernel
+    def up_projection(
+        x: wp.array2d(dtype=io),
+        w_uv: wp.array2d(dtype=io),
+        b_uv: wp.array1d(dtype=io),
+        use_bias: int,
+        n_rows: int,
+        code: int,
+        partial: wp.array3d(dtype=wp.float32),
+        down_counters: wp.array1d(dtype=wp.int32),
+        uv: wp.array2d(dtype=io),
+        h: wp.array2d(dtype=io),
+    ):
+        # one block per group of 16 u rows (and their 16 v rows), the whole reduction
+        tid = wp.tid()
+        block = tid // block_threads
+        thread = tid - block * block_threads
+        n_inter = h.shape[1]
+        if block == 0:
+            for i in range(thread, down_counters.shape[0], block_threads):
+                down_counters[i] = 0
+        j0 = block * TCB_ROW_TILE
+        block_tile_product(w_uv, x, partial, j0, n_inter, n_rows, 0, x.shape[1], 0, thread)
+        block_done(down_counters, block, 0, 1, thread)
+        for idx in range(thread, n_rows * TCB_ROW_TILE, block_threads):
+            m = idx // TCB_ROW_TILE
+            j = j0 + idx - m * TCB_ROW_TILE
+            u = load_partial(partial, 0, m, j)
+            v = load_partial(partial, 0, m, n_inter + j)
+            if use_bias:
+                u += float(b_uv[j])
+                v += float(b_uv[n_inter + j])
+            uv[m, j] = io(u)
+            uv[m, n_inter + j] = io(v)
+            h[m, j] = io(gate(u, code) * v)
+
+    @kernel
+    def down_projection(
+        h: wp.array2d(dtype=io),
+        w_o: wp.array2d(dtype=io),
+        b_o: wp.array1d(dtype=io),
+        use_bias: int,
+        n_rows: int,
+        k_per_split: int,
+        partial: wp.array3d(dtype=wp.float32),
+        counters: wp.array1d(dtype=wp.int32),
+        out: wp.array2d(dtype=io),
+    ):
+        # block (split, group): consecutive blocks share a reduction slice and take consecutive groups
+        tid = wp.tid()
+        block = tid // block_threads
+        thread = tid - block * block_threads
+        n_groups = counters.shape[0]
+        splits = partial.shape[0]
+        split = block // n_groups
+        group = block - split * n_groups
+        k_begin = split * k_per_split
+        k_end = wp.min(k_begin + k_per_split, h.shape[1])
+        o0 = group * TCB_GROUP_ROWS
+        block_tile_product(w_o, h, partial, o0, TCB_ROW_TILE, n_rows, k_begin, k_end, split, thread)
+        if block_done(counters, group, split, splits, thread):
+            for idx in range(thread, n_rows * TCB_GROUP_ROWS, block_threads):
+                m = idx // TCB_GROUP_ROWS
+                o = o0 + idx - m * TCB_GROUP_ROWS
+                y = float(0.0)
+                for s in range(splits):
+                    y += load_partial(partial, s, m, o)
+                if use_bias:
+                    y += float(b_o[o])
+                out[m, o] = io(y)
+
+    return TensorCoreBlockVariant(io_name, n_tiles, warps, up_projection, down_projection, module)
+
+
+def tc_block_eligible(io_name: str, n_rows: int, n_hidden: int, n_inter: int) -> bool:
+    """Whether the block split-K tensor-core path serves this shape (the caller also checks 16-byte
+    alignment of x, w_uv and w_o)."""
+    return (
+        io_name in TC_IO
+        and 1 <= n_rows <= TC_MAX_ROWS
+        and n_hidden > 0
+        and n_inter > 0
+        and n_hidden % TC_K_BLOCK == 0
+        and n_inter % TC_K_BLOCK == 0
+        and n_hidden % TCB_GROUP_ROWS == 0
+    )
+
+
+TCB_DOWN_SPLITS = 0  # 0: from the SM count (tcb_down_splits)
+
+
+def tcb_down_splits(n_hidden: int, n_inter: int, sm_count: int = 132) -> int:
+    """Reduction splits of the second projection: enough blocks for about four per SM (whole 64-k blocks
+    per split, no empty split)."""
+    if TCB_DOWN_SPLITS:
+        wanted = TCB_DOWN_SPLITS
+    else:
+        wanted = max(1, -(-4 * sm_count // (n_hidden // TCB_GROUP_ROWS)))
+    blocks = n_inter // TC_K_BLOCK
+    per = -(-blocks // min(blocks, wanted))
+    return -(-blocks // per)
+
+
+def launch_tc_block_forward(
+    x: "wp.array2d",
+    w_uv: "wp.array2d",
+    b_uv: "wp.array1d | None",
+    w_o: "wp.array2d",
+    b_o: "wp.array1d | None",
+    uv: "wp.array2d",
+    h: "wp.array2d",
+    out: "wp.array2d",
+    partial_up: "wp.array3d",
+    partial_down: "wp.array3d",
+    counters: "wp.array1d",
+    activation: str,
+    stream: "wp.Stream | None" = None,
+    record: bool = False,
+):
+    """The whole layer by block split-K tensor-core streaming in two launches (see
+    :func:`tc_block_eligible`): writes uv, h and out. Scratch: ``partial_up`` float32 [1, N, 2 inter],
+    ``partial_down`` float32 [splits, N, hidden] (its first dimension sets the second projection's splits,
+    :func:`tcb_down_splits`), ``counters`` int32 [hidden / 32] (any content: the first launch zeroes it).
+    x, w_uv and w_o must be 16-byte aligned."""
+    io_name = _io_name(x)
+    n_rows, n_hidden = x.shape
+    n_inter = w_o.shape[1]
+    if not tc_block_eligible(io_name, n_rows, n_hidden, n_inter):
+        raise ValueError(f"the tensor-core path does not serve {io_name} [{n_rows}, {n_hidden}] x {n_inter}")
+    _check("w_uv", w_uv, (2 * n_inter, n_hidden), io_name)
+    _check("w_o", w_o, (n_hidden, n_inter), io_name)
+    if b_uv is not None:
+        _check("b_uv", b_uv, (2 * n_inter,), io_name)
+    if b_o is not None:
+        _check("b_o", b_o, (n_hidden,), io_name)
+    _check("uv", uv, (n_rows, 2 * n_inter), io_name)
+    _check("h", h, (n_rows, n_inter), io_name)
+    _check("out", out, (n_rows, n_hidden), io_name)
+    splits = partial_down.shape[0]
+    _check("partial_up", partial_up, (1, n_rows, 2 * n_inter), "float32")
+    _check("partial_down", partial_down, (splits, n_rows, n_hidden), "float32")
+    n_groups = n_hidden // TCB_GROUP_ROWS
+    if tuple(counters.shape) != (n_groups,) or counters.dtype != wp.int32:
+        raise ValueError(f"counters must be int32 of shape ({n_groups},)")
+    for name, a in (("x", x), ("w_uv", w_uv), ("w_o", w_o), ("h", h)):
+        if a.ptr % 16 or a.strides[0] % 16 or not a.is_contiguous:
+            raise ValueError(f"{name} must be 16-byte aligned for the tensor-core path")
+    variant = get_tc_block_variant(io_name, tc_n_tiles(n_rows))
+    device = x.device
+    block_threads = 32 * variant.warps
+    b_uv_arg = b_uv if b_uv is not None else _empty_vector(io_name, device)
+    b_o_arg = b_o if b_o is not None else _empty_vector(io_name, device)
+    common = {"device": device, "stream": stream, "record_tape": False, "record_cmd": record, "block_dim": block_threads}
+    k_blocks = n_inter // TC_K_BLOCK
+    k_per_split = -(-k_blocks // splits) * TC_K_BLOCK
+    cmds = [
+        wp.launch(
+            variant.up_projection, dim=(n_inter // TCB_ROW_TILE) * block_threads,
+            inputs=[x, w_uv, b_uv_arg, int(b_uv is not None), n_rows, activation_code(activation), partial_up,
+                    counters],
+            outputs=[uv, h], **common,
+        ),
+        wp.launch(
+            variant.down_projection, dim=splits * n_groups * block_threads,
+            inputs=[h, w_o, b_o_arg, int(b_o is not None), n_rows, k_per_split, partial_down, counters],
+            outputs=[out], **common,
+        ),
+    ]
+    return cmds if record else None
+
+
+# ------------------------------------------------------------------------------- read-bandwidth probe
+#
+# The ceiling the weight-streaming kernels are measured against: every thread sums 16-byte words of a
+# buffer (grid-stride, four independent loads in flight, no L1 allocation) and writes one value so that
+# nothing is optimised away. Only reads reach HBM, unlike a device-to-device copy.
+
+_PROBE_SNIPPET = """
+#if defined(__CUDA_ARCH__)
+    const uint4* p = (const uint4*)data.data;
+    const long long n = (long long)data.shape[0] * data.strides[0] / 16;
+    unsigned int s = 0;
+    long long i = tid;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+        uint4 a, b, c, d;
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(a.x), "=r"(a.y), "=r"(a.z), "=r"(a.w) : "l"(p + i));
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(b.x), "=r"(b.y), "=r"(b.z), "=r"(b.w) : "l"(p + i + stride));
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(c.x), "=r"(c.y), "=r"(c.z), "=r"(c.w) : "l"(p + i + 2 * stride));
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(d.x), "=r"(d.y), "=r"(d.z), "=r"(d.w) : "l"(p + i + 3 * stride));
+        s += a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+    }
+    for (; i < n; i += stride) {
+        const uint4 a = p[i];
+        s += a.x ^ a.y ^ a.z ^ a.w;
+    }
+    out.data[tid] = (int)s;
+#else
+    const unsigned char* p = (const unsigned char*)data.data;
+    const long long n = (long long)data.shape[0] * data.strides[0];
+    unsigned int s = 0;
+    for (long long i = tid; i < n; i += stride) s += p[i];
+    out.data[tid] = (int)s;
+#endif
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _probe_kernel():
+    @wp.func_native(_PROBE_SNIPPET)
+    def read_words(data: wp.array2d(dtype=wp.float16), out: wp.array1d(dtype=wp.int32), tid: int, stride: int): ...
+
+    @wp.kernel(enable_backward=False, module="warpkan_geglu_probe")
+    def read_probe(data: wp.array2d(dtype=wp.float16), out: wp.array1d(dtype=wp.int32)):
+        tid = wp.tid()
+        read_words(data, out, tid, out.shape[0])
+
+    return read_probe
+
+
+def launch_read_probe(data: "wp.array2d", out: "wp.array1d", block_dim: int = 256, stream=None, record: bool = False):
+    """Reads every byte of the contiguous float16 matrix ``data`` once with ``out.shape[0]`` threads (a
+    multiple of ``block_dim``; pick a multiple of the SM count in blocks) and writes a checksum per thread."""
+    if not data.is_contiguous:
+        raise ValueError("data must be contiguous")
+    cmd = wp.launch(
+        _probe_kernel(), dim=out.shape[0], inputs=[data], outputs=[out], device=data.device, stream=stream,
+        block_dim=block_dim, record_tape=False, record_cmd=record,
+    )
+    return [cmd] if record else None
