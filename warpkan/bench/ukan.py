@@ -77,11 +77,14 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
                 layer = _make(impl, n_in, n_out, grid_size, device)
                 fwd, total, peak = _measure(layer, x, dy, device, quick)
                 row.update(fwd_ms=fwd, bwd_ms=total - fwd, total_ms=total, peak_MiB=peak)
-                if impl.startswith("warpkan UKANLinear"):  # rows the data needed, of the table's capacity
-                    needed, capacity = int(layer._last[2]), layer._last[0].shape[0]
-                    row["table rows"] = f"{needed} of {capacity}"
-                    if needed > capacity:
-                        row["note"] = "table overflow: spline terms dropped, timing not comparable"
+                if impl.startswith("warpkan UKANLinear"):  # which path; rows the data needed, of the capacity
+                    if layer._last is None:
+                        row["table rows"] = "dense range"
+                    else:
+                        needed, capacity = int(layer._last[2]), layer._last[0].shape[0]
+                        row["table rows"] = f"{needed} of {capacity}"
+                        if needed > capacity:
+                            row["note"] = "table overflow: spline terms dropped, timing not comparable"
                 del layer
             except torch.OutOfMemoryError:
                 row["note"] = "out of memory"

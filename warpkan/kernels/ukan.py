@@ -74,6 +74,12 @@ __all__ = [
     "launch_reorder_table",
     "PE_BASE",
     "table_chunk",
+    "launch_group_range",
+    "launch_range_expand",
+    "launch_range_contract",
+    "launch_range_weights",
+    "launch_range_param_grads",
+    "launch_range_encoding",
 ]
 
 CELL_LIMIT = float(2**39)  # |x / h| is clamped here: |g| < 2^39, so keys and g - 1 fit comfortably in int64
@@ -102,6 +108,14 @@ class UKANVariant:
     combine_rows: wp.Kernel
     backward_table: wp.Kernel
     combine_table: wp.Kernel
+    range_init: wp.Kernel
+    range_partial: wp.Kernel
+    range_finalize: wp.Kernel
+    range_expand: wp.Kernel
+    range_contract: wp.Kernel
+    range_weights: wp.Kernel
+    range_param_grads: wp.Kernel
+    range_encoding: wp.Kernel
     basis_matrix: object
     module: str
 
@@ -132,6 +146,8 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
     # for the rest of the function in Warp 1.19
     K64 = wp.int64(K)
     KF = wp.float64(K)
+    no_group = wp.int64(2**62)  # above every clamped group: "no valid input yet" in the range search
+    span_cap = wp.int64(2**30)
 
     # ------------------------------------------------------------------ per-element maths (@wp.func)
     silu_and_grad = shared.silu_and_grad
@@ -516,6 +532,198 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
         for m in range(K):
             d_table[p * K + m, o] = d_table[p * K + m, o] + s * (own[K + m] + after[m])
 
+    # ------------------------------------------------------------------ dense-range path (see module doc)
+    @kernel
+    def range_init(group_lo: wp.array(dtype=wp.int64), group_hi: wp.array(dtype=wp.int64),
+                   span_max: wp.array(dtype=wp.int32)):
+        i = wp.tid()
+        group_lo[i] = no_group
+        group_hi[i] = -no_group
+        if i == 0:
+            span_max[0] = 0
+
+    @kernel
+    def range_partial(
+        x: wp.array2d(dtype=scalar),
+        h: wp.float64,
+        rows_per_chunk: int,
+        group_lo: wp.array(dtype=wp.int64),
+        group_hi: wp.array(dtype=wp.int64),
+    ):
+        # consecutive threads on consecutive features of one row chunk (coalesced x); integer min/max
+        # atomics commute, so the result does not depend on their order
+        tid = wp.tid()
+        n_in = x.shape[1]
+        chunk = tid // n_in
+        i = tid - chunk * n_in
+        start = chunk * rows_per_chunk
+        stop = wp.min(start + rows_per_chunk, x.shape[0])
+        lo = no_group
+        hi = -no_group
+        for n in range(start, stop):
+            valid, g, r, u, sloped = locate(x[n, i], h)
+            if valid:
+                lo = wp.min(lo, g)
+                hi = wp.max(hi, g)
+        if lo <= hi:
+            wp.atomic_min(group_lo, i, lo)
+            wp.atomic_max(group_hi, i, hi)
+
+    @kernel
+    def range_finalize(group_lo: wp.array(dtype=wp.int64), group_hi: wp.array(dtype=wp.int64),
+                       span_max: wp.array(dtype=wp.int32)):
+        # span = groups from the lowest to the highest touched one (a feature without valid input: 1)
+        i = wp.tid()
+        lo = group_lo[i]
+        hi = group_hi[i]
+        if lo > hi:
+            lo = wp.int64(0)
+            hi = wp.int64(0)
+            group_lo[i] = lo
+        span = wp.min(hi - lo + wp.int64(1), span_cap)
+        wp.atomic_max(span_max, 0, int(span))
+
+    @wp.func
+    def range_window(x: scalar, h: wp.float64, lo: wp.int64, n_coef: int):
+        """(valid, start, u, sloped): the first of the K coefficients of x among its feature's n_coef (local
+        index (g - lo) K + r); invalid for NaN (and, defensively, for a window outside the range)."""
+        valid, g, r, u, sloped = locate(x, h)
+        start = int(0)
+        if valid:
+            offset = g - lo
+            if offset < wp.int64(0) or offset * K64 + wp.int64(r + K) > wp.int64(n_coef):
+                valid = 0
+            else:
+                start = int(offset) * K + r
+        return valid, start, u, sloped
+
+    @kernel
+    def range_expand(
+        x: wp.array2d(dtype=scalar),
+        group_lo: wp.array(dtype=wp.int64),
+        h: wp.float64,
+        row0: int,
+        n_coef: int,
+        basis_matrix: matK,
+        use_base: int,
+        basis_out: wp.array3d(dtype=scalar),
+    ):
+        # basis_out[n, i, :] for row row0 + n: the n_coef spline bases (zeros included, so no separate fill)
+        # and, when use_base, silu(x) in the last column
+        n, i = wp.tid()
+        xv = x[row0 + n, i]
+        valid, start, u, sloped = range_window(xv, h, group_lo[i], n_coef)
+        b = vecK()
+        if valid:
+            b = basis(u, basis_matrix)
+        else:
+            start = -2 * K  # no coefficient matches
+        for t in range(n_coef):
+            m = t - start
+            v = zero
+            if m >= 0 and m < K:
+                v = b[m]
+            basis_out[n, i, t] = v
+        base = zero
+        if use_base:
+            act, dact = silu_and_grad(xv)
+            base = act
+        basis_out[n, i, n_coef] = base
+
+    @kernel
+    def range_contract(
+        x: wp.array2d(dtype=scalar),
+        group_lo: wp.array(dtype=wp.int64),
+        h: wp.float64,
+        inv_h: scalar,
+        row0: int,
+        n_coef: int,
+        basis_matrix: matK,
+        use_base: int,
+        d_basis: wp.array3d(dtype=scalar),
+        dx: wp.array2d(dtype=scalar),
+    ):
+        # dx[row0 + n, i] = sum_m d_basis[n, i, start + m] b'_m(x) (+ d_basis[n, i, n_coef] silu'(x)); written,
+        # not accumulated: every element of dx is visited once
+        n, i = wp.tid()
+        xv = x[row0 + n, i]
+        valid, start, u, sloped = range_window(xv, h, group_lo[i], n_coef)
+        acc = zero
+        if valid and sloped:
+            db = basis_grad(u, inv_h, basis_matrix)
+            for m in range(K):
+                acc = acc + db[m] * d_basis[n, i, start + m]
+        if use_base:
+            act, dact = silu_and_grad(xv)
+            acc = acc + d_basis[n, i, n_coef] * dact
+        dx[row0 + n, i] = acc
+
+    @kernel
+    def range_weights(
+        table: wp.array2d(dtype=scalar),
+        scaler_t: wp.array2d(dtype=scalar),
+        base_weight_t: wp.array2d(dtype=scalar),
+        use_base: int,
+        weights: wp.array3d(dtype=scalar),
+    ):
+        # weights[i, t, o]: s[i, o] times coefficient t of feature i (row i Rt + t // K of the CG-MLP output,
+        # column o K + t % K), and the base weight (or 0) in the last column, which no spline window reaches
+        i, t, o = wp.tid()
+        width = weights.shape[1]
+        rows_per_feature = width // K
+        v = zero
+        if t < width - 1:
+            j = t // K
+            v = scaler_t[i, o] * table[i * rows_per_feature + j, o * K + t - j * K]
+        elif use_base:
+            v = base_weight_t[i, o]
+        weights[i, t, o] = v
+
+    @kernel
+    def range_param_grads(
+        d_weights: wp.array3d(dtype=scalar),
+        table: wp.array2d(dtype=scalar),
+        scaler_t: wp.array2d(dtype=scalar),
+        use_base: int,
+        d_table: wp.array2d(dtype=scalar),
+        d_scaler_t: wp.array2d(dtype=scalar),
+        d_base_weight_t: wp.array2d(dtype=scalar),
+    ):
+        # the chain rule through range_weights, one thread per (i, o) summing its coefficients in order
+        i, o = wp.tid()
+        width = d_weights.shape[1]
+        rows_per_feature = width // K
+        s = scaler_t[i, o]
+        acc = zero
+        for t in range(width - 1):
+            j = t // K
+            row = i * rows_per_feature + j
+            col = o * K + t - j * K
+            dw = d_weights[i, t, o]
+            d_table[row, col] = s * dw
+            acc = acc + dw * table[row, col]
+        d_table[i * rows_per_feature + rows_per_feature - 1, o * K + K - 1] = zero  # the unused coefficient
+        d_scaler_t[i, o] = acc
+        base = zero
+        if use_base:
+            base = d_weights[i, width - 1, o]
+        d_base_weight_t[i, o] = base
+
+    @kernel
+    def range_encoding(group_lo: wp.array(dtype=wp.int64), rows_per_feature: int, pe_dim: int,
+                       out: wp.array2d(dtype=scalar)):
+        # row p = i Rt + j is group group_lo[i] - 1 + j: [sin(g f_0), cos(g f_0), ..], phases in float64
+        p, a = wp.tid()
+        i = p // rows_per_feature
+        g = group_lo[i] - wp.int64(1) + wp.int64(p - i * rows_per_feature)
+        j = a // 2
+        freq = wp.pow(wp.float64(PE_BASE), -wp.float64(2 * j) / wp.float64(pe_dim))
+        phase = wp.float64(g) * freq
+        v = wp.sin(phase)
+        if a - 2 * j == 1:
+            v = wp.cos(phase)
+        out[p, a] = scalar(v)
+
     basis_matrix = shared.basis_matrix
     return UKANVariant(
         order=order,
@@ -529,6 +737,14 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
         combine_rows=combine_rows,
         backward_table=backward_table,
         combine_table=combine_table,
+        range_init=range_init,
+        range_partial=range_partial,
+        range_finalize=range_finalize,
+        range_expand=range_expand,
+        range_contract=range_contract,
+        range_weights=range_weights,
+        range_param_grads=range_param_grads,
+        range_encoding=range_encoding,
         basis_matrix=basis_matrix,
         module=module,
     )
@@ -743,6 +959,94 @@ def launch_backward(
                       inputs=[pairs.row_start, pairs.row_stop, pairs.pair_feature, scaler_t, chunk, row_window,
                               head, tail],
                       outputs=[d_table], device=device, record_tape=False)
+
+
+# ---------------------------------------------------------------------- dense-range path
+_RANGE_THREADS = 1 << 17  # parallelism aimed at by the group-range search
+_MIN_RANGE_ROWS = 16
+
+
+def launch_group_range(x, grid_delta, order, group_lo, group_hi, span_max, stream=None) -> None:
+    """Per feature i, the lowest group its valid inputs touch (``group_lo[i]``, int64) and, in
+    ``span_max[0]`` (int32), the most groups any feature spans from its lowest to its highest touched one
+    (capped at 2^30). NaN is ignored; a feature without valid input gets group 0 and span 1. ``group_hi`` is
+    scratch [in] int64. Nothing is read back."""
+    h = _check_h(grid_delta)
+    variant = get_variant(order, scalar_name(x))
+    n_rows, n_in = x.shape
+    device = x.device
+    if n_in == 0:
+        span_max.zero_()
+        return
+    rows_per_chunk = max(_MIN_RANGE_ROWS, -(-n_rows * n_in // _RANGE_THREADS))
+    n_chunks = -(-n_rows // rows_per_chunk)
+    with on_stream(stream):
+        wp.launch(variant.range_init, dim=n_in, inputs=[], outputs=[group_lo, group_hi, span_max], device=device,
+                  record_tape=False)
+        if n_chunks > 0:
+            wp.launch(variant.range_partial, dim=n_chunks * n_in, inputs=[x, h, rows_per_chunk],
+                      outputs=[group_lo, group_hi], device=device, record_tape=False)
+        wp.launch(variant.range_finalize, dim=n_in, inputs=[], outputs=[group_lo, group_hi, span_max],
+                  device=device, record_tape=False)
+
+
+def launch_range_expand(x, group_lo, grid_delta, order, row0, basis_out, use_base=True, stream=None) -> None:
+    """basis_out [rows, in, W] for the rows row0 .. row0 + rows of x: per element, its spline bases on the
+    feature's W - 1 coefficients from group ``group_lo[i] - 1`` on (coefficient t = local flat index
+    (g - group_lo[i]) K + r + m), zeros elsewhere, and silu(x) (0 without base) in column W - 1."""
+    variant = get_variant(order, scalar_name(x))
+    rows, n_in, width = basis_out.shape
+    if rows == 0 or n_in == 0:
+        return
+    wp.launch(variant.range_expand, dim=(rows, n_in),
+              inputs=[x, group_lo, wp.float64(_check_h(grid_delta)), int(row0), width - 1, variant.basis_matrix,
+                      int(use_base)],
+              outputs=[basis_out], device=x.device, stream=stream, record_tape=False)
+
+
+def launch_range_contract(x, group_lo, grid_delta, order, row0, d_basis, dx, use_base=True, stream=None) -> None:
+    """dx[row0 + n, i] = sum_t d_basis[n, i, t] d basis_t / dx (the x-derivative of
+    :func:`launch_range_expand`'s row, base column included). Overwrites those rows of dx."""
+    variant = get_variant(order, scalar_name(x))
+    rows, n_in, width = d_basis.shape
+    if rows == 0 or n_in == 0:
+        return
+    h = _check_h(grid_delta)
+    wp.launch(variant.range_contract, dim=(rows, n_in),
+              inputs=[x, group_lo, wp.float64(h), variant.scalar(1.0 / h), int(row0), width - 1,
+                      variant.basis_matrix, int(use_base), d_basis],
+              outputs=[dx], device=x.device, stream=stream, record_tape=False)
+
+
+def launch_range_weights(table, scaler_t, base_weight_t, order, weights, use_base=True, stream=None) -> None:
+    """weights [in, W, out] (W = Rt K) for :func:`launch_range_expand`'s basis from the CG-MLP output
+    ``table`` [in Rt, out K] ((o, m) column order): the scaled coefficients and the base weight."""
+    variant = get_variant(order, scalar_name(table, "table"))
+    if weights.size == 0:
+        return
+    wp.launch(variant.range_weights, dim=tuple(weights.shape), inputs=[table, scaler_t, base_weight_t, int(use_base)],
+              outputs=[weights], device=table.device, stream=stream, record_tape=False)
+
+
+def launch_range_param_grads(d_weights, table, scaler_t, order, d_table, d_scaler_t, d_base_weight_t, use_base=True,
+                             stream=None) -> None:
+    """Gradients of :func:`launch_range_weights` from d_weights [in, W, out]; overwrites d_table, d_scaler_t
+    and d_base_weight_t (fixed-order sums: deterministic)."""
+    variant = get_variant(order, scalar_name(table, "table"))
+    if d_scaler_t.size == 0:
+        return
+    wp.launch(variant.range_param_grads, dim=tuple(d_scaler_t.shape),
+              inputs=[d_weights, table, scaler_t, int(use_base)], outputs=[d_table, d_scaler_t, d_base_weight_t],
+              device=table.device, stream=stream, record_tape=False)
+
+
+def launch_range_encoding(group_lo, rows_per_feature, order, out, stream=None) -> None:
+    """out [in Rt, pe_dim]: the sinusoidal encoding of group group_lo[i] - 1 + j in row i Rt + j."""
+    variant = get_variant(order, scalar_name(out, "out"))
+    if out.size == 0:
+        return
+    wp.launch(variant.range_encoding, dim=tuple(out.shape), inputs=[group_lo, int(rows_per_feature), out.shape[1]],
+              outputs=[out], device=out.device, stream=stream, record_tape=False)
 
 
 # ---------------------------------------------------------------------- 2. CG-MLP in Warp (native layer)

@@ -12,13 +12,18 @@ from ..kernels import bspline as kb
 from ..kernels import ukan as ku
 from ._common import autocast_dtype, check_tensor
 from .kan_linear import KANLinear, _base_path
-from .ukan_ops import check_grid_delta, positional_encoding, ukan_pairs, ukan_spline
+from .ukan_ops import (check_grid_delta, group_range, positional_encoding, range_encoding, ukan_pairs, ukan_range_spline,
+                       ukan_spline)
 
 __all__ = ["UKANLinear"]
 
 
 # the table capacity per feature when table_groups is None (then grown to the exact need when exceeded)
 _DEFAULT_TABLE_GROUPS = 16
+# Exact mode: the dense-range path (a B-spline GEMM on each feature's contiguous range of groups) is taken
+# when the widest feature needs at most this many coefficients per input (its base column included); wider
+# spans (outliers, very fine grids) take the sparse touched-pair path, whose cost does not grow with the span.
+DENSE_MAX_COEFFICIENTS = 48
 
 class UKANLinear(nn.Module):
     """y = base_weight @ silu(x) + sum_i spline_scaler[o, i] * spline_{o,i}(x_i) on an unbounded uniform grid.
@@ -97,7 +102,9 @@ class UKANLinear(nn.Module):
         # the kernels read the table as [P, K, out]: cg_out's rows (o, m) taken in (m, o) order
         order_km = torch.arange(out_features * K, device=device).view(out_features, K).t().reshape(-1)
         self.register_buffer("_rows_km", order_km, persistent=False)
-        self._last = None  # (pair_feature, table [P, K, out], rows_needed) of the last forward
+        self._last = None  # (pair_feature, table [P, K, out], rows_needed) of the last sparse-path forward
+        self._last_range_x = None  # the input of the last dense-range forward
+        self.dense_max_coefficients = DENSE_MAX_COEFFICIENTS
         self.reset_parameters()
 
     @torch.no_grad()
@@ -142,17 +149,36 @@ class UKANLinear(nn.Module):
         pairs = ukan_pairs(x2.detach(), self.grid_delta, self.spline_order, capacity)
         if self.table_groups is not None:
             return pairs
-        if torch.compiler.is_compiling() or (x2.is_cuda and torch.cuda.is_current_stream_capturing()):
-            raise RuntimeError(
-                "UKANLinear(table_groups=None) sizes its table by reading the needed row count back to the host, "
-                "which torch.compile and CUDA-graph capture cannot do: construct it with table_groups=R"
-            )
+        self._refuse_capture()
         needed = int(pairs[7].item())
         if needed > capacity:  # grown, rounded up so that similar batches reuse one allocation size
             pairs = ukan_pairs(x2.detach(), self.grid_delta, self.spline_order, -(-needed // 1024) * 1024)
         # the CG-MLP runs on the needed rows only: the rows past them are padding with no elements
         sorted_elem, window, local_u, feature, group, start, stop, count = pairs
         return sorted_elem, window, local_u, feature[:needed], group[:needed], start[:needed], stop[:needed], count
+
+    def _refuse_capture(self):
+        if torch.compiler.is_compiling() or (self.spline_scaler.is_cuda and torch.cuda.is_current_stream_capturing()):
+            raise RuntimeError(
+                "UKANLinear(table_groups=None) sizes its table by reading the needed row count back to the host, "
+                "which torch.compile and CUDA-graph capture cannot do: construct it with table_groups=R"
+            )
+
+    def _range_forward(self, x2, group_lo, rows_per_feature):
+        """The dense-range path: the CG-MLP on every group from each feature's lowest touched group - 1 to
+        lowest + Rt - 2 (a superset of the touched pairs and their g - 1 neighbours), then a B-spline GEMM."""
+        dtype = self.cg_hidden.weight.dtype
+        n_in = self.in_features
+        parts = [range_encoding(group_lo, rows_per_feature, self.pe_dim, self.spline_order, dtype)] if self.pe_dim else []
+        if self.embed_dim:
+            parts.append(self.feature_embedding.unsqueeze(1).expand(n_in, rows_per_feature, self.embed_dim)
+                         .reshape(n_in * rows_per_feature, self.embed_dim))
+        features = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
+        table = self.cg_out(F.silu(self.cg_hidden(features)))  # [in Rt, out K], (o, m) columns
+        self._last = None
+        self._last_range_x = x2.detach()  # the regulariser recomputes the touched pairs from it
+        return ukan_range_spline(x2, group_lo, table, self.base_weight.t(), self.spline_scaler.t(), self.grid_delta,
+                                 self.spline_order, self.use_base)
 
     @torch.no_grad()
     def table_overflow(self, x: torch.Tensor | None = None) -> int:
@@ -165,6 +191,8 @@ class UKANLinear(nn.Module):
             needed, capacity = pairs[7], pairs[3].shape[0]
         elif self._last is not None:
             needed, capacity = self._last[2], self._last[0].shape[0]
+        elif self._last_range_x is not None:
+            return 0  # the dense-range path covers every group of the batch
         else:
             raise RuntimeError("table_overflow needs a forward pass first, or pass x")
         return max(0, int(needed.item()) - capacity)
@@ -186,9 +214,17 @@ class UKANLinear(nn.Module):
     def _forward(self, x):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
+        if self.table_groups is None:
+            self._refuse_capture()
+            group_lo, span = group_range(x2.detach(), self.grid_delta, self.spline_order)
+            rows_per_feature = int(span.item()) + 1  # groups lowest - 1 .. highest of the widest feature
+            if rows_per_feature * (self.spline_order + 1) <= self.dense_max_coefficients:
+                y = self._range_forward(x2, group_lo, rows_per_feature)
+                return y.reshape(*lead, self.out_features)
         sorted_elem, window, local_u, pair_feature, pair_group, row_start, row_stop, needed = self._pairs(x2)
         table = self._table(pair_feature, pair_group)
         self._last = (pair_feature, table, needed)
+        self._last_range_x = None
         y = ukan_spline(
             x2, sorted_elem, window, local_u, pair_feature, row_start, row_stop, table,
             self.base_weight.t(), self.spline_scaler.t(), self.grid_delta, self.spline_order, self.use_base,
@@ -203,6 +239,8 @@ class UKANLinear(nn.Module):
         feature i (those of the last forward, or of ``x`` when given); the loss is
         ``regularize_activation * sum l1 + regularize_entropy * entropy(l1 / sum l1)``. Differentiable
         through the CG-MLP and the scaler."""
+        if x is None and self._last is None and self._last_range_x is not None:
+            x = self._last_range_x  # the dense-range table holds untouched groups too: use the touched pairs
         if x is not None:
             check_tensor("x", x, ndim_min=1, last_dim=self.in_features, dtypes=())
             pairs = self._pairs(x.reshape(-1, self.in_features).to(self.spline_scaler.dtype))

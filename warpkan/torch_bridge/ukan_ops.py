@@ -21,7 +21,8 @@ from torch import Tensor
 from ..kernels import ukan as ku
 from ._common import to_warp, warp_stream
 
-__all__ = ["ukan_pairs", "ukan_spline", "ukan_spline_backward", "positional_encoding"]
+__all__ = ["ukan_pairs", "ukan_spline", "ukan_spline_backward", "ukan_range_spline", "ukan_range_spline_backward",
+           "group_range", "range_encoding", "positional_encoding"]
 
 _TORCH_INT = {ku.wp.int32: torch.int32, ku.wp.int64: torch.int64}
 
@@ -207,6 +208,175 @@ def _backward(ctx, dy):
 
 
 ukan_spline.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------------- dense-range path
+# Rows of the dense basis per chunk: as the B-spline GEMM strategy, rows are processed in chunks so that no
+# O(N * in * W) tensor exists, and none is kept for the backward pass.
+RANGE_CHUNK_BYTES = 128 * 2**20
+
+
+def group_range(x: Tensor, grid_delta: float, spline_order: int) -> tuple[Tensor, Tensor]:
+    """(group_lo [in] int64, span_max [1] int32) of x [N, in] (see ``ku.launch_group_range``); no read-back.
+    A plain function, not an op: only the exact (read-back) mode uses it, which refuses torch.compile."""
+    x = x.contiguous()
+    n_in = x.shape[1]
+    group_lo = torch.empty(n_in, dtype=torch.int64, device=x.device)
+    group_hi = torch.empty(n_in, dtype=torch.int64, device=x.device)
+    span_max = torch.empty(1, dtype=torch.int32, device=x.device)
+    ku.launch_group_range(to_warp(x), grid_delta, spline_order, to_warp(group_lo), to_warp(group_hi),
+                          to_warp(span_max), stream=warp_stream(x.device))
+    return group_lo, span_max
+
+
+def range_encoding(group_lo: Tensor, rows_per_feature: int, pe_dim: int, spline_order: int,
+                   dtype: torch.dtype) -> Tensor:
+    """[in * Rt, pe_dim]: the sinusoidal encoding of group group_lo[i] - 1 + j in row i Rt + j (one launch;
+    equal to :func:`positional_encoding` of those groups)."""
+    out = torch.empty((group_lo.shape[0] * rows_per_feature, pe_dim), dtype=dtype, device=group_lo.device)
+    ku.launch_range_encoding(to_warp(group_lo), rows_per_feature, spline_order, to_warp(out),
+                             stream=warp_stream(group_lo.device))
+    return out
+
+
+def _range_chunk(n_rows: int, n_in: int, width: int, itemsize: int) -> int:
+    return min(max(1, RANGE_CHUNK_BYTES // max(1, n_in * width * itemsize)), max(n_rows, 1))
+
+
+def _range_weights(table, scaler_t, base_weight_t, spline_order, use_base, width, stream):
+    n_in, n_out = scaler_t.shape
+    weights = table.new_empty((n_in, width, n_out))
+    ku.launch_range_weights(to_warp(table), to_warp(scaler_t), to_warp(base_weight_t), spline_order,
+                            to_warp(weights), use_base, stream=stream)
+    return weights
+
+
+@torch.library.custom_op("warpkan::ukan_range_spline", mutates_args=())
+def ukan_range_spline(
+    x: Tensor,
+    group_lo: Tensor,
+    table: Tensor,
+    base_weight_t: Tensor,
+    scaler_t: Tensor,
+    grid_delta: float,
+    spline_order: int,
+    use_base: bool,
+) -> Tensor:
+    """y [N, out] from x [N, in] on a dense per-feature table: ``table`` [in * Rt, out * K] is the CG-MLP
+    output for the groups group_lo[i] - 1 .. group_lo[i] + Rt - 2 of every feature i, in (o, m) column
+    order, and must cover every group x touches (``group_range``). The bases of a chunk of rows are expanded
+    densely (Warp; SiLU in the one coefficient slot no window reaches) and multiplied by the scaled
+    coefficients and base weight with cuBLAS."""
+    x, group_lo, table, base_weight_t, scaler_t = (
+        t.contiguous() for t in (x, group_lo, table, base_weight_t, scaler_t))
+    n_rows, n_in = x.shape
+    n_out = scaler_t.shape[1]
+    width = table.shape[0] // max(n_in, 1) * (spline_order + 1)
+    stream = warp_stream(x.device)
+    if n_rows == 0 or n_in == 0:
+        return x.new_zeros((n_rows, n_out))
+    weights = _range_weights(table, scaler_t, base_weight_t, spline_order, use_base, width, stream).view(-1, n_out)
+    y = x.new_empty((n_rows, n_out))
+    chunk = _range_chunk(n_rows, n_in, width, x.element_size())
+    basis = x.new_empty((chunk, n_in, width))
+    x_w, lo_w = to_warp(x), to_warp(group_lo)
+    for start in range(0, n_rows, chunk):
+        rows = min(chunk, n_rows - start)
+        part = basis[:rows]
+        ku.launch_range_expand(x_w, lo_w, grid_delta, spline_order, start, to_warp(part), use_base, stream)
+        torch.mm(part.view(rows, -1), weights, out=y[start : start + rows])
+    return y
+
+
+@ukan_range_spline.register_fake
+def _(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base):
+    return x.new_empty((x.shape[0], scaler_t.shape[1]))
+
+
+@torch.library.custom_op("warpkan::ukan_range_spline_backward", mutates_args=())
+def ukan_range_spline_backward(
+    dy: Tensor,
+    x: Tensor,
+    group_lo: Tensor,
+    table: Tensor,
+    base_weight_t: Tensor,
+    scaler_t: Tensor,
+    grid_delta: float,
+    spline_order: int,
+    use_base: bool,
+    need_x: bool,
+    need_params: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dx, d_base_weight_t, d_scaler_t, d_table) of :func:`ukan_range_spline`; the ones not asked for come
+    back empty. The bases are expanded again chunk by chunk (nothing O(N * in * W) was kept)."""
+    dy, x, group_lo, table, base_weight_t, scaler_t = (
+        t.contiguous() for t in (dy, x, group_lo, table, base_weight_t, scaler_t))
+    n_rows, n_in = x.shape
+    n_out = scaler_t.shape[1]
+    width = table.shape[0] // max(n_in, 1) * (spline_order + 1)
+    dx, d_base, d_scaler, d_table = _grad_buffers(x, base_weight_t, table, need_x, need_params, torch.empty)
+    stream = warp_stream(x.device)
+    if n_in == 0:
+        return dx, d_base.zero_(), d_scaler.zero_(), d_table.zero_()
+    weights = _range_weights(table, scaler_t, base_weight_t, spline_order, use_base, width, stream).view(-1, n_out)
+    d_weights = x.new_zeros((n_in * width, n_out)) if need_params and n_rows == 0 else None
+    chunk = _range_chunk(n_rows, n_in, width, x.element_size())
+    basis = x.new_empty((chunk, n_in, width)) if need_params else None
+    d_basis = x.new_empty((chunk, n_in * width)) if need_x else None
+    x_w, lo_w = to_warp(x), to_warp(group_lo)
+    dx_w = to_warp(dx) if need_x else None
+    for start in range(0, n_rows, chunk):
+        rows = min(chunk, n_rows - start)
+        dy_part = dy[start : start + rows]
+        if need_params:
+            part = basis[:rows]
+            ku.launch_range_expand(x_w, lo_w, grid_delta, spline_order, start, to_warp(part), use_base, stream)
+            if d_weights is None:
+                d_weights = torch.mm(part.view(rows, -1).t(), dy_part)
+            else:
+                d_weights.addmm_(part.view(rows, -1).t(), dy_part)
+        if need_x:
+            grad_part = d_basis[:rows]
+            torch.mm(dy_part, weights.t(), out=grad_part)
+            ku.launch_range_contract(x_w, lo_w, grid_delta, spline_order, start,
+                                     to_warp(grad_part.view(rows, n_in, width)), dx_w, use_base, stream)
+    if need_params:
+        ku.launch_range_param_grads(to_warp(d_weights.view(n_in, width, n_out)), to_warp(table), to_warp(scaler_t),
+                                    spline_order, to_warp(d_table), to_warp(d_scaler), to_warp(d_base), use_base,
+                                    stream=stream)
+    return dx, d_base, d_scaler, d_table
+
+
+@ukan_range_spline_backward.register_fake
+def _(dy, x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base, need_x, need_params):
+    return _grad_buffers(x, base_weight_t, table, need_x, need_params, torch.empty)
+
+
+def _range_setup_context(ctx, inputs, output):
+    x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base = inputs
+    ctx.save_for_backward(x, group_lo, table, base_weight_t, scaler_t)
+    ctx.config = (grid_delta, spline_order, use_base)
+
+
+def _range_backward(ctx, dy):
+    need_x = ctx.needs_input_grad[0]
+    need_params = any(ctx.needs_input_grad[2:5])
+    if not (need_x or need_params):
+        return (None,) * 8
+    dx, d_base, d_scaler, d_table = ukan_range_spline_backward(dy, *ctx.saved_tensors, *ctx.config, need_x,
+                                                               need_params)
+    use_base = ctx.config[2]
+    return (
+        dx if need_x else None,
+        None,
+        d_table if need_params and ctx.needs_input_grad[2] else None,
+        d_base if need_params and use_base and ctx.needs_input_grad[3] else None,
+        d_scaler if need_params and ctx.needs_input_grad[4] else None,
+        None, None, None,
+    )
+
+
+ukan_range_spline.register_autograd(_range_backward, setup_context=_range_setup_context)
 
 
 def positional_encoding(group: Tensor, pe_dim: int, dtype: torch.dtype) -> Tensor:
