@@ -56,13 +56,18 @@ __all__ = [
     "grid_is_uniform",
     "clear_workspaces",
     "row_chunks",
+    "DenseKernels",
+    "dense_width",
+    "launch_combine_weights",
     "launch_expand_basis",
     "launch_contract_basis_grad",
+    "launch_split_param_grads",
 ]
 
 MAX_SPLINE_ORDER = 5
 _TARGET_PARTIAL_THREADS = 1 << 19  # parallelism aimed at by the row-chunked reductions
 _ROW_BLOCK = 32  # threads per row in the block-per-row dx kernel (one warp)
+_DENSE_ROW_TILE = 32  # consecutive rows of one input per warp in the dense-basis kernels
 # The bucketed parameter kernel flushes k + 3 atomics per distinct (input, cell) in a chunk; it is used when
 # buckets hold at least this many rows on average (else the atomics would approach one per entry, and the
 # atomic-free gather kernel is used instead).
@@ -119,16 +124,27 @@ class BSplineVariant:
     bucket_offsets: wp.Kernel
     backward_coef: wp.Kernel
     backward_params_bucketed: wp.Kernel
-    expand_basis: wp.Kernel
-    contract_basis_grad: wp.Kernel
+    dense: dict  # the dense-basis (GEMM) strategy's kernels, by the dtype of the basis: see dense_kernels
     basis_matrix: object  # a wp matrix value passed to every kernel (unused by the general path)
     module: str
 
     @property
     def modules(self) -> tuple:
-        return (self.module, self.module + "_rowblock")
+        return (self.module, self.module + "_rowblock") + tuple(kernels.module for kernels in self.dense.values())
 
 
+
+
+@dataclass(frozen=True)
+class DenseKernels:
+    """The dense-basis (GEMM) strategy's kernels of one variant for one basis dtype (the float32 variant also
+    has a bfloat16 set, whose gradient kernels are None: gradients are always in the scalar type)."""
+
+    module: str
+    expand_basis: wp.Kernel
+    combine_weights: wp.Kernel
+    contract_basis_grad: "wp.Kernel | None"
+    split_param_grads: "wp.Kernel | None"
 
 
 @dataclass(frozen=True)
@@ -617,40 +633,146 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
                     acc = acc + g * b
 
     # ------------------------------------------------------------------ dense-basis (GEMM) strategy
-    @kernel
-    def expand_basis(
-        x: wp.array2d(dtype=scalar),
-        grid: wp.array2d(dtype=scalar),
-        basis_matrix: matK,
-        basis: wp.array3d(dtype=scalar),
-    ):
-        # basis[n, i, j] = B_j(x[n, i]) into a zeroed [N, in, G + k] buffer: only the k + 1 non-zeros are written
-        n, i = wp.tid()
-        valid, cell, b = basis_at(grid, i, x[n, i], basis_matrix)
-        if valid:
-            for m in range(K):
-                j = cell - (K - 1) + m
-                if j >= 0 and j < basis.shape[2]:
-                    basis[n, i, j] = b[m]
+    # The dense basis of a chunk of rows is written transposed, basis_t [width, rows] with
+    # width = (in if the base path is fused) + in (G + k): row i holds silu(x[:, i]) and row
+    # (base) + i (G + k) + j holds B_j(x[:, i]). Consecutive threads take consecutive rows n of one input
+    # (tiles of _DENSE_ROW_TILE rows, inputs next), so every store of a warp covers consecutive addresses of
+    # one basis row; every entry, zeros included, is written (no fill). y = basis_t^T W with
+    # W = [base_weight_t; coef * scaler] [width, out] is then one GEMM, the base path included.
+    @wp.func
+    def dense_entry(tid: int, n_in: int):
+        """(row, input) of thread tid in the dense-basis kernels."""
+        tile_size = _DENSE_ROW_TILE * n_in
+        tile = tid // tile_size
+        rest = tid - tile * tile_size
+        i = rest // _DENSE_ROW_TILE
+        return tile * _DENSE_ROW_TILE + rest - i * _DENSE_ROW_TILE, i
 
-    @kernel
-    def contract_basis_grad(
-        x: wp.array2d(dtype=scalar),
-        grid: wp.array2d(dtype=scalar),
-        basis_matrix: matK,
-        d_basis: wp.array3d(dtype=scalar),
-        dx: wp.array2d(dtype=scalar),
-    ):
-        # dx[n, i] += sum_m d_basis[n, i, cell-k+m] dB_{cell-k+m}/dx
-        n, i = wp.tid()
-        valid, cell, b, db = basis_and_grad_at(grid, i, x[n, i], basis_matrix)
-        if valid:
+    def make_dense_kernels(basis_type, module_name):
+        dense_kernel = functools.partial(wp.kernel, enable_backward=False, module=module_name)
+
+        @dense_kernel
+        def expand_basis(
+            x: wp.array2d(dtype=scalar),
+            grid: wp.array2d(dtype=scalar),
+            basis_matrix: matK,
+            use_base: int,
+            n_coef: int,
+            basis_t: wp.array2d(dtype=basis_type),
+        ):
+            n, i = dense_entry(wp.tid(), x.shape[1])
+            if n >= x.shape[0]:
+                return
+            xv = x[n, i]
+            row = i * n_coef
+            if use_base:
+                act, dact = silu_and_grad(xv)
+                basis_t[i, n] = basis_type(act)
+                row = row + x.shape[1]
+            valid, cell, b = basis_at(grid, i, xv, basis_matrix)
+            first = cell - (K - 1)  # index of b[0]; b is all zero when x is off the grid
+            for j in range(n_coef):
+                value = zero
+                for m in range(K):
+                    if j - first == m:
+                        value = b[m]
+                basis_t[row + j, n] = basis_type(value)
+
+        @dense_kernel
+        def combine_weights(
+            base_weight_t: wp.array2d(dtype=scalar),
+            scaler_t: wp.array2d(dtype=scalar),
+            coef: wp.array3d(dtype=scalar),
+            use_base: int,
+            weight: wp.array2d(dtype=basis_type),
+        ):
+            # weight = [base_weight_t; coef * scaler_t] in the basis dtype: one pass over the parameters
+            i, o = wp.tid()
+            n_coef = coef.shape[1]
+            row = i * n_coef
+            if use_base:
+                weight[i, o] = basis_type(base_weight_t[i, o])
+                row = row + coef.shape[0]
+            s = scaler_t[i, o]
+            for j in range(n_coef):
+                weight[row + j, o] = basis_type(coef[i, j, o] * s)
+
+        return expand_basis, combine_weights
+
+    def make_dense_grad_kernels(module_name):
+        dense_kernel = functools.partial(wp.kernel, enable_backward=False, module=module_name)
+
+        @dense_kernel
+        def contract_basis_grad(
+            x: wp.array2d(dtype=scalar),
+            grid: wp.array2d(dtype=scalar),
+            basis_matrix: matK,
+            use_base: int,
+            n_coef: int,
+            d_basis_t: wp.array2d(dtype=scalar),
+            dx: wp.array2d(dtype=scalar),
+        ):
+            # dx[n, i] = d_basis_t[i, n] silu'(x) + sum_m d_basis_t[row(cell - k + m), n] dB/dx (overwrites)
+            n, i = dense_entry(wp.tid(), x.shape[1])
+            if n >= x.shape[0]:
+                return
+            xv = x[n, i]
             acc = zero
-            for m in range(K):
-                j = cell - (K - 1) + m
-                if j >= 0 and j < d_basis.shape[2]:
-                    acc = acc + db[m] * d_basis[n, i, j]
-            dx[n, i] = dx[n, i] + acc
+            row = i * n_coef
+            if use_base:
+                act, dact = silu_and_grad(xv)
+                acc = d_basis_t[i, n] * dact
+                row = row + x.shape[1]
+            valid, cell, b, db = basis_and_grad_at(grid, i, xv, basis_matrix)
+            if valid:
+                for m in range(K):
+                    j = cell - (K - 1) + m
+                    if j >= 0 and j < n_coef:
+                        acc = acc + db[m] * d_basis_t[row + j, n]
+            dx[n, i] = acc
+
+        @dense_kernel
+        def split_param_grads(
+            d_weight: wp.array2d(dtype=scalar),
+            scaler_t: wp.array2d(dtype=scalar),
+            coef: wp.array3d(dtype=scalar),
+            use_base: int,
+            d_base_weight_t: wp.array2d(dtype=scalar),
+            d_scaler_t: wp.array2d(dtype=scalar),
+            d_coef: wp.array3d(dtype=scalar),
+        ):
+            # the gradient of weight = [base_weight_t; coef * scaler_t], split into its parameters (overwrites)
+            i, o = wp.tid()
+            n_coef = coef.shape[1]
+            row = i * n_coef
+            if use_base:
+                d_base_weight_t[i, o] = d_weight[i, o]
+                row = row + coef.shape[0]
+            else:
+                d_base_weight_t[i, o] = zero
+            s = scaler_t[i, o]
+            acc = zero
+            for j in range(n_coef):
+                g = d_weight[row + j, o]
+                d_coef[i, j, o] = g * s
+                acc = acc + g * coef[i, j, o]
+            d_scaler_t[i, o] = acc
+
+        return contract_basis_grad, split_param_grads
+
+    # One module per basis dtype, apart from the stencil kernels: each is compiled only when used.
+    dense = {}
+    for basis_name, basis_type in ((scalar_name, scalar), ("bfloat16", wp.bfloat16)):
+        if basis_type is wp.bfloat16 and scalar is not wp.float32:
+            continue
+        dense_module = f"{module}_dense_{basis_name}"
+        expand_basis, combine_weights = make_dense_kernels(basis_type, dense_module)
+        contract_basis_grad, split_param_grads = (
+            make_dense_grad_kernels(dense_module) if basis_type is scalar else (None, None)
+        )
+        dense[basis_name] = DenseKernels(
+            dense_module, expand_basis, combine_weights, contract_basis_grad, split_param_grads
+        )
 
     basis_matrix = shared.basis_matrix
     return BSplineVariant(
@@ -665,8 +787,7 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
         bucket_offsets=bucket_offsets,
         backward_coef=backward_coef,
         backward_params_bucketed=backward_params_bucketed,
-        expand_basis=expand_basis,
-        contract_basis_grad=contract_basis_grad,
+        dense=dense,
         basis_matrix=basis_matrix,
         module=module,
     )
@@ -725,24 +846,75 @@ def launch_forward(
     )
 
 
-def launch_expand_basis(x, grid, basis, order: int, uniform: bool, stream=None) -> None:
-    """Write the B-spline bases of x [N, in] into ``basis`` [N, in, G + k], which must be zeroed: only the
-    k + 1 non-zero entries per (n, i) are written. The dense-basis strategy multiplies this by the
-    coefficients with a GEMM."""
-    variant = get_variant(order, uniform, scalar_name(x))
-    if x.shape[0] == 0 or x.shape[1] == 0:
-        return
-    wp.launch(variant.expand_basis, dim=tuple(x.shape), inputs=[x, grid, variant.basis_matrix], outputs=[basis],
-              device=x.device, stream=stream, record_tape=False)
+def _dense_launch(kernel, dim, inputs, device, stream, record: bool):
+    """wp.launch on ``stream``, or (record=True) the recorded launch as a one-element list, run nothing."""
+    launch = wp.launch(kernel, dim=dim, inputs=inputs, device=device, stream=stream, record_tape=False,
+                       record_cmd=record)
+    return [launch] if record else None
 
 
-def launch_contract_basis_grad(x, grid, d_basis, dx, order: int, uniform: bool, stream=None) -> None:
-    """dx[n, i] += sum_j d_basis[n, i, j] dB_j(x[n, i]) / dx, over the k + 1 non-zero bases only."""
-    variant = get_variant(order, uniform, scalar_name(x))
-    if x.shape[0] == 0 or x.shape[1] == 0:
-        return
-    wp.launch(variant.contract_basis_grad, dim=tuple(x.shape), inputs=[x, grid, variant.basis_matrix, d_basis],
-              outputs=[dx], device=x.device, stream=stream, record_tape=False)
+def _dense_kernels(order: int, uniform: bool, scalar, basis_dtype) -> DenseKernels:
+    variant = get_variant(order, uniform, scalar)
+    kernels = variant.dense.get("bfloat16" if basis_dtype == wp.bfloat16 else scalar)
+    if kernels is None or (basis_dtype != wp.bfloat16 and basis_dtype != SCALARS[scalar]):
+        raise TypeError(f"the dense basis must be {scalar} or (for float32) bfloat16, got "
+                        f"{wp.types.type_repr(basis_dtype)}")
+    return kernels
+
+
+def _dense_dim(x) -> int:
+    """Threads of the row-tiled dense-basis kernels for x [rows, in]."""
+    return -(-x.shape[0] // _DENSE_ROW_TILE) * _DENSE_ROW_TILE * x.shape[1]
+
+
+def dense_width(n_in: int, n_coef: int, use_base: bool) -> int:
+    """Contraction length of the dense-basis strategy: the silu rows (when the base path is fused) and the
+    G + k basis rows of every input."""
+    return (n_in if use_base else 0) + n_in * n_coef
+
+
+def launch_combine_weights(base_weight_t, scaler_t, coef, weight, order: int, uniform: bool, use_base: bool = True,
+                           stream=None, record: bool = False):
+    """weight [dense_width, out] = [base_weight_t; coef * scaler_t] (the base rows only when ``use_base``), in
+    weight's dtype (the scalar type, or bfloat16 for float32 parameters). Overwrites weight."""
+    kernels = _dense_kernels(order, uniform, scalar_name(coef, "coef"), weight.dtype)
+    return _dense_launch(kernels.combine_weights, tuple(scaler_t.shape),
+                         [base_weight_t, scaler_t, coef, int(use_base), weight], coef.device, stream, record)
+
+
+def launch_expand_basis(x, grid, basis_t, order: int, uniform: bool, use_base: bool = True, stream=None,
+                        record: bool = False):
+    """basis_t [dense_width, rows] = the transposed dense basis of x [rows, in]: silu(x[:, i]) in row i (when
+    ``use_base``), then B_j(x[:, i]) for j < G + k, zeros included (no fill needed), in basis_t's dtype
+    (the scalar type, or bfloat16 for float32 x). The dense-basis strategy multiplies it by the
+    :func:`launch_combine_weights` matrix with a GEMM."""
+    kernels = _dense_kernels(order, uniform, scalar_name(x), basis_t.dtype)
+    n_coef = grid.shape[1] - order - 1
+    return _dense_launch(kernels.expand_basis, _dense_dim(x),
+                         [x, grid, get_variant(order, uniform, scalar_name(x)).basis_matrix, int(use_base), n_coef,
+                          basis_t], x.device, stream, record)
+
+
+def launch_contract_basis_grad(x, grid, d_basis_t, dx, order: int, uniform: bool, use_base: bool = True,
+                               stream=None, record: bool = False):
+    """dx[n, i] = d_basis_t[i, n] silu'(x[n, i]) (when ``use_base``) + sum_j d_basis_t[row_ij, n] dB_j/dx over
+    the k + 1 non-zero bases; d_basis_t is the gradient of the :func:`launch_expand_basis` layout. Overwrites
+    dx."""
+    kernels = _dense_kernels(order, uniform, scalar_name(x), d_basis_t.dtype)
+    n_coef = grid.shape[1] - order - 1
+    return _dense_launch(kernels.contract_basis_grad, _dense_dim(x),
+                         [x, grid, get_variant(order, uniform, scalar_name(x)).basis_matrix, int(use_base), n_coef,
+                          d_basis_t, dx], x.device, stream, record)
+
+
+def launch_split_param_grads(d_weight, scaler_t, coef, d_base_weight_t, d_scaler_t, d_coef, order: int,
+                             uniform: bool, use_base: bool = True, stream=None, record: bool = False):
+    """The gradient d_weight [dense_width, out] of the combined weight, split into d_base_weight_t (zero
+    without the base path), d_coef = d_w * scaler_t and d_scaler_t = sum_j d_w * coef. Overwrites all three."""
+    kernels = _dense_kernels(order, uniform, scalar_name(coef, "coef"), d_weight.dtype)
+    return _dense_launch(kernels.split_param_grads, tuple(scaler_t.shape),
+                         [d_weight, scaler_t, coef, int(use_base), d_base_weight_t, d_scaler_t, d_coef],
+                         coef.device, stream, record)
 
 
 class BSplineWorkspace:

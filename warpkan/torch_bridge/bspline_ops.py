@@ -2,33 +2,95 @@
 
 The ops take the kernel layout (see that module); :func:`bspline_kan` takes efficient-kan's layout and
 (..., in) inputs, and is what ``KANLinear`` calls.
+
+Two strategies compute the same map:
+
+- ``stencil``: Warp kernels that evaluate each edge's k + 1 bases locally; cost independent of G.
+- ``gemm`` (dense basis): a Warp kernel writes the transposed dense basis of a chunk of rows,
+  ``A^T`` [width, rows] with width = in (silu rows of the base path) + in (G + k), and cuBLAS (through
+  torch) does the contractions with the combined weight ``W = [base_weight_t; coef * scaler_t]``:
+  ``y = A W``, ``dW = A^T dy``, ``dA^T = W dy^T``; a Warp kernel folds ``dA`` into dx and another splits
+  ``dW`` into the three parameter gradients. Rows go in chunks of at most ``GEMM_CHUNK_BYTES`` of basis
+  (and basis gradient): no O(N in G) tensor exists, and none is kept for the backward pass.
+
+``precision`` (the gemm strategy's contractions; the stencil kernels always compute in the I/O dtype, and
+float64 layers always take "fp32", i.e. their own dtype):
+
+- ``"fp32"``: full-precision cuBLAS (TF32 off for these GEMMs whatever torch's setting).
+- ``"tf32"``: TF32 tensor cores (operands rounded to a 10-bit mantissa inside cuBLAS, fp32 accumulation).
+- ``"bf16"``: the basis is written as bfloat16 by the expansion kernel, the combined weight and ``dy`` are
+  cast once per call, bf16 tensor cores multiply with fp32 accumulation; results and gradients are fp32.
+- ``"auto"`` (resolved by :func:`resolve_precision`): bf16 under bf16 autocast, else torch's own rule for
+  float32 matmuls, ``torch.get_float32_matmul_precision()``: "highest" -> fp32, "high" -> tf32,
+  "medium" -> bf16 (as nn.Linear under the same setting).
+
+Error bound of a contraction C = A B of length K (A the basis, B the weight or dy), elementwise, with u the
+unit roundoff of the operands' rounding (u = 2^-24 fp32, 2^-11 tf32, 2^-8 bf16; :data:`PRECISION_UNIT_ROUNDOFF`):
+
+    |C_computed - C| <= (2 u + K 2^-24) (|A| |B|)
+
+(each operand is off by at most u relative, their product by 2u + u^2; the fp32 sum of K terms errs by at
+most K 2^-24 of the sum of magnitudes). The input gradient adds the fp32 contraction with dB/dx on top.
+``tests/test_bspline.py`` checks y and every gradient against the float64 reference with this bound.
+
+Host overhead. Each Warp launch is recorded once per (pointers, shapes) signature and replayed (views built
+from raw pointers, so no tensor is kept alive and the caching allocator hands the same blocks back on the
+next call, which then hits); gradient buffers are written in full by the kernels (no zero fills).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections import OrderedDict
+
 import torch
-import torch.nn.functional as F
+import warp as wp
 from torch import Tensor
 
 from ..kernels import bspline as kb
-from ._common import TorchWorkspace, check_tensor, to_warp, warp_stream
+from ._common import TorchWorkspace, autocast_dtype, check_tensor, to_warp, warp_device, warp_stream
 
-__all__ = ["bspline_kan", "bspline_forward", "bspline_backward", "choose_strategy", "STRATEGIES"]
+__all__ = ["bspline_kan", "bspline_forward", "bspline_backward", "choose_strategy", "resolve_precision",
+           "STRATEGIES", "PRECISIONS", "PRECISION_UNIT_ROUNDOFF"]
 
 STRATEGIES = ("auto", "stencil", "gemm")
-# Scratch for one chunk of the dense basis in the "gemm" strategy: rows are processed in chunks so that
-# no O(N * in * G) tensor exists, and none is kept for the backward pass.
+PRECISIONS = ("auto", "fp32", "tf32", "bf16")
+# Relative rounding of each GEMM operand under each precision (see the module docstring's error bound).
+PRECISION_UNIT_ROUNDOFF = {"fp32": 2.0**-24, "tf32": 2.0**-11, "bf16": 2.0**-8}
+# Scratch for one chunk of the dense basis (and its gradient) in the "gemm" strategy: rows are processed in
+# chunks so that no O(N * in * G) tensor exists, and none is kept for the backward pass.
 GEMM_CHUNK_BYTES = 128 * 2**20
 # Up to this many coefficients per input the dense basis (zeros included) is cheaper to multiply on cuBLAS
 # than to gather per edge; beyond it the stencil kernels, whose cost does not grow with G, win. Measured on an
 # H200 at (N=2^17, 32->32, k=3), fwd+bwd: G=32 gemm 3.41 ms vs stencil 4.29; G=64 gemm 5.02 vs stencil 4.31;
 # wide layers with short bases (256->256 G=8, 512->512 G=5) 3-18x faster on gemm.
 GEMM_MAX_COEFFICIENTS = 48
+_FLOAT32_MATMUL_RULE = {"highest": "fp32", "high": "tf32", "medium": "bf16"}
 
 
 def choose_strategy(n_rows: int, n_in: int, n_out: int, n_coef: int) -> str:
     """The strategy "auto" resolves to for a shape."""
     return "gemm" if n_coef <= GEMM_MAX_COEFFICIENTS else "stencil"
+
+
+def check_precision(precision: str, dtype: torch.dtype) -> None:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if dtype == torch.float64 and precision in ("tf32", "bf16"):
+        raise ValueError(f"precision={precision!r} needs float32 x and parameters, got float64")
+
+
+def resolve_precision(precision: str, dtype: torch.dtype, device: torch.device) -> str:
+    """The precision "auto" resolves to (see the module docstring): "bf16" under bf16 autocast, else torch's
+    float32 matmul rule; float64 always resolves to "fp32" (its own dtype)."""
+    check_precision(precision, dtype)
+    if dtype == torch.float64:
+        return "fp32"
+    if precision != "auto":
+        return precision
+    if autocast_dtype(device) == torch.bfloat16:
+        return "bf16"
+    return _FLOAT32_MATMUL_RULE[torch.get_float32_matmul_precision()]
 
 
 def _resolve(strategy: str, x: Tensor, coef: Tensor) -> str:
@@ -37,64 +99,149 @@ def _resolve(strategy: str, x: Tensor, coef: Tensor) -> str:
     return strategy
 
 
-def _chunk_rows(n_in: int, n_coef: int, itemsize: int) -> int:
-    return max(1, GEMM_CHUNK_BYTES // max(1, n_in * n_coef * itemsize))
+# Recorded Warp launches, keyed by everything they address: (launcher, config, and each tensor's pointer,
+# shape, dtype and device; every tensor here is contiguous). A hit needs the very same pointers and shapes,
+# so a replay always addresses live tensors of the shapes it was recorded with.
+_WP_DTYPES = {torch.float32: wp.float32, torch.float64: wp.float64, torch.bfloat16: wp.bfloat16}
+_LAUNCHES: OrderedDict = OrderedDict()
+_LAUNCH_CACHE_SIZE = 256
 
 
-def _silu_grad(x: Tensor) -> Tensor:
-    sig = torch.sigmoid(x)
-    return sig * (1 + x * (1 - sig))
+def _view(t: Tensor) -> wp.array:
+    """A Warp view of a contiguous tensor's memory that does not keep it alive."""
+    return wp.array(ptr=t.data_ptr(), dtype=_WP_DTYPES[t.dtype], shape=tuple(t.shape), device=warp_device(t.device),
+                    copy=False)
 
 
-def _gemm_forward(x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, stream):
-    """Dense-basis strategy: expand the bases of a chunk of rows (Warp) and multiply by the scaled
-    coefficients (cuBLAS through torch)."""
+def _launch(launcher, tensors: tuple, *config) -> None:
+    """``launcher(*views, *config, record=True)``'s launches, recorded once per signature, replayed on torch's
+    current stream."""
+    key = (launcher, *config, *((t.data_ptr(), t.shape, t.dtype, t.device) for t in tensors))
+    cmds = _LAUNCHES.get(key)
+    if cmds is None:
+        cmds = _LAUNCHES[key] = launcher(*(_view(t) for t in tensors), *config, record=True)
+        if len(_LAUNCHES) > _LAUNCH_CACHE_SIZE:
+            _LAUNCHES.popitem(last=False)
+    stream = warp_stream(tensors[0].device)
+    for cmd in cmds:
+        cmd.launch(stream)
+
+
+@contextlib.contextmanager
+def _matmul_precision(precision: str, device: torch.device):
+    """Run the float32 GEMMs inside at exactly ``precision`` ("fp32" or "tf32"), whatever torch's setting,
+    and put torch's setting back."""
+    wanted = "highest" if precision == "fp32" else "high"
+    saved = torch.get_float32_matmul_precision()
+    if device.type != "cuda" or precision == "bf16" or saved == wanted:
+        yield
+        return
+    torch.set_float32_matmul_precision(wanted)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(saved)
+
+
+def _mm(a: Tensor, b: Tensor, out: Tensor) -> None:
+    """out = a @ b; bfloat16 operands give a float32 result (bf16 tensor cores, float32 accumulation, on the
+    GPU; the same operand rounding in float32 arithmetic on the CPU)."""
+    if a.dtype != torch.bfloat16:
+        torch.mm(a, b, out=out)
+    elif a.is_cuda:
+        torch.mm(a, b, out_dtype=torch.float32, out=out)
+    else:
+        torch.mm(a.float(), b.float(), out=out)
+
+
+def _mm_add(c: Tensor, a: Tensor, b: Tensor) -> None:
+    """c += a @ b (see :func:`_mm`)."""
+    if a.dtype != torch.bfloat16:
+        c.addmm_(a, b)
+    elif a.is_cuda:
+        c.add_(torch.mm(a, b, out_dtype=torch.float32))
+    else:
+        c.addmm_(a.float(), b.float())
+
+
+def _chunk_rows(n_rows: int, width: int, bytes_per_entry: int) -> int:
+    """Rows per chunk of the dense basis: at most GEMM_CHUNK_BYTES of scratch, a multiple of 64 rows (aligned
+    leading dimensions for the tensor-core GEMMs) when more than 64 fit."""
+    rows = max(1, GEMM_CHUNK_BYTES // max(1, width * bytes_per_entry))
+    if rows > 64:
+        rows -= rows % 64
+    return min(rows, max(n_rows, 1))
+
+
+def _gemm_forward(x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, precision):
     n_rows, n_in = x.shape
     n_coef, n_out = coef.shape[1], coef.shape[2]
-    w_spline = (coef * scaler_t.unsqueeze(1)).reshape(n_in * n_coef, n_out)
-    y = torch.matmul(F.silu(x), base_weight_t) if use_base else x.new_zeros((n_rows, n_out))
-    chunk = min(_chunk_rows(n_in, n_coef, x.element_size()), max(n_rows, 1))
-    basis = x.new_empty((chunk, n_in, n_coef))
-    grid_w = to_warp(grid)
-    for start in range(0, n_rows, chunk):
-        rows = min(chunk, n_rows - start)
-        part = basis[:rows]
-        part.zero_()
-        kb.launch_expand_basis(to_warp(x[start : start + rows]), grid_w, to_warp(part), spline_order, uniform, stream)
-        y[start : start + rows].addmm_(part.view(rows, -1), w_spline)
+    width = kb.dense_width(n_in, n_coef, use_base)
+    y = x.new_empty((n_rows, n_out))
+    if n_rows == 0 or n_out == 0:
+        return y
+    if width == 0:
+        return y.zero_()
+    basis_dtype = torch.bfloat16 if precision == "bf16" else x.dtype
+    config = (spline_order, uniform, use_base)
+    weight = x.new_empty((width, n_out), dtype=basis_dtype)
+    _launch(kb.launch_combine_weights, (base_weight_t, scaler_t, coef, weight), *config)
+    chunk = _chunk_rows(n_rows, width, weight.element_size())
+    scratch = x.new_empty((chunk * width,), dtype=basis_dtype)
+    with _matmul_precision(precision, x.device):
+        for start in range(0, n_rows, chunk):
+            stop = min(start + chunk, n_rows)
+            basis_t = scratch[: width * (stop - start)].view(width, stop - start)
+            _launch(kb.launch_expand_basis, (x[start:stop], grid, basis_t), *config)
+            _mm(basis_t.t(), weight, out=y[start:stop])
     return y
 
 
 def _gemm_backward(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, need_x,
-                   need_params, dx, d_base, d_scaler, d_coef, stream):
+                   need_params, precision):
     n_rows, n_in = x.shape
     n_coef, n_out = coef.shape[1], coef.shape[2]
-    w_spline = (coef * scaler_t.unsqueeze(1)).reshape(n_in * n_coef, n_out)
-    d_w = x.new_zeros((n_in * n_coef, n_out)) if need_params else None
-    chunk = min(_chunk_rows(n_in, n_coef, x.element_size()), max(n_rows, 1))
-    basis = x.new_empty((chunk, n_in, n_coef))
-    grid_w = to_warp(grid)
-    for start in range(0, n_rows, chunk):
-        rows = min(chunk, n_rows - start)
-        x_part = to_warp(x[start : start + rows])
-        dy_part = dy[start : start + rows]
-        part = basis[:rows]
-        part.zero_()
-        kb.launch_expand_basis(x_part, grid_w, to_warp(part), spline_order, uniform, stream)
-        if need_params:
-            d_w.addmm_(part.view(rows, -1).t(), dy_part)
-        if need_x:
-            d_basis = torch.matmul(dy_part, w_spline.t()).view(rows, n_in, n_coef)
-            kb.launch_contract_basis_grad(x_part, grid_w, to_warp(d_basis), to_warp(dx[start : start + rows]),
-                                          spline_order, uniform, stream)
+    width = kb.dense_width(n_in, n_coef, use_base)
+    dx, d_base, d_scaler, d_coef = _grad_buffers(x, base_weight_t, coef, need_x, need_params, torch.empty)
+    if n_rows == 0 or width == 0 or n_out == 0:
+        for grad in (dx, d_base, d_scaler, d_coef):
+            grad.zero_()
+        return dx, d_base, d_scaler, d_coef
+    bf16 = precision == "bf16"
+    basis_dtype = torch.bfloat16 if bf16 else x.dtype
+    config = (spline_order, uniform, use_base)
+    dy_mm = dy.to(basis_dtype)
+    weight = None
+    if need_x:
+        weight = x.new_empty((width, n_out), dtype=basis_dtype)
+        _launch(kb.launch_combine_weights, (base_weight_t, scaler_t, coef, weight), *config)
+    d_weight = x.new_empty((width, n_out)) if need_params else None
+    # bf16: a bf16 basis and a float32 basis gradient; otherwise the basis gradient reuses the basis's
+    # scratch (stream order: the d_weight GEMM has read the basis before the dA GEMM overwrites it)
+    separate_d_basis = bf16 and need_x
+    bytes_per_entry = (2 if bf16 else x.element_size()) + (x.element_size() if separate_d_basis else 0)
+    chunk = _chunk_rows(n_rows, width, bytes_per_entry)
+    scratch = x.new_empty((chunk * width,), dtype=basis_dtype)
+    d_scratch = x.new_empty((chunk * width,)) if separate_d_basis else scratch
+    with _matmul_precision(precision, x.device):
+        for start in range(0, n_rows, chunk):
+            stop = min(start + chunk, n_rows)
+            rows = stop - start
+            x_part = x[start:stop]
+            if need_params:
+                basis_t = scratch[: width * rows].view(width, rows)
+                _launch(kb.launch_expand_basis, (x_part, grid, basis_t), *config)
+                if start == 0:
+                    _mm(basis_t, dy_mm[start:stop], out=d_weight)
+                else:
+                    _mm_add(d_weight, basis_t, dy_mm[start:stop])
+            if need_x:
+                d_basis_t = d_scratch[: width * rows].view(width, rows)
+                _mm(weight, dy_mm[start:stop].t(), out=d_basis_t)
+                _launch(kb.launch_contract_basis_grad, (x_part, grid, d_basis_t, dx[start:stop]), *config)
     if need_params:
-        d_w = d_w.view(n_in, n_coef, n_out)
-        d_coef.copy_(d_w * scaler_t.unsqueeze(1))
-        d_scaler.copy_((d_w * coef).sum(1))
-        if use_base:
-            torch.matmul(F.silu(x).t(), dy, out=d_base)
-    if need_x and use_base:
-        dx.addcmul_(torch.matmul(dy, base_weight_t.t()), _silu_grad(x))
+        _launch(kb.launch_split_param_grads, (d_weight, scaler_t, coef, d_base, d_scaler, d_coef), *config)
+    return dx, d_base, d_scaler, d_coef
 
 
 @torch.library.custom_op("warpkan::bspline_forward", mutates_args=())
@@ -109,25 +256,28 @@ def bspline_forward(
     use_base: bool,
     deterministic: bool,
     strategy: str,
+    precision: str = "auto",
 ) -> Tensor:
     """x [N, in], grid [in, G+2k+1], base_weight_t / scaler_t [in, out], coef [in, G+k, out] -> y [N, out].
 
     ``deterministic`` only affects the backward pass; it is an argument here so autograd can see it.
+    ``precision`` applies to the gemm strategy (module docstring).
     """
     x, grid, base_weight_t, scaler_t, coef = (t.contiguous() for t in (x, grid, base_weight_t, scaler_t, coef))
-    stream = warp_stream(x.device)
     if _resolve(strategy, x, coef) == "gemm":
-        return _gemm_forward(x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, stream)
+        precision = resolve_precision(precision, x.dtype, x.device)
+        return _gemm_forward(x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, precision)
     y = x.new_empty((x.shape[0], coef.shape[2]))
     kb.launch_forward(
         to_warp(x), to_warp(grid), to_warp(base_weight_t), to_warp(scaler_t), to_warp(coef), to_warp(y),
-        spline_order, uniform, use_base, stream=stream,
+        spline_order, uniform, use_base, stream=warp_stream(x.device),
     )
     return y
 
 
 @bspline_forward.register_fake
-def _(x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, deterministic, strategy):
+def _(x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, deterministic, strategy,
+      precision="auto"):
     return x.new_empty((x.shape[0], coef.shape[2]))
 
 
@@ -146,17 +296,18 @@ def bspline_backward(
     strategy: str,
     need_x: bool,
     need_params: bool,
+    precision: str = "auto",
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Gradients (dx, d_base_weight_t, d_scaler_t, d_coef); the ones not asked for come back empty."""
     dy, x, grid, base_weight_t, scaler_t, coef = (
         t.contiguous() for t in (dy, x, grid, base_weight_t, scaler_t, coef)
     )
+    if _resolve(strategy, x, coef) == "gemm":
+        precision = resolve_precision(precision, x.dtype, x.device)
+        return _gemm_backward(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, need_x,
+                              need_params, precision)
     dx, d_base, d_scaler, d_coef = _grad_buffers(x, base_weight_t, coef, need_x, need_params, torch.zeros)
     stream = warp_stream(x.device)
-    if _resolve(strategy, x, coef) == "gemm":
-        _gemm_backward(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, need_x,
-                       need_params, dx, d_base, d_scaler, d_coef, stream)
-        return dx, d_base, d_scaler, d_coef
     kb.launch_backward(
         to_warp(dy), to_warp(x), to_warp(grid), to_warp(base_weight_t), to_warp(scaler_t), to_warp(coef),
         spline_order, uniform, use_base,
@@ -185,14 +336,15 @@ def _grad_buffers(x, base_weight_t, coef, need_x, need_params, alloc):
 
 @bspline_backward.register_fake
 def _(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, deterministic, strategy, need_x,
-      need_params):
+      need_params, precision="auto"):
     return _grad_buffers(x, base_weight_t, coef, need_x, need_params, torch.empty)
 
 
 def _setup_context(ctx, inputs, output):
-    x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, deterministic, strategy = inputs
+    x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, deterministic, strategy, precision = inputs
     ctx.save_for_backward(x, grid, base_weight_t, scaler_t, coef)
     ctx.config = (spline_order, uniform, use_base, deterministic, strategy)
+    ctx.precision = precision
 
 
 def _backward(ctx, dy):
@@ -200,9 +352,9 @@ def _backward(ctx, dy):
     need_x = ctx.needs_input_grad[0]
     need_params = any(ctx.needs_input_grad[2:5])
     if not (need_x or need_params):
-        return (None,) * 10
+        return (None,) * 11
     dx, d_base, d_scaler, d_coef = bspline_backward(
-        dy, x, grid, base_weight_t, scaler_t, coef, *ctx.config, need_x, need_params
+        dy, x, grid, base_weight_t, scaler_t, coef, *ctx.config, need_x, need_params, ctx.precision
     )
     use_base = ctx.config[2]
     return (
@@ -211,7 +363,7 @@ def _backward(ctx, dy):
         d_base if need_params and use_base and ctx.needs_input_grad[2] else None,
         d_scaler if need_params and ctx.needs_input_grad[3] else None,
         d_coef if need_params and ctx.needs_input_grad[4] else None,
-        None, None, None, None, None,
+        None, None, None, None, None, None,
     )
 
 
@@ -228,6 +380,7 @@ def bspline_kan(
     uniform: bool,
     deterministic: bool = False,
     strategy: str = "auto",
+    precision: str = "auto",
 ) -> Tensor:
     """The KANLinear map on x (..., in) with efficient-kan's parameter layout.
 
@@ -238,6 +391,10 @@ def bspline_kan(
     ``strategy``: "stencil" evaluates each edge locally in Warp (cost independent of G); "gemm" expands the
     bases of row chunks in Warp and contracts them with cuBLAS (fast for short bases); "auto" picks by shape
     (:func:`choose_strategy`).
+
+    ``precision`` (gemm strategy): "fp32", "tf32", "bf16", or "auto": bf16 under bf16 autocast, else torch's
+    ``torch.get_float32_matmul_precision()`` rule ("highest" -> fp32, "high" -> tf32, "medium" -> bf16), as
+    nn.Linear follows it. Error bounds: module docstring. float64 always computes in float64.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
@@ -254,10 +411,13 @@ def bspline_kan(
         check_tensor("base_weight", base_weight, shape=(n_out, n_in), like=x)
     else:
         base_weight = spline_scaler  # any [out, in] tensor: the kernels skip the base term
+    check_precision(precision, x.dtype)
+    if precision == "auto" and autocast_dtype(x.device) == torch.bfloat16:
+        precision = "bf16"  # torch's matmul rule is read inside the op, at run time (torch.compile cannot trace it)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, n_in)
     y = bspline_forward(
         x2, grid, base_weight.t(), spline_scaler.t(), spline_weight.permute(1, 2, 0),
-        spline_order, uniform, use_base, deterministic, strategy,
+        spline_order, uniform, use_base, deterministic, strategy, precision,
     )
     return y.reshape(*lead, n_out)

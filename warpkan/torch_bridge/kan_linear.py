@@ -10,7 +10,7 @@ from torch import nn
 from ..kernels import bspline as kb
 from ..reference.bspline import b_splines
 from ._common import autocast_dtype, check_tensor
-from .bspline_ops import STRATEGIES, bspline_kan
+from .bspline_ops import STRATEGIES, bspline_kan, check_precision
 
 __all__ = ["KANLinear"]
 
@@ -39,9 +39,16 @@ class KANLinear(nn.Module):
     kernels use the matrix form; after :meth:`update_grid` they run the general de Boor path. Cost per edge is
     O(k) either way, independent of ``grid_size``.
 
-    Under bf16/fp16 autocast the layer computes in fp32 (fp32 accumulation) and returns the autocast dtype.
-    ``deterministic=True`` makes every gradient bitwise reproducible from run to run. ``strategy`` picks the
-    computation ("stencil", "gemm" or "auto"; see :func:`warpkan.torch_bridge.bspline_kan`).
+    Under bf16/fp16 autocast the layer takes fp32 inputs and parameters (fp32 accumulation) and returns the
+    autocast dtype. ``deterministic=True`` makes every gradient bitwise reproducible from run to run.
+    ``strategy`` picks the computation ("stencil", "gemm" or "auto"; see :func:`warpkan.torch_bridge.bspline_kan`).
+
+    ``precision`` sets the gemm strategy's contractions: "fp32" (exact fp32), "tf32" (TF32 tensor cores),
+    "bf16" (bf16 basis and weights on bf16 tensor cores, fp32 accumulation and outputs), or "auto" (default):
+    "bf16" under bf16 autocast, else torch's own rule for float32 matmuls, as ``nn.Linear`` follows it:
+    ``torch.get_float32_matmul_precision()`` "highest" (torch's default) -> fp32, "high" -> tf32,
+    "medium" -> bf16. Error bounds: :mod:`warpkan.torch_bridge.bspline_ops`. float64 layers always compute
+    in float64; the stencil strategy always in the layer's dtype.
     ``contiguous_parameters=True`` stores the parameters contiguously in their public shapes, as FSDP2
     (``fully_shard``) requires; by default they are views of the kernels' layout, which saves a copy of the
     coefficient table on every call.
@@ -67,6 +74,7 @@ class KANLinear(nn.Module):
         deterministic: bool = False,
         strategy: str = "auto",
         contiguous_parameters: bool = False,
+        precision: str = "auto",
         device=None,
         dtype=None,
     ):
@@ -97,6 +105,8 @@ class KANLinear(nn.Module):
         dtype = dtype or torch.get_default_dtype()
         if dtype not in (torch.float32, torch.float64):
             raise TypeError(f"dtype must be float32 or float64, got {dtype}")
+        check_precision(precision, dtype)
+        self.precision = precision
 
         h = (hi - lo) / grid_size
         knots = torch.arange(-spline_order, grid_size + spline_order + 1, device=device, dtype=dtype) * h + lo
@@ -141,18 +151,21 @@ class KANLinear(nn.Module):
             raise ValueError(f"x must be on the layer's device {self.grid.device}, got {x.device}")
         cast_to = autocast_dtype(x.device)
         if cast_to is not None:
+            precision = "bf16" if self.precision == "auto" and cast_to == torch.bfloat16 else self.precision
             with torch.autocast(x.device.type, enabled=False):
-                return self._forward(x.to(self.grid.dtype)).to(cast_to)
+                return self._forward(x.to(self.grid.dtype), precision).to(cast_to)
         if x.dtype != self.grid.dtype:
             raise TypeError(
                 f"x must have the layer's dtype {self.grid.dtype} (use autocast for bf16/fp16), got {x.dtype}"
             )
-        return self._forward(x)
+        return self._forward(x, self.precision)
 
-    def _forward(self, x):
+    def _forward(self, x, precision):
+        if self.grid.dtype == torch.float64:
+            precision = "fp32"  # float64 computes in float64
         return bspline_kan(
             x, self.grid, self.base_weight if self.use_base else None, self.spline_weight, self.spline_scaler,
-            self.spline_order, self._grid_uniform, self.deterministic, self.strategy,
+            self.spline_order, self._grid_uniform, self.deterministic, self.strategy, precision,
         )
 
     @torch.no_grad()
@@ -201,7 +214,8 @@ class KANLinear(nn.Module):
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, grid_size={self.grid_size}, "
             f"spline_order={self.spline_order}, base={'silu' if self.use_base else 'none'}, "
-            f"uniform_grid={self._grid_uniform}, deterministic={self.deterministic}"
+            f"uniform_grid={self._grid_uniform}, deterministic={self.deterministic}, strategy={self.strategy!r}, "
+            f"precision={self.precision!r}"
         )
 
 
