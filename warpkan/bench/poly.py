@@ -1,5 +1,7 @@
 """Polynomial KAN benchmark: warpkan's PolyKANLinear (LUT and exact modes) against the two torch forms of
-ChebyKAN in the same run, eager and under torch.compile:
+ChebyKAN in the same run, eager and under torch.compile. Every row has the eager times (``total_ms``: one
+``model(x).backward(dy)`` step, host overhead included) and, on cuda, ``graphed_total_ms``: the same step
+captured once in a CUDA graph and replayed (no host overhead), compared with the best torch form graphed.
 
 - the acos/cos form, ChebyKAN's own ``ChebyKANLayer.forward`` (re-implemented in pure torch, same code);
 - the recurrence + einsum form.
@@ -14,7 +16,7 @@ import torch
 from torch import nn
 
 from . import register
-from .timing import HARDWARE, peak_memory, time_fn
+from .timing import HARDWARE, graphed, peak_memory, time_fn
 
 # (B, in, out, degree): PolyKAN's three configurations, then a large one
 FULL_CASES = [(128, 40, 256, 8), (64, 256, 512, 15), (32, 512, 1024, 24), (4096, 512, 512, 8)]
@@ -58,6 +60,7 @@ LAYER_IMPLS = {
     "warpkan exact gemm": lambda *a: _warp_layer(*a, "exact", strategy="gemm"),
     # explicit opt-in to bf16 tensor cores (error bound in warpkan.torch_bridge.poly_ops); not an fp32 row
     "warpkan lut gemm bf16": lambda *a: _warp_layer(*a, "lut", strategy="gemm", precision="bf16"),
+    "warpkan exact gemm bf16": lambda *a: _warp_layer(*a, "exact", strategy="gemm", precision="bf16"),
     "acos/cos (ChebyKAN, torch) eager": lambda *a: _TorchPolyLayer(*a, "acos"),
     "acos/cos (ChebyKAN, torch) compile": lambda *a: torch.compile(_TorchPolyLayer(*a, "acos")),
     "recurrence+einsum (torch) eager": lambda *a: _TorchPolyLayer(*a, "recurrence"),
@@ -78,7 +81,14 @@ def _measure(model, x, n_out, device, quick):
     repeat = 5 if quick else 50
     fwd = time_fn(forward, device, warmup=3, repeat=repeat)
     total = time_fn(train_step, device, warmup=3, repeat=repeat)
-    return fwd, total, peak_memory(train_step, device)
+    peak = peak_memory(train_step, device)
+    graph_total, graph_note = None, None
+    if device.startswith("cuda"):  # the same step replayed from a CUDA graph: no host overhead
+        try:
+            graph_total = time_fn(graphed(train_step), device, warmup=3, repeat=repeat)
+        except Exception as exc:  # report, do not hide: a failed capture is a finding
+            graph_note = f"CUDA graph capture failed: {type(exc).__name__}: {str(exc)[:120]}"
+    return fwd, total, peak, graph_total, graph_note
 
 
 def _rows_for(case, factories, x, n_out, flops_fwd, device, quick, target=None):
@@ -88,8 +98,10 @@ def _rows_for(case, factories, x, n_out, flops_fwd, device, quick, target=None):
         row = {"case": case, "impl": impl}
         try:
             model = factory().to(device)
-            fwd, total, peak = _measure(model, x, n_out, device, quick)
-            row.update(fwd_ms=fwd, bwd_ms=total - fwd, total_ms=total, peak_MiB=peak)
+            fwd, total, peak, graph_total, graph_note = _measure(model, x, n_out, device, quick)
+            row.update(fwd_ms=fwd, bwd_ms=total - fwd, total_ms=total, graphed_total_ms=graph_total, peak_MiB=peak)
+            if graph_note:
+                row["note"] = graph_note
             # forward + backward is three contractions of the forward's size (y, dx, d coeffs)
             row["TFLOP/s"] = 3 * flops_fwd / (total * 1e-3) / 1e12
             row["% fp32 SIMT"] = 100 * row["TFLOP/s"] * 1e12 / HARDWARE["fp32_simt_flops"]
@@ -100,9 +112,13 @@ def _rows_for(case, factories, x, n_out, flops_fwd, device, quick, target=None):
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
     best_torch = min((r["total_ms"] for r in rows if "total_ms" in r and "torch" in r["impl"]), default=None)
+    best_torch_graphed = min((r["graphed_total_ms"] for r in rows if r.get("graphed_total_ms") and "torch" in r["impl"]),
+                             default=None)
     for row in rows:
         if best_torch and "total_ms" in row:
             row["x best torch"] = row["total_ms"] / best_torch
+        if best_torch_graphed and row.get("graphed_total_ms"):  # graphed against graphed
+            row["graphed x best torch graphed"] = row["graphed_total_ms"] / best_torch_graphed
         if target is not None and row["impl"].startswith("warpkan"):
             row["target_ms"] = target
     return rows

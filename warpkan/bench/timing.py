@@ -7,7 +7,7 @@ import time
 
 import torch
 
-__all__ = ["time_fn", "peak_memory", "HARDWARE"]
+__all__ = ["time_fn", "peak_memory", "graphed", "HARDWARE"]
 
 # Ceilings measured on the GPU machine (DESIGN.md): used for roofline columns.
 HARDWARE = {
@@ -53,3 +53,22 @@ def peak_memory(fn, device: str) -> float | None:
     fn()
     torch.cuda.synchronize()
     return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def graphed(fn, warmup: int = 3):
+    """``fn()`` captured once in a CUDA graph; returns the graph's ``replay`` (time it with :func:`time_fn`).
+
+    Warm-up runs on a side stream first, as torch recommends (lazy initialisation, compilation and the
+    caching allocator's blocks stay out of the capture). The replay removes the host's launch and Python
+    overhead: the difference from the eager time is that overhead. ``fn`` runs its own autograd calls, if
+    any (a captured ``loss.backward()`` accumulates into the ``.grad`` tensors on every replay)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay

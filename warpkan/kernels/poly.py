@@ -293,6 +293,7 @@ class PolyVariant:
     combine: wp.Kernel
     combine_segments: wp.Kernel
     expand_basis: wp.Kernel
+    expand_basis_bf16: "wp.Kernel | None"
     dx_from_dbasis: wp.Kernel
     tabulate: wp.Kernel
     module: str
@@ -643,6 +644,28 @@ def get_variant(basis: str, scalar_name: str = "float32") -> PolyVariant:
         out[chunk, o] = acc
 
     # ------------------------------------------------------------------ dense basis (the GEMM strategy)
+    @wp.func
+    def basis_entry(x: wp.array2d(dtype=scalar), lut: wp.array2d(dtype=scalar), use_lut: int, alpha: scalar,
+                    beta: scalar, n_basis: int, n: int, c: int):
+        """P_d(tanh x[n, i]) for the dense-basis column c = i * n_basis + d."""
+        i = c // n_basis
+        d = c - i * n_basis
+        tv = wp.tanh(x[n, i])
+        p = zero
+        if use_lut:
+            cell, frac = lut_cell(lut, tv)
+            p = lerp(lut, cell, frac, d)
+        else:
+            state = start(tv, alpha, beta)
+            for k in range(d):
+                state = advance(k, tv, state, alpha, beta)
+            p = value(d, state)
+        return p
+
+    # One thread per dense-basis element (n, c): consecutive threads write consecutive columns, so every
+    # store is coalesced. (A thread per (n, i) writing its D + 1 values strided the stores of a warp over
+    # 32 (D + 1) columns and ran ~7x under the write bandwidth on the H200.) The recurrence is rerun up to
+    # degree d per element: at most D + 1 cheap steps, far under the cost of the store at these sizes.
     @kernel
     def expand_basis(
         x: wp.array2d(dtype=scalar),
@@ -654,18 +677,25 @@ def get_variant(basis: str, scalar_name: str = "float32") -> PolyVariant:
         basis_out: wp.array2d(dtype=scalar),
     ):
         # basis_out[n, i * n_basis + d] = P_d(tanh x[n, i]): the left operand of y = B @ coeffs.reshape(-1, out)
-        n, i = wp.tid()
-        tv = wp.tanh(x[n, i])
-        base = i * n_basis
-        if use_lut:
-            cell, frac = lut_cell(lut, tv)
-            for d in range(n_basis):
-                basis_out[n, base + d] = lerp(lut, cell, frac, d)
-        else:
-            state = start(tv, alpha, beta)
-            for d in range(n_basis):
-                basis_out[n, base + d] = value(d, state)
-                state = advance(d, tv, state, alpha, beta)
+        n, c = wp.tid()
+        basis_out[n, c] = basis_entry(x, lut, use_lut, alpha, beta, n_basis, n, c)
+
+    def expand_basis_bf16(
+        x: wp.array2d(dtype=scalar),
+        lut: wp.array2d(dtype=scalar),
+        use_lut: int,
+        alpha: scalar,
+        beta: scalar,
+        n_basis: int,
+        basis_out: wp.array2d(dtype=wp.bfloat16),
+    ):
+        # the same, rounded to bfloat16 (round to nearest even) as it is stored: the bf16 GEMM's operand
+        # directly, with no float32 copy to convert
+        n, c = wp.tid()
+        basis_out[n, c] = wp.bfloat16(basis_entry(x, lut, use_lut, alpha, beta, n_basis, n, c))
+
+    # float32 layers only opt in to bf16 GEMMs: the float64 variants (gradcheck) do not compile it
+    expand_basis_bf16 = kernel(expand_basis_bf16) if scalar_name == "float32" else None
 
     @kernel
     def dx_from_dbasis(
@@ -676,9 +706,10 @@ def get_variant(basis: str, scalar_name: str = "float32") -> PolyVariant:
         alpha: scalar,
         beta: scalar,
         n_basis: int,
+        accumulate: int,
         dx: wp.array2d(dtype=scalar),
     ):
-        # dx[n, i] += (1 - t^2) sum_d d_basis[n, i * n_basis + d] P_d'(t), t = tanh x[n, i]
+        # dx[n, i] (+)= (1 - t^2) sum_d d_basis[n, i * n_basis + d] P_d'(t), t = tanh x[n, i]
         n, i = wp.tid()
         tv = wp.tanh(x[n, i])
         base = i * n_basis
@@ -692,7 +723,10 @@ def get_variant(basis: str, scalar_name: str = "float32") -> PolyVariant:
             for d in range(n_basis):
                 acc = acc + d_basis[n, base + d] * grad(d, state)
                 state = advance(d, tv, state, alpha, beta)
-        dx[n, i] = dx[n, i] + acc * (one - tv * tv)
+        v = acc * (one - tv * tv)
+        if accumulate:
+            v = v + dx[n, i]
+        dx[n, i] = v
 
     # ------------------------------------------------------------------ tables and plain evaluation
     @kernel
@@ -722,6 +756,7 @@ def get_variant(basis: str, scalar_name: str = "float32") -> PolyVariant:
         combine=combine,
         combine_segments=combine_segments,
         expand_basis=expand_basis,
+        expand_basis_bf16=expand_basis_bf16,
         dx_from_dbasis=dx_from_dbasis,
         tabulate=tabulate,
         module=module,
@@ -950,10 +985,11 @@ def _dummy(variant: PolyVariant, device) -> wp.array:
     return found
 
 
-def _run(kernel, dim, inputs, outputs, device, record, cmds, block_dim=256):
-    """wp.launch, or (record=True) a recorded ``wp.Launch`` appended to cmds and nothing run."""
+def _run(kernel, dim, inputs, outputs, device, record, cmds, block_dim=256, stream=None):
+    """wp.launch (on ``stream`` when given, else Warp's current one), or (record=True) a recorded
+    ``wp.Launch`` appended to cmds and nothing run."""
     cmd = wp.launch(kernel, dim=dim, inputs=inputs, outputs=outputs, device=device, block_dim=block_dim,
-                    record_tape=False, record_cmd=record)
+                    stream=stream, record_tape=False, record_cmd=record)
     if record:
         cmds.append(cmd)
 
@@ -1130,21 +1166,32 @@ def launch_expand_basis(
     alpha: float = 1.0,
     beta: float = 1.0,
     stream: "wp.Stream | None" = None,
-) -> None:
+    record: bool = False,
+) -> "list | None":
     """basis_out [N, in * (D + 1)] = P_d(tanh x[n, i]) at column i * (D + 1) + d: the dense basis of the GEMM
-    strategy (``y = basis_out @ coeffs.reshape(in * (D + 1), out)``). Overwrites basis_out."""
+    strategy (``y = basis_out @ coeffs.reshape(in * (D + 1), out)``). Overwrites basis_out, which may be of
+    x's dtype or (float32 x) bfloat16: the values are then rounded to nearest as they are stored.
+    ``record=True``: run nothing and return the launch as a one-element list of ``wp.Launch``."""
     variant = get_variant(basis, scalar_name(x))
     n_rows, n_in = x.shape
     if basis_out.shape[0] != n_rows or (n_in and basis_out.shape[1] % n_in):
         raise ValueError(f"basis_out must have shape ({n_rows}, {n_in} * (degree + 1)), got {tuple(basis_out.shape)}")
+    if basis_out.dtype == wp.bfloat16 and variant.expand_basis_bf16 is not None:
+        kernel = variant.expand_basis_bf16
+    elif basis_out.dtype == variant.scalar:
+        kernel = variant.expand_basis
+    else:
+        raise TypeError(f"basis_out must have the dtype of x (or bfloat16 for float32 x), got "
+                        f"{wp.types.type_repr(basis_out.dtype)}")
+    cmds: list = []
     if n_rows == 0 or n_in == 0:
-        return
+        return cmds if record else None
     n_basis = basis_out.shape[1] // n_in
     table = lut[0] if lut is not None else _dummy(variant, x.device)
-    with on_stream(stream):
-        wp.launch(variant.expand_basis, dim=(n_rows, n_in),
-                  inputs=[x, table, int(lut is not None), variant.scalar(alpha), variant.scalar(beta), n_basis],
-                  outputs=[basis_out], device=x.device, record_tape=False)
+    _run(kernel, (n_rows, n_in * n_basis),
+         [x, table, int(lut is not None), variant.scalar(alpha), variant.scalar(beta), n_basis],
+         [basis_out], x.device, record, cmds, stream=stream)
+    return cmds if record else None
 
 
 def launch_dx_from_dbasis(
@@ -1156,21 +1203,23 @@ def launch_dx_from_dbasis(
     alpha: float = 1.0,
     beta: float = 1.0,
     stream: "wp.Stream | None" = None,
-) -> None:
-    """dx[n, i] += (1 - t^2) sum_d d_basis[n, i * (D + 1) + d] P_d'(t): the input gradient of the GEMM strategy
-    from ``d_basis = dy @ coeffs.reshape(in * (D + 1), out).T``."""
+    accumulate: bool = True,
+    record: bool = False,
+) -> "list | None":
+    """dx[n, i] (+)= (1 - t^2) sum_d d_basis[n, i * (D + 1) + d] P_d'(t): the input gradient of the GEMM
+    strategy from ``d_basis = dy @ coeffs.reshape(in * (D + 1), out).T``; added (``accumulate=True``) or
+    written (the buffer then needs no zeroing). ``record=True``: return the launch, run nothing."""
     variant = get_variant(basis, scalar_name(x))
     n_rows, n_in = x.shape
     if d_basis.shape[0] != n_rows or (n_in and d_basis.shape[1] % n_in):
         raise ValueError(f"d_basis must have shape ({n_rows}, {n_in} * (degree + 1)), got {tuple(d_basis.shape)}")
+    cmds: list = []
     if n_rows == 0 or n_in == 0:
-        return
+        return cmds if record else None
     n_basis = d_basis.shape[1] // n_in
     table = lut[1] if lut is not None else _dummy(variant, x.device)
-    with on_stream(stream):
-        wp.launch(variant.dx_from_dbasis, dim=(n_rows, n_in),
-                  inputs=[x, d_basis, table, int(lut is not None), variant.scalar(alpha), variant.scalar(beta), n_basis],
-                  outputs=[dx], device=x.device, record_tape=False)
-
-
-
+    _run(variant.dx_from_dbasis, (n_rows, n_in),
+         [x, d_basis, table, int(lut is not None), variant.scalar(alpha), variant.scalar(beta), n_basis,
+          int(accumulate)],
+         [dx], x.device, record, cmds, stream=stream)
+    return cmds if record else None

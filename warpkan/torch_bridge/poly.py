@@ -7,7 +7,7 @@ from torch import nn
 
 from ..kernels import poly as kp
 from ._common import autocast_dtype, check_tensor
-from .poly_ops import PRECISIONS, STRATEGIES, poly_forward
+from .poly_ops import PRECISIONS, STRATEGIES, poly_apply
 
 __all__ = ["PolyKANLinear", "ChebyKANLinear"]
 
@@ -105,8 +105,8 @@ with the error bound documented in ``warpkan.torch_bridge.poly_ops``); the fused
         if self.precision == "bf16" and x.dtype != torch.float32:
             raise ValueError(f"precision='bf16' needs a float32 layer, got {x.dtype}")
         lut_size = self.lut_size if self.mode == "lut" else 0
-        y = poly_forward(x.reshape(-1, self.in_features), self.coeffs.permute(0, 2, 1), self.bias, self.basis,
-                         lut_size, self.alpha, self.beta, self.strategy, self.precision)
+        y = poly_apply(x.reshape(-1, self.in_features), self.coeffs.permute(0, 2, 1), self.bias, self.basis,
+                       lut_size, self.alpha, self.beta, self.strategy, self.precision)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

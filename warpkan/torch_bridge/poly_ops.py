@@ -82,65 +82,105 @@ def _row_chunk(n_rows: int, width: int, itemsize: int) -> int:
     return max(1, min(n_rows, GEMM_CHUNK_BYTES // max(1, width * itemsize)))
 
 
-def _bf16_mm(a: Tensor, b: Tensor) -> Tensor:
-    """a @ b with both operands rounded to bfloat16, float32 products and sums, a float32 result (bf16
-    tensor cores on the GPU; the same rounding, in plain float32 arithmetic, on the CPU)."""
-    a16, b16 = a.to(torch.bfloat16), b.to(torch.bfloat16)
-    if a.is_cuda:
-        return torch.mm(a16, b16, out_dtype=torch.float32)
-    return a16.float() @ b16.float()
+def _mm(a: Tensor, b: Tensor, bf16: bool, out: Tensor | None = None) -> Tensor:
+    """a @ b in float32 (or x's dtype). ``bf16``: a and b are already bfloat16; float32 products and sums, a
+    float32 result (bf16 tensor cores on the GPU; the same rounding, in plain float32 arithmetic, on the CPU,
+    which has no bf16 x bf16 -> float32 matmul)."""
+    if not bf16:
+        return torch.mm(a, b, out=out)
+    result = torch.mm(a, b, out_dtype=torch.float32) if a.is_cuda else a.float() @ b.float()
+    return out.copy_(result) if out is not None else result
 
 
-def _gemm_forward(x, coeffs, bias, basis, tables, alpha, beta, stream, precision="fp32"):
-    n_rows, n_in = x.shape
-    n_basis, n_out = coeffs.shape[1], coeffs.shape[2]
-    weight = coeffs.reshape(n_in * n_basis, n_out)
-    y = x.new_empty((n_rows, n_out))
-    chunk = _row_chunk(n_rows, n_in * n_basis, x.element_size())
-    buffer = x.new_empty((chunk, n_in * n_basis))
-    weight16 = weight.to(torch.bfloat16) if precision == "bf16" else None
-    for start in range(0, n_rows, chunk):
-        stop = min(start + chunk, n_rows)
-        dense = buffer[: stop - start]
-        kp.launch_expand_basis(to_warp(x[start:stop]), to_warp(dense), basis, tables, alpha, beta, stream)
-        if weight16 is not None:
-            y[start:stop] = _bf16_mm(dense, weight16) if bias is None else _bf16_mm(dense, weight16) + bias
-        elif bias is not None:
-            torch.addmm(bias, dense, weight, out=y[start:stop])
-        else:
-            torch.mm(dense, weight, out=y[start:stop])
-    return y
+def _expand(x, basis_dtype, basis, lut_size, alpha, beta, n_basis) -> Tensor:
+    """The dense basis [N, in (D + 1)] of x's rows, in ``basis_dtype``, from a recorded (cached) launch."""
+    dense = torch.empty((x.shape[0], x.shape[1] * n_basis), dtype=basis_dtype, device=x.device)
+    if dense.numel() == 0:
+        return dense
+    key = ("expand", basis, lut_size, alpha, beta, x.dtype, basis_dtype, x.device, *x.shape, n_basis,
+           x.data_ptr(), dense.data_ptr())
+
+    def record():
+        return kp.launch_expand_basis(_view(x), _view(dense), basis,
+                                      _tables(x, basis, n_basis, lut_size, alpha, beta), alpha, beta, record=True)
+
+    _replay(key, record, x.device)
+    return dense
 
 
-def _gemm_backward(dy, x, coeffs, basis, tables, alpha, beta, dx, d_coeffs, d_bias, stream, precision="fp32"):
-    n_rows, n_in = x.shape
-    n_basis, n_out = coeffs.shape[1], coeffs.shape[2]
-    weight = coeffs.reshape(n_in * n_basis, n_out)
-    need_x, need_coeffs = dx.numel() > 0, d_coeffs.numel() > 0
-    if d_bias.numel():
-        torch.sum(dy, dim=0, out=d_bias)
-    if not (need_x or need_coeffs) or n_rows == 0:
+def _dx_from_dbasis(x, d_dense, dx, basis, lut_size, alpha, beta, n_basis) -> None:
+    """dx = (1 - t^2) sum_d d_dense P_d'(t), written (no zero fill), from a recorded (cached) launch."""
+    if dx.numel() == 0:
         return
-    chunk = _row_chunk(n_rows, n_in * n_basis, x.element_size())
-    buffer = x.new_empty((chunk, n_in * n_basis))
-    d_buffer = x.new_empty((chunk, n_in * n_basis)) if need_x else None
+    key = ("dx_from_dbasis", basis, lut_size, alpha, beta, x.dtype, x.device, *x.shape, n_basis, x.data_ptr(),
+           d_dense.data_ptr(), dx.data_ptr())
+
+    def record():
+        return kp.launch_dx_from_dbasis(_view(x), _view(d_dense), _view(dx), basis,
+                                        _tables(x, basis, n_basis, lut_size, alpha, beta), alpha, beta,
+                                        accumulate=False, record=True)
+
+    _replay(key, record, x.device)
+
+
+def _gemm_forward(x, coeffs, bias, basis, lut_size, alpha, beta, precision="fp32"):
+    n_rows, n_in = x.shape
+    n_basis, n_out = coeffs.shape[1], coeffs.shape[2]
+    bf16 = precision == "bf16"
+    basis_dtype = torch.bfloat16 if bf16 else x.dtype
+    # the bf16 weight is converted on every call (about 2 us per 10 MB of float32 weights on the H200): a
+    # cache keyed by the weights' version would be skipped by CUDA-graph replays after an optimizer step
+    weight = coeffs.reshape(n_in * n_basis, n_out)
+    if bf16:
+        weight = weight.to(torch.bfloat16)
+    chunk = _row_chunk(n_rows, n_in * n_basis, basis_dtype.itemsize)
+    if chunk >= n_rows:  # one chunk (the usual case): no output buffer to copy into
+        dense = _expand(x, basis_dtype, basis, lut_size, alpha, beta, n_basis)
+        if bias is not None and not bf16:
+            return torch.addmm(bias, dense, weight)
+        y = _mm(dense, weight, bf16)
+        return y.add_(bias) if bias is not None else y
+    y = x.new_empty((n_rows, n_out))
     for start in range(0, n_rows, chunk):
         stop = min(start + chunk, n_rows)
-        dense = buffer[: stop - start]
-        kp.launch_expand_basis(to_warp(x[start:stop]), to_warp(dense), basis, tables, alpha, beta, stream)
+        dense = _expand(x[start:stop], basis_dtype, basis, lut_size, alpha, beta, n_basis)
+        _mm(dense, weight, bf16, out=y[start:stop])
+    return y.add_(bias) if bias is not None else y
+
+
+def _gemm_backward(dy, x, coeffs, basis, lut_size, alpha, beta, need_x, need_coeffs, need_bias, precision="fp32"):
+    """(dx, d_coeffs, d_bias), each written by its last op (no zero fills)."""
+    n_rows, n_in = x.shape
+    n_basis, n_out = coeffs.shape[1], coeffs.shape[2]
+    bf16 = precision == "bf16"
+    basis_dtype = torch.bfloat16 if bf16 else x.dtype
+    empty = x.new_empty((0,))
+    d_bias = dy.sum(dim=0) if need_bias else empty
+    if n_rows == 0 or n_in == 0:  # gradients of an empty sum or of no rows: zeros
+        dx, d_coeffs, _ = _grad_buffers(x, coeffs, need_x, need_coeffs, False, torch.zeros)
+        return dx, d_coeffs, d_bias
+    weight = coeffs.reshape(n_in * n_basis, n_out)
+    dy_mm = dy.to(torch.bfloat16) if bf16 else dy
+    weight_t = weight.to(torch.bfloat16).t() if bf16 and need_x else weight.t()
+    dx = x.new_empty(x.shape) if need_x else empty
+    d_coeffs = empty
+    chunk = _row_chunk(n_rows, n_in * n_basis, max(basis_dtype.itemsize, x.element_size() if need_x else 0))
+    for start in range(0, n_rows, chunk):
+        stop = min(start + chunk, n_rows)
+        x_part = x[start:stop]
         if need_coeffs:
-            if precision == "bf16":
-                d_coeffs.view(n_in * n_basis, n_out).add_(_bf16_mm(dense.t(), dy[start:stop]))
+            dense = _expand(x_part, basis_dtype, basis, lut_size, alpha, beta, n_basis)
+            if start == 0:  # the first chunk's product is the gradient's buffer: no zero fill, no copy
+                d_coeffs = _mm(dense.t(), dy_mm[start:stop], bf16)
+            elif bf16:
+                d_coeffs.add_(_mm(dense.t(), dy_mm[start:stop], bf16))
             else:
-                d_coeffs.view(n_in * n_basis, n_out).addmm_(dense.t(), dy[start:stop])
+                d_coeffs.addmm_(dense.t(), dy_mm[start:stop])
+            del dense
         if need_x:
-            d_dense = d_buffer[: stop - start]
-            if precision == "bf16":
-                d_dense.copy_(_bf16_mm(dy[start:stop], weight.t()))
-            else:
-                torch.mm(dy[start:stop], weight.t(), out=d_dense)
-            kp.launch_dx_from_dbasis(to_warp(x[start:stop]), to_warp(d_dense), to_warp(dx[start:stop]), basis,
-                                     tables, alpha, beta, stream)
+            d_dense = _mm(dy_mm[start:stop], weight_t, bf16)  # float32 [rows, in (D + 1)]
+            _dx_from_dbasis(x_part, d_dense, dx[start:stop], basis, lut_size, alpha, beta, n_basis)
+    return dx, d_coeffs.view(coeffs.shape) if need_coeffs else d_coeffs, d_bias
 
 
 def _tables(x: Tensor, basis: str, n_basis: int, lut_size: int, alpha: float, beta: float):
@@ -155,7 +195,7 @@ def _tables(x: Tensor, basis: str, n_basis: int, lut_size: int, alpha: float, be
 # the same output and scratch blocks back on the next call (which then hits); a hit needs the very same
 # pointers and shapes, so a replay always addresses live tensors of the shapes it was recorded with (every
 # tensor is contiguous here). The tables the launches read are dropped with them by kp.clear_caches().
-_WP_DTYPES = {torch.float32: wp.float32, torch.float64: wp.float64}
+_WP_DTYPES = {torch.float32: wp.float32, torch.float64: wp.float64, torch.bfloat16: wp.bfloat16}
 _LAUNCHES: OrderedDict = OrderedDict()
 _LAUNCH_CACHE_SIZE = 64
 kp.on_clear_caches(_LAUNCHES.clear)
@@ -241,6 +281,14 @@ def _fused_backward(dy, x, coeffs, basis, lut_size, alpha, beta, need_x, need_co
     return dx, d_coeffs, d_bias
 
 
+def _forward_impl(x, coeffs, bias, basis, lut_size, alpha, beta, strategy, precision="fp32"):
+    x, coeffs = x.contiguous(), coeffs.contiguous()
+    bias = bias.contiguous() if bias is not None else None
+    if _resolve(strategy, x, coeffs) == "gemm":
+        return _gemm_forward(x, coeffs, bias, basis, lut_size, alpha, beta, precision)
+    return _fused_forward(x, coeffs, bias, basis, lut_size, alpha, beta)
+
+
 @torch.library.custom_op("warpkan::poly_forward", mutates_args=())
 def poly_forward(
     x: Tensor,
@@ -254,17 +302,20 @@ def poly_forward(
     precision: str = "fp32",
 ) -> Tensor:
     """x [N, in], coeffs [in, D + 1, out], bias [out] or None -> y [N, out]."""
-    x, coeffs = x.contiguous(), coeffs.contiguous()
-    bias = bias.contiguous() if bias is not None else None
-    if _resolve(strategy, x, coeffs) == "gemm":
-        tables = _tables(x, basis, coeffs.shape[1], lut_size, alpha, beta)
-        return _gemm_forward(x, coeffs, bias, basis, tables, alpha, beta, warp_stream(x.device), precision)
-    return _fused_forward(x, coeffs, bias, basis, lut_size, alpha, beta)
+    return _forward_impl(x, coeffs, bias, basis, lut_size, alpha, beta, strategy, precision)
 
 
 @poly_forward.register_fake
 def _(x, coeffs, bias, basis, lut_size, alpha, beta, strategy, precision="fp32"):
     return x.new_empty((x.shape[0], coeffs.shape[2]))
+
+
+def _backward_impl(dy, x, coeffs, basis, lut_size, alpha, beta, strategy, need_x, need_coeffs, need_bias,
+                   precision="fp32"):
+    dy, x, coeffs = dy.contiguous(), x.contiguous(), coeffs.contiguous()
+    if _resolve(strategy, x, coeffs) == "gemm":
+        return _gemm_backward(dy, x, coeffs, basis, lut_size, alpha, beta, need_x, need_coeffs, need_bias, precision)
+    return _fused_backward(dy, x, coeffs, basis, lut_size, alpha, beta, need_x, need_coeffs, need_bias)
 
 
 @torch.library.custom_op("warpkan::poly_backward", mutates_args=())
@@ -283,14 +334,8 @@ def poly_backward(
     precision: str = "fp32",
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients (dx, d_coeffs, d_bias); the ones not asked for come back empty."""
-    dy, x, coeffs = dy.contiguous(), x.contiguous(), coeffs.contiguous()
-    if _resolve(strategy, x, coeffs) == "gemm":
-        dx, d_coeffs, d_bias = _grad_buffers(x, coeffs, need_x, need_coeffs, need_bias, torch.zeros)
-        tables = _tables(x, basis, coeffs.shape[1], lut_size, alpha, beta)
-        _gemm_backward(dy, x, coeffs, basis, tables, alpha, beta, dx, d_coeffs, d_bias, warp_stream(x.device),
-                       precision)
-        return dx, d_coeffs, d_bias
-    return _fused_backward(dy, x, coeffs, basis, lut_size, alpha, beta, need_x, need_coeffs, need_bias)
+    return _backward_impl(dy, x, coeffs, basis, lut_size, alpha, beta, strategy, need_x, need_coeffs, need_bias,
+                          precision)
 
 
 def _grad_buffers(x, coeffs, need_x, need_coeffs, need_bias, alloc):
@@ -313,13 +358,13 @@ def _setup_context(ctx, inputs, output):
     ctx.has_bias = bias is not None
 
 
-def _backward(ctx, dy):
+def _backward(ctx, dy, backward_op=poly_backward):
     x, coeffs = ctx.saved_tensors
     need_x, need_coeffs = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     need_bias = ctx.has_bias and ctx.needs_input_grad[2]
     if not (need_x or need_coeffs or need_bias):
         return (None,) * 9
-    dx, d_coeffs, d_bias = poly_backward(dy, x, coeffs, *ctx.config, need_x, need_coeffs, need_bias, ctx.precision)
+    dx, d_coeffs, d_bias = backward_op(dy, x, coeffs, *ctx.config, need_x, need_coeffs, need_bias, ctx.precision)
     return (
         dx if need_x else None,
         d_coeffs if need_coeffs else None,
@@ -329,6 +374,34 @@ def _backward(ctx, dy):
 
 
 poly_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerPoly(torch.autograd.Function):
+    """The custom op's own implementation and autograd formula, entered without the custom-op dispatch.
+
+    A ``torch.library.custom_op`` call (schema default filling, redispatch through the autograd key, the
+    backward op's second dispatch) costs about 50 us a forward + backward on the host, a large share of a
+    small layer's eager step; eager calls take this route, and anything traced (``torch.compile``, export)
+    sees the registered op (:func:`poly_apply`)."""
+
+    @staticmethod
+    def forward(ctx, x, coeffs, bias, basis, lut_size, alpha, beta, strategy, precision):
+        inputs = (x, coeffs, bias, basis, lut_size, alpha, beta, strategy, precision)
+        y = _forward_impl(*inputs)
+        _setup_context(ctx, inputs, y)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        return _backward(ctx, dy, _backward_impl)
+
+
+def poly_apply(x, coeffs, bias, basis, lut_size, alpha, beta, strategy, precision="fp32"):
+    """:func:`poly_forward` with autograd: the registered op under tracing, :class:`_EagerPoly` in eager mode."""
+    if torch.compiler.is_compiling():
+        return poly_forward(x, coeffs, bias, basis, lut_size, alpha, beta, strategy, precision)
+    return _EagerPoly.apply(x, coeffs, bias, basis, lut_size, alpha, beta, strategy, precision)
 
 
 def poly_kan(
@@ -363,6 +436,6 @@ def poly_kan(
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
     check_precision(precision, x.dtype)
     lead = x.shape[:-1]
-    y = poly_forward(x.reshape(-1, n_in), coeffs, bias, basis, lut_size, float(alpha), float(beta), strategy,
-                     precision)
+    y = poly_apply(x.reshape(-1, n_in), coeffs, bias, basis, lut_size, float(alpha), float(beta), strategy,
+                   precision)
     return y.reshape(*lead, n_out)
