@@ -285,8 +285,10 @@ def test_grkan_linear_and_kat_mlp():
 def test_native_layers_match_torch(device, variant):
     layer = warpkan.GRKANLinear(16, 5, num_groups=4, variant=variant, init="gelu", shared_numerator=False,
                                 deterministic=True, dtype=wp.float64, device=device)
+    # the torch layer runs on the same device, so a cuda run never needs Warp's CPU compiler
+    tdev = "cuda" if str(device).startswith("cuda") else "cpu"
     torch_layer = GRKANLinear(16, 5, num_groups=4, variant=variant, init="gelu", shared_numerator=False,
-                              dtype=torch.float64)
+                              dtype=torch.float64, device=tdev)
     torch_layer.load_state_dict({k: torch.tensor(v) for k, v in layer.state_dict().items()})
     xn = np.random.default_rng(0).normal(size=(7, 16))
     x = wp.array(xn, dtype=wp.float64, requires_grad=True, device=device)
@@ -295,9 +297,9 @@ def test_native_layers_match_torch(device, variant):
         y = layer(x)
     y.grad = wp.array(np.ones((7, 5)), dtype=wp.float64, device=device)
     tape.backward()
-    xt = torch.tensor(xn, requires_grad=True)
+    xt = torch.tensor(xn, requires_grad=True, device=tdev)
     torch_layer(xt).sum().backward()
-    np.testing.assert_allclose(y.numpy(), torch_layer(xt).detach().numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(y.numpy(), torch_layer(xt).detach().cpu().numpy(), rtol=1e-12, atol=1e-12)
     pairs = [
         (x.grad, xt.grad),
         (layer.rational.weight_numerator.grad, torch_layer.rational.weight_numerator.grad),
@@ -306,7 +308,7 @@ def test_native_layers_match_torch(device, variant):
         (layer.bias.grad, torch_layer.linear.bias.grad),
     ]
     for got, ref in pairs:
-        np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(got.numpy(), ref.cpu().numpy(), rtol=1e-10, atol=1e-12)
     # Warp's convention: gradients accumulate (a second backward of the rational alone doubles them)
     rational = layer.rational
     h_tape = wp.Tape()
@@ -319,3 +321,46 @@ def test_native_layers_match_torch(device, variant):
     once = rational.weight_denominator.grad.numpy().copy()
     h_tape.backward()
     np.testing.assert_allclose(rational.weight_denominator.grad.numpy(), 2 * once, rtol=1e-12)
+
+
+def test_misaligned_arrays_take_narrower_vectors(device):
+    """A view that starts 4 bytes into its buffer cannot take 16-byte vector accesses: the launcher narrows
+    the vector width (here to one channel) and the result does not change."""
+    dev = _torch_device(device)
+    a, b = (t.float().to(dev) for t in _coefficients(4, True, "A"))
+    x = torch.randn(3 * 64 + 1, device=dev)[1:].reshape(3, 64)
+    dy = torch.randn(3 * 64 + 1, device=dev)[1:].reshape(3, 64)
+    assert x.data_ptr() % 16
+    y = torch.empty(3 * 64 + 1, device=dev)[1:].reshape(3, 64)
+    dx = torch.empty(3 * 64 + 1, device=dev)[1:].reshape(3, 64)
+    w = wp.from_torch
+    kr.launch_forward(w(x), w(a), w(b), w(y), 4, "A")
+    kr.launch_backward(w(dy), w(x), w(a), w(b), 4, "A", dx=w(dx), accumulate_dx=False)
+    y_ref, dx_ref, _, _ = _reference_grads(x, a, b, 4, "A", dy)
+    torch.testing.assert_close(y.double(), y_ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(dx.double(), dx_ref, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="aligned"):
+        kr.launch_forward(w(x), w(a), w(b), w(y), 4, "A", vec=4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")
+def test_cuda_graph_capture():
+    layer = GroupRational(64, num_groups=4).cuda()
+    x = torch.randn(33, 64, device="cuda", requires_grad=True)
+    dy = torch.randn(33, 64, device="cuda")
+
+    def step():
+        return torch.autograd.grad(layer(x), [x, *layer.parameters()], dy)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        eager = step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    for got, ref in zip(captured, eager):
+        torch.testing.assert_close(got, ref, rtol=0, atol=0)

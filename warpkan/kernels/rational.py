@@ -43,6 +43,8 @@ from dataclasses import dataclass
 
 import warp as wp
 
+from ._common import wide_access
+
 __all__ = [
     "VARIANTS",
     "IO_TYPES",
@@ -178,6 +180,7 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
     V = vec
     RUN = max(1, 32 // vec)  # items (of V elements) summed in the arithmetic type before the fp64 fold
     io_vec = wp.types.vector(length=V, dtype=io_scalar)
+    load_vec, store_vec = wide_access(io_vec)  # one 16-byte access per vector (see _common)
     vecM = wp.types.vector(length=M, dtype=acc)
     vecN = wp.types.vector(length=N, dtype=acc)
     vecK = wp.types.vector(length=K, dtype=acc)
@@ -463,7 +466,7 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
         row = row0 + lane // width
         col = lane - (lane // width) * width
         while row < row1:
-            xv = x[row, col0 + col]
+            xv = load_vec(x, row, col0 + col)
             yv = io_vec()
             if any_large(xv):
                 for k in range(V):
@@ -471,7 +474,7 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
             else:
                 for k in range(V):
                     yv[k] = io_scalar(plain_value(acc(xv[k]), av, bq))
-            y[row, col0 + col] = yv
+            store_vec(y, row, col0 + col, yv)
             col += col_step
             row += row_step
             if col >= width:
@@ -512,8 +515,8 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
         run = vecK()  # short run in the arithmetic type, folded into total every RUN items
         pending = int(0)
         while row < row1:
-            xv = x[row, col0 + col]
-            gv = dy[row, col0 + col]
+            xv = load_vec(x, row, col0 + col)
+            gv = load_vec(dy, row, col0 + col)
             dxv = io_vec()
             if any_large(xv):
                 for k in range(V):
@@ -531,10 +534,10 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
                 pending = 0
             if need_dx:
                 if accumulate_dx:
-                    old = dx[row, col0 + col]
+                    old = load_vec(dx, row, col0 + col)
                     for k in range(V):
                         dxv[k] = io_scalar(acc(old[k]) + acc(dxv[k]))
-                dx[row, col0 + col] = dxv
+                store_vec(dx, row, col0 + col, dxv)
             col += col_step
             row += row_step
             if col >= width:
@@ -649,16 +652,24 @@ def _vector_view(arr: "wp.array", vec_type, n_rows: int, n_vectors: int) -> "wp.
     return wp.array(ptr=arr.ptr, dtype=vec_type, shape=(n_rows, n_vectors), device=arr.device, copy=False)
 
 
-def _prepare(x, num_groups, a, b, variant, vec):
+def _prepare(x, num_groups, a, b, variant, vec, arrays=()):
+    """(kernels, layout, vectors per row). ``arrays``: the other [N, C] arrays of the launch; the vector
+    width (one memory access per vector) is narrowed until every base address is a multiple of it."""
     n_rows, n_channels = x.shape
     io_name = io_name_of(x.dtype)
     acc = acc_type(io_name)
     m, n = check_coefficients(n_channels, num_groups, a, b, acc)
     group_size = n_channels // num_groups
+    itemsize = wp.types.type_size_in_bytes(x.dtype)
+    pointers = [arr.ptr for arr in (x, *arrays) if arr is not None and arr.ptr]
     if vec is None:
         vec = vector_width(io_name, group_size)
+        while vec > 1 and any(ptr % (vec * itemsize) for ptr in pointers):
+            vec //= 2
     if group_size % vec:
         raise ValueError(f"vector width {vec} must divide the group size {group_size}")
+    if any(ptr % (vec * itemsize) for ptr in pointers):
+        raise ValueError(f"vector width {vec} needs arrays aligned to {vec * itemsize} bytes")
     kernels = get_kernels(m, n, variant, io_name, vec)
     lay = layout(n_rows, group_size // vec, num_groups)
     return kernels, lay, n_channels // vec
@@ -676,7 +687,7 @@ def launch_forward(
 ) -> None:
     """y = F(x) for x, y [N, C] contiguous (fp32/fp64/fp16/bf16); a [1 or G, m+1], b [G, n] in the arithmetic
     type (fp32, or fp64 for fp64 x). Overwrites y."""
-    kernels, lay, n_vec = _prepare(x, num_groups, a, b, variant, vec)
+    kernels, lay, n_vec = _prepare(x, num_groups, a, b, variant, vec, (y,))
     if x.shape[0] == 0 or x.shape[1] == 0:
         return
     if tuple(y.shape) != tuple(x.shape) or y.dtype != x.dtype:
@@ -738,14 +749,17 @@ def launch_backward(
     deterministic: bool = False,
     vec: "int | None" = None,
     stream: "wp.Stream | None" = None,
+    workspace=None,
 ) -> None:
     """Gradients of ``launch_forward``. ``da`` and ``db`` (arithmetic type, shapes of a and b) are
     accumulated (+=); ``dx`` is accumulated when ``accumulate_dx`` (Warp's adjoint convention) and
     overwritten otherwise (the torch op: saves a read of dx). ``da`` and ``db`` go together.
     ``deterministic`` is accepted for symmetry with the other families: the coefficient gradients are always
     reduced in a fixed order (fp64 block partials and a combine pass), so they are always bitwise
-    reproducible, at the cost of one small extra launch."""
-    kernels, lay, n_vec = _prepare(x, num_groups, a, b, variant, vec)
+    reproducible, at the cost of one small extra launch. ``workspace``: an object with
+    ``get(name, shape, dtype) -> wp.array`` for the fp64 partials (the torch bridge passes torch's caching
+    allocator, which stays legal under CUDA-graph capture); Warp buffers kept per (device, stream) otherwise."""
+    kernels, lay, n_vec = _prepare(x, num_groups, a, b, variant, vec, (dy, dx))
     if tuple(dy.shape) != tuple(x.shape) or dy.dtype != x.dtype:
         raise ValueError(f"dy must have the shape and dtype of x {tuple(x.shape)}, got {tuple(dy.shape)}")
     if (da is None) != (db is None):
@@ -762,10 +776,11 @@ def launch_backward(
     dyv = _vector_view(dy, kernels.io_vector, n_rows, n_vec)
     dxv = _vector_view(dx, kernels.io_vector, n_rows, n_vec) if dx is not None else xv  # unused when not needed
     k = kernels.grad_vector._length_
-    if need_params:
-        partials = _workspace(x.device, stream).partials(x.device, lay.num_blocks, k, wp.float64)
+    rows, cols = (lay.num_blocks, k) if need_params else (1, 1)  # (1, 1): unused
+    if workspace is not None:
+        partials = workspace.get("rational_partials", (rows, cols), wp.float64)
     else:
-        partials = _workspace(x.device, stream).partials(x.device, 1, 1, wp.float64)  # unused
+        partials = _workspace(x.device, stream).partials(x.device, rows, cols, wp.float64)
     wp.launch_tiled(
         kernels.backward,
         dim=[lay.num_blocks],

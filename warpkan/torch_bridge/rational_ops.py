@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from ..kernels import rational as kr
-from ._common import check_tensor, to_warp, warp_stream
+from ._common import TorchWorkspace, check_tensor, to_warp, warp_stream
 
 __all__ = ["group_rational", "group_rational_forward", "group_rational_backward"]
 
@@ -82,6 +82,7 @@ def group_rational_backward(
             accumulate_dx=False,
             deterministic=deterministic,
             stream=warp_stream(x.device),
+            workspace=TorchWorkspace(x.device),
         )
     return dx, da, db
 
