@@ -1,7 +1,13 @@
 """B-spline KAN benchmark: warpkan's KANLinear against efficient-kan (re-implemented in pure torch, same
-algorithm) and nn.Linear of the same (N, in, out), forward and forward+backward, in one run."""
+algorithm) and nn.Linear of the same (N, in, out), forward and forward+backward, in one run.
+
+The wide layers are also run under torch's "high" float32 matmul precision (TF32; KANLinear's gemm strategy
+follows it as nn.Linear does) and under bf16 autocast, each against nn.Linear under the same setting; the
+small layer also as a CUDA-graph replay (the host overhead is the difference from the eager row)."""
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -23,6 +29,25 @@ FULL_CASES = [
     (8192, 512, 512, 5, 3),
     (128, 40, 256, 5, 3),
 ]
+# (N, in, out, G, k) also run under TF32 and bf16 autocast, and the launch-bound layer also graphed
+WIDE_CASES = {(65536, 256, 256, 8, 3), (8192, 512, 512, 5, 3)}
+SMALL_CASES = {(128, 40, 256, 5, 3)}
+# setting -> (context, peak FLOP/s of its GEMMs)
+SETTINGS = {
+    "fp32": (contextlib.nullcontext, HARDWARE["fp32_simt_flops"]),
+    "tf32": (lambda: _float32_matmul_precision("high"), HARDWARE["tf32_flops"]),
+    "bf16 autocast": (lambda: torch.autocast("cuda", dtype=torch.bfloat16), HARDWARE["bf16_flops"]),
+}
+
+
+@contextlib.contextmanager
+def _float32_matmul_precision(setting: str):
+    saved = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(setting)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(saved)
 QUICK_CASES = [(512, 8, 8, 8, 3), (256, 16, 16, 64, 1)]
 
 
@@ -45,7 +70,7 @@ def _make(impl, n_in, n_out, grid_size, order, device):
 IMPLS = ["warpkan", "warpkan stencil", "warpkan stencil deterministic", "warpkan gemm", "efficient-kan (torch)", "nn.Linear"]
 
 
-def _measure(layer, x, device, quick):
+def _measure(layer, x, device, quick, graph=False):
     def forward():
         with torch.no_grad():
             layer(x)
@@ -56,9 +81,54 @@ def _measure(layer, x, device, quick):
 
     dy = torch.randn(x.shape[0], layer(x[:1]).shape[1], device=device)
     repeat = 5 if quick else 20
+    if graph:
+        from .timing import graphed
+
+        return time_fn(graphed(forward), device, repeat=repeat), time_fn(graphed(train_step), device, repeat=repeat), None
     fwd = time_fn(forward, device, warmup=2, repeat=repeat)
     total = time_fn(train_step, device, warmup=2, repeat=repeat)
     return fwd, total, peak_memory(train_step, device)
+
+
+def _flops(impl: str, n_rows: int, n_in: int, n_out: int, n_coef: int) -> float | None:
+    """Multiply-add FLOPs of fwd+bwd: three GEMMs over the contraction (the dense basis for warpkan's gemm
+    strategy, x for nn.Linear); None where the count has no dense meaning."""
+    if impl.startswith("nn.Linear"):
+        return 6.0 * n_rows * n_in * n_out
+    if "gemm" in impl:
+        return 6.0 * n_rows * n_in * (n_coef + 1) * n_out
+    return None
+
+
+def _setting_rows(case, x, n_in, n_out, grid_size, order, device, quick):
+    """warpkan (gemm, precision "auto") and nn.Linear under each setting, and graphed for the small layer."""
+    rows = []
+    key = (x.shape[0], n_in, n_out, grid_size, order)
+    # fp32 eager is in the main rows already
+    settings = (["fp32"] if key in SMALL_CASES else []) + (["tf32", "bf16 autocast"] if key in WIDE_CASES else [])
+    for setting in settings:
+        context, peak_flops = SETTINGS[setting]
+        for graph in ((True,) if setting == "fp32" else (False,)):
+            results = []
+            for impl in ("warpkan gemm", "nn.Linear"):
+                name = f"{impl} [{setting}{', CUDA graph' if graph else ''}]"
+                row = {"case": case, "impl": name, "setting": setting}
+                layer = _make(impl, n_in, n_out, grid_size, order, device)
+                with context():
+                    fwd, total, peak = _measure(layer, x, device, quick, graph=graph)
+                row.update(fwd_ms=fwd, bwd_ms=total - fwd, total_ms=total, peak_MiB=peak)
+                flops = _flops(impl, x.shape[0], n_in, n_out, grid_size + order)
+                row["TFLOP/s"] = flops / (total * 1e-3) / 1e12
+                row["% peak FLOP/s"] = 100 * flops / (total * 1e-3) / peak_flops
+                results.append(row)
+                del layer
+            linear = results[-1]
+            for row in results:
+                row["x nn.Linear"] = row["total_ms"] / linear["total_ms"]
+                if row["peak_MiB"] is not None and linear["peak_MiB"] is not None:
+                    row["memory target met"] = row["peak_MiB"] <= 2 * linear["peak_MiB"] + 256
+            rows.extend(results)
+    return rows
 
 
 @register("bspline")
@@ -86,6 +156,10 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
                 params = sum(p.numel() for p in layer.parameters())
                 bytes_moved = 4 * (2 * n_rows * (n_in + n_out) + 2 * params)
                 row["GB/s (min traffic)"] = bytes_moved / (total * 1e-3) / 1e9
+                flops = _flops(impl, n_rows, n_in, n_out, grid_size + order)
+                if flops:
+                    row["TFLOP/s"] = flops / (total * 1e-3) / 1e12
+                    row["% peak FLOP/s"] = 100 * flops / (total * 1e-3) / HARDWARE["fp32_simt_flops"]
                 row["% HBM"] = 100 * bytes_moved / (total * 1e-3) / HARDWARE["hbm_bytes_per_s"]
                 del layer
             except torch.OutOfMemoryError:
@@ -93,9 +167,13 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
             results.append(row)
             if device.startswith("cuda"):
                 torch.cuda.empty_cache()
+        linear_peak = next((r.get("peak_MiB") for r in results if r["impl"] == "nn.Linear"), None)
         for row in results:
             if linear_total and "total_ms" in row:
                 row["x nn.Linear"] = row["total_ms"] / linear_total
+            if linear_peak is not None and row.get("peak_MiB") is not None and row["impl"].startswith("warpkan"):
+                # target: peak above parameters and inputs <= 2x nn.Linear's + a 256 MiB workspace
+                row["memory target met"] = row["peak_MiB"] <= 2 * linear_peak + 256
         warp_total = next((r.get("total_ms") for r in results if r["impl"] == "warpkan"), None)
         for row in results:
             if warp_total and "total_ms" in row and row["impl"].startswith("efficient"):
@@ -107,6 +185,9 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
                 if row["impl"] == "warpkan":
                     row["impl"] = f"warpkan (auto: {choose_strategy(n_rows, n_in, n_out, grid_size + order)})"
         rows.extend(results)
+        key = (n_rows, n_in, n_out, grid_size, order)
+        if device.startswith("cuda") and (key in WIDE_CASES or key in SMALL_CASES):
+            rows.extend(_setting_rows(case, x, n_in, n_out, grid_size, order, device, quick))
     return rows
 
 
