@@ -301,6 +301,72 @@ def test_torch_compile_fullgraph(device):
     torch.testing.assert_close(grad_compiled, x.grad)
 
 
+# ---------------------------------------------------------------------- exact mode: dense-range and sparse paths
+@pytest.mark.parametrize("order,base", [(3, "silu"), (1, None), (2, "silu")])
+def test_dense_range_path_matches_reference_and_sparse_path(device, order, base, monkeypatch):
+    # the dense-range path (every group between each feature's lowest and highest) forced on a wide batch,
+    # in several row chunks, with knots, group boundaries and a NaN: equal to the reference and to the
+    # sparse touched-pair path
+    import warpkan.torch_bridge.ukan_ops as ops
+
+    layer = make_layer(4, 3, device, order=order, base=base)
+    x = torch.randn(41, 4, dtype=torch.float64, device=device) * 2
+    x[:12, 1] = torch.arange(-6, 6, dtype=torch.float64, device=device) * H  # knots, boundaries
+    x[5, 2] = float("nan")
+    dy = torch.randn(41, 3, dtype=torch.float64, device=device)
+    dy[5] = 0  # the NaN row's base term would carry NaN into every parameter gradient
+    monkeypatch.setattr(ops, "RANGE_CHUNK_BYTES", 4 * 4 * 60 * 8)  # a few rows per chunk
+    layer.dense_max_coefficients = 10**6
+    y, grads = forward_and_grads(layer, layer, x, dy)
+    assert layer._last is None and layer._last_range_x is not None  # took the dense-range path
+    layer.dense_max_coefficients = 0
+    y_sparse, grads_sparse = forward_and_grads(layer, layer, x, dy)
+    assert layer._last is not None
+    keep = torch.arange(41, device=device) != 5
+    y_ref = reference(layer, x)
+    torch.testing.assert_close(y[keep], y_ref[keep], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(y, y_sparse, rtol=1e-12, atol=1e-12, equal_nan=True)
+    for name in grads:
+        a, b = (grads[name][keep], grads_sparse[name][keep]) if name == "x" else (grads[name], grads_sparse[name])
+        torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-12, equal_nan=True, msg=name)
+    if base is None:
+        x_clean = x.clone()
+        x_clean[5, 2] = 0.0
+        _, grads_ref = forward_and_grads(lambda t: reference(layer, t), layer, x_clean, dy)
+        for name in grads_ref:
+            if name != "x":
+                torch.testing.assert_close(grads[name], grads_ref[name], rtol=1e-11, atol=1e-12, msg=name)
+
+
+def test_exact_mode_picks_the_path_by_span(device):
+    layer = make_layer(3, 2, device)
+    narrow = torch.rand(50, 3, dtype=torch.float64, device=device) * 2 - 1  # 2 groups of K h = 1 per feature
+    torch.testing.assert_close(layer(narrow), reference(layer, narrow), rtol=1e-12, atol=1e-12)
+    assert layer._last is None and layer.table_overflow() == 0
+    wide = narrow.clone()
+    wide[0, 0] = 1e4  # one outlier: a span of 10^4 groups takes the sparse path
+    torch.testing.assert_close(layer(wide), reference(layer, wide), rtol=1e-10, atol=1e-12)
+    assert layer._last is not None
+
+
+def test_dense_range_opcheck_and_empty(device):
+    layer = make_layer(3, 4, device)
+    x = torch.randn(6, 3, dtype=torch.float64, device=device)
+    group_lo, span = tb.ukan_ops.group_range(x, H, 3)
+    rows = int(span) + 1
+    groups = (group_lo.unsqueeze(1) - 1 + torch.arange(rows, device=device)).reshape(-1)
+    features = torch.arange(3, device=device).repeat_interleave(rows)
+    table = layer.generate_coefficients(features, groups).reshape(3 * rows, -1).detach().requires_grad_()
+    args = (x.clone().requires_grad_(), group_lo, table, layer.base_weight.t().detach().requires_grad_(),
+            layer.spline_scaler.t().detach().requires_grad_(), H, 3, True)
+    torch.library.opcheck(tb.ukan_ops.ukan_range_spline, args)
+    empty = torch.zeros(0, 3, dtype=torch.float64, device=device, requires_grad=True)
+    y = layer(empty)
+    assert y.shape == (0, 4)
+    y.sum().backward()
+    assert layer.cg_out.weight.grad is not None and torch.all(layer.cg_out.weight.grad == 0)
+
+
 # ---------------------------------------------------------------------- Warp-native layer
 def test_native_matches_torch_layer_under_tape(device):
     from warpkan.native.ukan import UKANLinear as NativeUKAN

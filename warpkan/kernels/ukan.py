@@ -597,38 +597,52 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
                 start = int(offset) * K + r
         return valid, start, u, sloped
 
+    @wp.func
+    def range_entry(tid: int, n_rows: int, n_in: int):
+        """(row, input, in range) of thread tid in the dense-basis kernels: a warp takes _ROW_BLOCK consecutive
+        rows of one input, so the transposed basis [in W, rows] is read and written coalesced."""
+        tile_size = _ROW_BLOCK * n_in
+        tile = tid // tile_size
+        rest = tid - tile * tile_size
+        i = rest // _ROW_BLOCK
+        n = tile * _ROW_BLOCK + rest - i * _ROW_BLOCK
+        return n, i, n < n_rows
+
     @kernel
     def range_expand(
         x: wp.array2d(dtype=scalar),
         group_lo: wp.array(dtype=wp.int64),
         h: wp.float64,
-        row0: int,
-        n_coef: int,
         basis_matrix: matK,
         use_base: int,
-        basis_out: wp.array3d(dtype=scalar),
+        basis_t: wp.array2d(dtype=scalar),
     ):
-        # basis_out[n, i, :] for row row0 + n: the n_coef spline bases (zeros included, so no separate fill)
-        # and, when use_base, silu(x) in the last column
-        n, i = wp.tid()
-        xv = x[row0 + n, i]
+        # basis_t[i W + t, n] (W = basis_t.shape[0] / in): the W - 1 spline bases of x[n, i] on its feature's
+        # coefficients, zeros included (no fill), and silu(x) (or 0) in column W - 1
+        n, i, inside = range_entry(wp.tid(), x.shape[0], x.shape[1])
+        if not inside:
+            return
+        width = basis_t.shape[0] // x.shape[1]
+        n_coef = width - 1
+        xv = x[n, i]
         valid, start, u, sloped = range_window(xv, h, group_lo[i], n_coef)
         b = vecK()
         if valid:
             b = basis(u, basis_matrix)
         else:
             start = -2 * K  # no coefficient matches
+        row = i * width
         for t in range(n_coef):
             m = t - start
             v = zero
             if m >= 0 and m < K:
                 v = b[m]
-            basis_out[n, i, t] = v
+            basis_t[row + t, n] = v
         base = zero
         if use_base:
             act, dact = silu_and_grad(xv)
             base = act
-        basis_out[n, i, n_coef] = base
+        basis_t[row + n_coef, n] = base
 
     @kernel
     def range_contract(
@@ -636,27 +650,30 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
         group_lo: wp.array(dtype=wp.int64),
         h: wp.float64,
         inv_h: scalar,
-        row0: int,
-        n_coef: int,
         basis_matrix: matK,
         use_base: int,
-        d_basis: wp.array3d(dtype=scalar),
+        d_basis_t: wp.array2d(dtype=scalar),
         dx: wp.array2d(dtype=scalar),
     ):
-        # dx[row0 + n, i] = sum_m d_basis[n, i, start + m] b'_m(x) (+ d_basis[n, i, n_coef] silu'(x)); written,
-        # not accumulated: every element of dx is visited once
-        n, i = wp.tid()
-        xv = x[row0 + n, i]
+        # dx[n, i] = sum_m d_basis_t[i W + start + m, n] b'_m(x) (+ d_basis_t[i W + W - 1, n] silu'(x));
+        # written, not accumulated: every element of dx is visited once
+        n, i, inside = range_entry(wp.tid(), x.shape[0], x.shape[1])
+        if not inside:
+            return
+        width = d_basis_t.shape[0] // x.shape[1]
+        n_coef = width - 1
+        xv = x[n, i]
         valid, start, u, sloped = range_window(xv, h, group_lo[i], n_coef)
         acc = zero
+        row = i * width
         if valid and sloped:
             db = basis_grad(u, inv_h, basis_matrix)
             for m in range(K):
-                acc = acc + db[m] * d_basis[n, i, start + m]
+                acc = acc + db[m] * d_basis_t[row + start + m, n]
         if use_base:
             act, dact = silu_and_grad(xv)
-            acc = acc + d_basis[n, i, n_coef] * dact
-        dx[row0 + n, i] = acc
+            acc = acc + d_basis_t[row + n_coef, n] * dact
+        dx[n, i] = acc
 
     @kernel
     def range_weights(
@@ -664,12 +681,12 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
         scaler_t: wp.array2d(dtype=scalar),
         base_weight_t: wp.array2d(dtype=scalar),
         use_base: int,
-        weights: wp.array3d(dtype=scalar),
+        weights: wp.array2d(dtype=scalar),
     ):
-        # weights[i, t, o]: s[i, o] times coefficient t of feature i (row i Rt + t // K of the CG-MLP output,
+        # weights[i W + t, o]: s[i, o] times coefficient t of feature i (row i Rt + t // K of the CG-MLP output,
         # column o K + t % K), and the base weight (or 0) in the last column, which no spline window reaches
         i, t, o = wp.tid()
-        width = weights.shape[1]
+        width = weights.shape[0] // scaler_t.shape[0]
         rows_per_feature = width // K
         v = zero
         if t < width - 1:
@@ -677,11 +694,11 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
             v = scaler_t[i, o] * table[i * rows_per_feature + j, o * K + t - j * K]
         elif use_base:
             v = base_weight_t[i, o]
-        weights[i, t, o] = v
+        weights[i * width + t, o] = v
 
     @kernel
     def range_param_grads(
-        d_weights: wp.array3d(dtype=scalar),
+        d_weights: wp.array2d(dtype=scalar),
         table: wp.array2d(dtype=scalar),
         scaler_t: wp.array2d(dtype=scalar),
         use_base: int,
@@ -691,7 +708,7 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
     ):
         # the chain rule through range_weights, one thread per (i, o) summing its coefficients in order
         i, o = wp.tid()
-        width = d_weights.shape[1]
+        width = d_weights.shape[0] // scaler_t.shape[0]
         rows_per_feature = width // K
         s = scaler_t[i, o]
         acc = zero
@@ -699,14 +716,14 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
             j = t // K
             row = i * rows_per_feature + j
             col = o * K + t - j * K
-            dw = d_weights[i, t, o]
+            dw = d_weights[i * width + t, o]
             d_table[row, col] = s * dw
             acc = acc + dw * table[row, col]
         d_table[i * rows_per_feature + rows_per_feature - 1, o * K + K - 1] = zero  # the unused coefficient
         d_scaler_t[i, o] = acc
         base = zero
         if use_base:
-            base = d_weights[i, width - 1, o]
+            base = d_weights[i * width + width - 1, o]
         d_base_weight_t[i, o] = base
 
     @kernel
@@ -966,7 +983,15 @@ _RANGE_THREADS = 1 << 17  # parallelism aimed at by the group-range search
 _MIN_RANGE_ROWS = 16
 
 
-def launch_group_range(x, grid_delta, order, group_lo, group_hi, span_max, stream=None) -> None:
+def _launch(kernel, dim, inputs, device, stream, record):
+    """One launch, or (record=True) its recorded command in a list, for a caller's launch cache."""
+    if record:
+        return [wp.launch(kernel, dim=dim, inputs=inputs, device=device, record_tape=False, record_cmd=True)]
+    wp.launch(kernel, dim=dim, inputs=inputs, device=device, stream=stream, record_tape=False)
+    return []
+
+
+def launch_group_range(x, group_lo, group_hi, span_max, grid_delta, order, stream=None, record=False):
     """Per feature i, the lowest group its valid inputs touch (``group_lo[i]``, int64) and, in
     ``span_max[0]`` (int32), the most groups any feature spans from its lowest to its highest touched one
     (capped at 2^30). NaN is ignored; a feature without valid input gets group 0 and span 1. ``group_hi`` is
@@ -977,76 +1002,81 @@ def launch_group_range(x, grid_delta, order, group_lo, group_hi, span_max, strea
     device = x.device
     if n_in == 0:
         span_max.zero_()
-        return
+        return []
     rows_per_chunk = max(_MIN_RANGE_ROWS, -(-n_rows * n_in // _RANGE_THREADS))
     n_chunks = -(-n_rows // rows_per_chunk)
+    cmds = []
     with on_stream(stream):
-        wp.launch(variant.range_init, dim=n_in, inputs=[], outputs=[group_lo, group_hi, span_max], device=device,
-                  record_tape=False)
+        cmds += _launch(variant.range_init, n_in, [group_lo, group_hi, span_max], device, stream, record)
         if n_chunks > 0:
-            wp.launch(variant.range_partial, dim=n_chunks * n_in, inputs=[x, h, rows_per_chunk],
-                      outputs=[group_lo, group_hi], device=device, record_tape=False)
-        wp.launch(variant.range_finalize, dim=n_in, inputs=[], outputs=[group_lo, group_hi, span_max],
-                  device=device, record_tape=False)
+            cmds += _launch(variant.range_partial, n_chunks * n_in, [x, h, rows_per_chunk, group_lo, group_hi],
+                            device, stream, record)
+        cmds += _launch(variant.range_finalize, n_in, [group_lo, group_hi, span_max], device, stream, record)
+    return cmds
 
 
-def launch_range_expand(x, group_lo, grid_delta, order, row0, basis_out, use_base=True, stream=None) -> None:
-    """basis_out [rows, in, W] for the rows row0 .. row0 + rows of x: per element, its spline bases on the
-    feature's W - 1 coefficients from group ``group_lo[i] - 1`` on (coefficient t = local flat index
-    (g - group_lo[i]) K + r + m), zeros elsewhere, and silu(x) (0 without base) in column W - 1."""
+def _range_dim(n_rows: int, n_in: int) -> int:
+    return -(-n_rows // _ROW_BLOCK) * _ROW_BLOCK * n_in
+
+
+def launch_range_expand(x, group_lo, basis_t, grid_delta, order, use_base=True, stream=None, record=False):
+    """basis_t [in W, rows] = the transposed dense basis of x [rows, in] on each feature's contiguous groups:
+    row i W + t holds B_t(x[:, i]) for the feature's coefficient t (local flat index (g - group_lo[i]) K + r
+    + m, i.e. coefficients from group group_lo[i] - 1 on), zeros included, and row i W + W - 1 holds silu(x)
+    (0 without base): that slot is the last group's last coefficient, which no window reaches."""
     variant = get_variant(order, scalar_name(x))
-    rows, n_in, width = basis_out.shape
-    if rows == 0 or n_in == 0:
-        return
-    wp.launch(variant.range_expand, dim=(rows, n_in),
-              inputs=[x, group_lo, wp.float64(_check_h(grid_delta)), int(row0), width - 1, variant.basis_matrix,
-                      int(use_base)],
-              outputs=[basis_out], device=x.device, stream=stream, record_tape=False)
+    n_rows, n_in = x.shape
+    if n_rows == 0 or n_in == 0:
+        return []
+    return _launch(variant.range_expand, _range_dim(n_rows, n_in),
+                   [x, group_lo, wp.float64(_check_h(grid_delta)), variant.basis_matrix, int(use_base), basis_t],
+                   x.device, stream, record)
 
 
-def launch_range_contract(x, group_lo, grid_delta, order, row0, d_basis, dx, use_base=True, stream=None) -> None:
-    """dx[row0 + n, i] = sum_t d_basis[n, i, t] d basis_t / dx (the x-derivative of
-    :func:`launch_range_expand`'s row, base column included). Overwrites those rows of dx."""
+def launch_range_contract(x, group_lo, d_basis_t, dx, grid_delta, order, use_base=True, stream=None, record=False):
+    """dx[n, i] = sum_t d_basis_t[i W + t, n] d basis_t / dx: the x-derivative of :func:`launch_range_expand`'s
+    entries (base column included) contracted with their gradient. Overwrites dx."""
     variant = get_variant(order, scalar_name(x))
-    rows, n_in, width = d_basis.shape
-    if rows == 0 or n_in == 0:
-        return
+    n_rows, n_in = x.shape
+    if n_rows == 0 or n_in == 0:
+        return []
     h = _check_h(grid_delta)
-    wp.launch(variant.range_contract, dim=(rows, n_in),
-              inputs=[x, group_lo, wp.float64(h), variant.scalar(1.0 / h), int(row0), width - 1,
-                      variant.basis_matrix, int(use_base), d_basis],
-              outputs=[dx], device=x.device, stream=stream, record_tape=False)
+    return _launch(variant.range_contract, _range_dim(n_rows, n_in),
+                   [x, group_lo, wp.float64(h), variant.scalar(1.0 / h), variant.basis_matrix, int(use_base),
+                    d_basis_t, dx], x.device, stream, record)
 
 
-def launch_range_weights(table, scaler_t, base_weight_t, order, weights, use_base=True, stream=None) -> None:
-    """weights [in, W, out] (W = Rt K) for :func:`launch_range_expand`'s basis from the CG-MLP output
+def launch_range_weights(table, scaler_t, base_weight_t, weights, order, use_base=True, stream=None, record=False):
+    """weights [in W, out] (W = Rt K) for :func:`launch_range_expand`'s basis from the CG-MLP output
     ``table`` [in Rt, out K] ((o, m) column order): the scaled coefficients and the base weight."""
     variant = get_variant(order, scalar_name(table, "table"))
+    n_in, n_out = scaler_t.shape
     if weights.size == 0:
-        return
-    wp.launch(variant.range_weights, dim=tuple(weights.shape), inputs=[table, scaler_t, base_weight_t, int(use_base)],
-              outputs=[weights], device=table.device, stream=stream, record_tape=False)
+        return []
+    dim = (n_in, weights.shape[0] // n_in, n_out)
+    return _launch(variant.range_weights, dim, [table, scaler_t, base_weight_t, int(use_base), weights],
+                   table.device, stream, record)
 
 
-def launch_range_param_grads(d_weights, table, scaler_t, order, d_table, d_scaler_t, d_base_weight_t, use_base=True,
-                             stream=None) -> None:
-    """Gradients of :func:`launch_range_weights` from d_weights [in, W, out]; overwrites d_table, d_scaler_t
+def launch_range_param_grads(d_weights, table, scaler_t, d_table, d_scaler_t, d_base_weight_t, order, use_base=True,
+                             stream=None, record=False):
+    """Gradients of :func:`launch_range_weights` from d_weights [in W, out]; overwrites d_table, d_scaler_t
     and d_base_weight_t (fixed-order sums: deterministic)."""
     variant = get_variant(order, scalar_name(table, "table"))
     if d_scaler_t.size == 0:
-        return
-    wp.launch(variant.range_param_grads, dim=tuple(d_scaler_t.shape),
-              inputs=[d_weights, table, scaler_t, int(use_base)], outputs=[d_table, d_scaler_t, d_base_weight_t],
-              device=table.device, stream=stream, record_tape=False)
+        return []
+    return _launch(variant.range_param_grads, tuple(d_scaler_t.shape),
+                   [d_weights, table, scaler_t, int(use_base), d_table, d_scaler_t, d_base_weight_t],
+                   table.device, stream, record)
 
 
-def launch_range_encoding(group_lo, rows_per_feature, order, out, stream=None) -> None:
+def launch_range_encoding(group_lo, out, order, stream=None, record=False):
     """out [in Rt, pe_dim]: the sinusoidal encoding of group group_lo[i] - 1 + j in row i Rt + j."""
     variant = get_variant(order, scalar_name(out, "out"))
     if out.size == 0:
-        return
-    wp.launch(variant.range_encoding, dim=tuple(out.shape), inputs=[group_lo, int(rows_per_feature), out.shape[1]],
-              outputs=[out], device=out.device, stream=stream, record_tape=False)
+        return []
+    return _launch(variant.range_encoding, tuple(out.shape),
+                   [group_lo, out.shape[0] // group_lo.shape[0], out.shape[1], out], out.device, stream, record)
 
 
 # ---------------------------------------------------------------------- 2. CG-MLP in Warp (native layer)

@@ -15,11 +15,13 @@ so autograd carries the table's gradient into the MLP's parameters:
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import torch
 from torch import Tensor
 
 from ..kernels import ukan as ku
-from ._common import to_warp, warp_stream
+from ._common import to_warp, warp_device, warp_stream
 
 __all__ = ["ukan_pairs", "ukan_spline", "ukan_spline_backward", "ukan_range_spline", "ukan_range_spline_backward",
            "group_range", "range_encoding", "positional_encoding"]
@@ -211,9 +213,37 @@ ukan_spline.register_autograd(_backward, setup_context=_setup_context)
 
 
 # ---------------------------------------------------------------------- dense-range path
-# Rows of the dense basis per chunk: as the B-spline GEMM strategy, rows are processed in chunks so that no
-# O(N * in * W) tensor exists, and none is kept for the backward pass.
+# Scratch for one chunk of the transposed dense basis (reused for its gradient in the backward): rows go in
+# chunks so that no O(N * in * W) tensor exists, and none is kept for the backward pass.
 RANGE_CHUNK_BYTES = 128 * 2**20
+
+# Recorded Warp launches of the dense-range path, keyed by everything they address (launcher, config, and
+# each tensor's pointer, shape, dtype and device; every tensor here is contiguous): a hit needs the very
+# same pointers and shapes, so a replay always addresses live tensors of the shapes it was recorded with.
+_WP_DTYPES = {torch.float32: ku.wp.float32, torch.float64: ku.wp.float64, torch.int32: ku.wp.int32,
+              torch.int64: ku.wp.int64}
+_LAUNCHES: OrderedDict = OrderedDict()
+_LAUNCH_CACHE_SIZE = 256
+
+
+def _view(t: Tensor):
+    """A Warp view of a contiguous tensor's memory that does not keep it alive."""
+    return ku.wp.array(ptr=t.data_ptr(), dtype=_WP_DTYPES[t.dtype], shape=tuple(t.shape),
+                       device=warp_device(t.device), copy=False)
+
+
+def _launch(launcher, tensors: tuple, *config) -> None:
+    """``launcher(*views, *config, record=True)``'s launches, recorded once per signature and replayed on
+    torch's current stream (about 5 us a launch instead of from_torch + wp.launch)."""
+    key = (launcher, *config, *((t.data_ptr(), t.shape, t.dtype, t.device) for t in tensors))
+    cmds = _LAUNCHES.get(key)
+    if cmds is None:
+        cmds = _LAUNCHES[key] = launcher(*(_view(t) for t in tensors), *config, record=True)
+        if len(_LAUNCHES) > _LAUNCH_CACHE_SIZE:
+            _LAUNCHES.popitem(last=False)
+    stream = warp_stream(tensors[0].device)
+    for cmd in cmds:
+        cmd.launch(stream)
 
 
 def group_range(x: Tensor, grid_delta: float, spline_order: int) -> tuple[Tensor, Tensor]:
@@ -221,11 +251,12 @@ def group_range(x: Tensor, grid_delta: float, spline_order: int) -> tuple[Tensor
     A plain function, not an op: only the exact (read-back) mode uses it, which refuses torch.compile."""
     x = x.contiguous()
     n_in = x.shape[1]
-    group_lo = torch.empty(n_in, dtype=torch.int64, device=x.device)
-    group_hi = torch.empty(n_in, dtype=torch.int64, device=x.device)
+    bounds = torch.empty(2 * n_in, dtype=torch.int64, device=x.device)
+    group_lo, group_hi = bounds[:n_in], bounds[n_in:]
     span_max = torch.empty(1, dtype=torch.int32, device=x.device)
-    ku.launch_group_range(to_warp(x), grid_delta, spline_order, to_warp(group_lo), to_warp(group_hi),
-                          to_warp(span_max), stream=warp_stream(x.device))
+    if x.numel() == 0:  # nothing to launch on an empty batch: one group per feature
+        return bounds.zero_()[:n_in], span_max.fill_(1)
+    _launch(ku.launch_group_range, (x, group_lo, group_hi, span_max), grid_delta, spline_order)
     return group_lo, span_max
 
 
@@ -234,20 +265,22 @@ def range_encoding(group_lo: Tensor, rows_per_feature: int, pe_dim: int, spline_
     """[in * Rt, pe_dim]: the sinusoidal encoding of group group_lo[i] - 1 + j in row i Rt + j (one launch;
     equal to :func:`positional_encoding` of those groups)."""
     out = torch.empty((group_lo.shape[0] * rows_per_feature, pe_dim), dtype=dtype, device=group_lo.device)
-    ku.launch_range_encoding(to_warp(group_lo), rows_per_feature, spline_order, to_warp(out),
-                             stream=warp_stream(group_lo.device))
+    if out.numel():
+        _launch(ku.launch_range_encoding, (group_lo, out), spline_order)
     return out
 
 
-def _range_chunk(n_rows: int, n_in: int, width: int, itemsize: int) -> int:
-    return min(max(1, RANGE_CHUNK_BYTES // max(1, n_in * width * itemsize)), max(n_rows, 1))
+def _range_chunk(n_rows: int, width: int, itemsize: int) -> int:
+    """Rows per chunk: at most RANGE_CHUNK_BYTES of basis, a multiple of 64 rows when more than 64 fit."""
+    rows = max(1, RANGE_CHUNK_BYTES // max(1, width * itemsize))
+    if rows > 64:
+        rows -= rows % 64
+    return min(rows, max(n_rows, 1))
 
 
-def _range_weights(table, scaler_t, base_weight_t, spline_order, use_base, width, stream):
-    n_in, n_out = scaler_t.shape
-    weights = table.new_empty((n_in, width, n_out))
-    ku.launch_range_weights(to_warp(table), to_warp(scaler_t), to_warp(base_weight_t), spline_order,
-                            to_warp(weights), use_base, stream=stream)
+def _range_weights(table, scaler_t, base_weight_t, spline_order, use_base, width):
+    weights = table.new_empty((scaler_t.shape[0] * width, scaler_t.shape[1]))
+    _launch(ku.launch_range_weights, (table, scaler_t, base_weight_t, weights), spline_order, use_base)
     return weights
 
 
@@ -271,20 +304,19 @@ def ukan_range_spline(
         t.contiguous() for t in (x, group_lo, table, base_weight_t, scaler_t))
     n_rows, n_in = x.shape
     n_out = scaler_t.shape[1]
-    width = table.shape[0] // max(n_in, 1) * (spline_order + 1)
-    stream = warp_stream(x.device)
-    if n_rows == 0 or n_in == 0:
+    if n_rows == 0 or n_in == 0 or n_out == 0:
         return x.new_zeros((n_rows, n_out))
-    weights = _range_weights(table, scaler_t, base_weight_t, spline_order, use_base, width, stream).view(-1, n_out)
+    width = table.shape[0] // n_in * (spline_order + 1)  # coefficients per input; the last holds the base
+    weights = _range_weights(table, scaler_t, base_weight_t, spline_order, use_base, width)
     y = x.new_empty((n_rows, n_out))
-    chunk = _range_chunk(n_rows, n_in, width, x.element_size())
-    basis = x.new_empty((chunk, n_in, width))
-    x_w, lo_w = to_warp(x), to_warp(group_lo)
+    chunk = _range_chunk(n_rows, n_in * width, x.element_size())
+    scratch = x.new_empty((chunk * n_in * width,))
+    config = (grid_delta, spline_order, use_base)
     for start in range(0, n_rows, chunk):
-        rows = min(chunk, n_rows - start)
-        part = basis[:rows]
-        ku.launch_range_expand(x_w, lo_w, grid_delta, spline_order, start, to_warp(part), use_base, stream)
-        torch.mm(part.view(rows, -1), weights, out=y[start : start + rows])
+        stop = min(start + chunk, n_rows)
+        basis_t = scratch[: n_in * width * (stop - start)].view(n_in * width, stop - start)
+        _launch(ku.launch_range_expand, (x[start:stop], group_lo, basis_t), *config)
+        torch.mm(basis_t.t(), weights, out=y[start:stop])
     return y
 
 
@@ -313,37 +345,34 @@ def ukan_range_spline_backward(
         t.contiguous() for t in (dy, x, group_lo, table, base_weight_t, scaler_t))
     n_rows, n_in = x.shape
     n_out = scaler_t.shape[1]
-    width = table.shape[0] // max(n_in, 1) * (spline_order + 1)
     dx, d_base, d_scaler, d_table = _grad_buffers(x, base_weight_t, table, need_x, need_params, torch.empty)
-    stream = warp_stream(x.device)
-    if n_in == 0:
-        return dx, d_base.zero_(), d_scaler.zero_(), d_table.zero_()
-    weights = _range_weights(table, scaler_t, base_weight_t, spline_order, use_base, width, stream).view(-1, n_out)
-    d_weights = x.new_zeros((n_in * width, n_out)) if need_params and n_rows == 0 else None
-    chunk = _range_chunk(n_rows, n_in, width, x.element_size())
-    basis = x.new_empty((chunk, n_in, width)) if need_params else None
-    d_basis = x.new_empty((chunk, n_in * width)) if need_x else None
-    x_w, lo_w = to_warp(x), to_warp(group_lo)
-    dx_w = to_warp(dx) if need_x else None
+    if n_rows == 0 or n_in == 0 or n_out == 0:
+        for grad in (dx, d_base, d_scaler, d_table):
+            grad.zero_()
+        return dx, d_base, d_scaler, d_table
+    width = table.shape[0] // n_in * (spline_order + 1)
+    config = (grid_delta, spline_order, use_base)
+    weights = _range_weights(table, scaler_t, base_weight_t, spline_order, use_base, width) if need_x else None
+    d_weights = x.new_empty((n_in * width, n_out)) if need_params else None
+    chunk = _range_chunk(n_rows, n_in * width, x.element_size())
+    # the basis gradient reuses the basis's scratch (stream order: the d_weights GEMM has read the basis
+    # before the d_basis GEMM overwrites it)
+    scratch = x.new_empty((chunk * n_in * width,))
     for start in range(0, n_rows, chunk):
-        rows = min(chunk, n_rows - start)
-        dy_part = dy[start : start + rows]
+        stop = min(start + chunk, n_rows)
+        part = scratch[: n_in * width * (stop - start)].view(n_in * width, stop - start)
         if need_params:
-            part = basis[:rows]
-            ku.launch_range_expand(x_w, lo_w, grid_delta, spline_order, start, to_warp(part), use_base, stream)
-            if d_weights is None:
-                d_weights = torch.mm(part.view(rows, -1).t(), dy_part)
+            _launch(ku.launch_range_expand, (x[start:stop], group_lo, part), *config)
+            if start == 0:
+                torch.mm(part, dy[start:stop], out=d_weights)
             else:
-                d_weights.addmm_(part.view(rows, -1).t(), dy_part)
+                d_weights.addmm_(part, dy[start:stop])
         if need_x:
-            grad_part = d_basis[:rows]
-            torch.mm(dy_part, weights.t(), out=grad_part)
-            ku.launch_range_contract(x_w, lo_w, grid_delta, spline_order, start,
-                                     to_warp(grad_part.view(rows, n_in, width)), dx_w, use_base, stream)
+            torch.mm(weights, dy[start:stop].t(), out=part)
+            _launch(ku.launch_range_contract, (x[start:stop], group_lo, part, dx[start:stop]), *config)
     if need_params:
-        ku.launch_range_param_grads(to_warp(d_weights.view(n_in, width, n_out)), to_warp(table), to_warp(scaler_t),
-                                    spline_order, to_warp(d_table), to_warp(d_scaler), to_warp(d_base), use_base,
-                                    stream=stream)
+        _launch(ku.launch_range_param_grads, (d_weights, table, scaler_t, d_table, d_scaler, d_base), spline_order,
+                use_base)
     return dx, d_base, d_scaler, d_table
 
 
