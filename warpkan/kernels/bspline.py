@@ -138,13 +138,14 @@ class BSplineVariant:
 @dataclass(frozen=True)
 class DenseKernels:
     """The dense-basis (GEMM) strategy's kernels of one variant for one basis dtype (the float32 variant also
-    has a bfloat16 set, whose gradient kernels are None: gradients are always in the scalar type)."""
+    has a bfloat16 set: bf16 basis, weight and basis gradient; x, dx and the parameter gradients stay in the
+    scalar type)."""
 
     module: str
     expand_basis: wp.Kernel
     combine_weights: wp.Kernel
-    contract_basis_grad: "wp.Kernel | None"
-    split_param_grads: "wp.Kernel | None"
+    contract_basis_grad: wp.Kernel
+    split_param_grads: wp.Kernel
 
 
 @dataclass(frozen=True)
@@ -670,13 +671,17 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
                 basis_t[i, n] = basis_type(act)
                 row = row + x.shape[1]
             valid, cell, b = basis_at(grid, i, xv, basis_matrix)
-            first = cell - (K - 1)  # index of b[0]; b is all zero when x is off the grid
-            for j in range(n_coef):
-                value = zero
-                for m in range(K):
-                    if j - first == m:
-                        value = b[m]
-                basis_t[row + j, n] = basis_type(value)
+            # zeros before and after the k + 1 bases of the cell (b is all zero off the grid); a store per entry
+            first = wp.max(wp.min(cell - (K - 1), n_coef), 0)
+            last = wp.min(cell + 1, n_coef)
+            for j in range(first):
+                basis_t[row + j, n] = basis_type(zero)
+            for m in range(K):
+                j = cell - (K - 1) + m
+                if j >= 0 and j < n_coef:
+                    basis_t[row + j, n] = basis_type(b[m])
+            for j in range(last, n_coef):
+                basis_t[row + j, n] = basis_type(zero)
 
         @dense_kernel
         def combine_weights(
@@ -699,7 +704,7 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
 
         return expand_basis, combine_weights
 
-    def make_dense_grad_kernels(module_name):
+    def make_dense_grad_kernels(basis_type, module_name):
         dense_kernel = functools.partial(wp.kernel, enable_backward=False, module=module_name)
 
         @dense_kernel
@@ -709,7 +714,7 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
             basis_matrix: matK,
             use_base: int,
             n_coef: int,
-            d_basis_t: wp.array2d(dtype=scalar),
+            d_basis_t: wp.array2d(dtype=basis_type),
             dx: wp.array2d(dtype=scalar),
         ):
             # dx[n, i] = d_basis_t[i, n] silu'(x) + sum_m d_basis_t[row(cell - k + m), n] dB/dx (overwrites)
@@ -721,14 +726,14 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
             row = i * n_coef
             if use_base:
                 act, dact = silu_and_grad(xv)
-                acc = d_basis_t[i, n] * dact
+                acc = scalar(d_basis_t[i, n]) * dact
                 row = row + x.shape[1]
             valid, cell, b, db = basis_and_grad_at(grid, i, xv, basis_matrix)
             if valid:
                 for m in range(K):
                     j = cell - (K - 1) + m
                     if j >= 0 and j < n_coef:
-                        acc = acc + db[m] * d_basis_t[row + j, n]
+                        acc = acc + db[m] * scalar(d_basis_t[row + j, n])
             dx[n, i] = acc
 
         @dense_kernel
@@ -767,9 +772,7 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
             continue
         dense_module = f"{module}_dense_{basis_name}"
         expand_basis, combine_weights = make_dense_kernels(basis_type, dense_module)
-        contract_basis_grad, split_param_grads = (
-            make_dense_grad_kernels(dense_module) if basis_type is scalar else (None, None)
-        )
+        contract_basis_grad, split_param_grads = make_dense_grad_kernels(basis_type, dense_module)
         dense[basis_name] = DenseKernels(
             dense_module, expand_basis, combine_weights, contract_basis_grad, split_param_grads
         )
