@@ -204,15 +204,20 @@ def test_gemm_strategy_matches_fused(device, monkeypatch):
 
     monkeypatch.setattr(poly_ops, "GEMM_CHUNK_BYTES", 5 * 13 * 9 * 8)  # 5 rows a chunk: the row loop runs
     x, coeffs, bias = _inputs(device, torch.float64, 23, 13, 7, 8, seed=12)
-    for lut_size in (0, 1024):
-        outs = []
-        for strategy in ("fused", "gemm"):
-            y = poly_kan(x, coeffs, bias, lut_size=lut_size, strategy=strategy)
-            outs.append((y, *torch.autograd.grad(y, (x, coeffs, bias), torch.ones_like(y))))
-        for a, b in zip(*outs):
-            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    for degree_major in (True, False):  # both dense-basis layouts of the GEMM strategy
+        monkeypatch.setattr(poly_ops, "_degree_major", lambda n_rows, n_out: degree_major)
+        for lut_size in (0, 1024):
+            outs = []
+            for strategy in ("fused", "gemm"):
+                y = poly_kan(x, coeffs, bias, lut_size=lut_size, strategy=strategy)
+                outs.append((y, *torch.autograd.grad(y, (x, coeffs, bias), torch.ones_like(y))))
+            for a, b in zip(*outs):
+                torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    # the switch measured on the H200 (CUDA-graphed fwd+bwd): the GEMM strategy from 2^27 forward FLOPs
     assert poly_ops.choose_strategy(4096, 512, 9, 512) == "gemm"
-    assert poly_ops.choose_strategy(32, 512, 25, 1024) == "fused"
+    assert poly_ops.choose_strategy(32, 512, 25, 1024) == "gemm"
+    assert poly_ops.choose_strategy(64, 256, 16, 512) == "gemm"
+    assert poly_ops.choose_strategy(128, 40, 9, 256) == "fused"
 
 
 def test_gemm_bf16_within_documented_bound(device):

@@ -645,27 +645,18 @@ def get_variant(basis: str, scalar_name: str = "float32") -> PolyVariant:
 
     # ------------------------------------------------------------------ dense basis (the GEMM strategy)
     @wp.func
-    def basis_entry(x: wp.array2d(dtype=scalar), lut: wp.array2d(dtype=scalar), use_lut: int, alpha: scalar,
-                    beta: scalar, n_basis: int, n: int, c: int):
-        """P_d(tanh x[n, i]) for the dense-basis column c = i * n_basis + d."""
-        i = c // n_basis
-        d = c - i * n_basis
-        tv = wp.tanh(x[n, i])
-        p = zero
-        if use_lut:
-            cell, frac = lut_cell(lut, tv)
-            p = lerp(lut, cell, frac, d)
-        else:
-            state = start(tv, alpha, beta)
-            for k in range(d):
-                state = advance(k, tv, state, alpha, beta)
-            p = value(d, state)
-        return p
+    def dense_column(i: int, d: int, n_in: int, n_basis: int, degree_major: int):
+        """Column of (input i, degree d) in a dense basis row: i * n_basis + d (input-major, the kernel layout's
+        [in (D + 1), out] weight) or d * n_in + i (degree-major: a warp's stores of one degree coalesce)."""
+        if degree_major:
+            return d * n_in + i
+        return i * n_basis + d
 
-    # One thread per dense-basis element (n, c): consecutive threads write consecutive columns, so every
-    # store is coalesced. (A thread per (n, i) writing its D + 1 values strided the stores of a warp over
-    # 32 (D + 1) columns and ran ~7x under the write bandwidth on the H200.) The recurrence is rerun up to
-    # degree d per element: at most D + 1 cheap steps, far under the cost of the store at these sizes.
+    # One thread per (n, i): one pass of the recurrence gives every degree. In the degree-major layout the
+    # threads of a warp (consecutive i) store each degree to consecutive columns: coalesced. In the
+    # input-major layout a warp's stores stride over 32 (D + 1) columns: measured ~7x under the write
+    # bandwidth on the H200 (an element-per-thread variant, coalesced but rerunning the recurrence for every
+    # degree, was slower still), so large batches use the degree-major layout (see the torch bridge).
     @kernel
     def expand_basis(
         x: wp.array2d(dtype=scalar),
@@ -674,11 +665,24 @@ def get_variant(basis: str, scalar_name: str = "float32") -> PolyVariant:
         alpha: scalar,
         beta: scalar,
         n_basis: int,
+        degree_major: int,
         basis_out: wp.array2d(dtype=scalar),
     ):
-        # basis_out[n, i * n_basis + d] = P_d(tanh x[n, i]): the left operand of y = B @ coeffs.reshape(-1, out)
-        n, c = wp.tid()
-        basis_out[n, c] = basis_entry(x, lut, use_lut, alpha, beta, n_basis, n, c)
+        # basis_out[n, dense_column(i, d)] = P_d(tanh x[n, i])
+        tid = wp.tid()
+        n_in = x.shape[1]
+        n = tid // n_in
+        i = tid - n * n_in
+        tv = wp.tanh(x[n, i])
+        if use_lut:
+            cell, frac = lut_cell(lut, tv)
+            for d in range(n_basis):
+                basis_out[n, dense_column(i, d, n_in, n_basis, degree_major)] = lerp(lut, cell, frac, d)
+        else:
+            state = start(tv, alpha, beta)
+            for d in range(n_basis):
+                basis_out[n, dense_column(i, d, n_in, n_basis, degree_major)] = value(d, state)
+                state = advance(d, tv, state, alpha, beta)
 
     def expand_basis_bf16(
         x: wp.array2d(dtype=scalar),
@@ -687,12 +691,25 @@ def get_variant(basis: str, scalar_name: str = "float32") -> PolyVariant:
         alpha: scalar,
         beta: scalar,
         n_basis: int,
+        degree_major: int,
         basis_out: wp.array2d(dtype=wp.bfloat16),
     ):
-        # the same, rounded to bfloat16 (round to nearest even) as it is stored: the bf16 GEMM's operand
-        # directly, with no float32 copy to convert
-        n, c = wp.tid()
-        basis_out[n, c] = wp.bfloat16(basis_entry(x, lut, use_lut, alpha, beta, n_basis, n, c))
+        # the same, rounded to bfloat16 (to nearest even) as it is stored: the bf16 GEMM's operand directly,
+        # with no float32 copy to convert
+        tid = wp.tid()
+        n_in = x.shape[1]
+        n = tid // n_in
+        i = tid - n * n_in
+        tv = wp.tanh(x[n, i])
+        if use_lut:
+            cell, frac = lut_cell(lut, tv)
+            for d in range(n_basis):
+                basis_out[n, dense_column(i, d, n_in, n_basis, degree_major)] = wp.bfloat16(lerp(lut, cell, frac, d))
+        else:
+            state = start(tv, alpha, beta)
+            for d in range(n_basis):
+                basis_out[n, dense_column(i, d, n_in, n_basis, degree_major)] = wp.bfloat16(value(d, state))
+                state = advance(d, tv, state, alpha, beta)
 
     # float32 layers only opt in to bf16 GEMMs: the float64 variants (gradcheck) do not compile it
     expand_basis_bf16 = kernel(expand_basis_bf16) if scalar_name == "float32" else None
@@ -706,22 +723,25 @@ def get_variant(basis: str, scalar_name: str = "float32") -> PolyVariant:
         alpha: scalar,
         beta: scalar,
         n_basis: int,
+        degree_major: int,
         accumulate: int,
         dx: wp.array2d(dtype=scalar),
     ):
-        # dx[n, i] (+)= (1 - t^2) sum_d d_basis[n, i * n_basis + d] P_d'(t), t = tanh x[n, i]
-        n, i = wp.tid()
+        # dx[n, i] (+)= (1 - t^2) sum_d d_basis[n, dense_column(i, d)] P_d'(t), t = tanh x[n, i]
+        tid = wp.tid()
+        n_in = x.shape[1]
+        n = tid // n_in
+        i = tid - n * n_in
         tv = wp.tanh(x[n, i])
-        base = i * n_basis
         acc = zero
         if use_lut:
             cell, frac = lut_cell(lut_grad, tv)
             for d in range(n_basis):
-                acc = acc + d_basis[n, base + d] * lerp(lut_grad, cell, frac, d)
+                acc = acc + d_basis[n, dense_column(i, d, n_in, n_basis, degree_major)] * lerp(lut_grad, cell, frac, d)
         else:
             state = start(tv, alpha, beta)
             for d in range(n_basis):
-                acc = acc + d_basis[n, base + d] * grad(d, state)
+                acc = acc + d_basis[n, dense_column(i, d, n_in, n_basis, degree_major)] * grad(d, state)
                 state = advance(d, tv, state, alpha, beta)
         v = acc * (one - tv * tv)
         if accumulate:
@@ -1166,11 +1186,14 @@ def launch_expand_basis(
     alpha: float = 1.0,
     beta: float = 1.0,
     stream: "wp.Stream | None" = None,
+    degree_major: bool = False,
     record: bool = False,
 ) -> "list | None":
     """basis_out [N, in * (D + 1)] = P_d(tanh x[n, i]) at column i * (D + 1) + d: the dense basis of the GEMM
-    strategy (``y = basis_out @ coeffs.reshape(in * (D + 1), out)``). Overwrites basis_out, which may be of
-    x's dtype or (float32 x) bfloat16: the values are then rounded to nearest as they are stored.
+    strategy (``y = basis_out @ coeffs.reshape(in * (D + 1), out)``); ``degree_major=True``: at column
+    d * in + i instead (``y = basis_out @ coeffs.transpose(0, 1).reshape(in * (D + 1), out)``), whose stores
+    coalesce. Overwrites basis_out, which may be of x's dtype or (float32 x) bfloat16: the values are then
+    rounded to nearest as they are stored.
     ``record=True``: run nothing and return the launch as a one-element list of ``wp.Launch``."""
     variant = get_variant(basis, scalar_name(x))
     n_rows, n_in = x.shape
@@ -1188,8 +1211,8 @@ def launch_expand_basis(
         return cmds if record else None
     n_basis = basis_out.shape[1] // n_in
     table = lut[0] if lut is not None else _dummy(variant, x.device)
-    _run(kernel, (n_rows, n_in * n_basis),
-         [x, table, int(lut is not None), variant.scalar(alpha), variant.scalar(beta), n_basis],
+    _run(kernel, n_rows * n_in,
+         [x, table, int(lut is not None), variant.scalar(alpha), variant.scalar(beta), n_basis, int(degree_major)],
          [basis_out], x.device, record, cmds, stream=stream)
     return cmds if record else None
 
@@ -1204,10 +1227,12 @@ def launch_dx_from_dbasis(
     beta: float = 1.0,
     stream: "wp.Stream | None" = None,
     accumulate: bool = True,
+    degree_major: bool = False,
     record: bool = False,
 ) -> "list | None":
     """dx[n, i] (+)= (1 - t^2) sum_d d_basis[n, i * (D + 1) + d] P_d'(t): the input gradient of the GEMM
-    strategy from ``d_basis = dy @ coeffs.reshape(in * (D + 1), out).T``; added (``accumulate=True``) or
+    strategy from ``d_basis = dy @ coeffs.reshape(in * (D + 1), out).T`` (``degree_major=True``: d_basis
+    in the degree-major column order of :func:`launch_expand_basis`); added (``accumulate=True``) or
     written (the buffer then needs no zeroing). ``record=True``: return the launch, run nothing."""
     variant = get_variant(basis, scalar_name(x))
     n_rows, n_in = x.shape
@@ -1218,8 +1243,8 @@ def launch_dx_from_dbasis(
         return cmds if record else None
     n_basis = d_basis.shape[1] // n_in
     table = lut[1] if lut is not None else _dummy(variant, x.device)
-    _run(variant.dx_from_dbasis, (n_rows, n_in),
+    _run(variant.dx_from_dbasis, n_rows * n_in,
          [x, d_basis, table, int(lut is not None), variant.scalar(alpha), variant.scalar(beta), n_basis,
-          int(accumulate)],
+          int(degree_major), int(accumulate)],
          [dx], x.device, record, cmds, stream=stream)
     return cmds if record else None

@@ -8,17 +8,23 @@ Two strategies compute the same map:
 - ``fused``: the register-tiled Warp kernels (basis in registers, fixed-order chunk combines, no basis tensor);
   bitwise reproducible; best while the layer is small enough to be bound by launches and memory.
 - ``gemm``: a Warp kernel writes the dense basis of a chunk of rows, cuBLAS (through torch) does the three
-  contractions and a Warp kernel folds the basis gradient into dx. Large batches are FLOP-bound, and cuBLAS
-  is the fastest fp32 (or TF32, when torch allows it) contraction there.
+  contractions and a Warp kernel folds the basis gradient into dx. Once the basis outgrows the weight
+  (rows >= out) it is laid out degree-major (column d * in + i: coalesced stores and loads) and the weight is
+  permuted to match in the copy that converts it (bf16) or in one copy (fp32), and the coefficient gradient
+  permuted back; otherwise the kernel layout is the GEMM's matrix as it is. Faster than the fused kernels at
+  every measured shape once host overhead is out of the way (CUDA graphs): the contractions stream the
+  weight near bandwidth (small batches) or run on cuBLAS' best kernels (large ones).
 
-``auto`` picks by the forward's FLOP count (:func:`choose_strategy`).
+``auto`` picks by the forward's FLOP count (:func:`choose_strategy`, the switch measured on the H200).
 
 ``precision`` (GEMM strategy only; the fused kernels always compute in the I/O dtype):
 
 - ``"fp32"`` (default): cuBLAS in the I/O dtype. In float32 it follows torch's own TF32 setting
   (``torch.backends.cuda.matmul``), exactly as ``nn.Linear`` does; by default that is full fp32.
-- ``"bf16"`` (explicit opt-in, float32 I/O only): the basis and the coefficients (and ``dy``) are rounded to
-  bfloat16 and the contractions run on bf16 tensor cores with float32 products and sums, float32 results.
+- ``"bf16"`` (explicit opt-in, float32 I/O only): the basis (computed in float32 and rounded as the expansion
+  kernel stores it, with no float32 copy), the coefficients and ``dy`` are rounded to bfloat16 and the
+  contractions run on bf16 tensor cores with float32 products and sums, float32 results (the basis gradient
+  stays float32).
   Error bound, for every output (``K`` the contraction length: ``in (D + 1)`` for ``y``, rows for the
   coefficient gradient, ``out`` for the basis gradient):
 
@@ -29,11 +35,14 @@ Two strategies compute the same map:
   input gradient folds the basis gradient with ``(1 - t^2) P_d'(t)`` in float32 on top.
   :data:`BF16_ERROR_BOUND` documents it and the tests check it against the float64 reference.
 
-Host overhead. A small layer is bound by the host: every fused call turns its (pointer, shape) signature
-into recorded ``wp.Launch`` objects once (views built from raw pointers, so no tensor is kept alive) and
-replays them (about 4.6 us a launch instead of 10 us, and no ``wp.from_torch``). Forward: 1 launch, or 2
-when the sum over inputs is split; backward: at most 3 (dx, coefficients with the bias, one combine of every
-split sum), writing into uninitialised gradient buffers (no zero fills).
+Host overhead. A small layer is bound by the host. Eager calls go through :class:`_EagerPoly`, an
+``autograd.Function`` on the op's own implementation, instead of the custom-op dispatch (about 50 us less a
+forward + backward); traced code (``torch.compile``) sees the registered ops. Every Warp launch is recorded
+once per (pointer, shape) signature into ``wp.Launch`` objects (views built from raw pointers, so no tensor
+is kept alive) and replayed (about 4.6 us a launch instead of 10 us, and no ``wp.from_torch``). Fused
+forward: 1 launch, or 2 when the sum over inputs is split; backward: at most 3 (dx, coefficients with the
+bias, one combine of every split sum), writing into uninitialised gradient buffers (no zero fills). The GEMM
+path writes every gradient with its last op too (no zero fills).
 """
 
 from __future__ import annotations
@@ -53,10 +62,14 @@ __all__ = ["poly_kan", "poly_forward", "poly_backward", "choose_strategy", "BF16
 STRATEGIES = ("auto", "fused", "gemm")
 PRECISIONS = ("fp32", "bf16")
 BF16_ERROR_BOUND = "(2**-8 + K * 2**-24) * (|A| @ |B|) for a contraction A @ B of length K"
-# Forward FLOPs (2 N in (D + 1) out) from which "auto" takes the GEMM strategy. A first guess from the FLOP
-# rates in DESIGN.md (fused SIMT well under cuBLAS' fp32 rate): retune on the GPU machine with
-# `warpkan bench poly`.
-GEMM_MIN_FLOPS = 2**31
+# Forward FLOPs (2 N in (D + 1) out) from which "auto" takes the GEMM strategy. Measured on the H200
+# (scripts/poly_speed.py, fp32, exact): CUDA-graphed fwd+bwd, the GEMM strategy was faster at every shape of
+# the sweep (rows 16..4096; 40->256 D=8 up to 512->1024 D=24; e.g. 0.062 against 0.244 ms at (64, 256, 512,
+# 15), 0.18 against 0.71 ms at (32, 512, 1024, 24)). Eager, each step is bound by the host (~0.2 ms for the
+# fused path's recorded launches, ~0.3-0.45 ms for the GEMM path's torch ops), so below this size, where the
+# fused kernels' GPU time is under that overhead (e.g. 0.235 against 0.35 ms eager at (128, 40, 256, 8),
+# 0.086 against 0.033 graphed), the fused path's fewer launches win.
+GEMM_MIN_FLOPS = 2**27
 GEMM_CHUNK_BYTES = 1 << 28  # the dense basis of the GEMM strategy is built this many bytes of rows at a time
 
 
@@ -92,33 +105,53 @@ def _mm(a: Tensor, b: Tensor, bf16: bool, out: Tensor | None = None) -> Tensor:
     return out.copy_(result) if out is not None else result
 
 
-def _expand(x, basis_dtype, basis, lut_size, alpha, beta, n_basis) -> Tensor:
+def _degree_major(n_rows: int, n_out: int) -> bool:
+    """Whether the GEMM strategy lays its dense basis out degree-major (coalesced stores; costs a permuted copy
+    of the weight per pass and of its gradient) or input-major (the kernel layout itself: no copies, strided
+    stores). The basis is [rows, in (D + 1)], the weight [in (D + 1), out]: degree-major pays off once the
+    basis outgrows the weight."""
+    return n_rows >= n_out
+
+
+def _gemm_weight(coeffs: Tensor, degree_major: bool, dtype: torch.dtype) -> Tensor:
+    """coeffs [in, D + 1, out] as the GEMM's [in (D + 1), out] (or degree-major [(D + 1) in, out]) matrix in
+    ``dtype``: a view when nothing changes, else one copy kernel (permute and conversion fused). Made on
+    every call: a cache keyed by the weights' version would go stale under CUDA-graph replays."""
+    n_in, n_basis, n_out = coeffs.shape
+    if degree_major:
+        coeffs = coeffs.transpose(0, 1)
+    if coeffs.dtype != dtype:
+        coeffs = torch.empty(coeffs.shape, dtype=dtype, device=coeffs.device).copy_(coeffs)
+    return coeffs.contiguous().view(n_in * n_basis, n_out)
+
+
+def _expand(x, basis_dtype, basis, lut_size, alpha, beta, n_basis, degree_major) -> Tensor:
     """The dense basis [N, in (D + 1)] of x's rows, in ``basis_dtype``, from a recorded (cached) launch."""
     dense = torch.empty((x.shape[0], x.shape[1] * n_basis), dtype=basis_dtype, device=x.device)
     if dense.numel() == 0:
         return dense
-    key = ("expand", basis, lut_size, alpha, beta, x.dtype, basis_dtype, x.device, *x.shape, n_basis,
+    key = ("expand", basis, lut_size, alpha, beta, x.dtype, basis_dtype, x.device, *x.shape, n_basis, degree_major,
            x.data_ptr(), dense.data_ptr())
 
     def record():
-        return kp.launch_expand_basis(_view(x), _view(dense), basis,
-                                      _tables(x, basis, n_basis, lut_size, alpha, beta), alpha, beta, record=True)
+        return kp.launch_expand_basis(_view(x), _view(dense), basis, _tables(x, basis, n_basis, lut_size, alpha, beta),
+                                      alpha, beta, degree_major=degree_major, record=True)
 
     _replay(key, record, x.device)
     return dense
 
 
-def _dx_from_dbasis(x, d_dense, dx, basis, lut_size, alpha, beta, n_basis) -> None:
+def _dx_from_dbasis(x, d_dense, dx, basis, lut_size, alpha, beta, n_basis, degree_major) -> None:
     """dx = (1 - t^2) sum_d d_dense P_d'(t), written (no zero fill), from a recorded (cached) launch."""
     if dx.numel() == 0:
         return
-    key = ("dx_from_dbasis", basis, lut_size, alpha, beta, x.dtype, x.device, *x.shape, n_basis, x.data_ptr(),
-           d_dense.data_ptr(), dx.data_ptr())
+    key = ("dx_from_dbasis", basis, lut_size, alpha, beta, x.dtype, x.device, *x.shape, n_basis, degree_major,
+           x.data_ptr(), d_dense.data_ptr(), dx.data_ptr())
 
     def record():
         return kp.launch_dx_from_dbasis(_view(x), _view(d_dense), _view(dx), basis,
                                         _tables(x, basis, n_basis, lut_size, alpha, beta), alpha, beta,
-                                        accumulate=False, record=True)
+                                        accumulate=False, degree_major=degree_major, record=True)
 
     _replay(key, record, x.device)
 
@@ -128,14 +161,11 @@ def _gemm_forward(x, coeffs, bias, basis, lut_size, alpha, beta, precision="fp32
     n_basis, n_out = coeffs.shape[1], coeffs.shape[2]
     bf16 = precision == "bf16"
     basis_dtype = torch.bfloat16 if bf16 else x.dtype
-    # the bf16 weight is converted on every call (about 2 us per 10 MB of float32 weights on the H200): a
-    # cache keyed by the weights' version would be skipped by CUDA-graph replays after an optimizer step
-    weight = coeffs.reshape(n_in * n_basis, n_out)
-    if bf16:
-        weight = weight.to(torch.bfloat16)
+    major = _degree_major(n_rows, n_out)
+    weight = _gemm_weight(coeffs, major, basis_dtype)
     chunk = _row_chunk(n_rows, n_in * n_basis, basis_dtype.itemsize)
     if chunk >= n_rows:  # one chunk (the usual case): no output buffer to copy into
-        dense = _expand(x, basis_dtype, basis, lut_size, alpha, beta, n_basis)
+        dense = _expand(x, basis_dtype, basis, lut_size, alpha, beta, n_basis, major)
         if bias is not None and not bf16:
             return torch.addmm(bias, dense, weight)
         y = _mm(dense, weight, bf16)
@@ -143,7 +173,7 @@ def _gemm_forward(x, coeffs, bias, basis, lut_size, alpha, beta, precision="fp32
     y = x.new_empty((n_rows, n_out))
     for start in range(0, n_rows, chunk):
         stop = min(start + chunk, n_rows)
-        dense = _expand(x[start:stop], basis_dtype, basis, lut_size, alpha, beta, n_basis)
+        dense = _expand(x[start:stop], basis_dtype, basis, lut_size, alpha, beta, n_basis, major)
         _mm(dense, weight, bf16, out=y[start:stop])
     return y.add_(bias) if bias is not None else y
 
@@ -159,28 +189,32 @@ def _gemm_backward(dy, x, coeffs, basis, lut_size, alpha, beta, need_x, need_coe
     if n_rows == 0 or n_in == 0:  # gradients of an empty sum or of no rows: zeros
         dx, d_coeffs, _ = _grad_buffers(x, coeffs, need_x, need_coeffs, False, torch.zeros)
         return dx, d_coeffs, d_bias
-    weight = coeffs.reshape(n_in * n_basis, n_out)
+    major = _degree_major(n_rows, n_out)
     dy_mm = dy.to(torch.bfloat16) if bf16 else dy
-    weight_t = weight.to(torch.bfloat16).t() if bf16 and need_x else weight.t()
+    weight_t = _gemm_weight(coeffs, major, basis_dtype).t() if need_x else None
     dx = x.new_empty(x.shape) if need_x else empty
-    d_coeffs = empty
+    d_weight = empty  # the coefficient gradient in the GEMM's layout
     chunk = _row_chunk(n_rows, n_in * n_basis, max(basis_dtype.itemsize, x.element_size() if need_x else 0))
     for start in range(0, n_rows, chunk):
         stop = min(start + chunk, n_rows)
         x_part = x[start:stop]
         if need_coeffs:
-            dense = _expand(x_part, basis_dtype, basis, lut_size, alpha, beta, n_basis)
+            dense = _expand(x_part, basis_dtype, basis, lut_size, alpha, beta, n_basis, major)
             if start == 0:  # the first chunk's product is the gradient's buffer: no zero fill, no copy
-                d_coeffs = _mm(dense.t(), dy_mm[start:stop], bf16)
+                d_weight = _mm(dense.t(), dy_mm[start:stop], bf16)
             elif bf16:
-                d_coeffs.add_(_mm(dense.t(), dy_mm[start:stop], bf16))
+                d_weight.add_(_mm(dense.t(), dy_mm[start:stop], bf16))
             else:
-                d_coeffs.addmm_(dense.t(), dy_mm[start:stop])
+                d_weight.addmm_(dense.t(), dy_mm[start:stop])
             del dense
         if need_x:
             d_dense = _mm(dy_mm[start:stop], weight_t, bf16)  # float32 [rows, in (D + 1)]
-            _dx_from_dbasis(x_part, d_dense, dx[start:stop], basis, lut_size, alpha, beta, n_basis)
-    return dx, d_coeffs.view(coeffs.shape) if need_coeffs else d_coeffs, d_bias
+            _dx_from_dbasis(x_part, d_dense, dx[start:stop], basis, lut_size, alpha, beta, n_basis, major)
+    d_coeffs = empty
+    if need_coeffs:
+        d_coeffs = (d_weight.view(n_basis, n_in, n_out).transpose(0, 1).contiguous() if major
+                    else d_weight.view(n_in, n_basis, n_out))
+    return dx, d_coeffs, d_bias
 
 
 def _tables(x: Tensor, basis: str, n_basis: int, lut_size: int, alpha: float, beta: float):
