@@ -71,7 +71,7 @@ def kernel_table(fn, rows=14):
 
 
 def cases(family):
-    from warpkan.torch_bridge import GEGLUFFN, GroupRational, KANLinear, PolyKANLinear, UKANLinear
+    from warpkan.torch_bridge import GEGLUFFN, GRKANLinear, GroupRational, KANLinear, PolyKANLinear, UKANLinear
 
     dev = "cuda"
     if family == "bspline":
@@ -89,6 +89,10 @@ def cases(family):
     elif family == "rational":
         for dtype in (torch.float32, torch.bfloat16):
             yield (f"GroupRational (1024,197,768) {dtype}", GroupRational(768).to(dev, dtype), (1024, 197, 768), 768, dtype)
+        for dtype in (torch.float32, torch.bfloat16):
+            yield (f"GRKANLinear N=50432 384->1536 {dtype}", GRKANLinear(384, 1536).to(dev, dtype), (50432, 384), 1536, dtype)
+            yield (f"GELU+Linear N=50432 384->1536 {dtype}",
+                   torch.nn.Sequential(torch.nn.GELU(), torch.nn.Linear(384, 1536)).to(dev, dtype), (50432, 384), 1536, dtype)
     elif family == "geglu":
         for n in (8, 64, 128):
             yield f"GEGLUFFN batch {n} fp16", GEGLUFFN(4096, 12288).to(dev, torch.float16), (n, 4096), 4096, torch.float16

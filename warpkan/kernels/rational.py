@@ -439,6 +439,16 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
         row1 = wp.min(row0 + rows_per_chunk, n_rows)
         return g * vectors_per_group + col0, width, row0, row1
 
+    @wp.func
+    def next_item(row: int, col: int, row_step: int, col_step: int, width: int):
+        """The lane's next (row, column) in the block's row-major walk (stride: the block size)."""
+        next_row = row + row_step
+        next_col = col + col_step
+        if next_col >= width:
+            next_col -= width
+            next_row += 1
+        return next_row, next_col
+
     # ------------------------------------------------------------------ forward
     @kernel
     def forward(
@@ -465,8 +475,16 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
         col_step = lanes - row_step * width
         row = row0 + lane // width
         col = lane - (lane // width) * width
-        while row < row1:
+        # software pipelining: the next item's load is issued before this item's arithmetic, so every lane
+        # keeps a load in flight (the loop itself is not unrolled)
+        xv = io_vec()
+        if row < row1:
             xv = load_vec(x, row, col0 + col)
+        while row < row1:
+            next_row, next_col = next_item(row, col, row_step, col_step, width)
+            next_xv = xv
+            if next_row < row1:
+                next_xv = load_vec(x, next_row, col0 + next_col)
             yv = io_vec()
             if any_large(xv):
                 for k in range(V):
@@ -475,11 +493,9 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
                 for k in range(V):
                     yv[k] = io_scalar(plain_value(acc(xv[k]), av, bq))
             store_vec(y, row, col0 + col, yv)
-            col += col_step
-            row += row_step
-            if col >= width:
-                col -= width
-                row += 1
+            row = next_row
+            col = next_col
+            xv = next_xv
 
     # ------------------------------------------------------------------ backward
     @kernel
@@ -514,9 +530,18 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
         total = vecKW()  # fp64 lane totals
         run = vecK()  # short run in the arithmetic type, folded into total every RUN items
         pending = int(0)
-        while row < row1:
+        xv = io_vec()
+        gv = io_vec()
+        if row < row1:
             xv = load_vec(x, row, col0 + col)
             gv = load_vec(dy, row, col0 + col)
+        while row < row1:
+            next_row, next_col = next_item(row, col, row_step, col_step, width)
+            next_xv = xv
+            next_gv = gv
+            if next_row < row1:
+                next_xv = load_vec(x, next_row, col0 + next_col)
+                next_gv = load_vec(dy, next_row, col0 + next_col)
             dxv = io_vec()
             if any_large(xv):
                 for k in range(V):
@@ -538,11 +563,10 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
                     for k in range(V):
                         dxv[k] = io_scalar(acc(old[k]) + acc(dxv[k]))
                 store_vec(dx, row, col0 + col, dxv)
-            col += col_step
-            row += row_step
-            if col >= width:
-                col -= width
-                row += 1
+            row = next_row
+            col = next_col
+            xv = next_xv
+            gv = next_gv
         for k in range(K):
             total[k] = total[k] + wp.float64(run[k])
         if need_params:
