@@ -31,7 +31,7 @@ def setting(name):
     saved = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision(matmul)
     try:
-        with torch.autocast("cuda", dtype=autocast) if autocast else contextlib.nullcontext():
+        with torch.autocast("cuda", dtype=autocast, cache_enabled=False) if autocast else contextlib.nullcontext():
             yield
     finally:
         torch.set_float32_matmul_precision(saved)
