@@ -349,6 +349,24 @@ def test_exact_mode_picks_the_path_by_span(device):
     assert layer._last is not None
 
 
+def test_fixed_table_dense_range_overflow(device):
+    # table_groups=R on the dense-range path: R groups per feature from its lowest touched one; the elements
+    # past them get no spline term (as off-grid inputs of a bounded KAN), the rest are exact, and
+    # table_overflow() reports the widest feature's missing groups
+    layer = make_layer(2, 3, device, base=None, table_groups=2)
+    assert layer._fixed_range()
+    x = torch.tensor([[0.1, 0.3], [1.1, 0.6], [2.1, 1.2], [3.1, 0.9], [4.1, 0.2]], dtype=torch.float64,
+                     device=device)  # feature 0: groups 0..4; feature 1: groups 0, 1
+    y = layer(x)
+    assert layer.table_overflow() == 3 and layer.table_overflow(x) == 3
+    inside = x.clone()
+    inside[2:, 0] = float("nan")  # no spline term: what the rows past the table get
+    torch.testing.assert_close(y, layer(inside).nan_to_num(), rtol=1e-12, atol=1e-12)
+    wide = make_layer(2, 3, device, base=None)
+    wide.load_state_dict(layer.state_dict())
+    torch.testing.assert_close(y[:2], wide(x)[:2], rtol=1e-12, atol=1e-12)
+
+
 def test_dense_range_opcheck_and_empty(device):
     layer = make_layer(3, 4, device)
     x = torch.randn(6, 3, dtype=torch.float64, device=device)

@@ -18,7 +18,21 @@ CELL_LIMIT]`` (2^39 cells) before the integer conversion, so group indices never
 full precision at |x| = 1e6. Inputs past the limit (|x| > 2^39 h, and +-Inf) are evaluated at the limit and
 have zero spline derivative. NaN inputs get a zero spline term.
 
-The pipeline has no host read-back: every size is a function of the shapes, so it runs under CUDA-graph
+Two paths compute the same map.
+
+**Dense range** (``range_*`` kernels; taken by the torch layer while every feature's touched groups lie in a
+short contiguous run). Per feature i, the lowest touched group ``lo_i`` and the widest span R (groups from
+lowest to highest, over all features) are found by integer min/max atomics (order-independent, so
+deterministic) without a read-back. The table then holds, for every feature, the Rt = R + 1 groups
+``lo_i - 1 .. lo_i + R - 1``: a B-spline on that piece of the unbounded grid with W = Rt K coefficient slots,
+of which the last is reached by no window (the highest window starts at (R - 1) K + K - 1 and ends at
+Rt K - 2) and holds the SiLU base instead. Like KANLinear's gemm strategy, the bases of a chunk of rows are
+written as a transposed dense basis ``[in W, rows]`` by coalesced stores (zeros included, no fill) and
+contracted with cuBLAS; dx folds the basis gradient back per element, and one kernel splits the combined
+weight's gradient into d table, d scaler and d base weight in a fixed order. The cell is located in float64
+relative to ``lo_i``, so |x| = 1e6 keeps full precision here too.
+
+**Sparse pairs** (below; any span, cost independent of it). The pipeline has no host read-back: every size is a function of the shapes, so it runs under CUDA-graph
 capture and ``torch.compile`` with static shapes.
 
 1. **Touched pairs.** Key every element (n, i) by (i, g) in an int64 (``i * 2^41 + g + 2^40``; NaN gets a

@@ -20,10 +20,12 @@ __all__ = ["UKANLinear"]
 
 # the table capacity per feature when table_groups is None (then grown to the exact need when exceeded)
 _DEFAULT_TABLE_GROUPS = 16
-# Exact mode: the dense-range path (a B-spline GEMM on each feature's contiguous range of groups) is taken
-# when the widest feature needs at most this many coefficients per input (its base column included); wider
-# spans (outliers, very fine grids) take the sparse touched-pair path, whose cost does not grow with the span.
-DENSE_MAX_COEFFICIENTS = 48
+# The dense-range path (a B-spline GEMM on each feature's contiguous range of groups) is taken when the
+# widest feature needs at most this many coefficients per input (its base slot included); wider spans
+# (outliers, very fine grids) take the sparse touched-pair path, whose cost does not grow with the span.
+# H200, fp32 fwd+bwd: (N=8192, 256->256) 96 coefficients dense 8.6 ms vs sparse 22.7; (N=65536, 32->32)
+# 260 coefficients dense 6.7 ms vs sparse 5.5: the crossover is near 200 for both; 128 keeps a margin.
+DENSE_MAX_COEFFICIENTS = 128
 
 class UKANLinear(nn.Module):
     """y = base_weight @ silu(x) + sum_i spline_scaler[o, i] * spline_{o,i}(x_i) on an unbounded uniform grid.
@@ -35,18 +37,29 @@ class UKANLinear(nn.Module):
     (``feature_embedding``, ``embed_dim``) to ``C_g`` [out, K]; the cell's K coefficients are the window
     ``[C_{g-1}; C_g][r : r + K]`` with ``r = c mod K``.
 
-    The CG-MLP runs only on a table of (feature, group) rows, never per sample: the distinct pairs the batch
-    touches (and their g - 1 neighbours).
+    The CG-MLP runs only on a table of (feature, group) rows, never per sample. Two paths compute the spline
+    (the same map; on both, run-to-run bitwise reproducible: no floating-point atomics):
 
-    - ``table_groups=None`` (default): the table holds exactly the rows the batch needs. Finding that number
-      reads one integer back to the host per forward, so this mode cannot run under ``torch.compile`` or
-      CUDA-graph capture (it says so rather than truncating).
-    - ``table_groups=R``: a table of fixed capacity ``min(2 N in, max(in * R, 1024))`` rows, a function of
-      the shapes alone: nothing is read back, and the layer compiles and captures. ``R`` is the average
-      number of rows per feature a batch may use (a feature whose inputs span R groups of K h uses about
-      R + 1). When a batch needs more rows than the capacity, the elements of the pairs past it get a zero
-      spline term, like off-grid inputs of a bounded KAN: :meth:`table_overflow` tells (it reads the count
-      back, so call it off the hot path).
+    - **dense range**: per feature, every group from its lowest touched one - 1 on (a B-spline on that
+      contiguous piece of the unbounded grid): the bases of a chunk of rows are expanded densely (Warp) and
+      contracted with cuBLAS, as KANLinear's gemm strategy, with the SiLU base in the one coefficient slot no
+      window reaches. Taken while the widest feature needs at most ``dense_max_coefficients``
+      (:data:`DENSE_MAX_COEFFICIENTS`) coefficients per input.
+    - **sparse pairs**: only the distinct (feature, group) pairs the batch touches and their g - 1
+      neighbours (a sort of the elements by pair), its cost independent of the span: for outliers and very
+      fine grids.
+
+    - ``table_groups=None`` (default, exact): the table is sized from the data, which reads one integer
+      back to the host per forward (the widest feature's span; then, on the sparse path, the needed row
+      count), so this mode cannot run under ``torch.compile`` or CUDA-graph capture (it says so rather than
+      truncating).
+    - ``table_groups=R``: a fixed size, a function of the shapes alone: nothing is read back, and the layer
+      compiles and captures. On the dense-range path (``(R + 1) K <= dense_max_coefficients``) each feature
+      gets the R groups from its lowest touched one; elements of a feature spanning more groups get a zero
+      spline term past them. Otherwise the sparse table has a fixed capacity of
+      ``min(2 N in, max(in * R, 1024))`` rows shared by the features (a feature whose inputs span R groups
+      uses about R + 1), and the elements of the pairs past it get a zero spline term. Like off-grid inputs
+      of a bounded KAN; :meth:`table_overflow` tells (it reads a count back, so call it off the hot path).
     Inputs with |x| / h beyond 2^39 are evaluated at that limit (finite, zero spline slope); NaN gives a
     zero spline term. Gradients are bitwise reproducible (stable sort, no floating-point atomics).
 
@@ -104,6 +117,7 @@ class UKANLinear(nn.Module):
         self.register_buffer("_rows_km", order_km, persistent=False)
         self._last = None  # (pair_feature, table [P, K, out], rows_needed) of the last sparse-path forward
         self._last_range_x = None  # the input of the last dense-range forward
+        self._last_range_span = None  # and the most groups one of its features spanned ([1] device tensor)
         self.dense_max_coefficients = DENSE_MAX_COEFFICIENTS
         self.reset_parameters()
 
@@ -157,14 +171,19 @@ class UKANLinear(nn.Module):
         sorted_elem, window, local_u, feature, group, start, stop, count = pairs
         return sorted_elem, window, local_u, feature[:needed], group[:needed], start[:needed], stop[:needed], count
 
+    def _fixed_range(self) -> bool:
+        """Whether the fixed-size mode takes the dense-range path (else the fixed-capacity sparse one)."""
+        return self.table_groups is not None and (self.table_groups + 1) * (self.spline_order + 1) <= \
+            self.dense_max_coefficients
+
     def _refuse_capture(self):
         if torch.compiler.is_compiling() or (self.spline_scaler.is_cuda and torch.cuda.is_current_stream_capturing()):
             raise RuntimeError(
-                "UKANLinear(table_groups=None) sizes its table by reading the needed row count back to the host, "
+                "UKANLinear(table_groups=None) sizes its table by reading a row count back to the host, "
                 "which torch.compile and CUDA-graph capture cannot do: construct it with table_groups=R"
             )
 
-    def _range_forward(self, x2, group_lo, rows_per_feature):
+    def _range_forward(self, x2, group_lo, span, rows_per_feature):
         """The dense-range path: the CG-MLP on every group from each feature's lowest touched group - 1 to
         lowest + Rt - 2 (a superset of the touched pairs and their g - 1 neighbours), then a B-spline GEMM."""
         dtype = self.cg_hidden.weight.dtype
@@ -177,6 +196,7 @@ class UKANLinear(nn.Module):
         table = self.cg_out(F.silu(self.cg_hidden(features)))  # [in Rt, out K], (o, m) columns
         self._last = None
         self._last_range_x = x2.detach()  # the regulariser recomputes the touched pairs from it
+        self._last_range_span = span
         return ukan_range_spline(x2, group_lo, table, self.base_weight.t(), self.spline_scaler.t(), self.grid_delta,
                                  self.spline_order, self.use_base)
 
@@ -187,12 +207,17 @@ class UKANLinear(nn.Module):
         if x is not None:
             check_tensor("x", x, ndim_min=1, last_dim=self.in_features, dtypes=())
             x2 = x.reshape(-1, self.in_features).to(self.spline_scaler.dtype)
+            if self._fixed_range():
+                _, span = group_range(x2, self.grid_delta, self.spline_order)
+                return max(0, int(span.item()) - self.table_groups)
             pairs = self._pairs(x2)
             needed, capacity = pairs[7], pairs[3].shape[0]
         elif self._last is not None:
             needed, capacity = self._last[2], self._last[0].shape[0]
-        elif self._last_range_x is not None:
-            return 0  # the dense-range path covers every group of the batch
+        elif self._last_range_x is not None:  # dense range: the widest feature's groups past the table's
+            if self.table_groups is None:
+                return 0  # sized from the data: covers every group
+            return max(0, int(self._last_range_span.item()) - self.table_groups)
         else:
             raise RuntimeError("table_overflow needs a forward pass first, or pass x")
         return max(0, int(needed.item()) - capacity)
@@ -214,13 +239,19 @@ class UKANLinear(nn.Module):
     def _forward(self, x):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
+        K = self.spline_order + 1
         if self.table_groups is None:
             self._refuse_capture()
             group_lo, span = group_range(x2.detach(), self.grid_delta, self.spline_order)
             rows_per_feature = int(span.item()) + 1  # groups lowest - 1 .. highest of the widest feature
-            if rows_per_feature * (self.spline_order + 1) <= self.dense_max_coefficients:
-                y = self._range_forward(x2, group_lo, rows_per_feature)
+            if rows_per_feature * K <= self.dense_max_coefficients:
+                y = self._range_forward(x2, group_lo, span, rows_per_feature)
                 return y.reshape(*lead, self.out_features)
+        elif self._fixed_range():
+            # fixed size, nothing read back: groups past lowest + table_groups - 1 get no spline term
+            group_lo, span = group_range(x2.detach(), self.grid_delta, self.spline_order)
+            y = self._range_forward(x2, group_lo, span, self.table_groups + 1)
+            return y.reshape(*lead, self.out_features)
         sorted_elem, window, local_u, pair_feature, pair_group, row_start, row_stop, needed = self._pairs(x2)
         table = self._table(pair_feature, pair_group)
         self._last = (pair_feature, table, needed)

@@ -11,6 +11,17 @@ so autograd carries the table's gradient into the MLP's parameters:
 - ``warpkan::ukan_spline(x, ..., table, ...)``: the spline (and optional SiLU base) on the table
   ``[capacity * K, out]``, differentiable in x, table, base weight and scaler
   (``warpkan::ukan_spline_backward``).
+
+The dense-range path (see ``warpkan.kernels.ukan``) has three more:
+
+- ``warpkan::ukan_group_range(x, grid_delta, spline_order)``: each feature's lowest touched group and the
+  widest span, on the device;
+- ``warpkan::ukan_range_encoding``: the CG-MLP's positional rows for every feature's contiguous groups;
+- ``warpkan::ukan_range_spline`` (backward ``warpkan::ukan_range_spline_backward``): the spline on the
+  CG-MLP output ``[in * Rt, out * K]`` as it comes ((o, m) columns), by dense-basis GEMMs in row chunks.
+
+Their Warp launches are recorded once per (pointers, shapes) signature and replayed (the B-spline ops'
+launch cache), so a small layer pays about 5 us per launch.
 """
 
 from __future__ import annotations
@@ -246,28 +257,40 @@ def _launch(launcher, tensors: tuple, *config) -> None:
         cmd.launch(stream)
 
 
+@torch.library.custom_op("warpkan::ukan_group_range", mutates_args=())
 def group_range(x: Tensor, grid_delta: float, spline_order: int) -> tuple[Tensor, Tensor]:
-    """(group_lo [in] int64, span_max [1] int32) of x [N, in] (see ``ku.launch_group_range``); no read-back.
-    A plain function, not an op: only the exact (read-back) mode uses it, which refuses torch.compile."""
+    """(group_lo [in] int64, span_max [1] int32) of x [N, in] (see ``ku.launch_group_range``); no read-back,
+    so it captures and compiles."""
     x = x.contiguous()
     n_in = x.shape[1]
-    bounds = torch.empty(2 * n_in, dtype=torch.int64, device=x.device)
-    group_lo, group_hi = bounds[:n_in], bounds[n_in:]
+    group_lo = torch.empty(n_in, dtype=torch.int64, device=x.device)
     span_max = torch.empty(1, dtype=torch.int32, device=x.device)
     if x.numel() == 0:  # nothing to launch on an empty batch: one group per feature
-        return bounds.zero_()[:n_in], span_max.fill_(1)
+        return group_lo.zero_(), span_max.fill_(1)
+    group_hi = torch.empty(n_in, dtype=torch.int64, device=x.device)
     _launch(ku.launch_group_range, (x, group_lo, group_hi, span_max), grid_delta, spline_order)
     return group_lo, span_max
 
 
+@group_range.register_fake
+def _(x, grid_delta, spline_order):
+    return x.new_empty((x.shape[1],), dtype=torch.int64), x.new_empty((1,), dtype=torch.int32)
+
+
+@torch.library.custom_op("warpkan::ukan_range_encoding", mutates_args=())
 def range_encoding(group_lo: Tensor, rows_per_feature: int, pe_dim: int, spline_order: int,
                    dtype: torch.dtype) -> Tensor:
     """[in * Rt, pe_dim]: the sinusoidal encoding of group group_lo[i] - 1 + j in row i Rt + j (one launch;
     equal to :func:`positional_encoding` of those groups)."""
     out = torch.empty((group_lo.shape[0] * rows_per_feature, pe_dim), dtype=dtype, device=group_lo.device)
     if out.numel():
-        _launch(ku.launch_range_encoding, (group_lo, out), spline_order)
+        _launch(ku.launch_range_encoding, (group_lo.contiguous(), out), spline_order)
     return out
+
+
+@range_encoding.register_fake
+def _(group_lo, rows_per_feature, pe_dim, spline_order, dtype):
+    return group_lo.new_empty((group_lo.shape[0] * rows_per_feature, pe_dim), dtype=dtype)
 
 
 def _range_chunk(n_rows: int, width: int, itemsize: int) -> int:
