@@ -82,12 +82,19 @@ def large_x_threshold(num_order: int, den_order: int) -> float:
     return float(2.0 ** (64.0 / max(num_order, den_order, 1)))
 
 
-def vector_width(io_name: str, group_size: int) -> int:
-    """Channels per vector load: the widest power of two up to 16 bytes that divides the group size."""
-    width = IO_TYPES[io_name][2]
+# Bytes per vector access of each pass (see scripts/rational_tune.py for the H200 measurements behind them):
+# the backward keeps ~10 sums and the coefficient constants live, so narrower items leave registers for
+# more resident warps.
+FORWARD_VECTOR_BYTES = 16
+BACKWARD_VECTOR_BYTES = 16
+
+
+def vector_width(io_name: str, group_size: int, max_bytes: int = 16) -> int:
+    """Channels per vector access: the widest power of two up to ``max_bytes`` that divides the group size."""
+    width = IO_TYPES[io_name][2] * max_bytes // 16
     while width > 1 and group_size % width:
         width //= 2
-    return width
+    return max(width, 1)
 
 
 @dataclass(frozen=True)
@@ -123,7 +130,9 @@ def layout(n_rows: int, vectors_per_group: int, num_groups: int) -> RationalLayo
 
 _RCP_SNIPPET = """
 #if defined(__CUDA_ARCH__)
-    return __fdividef(1.0f, q);
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(q));
+    return r;
 #else
     return 1.0f / q;
 #endif
@@ -132,8 +141,9 @@ _RCP_SNIPPET = """
 
 @wp.func_native(_RCP_SNIPPET)
 def _fast_reciprocal(q: float) -> float:
-    """1 / q with the GPU's rcp.approx (relative error below 2^-23 for the q >= 1 of a safe denominator, and
-    0 for q = inf) instead of IEEE division, whose slow-path check is a large share of the element cost."""
+    """1 / q with the GPU's rcp.approx.ftz (one MUFU instruction; relative error below 2^-23, 0 for q = inf)
+    instead of IEEE division, whose slow-path checks are a large share of the element cost. The flush to
+    zero of denormals cannot bite: a safe denominator is >= 1."""
     ...
 
 
@@ -368,6 +378,14 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
         return dy * dfdx, out
 
     @wp.func
+    def ones_n():
+        """The b signs handed to the homogeneous form: 1, so that it returns the raw gradient factors."""
+        v = vecN()
+        for j in range(N):
+            v[j] = one
+        return v
+
+    @wp.func
     def any_large(xv: io_vec):
         """Whether an element of the vector needs the homogeneous form (false for NaN)."""
         large = False
@@ -377,27 +395,27 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
         return large
 
     @wp.func
-    def element_value(x: acc, a: vecM, bq: vecN, ones: vecN):
+    def element_value(x: acc, a: vecM, bq: vecN):
         """F(x) for any x: the homogeneous form above T."""
         ax = wp.abs(x)
         if ax > threshold:
-            f, d, g = rational_scaled_value(sgn(x), one / ax, ax, a, bq, ones)
+            f, d, g = rational_scaled_value(sgn(x), one / ax, ax, a, bq, ones_n())
             return f
         return plain_value(x, a, bq)
 
     @wp.func
-    def element_step(x: acc, dy: acc, a: vecM, ia: vecM, bq: vecN, jb: vecN, ones: vecN, run: vecK):
+    def element_step(x: acc, dy: acc, a: vecM, ia: vecM, bq: vecN, jb: vecN, run: vecK):
         """plain_step for any x: the homogeneous form above T."""
         ax = wp.abs(x)
         if ax > threshold:
-            f, d, g = rational_scaled_grad(sgn(x), one / ax, ax, a, bq, ones)
+            f, d, g = rational_scaled_grad(sgn(x), one / ax, ax, a, bq, ones_n())
             return dy * d, run + dy * g
         return plain_step(x, dy, a, ia, bq, jb, run)
 
     # ------------------------------------------------------------------ block decoding
     @wp.func
     def block_coefficients(blk: int, blocks_per_group: int, a: wp.array2d(dtype=acc), b: wp.array2d(dtype=acc)):
-        """(group, a, i a_i, bq = |b| (A) or b (B), j bq_j, sign(b)) of a block."""
+        """(group, a, i a_i, bq = |b| (A) or b (B), j bq_j) of a block."""
         g = blk // blocks_per_group
         ga = int(0)
         if a.shape[0] > 1:
@@ -411,18 +429,16 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
             fi = fi + one
         bq = vecN()
         jb = vecN()
-        bsign = vecN()
         fj = one
         for j in range(N):
             bj = b[g, j]
-            bsign[j] = sgn(bj)
             if wp.static(is_a):
                 bq[j] = wp.abs(bj)
             else:
                 bq[j] = bj
             jb[j] = fj * bq[j]
             fj = fj + one
-        return g, av, ia, bq, jb, bsign
+        return g, av, ia, bq, jb
 
     @wp.func
     def block_extent(
@@ -464,10 +480,7 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
     ):
         blk, lane = wp.tid()
         lanes = wp.block_dim()
-        g, av, ia, bq, jb, bsign = block_coefficients(blk, blocks_per_group, a, b)
-        ones = vecN()
-        for j in range(N):
-            ones[j] = one
+        g, av, ia, bq, jb = block_coefficients(blk, blocks_per_group, a, b)
         col0, width, row0, row1 = block_extent(
             blk, g, blocks_per_group, vectors_per_group, tile_width, chunks, rows_per_chunk, x.shape[0])
         # items of the block in row-major order; this lane takes lane, lane + lanes, ...
@@ -488,7 +501,7 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
             yv = io_vec()
             if any_large(xv):
                 for k in range(V):
-                    yv[k] = io_scalar(element_value(acc(xv[k]), av, bq, ones))
+                    yv[k] = io_scalar(element_value(acc(xv[k]), av, bq))
             else:
                 for k in range(V):
                     yv[k] = io_scalar(plain_value(acc(xv[k]), av, bq))
@@ -517,10 +530,7 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
     ):
         blk, lane = wp.tid()
         lanes = wp.block_dim()
-        g, av, ia, bq, jb, bsign = block_coefficients(blk, blocks_per_group, a, b)
-        ones = vecN()
-        for j in range(N):
-            ones[j] = one
+        g, av, ia, bq, jb = block_coefficients(blk, blocks_per_group, a, b)
         col0, width, row0, row1 = block_extent(
             blk, g, blocks_per_group, vectors_per_group, tile_width, chunks, rows_per_chunk, x.shape[0])
         row_step = lanes // width
@@ -545,7 +555,7 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
             dxv = io_vec()
             if any_large(xv):
                 for k in range(V):
-                    d, run = element_step(acc(xv[k]), acc(gv[k]), av, ia, bq, jb, ones, run)
+                    d, run = element_step(acc(xv[k]), acc(gv[k]), av, ia, bq, jb, run)
                     dxv[k] = io_scalar(d)
             else:
                 for k in range(V):
@@ -576,8 +586,8 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
                 if lane == 0:
                     value = block_total[0]
                     if wp.static(is_a):
-                        if k >= M:
-                            value = value * wp.float64(bsign[k - M])
+                        if k >= M:  # the sign of b_j, left out of the element sums
+                            value = value * wp.float64(sgn(b[g, k - M]))
                     partials[blk, k] = value
 
     @kernel
@@ -676,7 +686,7 @@ def _vector_view(arr: "wp.array", vec_type, n_rows: int, n_vectors: int) -> "wp.
     return wp.array(ptr=arr.ptr, dtype=vec_type, shape=(n_rows, n_vectors), device=arr.device, copy=False)
 
 
-def _prepare(x, num_groups, a, b, variant, vec, arrays=()):
+def _prepare(x, num_groups, a, b, variant, vec, arrays=(), max_bytes=16):
     """(kernels, layout, vectors per row). ``arrays``: the other [N, C] arrays of the launch; the vector
     width (one memory access per vector) is narrowed until every base address is a multiple of it."""
     n_rows, n_channels = x.shape
@@ -687,7 +697,7 @@ def _prepare(x, num_groups, a, b, variant, vec, arrays=()):
     itemsize = wp.types.type_size_in_bytes(x.dtype)
     pointers = [arr.ptr for arr in (x, *arrays) if arr is not None and arr.ptr]
     if vec is None:
-        vec = vector_width(io_name, group_size)
+        vec = vector_width(io_name, group_size, max_bytes)
         while vec > 1 and any(ptr % (vec * itemsize) for ptr in pointers):
             vec //= 2
     if group_size % vec:
@@ -711,7 +721,7 @@ def launch_forward(
 ) -> None:
     """y = F(x) for x, y [N, C] contiguous (fp32/fp64/fp16/bf16); a [1 or G, m+1], b [G, n] in the arithmetic
     type (fp32, or fp64 for fp64 x). Overwrites y."""
-    kernels, lay, n_vec = _prepare(x, num_groups, a, b, variant, vec, (y,))
+    kernels, lay, n_vec = _prepare(x, num_groups, a, b, variant, vec, (y,), FORWARD_VECTOR_BYTES)
     if x.shape[0] == 0 or x.shape[1] == 0:
         return
     if tuple(y.shape) != tuple(x.shape) or y.dtype != x.dtype:
@@ -783,7 +793,7 @@ def launch_backward(
     reproducible, at the cost of one small extra launch. ``workspace``: an object with
     ``get(name, shape, dtype) -> wp.array`` for the fp64 partials (the torch bridge passes torch's caching
     allocator, which stays legal under CUDA-graph capture); Warp buffers kept per (device, stream) otherwise."""
-    kernels, lay, n_vec = _prepare(x, num_groups, a, b, variant, vec, (dy, dx))
+    kernels, lay, n_vec = _prepare(x, num_groups, a, b, variant, vec, (dy, dx), BACKWARD_VECTOR_BYTES)
     if tuple(dy.shape) != tuple(x.shape) or dy.dtype != x.dtype:
         raise ValueError(f"dy must have the shape and dtype of x {tuple(x.shape)}, got {tuple(dy.shape)}")
     if (da is None) != (db is None):

@@ -1,0 +1,59 @@
+"""Kernel times of the group-rational forward and backward by vector width (cuda; CUDA events after warm-up).
+
+    python scripts/rational_tune.py
+
+x of shape (1024 * 197, 768), 8 groups, orders (5, 4), variant A; prints ms and GB/s against a copy of x.
+The defaults FORWARD_VECTOR_BYTES / BACKWARD_VECTOR_BYTES in warpkan.kernels.rational come from this table.
+"""
+
+import torch
+import warp as wp
+
+wp.config.quiet = True
+
+from warpkan.kernels import rational as kr  # noqa: E402
+
+
+def timed(fn, repeat=20):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeat):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / repeat
+
+
+def main():
+    stream = wp.stream_from_torch(torch.cuda.current_stream())
+    w = wp.from_torch
+    num, den = kr.init_coefficients("swish", (5, 4), "A")
+    a = torch.tensor([num], device="cuda")
+    b = torch.tensor([den], device="cuda").repeat(8, 1)
+    print("| dtype | pass | vector bytes | ms | GB/s | % copy |")
+    print("|---|---|---|---|---|---|")
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(1024 * 197, 768, device="cuda", dtype=dtype)
+        dy = torch.randn_like(x)
+        y, dx = torch.empty_like(x), torch.empty_like(x)
+        da, db = torch.zeros_like(a), torch.zeros_like(b)
+        copy_ms = timed(lambda: y.copy_(x))
+        copy_bw = 2 * x.numel() * x.element_size() / copy_ms / 1e6
+        per = x.element_size()
+        for nbytes in (4, 8, 16):
+            vec = nbytes // per
+            if vec < 1:
+                continue
+            fwd = timed(lambda: kr.launch_forward(w(x), w(a), w(b), w(y), 8, "A", vec=vec, stream=stream))
+            bwd = timed(lambda: kr.launch_backward(w(dy), w(x), w(a), w(b), 8, "A", dx=w(dx), da=w(da), db=w(db),
+                                                   accumulate_dx=False, vec=vec, stream=stream))
+            for name, ms, moved in (("forward", fwd, 2), ("backward", bwd, 3)):
+                bw = moved * x.numel() * per / ms / 1e6
+                print(f"| {str(dtype)[6:]} | {name} | {nbytes} | {ms:.4f} | {bw:.0f} | {100 * bw / copy_bw:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
