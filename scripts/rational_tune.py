@@ -10,6 +10,7 @@ import torch
 import warp as wp
 
 wp.config.quiet = True
+wp.init()
 
 from warpkan.kernels import rational as kr  # noqa: E402
 
