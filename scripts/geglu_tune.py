@@ -1,18 +1,29 @@
-"""GPU tuning of the GEGLU forward at 4096/12288 fp16: correctness of the tensor-core streaming path
-against the GEMM path, then forward times (CUDA graph replay and plain calls) of streaming (per split
-target), GEMM+gate and the torch baseline for batch 1..128. Prints a table."""
+"""GPU tuning of the GEGLU forward at 4096/12288 fp16 (prints tables; nothing is timed on the CPU).
+
+1. The read ceiling: the Warp read probe over the 302 MB of weights (one buffer, and w_uv + w_o as two
+   launches) at several grid sizes, and the device-to-device copy rate (read + write bytes / time).
+2. Correctness of the tensor-core streaming path against the GEMM path (float16, bfloat16).
+3. Forward times from CUDA-graph replay: torch baseline, GEMM+gate, the streaming path as shipped and its
+   variants (unroll, reduction splits), and each of its four launches alone.
+
+    python scripts/geglu_tune.py [batches] [--quick]
+"""
 
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
+import warp as wp
 
 from warpkan.kernels import geglu as kg
 from warpkan.reference.geglu import torch_baseline
 from warpkan.torch_bridge import geglu_ffn
+from warpkan.torch_bridge._common import warp_stream
 
 
-def timed(fn, repeat=200):
+def graph_ms(fn, repeat=100):
+    """Best-of-5 mean milliseconds of fn replayed from a CUDA graph."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side), torch.no_grad():
@@ -22,60 +33,119 @@ def timed(fn, repeat=200):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph), torch.no_grad():
         fn()
-    res = []
-    for run in (graph.replay, fn):
-        for _ in range(10):
-            run()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        best = 1e9
-        for _ in range(5):
-            start.record()
-            with torch.no_grad():
-                for _ in range(repeat // 5):
-                    run()
-            end.record()
-            end.synchronize()
-            best = min(best, start.elapsed_time(end) / (repeat // 5))
-        res.append(best)
-    return res  # graphed ms, plain ms
+    for _ in range(10):
+        graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = 1e9
+    for _ in range(5):
+        start.record()
+        for _ in range(repeat // 5):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / (repeat // 5))
+    return best
+
+
+def replay(cmds, device):
+    def run():
+        stream = warp_stream(device)
+        for cmd in cmds:
+            cmd.launch(stream)
+
+    return run
 
 
 def main():
     hidden, inter = 4096, 12288
     dtype = torch.float16
+    device = torch.device("cuda")
+    batches = [int(b) for b in (sys.argv[1].split(",") if len(sys.argv) > 1 else "4,8,16,32,64".split(","))]
+    sm = torch.cuda.get_device_properties(0).multi_processor_count
     torch.manual_seed(0)
     w_uv = (torch.rand(2 * inter, hidden, device="cuda") * 2 - 1).div(hidden**0.5).to(dtype)
     w_o = (torch.rand(hidden, inter, device="cuda") * 2 - 1).div(inter**0.5).to(dtype)
     w_u, w_v = w_uv[:inter], w_uv[inter:]
     weight_bytes = 3 * hidden * inter * 2
-    batches = [int(b) for b in (sys.argv[1].split(",") if len(sys.argv) > 1 else "1,4,8,16,32,64,128".split(","))]
-    targets = [int(t) for t in (sys.argv[2].split(",") if len(sys.argv) > 2 else "1024,2048,4096".split(","))]
-    unrolls = [int(u) for u in (sys.argv[3].split(",") if len(sys.argv) > 3 else "2".split(","))]
-    for dt in (torch.float16, torch.bfloat16)[: 0 if len(sys.argv) > 4 else 2]:
+    t0 = time.time()
+    wp.config.quiet = True
+
+    # compile the variants in parallel up front
+    jobs = []
+    variants = [kg.get_tc_variant("float16", nt, unroll) for nt in kg.TC_N_TILES for unroll in (1, 2)]
+    jobs += [(v.module, None) for v in variants] + [(v.module, 128) for v in variants]
+    jobs.append((kg._probe_kernel().module, 256))
+    jobs.append((kg.get_variant("float16").module, None))
+
+    def load(job):
+        try:
+            wp.load_module(job[0], device="cuda:0", block_dim=job[1])
+            return None
+        except Exception as exc:  # a failed variant is reported, the others still run
+            return f"{job}: {exc}"
+
+    with ThreadPoolExecutor(8) as pool:
+        for err in pool.map(load, jobs):
+            if err:
+                print("COMPILE FAIL", err[:2000])
+    print(f"compiled in {time.time() - t0:.1f} s", flush=True)
+
+    # 1. read ceiling
+    flat = torch.cat([w_uv.reshape(-1), w_o.reshape(-1)]).reshape(-1, 4096)
+    print(f"\n== read ceiling ({weight_bytes / 1e6:.0f} MB), SMs={sm}")
+    for blocks_per_sm in (2, 4, 8, 16, 32):
+        out = torch.empty(sm * blocks_per_sm * 256, dtype=torch.int32, device="cuda")
+        cmds = kg.launch_read_probe(wp.from_torch(flat), wp.from_torch(out), record=True)
+        ms = graph_ms(replay(cmds, device))
+        cmds2 = kg.launch_read_probe(wp.from_torch(w_uv), wp.from_torch(out), record=True) + kg.launch_read_probe(
+            wp.from_torch(w_o), wp.from_torch(out), record=True)
+        ms2 = graph_ms(replay(cmds2, device))
+        print(f"probe {blocks_per_sm:>2} blocks/SM x 256: one buffer {ms:.4f} ms {weight_bytes / ms / 1e6:7.0f} GB/s | "
+              f"w_uv then w_o {ms2:.4f} ms {weight_bytes / ms2 / 1e6:7.0f} GB/s", flush=True)
+    dst = torch.empty_like(flat)
+    ms = graph_ms(lambda: dst.copy_(flat))
+    print(f"copy {ms:.4f} ms: {2 * weight_bytes / ms / 1e6:.0f} GB/s read+write")
+
+    # 2. correctness
+    for dt in (torch.float16, torch.bfloat16):
         for b in (3, 8, 13, 40, 64):
             x = torch.randn(b, hidden, device="cuda").to(dt)
             a = geglu_ffn(x, w_uv.to(dt), w_o.to(dt), small_batch_rows=64).float()
             r = geglu_ffn(x, w_uv.to(dt), w_o.to(dt), small_batch_rows=0).float()
-            print(f"check {dt} N={b}: max rel diff streaming vs GEMM {((a - r).abs().max() / r.abs().max()).item():.2e}")
-    rows = []
+            a2 = geglu_ffn(x, w_uv.to(dt), w_o.to(dt), small_batch_rows=64).float()
+            print(f"check {dt} N={b}: max rel diff streaming vs GEMM "
+                  f"{((a - r).abs().max() / r.abs().max()).item():.2e}, repeat bitwise {torch.equal(a, a2)}", flush=True)
+
+    # 3. timing
+    print(f"\n{'N':>4} {'impl':<44} {'graph ms':>9} {'GB/s':>6}")
     for batch in batches:
         x = torch.randn(batch, hidden, device="cuda", dtype=dtype)
-        cases = {"torch baseline": lambda: torch_baseline(x, w_u, w_v, w_o, "gelu"),
-                 "GEMM+gate": lambda: geglu_ffn(x, w_uv, w_o, small_batch_rows=0)}
-        for name, fn in cases.items():
-            g, p = timed(fn)
-            rows.append((batch, name, g, p))
+        rows = [("torch baseline", graph_ms(lambda: torch_baseline(x, w_u, w_v, w_o, "gelu"))),
+                ("GEMM+gate", graph_ms(lambda: geglu_ffn(x, w_uv, w_o, small_batch_rows=0)))]
         if batch <= kg.TC_MAX_ROWS:
-            for unroll in unrolls:
-                for target in targets:
-                    kg.TC_TARGET_WARPS, kg.TC_UNROLL = target, unroll
-                    g, p = timed(lambda: geglu_ffn(x, w_uv, w_o, small_batch_rows=64))
-                    rows.append((batch, f"TC u{unroll} target={target} splits={kg.tc_splits(hidden, inter)}", g, p))
-            kg.TC_TARGET_WARPS, kg.TC_UNROLL = 2048, 2
-    print(f"{'N':>4} {'impl':<50} {'graph ms':>9} {'plain ms':>9} {'GB/s(graph)':>11}")
-    for batch, name, g, p in rows:
-        print(f"{batch:>4} {name:<50} {g:9.4f} {p:9.4f} {weight_bytes / g / 1e6:11.0f}")
+            rows.append(("shipped streaming", graph_ms(lambda: geglu_ffn(x, w_uv, w_o, small_batch_rows=64))))
+            uv = torch.empty(batch, 2 * inter, device="cuda", dtype=dtype)
+            h = torch.empty(batch, inter, device="cuda", dtype=dtype)
+            out = torch.empty(batch, hidden, device="cuda", dtype=dtype)
+            n_split = batch <= 16
+            for unroll in (1, 2):
+                for target in (1024, 2048, 4096) if n_split else (2048,):
+                    su, sd = kg.tc_splits(hidden, inter, target)
+                    pu_old = torch.empty(su, batch, 2 * inter, device="cuda", dtype=torch.float32)
+                    pd_old = torch.empty(sd, batch, hidden, device="cuda", dtype=torch.float32)
+                    kg.TC_UNROLL = unroll
+                    cmds = kg.launch_tc_forward(
+                        *(wp.from_torch(t) for t in (x, w_uv)), None, wp.from_torch(w_o), None,
+                        *(wp.from_torch(t) for t in (uv, h, out, pu_old, pd_old)), "gelu", record=True)
+                    kg.TC_UNROLL = 2
+                    rows.append((f"4-launch u{unroll} splits={su},{sd}", graph_ms(replay(cmds, device))))
+                    if unroll == 2 and target == 2048:
+                        for i, part in enumerate(("up", "gate combine", "down", "out combine")):
+                            rows.append((f"  {part} alone", graph_ms(replay(cmds[i:i + 1], device))))
+        for name, ms in rows:
+            print(f"{batch:>4} {name:<44} {ms:9.4f} {weight_bytes / ms / 1e6:6.0f}", flush=True)
+    print(f"total {time.time() - t0:.1f} s")
 
 
 if __name__ == "__main__":

@@ -32,9 +32,13 @@ from ._common import check_tensor, warp_device, warp_stream
 __all__ = ["geglu_ffn", "geglu_ffn_forward", "geglu_ffn_backward", "GEGLU_DTYPES", "DEFAULT_SMALL_BATCH_ROWS"]
 
 GEGLU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-# Measured on an H200 (fp16, 4096/12288, CUDA-graph replay): the tensor-core streaming path runs at about
-# 3.4 TB/s of weights (0.088 ms) for 1-8 rows, level with cuBLAS GEMM+gate, and falls behind it from 16
-# rows on (x traffic grows with the batch); so streaming serves up to 8 rows by default.
+# Measured on an H200 (fp16, 4096/12288, CUDA-graph replay): the tensor-core streaming path takes 0.088 ms
+# for 4-8 rows (3.4 TB/s of weights; its two projection kernels alone 0.054 + 0.029 ms, i.e. 3.7 and 3.5
+# TB/s, against 4.45 TB/s for the Warp read probe over the same two buffers), level with cuBLAS GEMM+gate,
+# and falls behind it from 16 rows on (x traffic and register pressure grow with the batch); so streaming
+# serves up to 8 rows by default. A two-launch variant (block split-K, gate fused into the first
+# projection, last-block-done combine of the second) measured no faster (0.089 ms at 4-8 rows): the
+# projection kernels' read rate, not the launch count, is what is left.
 DEFAULT_SMALL_BATCH_ROWS = 8
 _TC_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -45,7 +49,7 @@ def _tensor_core_path(x: Tensor, w_uv: Tensor, w_o: Tensor) -> bool:
     io_name = _TC_DTYPES.get(x.dtype)
     return (
         io_name is not None
-        and kg.tc_block_eligible(io_name, x.shape[0], w_o.shape[0], w_o.shape[1])
+        and kg.tc_eligible(io_name, x.shape[0], w_o.shape[0], w_o.shape[1])
         and all(t.data_ptr() % 16 == 0 for t in (x, w_uv, w_o))
     )
 
@@ -61,22 +65,7 @@ def _empty_like_rows(x: Tensor, cols: int) -> Tensor:
 # allocator can hand the same output blocks back on the next call (and the next call then hits). A hit
 # needs the very same pointers, shapes and strides, so a replay always addresses live tensors of the
 # shapes it was recorded with.
-_WP_DTYPES = {
-    torch.float16: wp.float16, torch.bfloat16: wp.bfloat16, torch.float32: wp.float32, torch.float64: wp.float64,
-    torch.int32: wp.int32,
-}
-_SM_COUNTS: dict = {}
-
-
-def _sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device (the CPU's kernels take the H100/H200 count: the same
-    splits everywhere)."""
-    if device.type != "cuda":
-        return 132
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SM_COUNTS:
-        _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SM_COUNTS[index]
+_WP_DTYPES = {torch.float16: wp.float16, torch.bfloat16: wp.bfloat16, torch.float32: wp.float32, torch.float64: wp.float64}
 _LAUNCH_CACHE: OrderedDict = OrderedDict()
 _LAUNCH_CACHE_SIZE = 64
 
@@ -128,15 +117,10 @@ def geglu_ffn_forward(
     if 0 < n_rows <= small_batch_rows and _tensor_core_path(x, w_uv, w_o):
         uv = _empty_like_rows(x, 2 * n_inter)
         out = _empty_like_rows(x, w_o.shape[0])
-        n_hidden = w_o.shape[0]
-        splits = kg.tcb_down_splits(n_hidden, n_inter, _sm_count(x.device))
-        partial_up = x.new_empty((1, n_rows, 2 * n_inter), dtype=torch.float32)
-        partial_down = x.new_empty((splits, n_rows, n_hidden), dtype=torch.float32)
-        counters = x.new_empty((n_hidden // kg.TCB_GROUP_ROWS,), dtype=torch.int32)  # zeroed by the first launch
-        _launch(
-            kg.launch_tc_block_forward, (x, w_uv, b_uv, w_o, b_o, uv, h, out, partial_up, partial_down, counters),
-            activation,
-        )
+        split_up, split_down = kg.tc_splits(w_o.shape[0], n_inter)
+        partial_up = x.new_empty((split_up, n_rows, 2 * n_inter), dtype=torch.float32)
+        partial_down = x.new_empty((split_down, n_rows, w_o.shape[0]), dtype=torch.float32)
+        _launch(kg.launch_tc_forward, (x, w_uv, b_uv, w_o, b_o, uv, h, out, partial_up, partial_down), activation)
         return out, uv
     if 0 < n_rows <= min(small_batch_rows, kg.MAX_SMALL_ROWS):
         uv = _empty_like_rows(x, 2 * n_inter)
