@@ -34,8 +34,8 @@ def main():
     num, den = kr.init_coefficients("swish", (5, 4), "A")
     a = torch.tensor([num], device="cuda")
     b = torch.tensor([den], device="cuda").repeat(8, 1)
-    print("| dtype | pass | vector bytes | ms | GB/s | % copy |")
-    print("|---|---|---|---|---|---|")
+    print("| dtype | pass | vector bytes | blocks per SM | ms | GB/s | % copy |")
+    print("|---|---|---|---|---|---|---|")
     for dtype in (torch.float32, torch.bfloat16):
         x = torch.randn(1024 * 197, 768, device="cuda", dtype=dtype)
         dy = torch.randn_like(x)
@@ -44,17 +44,17 @@ def main():
         copy_ms = timed(lambda: y.copy_(x))
         copy_bw = 2 * x.numel() * x.element_size() / copy_ms / 1e6
         per = x.element_size()
-        for nbytes in (4, 8, 16):
+        for nbytes in (8, 16):
             vec = nbytes // per
-            if vec < 1:
-                continue
-            fwd = timed(lambda: kr.launch_forward(w(x), w(a), w(b), w(y), 8, "A", vec=vec, stream=stream))
-            bwd = timed(lambda: kr.launch_backward(w(dy), w(x), w(a), w(b), 8, "A", dx=w(dx), da=w(da), db=w(db),
-                                                   accumulate_dx=False, vec=vec, stream=stream))
-            for name, ms, moved in (("forward", fwd, 2), ("backward", bwd, 3)):
-                bw = moved * x.numel() * per / ms / 1e6
-                print(f"| {str(dtype)[6:]} | {name} | {nbytes} | {ms:.4f} | {bw:.0f} | {100 * bw / copy_bw:.1f} |")
-
+            for blocks_per_sm in (2, 4, 6, 8, 12, 16, 32):
+                kr.BLOCKS_PER_SM.update(forward=blocks_per_sm, backward=blocks_per_sm)
+                fwd = timed(lambda: kr.launch_forward(w(x), w(a), w(b), w(y), 8, "A", vec=vec, stream=stream))
+                bwd = timed(lambda: kr.launch_backward(w(dy), w(x), w(a), w(b), 8, "A", dx=w(dx), da=w(da),
+                                                       db=w(db), accumulate_dx=False, vec=vec, stream=stream))
+                for name, ms, moved in (("forward", fwd, 2), ("backward", bwd, 3)):
+                    bw = moved * x.numel() * per / ms / 1e6
+                    print(f"| {str(dtype)[6:]} | {name} | {nbytes} | {blocks_per_sm} | {ms:.4f} | {bw:.0f} | "
+                          f"{100 * bw / copy_bw:.1f} |")
 
 if __name__ == "__main__":
     main()

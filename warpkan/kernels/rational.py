@@ -72,7 +72,11 @@ IO_TYPES = {
 _ACC_TYPES = {"float32": wp.float32, "float64": wp.float64}
 
 BLOCK_DIM = 256
-_TARGET_BLOCKS = 2048  # about two waves of 256-thread blocks on an H100/H200 (132 SMs x 8 blocks)
+_TARGET_BLOCKS = 2048  # blocks wanted where the device does not say (the CPU)
+# Blocks per SM of each pass on a GPU: a whole number of waves of resident blocks (the backward keeps ~128
+# registers a lane: 2 blocks of 256 per SM; the forward ~48: 4 to 5), so that no last, part-filled wave
+# idles most of the GPU (a layout is a fixed split of the work). From scripts/rational_tune.py on an H200.
+BLOCKS_PER_SM = {"forward": 8, "backward": 4}
 _MIN_ITEMS_PER_BLOCK = 2048  # vectors per block, so that small inputs do not spread over idle blocks
 _MAX_TILE_WIDTH = 1024  # vectors of one group handled by one block side by side
 
@@ -117,10 +121,11 @@ class RationalLayout:
         return self.num_groups * self.blocks_per_group
 
 
-def layout(n_rows: int, vectors_per_group: int, num_groups: int) -> RationalLayout:
+def layout(n_rows: int, vectors_per_group: int, num_groups: int, target_blocks: int = _TARGET_BLOCKS) -> RationalLayout:
+    """At most ``target_blocks`` blocks (at least one per group and tile), fewer for small inputs."""
     tiles = max(1, -(-vectors_per_group // _MAX_TILE_WIDTH))
     tile_width = -(-vectors_per_group // tiles)
-    by_target = -(-_TARGET_BLOCKS // (num_groups * tiles))
+    by_target = max(1, target_blocks // (num_groups * tiles))
     by_size = -(-(n_rows * tile_width) // _MIN_ITEMS_PER_BLOCK)
     chunks = max(1, min(by_target, by_size))
     rows_per_chunk = max(1, -(-n_rows // chunks))
@@ -686,7 +691,15 @@ def _vector_view(arr: "wp.array", vec_type, n_rows: int, n_vectors: int) -> "wp.
     return wp.array(ptr=arr.ptr, dtype=vec_type, shape=(n_rows, n_vectors), device=arr.device, copy=False)
 
 
-def _prepare(x, num_groups, a, b, variant, vec, arrays=(), max_bytes=16):
+def target_blocks(device, pass_name: str) -> int:
+    """Blocks a pass is cut into on ``device``: BLOCKS_PER_SM per SM on a GPU."""
+    device = wp.get_device(device)
+    if device.is_cuda:
+        return device.sm_count * BLOCKS_PER_SM[pass_name]
+    return _TARGET_BLOCKS
+
+
+def _prepare(x, num_groups, a, b, variant, vec, arrays=(), max_bytes=16, pass_name="forward"):
     """(kernels, layout, vectors per row). ``arrays``: the other [N, C] arrays of the launch; the vector
     width (one memory access per vector) is narrowed until every base address is a multiple of it."""
     n_rows, n_channels = x.shape
@@ -705,7 +718,7 @@ def _prepare(x, num_groups, a, b, variant, vec, arrays=(), max_bytes=16):
     if any(ptr % (vec * itemsize) for ptr in pointers):
         raise ValueError(f"vector width {vec} needs arrays aligned to {vec * itemsize} bytes")
     kernels = get_kernels(m, n, variant, io_name, vec)
-    lay = layout(n_rows, group_size // vec, num_groups)
+    lay = layout(n_rows, group_size // vec, num_groups, target_blocks(x.device, pass_name))
     return kernels, lay, n_channels // vec
 
 
@@ -793,7 +806,7 @@ def launch_backward(
     reproducible, at the cost of one small extra launch. ``workspace``: an object with
     ``get(name, shape, dtype) -> wp.array`` for the fp64 partials (the torch bridge passes torch's caching
     allocator, which stays legal under CUDA-graph capture); Warp buffers kept per (device, stream) otherwise."""
-    kernels, lay, n_vec = _prepare(x, num_groups, a, b, variant, vec, (dy, dx), BACKWARD_VECTOR_BYTES)
+    kernels, lay, n_vec = _prepare(x, num_groups, a, b, variant, vec, (dy, dx), BACKWARD_VECTOR_BYTES, "backward")
     if tuple(dy.shape) != tuple(x.shape) or dy.dtype != x.dtype:
         raise ValueError(f"dy must have the shape and dtype of x {tuple(x.shape)}, got {tuple(dy.shape)}")
     if (da is None) != (db is None):
