@@ -20,21 +20,24 @@ HARDWARE = {
 
 def time_fn(fn, device: str, warmup: int = 3, repeat: int = 20) -> float:
     """Median milliseconds of ``fn()`` after warm-up; CUDA events on cuda, perf_counter on the CPU.
-    Compilation happens during warm-up, so it is excluded."""
+    Compilation happens during warm-up, so it is excluded.
+
+    On cuda the calls run back to back, as in a training loop: each call is bracketed by its own pair of
+    events and the host synchronises once, at the end. Where the GPU is the bottleneck the host runs ahead
+    and a call's events measure its GPU time; where the host is (a small layer's Python and launch
+    overhead), the GPU waits between the events and the measured time is the host's. Either way it is the
+    steady-state time per call (as ``triton.testing.do_bench`` measures it), not a cold single call."""
     for _ in range(warmup):
         fn()
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-        times = []
-        for _ in range(repeat):
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeat)]
+        for start, end in events:
             start.record()
             fn()
             end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return statistics.median(times)
+        torch.cuda.synchronize()
+        return statistics.median(start.elapsed_time(end) for start, end in events)
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
