@@ -138,7 +138,7 @@ def test_lut_layer_float32_within_bound(device):
     coeffs = torch.tensor(rng.normal(size=(13, degree + 1, 11)) / 13, dtype=torch.float32, device=device)
     got = poly_kan(x, coeffs, lut_size=lut_size).double()
     want = ref.poly_kan(x.double(), coeffs.double())
-    value_bound, _ = kp.lut_error_bound("chebyshev", degree, lut_size, scalar_name="float32")
+    value_bound, _ = kp.lut_error_bound("chebyshev", degree, lut_size, scalar_name="float32", device=device)
     # |dy| <= sum_i sum_d |W| bound_d, plus the float32 rounding of the sum itself
     bound = torch.einsum("ido,d->o", coeffs.double().abs(), torch.tensor(value_bound, device=device))
     rounding = 4 * (13 * (degree + 1)) * EPS[torch.float32] * ref.poly_kan(x.double().abs() * 0 + 1, coeffs.double().abs())
@@ -290,7 +290,7 @@ def test_gradcheck(device):
 def test_lut_grads_close_to_exact(device):
     # LUT mode's coefficient gradient reads the value table, its input gradient the derivative table
     x, coeffs, bias = _inputs(device, torch.float64, 19, 6, 5, 8, seed=7)
-    value_bound, grad_bound = kp.lut_error_bound("chebyshev", 8, 2048)
+    value_bound, grad_bound = kp.lut_error_bound("chebyshev", 8, 2048, device=device)
     y = poly_kan(x, coeffs, bias, lut_size=2048)
     dy = torch.randn_like(y)
     dx, dc, db = torch.autograd.grad(y, (x, coeffs, bias), dy)

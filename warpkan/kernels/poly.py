@@ -825,16 +825,17 @@ def build_lut(basis: str, degree: int, lut_size: int, alpha: float = 1.0, beta: 
 
 
 def lut_error_bound(basis: str, degree: int, lut_size: int, alpha: float = 1.0, beta: float = 1.0,
-                    scalar_name: str = "float64") -> tuple[np.ndarray, np.ndarray]:
+                    scalar_name: str = "float64", device="cpu") -> tuple[np.ndarray, np.ndarray]:
     """Per-degree bounds (value_bound [D + 1], grad_bound [D + 1]) of ``|P_d^lut - P_d|`` and
     ``|P_d'^lut - P_d'|`` on [-1, 1]: ``h^2 / 8 max|P_d''|`` and ``h^2 / 8 max|P_d'''|`` with ``h = 2 / (lut_size - 1)``,
     plus the rounding of the tables and of the interpolation in ``scalar_name``.
 
     The maxima of ``|P_d''|`` and ``|P_d'''|`` come from differencing the exact ``P_d'`` on a grid 64 times finer
-    than the table (end points included)."""
+    than the table (end points included), evaluated on ``device`` (a machine without a CPU compiler uses its
+    GPU)."""
     check_basis(basis, degree, alpha, beta)
     fine = np.linspace(-1.0, 1.0, 64 * (int(lut_size) - 1) + 1)
-    values, grads = evaluate_basis(fine, basis, degree, alpha, beta)
+    values, grads = evaluate_basis(fine, basis, degree, alpha, beta, device)
     step = fine[1] - fine[0]
     second = np.gradient(grads, step, axis=0, edge_order=2)
     third = np.gradient(second, step, axis=0, edge_order=2)
