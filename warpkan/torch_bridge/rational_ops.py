@@ -36,11 +36,7 @@ def _coefficients(x: Tensor, weight_numerator: Tensor, weight_denominator: Tenso
     return weight_numerator.to(dtype).contiguous(), weight_denominator.to(dtype).contiguous()
 
 
-@torch.library.custom_op("warpkan::group_rational_forward", mutates_args=())
-def group_rational_forward(
-    x: Tensor, weight_numerator: Tensor, weight_denominator: Tensor, num_groups: int, variant: str, deterministic: bool
-) -> Tensor:
-    """x [N, C] -> F(x) [N, C]. ``deterministic`` only affects the backward pass (autograd sees it here)."""
+def _forward_impl(x, weight_numerator, weight_denominator, num_groups, variant, deterministic):
     x = _aligned(x)
     a, b = _coefficients(x, weight_numerator, weight_denominator)
     y = torch.empty_like(x)
@@ -50,25 +46,21 @@ def group_rational_forward(
     return y
 
 
+@torch.library.custom_op("warpkan::group_rational_forward", mutates_args=())
+def group_rational_forward(
+    x: Tensor, weight_numerator: Tensor, weight_denominator: Tensor, num_groups: int, variant: str, deterministic: bool
+) -> Tensor:
+    """x [N, C] -> F(x) [N, C]. ``deterministic`` only affects the backward pass (autograd sees it here)."""
+    return _forward_impl(x, weight_numerator, weight_denominator, num_groups, variant, deterministic)
+
+
 @group_rational_forward.register_fake
 def _(x, weight_numerator, weight_denominator, num_groups, variant, deterministic):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-@torch.library.custom_op("warpkan::group_rational_backward", mutates_args=())
-def group_rational_backward(
-    dy: Tensor,
-    x: Tensor,
-    weight_numerator: Tensor,
-    weight_denominator: Tensor,
-    num_groups: int,
-    variant: str,
-    deterministic: bool,
-    need_x: bool,
-    need_params: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """(dx, d_weight_numerator, d_weight_denominator); dx in x's dtype, the others in the arithmetic dtype
-    (fp32, or fp64 for fp64 x). The ones not asked for come back empty."""
+def _backward_impl(dy, x, weight_numerator, weight_denominator, num_groups, variant, deterministic, need_x,
+                   need_params):
     x = _aligned(x)
     dy = _aligned(dy.to(x.dtype))
     a, b = _coefficients(x, weight_numerator, weight_denominator)
@@ -85,6 +77,24 @@ def group_rational_backward(
             workspace=TorchWorkspace(x.device),
         )
     return dx, da, db
+
+
+@torch.library.custom_op("warpkan::group_rational_backward", mutates_args=())
+def group_rational_backward(
+    dy: Tensor,
+    x: Tensor,
+    weight_numerator: Tensor,
+    weight_denominator: Tensor,
+    num_groups: int,
+    variant: str,
+    deterministic: bool,
+    need_x: bool,
+    need_params: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(dx, d_weight_numerator, d_weight_denominator); dx in x's dtype, the others in the arithmetic dtype
+    (fp32, or fp64 for fp64 x). The ones not asked for come back empty."""
+    return _backward_impl(dy, x, weight_numerator, weight_denominator, num_groups, variant, deterministic, need_x,
+                          need_params)
 
 
 def _grad_buffers(x, weight_numerator, weight_denominator, need_x, need_params, alloc):
@@ -107,13 +117,13 @@ def _setup_context(ctx, inputs, output):
     ctx.config = (num_groups, variant, deterministic)
 
 
-def _backward(ctx, dy):
+def _backward(ctx, dy, backward_fn=None):
     x, weight_numerator, weight_denominator = ctx.saved_tensors
     need_x = ctx.needs_input_grad[0]
     need_params = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
     if not (need_x or need_params):
         return None, None, None, None, None, None
-    dx, da, db = group_rational_backward(
+    dx, da, db = (backward_fn or group_rational_backward)(
         dy, x, weight_numerator, weight_denominator, *ctx.config, need_x, need_params
     )
     return (
@@ -125,6 +135,25 @@ def _backward(ctx, dy):
 
 
 group_rational_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerGroupRational(torch.autograd.Function):
+    """The custom ops' own implementations and autograd formula, entered without the custom-op dispatch
+    (schema defaults, redispatch through the autograd key, the backward op's second dispatch: tens of
+    microseconds of host time per step). Eager calls take this route; anything traced (``torch.compile``,
+    export) sees the registered ops."""
+
+    @staticmethod
+    def forward(ctx, x, weight_numerator, weight_denominator, num_groups, variant, deterministic):
+        inputs = (x, weight_numerator, weight_denominator, num_groups, variant, deterministic)
+        y = _forward_impl(*inputs)
+        _setup_context(ctx, inputs, y)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        return _backward(ctx, dy, _backward_impl)
 
 
 def check_config(num_features: int, num_groups: int, variant: str) -> None:
@@ -172,7 +201,6 @@ def group_rational(
         if w.device != x.device:
             raise ValueError(f"{name} must be on device {x.device} (that of x), got {w.device}")
     lead = x.shape[:-1]
-    y = group_rational_forward(
-        x.reshape(-1, channels), weight_numerator, weight_denominator, num_groups, variant, deterministic
-    )
+    apply = group_rational_forward if torch.compiler.is_compiling() else _EagerGroupRational.apply
+    y = apply(x.reshape(-1, channels), weight_numerator, weight_denominator, num_groups, variant, deterministic)
     return y.reshape(*lead, channels)
