@@ -731,17 +731,19 @@ def launch_forward(
     variant: str = "A",
     vec: "int | None" = None,
     stream: "wp.Stream | None" = None,
-) -> None:
+    record: bool = False,
+):
     """y = F(x) for x, y [N, C] contiguous (fp32/fp64/fp16/bf16); a [1 or G, m+1], b [G, n] in the arithmetic
-    type (fp32, or fp64 for fp64 x). Overwrites y."""
+    type (fp32, or fp64 for fp64 x). Overwrites y. ``record=True``: nothing runs; the launches come back as a
+    list of ``wp.Launch`` (what the torch bridge replays)."""
     kernels, lay, n_vec = _prepare(x, num_groups, a, b, variant, vec, (y,), FORWARD_VECTOR_BYTES)
     if x.shape[0] == 0 or x.shape[1] == 0:
-        return
+        return [] if record else None
     if tuple(y.shape) != tuple(x.shape) or y.dtype != x.dtype:
         raise ValueError(f"y must have the shape and dtype of x {tuple(x.shape)}, got {tuple(y.shape)}")
     xv = _vector_view(x, kernels.io_vector, x.shape[0], n_vec)
     yv = _vector_view(y, kernels.io_vector, x.shape[0], n_vec)
-    wp.launch_tiled(
+    cmd = wp.launch_tiled(
         kernels.forward,
         dim=[lay.num_blocks],
         inputs=[xv, a, b, lay.vectors_per_group, lay.tile_width, lay.chunks, lay.rows_per_chunk, lay.blocks_per_group],
@@ -750,7 +752,9 @@ def launch_forward(
         device=x.device,
         stream=stream,
         record_tape=False,
+        record_cmd=record,
     )
+    return [cmd] if record else None
 
 
 class _Workspace:
@@ -797,7 +801,9 @@ def launch_backward(
     vec: "int | None" = None,
     stream: "wp.Stream | None" = None,
     workspace=None,
-) -> None:
+    partials: "wp.array | None" = None,
+    record: bool = False,
+):
     """Gradients of ``launch_forward``. ``da`` and ``db`` (arithmetic type, shapes of a and b) are
     accumulated (+=); ``dx`` is accumulated when ``accumulate_dx`` (Warp's adjoint convention) and
     overwritten otherwise (the torch op: saves a read of dx). ``da`` and ``db`` go together.
@@ -805,7 +811,9 @@ def launch_backward(
     reduced in a fixed order (fp64 block partials and a combine pass), so they are always bitwise
     reproducible, at the cost of one small extra launch. ``workspace``: an object with
     ``get(name, shape, dtype) -> wp.array`` for the fp64 partials (the torch bridge passes torch's caching
-    allocator, which stays legal under CUDA-graph capture); Warp buffers kept per (device, stream) otherwise."""
+    allocator, which stays legal under CUDA-graph capture); Warp buffers kept per (device, stream) otherwise.
+    ``partials``: the fp64 buffer itself (at least :func:`backward_partials_size` values), instead.
+    ``record=True``: nothing runs; the launches come back as a list of ``wp.Launch``."""
     kernels, lay, n_vec = _prepare(x, num_groups, a, b, variant, vec, (dy, dx), BACKWARD_VECTOR_BYTES, "backward")
     if tuple(dy.shape) != tuple(x.shape) or dy.dtype != x.dtype:
         raise ValueError(f"dy must have the shape and dtype of x {tuple(x.shape)}, got {tuple(dy.shape)}")
@@ -817,18 +825,23 @@ def launch_backward(
     if dx is not None and (tuple(dx.shape) != tuple(x.shape) or dx.dtype != x.dtype):
         raise ValueError(f"dx must have the shape and dtype of x {tuple(x.shape)}, got {tuple(dx.shape)}")
     if x.shape[0] == 0 or x.shape[1] == 0 or (dx is None and not need_params):
-        return
+        return [] if record else None
     n_rows = x.shape[0]
     xv = _vector_view(x, kernels.io_vector, n_rows, n_vec)
     dyv = _vector_view(dy, kernels.io_vector, n_rows, n_vec)
     dxv = _vector_view(dx, kernels.io_vector, n_rows, n_vec) if dx is not None else xv  # unused when not needed
     k = kernels.grad_vector._length_
     rows, cols = (lay.num_blocks, k) if need_params else (1, 1)  # (1, 1): unused
-    if workspace is not None:
+    if partials is not None:
+        if partials.size < rows * cols or partials.dtype != wp.float64:
+            raise ValueError(f"partials must be a float64 array of at least {rows * cols} values")
+        partials = wp.array(ptr=partials.ptr, dtype=wp.float64, shape=(rows, cols), device=partials.device, copy=False)
+    elif workspace is not None:
         partials = workspace.get("rational_partials", (rows, cols), wp.float64)
     else:
         partials = _workspace(x.device, stream).partials(x.device, rows, cols, wp.float64)
-    wp.launch_tiled(
+    cmds = []
+    cmds.append(wp.launch_tiled(
         kernels.backward,
         dim=[lay.num_blocks],
         inputs=[
@@ -841,9 +854,10 @@ def launch_backward(
         device=x.device,
         stream=stream,
         record_tape=False,
-    )
+        record_cmd=record,
+    ))
     if need_params:
-        wp.launch_tiled(
+        cmds.append(wp.launch_tiled(
             kernels.combine,
             dim=[a.shape[0] * a.shape[1] + b.shape[0] * b.shape[1]],
             inputs=[partials, lay.blocks_per_group],
@@ -852,7 +866,19 @@ def launch_backward(
             device=x.device,
             stream=stream,
             record_tape=False,
-        )
+            record_cmd=record,
+        ))
+    return cmds if record else None
+
+
+def backward_partials_size(n_rows: int, n_channels: int, num_groups: int, num_order: int, den_order: int,
+                           io_name: str, device) -> int:
+    """fp64 values of the backward's partial buffer for 16-byte aligned arrays of this shape (what
+    :func:`launch_backward` picks for them; the torch bridge allocates it from torch's allocator)."""
+    group_size = n_channels // num_groups
+    vec = vector_width(io_name, group_size, BACKWARD_VECTOR_BYTES)
+    lay = layout(n_rows, group_size // vec, num_groups, target_blocks(device, "backward"))
+    return lay.num_blocks * (num_order + 1 + den_order)
 
 
 def bytes_moved(n_elements: int, io_bytes: int, backward: bool) -> int:

@@ -8,10 +8,11 @@ for fp64 x); the coefficient gradients come back in the dtype of the weights.
 from __future__ import annotations
 
 import torch
+import warp as wp
 from torch import Tensor
 
 from ..kernels import rational as kr
-from ._common import TorchWorkspace, check_tensor, to_warp, warp_stream
+from ._common import RecordedLaunches, check_tensor, warp_device
 
 __all__ = ["group_rational", "group_rational_forward", "group_rational_backward"]
 
@@ -36,13 +37,28 @@ def _coefficients(x: Tensor, weight_numerator: Tensor, weight_denominator: Tenso
     return weight_numerator.to(dtype).contiguous(), weight_denominator.to(dtype).contiguous()
 
 
+# Recorded launches (see RecordedLaunches): the host cost of a call is a few microseconds a launch.
+_LAUNCHES = RecordedLaunches()
+_WP_IO = {torch.float32: wp.float32, torch.float64: wp.float64, torch.float16: wp.float16, torch.bfloat16: wp.bfloat16}
+
+
+def _record_forward(x, a, b, y, num_groups, variant, record):
+    return kr.launch_forward(x, a, b, y, num_groups, variant, record=record)
+
+
+def _record_backward(dy, x, a, b, dx, da, db, partials, num_groups, variant, record):
+    # the coefficient gradients are always reduced in a fixed order (see the kernels), so ``deterministic``
+    # needs no launch of its own
+    return kr.launch_backward(dy, x, a, b, num_groups, variant, dx=dx, da=da, db=db, accumulate_dx=False,
+                              partials=partials, record=record)
+
+
 def _forward_impl(x, weight_numerator, weight_denominator, num_groups, variant, deterministic):
     x = _aligned(x)
     a, b = _coefficients(x, weight_numerator, weight_denominator)
     y = torch.empty_like(x)
     if x.numel():
-        kr.launch_forward(to_warp(x), to_warp(a), to_warp(b), to_warp(y), num_groups, variant,
-                          stream=warp_stream(x.device))
+        _LAUNCHES(_record_forward, (x, a, b, y), num_groups, variant)
     return y
 
 
@@ -66,16 +82,11 @@ def _backward_impl(dy, x, weight_numerator, weight_denominator, num_groups, vari
     a, b = _coefficients(x, weight_numerator, weight_denominator)
     dx, da, db = _grad_buffers(x, weight_numerator, weight_denominator, need_x, need_params, torch.zeros)
     if x.numel() and (need_x or need_params):
-        kr.launch_backward(
-            to_warp(dy), to_warp(x), to_warp(a), to_warp(b), num_groups, variant,
-            dx=to_warp(dx) if need_x else None,
-            da=to_warp(da) if need_params else None,
-            db=to_warp(db) if need_params else None,
-            accumulate_dx=False,
-            deterministic=deterministic,
-            stream=warp_stream(x.device),
-            workspace=TorchWorkspace(x.device),
-        )
+        size = kr.backward_partials_size(x.shape[0], x.shape[1], num_groups, a.shape[1] - 1, b.shape[1],
+                                         kr.io_name_of(_WP_IO[x.dtype]), warp_device(x.device)) if need_params else 1
+        partials = torch.empty(size, dtype=torch.float64, device=x.device)
+        _LAUNCHES(_record_backward, (dy, x, a, b, dx if need_x else None, da if need_params else None,
+                                     db if need_params else None, partials), num_groups, variant)
     return dx, da, db
 
 
