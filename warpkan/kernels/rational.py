@@ -76,7 +76,9 @@ _TARGET_BLOCKS = 2048  # blocks wanted where the device does not say (the CPU)
 # Blocks per SM of each pass on a GPU: a whole number of waves of resident blocks (the backward keeps ~128
 # registers a lane: 2 blocks of 256 per SM; the forward ~48: 4 to 5), so that no last, part-filled wave
 # idles most of the GPU (a layout is a fixed split of the work). From scripts/rational_tune.py on an H200.
-BLOCKS_PER_SM = {"forward": 8, "backward": 4}
+BLOCKS_PER_SM = {"forward": 4, "backward": 2}
+# Items (vectors) per lane whose loads are issued together before their arithmetic.
+ITEMS_PER_STEP = {"forward": 4, "backward": 2}
 _MIN_ITEMS_PER_BLOCK = 2048  # vectors per block, so that small inputs do not spread over idle blocks
 _MAX_TILE_WIDTH = 1024  # vectors of one group handled by one block side by side
 
@@ -193,9 +195,15 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
     K = M + N
     D = max(num_order, den_order) + 1  # powers 0 .. max(m, n)
     V = vec
-    RUN = max(1, 32 // vec)  # items (of V elements) summed in the arithmetic type before the fp64 fold
+    UF = ITEMS_PER_STEP["forward"]
+    UB = ITEMS_PER_STEP["backward"]
+    RUN = max(1, 32 // (vec * UB))  # steps (of UB items of V elements) summed in fp32 before the fp64 fold
     io_vec = wp.types.vector(length=V, dtype=io_scalar)
     load_vec, store_vec = wide_access(io_vec)  # one 16-byte access per vector (see _common)
+    matUF = wp.types.matrix(shape=(UF, V), dtype=io_scalar)  # the vectors of one step
+    matUB = wp.types.matrix(shape=(UB, V), dtype=io_scalar)
+    vecUFi = wp.types.vector(length=UF, dtype=int)
+    vecUBi = wp.types.vector(length=UB, dtype=int)
     vecM = wp.types.vector(length=M, dtype=acc)
     vecN = wp.types.vector(length=N, dtype=acc)
     vecK = wp.types.vector(length=K, dtype=acc)
@@ -203,7 +211,7 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
     vecD = wp.types.vector(length=D, dtype=acc)
     is_a = variant == "A"
     threshold = acc(large_x_threshold(num_order, den_order))
-    module = f"warpkan_rational_{variant}_{num_order}_{den_order}_{io_name}_v{vec}"
+    module = f"warpkan_rational_{variant}_{num_order}_{den_order}_{io_name}_v{vec}_u{UF}{UB}"
     kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
     zero = acc(0.0)
     one = acc(1.0)
@@ -493,27 +501,29 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
         col_step = lanes - row_step * width
         row = row0 + lane // width
         col = lane - (lane // width) * width
-        # software pipelining: the next item's load is issued before this item's arithmetic, so every lane
-        # keeps a load in flight (the loop itself is not unrolled)
-        xv = io_vec()
-        if row < row1:
-            xv = load_vec(x, row, col0 + col)
+        # UF items per step, all their loads issued before any arithmetic: UF 16-byte loads in flight per lane
+        # (a while loop is not unrolled, so this is what keeps enough bytes in flight to cover HBM latency)
         while row < row1:
-            next_row, next_col = next_item(row, col, row_step, col_step, width)
-            next_xv = xv
-            if next_row < row1:
-                next_xv = load_vec(x, next_row, col0 + next_col)
-            yv = io_vec()
-            if any_large(xv):
-                for k in range(V):
-                    yv[k] = io_scalar(element_value(acc(xv[k]), av, bq))
-            else:
-                for k in range(V):
-                    yv[k] = io_scalar(plain_value(acc(xv[k]), av, bq))
-            store_vec(y, row, col0 + col, yv)
-            row = next_row
-            col = next_col
-            xv = next_xv
+            rows_u = vecUFi()
+            cols_u = vecUFi()
+            xs = matUF()
+            for u in range(UF):
+                rows_u[u] = row
+                cols_u[u] = col
+                if row < row1:
+                    xs[u] = load_vec(x, row, col0 + col)
+                row, col = next_item(row, col, row_step, col_step, width)
+            for u in range(UF):
+                if rows_u[u] < row1:
+                    xv = xs[u]
+                    yv = io_vec()
+                    if any_large(xv):
+                        for k in range(V):
+                            yv[k] = io_scalar(element_value(acc(xv[k]), av, bq))
+                    else:
+                        for k in range(V):
+                            yv[k] = io_scalar(plain_value(acc(xv[k]), av, bq))
+                    store_vec(y, rows_u[u], col0 + cols_u[u], yv)
 
     # ------------------------------------------------------------------ backward
     @kernel
@@ -545,43 +555,44 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
         total = vecKW()  # fp64 lane totals
         run = vecK()  # short run in the arithmetic type, folded into total every RUN items
         pending = int(0)
-        xv = io_vec()
-        gv = io_vec()
-        if row < row1:
-            xv = load_vec(x, row, col0 + col)
-            gv = load_vec(dy, row, col0 + col)
+        # UB items per step, their loads first (see the forward)
         while row < row1:
-            next_row, next_col = next_item(row, col, row_step, col_step, width)
-            next_xv = xv
-            next_gv = gv
-            if next_row < row1:
-                next_xv = load_vec(x, next_row, col0 + next_col)
-                next_gv = load_vec(dy, next_row, col0 + next_col)
-            dxv = io_vec()
-            if any_large(xv):
-                for k in range(V):
-                    d, run = element_step(acc(xv[k]), acc(gv[k]), av, ia, bq, jb, run)
-                    dxv[k] = io_scalar(d)
-            else:
-                for k in range(V):
-                    d, run = plain_step(acc(xv[k]), acc(gv[k]), av, ia, bq, jb, run)
-                    dxv[k] = io_scalar(d)
+            rows_u = vecUBi()
+            cols_u = vecUBi()
+            xs = matUB()
+            gs = matUB()
+            for u in range(UB):
+                rows_u[u] = row
+                cols_u[u] = col
+                if row < row1:
+                    xs[u] = load_vec(x, row, col0 + col)
+                    gs[u] = load_vec(dy, row, col0 + col)
+                row, col = next_item(row, col, row_step, col_step, width)
+            for u in range(UB):
+                if rows_u[u] < row1:
+                    xv = xs[u]
+                    gv = gs[u]
+                    dxv = io_vec()
+                    if any_large(xv):
+                        for k in range(V):
+                            d, run = element_step(acc(xv[k]), acc(gv[k]), av, ia, bq, jb, run)
+                            dxv[k] = io_scalar(d)
+                    else:
+                        for k in range(V):
+                            d, run = plain_step(acc(xv[k]), acc(gv[k]), av, ia, bq, jb, run)
+                            dxv[k] = io_scalar(d)
+                    if need_dx:
+                        if accumulate_dx:
+                            old = load_vec(dx, rows_u[u], col0 + cols_u[u])
+                            for k in range(V):
+                                dxv[k] = io_scalar(acc(old[k]) + acc(dxv[k]))
+                        store_vec(dx, rows_u[u], col0 + cols_u[u], dxv)
             pending += 1
             if pending == RUN:
                 for k in range(K):
                     total[k] = total[k] + wp.float64(run[k])
                 run = vecK()
                 pending = 0
-            if need_dx:
-                if accumulate_dx:
-                    old = load_vec(dx, row, col0 + col)
-                    for k in range(V):
-                        dxv[k] = io_scalar(acc(old[k]) + acc(dxv[k]))
-                store_vec(dx, row, col0 + col, dxv)
-            row = next_row
-            col = next_col
-            xv = next_xv
-            gv = next_gv
         for k in range(K):
             total[k] = total[k] + wp.float64(run[k])
         if need_params:
