@@ -47,15 +47,15 @@ def main():
         per = x.element_size()
         vec = 16 // per
         for items, blocks_per_sm in ((1, 4), (2, 2), (2, 4), (4, 2), (4, 4), (8, 4)):
-            kr.ITEMS_PER_STEP.update(forward=items, backward=min(items, 4))
-            kr.BLOCKS_PER_SM.update(forward=blocks_per_sm, backward=blocks_per_sm)
+            kr.ITEMS_PER_STEP.update(forward={vec: items}, backward={vec: min(items, 4)})
+            kr.BLOCKS_PER_SM.update(forward={vec: blocks_per_sm}, backward={vec: blocks_per_sm})
             kr.get_kernels.cache_clear()
             fwd = timed(lambda: kr.launch_forward(w(x), w(a), w(b), w(y), 8, "A", vec=vec, stream=stream))
             bwd = timed(lambda: kr.launch_backward(w(dy), w(x), w(a), w(b), 8, "A", dx=w(dx), da=w(da),
                                                    db=w(db), accumulate_dx=False, vec=vec, stream=stream))
             for name, ms, moved in (("forward", fwd, 2), ("backward", bwd, 3)):
                 bw = moved * x.numel() * per / ms / 1e6
-                print(f"| {str(dtype)[6:]} | {name} | {kr.ITEMS_PER_STEP[name]} | {blocks_per_sm} | {ms:.4f} | "
+                print(f"| {str(dtype)[6:]} | {name} | {kr.ITEMS_PER_STEP[name][vec]} | {blocks_per_sm} | {ms:.4f} | "
                       f"{bw:.0f} | {100 * bw / copy_bw:.1f} |")
 
 if __name__ == "__main__":

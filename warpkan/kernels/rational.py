@@ -73,12 +73,21 @@ _ACC_TYPES = {"float32": wp.float32, "float64": wp.float64}
 
 BLOCK_DIM = 256
 _TARGET_BLOCKS = 2048  # blocks wanted where the device does not say (the CPU)
-# Blocks per SM of each pass on a GPU: a whole number of waves of resident blocks (the backward keeps ~128
-# registers a lane: 2 blocks of 256 per SM; the forward ~48: 4 to 5), so that no last, part-filled wave
-# idles most of the GPU (a layout is a fixed split of the work). From scripts/rational_tune.py on an H200.
-BLOCKS_PER_SM = {"forward": 4, "backward": 2}
-# Items (vectors) per lane whose loads are issued together before their arithmetic.
-ITEMS_PER_STEP = {"forward": 4, "backward": 2}
+# Launch shape of each pass on a GPU, by elements per 16-byte vector (4: fp32, 8: bf16/fp16), measured with
+# scripts/rational_tune.py on an H200 at (1024 * 197, 768):
+# - blocks per SM: the grid is a whole number of waves of resident blocks (a layout is a fixed split of the
+#   work, so a last, part-filled wave would idle most of the GPU);
+# - items per step: vectors per lane whose loads are issued together before their arithmetic (a while loop
+#   is not unrolled: this is what keeps bytes in flight). bf16 does twice the arithmetic per vector, so one
+#   item (and more resident blocks) suits it better.
+BLOCKS_PER_SM = {"forward": {4: 4, 8: 4}, "backward": {4: 2, 8: 4}}
+ITEMS_PER_STEP = {"forward": {4: 2, 8: 1}, "backward": {4: 2, 8: 1}}
+
+
+def launch_shape(table: dict, pass_name: str, vec: int) -> int:
+    """The tuned value of ``table`` for a pass and vector width (the nearest tuned width for others)."""
+    entries = table[pass_name]
+    return entries.get(vec, entries[min(entries, key=lambda v: abs(v - vec))])
 _MIN_ITEMS_PER_BLOCK = 2048  # vectors per block, so that small inputs do not spread over idle blocks
 _MAX_TILE_WIDTH = 1024  # vectors of one group handled by one block side by side
 
@@ -195,8 +204,8 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
     K = M + N
     D = max(num_order, den_order) + 1  # powers 0 .. max(m, n)
     V = vec
-    UF = ITEMS_PER_STEP["forward"]
-    UB = ITEMS_PER_STEP["backward"]
+    UF = launch_shape(ITEMS_PER_STEP, "forward", vec)
+    UB = launch_shape(ITEMS_PER_STEP, "backward", vec)
     RUN = max(1, 32 // (vec * UB))  # steps (of UB items of V elements) summed in fp32 before the fp64 fold
     io_vec = wp.types.vector(length=V, dtype=io_scalar)
     load_vec, store_vec = wide_access(io_vec)  # one 16-byte access per vector (see _common)
@@ -702,11 +711,11 @@ def _vector_view(arr: "wp.array", vec_type, n_rows: int, n_vectors: int) -> "wp.
     return wp.array(ptr=arr.ptr, dtype=vec_type, shape=(n_rows, n_vectors), device=arr.device, copy=False)
 
 
-def target_blocks(device, pass_name: str) -> int:
+def target_blocks(device, pass_name: str, vec: int) -> int:
     """Blocks a pass is cut into on ``device``: BLOCKS_PER_SM per SM on a GPU."""
     device = wp.get_device(device)
     if device.is_cuda:
-        return device.sm_count * BLOCKS_PER_SM[pass_name]
+        return device.sm_count * launch_shape(BLOCKS_PER_SM, pass_name, vec)
     return _TARGET_BLOCKS
 
 
@@ -729,7 +738,7 @@ def _prepare(x, num_groups, a, b, variant, vec, arrays=(), max_bytes=16, pass_na
     if any(ptr % (vec * itemsize) for ptr in pointers):
         raise ValueError(f"vector width {vec} needs arrays aligned to {vec * itemsize} bytes")
     kernels = get_kernels(m, n, variant, io_name, vec)
-    lay = layout(n_rows, group_size // vec, num_groups, target_blocks(x.device, pass_name))
+    lay = layout(n_rows, group_size // vec, num_groups, target_blocks(x.device, pass_name, vec))
     return kernels, lay, n_channels // vec
 
 
@@ -888,7 +897,7 @@ def backward_partials_size(n_rows: int, n_channels: int, num_groups: int, num_or
     :func:`launch_backward` picks for them; the torch bridge allocates it from torch's allocator)."""
     group_size = n_channels // num_groups
     vec = vector_width(io_name, group_size, BACKWARD_VECTOR_BYTES)
-    lay = layout(n_rows, group_size // vec, num_groups, target_blocks(device, "backward"))
+    lay = layout(n_rows, group_size // vec, num_groups, target_blocks(device, "backward", vec))
     return lay.num_blocks * (num_order + 1 + den_order)
 
 
