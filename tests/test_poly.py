@@ -451,12 +451,14 @@ def test_native_layer_with_tape_matches_torch(device):
         y = layer(x)
     tape.backward(grads={y: wp.array(dy_np, dtype=wp.float64, device=device)})
 
-    torch_layer = PolyKANLinear(5, 4, 6, mode="exact", bias=True, dtype=torch.float64)
+    # on the same device (a GPU machine need not have a CPU compiler)
+    torch_layer = PolyKANLinear(5, 4, 6, mode="exact", bias=True, dtype=torch.float64, device=device)
     torch_layer.load_state_dict({k: torch.tensor(v) for k, v in layer.state_dict().items()})
-    xt = torch.tensor(x_np, requires_grad=True)
+    xt = torch.tensor(x_np, requires_grad=True, device=device)
     yt = torch_layer(xt)
-    gx, gc, gb = torch.autograd.grad(yt, (xt, torch_layer.coeffs, torch_layer.bias), torch.tensor(dy_np))
-    np.testing.assert_allclose(y.numpy(), yt.detach().numpy(), rtol=1e-12, atol=1e-12)
+    gx, gc, gb = (g.cpu() for g in torch.autograd.grad(yt, (xt, torch_layer.coeffs, torch_layer.bias),
+                                                        torch.tensor(dy_np, device=device)))
+    np.testing.assert_allclose(y.numpy(), yt.detach().cpu().numpy(), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(x.grad.numpy(), gx.numpy(), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(layer.coeffs.grad.numpy(), gc.permute(0, 2, 1).numpy(), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(layer.bias.grad.numpy(), gb.numpy(), rtol=1e-12, atol=1e-12)
