@@ -1,4 +1,5 @@
-"""``warpkan demo``: a B-spline KAN and an MLP of similar size learn f(x, y) = exp(sin(pi x) + y^2)."""
+"""``warpkan demo``: a B-spline KAN, an unbounded-grid UKAN and an MLP of similar size learn
+f(x, y) = exp(sin(pi x) + y^2)."""
 
 from __future__ import annotations
 
@@ -16,14 +17,20 @@ def target_function(xy):
 def build_models(device):
     import torch
 
-    from .torch_bridge import KANLinear
+    from .torch_bridge import KANLinear, UKANLinear
 
     kan = torch.nn.Sequential(KANLinear(2, 5, grid_size=8), KANLinear(5, 1, grid_size=8)).to(device)
+    # UKAN: no grid range at all; spacing 0.25 gives the KAN's 8 cells on [-1, 1], and a small generator
+    ukan = torch.nn.Sequential(
+        UKANLinear(2, 5, grid_delta=0.25, pe_dim=8, embed_dim=4, hidden_dim=16),
+        UKANLinear(5, 1, grid_delta=0.25, pe_dim=8, embed_dim=4, hidden_dim=16),
+    ).to(device)
     hidden = 12
     mlp = torch.nn.Sequential(
         torch.nn.Linear(2, hidden), torch.nn.SiLU(), torch.nn.Linear(hidden, hidden), torch.nn.SiLU(), torch.nn.Linear(hidden, 1)
     ).to(device)
-    return {"KAN [2, 5, 1], G=8, k=3": kan, f"MLP [2, {hidden}, {hidden}, 1], SiLU": mlp}
+    return {"KAN [2, 5, 1], G=8, k=3": kan, "UKAN [2, 5, 1], h=0.25, k=3": ukan,
+            f"MLP [2, {hidden}, {hidden}, 1], SiLU": mlp}
 
 
 def run_demo(device: str = "cpu", steps: int = 1500, out_dir: str = "demo-output", seed: int = 0) -> int:
