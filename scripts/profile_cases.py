@@ -17,6 +17,8 @@ import sys
 import torch
 import warp as wp
 
+from warpkan.bench.timing import graphed, time_fn
+
 wp.config.quiet = True
 
 
@@ -31,30 +33,12 @@ def step_fn(layer, x, dy):
     return step
 
 
-def time_ms(fn, repeat=30):
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeat):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / repeat
+def time_ms(fn):
+    return time_fn(fn, "cuda", warmup=5, repeat=30)
 
 
 def graphed_ms(fn):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return time_ms(graph.replay)
+    return time_ms(graphed(fn))
 
 
 def kernel_table(fn, rows=14):

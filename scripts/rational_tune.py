@@ -13,20 +13,12 @@ import warp as wp
 wp.config.quiet = True
 wp.init()
 
+from warpkan.bench.timing import time_fn  # noqa: E402
 from warpkan.kernels import rational as kr  # noqa: E402
 
 
-def timed(fn, repeat=20):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeat):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / repeat
+def timed(fn):
+    return time_fn(fn, "cuda", warmup=3, repeat=20)
 
 
 def main():
