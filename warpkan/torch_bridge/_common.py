@@ -96,6 +96,31 @@ class RecordedLaunches:
         self._records.clear()
 
 
+def eager_function(name: str, forward_impl, setup_context, backward):
+    """An ``autograd.Function`` that runs a custom op's own implementation (``forward_impl(*inputs)``) and
+    autograd formula (``setup_context(ctx, inputs, output)``, ``backward(ctx, *grads)``) without the custom-op
+    dispatch. A ``torch.library.custom_op`` call (schema default filling, the redispatch through the autograd
+    key, the backward op's second dispatch) costs tens to hundreds of microseconds of host time on the GPU
+    machine, which dominates a small layer's eager step. Call it through :func:`op_or_eager`, so that traced
+    code (``torch.compile``, export, opcheck) still sees the registered op."""
+
+    def forward(ctx, *inputs):
+        output = forward_impl(*inputs)
+        setup_context(ctx, inputs, output)
+        return output
+
+    return type(name, (torch.autograd.Function,), {
+        "forward": staticmethod(forward),
+        "backward": staticmethod(torch.autograd.function.once_differentiable(backward)),
+        "__doc__": f"{name}: eager route of a warpkan custom op (see warpkan.torch_bridge._common.eager_function).",
+    })
+
+
+def op_or_eager(op, eager):
+    """The registered op under tracing, the eager ``autograd.Function`` otherwise."""
+    return op if torch.compiler.is_compiling() else eager.apply
+
+
 class TorchWorkspace:
     """Scratch buffers for Warp launchers, allocated from torch's caching allocator on the current stream:
     stream-ordered, reused across calls, and legal under CUDA-graph capture (Warp's own allocator is not

@@ -54,7 +54,8 @@ import warp as wp
 from torch import Tensor
 
 from ..kernels import bspline as kb
-from ._common import TorchWorkspace, autocast_dtype, check_tensor, to_warp, warp_device, warp_stream
+from ._common import (TorchWorkspace, autocast_dtype, check_tensor, eager_function, op_or_eager, to_warp, warp_device,
+                      warp_stream)
 
 __all__ = ["bspline_kan", "bspline_forward", "bspline_backward", "choose_strategy", "resolve_precision",
            "STRATEGIES", "PRECISIONS", "PRECISION_UNIT_ROUNDOFF"]
@@ -403,28 +404,21 @@ def _input_grads(ctx, dx, d_base, d_scaler, d_coef, need_x, need_params):
 bspline_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
-class _EagerBSpline(torch.autograd.Function):
-    """The same forward and backward as the custom ops, without their dispatch: in eager mode each custom-op
-    call cost about 0.3 ms of host time on the GPU machine (torch 2.11, mostly inside torch's custom-op
-    wrapper), which dominated small layers. torch.compile and opcheck go through the ops."""
+def _eager_backward(ctx, dy):
+    x, grid, base_weight_t, scaler_t, coef = ctx.saved_tensors
+    need_x = ctx.needs_input_grad[0]
+    need_params = any(ctx.needs_input_grad[2:5])
+    if not (need_x or need_params):
+        return (None,) * 11
+    dx, d_base, d_scaler, d_coef = _backward_impl(
+        dy, x, grid, base_weight_t, scaler_t, coef, *ctx.config, need_x, need_params, ctx.precision
+    )
+    return _input_grads(ctx, dx, d_base, d_scaler, d_coef, need_x, need_params)
 
-    @staticmethod
-    def forward(ctx, *inputs):
-        y = _forward_impl(*inputs)
-        _setup_context(ctx, inputs, y)
-        return y
 
-    @staticmethod
-    def backward(ctx, dy):
-        x, grid, base_weight_t, scaler_t, coef = ctx.saved_tensors
-        need_x = ctx.needs_input_grad[0]
-        need_params = any(ctx.needs_input_grad[2:5])
-        if not (need_x or need_params):
-            return (None,) * 11
-        dx, d_base, d_scaler, d_coef = _backward_impl(
-            dy, x, grid, base_weight_t, scaler_t, coef, *ctx.config, need_x, need_params, ctx.precision
-        )
-        return _input_grads(ctx, dx, d_base, d_scaler, d_coef, need_x, need_params)
+# In eager mode each custom-op call cost about 0.3 ms of host time on the GPU machine (torch 2.11, mostly
+# inside torch's custom-op wrapper), which dominated small layers.
+_EagerBSpline = eager_function("_EagerBSpline", _forward_impl, _setup_context, _eager_backward)
 
 
 def bspline_kan(
@@ -473,7 +467,7 @@ def bspline_kan(
         precision = "bf16"  # torch's matmul rule is read inside the op, at run time (torch.compile cannot trace it)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, n_in)
-    op = bspline_forward if torch.compiler.is_compiling() else _EagerBSpline.apply
+    op = op_or_eager(bspline_forward, _EagerBSpline)
     y = op(
         x2, grid, base_weight.t(), spline_scaler.t(), spline_weight.permute(1, 2, 0),
         spline_order, uniform, use_base, deterministic, strategy, precision,

@@ -55,7 +55,7 @@ import warp as wp
 from torch import Tensor
 
 from ..kernels import poly as kp
-from ._common import TorchWorkspace, check_tensor, to_warp, warp_device, warp_stream
+from ._common import TorchWorkspace, check_tensor, eager_function, op_or_eager, to_warp, warp_device, warp_stream
 
 __all__ = ["poly_kan", "poly_forward", "poly_backward", "choose_strategy", "BF16_ERROR_BOUND"]
 
@@ -410,32 +410,13 @@ def _backward(ctx, dy, backward_op=poly_backward):
 poly_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
-class _EagerPoly(torch.autograd.Function):
-    """The custom op's own implementation and autograd formula, entered without the custom-op dispatch.
-
-    A ``torch.library.custom_op`` call (schema default filling, redispatch through the autograd key, the
-    backward op's second dispatch) costs about 50 us a forward + backward on the host, a large share of a
-    small layer's eager step; eager calls take this route, and anything traced (``torch.compile``, export)
-    sees the registered op (:func:`poly_apply`)."""
-
-    @staticmethod
-    def forward(ctx, x, coeffs, bias, basis, lut_size, alpha, beta, strategy, precision):
-        inputs = (x, coeffs, bias, basis, lut_size, alpha, beta, strategy, precision)
-        y = _forward_impl(*inputs)
-        _setup_context(ctx, inputs, y)
-        return y
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, dy):
-        return _backward(ctx, dy, _backward_impl)
+_EagerPoly = eager_function("_EagerPoly", _forward_impl, _setup_context,
+                            lambda ctx, dy: _backward(ctx, dy, _backward_impl))
 
 
 def poly_apply(x, coeffs, bias, basis, lut_size, alpha, beta, strategy, precision="fp32"):
-    """:func:`poly_forward` with autograd: the registered op under tracing, :class:`_EagerPoly` in eager mode."""
-    if torch.compiler.is_compiling():
-        return poly_forward(x, coeffs, bias, basis, lut_size, alpha, beta, strategy, precision)
-    return _EagerPoly.apply(x, coeffs, bias, basis, lut_size, alpha, beta, strategy, precision)
+    """:func:`poly_forward` with autograd: the registered op under tracing, the eager route otherwise."""
+    return op_or_eager(poly_forward, _EagerPoly)(x, coeffs, bias, basis, lut_size, alpha, beta, strategy, precision)
 
 
 def poly_kan(

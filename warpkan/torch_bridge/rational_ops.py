@@ -12,7 +12,7 @@ import warp as wp
 from torch import Tensor
 
 from ..kernels import rational as kr
-from ._common import RecordedLaunches, check_tensor, warp_device
+from ._common import RecordedLaunches, check_tensor, eager_function, op_or_eager, warp_device
 
 __all__ = ["group_rational", "group_rational_forward", "group_rational_backward"]
 
@@ -148,23 +148,8 @@ def _backward(ctx, dy, backward_fn=None):
 group_rational_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
-class _EagerGroupRational(torch.autograd.Function):
-    """The custom ops' own implementations and autograd formula, entered without the custom-op dispatch
-    (schema defaults, redispatch through the autograd key, the backward op's second dispatch: tens of
-    microseconds of host time per step). Eager calls take this route; anything traced (``torch.compile``,
-    export) sees the registered ops."""
-
-    @staticmethod
-    def forward(ctx, x, weight_numerator, weight_denominator, num_groups, variant, deterministic):
-        inputs = (x, weight_numerator, weight_denominator, num_groups, variant, deterministic)
-        y = _forward_impl(*inputs)
-        _setup_context(ctx, inputs, y)
-        return y
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, dy):
-        return _backward(ctx, dy, _backward_impl)
+_EagerGroupRational = eager_function(
+    "_EagerGroupRational", _forward_impl, _setup_context, lambda ctx, dy: _backward(ctx, dy, _backward_impl))
 
 
 def check_config(num_features: int, num_groups: int, variant: str) -> None:
@@ -212,6 +197,5 @@ def group_rational(
         if w.device != x.device:
             raise ValueError(f"{name} must be on device {x.device} (that of x), got {w.device}")
     lead = x.shape[:-1]
-    apply = group_rational_forward if torch.compiler.is_compiling() else _EagerGroupRational.apply
-    y = apply(x.reshape(-1, channels), weight_numerator, weight_denominator, num_groups, variant, deterministic)
+    y = op_or_eager(group_rational_forward, _EagerGroupRational)(x.reshape(-1, channels), weight_numerator, weight_denominator, num_groups, variant, deterministic)
     return y.reshape(*lead, channels)
