@@ -3,6 +3,8 @@ argument checks whose messages name the argument, what was expected and what was
 
 from __future__ import annotations
 
+import ctypes
+import threading
 from collections import OrderedDict
 
 import torch
@@ -65,35 +67,65 @@ class RecordedLaunches:
     """Warp launches recorded once per signature and replayed on torch's current stream.
 
     At small sizes a layer's GPU work takes tens of microseconds, about what building Warp views
-    (``wp.from_torch``, ~4 us a tensor) and packing a ``wp.launch`` (~10 us) cost on the host. So each distinct
-    (launcher, config, and every tensor's pointer, shape, strides, dtype, device) is turned into ``wp.Launch``
-    objects once, by ``launcher(*views, *config, record=True)``, and replayed (~5 us a launch). The views
-    behind a record are built from raw pointers (:func:`raw_view`) and keep no tensor alive, so the caching
-    allocator hands the same blocks back on the next call, which then hits; a hit needs the very same
-    pointers, shapes and strides, so a replay always addresses live tensors of the shapes it was recorded
-    with. Least recently used records are dropped beyond ``capacity``."""
+    (``wp.from_torch``, ~4 us a tensor) and packing a ``wp.launch`` (~10 us) cost on the host. So the launches
+    of ``launcher(*views, *config, record=True)`` are recorded once per signature (launcher, config, and
+    every tensor's shape, strides, dtype and device) and replayed (~5 us a launch). A replay re-points the
+    recorded array arguments at the call's tensors: each tensor's address is written into the packed
+    arguments that held it when recorded (one ctypes field store, no view, no packing), so a hit does not
+    depend on the caching allocator handing back the same blocks. That is only done when every array
+    argument of the record is one of the tensors, at its start (no internal buffer, no offset view, no two
+    tensors at one address); other records are kept per exact set of addresses instead. The views behind a
+    record are built from raw pointers and keep no tensor alive. Least recently used records are dropped
+    beyond ``capacity``. Thread-safe: autograd runs backward on its own thread."""
 
     def __init__(self, capacity: int = 256):
         self.capacity = capacity
         self._records: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _slots(cmds, ptrs) -> list | None:
+        """For each tensor address, the packed array arguments of ``cmds`` that hold it; None unless every
+        array argument holds exactly one of the (distinct) addresses."""
+        live = [p for p in ptrs if p]
+        if len(set(live)) != len(live):
+            return None
+        args = [p for cmd in cmds for p in cmd.params[1:]
+                if isinstance(p, ctypes.Structure) and hasattr(p, "data") and hasattr(p, "strides")]
+        slots = [[arg for arg in args if ptr and arg.data == ptr] for ptr in ptrs]
+        if sum(len(found) for found in slots) != sum(1 for arg in args if arg.data):
+            return None
+        return slots
 
     def __call__(self, launcher, tensors: tuple, *config) -> None:
-        key = (launcher, *config, *(None if t is None else (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
-                                    for t in tensors))
-        cmds = self._records.get(key)
-        if cmds is None:
-            cmds = self._records[key] = launcher(*(raw_view(t) for t in tensors), *config, record=True)
-            if len(self._records) > self.capacity:
-                self._records.popitem(last=False)
-        else:
-            self._records.move_to_end(key)
+        signature = (launcher, *config, *(None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+                                          for t in tensors))
+        ptrs = tuple(0 if t is None else t.data_ptr() for t in tensors)
         device = next(t.device for t in tensors if t is not None)
         stream = warp_stream(device)
-        for cmd in cmds:
-            cmd.launch(stream)
+        with self._lock:  # re-pointing and launching must not interleave with another thread's
+            entry = self._records.get(signature)
+            if entry is None:
+                entry = self._records.get((signature, ptrs))
+            if entry is None:
+                cmds = launcher(*(raw_view(t) for t in tensors), *config, record=True)
+                slots = self._slots(cmds, ptrs)
+                entry = (cmds, slots)
+                self._records[signature if slots is not None else (signature, ptrs)] = entry
+                if len(self._records) > self.capacity:
+                    self._records.popitem(last=False)
+            else:
+                cmds, slots = entry
+                if slots is not None:
+                    for ptr, args in zip(ptrs, slots):
+                        for arg in args:
+                            arg.data = ptr
+            for cmd in cmds:
+                cmd.launch(stream)
 
     def clear(self) -> None:
-        self._records.clear()
+        with self._lock:
+            self._records.clear()
 
 
 def eager_function(name: str, forward_impl, setup_context, backward):

@@ -45,16 +45,12 @@ written in full by the kernels (no zero fills); forward: 2 launches + 1 GEMM per
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import threading
-from collections import OrderedDict
 
 import torch
-import warp as wp
 from torch import Tensor
 
 from ..kernels import bspline as kb
-from ._common import (TorchWorkspace, autocast_dtype, check_tensor, eager_function, op_or_eager, to_warp, warp_device,
+from ._common import (RecordedLaunches, TorchWorkspace, autocast_dtype, check_tensor, eager_function, op_or_eager, to_warp,
                       warp_stream)
 
 __all__ = ["bspline_kan", "bspline_forward", "bspline_backward", "choose_strategy", "resolve_precision",
@@ -106,55 +102,8 @@ def _resolve(strategy: str, x: Tensor, coef: Tensor) -> str:
     return strategy
 
 
-# Recorded Warp launches, keyed by (launcher, config, and each tensor's shape, dtype and device; every tensor
-# here is contiguous). A hit re-points the recorded launches at this call's tensors by writing each tensor's
-# address into the array arguments that held it when recorded (one ctypes field store per tensor, no Warp
-# view and no argument packing), so a hit does not depend on the caching allocator handing back the same
-# blocks. The recorded views were built from raw pointers and keep no tensor alive.
-_WP_DTYPES = {torch.float32: wp.float32, torch.float64: wp.float64, torch.bfloat16: wp.bfloat16}
-_LAUNCHES: OrderedDict = OrderedDict()
-_LAUNCH_CACHE_SIZE = 256
-_LAUNCH_LOCK = threading.Lock()
-
-
-def _view(t: Tensor) -> wp.array:
-    """A Warp view of a contiguous tensor's memory that does not keep it alive."""
-    return wp.array(ptr=t.data_ptr(), dtype=_WP_DTYPES[t.dtype], shape=tuple(t.shape), device=warp_device(t.device),
-                    copy=False)
-
-
-def _array_slots(cmds, tensors) -> list | None:
-    """For each tensor, the packed array arguments of ``cmds`` that hold its address; None when two tensors
-    share an address (their arguments could not be told apart)."""
-    ptrs = [t.data_ptr() for t in tensors]
-    if len(set(ptrs)) != len(ptrs):
-        return None
-    args = [p for cmd in cmds for p in cmd.params[1:] if isinstance(p, ctypes.Structure) and hasattr(p, "strides")]
-    return [[p for p in args if p.data == ptr] for ptr in ptrs]
-
-
-def _launch(launcher, tensors: tuple, *config) -> None:
-    """``launcher(*views, *config, record=True)``'s launches on torch's current stream: recorded once per
-    signature, then re-pointed at the tensors of each call and replayed."""
-    key = (launcher, *config, *((t.shape, t.dtype, t.device) for t in tensors))
-    stream = warp_stream(tensors[0].device)
-    with _LAUNCH_LOCK:  # re-pointing and launching must not interleave with another thread's (autograd's)
-        entry = _LAUNCHES.get(key)
-        if entry is None:
-            cmds = launcher(*(_view(t) for t in tensors), *config, record=True)
-            slots = _array_slots(cmds, tensors)
-            if slots is not None:
-                _LAUNCHES[key] = (cmds, slots)
-                if len(_LAUNCHES) > _LAUNCH_CACHE_SIZE:
-                    _LAUNCHES.popitem(last=False)
-        else:
-            cmds, slots = entry
-            for t, args in zip(tensors, slots):
-                ptr = t.data_ptr()
-                for arg in args:
-                    arg.data = ptr
-        for cmd in cmds:
-            cmd.launch(stream)
+# Recorded Warp launches (see RecordedLaunches): re-pointed at each call's tensors, replayed on torch's stream.
+_launch = RecordedLaunches()
 
 
 @contextlib.contextmanager

@@ -18,16 +18,14 @@ in float16/bfloat16 accumulate in float32 (cuBLAS); the Warp kernels always comp
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
-import warp as wp
 from torch import Tensor
 
 from ..kernels import geglu as kg
-from ._common import check_tensor, warp_device, warp_stream
+from ._common import RecordedLaunches, check_tensor
 
 __all__ = ["geglu_ffn", "geglu_ffn_forward", "geglu_ffn_backward", "GEGLU_DTYPES", "DEFAULT_SMALL_BATCH_ROWS"]
 
@@ -58,42 +56,9 @@ def _empty_like_rows(x: Tensor, cols: int) -> Tensor:
     return x.new_empty((x.shape[0], cols))
 
 
-# Launch cache. At small batch the GPU work takes tens of microseconds, about what ``wp.from_torch`` (~4 us
-# per tensor) and ``wp.launch`` (~10 us) cost on the host, so each distinct set of (pointer, shape, stride,
-# dtype) arguments is turned into recorded ``wp.Launch`` objects once and replayed (~5 us per launch).
-# The Warp views behind them are built from raw pointers and keep no tensor alive, so the caching
-# allocator can hand the same output blocks back on the next call (and the next call then hits). A hit
-# needs the very same pointers, shapes and strides, so a replay always addresses live tensors of the
-# shapes it was recorded with.
-_WP_DTYPES = {torch.float16: wp.float16, torch.bfloat16: wp.bfloat16, torch.float32: wp.float32, torch.float64: wp.float64}
-_LAUNCH_CACHE: OrderedDict = OrderedDict()
-_LAUNCH_CACHE_SIZE = 64
-
-
-def _view(t: Tensor | None) -> wp.array | None:
-    """A Warp view of t's memory that does not keep t alive (t is contiguous)."""
-    if t is None:
-        return None
-    return wp.array(
-        ptr=t.data_ptr(), dtype=_WP_DTYPES[t.dtype], shape=tuple(t.shape),
-        strides=tuple(s * t.element_size() for s in t.stride()), device=warp_device(t.device), copy=False,
-    )
-
-
-def _launch(build, tensors: tuple, *config) -> None:
-    """Run ``build(*views, record=True)``'s launches on torch's current stream, recorded once per argument
-    signature."""
-    key = (build, *config, *((t.data_ptr(), t.shape, t.stride(), t.dtype, t.device) if t is not None else None
-                             for t in tensors))
-    cmds = _LAUNCH_CACHE.get(key)
-    if cmds is None:
-        cmds = build(*(_view(t) for t in tensors), *config, record=True)
-        _LAUNCH_CACHE[key] = cmds
-        if len(_LAUNCH_CACHE) > _LAUNCH_CACHE_SIZE:
-            _LAUNCH_CACHE.popitem(last=False)
-    stream = warp_stream(tensors[0].device)
-    for cmd in cmds:
-        cmd.launch(stream)
+# Recorded Warp launches (see RecordedLaunches): at small batch the GPU work takes tens of microseconds, about
+# what building views and packing launches costs on the host.
+_launch = RecordedLaunches()
 
 
 @torch.library.custom_op("warpkan::geglu_ffn_forward", mutates_args=())
