@@ -1,11 +1,15 @@
 """Kernel times of the group-rational forward and backward by vector width (cuda; CUDA events after warm-up).
 
-    python scripts/rational_tune.py
+    python scripts/rational_tune.py [--defaults]
+
+``--defaults`` times only the shipped launch shape.
 
 x of shape (1024 * 197, 768), 8 groups, orders (5, 4), variant A, 16-byte vectors; prints ms and GB/s
 against a copy of x by items per step and blocks per SM. The defaults ITEMS_PER_STEP / BLOCKS_PER_SM in
 warpkan.kernels.rational come from this table (16-byte vectors beat 8- and 4-byte ones at every setting).
 """
+
+import sys
 
 import torch
 import warp as wp
@@ -38,16 +42,24 @@ def main():
         copy_bw = 2 * x.numel() * x.element_size() / copy_ms / 1e6
         per = x.element_size()
         vec = 16 // per
-        for items, blocks_per_sm in ((1, 4), (2, 2), (2, 4), (4, 2), (4, 4), (8, 4)):
-            kr.ITEMS_PER_STEP.update(forward={vec: items}, backward={vec: min(items, 4)})
-            kr.BLOCKS_PER_SM.update(forward={vec: blocks_per_sm}, backward={vec: blocks_per_sm})
+        shipped = ({k: dict(v) for k, v in kr.ITEMS_PER_STEP.items()}, {k: dict(v) for k, v in kr.BLOCKS_PER_SM.items()})
+        settings = [None] if "--defaults" in sys.argv else [(1, 4), (2, 2), (2, 4), (4, 2), (4, 4), (8, 4)]
+        for setting in settings:
+            kr.ITEMS_PER_STEP.update({k: dict(v) for k, v in shipped[0].items()})
+            kr.BLOCKS_PER_SM.update({k: dict(v) for k, v in shipped[1].items()})
+            blocks_per_sm = "shipped"
+            if setting is not None:
+                items, blocks_per_sm = setting
+                kr.ITEMS_PER_STEP.update(forward={vec: items}, backward={vec: min(items, 4)})
+                kr.BLOCKS_PER_SM.update(forward={vec: blocks_per_sm}, backward={vec: blocks_per_sm})
             kr.get_kernels.cache_clear()
             fwd = timed(lambda: kr.launch_forward(w(x), w(a), w(b), w(y), 8, "A", vec=vec, stream=stream))
             bwd = timed(lambda: kr.launch_backward(w(dy), w(x), w(a), w(b), 8, "A", dx=w(dx), da=w(da),
                                                    db=w(db), accumulate_dx=False, vec=vec, stream=stream))
             for name, ms, moved in (("forward", fwd, 2), ("backward", bwd, 3)):
                 bw = moved * x.numel() * per / ms / 1e6
-                print(f"| {str(dtype)[6:]} | {name} | {kr.ITEMS_PER_STEP[name][vec]} | {blocks_per_sm} | {ms:.4f} | "
+                print(f"| {str(dtype)[6:]} | {name} | {kr.launch_shape(kr.ITEMS_PER_STEP, name, vec)} | "
+                      f"{kr.launch_shape(kr.BLOCKS_PER_SM, name, vec) if setting is None else blocks_per_sm} | {ms:.4f} | "
                       f"{bw:.0f} | {100 * bw / copy_bw:.1f} |")
 
 if __name__ == "__main__":

@@ -339,17 +339,18 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
 
     @wp.func
     def plain_value(x: acc, a: vecM, bq: vecN):
-        """F(x) for |x| <= T (bq = |b| for A, b for B)."""
-        xp = powers(x)
-        p = zero
-        for i in range(M):
-            p = p + a[i] * xp[i]
-        s = zero
-        for j in range(1, N + 1):
-            if wp.static(is_a):
-                s = s + bq[j - 1] * wp.abs(xp[j])
-            else:
-                s = s + bq[j - 1] * xp[j]
+        """F(x) for |x| <= T (bq = |b| for A, b for B), both polynomials by Horner's rule (one FMA a
+        coefficient: the forward needs no powers)."""
+        p = a[M - 1]
+        for i in range(1, M):
+            p = p * x + a[M - 1 - i]
+        u = x
+        if wp.static(is_a):
+            u = wp.abs(x)
+        s = bq[N - 1]
+        for j in range(1, N):
+            s = s * u + bq[N - 1 - j]
+        s = s * u
         if wp.static(not is_a):
             s = wp.abs(s)
         return p * reciprocal(one + s)
