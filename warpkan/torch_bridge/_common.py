@@ -51,7 +51,7 @@ def to_warp(t: torch.Tensor) -> wp.array:
 
 
 _WP_DTYPES = {torch.float16: wp.float16, torch.bfloat16: wp.bfloat16, torch.float32: wp.float32,
-              torch.float64: wp.float64, torch.int32: wp.int32}
+              torch.float64: wp.float64, torch.int32: wp.int32, torch.int64: wp.int64}
 
 
 def raw_view(t: torch.Tensor | None) -> wp.array | None:

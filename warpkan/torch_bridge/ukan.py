@@ -12,7 +12,7 @@ from ..kernels import bspline as kb
 from ..kernels import ukan as ku
 from ._common import autocast_dtype, check_tensor
 from .kan_linear import KANLinear, _base_path
-from .ukan_ops import (check_grid_delta, group_range, positional_encoding, range_encoding, ukan_pairs, ukan_range_spline,
+from .ukan_ops import (check_grid_delta, group_range, positional_encoding, range_encoding, range_spline, ukan_pairs,
                        ukan_spline)
 
 __all__ = ["UKANLinear"]
@@ -197,7 +197,7 @@ class UKANLinear(nn.Module):
         self._last = None
         self._last_range_x = x2.detach()  # the regulariser recomputes the touched pairs from it
         self._last_range_span = span
-        return ukan_range_spline(x2, group_lo, table, self.base_weight.t(), self.spline_scaler.t(), self.grid_delta,
+        return range_spline(x2, group_lo, table, self.base_weight.t(), self.spline_scaler.t(), self.grid_delta,
                                  self.spline_order, self.use_base)
 
     @torch.no_grad()

@@ -26,16 +26,15 @@ launch cache), so a small layer pays about 5 us per launch.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import torch
 from torch import Tensor
 
 from ..kernels import ukan as ku
-from ._common import to_warp, warp_device, warp_stream
+from ._common import RecordedLaunches, eager_function, op_or_eager, to_warp, warp_stream
 
 __all__ = ["ukan_pairs", "ukan_spline", "ukan_spline_backward", "ukan_range_spline", "ukan_range_spline_backward",
-           "group_range", "range_encoding", "positional_encoding"]
+           "group_range", "group_range_op", "range_encoding", "range_encoding_op", "range_spline",
+           "positional_encoding"]
 
 _TORCH_INT = {ku.wp.int32: torch.int32, ku.wp.int64: torch.int64}
 
@@ -228,39 +227,12 @@ ukan_spline.register_autograd(_backward, setup_context=_setup_context)
 # chunks so that no O(N * in * W) tensor exists, and none is kept for the backward pass.
 RANGE_CHUNK_BYTES = 128 * 2**20
 
-# Recorded Warp launches of the dense-range path, keyed by everything they address (launcher, config, and
-# each tensor's pointer, shape, dtype and device; every tensor here is contiguous): a hit needs the very
-# same pointers and shapes, so a replay always addresses live tensors of the shapes it was recorded with.
-_WP_DTYPES = {torch.float32: ku.wp.float32, torch.float64: ku.wp.float64, torch.int32: ku.wp.int32,
-              torch.int64: ku.wp.int64}
-_LAUNCHES: OrderedDict = OrderedDict()
-_LAUNCH_CACHE_SIZE = 256
+# Recorded Warp launches of the dense-range path (see RecordedLaunches): re-pointed at each call's tensors,
+# replayed on torch's current stream.
+_launch = RecordedLaunches()
 
 
-def _view(t: Tensor):
-    """A Warp view of a contiguous tensor's memory that does not keep it alive."""
-    return ku.wp.array(ptr=t.data_ptr(), dtype=_WP_DTYPES[t.dtype], shape=tuple(t.shape),
-                       device=warp_device(t.device), copy=False)
-
-
-def _launch(launcher, tensors: tuple, *config) -> None:
-    """``launcher(*views, *config, record=True)``'s launches, recorded once per signature and replayed on
-    torch's current stream (about 5 us a launch instead of from_torch + wp.launch)."""
-    key = (launcher, *config, *((t.data_ptr(), t.shape, t.dtype, t.device) for t in tensors))
-    cmds = _LAUNCHES.get(key)
-    if cmds is None:
-        cmds = _LAUNCHES[key] = launcher(*(_view(t) for t in tensors), *config, record=True)
-        if len(_LAUNCHES) > _LAUNCH_CACHE_SIZE:
-            _LAUNCHES.popitem(last=False)
-    stream = warp_stream(tensors[0].device)
-    for cmd in cmds:
-        cmd.launch(stream)
-
-
-@torch.library.custom_op("warpkan::ukan_group_range", mutates_args=())
-def group_range(x: Tensor, grid_delta: float, spline_order: int) -> tuple[Tensor, Tensor]:
-    """(group_lo [in] int64, span_max [1] int32) of x [N, in] (see ``ku.launch_group_range``); no read-back,
-    so it captures and compiles."""
+def _group_range_impl(x: Tensor, grid_delta: float, spline_order: int) -> tuple[Tensor, Tensor]:
     x = x.contiguous()
     n_in = x.shape[1]
     group_lo = torch.empty(n_in, dtype=torch.int64, device=x.device)
@@ -272,23 +244,50 @@ def group_range(x: Tensor, grid_delta: float, spline_order: int) -> tuple[Tensor
     return group_lo, span_max
 
 
-@group_range.register_fake
+@torch.library.custom_op("warpkan::ukan_group_range", mutates_args=())
+def group_range_op(x: Tensor, grid_delta: float, spline_order: int) -> tuple[Tensor, Tensor]:
+    """(group_lo [in] int64, span_max [1] int32) of x [N, in] (see ``ku.launch_group_range``); no read-back,
+    so it captures and compiles."""
+    return _group_range_impl(x, grid_delta, spline_order)
+
+
+def group_range(x: Tensor, grid_delta: float, spline_order: int) -> tuple[Tensor, Tensor]:
+    """:func:`group_range_op`, without the custom-op dispatch in eager mode (it has no gradient)."""
+    if torch.compiler.is_compiling():
+        return group_range_op(x, grid_delta, spline_order)
+    return _group_range_impl(x, grid_delta, spline_order)
+
+
+@group_range_op.register_fake
 def _(x, grid_delta, spline_order):
     return x.new_empty((x.shape[1],), dtype=torch.int64), x.new_empty((1,), dtype=torch.int32)
 
 
-@torch.library.custom_op("warpkan::ukan_range_encoding", mutates_args=())
-def range_encoding(group_lo: Tensor, rows_per_feature: int, pe_dim: int, spline_order: int,
-                   dtype: torch.dtype) -> Tensor:
-    """[in * Rt, pe_dim]: the sinusoidal encoding of group group_lo[i] - 1 + j in row i Rt + j (one launch;
-    equal to :func:`positional_encoding` of those groups)."""
+def _range_encoding_impl(group_lo: Tensor, rows_per_feature: int, pe_dim: int, spline_order: int,
+                         dtype: torch.dtype) -> Tensor:
     out = torch.empty((group_lo.shape[0] * rows_per_feature, pe_dim), dtype=dtype, device=group_lo.device)
     if out.numel():
         _launch(ku.launch_range_encoding, (group_lo.contiguous(), out), spline_order)
     return out
 
 
-@range_encoding.register_fake
+@torch.library.custom_op("warpkan::ukan_range_encoding", mutates_args=())
+def range_encoding_op(group_lo: Tensor, rows_per_feature: int, pe_dim: int, spline_order: int,
+                      dtype: torch.dtype) -> Tensor:
+    """[in * Rt, pe_dim]: the sinusoidal encoding of group group_lo[i] - 1 + j in row i Rt + j (one launch;
+    equal to :func:`positional_encoding` of those groups)."""
+    return _range_encoding_impl(group_lo, rows_per_feature, pe_dim, spline_order, dtype)
+
+
+def range_encoding(group_lo: Tensor, rows_per_feature: int, pe_dim: int, spline_order: int,
+                   dtype: torch.dtype) -> Tensor:
+    """:func:`range_encoding_op`, without the custom-op dispatch in eager mode (it has no gradient)."""
+    if torch.compiler.is_compiling():
+        return range_encoding_op(group_lo, rows_per_feature, pe_dim, spline_order, dtype)
+    return _range_encoding_impl(group_lo, rows_per_feature, pe_dim, spline_order, dtype)
+
+
+@range_encoding_op.register_fake
 def _(group_lo, rows_per_feature, pe_dim, spline_order, dtype):
     return group_lo.new_empty((group_lo.shape[0] * rows_per_feature, pe_dim), dtype=dtype)
 
@@ -307,22 +306,7 @@ def _range_weights(table, scaler_t, base_weight_t, spline_order, use_base, width
     return weights
 
 
-@torch.library.custom_op("warpkan::ukan_range_spline", mutates_args=())
-def ukan_range_spline(
-    x: Tensor,
-    group_lo: Tensor,
-    table: Tensor,
-    base_weight_t: Tensor,
-    scaler_t: Tensor,
-    grid_delta: float,
-    spline_order: int,
-    use_base: bool,
-) -> Tensor:
-    """y [N, out] from x [N, in] on a dense per-feature table: ``table`` [in * Rt, out * K] is the CG-MLP
-    output for the groups group_lo[i] - 1 .. group_lo[i] + Rt - 2 of every feature i, in (o, m) column
-    order, and must cover every group x touches (``group_range``). The bases of a chunk of rows are expanded
-    densely (Warp; SiLU in the one coefficient slot no window reaches) and multiplied by the scaled
-    coefficients and base weight with cuBLAS."""
+def _range_forward_impl(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base):
     x, group_lo, table, base_weight_t, scaler_t = (
         t.contiguous() for t in (x, group_lo, table, base_weight_t, scaler_t))
     n_rows, n_in = x.shape
@@ -343,14 +327,8 @@ def ukan_range_spline(
     return y
 
 
-@ukan_range_spline.register_fake
-def _(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base):
-    return x.new_empty((x.shape[0], scaler_t.shape[1]))
-
-
-@torch.library.custom_op("warpkan::ukan_range_spline_backward", mutates_args=())
-def ukan_range_spline_backward(
-    dy: Tensor,
+@torch.library.custom_op("warpkan::ukan_range_spline", mutates_args=())
+def ukan_range_spline(
     x: Tensor,
     group_lo: Tensor,
     table: Tensor,
@@ -359,11 +337,22 @@ def ukan_range_spline_backward(
     grid_delta: float,
     spline_order: int,
     use_base: bool,
-    need_x: bool,
-    need_params: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(dx, d_base_weight_t, d_scaler_t, d_table) of :func:`ukan_range_spline`; the ones not asked for come
-    back empty. The bases are expanded again chunk by chunk (nothing O(N * in * W) was kept)."""
+) -> Tensor:
+    """y [N, out] from x [N, in] on a dense per-feature table: ``table`` [in * Rt, out * K] is the CG-MLP
+    output for the groups group_lo[i] - 1 .. group_lo[i] + Rt - 2 of every feature i, in (o, m) column
+    order, and must cover every group x touches (``group_range``). The bases of a chunk of rows are expanded
+    densely (Warp; SiLU in the one coefficient slot no window reaches) and multiplied by the scaled
+    coefficients and base weight with cuBLAS."""
+    return _range_forward_impl(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base)
+
+
+@ukan_range_spline.register_fake
+def _(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base):
+    return x.new_empty((x.shape[0], scaler_t.shape[1]))
+
+
+def _range_backward_impl(dy, x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base,
+                         need_x, need_params):
     dy, x, group_lo, table, base_weight_t, scaler_t = (
         t.contiguous() for t in (dy, x, group_lo, table, base_weight_t, scaler_t))
     n_rows, n_in = x.shape
@@ -399,6 +388,26 @@ def ukan_range_spline_backward(
     return dx, d_base, d_scaler, d_table
 
 
+@torch.library.custom_op("warpkan::ukan_range_spline_backward", mutates_args=())
+def ukan_range_spline_backward(
+    dy: Tensor,
+    x: Tensor,
+    group_lo: Tensor,
+    table: Tensor,
+    base_weight_t: Tensor,
+    scaler_t: Tensor,
+    grid_delta: float,
+    spline_order: int,
+    use_base: bool,
+    need_x: bool,
+    need_params: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dx, d_base_weight_t, d_scaler_t, d_table) of :func:`ukan_range_spline`; the ones not asked for come
+    back empty. The bases are expanded again chunk by chunk (nothing O(N * in * W) was kept)."""
+    return _range_backward_impl(dy, x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base,
+                                need_x, need_params)
+
+
 @ukan_range_spline_backward.register_fake
 def _(dy, x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base, need_x, need_params):
     return _grad_buffers(x, base_weight_t, table, need_x, need_params, torch.empty)
@@ -410,13 +419,19 @@ def _range_setup_context(ctx, inputs, output):
     ctx.config = (grid_delta, spline_order, use_base)
 
 
-def _range_backward(ctx, dy):
-    need_x = ctx.needs_input_grad[0]
-    need_params = any(ctx.needs_input_grad[2:5])
-    if not (need_x or need_params):
-        return (None,) * 8
-    dx, d_base, d_scaler, d_table = ukan_range_spline_backward(dy, *ctx.saved_tensors, *ctx.config, need_x,
-                                                               need_params)
+def _range_backward_with(backward):
+    def range_backward(ctx, dy):
+        need_x = ctx.needs_input_grad[0]
+        need_params = any(ctx.needs_input_grad[2:5])
+        if not (need_x or need_params):
+            return (None,) * 8
+        grads = backward(dy.contiguous(), *ctx.saved_tensors, *ctx.config, need_x, need_params)
+        return _range_input_grads(ctx, *grads, need_x, need_params)
+
+    return range_backward
+
+
+def _range_input_grads(ctx, dx, d_base, d_scaler, d_table, need_x, need_params):
     use_base = ctx.config[2]
     return (
         dx if need_x else None,
@@ -428,7 +443,17 @@ def _range_backward(ctx, dy):
     )
 
 
-ukan_range_spline.register_autograd(_range_backward, setup_context=_range_setup_context)
+ukan_range_spline.register_autograd(_range_backward_with(ukan_range_spline_backward),
+                                    setup_context=_range_setup_context)
+# the eager route (no custom-op dispatch: a large share of a small layer's host time), same formula
+_EagerRangeSpline = eager_function("_EagerRangeSpline", _range_forward_impl, _range_setup_context,
+                                   _range_backward_with(_range_backward_impl))
+
+
+def range_spline(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base):
+    """:func:`ukan_range_spline` through the registered op under tracing, its eager route otherwise."""
+    op = op_or_eager(ukan_range_spline, _EagerRangeSpline)
+    return op(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base)
 
 
 def positional_encoding(group: Tensor, pe_dim: int, dtype: torch.dtype) -> Tensor:
