@@ -464,6 +464,14 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
         return g, av, ia, bq, jb
 
     @wp.func
+    def logical_block(hw_block: int, num_groups: int, blocks_per_group: int):
+        """The group-major index (group, then tile and chunk) of a hardware block. Consecutive hardware blocks
+        take the same rows of consecutive groups: launched and running together, they read neighbouring
+        strips of the same rows (DRAM page locality) rather than 8 distant places."""
+        g = hw_block % num_groups
+        return g * blocks_per_group + hw_block // num_groups
+
+    @wp.func
     def block_extent(
         blk: int, g: int, blocks_per_group: int, vectors_per_group: int, tile_width: int, chunks: int,
         rows_per_chunk: int, n_rows: int,
@@ -501,8 +509,9 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
         blocks_per_group: int,
         y: wp.array2d(dtype=io_vec),
     ):
-        blk, lane = wp.tid()
+        hw_block, lane = wp.tid()
         lanes = wp.block_dim()
+        blk = logical_block(hw_block, b.shape[0], blocks_per_group)
         g, av, ia, bq, jb = block_coefficients(blk, blocks_per_group, a, b)
         col0, width, row0, row1 = block_extent(
             blk, g, blocks_per_group, vectors_per_group, tile_width, chunks, rows_per_chunk, x.shape[0])
@@ -553,8 +562,9 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
         dx: wp.array2d(dtype=io_vec),
         partials: wp.array2d(dtype=wp.float64),
     ):
-        blk, lane = wp.tid()
+        hw_block, lane = wp.tid()
         lanes = wp.block_dim()
+        blk = logical_block(hw_block, b.shape[0], blocks_per_group)
         g, av, ia, bq, jb = block_coefficients(blk, blocks_per_group, a, b)
         col0, width, row0, row1 = block_extent(
             blk, g, blocks_per_group, vectors_per_group, tile_width, chunks, rows_per_chunk, x.shape[0])
