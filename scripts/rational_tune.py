@@ -43,14 +43,6 @@ def main():
         per = x.element_size()
         vec = 16 // per
         shipped = ({k: dict(v) for k, v in kr.ITEMS_PER_STEP.items()}, {k: dict(v) for k, v in kr.BLOCKS_PER_SM.items()})
-        if "--flat" in sys.argv:
-            for flat in (False, True):
-                kr.FORWARD_FLAT = flat
-                fwd = timed(lambda: kr.launch_forward(w(x), w(a), w(b), w(y), 8, "A", vec=vec, stream=stream))
-                bw = 2 * x.numel() * per / fwd / 1e6
-                print(f"| {str(dtype)[6:]} | forward{' flat' if flat else ''} | - | - | {fwd:.4f} | {bw:.0f} | "
-                      f"{100 * bw / copy_bw:.1f} |")
-            kr.FORWARD_FLAT = False
         settings = [None] if "--defaults" in sys.argv else [(1, 4), (2, 2), (2, 4), (4, 2), (4, 4), (8, 4)]
         for setting in settings:
             kr.ITEMS_PER_STEP.update({k: dict(v) for k, v in shipped[0].items()})

@@ -81,7 +81,6 @@ _TARGET_BLOCKS = 2048  # blocks wanted where the device does not say (the CPU)
 #   is not unrolled: this is what keeps bytes in flight). bf16 does twice the arithmetic per vector, so one
 #   item (and more resident blocks) suits it better.
 BLOCKS_PER_SM = {"forward": {4: 4, 8: 4}, "backward": {4: 2, 8: 4}}
-FORWARD_FLAT = False  # experiment: one vector a thread (see forward_flat)
 ITEMS_PER_STEP = {"forward": {4: 2, 8: 1}, "backward": {4: 2, 8: 1}}
 
 
@@ -182,7 +181,6 @@ class RationalKernels:
     acc: type
     grad_vector: type  # m + 1 + n accumulators
     forward: wp.Kernel
-    forward_flat: wp.Kernel
     backward: wp.Kernel
     combine: wp.Kernel
     module: str
@@ -546,40 +544,6 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
                             yv[k] = io_scalar(plain_value(acc(xv[k]), av, bq))
                     store_vec(y, rows_u[u], col0 + cols_u[u], yv)
 
-    @kernel
-    def forward_flat(
-        x: wp.array2d(dtype=io_vec),
-        a: wp.array2d(dtype=acc),
-        b: wp.array2d(dtype=acc),
-        vectors_per_group: int,
-        y: wp.array2d(dtype=io_vec),
-    ):
-        # one vector a thread, the plain element-wise shape (full occupancy, no per-block setup): each thread
-        # reads its group's coefficients (L1-resident: 8 groups x 10 values)
-        row, col = wp.tid()
-        g = col // vectors_per_group
-        ga = int(0)
-        if a.shape[0] > 1:
-            ga = g
-        av = vecM()
-        for i in range(M):
-            av[i] = a[ga, i]
-        bq = vecN()
-        for j in range(N):
-            if wp.static(is_a):
-                bq[j] = wp.abs(b[g, j])
-            else:
-                bq[j] = b[g, j]
-        xv = load_vec(x, row, col)
-        yv = io_vec()
-        if any_large(xv):
-            for k in range(V):
-                yv[k] = io_scalar(element_value(acc(xv[k]), av, bq))
-        else:
-            for k in range(V):
-                yv[k] = io_scalar(plain_value(acc(xv[k]), av, bq))
-        store_vec(y, row, col, yv)
-
     # ------------------------------------------------------------------ backward
     @kernel
     def backward(
@@ -709,7 +673,6 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
         acc=acc,
         grad_vector=vecK,
         forward=forward,
-        forward_flat=forward_flat,
         backward=backward,
         combine=combine,
         module=module,
@@ -811,18 +774,6 @@ def launch_forward(
         raise ValueError(f"y must have the shape and dtype of x {tuple(x.shape)}, got {tuple(y.shape)}")
     xv = _vector_view(x, kernels.io_vector, x.shape[0], n_vec)
     yv = _vector_view(y, kernels.io_vector, x.shape[0], n_vec)
-    if FORWARD_FLAT and wp.get_device(x.device).is_cuda:
-        cmd = wp.launch(
-            kernels.forward_flat,
-            dim=(x.shape[0], n_vec),
-            inputs=[xv, a, b, lay.vectors_per_group],
-            outputs=[yv],
-            device=x.device,
-            stream=stream,
-            record_tape=False,
-            record_cmd=record,
-        )
-        return [cmd] if record else None
     cmd = wp.launch_tiled(
         kernels.forward,
         dim=[lay.num_blocks],
