@@ -502,3 +502,24 @@ def test_cuda_graph_capture(mode):
     torch.testing.assert_close(y, want)
     (want_grad,) = torch.autograd.grad(want.square().sum(), layer.coeffs)
     torch.testing.assert_close(layer.coeffs.grad, want_grad)
+
+
+def test_chebykan_example_runs_and_lut_matches_exact(tmp_path):
+    """examples/chebykan_classification.py, reduced (1 epoch, 2 seeds): it trains the exact and LUT ChebyKANs
+    and the MLP, prints the table, saves the curves, and exits 0 only when the LUT run's test accuracy is
+    within twice the seed-to-seed spread of the exact run's."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("sklearn")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "curves.png"
+    result = subprocess.run(
+        [sys.executable, os.path.join(root, "examples", "chebykan_classification.py"), "--epochs", "1", "--seeds", "2",
+         "--device", "cpu", "--out", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "ChebyKAN lut" in result.stdout and "MLP" in result.stdout and "within" in result.stdout
+    assert out.exists() and out.stat().st_size > 0
