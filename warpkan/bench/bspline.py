@@ -1,5 +1,6 @@
 """B-spline KAN benchmark: warpkan's KANLinear against efficient-kan (re-implemented in pure torch, same
-algorithm) and nn.Linear of the same (N, in, out), forward and forward+backward, in one run.
+algorithm), inkan (the ``inkan`` package from PyPI, cubic only, its defaults, when installed) and nn.Linear of
+the same (N, in, out), forward and forward+backward, in one run.
 
 The wide layers are also run under torch's "high" float32 matmul precision (TF32; KANLinear's gemm strategy
 follows it as nn.Linear does) and under bf16 autocast, each against nn.Linear under the same setting; the
@@ -61,13 +62,22 @@ def _make(impl, n_in, n_out, grid_size, order, device):
         if grid_size > 4096:
             return None  # its init solves a dense (G+1) x (G+k) least-squares problem
         return EfficientKANLinear(n_in, n_out, grid_size, order).to(device)
+    if impl == "inkan":
+        try:
+            from inkan import KANLayer
+        except ImportError:
+            return "not installed (pip install inkan)"
+        if order != 3 or grid_size > 4096:
+            return None  # cubic only; its dense-basis fallback would not fit beyond that
+        return KANLayer(n_in, n_out, grid_size=grid_size, spline_order=3).to(device)
     strategy = impl.split()[1] if len(impl.split()) > 1 else "auto"
     if strategy == "gemm" and grid_size > 4096:
         return None  # the dense basis row would be longer than the whole input
     return KANLinear(n_in, n_out, grid_size, order, deterministic=impl.endswith("deterministic"), strategy=strategy).to(device)
 
 
-IMPLS = ["warpkan", "warpkan stencil", "warpkan stencil deterministic", "warpkan gemm", "efficient-kan (torch)", "nn.Linear"]
+IMPLS = ["warpkan", "warpkan stencil", "warpkan stencil deterministic", "warpkan gemm", "efficient-kan (torch)", "inkan",
+         "nn.Linear"]
 
 
 def _measure(layer, x, device, quick, graph=False):
@@ -144,8 +154,8 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
             row = {"case": case, "impl": impl}
             try:
                 layer = _make(impl, n_in, n_out, grid_size, order, device)
-                if layer is None:
-                    row["note"] = "skipped: infeasible at this G"
+                if layer is None or isinstance(layer, str):
+                    row["note"] = layer or "skipped: infeasible at this G or order"
                     results.append(row)
                     continue
                 fwd, total, peak = _measure(layer, x, device, quick)
@@ -176,7 +186,7 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
                 row["memory target met"] = row["peak_MiB"] <= 2 * linear_peak + 256
         warp_total = next((r.get("total_ms") for r in results if r["impl"] == "warpkan"), None)
         for row in results:
-            if warp_total and "total_ms" in row and row["impl"].startswith("efficient"):
+            if warp_total and "total_ms" in row and row["impl"].startswith(("efficient", "inkan")):
                 row["speed-up of warpkan"] = row["total_ms"] / warp_total
         if not quick or device.startswith("cuda"):
             from ..torch_bridge import choose_strategy
