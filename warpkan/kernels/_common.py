@@ -51,17 +51,11 @@ _STORE_SNIPPET = """
 """
 
 
-def wide_access_bytes(vector_type) -> int:
-    """Bytes of one element of ``vector_type`` (a wp.vector type)."""
-    return wp.types.type_size_in_bytes(vector_type)
-
-
 @functools.lru_cache(maxsize=None)
 def wide_access(vector_type):
     """(load(x, row, col) -> vector, store(y, row, col, v)) for 2-D arrays of ``vector_type``, each one
     memory access when the vector is 2, 4, 8 or 16 bytes; ``x[row, col]`` / ``y[row, col] = v`` otherwise."""
-    size = wide_access_bytes(vector_type)
-    word = _WIDE_WORDS.get(size)
+    word = _WIDE_WORDS.get(wp.types.type_size_in_bytes(vector_type))
     if word is None:
         @wp.func
         def load(x: wp.array2d(dtype=vector_type), row: int, col: int):

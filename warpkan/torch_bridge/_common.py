@@ -50,15 +50,15 @@ def to_warp(t: torch.Tensor) -> wp.array:
     return wp.from_torch(t, requires_grad=False)
 
 
-_WP_DTYPES = {torch.float16: wp.float16, torch.bfloat16: wp.bfloat16, torch.float32: wp.float32,
-              torch.float64: wp.float64, torch.int32: wp.int32, torch.int64: wp.int64}
+WP_DTYPES = {torch.float16: wp.float16, torch.bfloat16: wp.bfloat16, torch.float32: wp.float32,
+             torch.float64: wp.float64, torch.int32: wp.int32, torch.int64: wp.int64}
 
 
 def raw_view(t: torch.Tensor | None) -> wp.array | None:
     """A Warp view of a tensor's memory (any strides) that does not keep the tensor alive."""
     if t is None:
         return None
-    return wp.array(ptr=t.data_ptr(), dtype=_WP_DTYPES[t.dtype], shape=tuple(t.shape),
+    return wp.array(ptr=t.data_ptr(), dtype=WP_DTYPES[t.dtype], shape=tuple(t.shape),
                     strides=tuple(st * t.element_size() for st in t.stride()), device=warp_device(t.device),
                     copy=False)
 

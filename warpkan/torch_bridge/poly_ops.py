@@ -37,9 +37,9 @@ Two strategies compute the same map:
 
 Host overhead. A small layer is bound by the host. Eager calls go through :class:`_EagerPoly`, an
 ``autograd.Function`` on the op's own implementation, instead of the custom-op dispatch (about 50 us less a
-forward + backward); traced code (``torch.compile``) sees the registered ops. Every Warp launch is recorded
-once per (pointer, shape) signature into ``wp.Launch`` objects (views built from raw pointers, so no tensor
-is kept alive) and replayed (about 4.6 us a launch instead of 10 us, and no ``wp.from_torch``). Fused
+forward + backward); traced code (``torch.compile``) sees the registered ops. Every Warp launch goes through
+the bridge's ``RecordedLaunches`` (recorded once into ``wp.Launch`` objects on raw-pointer views and replayed:
+about 4.6 us a launch instead of 10 us, and no ``wp.from_torch``). Fused
 forward: 1 launch, or 2 when the sum over inputs is split; backward: at most 3 (dx, coefficients with the
 bias, one combine of every split sum), writing into uninitialised gradient buffers (no zero fills). The GEMM
 path writes every gradient with its last op too (no zero fills).
@@ -47,7 +47,6 @@ path writes every gradient with its last op too (no zero fills).
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Optional
 
 import torch
@@ -55,7 +54,8 @@ import warp as wp
 from torch import Tensor
 
 from ..kernels import poly as kp
-from ._common import TorchWorkspace, check_tensor, eager_function, op_or_eager, to_warp, warp_device, warp_stream
+from ._common import (RecordedLaunches, TorchWorkspace, check_tensor, eager_function, op_or_eager, to_warp, warp_device,
+                      warp_stream)
 
 __all__ = ["poly_kan", "poly_forward", "poly_backward", "choose_strategy", "BF16_ERROR_BOUND"]
 
@@ -130,14 +130,7 @@ def _expand(x, basis_dtype, basis, lut_size, alpha, beta, n_basis, degree_major)
     dense = torch.empty((x.shape[0], x.shape[1] * n_basis), dtype=basis_dtype, device=x.device)
     if dense.numel() == 0:
         return dense
-    key = ("expand", basis, lut_size, alpha, beta, x.dtype, basis_dtype, x.device, *x.shape, n_basis, degree_major,
-           x.data_ptr(), dense.data_ptr())
-
-    def record():
-        return kp.launch_expand_basis(_view(x), _view(dense), basis, _tables(x, basis, n_basis, lut_size, alpha, beta),
-                                      alpha, beta, degree_major=degree_major, record=True)
-
-    _replay(key, record, x.device)
+    _launch(_record_expand, (x, dense), basis, lut_size, alpha, beta, n_basis, degree_major)
     return dense
 
 
@@ -145,15 +138,7 @@ def _dx_from_dbasis(x, d_dense, dx, basis, lut_size, alpha, beta, n_basis, degre
     """dx = (1 - t^2) sum_d d_dense P_d'(t), written (no zero fill), from a recorded (cached) launch."""
     if dx.numel() == 0:
         return
-    key = ("dx_from_dbasis", basis, lut_size, alpha, beta, x.dtype, x.device, *x.shape, n_basis, degree_major,
-           x.data_ptr(), d_dense.data_ptr(), dx.data_ptr())
-
-    def record():
-        return kp.launch_dx_from_dbasis(_view(x), _view(d_dense), _view(dx), basis,
-                                        _tables(x, basis, n_basis, lut_size, alpha, beta), alpha, beta,
-                                        accumulate=False, degree_major=degree_major, record=True)
-
-    _replay(key, record, x.device)
+    _launch(_record_dx_from_dbasis, (x, d_dense, dx), basis, lut_size, alpha, beta, n_basis, degree_major)
 
 
 def _gemm_forward(x, coeffs, bias, basis, lut_size, alpha, beta, precision="fp32"):
@@ -217,50 +202,52 @@ def _gemm_backward(dy, x, coeffs, basis, lut_size, alpha, beta, need_x, need_coe
     return dx, d_coeffs, d_bias
 
 
-def _tables(x: Tensor, basis: str, n_basis: int, lut_size: int, alpha: float, beta: float):
+def _tables(x, basis: str, n_basis: int, lut_size: int, alpha: float, beta: float):
+    """The LUT tables of x's scalar type on x's device (x a tensor or a Warp array); None in exact mode."""
     if lut_size == 0:
         return None
-    scalar = "float64" if x.dtype == torch.float64 else "float32"
-    return kp.build_lut(basis, n_basis - 1, lut_size, alpha, beta, scalar, warp_device(x.device))
+    if isinstance(x, Tensor):
+        scalar, device = ("float64" if x.dtype == torch.float64 else "float32"), warp_device(x.device)
+    else:
+        scalar, device = ("float64" if x.dtype == wp.float64 else "float32"), x.device
+    return kp.build_lut(basis, n_basis - 1, lut_size, alpha, beta, scalar, device)
 
 
-# Recorded launches of the fused strategy, keyed by everything they address: (config, shapes, pointers). The
-# Warp views behind them are built from raw pointers and keep no tensor alive, so the caching allocator hands
-# the same output and scratch blocks back on the next call (which then hits); a hit needs the very same
-# pointers and shapes, so a replay always addresses live tensors of the shapes it was recorded with (every
-# tensor is contiguous here). The tables the launches read are dropped with them by kp.clear_caches().
-_WP_DTYPES = {torch.float32: wp.float32, torch.float64: wp.float64, torch.bfloat16: wp.bfloat16}
-_LAUNCHES: OrderedDict = OrderedDict()
-_LAUNCH_CACHE_SIZE = 64
-kp.on_clear_caches(_LAUNCHES.clear)
+# Recorded launches (see RecordedLaunches). Records that read the LUT tables (Warp arrays of their own) or
+# views into a scratch tensor cannot be re-pointed, so they are kept per exact set of addresses; the tables'
+# records are dropped with the tables by kp.clear_caches().
+_launch = RecordedLaunches(capacity=64)
+kp.on_clear_caches(_launch.clear)
 
 
-def _view(t: Tensor | None) -> wp.array | None:
-    """A Warp view of a contiguous tensor's memory that does not keep it alive."""
-    if t is None:
-        return None
-    return wp.array(ptr=t.data_ptr(), dtype=_WP_DTYPES[t.dtype], shape=tuple(t.shape), device=warp_device(t.device),
-                    copy=False)
+def _record_expand(x, dense, basis, lut_size, alpha, beta, n_basis, degree_major, record):
+    return kp.launch_expand_basis(x, dense, basis, _tables(x, basis, n_basis, lut_size, alpha, beta), alpha, beta,
+                                  degree_major=degree_major, record=record)
 
 
-def _ptr(t: Tensor | None) -> int:
-    return t.data_ptr() if t is not None else 0
+def _record_dx_from_dbasis(x, d_dense, dx, basis, lut_size, alpha, beta, n_basis, degree_major, record):
+    return kp.launch_dx_from_dbasis(x, d_dense, dx, basis, _tables(x, basis, n_basis, lut_size, alpha, beta), alpha,
+                                    beta, accumulate=False, degree_major=degree_major, record=record)
 
 
-def _replay(key: tuple, record, device: torch.device) -> None:
-    cmds = _LAUNCHES.get(key)
-    if cmds is None:
-        cmds = _LAUNCHES[key] = record()
-        if len(_LAUNCHES) > _LAUNCH_CACHE_SIZE:
-            _LAUNCHES.popitem(last=False)
-    stream = warp_stream(device)
-    for cmd in cmds:
-        cmd.launch(stream)
+def _record_forward(x, coeffs, y, bias, scratch, basis, lut_size, alpha, beta, record):
+    return kp.launch_forward(
+        x, coeffs, y, basis, bias=bias, lut=_tables(x, basis, coeffs.shape[1], lut_size, alpha, beta), alpha=alpha,
+        beta=beta, workspace=kp.FlatWorkspace(scratch) if scratch is not None else None, record=record,
+    )
+
+
+def _record_backward(dy, x, coeffs, dx, d_coeffs, d_bias, scratch, basis, lut_size, alpha, beta, record):
+    return kp.launch_backward(
+        dy, x, coeffs, basis, lut=_tables(x, basis, coeffs.shape[1], lut_size, alpha, beta), alpha=alpha, beta=beta,
+        dx=dx, d_coeffs=d_coeffs, d_bias=d_bias,
+        workspace=kp.FlatWorkspace(scratch) if scratch is not None else None, accumulate=False, record=record,
+    )
 
 
 def _fused_forward(x, coeffs, bias, basis, lut_size, alpha, beta):
     n_rows, n_in = x.shape
-    n_basis, n_out = coeffs.shape[1], coeffs.shape[2]
+    n_out = coeffs.shape[2]
     y = x.new_empty((n_rows, n_out))
     if n_rows == 0 or n_out == 0:
         return y
@@ -268,17 +255,7 @@ def _fused_forward(x, coeffs, bias, basis, lut_size, alpha, beta):
         return y.copy_(bias.expand(n_rows, n_out)) if bias is not None else y.zero_()
     size = kp.forward_scratch_size(n_rows, n_in, n_out)
     scratch = x.new_empty((size,)) if size else None
-    key = ("forward", basis, lut_size, alpha, beta, x.dtype, x.device, n_rows, n_in, n_basis, n_out,
-           x.data_ptr(), coeffs.data_ptr(), _ptr(bias), y.data_ptr(), _ptr(scratch))
-
-    def record():
-        return kp.launch_forward(
-            _view(x), _view(coeffs), _view(y), basis, bias=_view(bias),
-            lut=_tables(x, basis, n_basis, lut_size, alpha, beta), alpha=alpha, beta=beta,
-            workspace=kp.FlatWorkspace(_view(scratch)) if scratch is not None else None, record=True,
-        )
-
-    _replay(key, record, x.device)
+    _launch(_record_forward, (x, coeffs, y, bias, scratch), basis, lut_size, alpha, beta)
     return y
 
 
@@ -298,20 +275,8 @@ def _fused_backward(dy, x, coeffs, basis, lut_size, alpha, beta, need_x, need_co
     dx, d_coeffs, d_bias = _grad_buffers(x, coeffs, need_x, need_coeffs, need_bias, torch.empty)
     size = kp.backward_scratch_size(n_rows, n_in, n_basis, n_out, need_x, need_coeffs, need_bias)
     scratch = x.new_empty((size,)) if size else None
-    key = ("backward", basis, lut_size, alpha, beta, x.dtype, x.device, n_rows, n_in, n_basis, n_out, need_x,
-           need_coeffs, need_bias, dy.data_ptr(), x.data_ptr(), coeffs.data_ptr(), dx.data_ptr(),
-           d_coeffs.data_ptr(), d_bias.data_ptr(), _ptr(scratch))
-
-    def record():
-        return kp.launch_backward(
-            _view(dy), _view(x), _view(coeffs), basis, lut=_tables(x, basis, n_basis, lut_size, alpha, beta),
-            alpha=alpha, beta=beta, dx=_view(dx) if need_x else None,
-            d_coeffs=_view(d_coeffs) if need_coeffs else None, d_bias=_view(d_bias) if need_bias else None,
-            workspace=kp.FlatWorkspace(_view(scratch)) if scratch is not None else None,
-            accumulate=False, record=True,
-        )
-
-    _replay(key, record, x.device)
+    _launch(_record_backward, (dy, x, coeffs, dx if need_x else None, d_coeffs if need_coeffs else None,
+                               d_bias if need_bias else None, scratch), basis, lut_size, alpha, beta)
     return dx, d_coeffs, d_bias
 
 

@@ -8,11 +8,10 @@ for fp64 x); the coefficient gradients come back in the dtype of the weights.
 from __future__ import annotations
 
 import torch
-import warp as wp
 from torch import Tensor
 
 from ..kernels import rational as kr
-from ._common import RecordedLaunches, check_tensor, eager_function, op_or_eager, warp_device
+from ._common import WP_DTYPES, RecordedLaunches, check_tensor, eager_function, op_or_eager, warp_device
 
 __all__ = ["group_rational", "group_rational_forward", "group_rational_backward"]
 
@@ -39,7 +38,6 @@ def _coefficients(x: Tensor, weight_numerator: Tensor, weight_denominator: Tenso
 
 # Recorded launches (see RecordedLaunches): the host cost of a call is a few microseconds a launch.
 _LAUNCHES = RecordedLaunches()
-_WP_IO = {torch.float32: wp.float32, torch.float64: wp.float64, torch.float16: wp.float16, torch.bfloat16: wp.bfloat16}
 
 
 def _record_forward(x, a, b, y, num_groups, variant, record):
@@ -83,7 +81,7 @@ def _backward_impl(dy, x, weight_numerator, weight_denominator, num_groups, vari
     dx, da, db = _grad_buffers(x, weight_numerator, weight_denominator, need_x, need_params, torch.zeros)
     if x.numel() and (need_x or need_params):
         size = kr.backward_partials_size(x.shape[0], x.shape[1], num_groups, a.shape[1] - 1, b.shape[1],
-                                         kr.io_name_of(_WP_IO[x.dtype]), warp_device(x.device)) if need_params else 1
+                                         kr.io_name_of(WP_DTYPES[x.dtype]), warp_device(x.device)) if need_params else 1
         partials = torch.empty(size, dtype=torch.float64, device=x.device)
         _LAUNCHES(_record_backward, (dy, x, a, b, dx if need_x else None, da if need_params else None,
                                      db if need_params else None, partials), num_groups, variant)
