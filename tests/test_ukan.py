@@ -338,6 +338,29 @@ def test_dense_range_path_matches_reference_and_sparse_path(device, order, base,
                 torch.testing.assert_close(grads[name], grads_ref[name], rtol=1e-11, atol=1e-12, msg=name)
 
 
+@pytest.mark.parametrize("pe_dim,embed_dim", [(0, 3), (4, 0), (6, 5)])
+def test_dense_range_cg_mlp_inputs(device, pe_dim, embed_dim):
+    # the CG-MLP of the dense-range path forms its input rows on the device: encoding only, embedding only,
+    # both; every gradient against the reference, and the table against the torch CG-MLP on the same rows
+    layer = make_layer(3, 2, device, pe_dim=pe_dim, embed_dim=embed_dim)
+    x = torch.randn(17, 3, dtype=torch.float64, device=device) * 3
+    dy = torch.randn(17, 2, dtype=torch.float64, device=device)
+    y, grads = forward_and_grads(layer, layer, x, dy)
+    assert layer._last is None  # the dense-range path
+    y_ref, grads_ref = forward_and_grads(lambda t: reference(layer, t), layer, x, dy)
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    for name in grads_ref:
+        torch.testing.assert_close(grads[name], grads_ref[name], rtol=1e-11, atol=1e-12, msg=name)
+    group_lo, span = tb.ukan_ops.group_range(x, H, 3)
+    rows = int(span) + 1
+    groups = (group_lo.unsqueeze(1) - 1 + torch.arange(rows, device=device)).reshape(-1)
+    features = torch.arange(3, device=device).repeat_interleave(rows)
+    table = tb.ukan_ops.range_table(group_lo, rows, pe_dim, layer.feature_embedding, layer.cg_hidden.weight,
+                                    layer.cg_hidden.bias, layer.cg_out.weight, layer.cg_out.bias)
+    expected = layer.generate_coefficients(features, groups).reshape(3 * rows, -1)
+    torch.testing.assert_close(table, expected, rtol=1e-12, atol=1e-12)
+
+
 def test_exact_mode_picks_the_path_by_span(device):
     layer = make_layer(3, 2, device)
     narrow = torch.rand(50, 3, dtype=torch.float64, device=device) * 2 - 1  # 2 groups of K h = 1 per feature
@@ -378,6 +401,9 @@ def test_dense_range_opcheck_and_empty(device):
     args = (x.clone().requires_grad_(), group_lo, table, layer.base_weight.t().detach().requires_grad_(),
             layer.spline_scaler.t().detach().requires_grad_(), H, 3, True)
     torch.library.opcheck(tb.ukan_ops.ukan_range_spline, args)
+    mlp = [p.detach().requires_grad_() for p in (layer.feature_embedding, layer.cg_hidden.weight,
+                                                 layer.cg_hidden.bias, layer.cg_out.weight, layer.cg_out.bias)]
+    torch.library.opcheck(tb.ukan_ops.ukan_range_table, (group_lo, rows, layer.pe_dim, *mlp))
     empty = torch.zeros(0, 3, dtype=torch.float64, device=device, requires_grad=True)
     y = layer(empty)
     assert y.shape == (0, 4)

@@ -93,7 +93,9 @@ __all__ = [
     "launch_range_contract",
     "launch_range_weights",
     "launch_range_param_grads",
-    "launch_range_encoding",
+    "launch_range_mlp_forward",
+    "launch_range_mlp_backward",
+    "range_mlp_partial_shape",
 ]
 
 CELL_LIMIT = float(2**39)  # |x / h| is clamped here: |g| < 2^39, so keys and g - 1 fit comfortably in int64
@@ -108,6 +110,17 @@ _MAX_TABLE_CHUNK = 4096
 _MIN_CAPACITY = 1024  # table rows always available (when 2 N in allows), whatever the feature count
 
 
+
+
+@wp.func
+def group_encoding(g: wp.int64, a: int, pe_dim: int) -> wp.float64:
+    """Entry a of the sinusoidal encoding of group g: sin(g f_j) for even a, cos(g f_j) for odd a, with
+    f_j = PE_BASE^(-2j / pe_dim), j = a // 2; the phase in float64, so |g| ~ 1e7 keeps its precision."""
+    j = a // 2
+    phase = wp.float64(g) * wp.pow(wp.float64(PE_BASE), -wp.float64(2 * j) / wp.float64(pe_dim))
+    if a - 2 * j == 1:
+        return wp.cos(phase)
+    return wp.sin(phase)
 
 @dataclass(frozen=True)
 class UKANVariant:
@@ -129,7 +142,6 @@ class UKANVariant:
     range_contract: wp.Kernel
     range_weights: wp.Kernel
     range_param_grads: wp.Kernel
-    range_encoding: wp.Kernel
     basis_matrix: object
     module: str
 
@@ -740,21 +752,6 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
             base = d_weights[i * width + width - 1, o]
         d_base_weight_t[i, o] = base
 
-    @kernel
-    def range_encoding(group_lo: wp.array(dtype=wp.int64), rows_per_feature: int, pe_dim: int,
-                       out: wp.array2d(dtype=scalar)):
-        # row p = i Rt + j is group group_lo[i] - 1 + j: [sin(g f_0), cos(g f_0), ..], phases in float64
-        p, a = wp.tid()
-        i = p // rows_per_feature
-        g = group_lo[i] - wp.int64(1) + wp.int64(p - i * rows_per_feature)
-        j = a // 2
-        freq = wp.pow(wp.float64(PE_BASE), -wp.float64(2 * j) / wp.float64(pe_dim))
-        phase = wp.float64(g) * freq
-        v = wp.sin(phase)
-        if a - 2 * j == 1:
-            v = wp.cos(phase)
-        out[p, a] = scalar(v)
-
     basis_matrix = shared.basis_matrix
     return UKANVariant(
         order=order,
@@ -775,7 +772,6 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
         range_contract=range_contract,
         range_weights=range_weights,
         range_param_grads=range_param_grads,
-        range_encoding=range_encoding,
         basis_matrix=basis_matrix,
         module=module,
     )
@@ -1084,15 +1080,6 @@ def launch_range_param_grads(d_weights, table, scaler_t, d_table, d_scaler_t, d_
                    table.device, stream, record)
 
 
-def launch_range_encoding(group_lo, out, order, stream=None, record=False):
-    """out [in Rt, pe_dim]: the sinusoidal encoding of group group_lo[i] - 1 + j in row i Rt + j."""
-    variant = get_variant(order, scalar_name(out, "out"))
-    if out.size == 0:
-        return []
-    return _launch(variant.range_encoding, tuple(out.shape),
-                   [group_lo, out.shape[0] // group_lo.shape[0], out.shape[1], out], out.device, stream, record)
-
-
 # ---------------------------------------------------------------------- 2. CG-MLP in Warp (native layer)
 @dataclass(frozen=True)
 class DenseVariant:
@@ -1104,6 +1091,9 @@ class DenseVariant:
     dense_combine: wp.Kernel
     embedding_backward: wp.Kernel
     reorder_table: wp.Kernel
+    range_features: wp.Kernel
+    range_param_partials: wp.Kernel
+    range_param_combine: wp.Kernel
 
 
 @functools.lru_cache(maxsize=None)
@@ -1127,13 +1117,7 @@ def get_dense_variant(scalar_name: str = "float32") -> DenseVariant:
         # row p = [sin(g f_0), cos(g f_0), .., sin(g f_{pe/2-1}), cos(..), embedding[i]]; phases in float64
         p, a = wp.tid()
         if a < pe_dim:
-            j = a // 2
-            freq = wp.pow(wp.float64(PE_BASE), -wp.float64(2 * j) / wp.float64(pe_dim))
-            phase = wp.float64(pair_group[p]) * freq
-            v = wp.sin(phase)
-            if a - 2 * j == 1:
-                v = wp.cos(phase)
-            out[p, a] = scalar(v)
+            out[p, a] = scalar(group_encoding(pair_group[p], a, pe_dim))
         else:
             out[p, a] = embedding[pair_feature[p], a - pe_dim]
 
@@ -1251,8 +1235,114 @@ def get_dense_variant(scalar_name: str = "float32") -> DenseVariant:
         else:
             by_output[p, b] = by_basis[p * K + m, o]
 
+    # ---- the CG-MLP on a dense range of groups (the torch layer's dense-range path): row p = i Rt + j is
+    # feature i at group group_lo[i] - 1 + j. Forward: range_features, then dense_forward for each layer.
+    # Backward: the forward's rows again (recomputed, not kept), dense_backward_input for d_pre, then
+    # range_param_partials / range_param_combine for every parameter gradient: fixed-order sums.
+    @kernel
+    def range_features(
+        group_lo: wp.array(dtype=wp.int64),
+        rows_per_feature: int,
+        embedding: wp.array2d(dtype=scalar),
+        pe_dim: int,
+        out: wp.array2d(dtype=scalar),
+    ):
+        # out[p] = [encoding of group group_lo[i] - 1 + j (pe_dim entries), embedding[i]]
+        p, a = wp.tid()
+        i = p // rows_per_feature
+        if a < pe_dim:
+            g = group_lo[i] - wp.int64(1) + wp.int64(p - i * rows_per_feature)
+            out[p, a] = scalar(group_encoding(g, a, pe_dim))
+        else:
+            out[p, a] = embedding[i, a - pe_dim]
+
+    @kernel
+    def range_param_partials(
+        d_table: wp.array2d(dtype=scalar),
+        hidden: wp.array2d(dtype=scalar),
+        d_pre: wp.array2d(dtype=scalar),
+        features: wp.array2d(dtype=scalar),
+        rows_per_chunk: int,
+        partial: wp.array2d(dtype=scalar),
+    ):
+        # partial[chunk, q] = the chunk's rows' share of flat gradient entry q, laid out as
+        # [W_out (B x H) | b_out (B) | W_hidden (H x A) | b_hidden (H)]; consecutive q: consecutive columns
+        # of one weight row (coalesced reads of hidden / d_pre, a broadcast of d_table / d_pre)
+        chunk, q = wp.tid()
+        n_b = d_table.shape[1]
+        n_h = hidden.shape[1]
+        n_a = features.shape[1]
+        start = chunk * rows_per_chunk
+        stop = wp.min(start + rows_per_chunk, d_table.shape[0])
+        acc = zero
+        if q < n_b * n_h:
+            b = q // n_h
+            h = q - b * n_h
+            for p in range(start, stop):
+                acc = acc + d_table[p, b] * hidden[p, h]
+        elif q < n_b * n_h + n_b:
+            b = q - n_b * n_h
+            for p in range(start, stop):
+                acc = acc + d_table[p, b]
+        elif q < n_b * n_h + n_b + n_h * n_a:
+            r = q - n_b * n_h - n_b
+            h = r // n_a
+            a = r - h * n_a
+            for p in range(start, stop):
+                acc = acc + d_pre[p, h] * features[p, a]
+        else:
+            h = q - n_b * n_h - n_b - n_h * n_a
+            for p in range(start, stop):
+                acc = acc + d_pre[p, h]
+        partial[chunk, q] = acc
+
+    @kernel
+    def range_param_combine(
+        partial: wp.array2d(dtype=scalar),
+        d_pre: wp.array2d(dtype=scalar),
+        w_hidden: wp.array2d(dtype=scalar),
+        rows_per_feature: int,
+        pe_dim: int,
+        d_w_out: wp.array2d(dtype=scalar),
+        d_b_out: wp.array(dtype=scalar),
+        d_w_hidden: wp.array2d(dtype=scalar),
+        d_b_hidden: wp.array(dtype=scalar),
+        d_embedding: wp.array2d(dtype=scalar),
+    ):
+        # flat entry q < partial.shape[1]: the sum of the chunks' partials in order, stored in its gradient;
+        # past them, d_embedding[i, e]: the embedding enters every row of feature i through w_hidden's
+        # column pe_dim + e
+        q = wp.tid()
+        n_b = d_w_out.shape[0]
+        n_h = d_w_out.shape[1]
+        n_a = d_w_hidden.shape[1]
+        acc = zero
+        if q < partial.shape[1]:
+            for chunk in range(partial.shape[0]):
+                acc = acc + partial[chunk, q]
+            if q < n_b * n_h:
+                d_w_out[q // n_h, q - (q // n_h) * n_h] = acc
+            elif q < n_b * n_h + n_b:
+                d_b_out[q - n_b * n_h] = acc
+            elif q < n_b * n_h + n_b + n_h * n_a:
+                r = q - n_b * n_h - n_b
+                d_w_hidden[r // n_a, r - (r // n_a) * n_a] = acc
+            else:
+                d_b_hidden[q - n_b * n_h - n_b - n_h * n_a] = acc
+        else:
+            n_e = d_embedding.shape[1]
+            r = q - partial.shape[1]
+            i = r // n_e
+            e = r - i * n_e
+            for j in range(rows_per_feature):
+                p = i * rows_per_feature + j
+                for h in range(n_h):
+                    acc = acc + d_pre[p, h] * w_hidden[h, pe_dim + e]
+            d_embedding[i, e] = acc
+
     return DenseVariant(scalar, features, dense_forward, dense_backward_input, dense_backward_params,
-                        dense_combine, embedding_backward, reorder_table)
+                        dense_combine, embedding_backward, reorder_table, range_features, range_param_partials,
+                        range_param_combine)
 
 
 def launch_reorder_table(by_output, by_basis, order, to_kernel_order: bool, stream=None):
@@ -1311,3 +1401,60 @@ def launch_embedding_backward(d_features, pair_feature, rows_needed, pe_dim, d_e
         return
     wp.launch(variant.embedding_backward, dim=tuple(d_embedding.shape), inputs=[d_features, pair_feature, rows_needed, int(pe_dim)],
               outputs=[d_embedding], device=d_embedding.device, stream=stream, record_tape=False)
+
+
+
+_RANGE_ROWS_PER_CHUNK = 64  # rows summed per partial of the range CG-MLP's parameter gradients
+
+
+def range_mlp_partial_shape(n_rows: int, n_table_cols: int, hidden_dim: int, n_features: int) -> tuple[int, int]:
+    """Shape of the ``partial`` scratch of :func:`launch_range_mlp_backward` (``n_features`` = pe_dim +
+    embed_dim): a function of the shapes alone, so the summation order is the same on every run."""
+    n_chunks = max(1, -(-n_rows // _RANGE_ROWS_PER_CHUNK))
+    return n_chunks, n_table_cols * hidden_dim + n_table_cols + hidden_dim * n_features + hidden_dim
+
+
+def launch_range_mlp_forward(group_lo, embedding, w_hidden, b_hidden, w_out, b_out, features, pre, hidden, table,
+                             pe_dim, stream=None, record=False):
+    """The CG-MLP on the dense range: table [in Rt, B] = w_out silu(w_hidden f + b_hidden) + b_out, where the
+    input row f of row i Rt + j (``features`` [in Rt, pe_dim + E]) is (the encoding of group
+    group_lo[i] - 1 + j, embedding[i]). Also writes the pre-activations and the hidden activations [in Rt, H].
+    Three launches, none of them a torch op: at small N, the chain of torch ops this replaces cost as much
+    host time per step as the whole spline."""
+    variant = get_dense_variant(scalar_name(table, "table"))
+    if table.shape[0] == 0 or table.shape[1] == 0:
+        return []
+    device = table.device
+    rows = table.shape[0] // group_lo.shape[0]
+    return (_launch(variant.range_features, tuple(features.shape), [group_lo, rows, embedding, int(pe_dim), features],
+                    device, stream, record)
+            + _launch(variant.dense_forward, tuple(pre.shape), [features, w_hidden, b_hidden, 1, pre, hidden], device,
+                      stream, record)
+            + _launch(variant.dense_forward, tuple(table.shape), [hidden, w_out, b_out, 0, table, table], device,
+                      stream, record))
+
+
+def launch_range_mlp_backward(d_table, group_lo, embedding, w_hidden, b_hidden, w_out, features, pre, hidden, d_pre,
+                              partial, d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding, pe_dim, stream=None,
+                              record=False):
+    """Every parameter gradient of :func:`launch_range_mlp_forward` from d_table [in Rt, B] (Rt >= 1),
+    written, not accumulated, with fixed-order sums (deterministic). ``features``, ``pre``, ``hidden``,
+    ``d_pre`` and ``partial`` (:func:`range_mlp_partial_shape`) are scratch: the forward's rows are
+    recomputed rather than kept."""
+    variant = get_dense_variant(scalar_name(d_table, "d_table"))
+    if d_table.shape[0] == 0:
+        return []
+    rows = d_table.shape[0] // group_lo.shape[0]
+    device = d_table.device
+    partial_args = [d_table, hidden, d_pre, features, _RANGE_ROWS_PER_CHUNK, partial]
+    combine_args = [partial, d_pre, w_hidden, rows, int(pe_dim), d_w_out, d_b_out, d_w_hidden, d_b_hidden,
+                    d_embedding]
+    n_entries = partial.shape[1] + d_embedding.shape[0] * d_embedding.shape[1]
+    return (_launch(variant.range_features, tuple(features.shape), [group_lo, rows, embedding, int(pe_dim), features],
+                    device, stream, record)
+            + _launch(variant.dense_forward, tuple(pre.shape), [features, w_hidden, b_hidden, 1, pre, hidden], device,
+                      stream, record)
+            + _launch(variant.dense_backward_input, tuple(d_pre.shape), [d_table, w_out, pre, 1, d_pre], device,
+                      stream, record)
+            + _launch(variant.range_param_partials, tuple(partial.shape), partial_args, device, stream, record)
+            + _launch(variant.range_param_combine, (n_entries,), combine_args, device, stream, record))

@@ -12,16 +12,18 @@ so autograd carries the table's gradient into the MLP's parameters:
   ``[capacity * K, out]``, differentiable in x, table, base weight and scaler
   (``warpkan::ukan_spline_backward``).
 
-The dense-range path (see ``warpkan.kernels.ukan``) has three more:
+The dense-range path (see ``warpkan.kernels.ukan``) has three more (and their backward ops):
 
 - ``warpkan::ukan_group_range(x, grid_delta, spline_order)``: each feature's lowest touched group and the
   widest span, on the device;
-- ``warpkan::ukan_range_encoding``: the CG-MLP's positional rows for every feature's contiguous groups;
+- ``warpkan::ukan_range_table`` (backward ``warpkan::ukan_range_table_backward``): the CG-MLP itself on
+  every feature's contiguous groups, in Warp (its input rows formed on the device, fixed-order gradient sums);
 - ``warpkan::ukan_range_spline`` (backward ``warpkan::ukan_range_spline_backward``): the spline on the
   CG-MLP output ``[in * Rt, out * K]`` as it comes ((o, m) columns), by dense-basis GEMMs in row chunks.
 
 Their Warp launches are recorded once per (pointers, shapes) signature and replayed (the B-spline ops'
-launch cache), so a small layer pays about 5 us per launch.
+launch cache), so a small layer pays about 5 us per launch. Eager calls take an ``autograd.Function`` route
+through the same implementations (``eager_function``), without the custom-op dispatch.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from ..kernels import ukan as ku
 from ._common import RecordedLaunches, eager_function, op_or_eager, to_warp, warp_stream
 
 __all__ = ["ukan_pairs", "ukan_spline", "ukan_spline_backward", "ukan_range_spline", "ukan_range_spline_backward",
-           "group_range", "group_range_op", "range_encoding", "range_encoding_op", "range_spline",
+           "group_range", "group_range_op", "range_table", "ukan_range_table", "range_spline",
            "positional_encoding"]
 
 _TORCH_INT = {ku.wp.int32: torch.int32, ku.wp.int64: torch.int64}
@@ -263,33 +265,98 @@ def _(x, grid_delta, spline_order):
     return x.new_empty((x.shape[1],), dtype=torch.int64), x.new_empty((1,), dtype=torch.int32)
 
 
-def _range_encoding_impl(group_lo: Tensor, rows_per_feature: int, pe_dim: int, spline_order: int,
-                         dtype: torch.dtype) -> Tensor:
-    out = torch.empty((group_lo.shape[0] * rows_per_feature, pe_dim), dtype=dtype, device=group_lo.device)
-    if out.numel():
-        _launch(ku.launch_range_encoding, (group_lo.contiguous(), out), spline_order)
-    return out
+def _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out):
+    group_lo, embedding, w_hidden, b_hidden, w_out, b_out = (
+        t.contiguous() for t in (group_lo, embedding, w_hidden, b_hidden, w_out, b_out))
+    n_rows = group_lo.shape[0] * rows_per_feature
+    features = embedding.new_empty((n_rows, w_hidden.shape[1]))
+    pre = embedding.new_empty((n_rows, w_hidden.shape[0]))
+    hidden = torch.empty_like(pre)
+    table = embedding.new_empty((n_rows, w_out.shape[0]))
+    _launch(ku.launch_range_mlp_forward,
+            (group_lo, embedding, w_hidden, b_hidden, w_out, b_out, features, pre, hidden, table), pe_dim)
+    return table
 
 
-@torch.library.custom_op("warpkan::ukan_range_encoding", mutates_args=())
-def range_encoding_op(group_lo: Tensor, rows_per_feature: int, pe_dim: int, spline_order: int,
-                      dtype: torch.dtype) -> Tensor:
-    """[in * Rt, pe_dim]: the sinusoidal encoding of group group_lo[i] - 1 + j in row i Rt + j (one launch;
-    equal to :func:`positional_encoding` of those groups)."""
-    return _range_encoding_impl(group_lo, rows_per_feature, pe_dim, spline_order, dtype)
+@torch.library.custom_op("warpkan::ukan_range_table", mutates_args=())
+def ukan_range_table(group_lo: Tensor, rows_per_feature: int, pe_dim: int, embedding: Tensor, w_hidden: Tensor,
+                     b_hidden: Tensor, w_out: Tensor, b_out: Tensor) -> Tensor:
+    """The CG-MLP on the dense range, [in * Rt, out * K] in ``w_out``'s row order: row i Rt + j is
+    ``w_out silu(w_hidden f + b_hidden) + b_out`` for the input row f = (the ``pe_dim`` encoding of group
+    group_lo[i] - 1 + j, embedding[i]). Two Warp launches: the input rows are formed where they are read (at
+    small N the chain of torch ops it replaces cost as much host time per step as the whole spline)."""
+    return _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out)
 
 
-def range_encoding(group_lo: Tensor, rows_per_feature: int, pe_dim: int, spline_order: int,
-                   dtype: torch.dtype) -> Tensor:
-    """:func:`range_encoding_op`, without the custom-op dispatch in eager mode (it has no gradient)."""
-    if torch.compiler.is_compiling():
-        return range_encoding_op(group_lo, rows_per_feature, pe_dim, spline_order, dtype)
-    return _range_encoding_impl(group_lo, rows_per_feature, pe_dim, spline_order, dtype)
+@ukan_range_table.register_fake
+def _(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out):
+    return embedding.new_empty((group_lo.shape[0] * rows_per_feature, w_out.shape[0]))
 
 
-@range_encoding_op.register_fake
-def _(group_lo, rows_per_feature, pe_dim, spline_order, dtype):
-    return group_lo.new_empty((group_lo.shape[0] * rows_per_feature, pe_dim), dtype=dtype)
+def _range_table_grads(embedding, w_hidden, w_out, alloc):
+    return (alloc(embedding.shape, dtype=embedding.dtype, device=embedding.device),
+            alloc(w_hidden.shape, dtype=w_hidden.dtype, device=w_hidden.device),
+            alloc(w_hidden.shape[:1], dtype=w_hidden.dtype, device=w_hidden.device),
+            alloc(w_out.shape, dtype=w_out.dtype, device=w_out.device),
+            alloc(w_out.shape[:1], dtype=w_out.dtype, device=w_out.device))
+
+
+def _range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b_hidden, w_out):
+    d_table, group_lo, embedding, w_hidden, b_hidden, w_out = (
+        t.contiguous() for t in (d_table, group_lo, embedding, w_hidden, b_hidden, w_out))
+    d_embedding, d_w_hidden, d_b_hidden, d_w_out, d_b_out = _range_table_grads(embedding, w_hidden, w_out,
+                                                                                torch.empty)
+    n_rows, n_hidden = d_table.shape[0], w_hidden.shape[0]
+    features = d_table.new_empty((n_rows, w_hidden.shape[1]))
+    pre = d_table.new_empty((n_rows, n_hidden))
+    hidden, d_pre = torch.empty_like(pre), torch.empty_like(pre)
+    partial = d_table.new_empty(ku.range_mlp_partial_shape(n_rows, w_out.shape[0], n_hidden, w_hidden.shape[1]))
+    _launch(ku.launch_range_mlp_backward, (d_table, group_lo, embedding, w_hidden, b_hidden, w_out, features, pre,
+                                           hidden, d_pre, partial, d_w_out, d_b_out, d_w_hidden, d_b_hidden,
+                                           d_embedding), pe_dim)
+    return d_embedding, d_w_hidden, d_b_hidden, d_w_out, d_b_out
+
+
+@torch.library.custom_op("warpkan::ukan_range_table_backward", mutates_args=())
+def ukan_range_table_backward(d_table: Tensor, group_lo: Tensor, pe_dim: int, embedding: Tensor, w_hidden: Tensor,
+                              b_hidden: Tensor, w_out: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(d_embedding, d_w_hidden, d_b_hidden, d_w_out, d_b_out) of :func:`ukan_range_table` (the hidden layer
+    recomputed; fixed-order sums, deterministic)."""
+    return _range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b_hidden, w_out)
+
+
+@ukan_range_table_backward.register_fake
+def _(d_table, group_lo, pe_dim, embedding, w_hidden, b_hidden, w_out):
+    return _range_table_grads(embedding, w_hidden, w_out, torch.empty)
+
+
+def _range_table_setup_context(ctx, inputs, output):
+    group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out = inputs
+    ctx.save_for_backward(group_lo, embedding, w_hidden, b_hidden, w_out)
+    ctx.pe_dim = pe_dim
+
+
+def _range_table_backward_with(backward):
+    def range_table_backward(ctx, d_table):
+        if not any(ctx.needs_input_grad[3:]):
+            return (None,) * 8
+        grads = backward(d_table.contiguous(), ctx.saved_tensors[0], ctx.pe_dim, *ctx.saved_tensors[1:])
+        return (None, None, None) + tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad[3:]))
+
+    return range_table_backward
+
+
+ukan_range_table.register_autograd(_range_table_backward_with(ukan_range_table_backward),
+                                   setup_context=_range_table_setup_context)
+_EagerRangeTable = eager_function("_EagerRangeTable", _range_table_impl, _range_table_setup_context,
+                                  _range_table_backward_with(_range_table_backward_impl))
+
+
+def range_table(group_lo: Tensor, rows_per_feature: int, pe_dim: int, embedding: Tensor, w_hidden: Tensor,
+                b_hidden: Tensor, w_out: Tensor, b_out: Tensor) -> Tensor:
+    """:func:`ukan_range_table` through the registered op under tracing, its eager route otherwise."""
+    op = op_or_eager(ukan_range_table, _EagerRangeTable)
+    return op(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out)
 
 
 def _range_chunk(n_rows: int, width: int, itemsize: int) -> int:
