@@ -220,12 +220,14 @@ def test_gemm_strategy_matches_fused(device, monkeypatch):
     assert poly_ops.choose_strategy(128, 40, 9, 256) == "fused"
 
 
-def test_gemm_bf16_within_documented_bound(device):
-    # precision="bf16": each contraction A @ B of length K errs by at most (2^-8 + K 2^-24) (|A| @ |B|)
-    # (operands rounded to bf16, exact float32 products, float32 sums), plus the float32 basis itself
+@pytest.mark.parametrize("precision,unit_roundoff", [("bf16", 2.0**-9), ("tf32", 2.0**-10)])
+def test_gemm_tensor_core_precisions_within_documented_bound(device, precision, unit_roundoff):
+    # precision="bf16" / "tf32": each contraction A @ B of length K errs by at most (2 u + K 2^-24) (|A| @ |B|)
+    # (operands off by u relative: bf16 rounds to nearest, u = 2^-9; TF32 inside cuBLAS may truncate,
+    # u = 2^-10; float32 products and sums), plus the float32 basis itself
     x, coeffs, bias = _inputs(device, torch.float32, 67, 24, 20, 8, seed=13)
     n_in, n_basis, n_out = coeffs.shape
-    y = poly_kan(x, coeffs, bias, strategy="gemm", precision="bf16")
+    y = poly_kan(x, coeffs, bias, strategy="gemm", precision=precision)
     dy = torch.randn_like(y)
     dx, dc, db = torch.autograd.grad(y, (x, coeffs, bias), dy)
     x64, c64, b64 = (t.detach().double().requires_grad_(True) for t in (x, coeffs, bias))
@@ -233,7 +235,7 @@ def test_gemm_bf16_within_documented_bound(device):
     ex, ec, eb = torch.autograd.grad(y64, (x64, c64, b64), dy.double())
 
     def factor(k):
-        return 2.0**-8 + k * 2.0**-24 + 8 * EPS[torch.float32]
+        return 2 * unit_roundoff + k * 2.0**-24 + 8 * EPS[torch.float32]
 
     t = torch.tanh(x64.detach())
     values, grads = (torch.tensor(a, device=device).reshape(67, n_in, n_basis)
@@ -252,7 +254,7 @@ def test_gemm_bf16_within_documented_bound(device):
     y32 = poly_kan(x, coeffs, bias, strategy="gemm")
     assert float((y32.double() - y64).abs().max()) <= 1e-5
     with pytest.raises(ValueError, match="precision"):
-        poly_kan(x.double(), coeffs.double(), precision="bf16")
+        poly_kan(x.double(), coeffs.double(), precision=precision)
     with pytest.raises(ValueError, match="precision"):
         poly_kan(x, coeffs, precision="tf16")
     with pytest.raises(ValueError, match="precision"):

@@ -58,7 +58,8 @@ LAYER_IMPLS = {
     "warpkan exact fused": lambda *a: _warp_layer(*a, "exact", strategy="fused"),
     "warpkan lut gemm": lambda *a: _warp_layer(*a, "lut", strategy="gemm"),
     "warpkan exact gemm": lambda *a: _warp_layer(*a, "exact", strategy="gemm"),
-    # explicit opt-in to bf16 tensor cores (error bound in warpkan.torch_bridge.poly_ops); not an fp32 row
+    # explicit opt-ins to tensor cores (error bounds in warpkan.torch_bridge.poly_ops); not fp32 rows
+    "warpkan exact gemm tf32": lambda *a: _warp_layer(*a, "exact", strategy="gemm", precision="tf32"),
     "warpkan lut gemm bf16": lambda *a: _warp_layer(*a, "lut", strategy="gemm", precision="bf16"),
     "warpkan exact gemm bf16": lambda *a: _warp_layer(*a, "exact", strategy="gemm", precision="bf16"),
     "acos/cos (ChebyKAN, torch) eager": lambda *a: _TorchPolyLayer(*a, "acos"),

@@ -3,6 +3,8 @@ argument checks whose messages name the argument, what was expected and what was
 
 from __future__ import annotations
 
+import contextlib
+
 import ctypes
 import threading
 from collections import OrderedDict
@@ -126,6 +128,23 @@ class RecordedLaunches:
     def clear(self) -> None:
         with self._lock:
             self._records.clear()
+
+
+@contextlib.contextmanager
+def matmul_precision(precision: str, device: torch.device):
+    """Run the float32 GEMMs inside at exactly ``precision`` ("fp32": full precision, "tf32": TF32 tensor
+    cores), whatever torch's setting, and put torch's setting back. Anything else (bf16 operands, the CPU)
+    runs as it is."""
+    wanted = {"fp32": "highest", "tf32": "high"}.get(precision)
+    saved = torch.get_float32_matmul_precision()
+    if device.type != "cuda" or wanted is None or saved == wanted:
+        yield
+        return
+    torch.set_float32_matmul_precision(wanted)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(saved)
 
 
 def eager_function(name: str, forward_impl, setup_context, backward):

@@ -44,14 +44,13 @@ written in full by the kernels (no zero fills); forward: 2 launches + 1 GEMM per
 
 from __future__ import annotations
 
-import contextlib
 
 import torch
 from torch import Tensor
 
 from ..kernels import bspline as kb
-from ._common import (RecordedLaunches, TorchWorkspace, autocast_dtype, check_tensor, eager_function, op_or_eager, to_warp,
-                      warp_stream)
+from ._common import (RecordedLaunches, TorchWorkspace, autocast_dtype, check_tensor, eager_function, matmul_precision,
+                      op_or_eager, to_warp, warp_stream)
 
 __all__ = ["bspline_kan", "bspline_forward", "bspline_backward", "choose_strategy", "resolve_precision",
            "STRATEGIES", "PRECISIONS", "PRECISION_UNIT_ROUNDOFF"]
@@ -107,22 +106,6 @@ def _resolve(strategy: str, x: Tensor, coef: Tensor) -> str:
 _launch = RecordedLaunches()
 
 
-@contextlib.contextmanager
-def _matmul_precision(precision: str, device: torch.device):
-    """Run the float32 GEMMs inside at exactly ``precision`` ("fp32" or "tf32"), whatever torch's setting,
-    and put torch's setting back."""
-    wanted = "highest" if precision == "fp32" else "high"
-    saved = torch.get_float32_matmul_precision()
-    if device.type != "cuda" or precision == "bf16" or saved == wanted:
-        yield
-        return
-    torch.set_float32_matmul_precision(wanted)
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(saved)
-
-
 def _mm(a: Tensor, b: Tensor, out: Tensor) -> None:
     """out = a @ b. bfloat16 operands: a bf16 GEMM (tensor cores, float32 accumulation, the result rounded
     to bf16 once, as under autocast; the same roundings in float32 arithmetic on the CPU), written into out
@@ -167,7 +150,7 @@ def _gemm_forward(x, grid, base_weight_t, scaler_t, coef, spline_order, uniform,
     _launch(kb.launch_combine_weights, (base_weight_t, scaler_t, coef, weight), *config)
     chunk = _chunk_rows(n_rows, width, weight.element_size())
     scratch = x.new_empty((chunk * width,), dtype=basis_dtype)
-    with _matmul_precision(precision, x.device):
+    with matmul_precision(precision, x.device):
         for start in range(0, n_rows, chunk):
             stop = min(start + chunk, n_rows)
             basis_t = scratch[: width * (stop - start)].view(width, stop - start)
@@ -199,7 +182,7 @@ def _gemm_backward(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uni
     # has read the basis before the dA GEMM overwrites it
     chunk = _chunk_rows(n_rows, width, 2 if bf16 else x.element_size())
     scratch = x.new_empty((chunk * width,), dtype=basis_dtype)
-    with _matmul_precision(precision, x.device):
+    with matmul_precision(precision, x.device):
         for start in range(0, n_rows, chunk):
             stop = min(start + chunk, n_rows)
             rows = stop - start

@@ -36,8 +36,9 @@ class PolyKANLinear(nn.Module):
     ``strategy``: ``"fused"`` (register-tiled Warp kernels, every gradient bitwise reproducible run to run:
     fixed-order reductions, no atomics), ``"gemm"`` (a Warp kernel writes the dense basis and cuBLAS
     contracts it: large batches) or ``"auto"`` (by FLOP count, ``warpkan.torch_bridge.poly_ops.choose_strategy``).
-``precision="bf16"`` lets the GEMM strategy use bf16 tensor cores (float32 layers only; an explicit opt-in
-with the error bound documented in ``warpkan.torch_bridge.poly_ops``); the fused kernels ignore it.
+``precision="tf32"`` or ``"bf16"`` lets the GEMM strategy use TF32 or bf16 tensor cores (float32 layers only;
+explicit opt-ins with the error bounds documented in ``warpkan.torch_bridge.poly_ops``); the fused kernels
+ignore it.
 
     Under bf16/fp16 autocast the layer computes in fp32 and returns the autocast dtype. NaN in one row of x makes that row of
     the output NaN; as under autograd, it also makes the coefficient gradients of that input NaN.
@@ -102,8 +103,8 @@ with the error bound documented in ``warpkan.torch_bridge.poly_ops``); the fused
 
     def _forward(self, x):
         # the configuration was checked at construction and x above: the op directly, no per-call re-checks
-        if self.precision == "bf16" and x.dtype != torch.float32:
-            raise ValueError(f"precision='bf16' needs a float32 layer, got {x.dtype}")
+        if self.precision in ("tf32", "bf16") and x.dtype != torch.float32:
+            raise ValueError(f"precision={self.precision!r} needs a float32 layer, got {x.dtype}")
         lut_size = self.lut_size if self.mode == "lut" else 0
         y = poly_apply(x.reshape(-1, self.in_features), self.coeffs.permute(0, 2, 1), self.bias, self.basis,
                        lut_size, self.alpha, self.beta, self.strategy, self.precision)

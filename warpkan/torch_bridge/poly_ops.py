@@ -21,6 +21,11 @@ Two strategies compute the same map:
 
 - ``"fp32"`` (default): cuBLAS in the I/O dtype. In float32 it follows torch's own TF32 setting
   (``torch.backends.cuda.matmul``), exactly as ``nn.Linear`` does; by default that is full fp32.
+- ``"tf32"`` (explicit opt-in, float32 I/O only): the contractions on TF32 tensor cores whatever torch's
+  setting (operands rounded to a 10-bit mantissa inside cuBLAS, which may truncate: unit roundoff
+  u = 2^-10; float32 sums), so each contraction of length K errs by at most (2 u + K 2^-24) (|B| |W|).
+  At small batch each contraction streams the weight; TF32 streams it about twice as fast as cuBLAS'
+  float32 kernels do at these shapes (scripts/poly_gemm_forms.py).
 - ``"bf16"`` (explicit opt-in, float32 I/O only): the basis (computed in float32 and rounded as the expansion
   kernel stores it, with no float32 copy), the coefficients and ``dy`` are rounded to bfloat16 and the
   contractions run on bf16 tensor cores with float32 products and sums, float32 results (the basis gradient
@@ -54,13 +59,13 @@ import warp as wp
 from torch import Tensor
 
 from ..kernels import poly as kp
-from ._common import (RecordedLaunches, TorchWorkspace, check_tensor, eager_function, op_or_eager, to_warp, warp_device,
-                      warp_stream)
+from ._common import (RecordedLaunches, TorchWorkspace, check_tensor, eager_function, matmul_precision, op_or_eager,
+                      to_warp, warp_device, warp_stream)
 
 __all__ = ["poly_kan", "poly_forward", "poly_backward", "choose_strategy", "BF16_ERROR_BOUND"]
 
 STRATEGIES = ("auto", "fused", "gemm")
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "tf32", "bf16")
 BF16_ERROR_BOUND = "(2**-8 + K * 2**-24) * (|A| @ |B|) for a contraction A @ B of length K"
 # Forward FLOPs (2 N in (D + 1) out) from which "auto" takes the GEMM strategy. Measured on the H200
 # (scripts/poly_speed.py, fp32, exact): CUDA-graphed fwd+bwd, the GEMM strategy was faster at every shape of
@@ -81,8 +86,8 @@ def choose_strategy(n_rows: int, n_in: int, n_basis: int, n_out: int) -> str:
 def check_precision(precision: str, dtype: torch.dtype) -> None:
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    if precision == "bf16" and dtype != torch.float32:
-        raise ValueError(f"precision='bf16' needs float32 x and coeffs, got {dtype}")
+    if precision in ("tf32", "bf16") and dtype != torch.float32:
+        raise ValueError(f"precision={precision!r} needs float32 x and coeffs, got {dtype}")
 
 
 def _resolve(strategy: str, x: Tensor, coeffs: Tensor) -> str:
@@ -142,6 +147,9 @@ def _dx_from_dbasis(x, d_dense, dx, basis, lut_size, alpha, beta, n_basis, degre
 
 
 def _gemm_forward(x, coeffs, bias, basis, lut_size, alpha, beta, precision="fp32"):
+    if precision == "tf32":
+        with matmul_precision("tf32", x.device):
+            return _gemm_forward(x, coeffs, bias, basis, lut_size, alpha, beta)
     n_rows, n_in = x.shape
     n_basis, n_out = coeffs.shape[1], coeffs.shape[2]
     bf16 = precision == "bf16"
@@ -165,6 +173,9 @@ def _gemm_forward(x, coeffs, bias, basis, lut_size, alpha, beta, precision="fp32
 
 def _gemm_backward(dy, x, coeffs, basis, lut_size, alpha, beta, need_x, need_coeffs, need_bias, precision="fp32"):
     """(dx, d_coeffs, d_bias), each written by its last op (no zero fills)."""
+    if precision == "tf32":
+        with matmul_precision("tf32", x.device):
+            return _gemm_backward(dy, x, coeffs, basis, lut_size, alpha, beta, need_x, need_coeffs, need_bias)
     n_rows, n_in = x.shape
     n_basis, n_out = coeffs.shape[1], coeffs.shape[2]
     bf16 = precision == "bf16"
