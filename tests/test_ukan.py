@@ -361,6 +361,20 @@ def test_dense_range_cg_mlp_inputs(device, pe_dim, embed_dim):
     torch.testing.assert_close(table, expected, rtol=1e-12, atol=1e-12)
 
 
+def test_dense_range_backward_twice_with_retained_graph(device):
+    # the eager route keeps the CG-MLP's rows for its backward: a second backward of the same graph must
+    # see them unchanged
+    layer = make_layer(3, 2, device)
+    x = torch.randn(9, 3, dtype=torch.float64, device=device)
+    y = layer(x)
+    assert layer._last is None  # the dense-range path
+    params = [p for _, p in params_of(layer)]
+    first = torch.autograd.grad(y.sum(), params, retain_graph=True)
+    second = torch.autograd.grad(y.sum(), params)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
 def test_exact_mode_picks_the_path_by_span(device):
     layer = make_layer(3, 2, device)
     narrow = torch.rand(50, 3, dtype=torch.float64, device=device) * 2 - 1  # 2 groups of K h = 1 per feature

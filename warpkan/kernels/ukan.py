@@ -1299,8 +1299,7 @@ def get_dense_variant(scalar_name: str = "float32") -> DenseVariant:
     @kernel
     def range_param_combine(
         partial: wp.array2d(dtype=scalar),
-        d_pre: wp.array2d(dtype=scalar),
-        w_hidden: wp.array2d(dtype=scalar),
+        d_features: wp.array2d(dtype=scalar),
         rows_per_feature: int,
         pe_dim: int,
         d_w_out: wp.array2d(dtype=scalar),
@@ -1310,8 +1309,8 @@ def get_dense_variant(scalar_name: str = "float32") -> DenseVariant:
         d_embedding: wp.array2d(dtype=scalar),
     ):
         # flat entry q < partial.shape[1]: the sum of the chunks' partials in order, stored in its gradient;
-        # past them, d_embedding[i, e]: the embedding enters every row of feature i through w_hidden's
-        # column pe_dim + e
+        # past them, d_embedding[i, e]: the sum of the input-row gradient's column pe_dim + e over the rows
+        # of feature i (every one of them carries the embedding)
         q = wp.tid()
         n_b = d_w_out.shape[0]
         n_h = d_w_out.shape[1]
@@ -1335,9 +1334,7 @@ def get_dense_variant(scalar_name: str = "float32") -> DenseVariant:
             i = r // n_e
             e = r - i * n_e
             for j in range(rows_per_feature):
-                p = i * rows_per_feature + j
-                for h in range(n_h):
-                    acc = acc + d_pre[p, h] * w_hidden[h, pe_dim + e]
+                acc = acc + d_features[i * rows_per_feature + j, pe_dim + e]
             d_embedding[i, e] = acc
 
     return DenseVariant(scalar, features, dense_forward, dense_backward_input, dense_backward_params,
@@ -1435,26 +1432,31 @@ def launch_range_mlp_forward(group_lo, embedding, w_hidden, b_hidden, w_out, b_o
 
 
 def launch_range_mlp_backward(d_table, group_lo, embedding, w_hidden, b_hidden, w_out, features, pre, hidden, d_pre,
-                              partial, d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding, pe_dim, stream=None,
-                              record=False):
+                              d_features, partial, d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding, pe_dim,
+                              recompute=True, stream=None, record=False):
     """Every parameter gradient of :func:`launch_range_mlp_forward` from d_table [in Rt, B] (Rt >= 1),
-    written, not accumulated, with fixed-order sums (deterministic). ``features``, ``pre``, ``hidden``,
-    ``d_pre`` and ``partial`` (:func:`range_mlp_partial_shape`) are scratch: the forward's rows are
-    recomputed rather than kept."""
+    written, not accumulated, with fixed-order sums (deterministic). ``d_pre`` and ``partial``
+    (:func:`range_mlp_partial_shape`) are scratch; ``features``, ``pre`` and ``hidden`` are the forward's
+    (``recompute=False``) or scratch that the forward's launches fill again (``recompute=True``).
+    ``d_features`` (the input rows' gradient, shaped as ``features``) is scratch too."""
     variant = get_dense_variant(scalar_name(d_table, "d_table"))
     if d_table.shape[0] == 0:
         return []
     rows = d_table.shape[0] // group_lo.shape[0]
     device = d_table.device
     partial_args = [d_table, hidden, d_pre, features, _RANGE_ROWS_PER_CHUNK, partial]
-    combine_args = [partial, d_pre, w_hidden, rows, int(pe_dim), d_w_out, d_b_out, d_w_hidden, d_b_hidden,
-                    d_embedding]
+    combine_args = [partial, d_features, rows, int(pe_dim), d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding]
     n_entries = partial.shape[1] + d_embedding.shape[0] * d_embedding.shape[1]
-    return (_launch(variant.range_features, tuple(features.shape), [group_lo, rows, embedding, int(pe_dim), features],
-                    device, stream, record)
-            + _launch(variant.dense_forward, tuple(pre.shape), [features, w_hidden, b_hidden, 1, pre, hidden], device,
-                      stream, record)
+    cmds = []
+    if recompute:
+        cmds += _launch(variant.range_features, tuple(features.shape),
+                        [group_lo, rows, embedding, int(pe_dim), features], device, stream, record)
+        cmds += _launch(variant.dense_forward, tuple(pre.shape), [features, w_hidden, b_hidden, 1, pre, hidden],
+                        device, stream, record)
+    return (cmds
             + _launch(variant.dense_backward_input, tuple(d_pre.shape), [d_table, w_out, pre, 1, d_pre], device,
                       stream, record)
             + _launch(variant.range_param_partials, tuple(partial.shape), partial_args, device, stream, record)
+            + _launch(variant.dense_backward_input, tuple(d_features.shape), [d_pre, w_hidden, d_pre, 0, d_features],
+                      device, stream, record)
             + _launch(variant.range_param_combine, (n_entries,), combine_args, device, stream, record))

@@ -265,7 +265,9 @@ def _(x, grid_delta, spline_order):
     return x.new_empty((x.shape[1],), dtype=torch.int64), x.new_empty((1,), dtype=torch.int32)
 
 
-def _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out):
+def _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
+                      keep_rows=False):
+    """The table; with ``keep_rows``, (table, features, pre, hidden) for a backward that reuses them."""
     group_lo, embedding, w_hidden, b_hidden, w_out, b_out = (
         t.contiguous() for t in (group_lo, embedding, w_hidden, b_hidden, w_out, b_out))
     n_rows = group_lo.shape[0] * rows_per_feature
@@ -275,7 +277,7 @@ def _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b
     table = embedding.new_empty((n_rows, w_out.shape[0]))
     _launch(ku.launch_range_mlp_forward,
             (group_lo, embedding, w_hidden, b_hidden, w_out, b_out, features, pre, hidden, table), pe_dim)
-    return table
+    return (table, features, pre, hidden) if keep_rows else table
 
 
 @torch.library.custom_op("warpkan::ukan_range_table", mutates_args=())
@@ -301,19 +303,23 @@ def _range_table_grads(embedding, w_hidden, w_out, alloc):
             alloc(w_out.shape[:1], dtype=w_out.dtype, device=w_out.device))
 
 
-def _range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b_hidden, w_out):
+def _range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b_hidden, w_out, rows=None):
+    """The parameter gradients; ``rows``: the forward's (features, pre, hidden), else recomputed."""
     d_table, group_lo, embedding, w_hidden, b_hidden, w_out = (
         t.contiguous() for t in (d_table, group_lo, embedding, w_hidden, b_hidden, w_out))
     d_embedding, d_w_hidden, d_b_hidden, d_w_out, d_b_out = _range_table_grads(embedding, w_hidden, w_out,
                                                                                 torch.empty)
     n_rows, n_hidden = d_table.shape[0], w_hidden.shape[0]
-    features = d_table.new_empty((n_rows, w_hidden.shape[1]))
-    pre = d_table.new_empty((n_rows, n_hidden))
-    hidden, d_pre = torch.empty_like(pre), torch.empty_like(pre)
+    recompute = rows is None
+    if recompute:
+        rows = (d_table.new_empty((n_rows, w_hidden.shape[1])), d_table.new_empty((n_rows, n_hidden)),
+                d_table.new_empty((n_rows, n_hidden)))
+    features, pre, hidden = rows
+    d_pre, d_features = torch.empty_like(pre), torch.empty_like(features)
     partial = d_table.new_empty(ku.range_mlp_partial_shape(n_rows, w_out.shape[0], n_hidden, w_hidden.shape[1]))
     _launch(ku.launch_range_mlp_backward, (d_table, group_lo, embedding, w_hidden, b_hidden, w_out, features, pre,
-                                           hidden, d_pre, partial, d_w_out, d_b_out, d_w_hidden, d_b_hidden,
-                                           d_embedding), pe_dim)
+                                           hidden, d_pre, d_features, partial, d_w_out, d_b_out, d_w_hidden, d_b_hidden,
+                                           d_embedding), pe_dim, recompute)
     return d_embedding, d_w_hidden, d_b_hidden, d_w_out, d_b_out
 
 
@@ -348,8 +354,26 @@ def _range_table_backward_with(backward):
 
 ukan_range_table.register_autograd(_range_table_backward_with(ukan_range_table_backward),
                                    setup_context=_range_table_setup_context)
-_EagerRangeTable = eager_function("_EagerRangeTable", _range_table_impl, _range_table_setup_context,
-                                  _range_table_backward_with(_range_table_backward_impl))
+
+
+class _EagerRangeTable(torch.autograd.Function):
+    """The eager route of ``warpkan::ukan_range_table`` (no custom-op dispatch; see ``eager_function``). It
+    keeps the forward's input rows and hidden layer for the backward (a custom op cannot return them
+    without making them outputs), which saves the backward two launches; they are [in Rt, H]-sized."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        table, *rows = _range_table_impl(*inputs, keep_rows=True)
+        _range_table_setup_context(ctx, inputs, table)
+        ctx.rows = rows
+        return table
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, d_table):
+        rows, ctx.rows = ctx.rows, None
+        return _range_table_backward_with(
+            lambda *args: _range_table_backward_impl(*args, rows=rows))(ctx, d_table)
 
 
 def range_table(group_lo: Tensor, rows_per_feature: int, pe_dim: int, embedding: Tensor, w_hidden: Tensor,
