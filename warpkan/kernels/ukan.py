@@ -1411,6 +1411,15 @@ def range_mlp_partial_shape(n_rows: int, n_table_cols: int, hidden_dim: int, n_f
     return n_chunks, n_table_cols * hidden_dim + n_table_cols + hidden_dim * n_features + hidden_dim
 
 
+def _range_rows(variant, group_lo, embedding, w_hidden, b_hidden, features, pre, hidden, pe_dim, stream, record):
+    """The range CG-MLP's input rows and its hidden layer (pre-activations and SiLU)."""
+    rows = features.shape[0] // group_lo.shape[0]
+    return (_launch(variant.range_features, tuple(features.shape), [group_lo, rows, embedding, int(pe_dim), features],
+                    features.device, stream, record)
+            + _launch(variant.dense_forward, tuple(pre.shape), [features, w_hidden, b_hidden, 1, pre, hidden],
+                      features.device, stream, record))
+
+
 def launch_range_mlp_forward(group_lo, embedding, w_hidden, b_hidden, w_out, b_out, features, pre, hidden, table,
                              pe_dim, stream=None, record=False):
     """The CG-MLP on the dense range: table [in Rt, B] = w_out silu(w_hidden f + b_hidden) + b_out, where the
@@ -1422,11 +1431,8 @@ def launch_range_mlp_forward(group_lo, embedding, w_hidden, b_hidden, w_out, b_o
     if table.shape[0] == 0 or table.shape[1] == 0:
         return []
     device = table.device
-    rows = table.shape[0] // group_lo.shape[0]
-    return (_launch(variant.range_features, tuple(features.shape), [group_lo, rows, embedding, int(pe_dim), features],
-                    device, stream, record)
-            + _launch(variant.dense_forward, tuple(pre.shape), [features, w_hidden, b_hidden, 1, pre, hidden], device,
-                      stream, record)
+    return (_range_rows(variant, group_lo, embedding, w_hidden, b_hidden, features, pre, hidden, pe_dim, stream,
+                        record)
             + _launch(variant.dense_forward, tuple(table.shape), [hidden, w_out, b_out, 0, table, table], device,
                       stream, record))
 
@@ -1449,10 +1455,8 @@ def launch_range_mlp_backward(d_table, group_lo, embedding, w_hidden, b_hidden, 
     n_entries = partial.shape[1] + d_embedding.shape[0] * d_embedding.shape[1]
     cmds = []
     if recompute:
-        cmds += _launch(variant.range_features, tuple(features.shape),
-                        [group_lo, rows, embedding, int(pe_dim), features], device, stream, record)
-        cmds += _launch(variant.dense_forward, tuple(pre.shape), [features, w_hidden, b_hidden, 1, pre, hidden],
-                        device, stream, record)
+        cmds = _range_rows(variant, group_lo, embedding, w_hidden, b_hidden, features, pre, hidden, pe_dim, stream,
+                           record)
     return (cmds
             + _launch(variant.dense_backward_input, tuple(d_pre.shape), [d_table, w_out, pre, 1, d_pre], device,
                       stream, record)
