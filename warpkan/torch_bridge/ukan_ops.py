@@ -1,7 +1,7 @@
 """torch.library custom ops of the UKAN layer, on the Warp kernels of ``warpkan.kernels.ukan``.
 
-Two ops do the Warp work; the CG-MLP between them is ordinary torch (a small dense GEMM on the table rows),
-so autograd carries the table's gradient into the MLP's parameters:
+On the sparse touched-pair path two ops do the Warp work; the CG-MLP between them is ordinary torch (a small
+dense GEMM on the table rows), so autograd carries the table's gradient into the MLP's parameters:
 
 - ``warpkan::ukan_pairs(x, grid_delta, spline_order, capacity)``: the distinct (feature, group) pairs x
   touches (plus the g - 1 neighbours) in a table of ``capacity`` rows, and for each element its window in
@@ -285,8 +285,8 @@ def ukan_range_table(group_lo: Tensor, rows_per_feature: int, pe_dim: int, embed
                      b_hidden: Tensor, w_out: Tensor, b_out: Tensor) -> Tensor:
     """The CG-MLP on the dense range, [in * Rt, out * K] in ``w_out``'s row order: row i Rt + j is
     ``w_out silu(w_hidden f + b_hidden) + b_out`` for the input row f = (the ``pe_dim`` encoding of group
-    group_lo[i] - 1 + j, embedding[i]). Two Warp launches: the input rows are formed where they are read (at
-    small N the chain of torch ops it replaces cost as much host time per step as the whole spline)."""
+    group_lo[i] - 1 + j, embedding[i]). Three Warp launches and no torch op (at small N the chain of torch ops
+    it replaces cost as much host time per step as the whole spline)."""
     return _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out)
 
 
