@@ -63,7 +63,7 @@ def cases(family):
             yield f"KANLinear N={n} {i}->{o} G={g}", KANLinear(i, o, grid_size=g).to(dev), (n, i), o, torch.float32
     elif family == "poly":
         for b, i, o, d in [(128, 40, 256, 8), (64, 256, 512, 15), (32, 512, 1024, 24), (4096, 512, 512, 8)]:
-            for prec in ("fp32", "bf16") if b == 4096 else ("fp32",):
+            for prec in ("fp32", "bf16") if b == 4096 else ("fp32", "tf32") if b == 32 else ("fp32",):
                 yield (f"PolyKAN ({b},{i},{o},{d}) exact {prec}",
                        PolyKANLinear(i, o, d, mode="exact", precision=prec).to(dev), (b, i), o, torch.float32)
     elif family == "ukan":

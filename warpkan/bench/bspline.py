@@ -13,7 +13,7 @@ import contextlib
 import torch
 
 from . import register, register_plot
-from .timing import HARDWARE, peak_memory, time_fn
+from .timing import HARDWARE, peak_memory, time_fn, training_step
 
 # (N, in, out, grid_size, order): DESIGN.md's peer table, then the grid-size-independence extremes
 FULL_CASES = [
@@ -85,11 +85,8 @@ def _measure(layer, x, device, quick, graph=False):
         with torch.no_grad():
             layer(x)
 
-    def train_step():
-        y = layer(x)
-        y.backward(dy)
-
     dy = torch.randn(x.shape[0], layer(x[:1]).shape[1], device=device)
+    train_step = training_step(layer, x, dy)
     repeat = 5 if quick else 20
     if graph:
         from .timing import graphed

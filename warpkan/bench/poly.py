@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from . import register
-from .timing import HARDWARE, graphed, peak_memory, time_fn
+from .timing import HARDWARE, graphed, peak_memory, time_fn, training_step
 
 # (B, in, out, degree): PolyKAN's three configurations, then a large one
 FULL_CASES = [(128, 40, 256, 8), (64, 256, 512, 15), (32, 512, 1024, 24), (4096, 512, 512, 8)]
@@ -76,8 +76,7 @@ def _measure(model, x, n_out, device, quick):
         with torch.no_grad():
             model(x)
 
-    def train_step():
-        model(x).backward(dy)
+    train_step = training_step(model, x, dy)
 
     repeat = 5 if quick else 50
     fwd = time_fn(forward, device, warmup=3, repeat=repeat)

@@ -22,7 +22,7 @@ import torch._functorch.config
 torch._functorch.config.donated_buffer = False
 
 from . import register
-from .timing import HARDWARE, peak_memory, time_fn
+from .timing import HARDWARE, peak_memory, time_fn, training_step
 
 FULL_ACTIVATION_CASES = [((1024, 197, 768), torch.float32), ((1024, 197, 768), torch.bfloat16),
                          ((256, 197, 768), torch.float32), ((256, 197, 768), torch.bfloat16)]
@@ -206,8 +206,7 @@ def _layer_rows(device, quick):
                 with torch.no_grad():
                     layer(x)
 
-            def train_step():
-                layer(x).backward(dy)
+            train_step = training_step(layer, x, dy)
 
             fwd = time_fn(forward, device, warmup=3, repeat=repeat)
             total = time_fn(train_step, device, warmup=3, repeat=repeat)

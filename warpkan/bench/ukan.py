@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from . import register
-from .timing import peak_memory, time_fn
+from .timing import peak_memory, time_fn, training_step
 
 # (N, in, out, G): G cells of the equivalent KAN grid over the data range [-1, 1), so h = 2 / G
 FULL_CASES = [(1024, 32, 32, 32), (65536, 32, 32, 32), (8192, 256, 256, 32), (65536, 32, 32, 256)]
@@ -53,8 +53,7 @@ def _measure(layer, x, dy, device, quick):
         with torch.no_grad():
             layer(x)
 
-    def train_step():
-        layer(x).backward(dy)
+    train_step = training_step(layer, x, dy)
 
     repeat = 5 if quick else 20
     fwd = time_fn(forward, device, warmup=2, repeat=repeat)

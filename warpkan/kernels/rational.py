@@ -220,8 +220,14 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
     vecD = wp.types.vector(length=D, dtype=acc)
     is_a = variant == "A"
     threshold = acc(large_x_threshold(num_order, den_order))
-    module = f"warpkan_rational_{variant}_{num_order}_{den_order}_{io_name}_v{vec}_u{UF}{UB}"
+    BF = launch_shape(BLOCKS_PER_SM, "forward", vec)
+    BB = launch_shape(BLOCKS_PER_SM, "backward", vec)
+    module = f"warpkan_rational_{variant}_{num_order}_{den_order}_{io_name}_v{vec}_u{UF}{UB}_b{BF}{BB}"
     kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
+    # __launch_bounds__(BLOCK_DIM, blocks per SM): the register budget that lets the launched grid's blocks
+    # all be resident at once (a pass's grid is a whole number of such waves, see launch_shape)
+    streaming_kernel = {name: functools.partial(kernel, launch_bounds=(BLOCK_DIM, blocks))
+                        for name, blocks in (("forward", BF), ("backward", BB))}
     zero = acc(0.0)
     one = acc(1.0)
 
@@ -497,7 +503,7 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
         return next_row, next_col
 
     # ------------------------------------------------------------------ forward
-    @kernel
+    @streaming_kernel["forward"]
     def forward(
         x: wp.array2d(dtype=io_vec),
         a: wp.array2d(dtype=acc),
@@ -545,7 +551,7 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
                     store_vec(y, rows_u[u], col0 + cols_u[u], yv)
 
     # ------------------------------------------------------------------ backward
-    @kernel
+    @streaming_kernel["backward"]
     def backward(
         dy: wp.array2d(dtype=io_vec),
         x: wp.array2d(dtype=io_vec),

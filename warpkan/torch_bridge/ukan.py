@@ -12,7 +12,7 @@ from ..kernels import bspline as kb
 from ..kernels import ukan as ku
 from ._common import autocast_dtype, check_tensor
 from .kan_linear import KANLinear, _base_path
-from .ukan_ops import (check_grid_delta, group_range, positional_encoding, range_spline, range_table, ukan_pairs,
+from .ukan_ops import (check_grid_delta, group_range, positional_encoding, range_layer, ukan_pairs,
                        ukan_spline)
 
 __all__ = ["UKANLinear"]
@@ -186,13 +186,12 @@ class UKANLinear(nn.Module):
     def _range_forward(self, x2, group_lo, span, rows_per_feature):
         """The dense-range path: the CG-MLP on every group from each feature's lowest touched group - 1 to
         lowest + Rt - 2 (a superset of the touched pairs and their g - 1 neighbours), then a B-spline GEMM."""
-        table = range_table(group_lo, rows_per_feature, self.pe_dim, self.feature_embedding, self.cg_hidden.weight,
-                            self.cg_hidden.bias, self.cg_out.weight, self.cg_out.bias)  # [in Rt, out K]
         self._last = None
         self._last_range_x = x2.detach()  # the regulariser recomputes the touched pairs from it
         self._last_range_span = span
-        return range_spline(x2, group_lo, table, self.base_weight.t(), self.spline_scaler.t(), self.grid_delta,
-                                 self.spline_order, self.use_base)
+        return range_layer(x2, group_lo, rows_per_feature, self.pe_dim, self.feature_embedding, self.cg_hidden.weight,
+                           self.cg_hidden.bias, self.cg_out.weight, self.cg_out.bias, self.base_weight.t(),
+                           self.spline_scaler.t(), self.grid_delta, self.spline_order, self.use_base)
 
     @torch.no_grad()
     def table_overflow(self, x: torch.Tensor | None = None) -> int:

@@ -22,8 +22,9 @@ The dense-range path (see ``warpkan.kernels.ukan``) has three more (and their ba
   CG-MLP output ``[in * Rt, out * K]`` as it comes ((o, m) columns), by dense-basis GEMMs in row chunks.
 
 Their Warp launches are recorded once per (pointers, shapes) signature and replayed (the B-spline ops'
-launch cache), so a small layer pays about 5 us per launch. Eager calls take an ``autograd.Function`` route
-through the same implementations (``eager_function``), without the custom-op dispatch.
+launch cache), so a small layer pays about 5 us per launch. Eager calls skip the custom-op dispatch: the
+table and the spline run as one ``autograd.Function`` node through the same implementations
+(:func:`range_layer`).
 """
 
 from __future__ import annotations
@@ -32,10 +33,10 @@ import torch
 from torch import Tensor
 
 from ..kernels import ukan as ku
-from ._common import RecordedLaunches, eager_function, op_or_eager, to_warp, warp_stream
+from ._common import RecordedLaunches, to_warp, warp_stream
 
 __all__ = ["ukan_pairs", "ukan_spline", "ukan_spline_backward", "ukan_range_spline", "ukan_range_spline_backward",
-           "group_range", "group_range_op", "range_table", "ukan_range_table", "range_spline",
+           "group_range", "group_range_op", "range_table", "ukan_range_table", "range_layer",
            "positional_encoding"]
 
 _TORCH_INT = {ku.wp.int32: torch.int32, ku.wp.int64: torch.int64}
@@ -356,31 +357,11 @@ ukan_range_table.register_autograd(_range_table_backward_with(ukan_range_table_b
                                    setup_context=_range_table_setup_context)
 
 
-class _EagerRangeTable(torch.autograd.Function):
-    """The eager route of ``warpkan::ukan_range_table`` (no custom-op dispatch; see ``eager_function``). It
-    keeps the forward's input rows and hidden layer for the backward (a custom op cannot return them
-    without making them outputs), which saves the backward two launches; they are [in Rt, H]-sized."""
-
-    @staticmethod
-    def forward(ctx, *inputs):
-        table, *rows = _range_table_impl(*inputs, keep_rows=True)
-        _range_table_setup_context(ctx, inputs, table)
-        ctx.rows = rows
-        return table
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, d_table):
-        rows, ctx.rows = ctx.rows, None
-        return _range_table_backward_with(
-            lambda *args: _range_table_backward_impl(*args, rows=rows))(ctx, d_table)
-
-
 def range_table(group_lo: Tensor, rows_per_feature: int, pe_dim: int, embedding: Tensor, w_hidden: Tensor,
                 b_hidden: Tensor, w_out: Tensor, b_out: Tensor) -> Tensor:
-    """:func:`ukan_range_table` through the registered op under tracing, its eager route otherwise."""
-    op = op_or_eager(ukan_range_table, _EagerRangeTable)
-    return op(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out)
+    """:func:`ukan_range_table` on its own (the layer calls :func:`range_layer`, which also covers the
+    spline)."""
+    return ukan_range_table(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out)
 
 
 def _range_chunk(n_rows: int, width: int, itemsize: int) -> int:
@@ -536,15 +517,71 @@ def _range_input_grads(ctx, dx, d_base, d_scaler, d_table, need_x, need_params):
 
 ukan_range_spline.register_autograd(_range_backward_with(ukan_range_spline_backward),
                                     setup_context=_range_setup_context)
-# the eager route (no custom-op dispatch: a large share of a small layer's host time), same formula
-_EagerRangeSpline = eager_function("_EagerRangeSpline", _range_forward_impl, _range_setup_context,
-                                   _range_backward_with(_range_backward_impl))
+class _EagerRangeLayer(torch.autograd.Function):
+    """The eager route of the dense-range layer: :func:`ukan_range_table` then :func:`ukan_range_spline`, their
+    own implementations and gradient formulas in one autograd node (see ``eager_function``).
+
+    Autograd runs a backward node's Python on its device thread, where this interpreter ran bytecode about
+    half as fast as on the calling thread (measured on the GPU machine), so at small N every node and every
+    Python step of a backward shows in the step time. One node instead of two saves a node's dispatch, its
+    argument handling, and the table's round trip through the engine. It also keeps the CG-MLP's input rows
+    and hidden layer for the backward (a custom op cannot return them without making them outputs), which
+    saves the backward two launches; they are [in Rt, H]-sized. Under tracing the two registered ops run
+    instead (:func:`range_layer`)."""
+
+    @staticmethod
+    def forward(ctx, x, group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
+                base_weight_t, scaler_t, grid_delta, spline_order, use_base):
+        table, *rows = _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out,
+                                         b_out, keep_rows=True)
+        y = _range_forward_impl(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base)
+        ctx.save_for_backward(x, group_lo, table, base_weight_t, scaler_t, embedding, w_hidden, b_hidden, w_out)
+        ctx.config = (pe_dim, grid_delta, spline_order, use_base)
+        ctx.rows = rows
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        x, group_lo, table, base_weight_t, scaler_t, embedding, w_hidden, b_hidden, w_out = ctx.saved_tensors
+        pe_dim, grid_delta, spline_order, use_base = ctx.config
+        need = ctx.needs_input_grad
+        need_mlp = any(need[4:9])
+        need_x, need_params = need[0], need_mlp or need[9] or need[10]
+        # a second backward of a retained graph recomputes the rows
+        rows, ctx.rows = ctx.rows, None
+        grads = [None] * 14
+        if not (need_x or need_params):
+            return tuple(grads)
+        dx, d_base, d_scaler, d_table = _range_backward_impl(dy, x, group_lo, table, base_weight_t, scaler_t,
+                                                             grid_delta, spline_order, use_base, need_x,
+                                                             need_params)
+        if need_x:
+            grads[0] = dx
+        if need[9] and use_base:
+            grads[9] = d_base
+        if need[10]:
+            grads[10] = d_scaler
+        if need_mlp:
+            mlp_grads = _range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b_hidden, w_out,
+                                                   rows=rows)
+            for index, grad in zip(range(4, 9), mlp_grads):
+                if need[index]:
+                    grads[index] = grad
+        return tuple(grads)
 
 
-def range_spline(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base):
-    """:func:`ukan_range_spline` through the registered op under tracing, its eager route otherwise."""
-    op = op_or_eager(ukan_range_spline, _EagerRangeSpline)
-    return op(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base)
+def range_layer(x: Tensor, group_lo: Tensor, rows_per_feature: int, pe_dim: int, embedding: Tensor,
+                w_hidden: Tensor, b_hidden: Tensor, w_out: Tensor, b_out: Tensor, base_weight_t: Tensor,
+                scaler_t: Tensor, grid_delta: float, spline_order: int, use_base: bool) -> Tensor:
+    """y [N, out] of the dense-range path: the CG-MLP table on each feature's rows_per_feature groups from
+    group_lo - 1 (:func:`ukan_range_table`), then the spline on it (:func:`ukan_range_spline`). Under tracing,
+    those two registered ops; eagerly, one autograd node running the same implementations."""
+    if torch.compiler.is_compiling():
+        table = ukan_range_table(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out)
+        return ukan_range_spline(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base)
+    return _EagerRangeLayer.apply(x, group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
+                                  base_weight_t, scaler_t, grid_delta, spline_order, use_base)
 
 
 def positional_encoding(group: Tensor, pe_dim: int, dtype: torch.dtype) -> Tensor:
