@@ -48,3 +48,21 @@ def test_demo_trains_and_writes_png(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| KAN [2, 5, 1]" in out and "| MLP" in out
     assert os.path.getsize(tmp_path / "demo_surfaces.png") > 10_000
+
+
+def test_training_step_clears_gradients_first():
+    # a timed step must not add into the last step's gradients (optimizer.zero_grad() sets them to None)
+    import torch
+
+    from warpkan.bench.timing import training_step
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 2)
+    x = torch.randn(4, 3, requires_grad=True)
+    dy = torch.randn(4, 2)
+    step = training_step(layer, x, dy)
+    step()
+    first = [layer.weight.grad.clone(), layer.bias.grad.clone(), x.grad.clone()]
+    step()
+    for before, after in zip(first, [layer.weight.grad, layer.bias.grad, x.grad]):
+        torch.testing.assert_close(after, before, rtol=0, atol=0)
