@@ -1,6 +1,6 @@
 """Kernel times of the group-rational forward and backward by vector width (cuda; CUDA events after warm-up).
 
-    python scripts/rational_tune.py [--defaults | --settings 4x2,8x2,...] [--dtype float32]
+    python scripts/rational_tune.py [--defaults | --settings 4x2,8x2,...] [--dtype float32] [--waves W]
 
 ``--defaults`` times only the shipped launch shape; ``--settings`` the given (items per step)x(blocks per
 SM) pairs; ``--dtype`` one dtype only.
@@ -59,6 +59,9 @@ def main():
                 items, blocks_per_sm = setting
                 kr.ITEMS_PER_STEP.update(forward={vec: items}, backward={vec: items})
                 kr.BLOCKS_PER_SM.update(forward={vec: blocks_per_sm}, backward={vec: blocks_per_sm})
+            if "--waves" in sys.argv:
+                waves = int(sys.argv[sys.argv.index("--waves") + 1])
+                kr.WAVES.update(forward={vec: waves}, backward={vec: waves})
             kr.get_kernels.cache_clear()
             fwd = timed(lambda: kr.launch_forward(w(x), w(a), w(b), w(y), 8, "A", vec=vec, stream=stream))
             bwd = timed(lambda: kr.launch_backward(w(dy), w(x), w(a), w(b), 8, "A", dx=w(dx), da=w(da),
