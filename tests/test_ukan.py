@@ -355,8 +355,8 @@ def test_dense_range_cg_mlp_inputs(device, pe_dim, embed_dim):
     rows = int(span) + 1
     groups = (group_lo.unsqueeze(1) - 1 + torch.arange(rows, device=device)).reshape(-1)
     features = torch.arange(3, device=device).repeat_interleave(rows)
-    table = tb.ukan_ops.range_table(group_lo, rows, pe_dim, layer.feature_embedding, layer.cg_hidden.weight,
-                                    layer.cg_hidden.bias, layer.cg_out.weight, layer.cg_out.bias)
+    table = tb.ukan_ops.ukan_range_table(group_lo, rows, pe_dim, layer.feature_embedding, layer.cg_hidden.weight,
+                                         layer.cg_hidden.bias, layer.cg_out.weight, layer.cg_out.bias)
     expected = layer.generate_coefficients(features, groups).reshape(3 * rows, -1)
     torch.testing.assert_close(table, expected, rtol=1e-12, atol=1e-12)
 

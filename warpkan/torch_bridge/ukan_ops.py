@@ -36,7 +36,7 @@ from ..kernels import ukan as ku
 from ._common import RecordedLaunches, to_warp, warp_stream
 
 __all__ = ["ukan_pairs", "ukan_spline", "ukan_spline_backward", "ukan_range_spline", "ukan_range_spline_backward",
-           "group_range", "group_range_op", "range_table", "ukan_range_table", "range_layer",
+           "group_range", "group_range_op", "ukan_range_table", "range_layer",
            "positional_encoding"]
 
 _TORCH_INT = {ku.wp.int32: torch.int32, ku.wp.int64: torch.int64}
@@ -357,13 +357,6 @@ ukan_range_table.register_autograd(_range_table_backward_with(ukan_range_table_b
                                    setup_context=_range_table_setup_context)
 
 
-def range_table(group_lo: Tensor, rows_per_feature: int, pe_dim: int, embedding: Tensor, w_hidden: Tensor,
-                b_hidden: Tensor, w_out: Tensor, b_out: Tensor) -> Tensor:
-    """:func:`ukan_range_table` on its own (the layer calls :func:`range_layer`, which also covers the
-    spline)."""
-    return ukan_range_table(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out)
-
-
 def _range_chunk(n_rows: int, width: int, itemsize: int) -> int:
     """Rows per chunk: at most RANGE_CHUNK_BYTES of basis, a multiple of 64 rows when more than 64 fit."""
     rows = max(1, RANGE_CHUNK_BYTES // max(1, width * itemsize))
@@ -517,6 +510,8 @@ def _range_input_grads(ctx, dx, d_base, d_scaler, d_table, need_x, need_params):
 
 ukan_range_spline.register_autograd(_range_backward_with(ukan_range_spline_backward),
                                     setup_context=_range_setup_context)
+
+
 class _EagerRangeLayer(torch.autograd.Function):
     """The eager route of the dense-range layer: :func:`ukan_range_table` then :func:`ukan_range_spline`, their
     own implementations and gradient formulas in one autograd node (see ``eager_function``).
