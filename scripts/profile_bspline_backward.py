@@ -1,7 +1,9 @@
-"""Time each phase of the B-spline stencil backward on cuda (CUDA events, after warm-up).
+"""Time each phase of the B-spline stencil kernels on cuda (CUDA events, after warm-up).
 
-    python scripts/profile_bspline_backward.py
+    python scripts/profile_bspline_backward.py [--cases N:in:out:G:k,...] [--entries-per-chunk E]
 """
+
+import argparse
 
 import torch
 import warp as wp
@@ -11,6 +13,8 @@ wp.init()
 
 from warpkan.kernels import bspline as kb  # noqa: E402
 from warpkan.torch_bridge._common import TorchWorkspace  # noqa: E402
+
+DEFAULT_CASES = "131072:32:32:64:3,131072:32:32:1024:3,131072:32:32:16384:3,131072:32:32:262144:3,65536:32:32:64:1,65536:32:32:64:5,65536:256:256:8:3"
 
 
 def timed(fn, repeat=20):
@@ -27,8 +31,14 @@ def timed(fn, repeat=20):
 
 
 def main():
-    for n_rows, n_in, n_out, grid_size in [(2**17, 32, 32, 64), (2**17, 32, 32, 1024), (2**17, 32, 32, 2**18), (65536, 256, 256, 8)]:
-        order = 3
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cases", default=DEFAULT_CASES)
+    parser.add_argument("--entries-per-chunk", type=int, default=None)
+    args = parser.parse_args()
+    if args.entries_per_chunk is not None:
+        kb._ENTRIES_PER_CHUNK = args.entries_per_chunk
+    for case in args.cases.split(","):
+        n_rows, n_in, n_out, grid_size, order = (int(v) for v in case.split(":"))
         h = 2.0 / grid_size
         knots = (torch.arange(-order, grid_size + order + 1, device="cuda") * h - 1).expand(n_in, -1).contiguous()
         x = torch.rand(n_rows, n_in, device="cuda") * 2 - 1
@@ -37,7 +47,7 @@ def main():
         coef = torch.randn(n_in, grid_size + order, n_out, device="cuda") * 0.1
         y = torch.empty(n_rows, n_out, device="cuda")
         w = lambda t: wp.from_torch(t)  # noqa: E731
-        args = (w(dy), w(x), w(knots), w(wb), w(s), w(coef), order, True)
+        args_ = (w(dy), w(x), w(knots), w(wb), w(s), w(coef), order, True)
         dx, dwb, ds, dc = (torch.zeros_like(t) for t in (x, wb, s, coef))
         stream = wp.stream_from_torch(torch.cuda.current_stream())
         ws = TorchWorkspace(torch.device("cuda"))  # what the torch bridge passes
@@ -48,20 +58,37 @@ def main():
             with wp.ScopedStream(stream, sync_enter=False):
                 kb._bucket_entries(variant, ws, w(x), w(knots), n_buckets)
 
+        def backward(**grads):
+            return lambda: kb.launch_backward(*args_, workspace=ws, stream=stream, **grads)
+
+        params = dict(d_base_weight_t=w(dwb), d_scaler_t=w(ds), d_coef=w(dc))
         phases = {
             "bucketing (keys, stable sort, offsets)": bucketing,
             "forward": lambda: kb.launch_forward(w(x), w(knots), w(wb), w(s), w(coef), w(y), order, True, stream=stream),
-            "backward dx": lambda: kb.launch_backward(*args, workspace=ws, dx=w(dx), stream=stream),
-            "backward d_base+d_scaler": lambda: kb.launch_backward(*args, workspace=ws, d_base_weight_t=w(dwb), d_scaler_t=w(ds), stream=stream),
-            "backward params, bucketed (base+scaler+coef)": lambda: kb.launch_backward(
-                *args, workspace=ws, d_base_weight_t=w(dwb), d_scaler_t=w(ds), d_coef=w(dc), stream=stream),
-            "backward params, deterministic (base+scaler+coef)": lambda: kb.launch_backward(
-                *args, workspace=ws, d_base_weight_t=w(dwb), d_scaler_t=w(ds), d_coef=w(dc), deterministic=True, stream=stream),
-            "backward d_coef only (gather)": lambda: kb.launch_backward(*args, workspace=ws, d_coef=w(dc), stream=stream),
+            "backward dx only": backward(dx=w(dx)),
+            "backward params only": backward(**params),
+            "backward dx + params (training step)": backward(dx=w(dx), **params),
+            "backward dx + params, deterministic": backward(dx=w(dx), deterministic=True, **params),
         }
         print(f"\nN={n_rows} {n_in}->{n_out} G={grid_size} k={order}")
+        total = 0.0
         for name, fn in phases.items():
-            print(f"  {name:42s} {timed(fn):8.3f} ms", flush=True)
+            ms = timed(fn)
+            if name in ("forward", "backward dx + params (training step)"):
+                total += ms
+            print(f"  {name:42s} {ms:8.3f} ms", flush=True)
+        print(f"  {'forward + training backward':42s} {total:8.3f} ms", flush=True)
+        # check the bucketed training backward against the deterministic one
+        grads = []
+        for det in (False, True):
+            for t in (dx, dwb, ds, dc):
+                t.zero_()
+            kb.launch_backward(*args_, workspace=ws, stream=stream, dx=w(dx), deterministic=det, **params)
+            grads.append([t.clone() for t in (dx, dwb, ds, dc)])
+        errs = [float((a - b).abs().max() / b.abs().max().clamp_min(1e-30)) for a, b in zip(*grads)]
+        print("  bucketed vs deterministic, max rel err (dx, d_base, d_scaler, d_coef):",
+              " ".join(f"{e:.1e}" for e in errs), flush=True)
+        del x, dy, coef, dc, y
 
 
 if __name__ == "__main__":

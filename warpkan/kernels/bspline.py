@@ -18,17 +18,18 @@ cost per edge is O(k) and does not depend on ``G``.
 
 Inputs outside ``[t_0, t_{G+2k})`` (and NaN) get a zero spline term, as in pykan and efficient-kan.
 
-Backward. ``dx``: one block per row; its threads take consecutive outputs (coalesced loads) and a block
-reduction finishes each (n, i). Parameter gradients start from the (n, i) entries bucketed by (input, cell)
-with a stable sort (and a binary search for each bucket's extent), so the grouping is the same on every
-run. Then either
+Backward. The (n, i) entries are bucketed by (input, cell) with a stable sort, so the grouping is the same
+on every run. Then either
 
-- (default, when buckets hold many rows) one pass over the bucketed entries accumulates ``dy * B`` for the
-  current bucket and ``dy * silu`` for the current input in registers and flushes them with one atomic per
-  coefficient per bucket run: d coef, d spline_scaler and d base_weight in a single pass; or
-- (``deterministic=True``, or sparse buckets) one thread per coefficient (i, j, o) gathers the rows of the
-  ``k + 1`` cells that touch basis ``j``, and d base_weight / d spline_scaler are row-chunk partials added
-  by a fixed-order combine pass: no floating-point atomics, bitwise-reproducible gradients.
+- (default) one pass over the bucketed entries (``backward_bucketed``) forms every gradient: it accumulates
+  ``dy * B`` for the current cell and ``dy * silu`` for the current input in registers and flushes them with
+  one atomic per coefficient per cell run (d coef, d spline_scaler, d base_weight), and sums each entry's
+  ``dx`` over the outputs with warp shuffles; the cell's coefficient rows are loaded once per run; or
+- (``deterministic=True``, or when dx alone is wanted) atomic-free kernels: ``dx`` with one warp
+  per row (lanes over outputs, a shuffle reduction per (n, i)); one thread per coefficient (i, j, o)
+  gathering the rows of the ``k + 1`` cells that touch basis ``j`` (a binary search gives each bucket's
+  extent); and d base_weight / d spline_scaler as row-chunk partials added by a fixed-order combine pass:
+  bitwise-reproducible gradients.
 """
 
 import functools
@@ -39,7 +40,8 @@ from fractions import Fraction
 import numpy as np
 import warp as wp
 
-from ._common import SCALARS, on_stream, scalar_name
+from ._common import SCALARS, lane_group_width, load4_funcs, on_stream, scalar_name, vec4_aligned
+from ._common import lane_sum as _lane_sum
 
 __all__ = [
     "MAX_SPLINE_ORDER",
@@ -68,11 +70,18 @@ MAX_SPLINE_ORDER = 5
 _TARGET_PARTIAL_THREADS = 1 << 19  # parallelism aimed at by the row-chunked reductions
 _ROW_BLOCK = 32  # threads per row in the block-per-row dx kernel (one warp)
 _DENSE_ROW_TILE = 32  # consecutive rows of one input per warp in the dense-basis kernels
-# The bucketed parameter kernel flushes k + 3 atomics per distinct (input, cell) in a chunk; it is used when
-# buckets hold at least this many rows on average (else the atomics would approach one per entry, and the
-# atomic-free gather kernel is used instead).
-_MIN_ROWS_PER_BUCKET = 16
+# The bucketed pass (dx and every parameter gradient in one pass over the entries sorted by cell) is used
+# whenever the gradients need not be reproducible, at any bucket fill: measured on an H200 at (2^17, 32->32,
+# k=3) it beats the atomic-free kernels (dx, row partials, per-coefficient gather) at G = 64 (1.89 vs 5.6 ms),
+# 1024 (1.96 vs 4.45), 2^14 (2.66 vs 4.93) and 2^18 (4.24 vs 9.13), where nearly every entry has a cell of its
+# own.
+# The stencil kernels give each thread a tile of OUT_TILE (= 4: one 16-byte load) consecutive outputs: the basis
+# of an (n, i) entry is evaluated once per tile, and the tile's loads are independent (several in flight). The forward
+# also takes FORWARD_ROWS rows per thread (independent x -> cell -> C load chains, w_b and s loaded once).
+OUT_TILE = 4
+FORWARD_ROWS = 2
 _ENTRIES_PER_CHUNK = 256
+_BUCKETED_BLOCK = 128  # threads per block of the bucketed pass (it holds ~100+ registers a thread)
 
 
 @functools.lru_cache(maxsize=None)
@@ -123,14 +132,14 @@ class BSplineVariant:
     bucket_keys: wp.Kernel
     bucket_offsets: wp.Kernel
     backward_coef: wp.Kernel
-    backward_params_bucketed: wp.Kernel
+    backward_bucketed: wp.Kernel
     dense: dict  # the dense-basis (GEMM) strategy's kernels, by the dtype of the basis: see dense_kernels
     basis_matrix: object  # a wp matrix value passed to every kernel (unused by the general path)
     module: str
 
     @property
     def modules(self) -> tuple:
-        return (self.module, self.module + "_rowblock") + tuple(kernels.module for kernels in self.dense.values())
+        return (self.module, self.module + "_rowblock", self.module + "_bucketed") + tuple(kernels.module for kernels in self.dense.values())
 
 
 
@@ -250,11 +259,17 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
     K = order + 1
     shared = basis_funcs(order, scalar_name)
     vecK, matK = shared.vec, shared.mat
+    vecO = wp.types.vector(length=OUT_TILE, dtype=scalar)
+    matRO = wp.types.matrix(shape=(FORWARD_ROWS, OUT_TILE), dtype=scalar)
+    matKO = wp.types.matrix(shape=(K, OUT_TILE), dtype=scalar)
+    lane_sum = _lane_sum(scalar)
+    load4_2d, load4_3d = load4_funcs(scalar_name)
     module = f"warpkan_bspline_k{order}_{'uniform' if uniform else 'general'}_{scalar_name}"
     kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
     # Block-reduction kernels run with their own block size; Warp compiles a module per block size, so they
     # live in a module of their own rather than recompiling the rest.
     row_block_kernel = functools.partial(wp.kernel, enable_backward=False, module=module + "_rowblock")
+    bucketed_kernel = functools.partial(wp.kernel, enable_backward=False, module=module + "_bucketed")
     zero = scalar(0.0)
     one = scalar(1.0)
 
@@ -264,20 +279,27 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
     uniform_basis_grad = shared.uniform_basis_grad
 
     @wp.func
-    def uniform_locate(grid: wp.array2d(dtype=scalar), i: int, x: scalar):
-        """(valid, cell, u, 1/h) on the uniform grid of input i."""
+    def uniform_frame(grid: wp.array2d(dtype=scalar), i: int):
+        """(t_0, 1/h) of the uniform grid of input i."""
         n_cells = grid.shape[1] - 1
         t0 = grid[i, 0]
-        inv_h = scalar(n_cells) / (grid[i, n_cells] - t0)
+        return t0, scalar(n_cells) / (grid[i, n_cells] - t0)
+
+    @wp.func
+    def uniform_cell(x: scalar, t0: scalar, inv_h: scalar, n_cells: int):
+        """(inside, cell, u) of x in a uniform frame; cell 0 and u 0 when x is off the grid (NaN included)."""
         s = (x - t0) * inv_h
-        valid = int(0)
-        cell = int(0)
-        u = zero
-        if s >= zero and s < scalar(n_cells):  # false for NaN and +-Inf
-            cell = wp.min(int(s), n_cells - 1)
-            u = s - scalar(cell)
-            valid = 1
-        return valid, cell, u, inv_h
+        inside = s >= zero and s < scalar(n_cells)  # false for NaN and +-Inf
+        s = wp.where(inside, s, zero)
+        cell = wp.min(int(s), n_cells - 1)
+        return inside, cell, s - scalar(cell)
+
+    @wp.func
+    def uniform_locate(grid: wp.array2d(dtype=scalar), i: int, x: scalar):
+        """(valid, cell, u, 1/h) on the uniform grid of input i."""
+        t0, inv_h = uniform_frame(grid, i)
+        inside, cell, u = uniform_cell(x, t0, inv_h, grid.shape[1] - 1)
+        return wp.where(inside, 1, 0), cell, u, inv_h
 
     @wp.func
     def knot(grid: wp.array2d(dtype=scalar), i: int, idx: int):
@@ -390,6 +412,18 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
                 acc = acc + b[m] * coef[i, j, o]
         return acc
 
+    @wp.func
+    def spline_tile(coef: wp.array3d(dtype=scalar), i: int, cell: int, o0: int, b: vecK, aligned: int):
+        """[sum_m b_m C[i, cell-k+m, o0 + c] for c < 4], without branches: a basis whose index is outside
+        [0, G + k) gets weight 0 against a clamped row (outputs past the end read the last one)."""
+        n_coef = coef.shape[1]
+        acc = vecO()
+        for m in range(K):
+            j = cell - (K - 1) + m
+            w = wp.where(j >= 0 and j < n_coef, b[m], zero)
+            acc = acc + w * load4_3d(coef, i, wp.clamp(j, 0, n_coef - 1), o0, aligned)
+        return acc
+
     # ------------------------------------------------------------------ forward
     @kernel
     def forward(
@@ -400,26 +434,49 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
         coef: wp.array3d(dtype=scalar),
         basis_matrix: matK,
         use_base: int,
+        aligned: int,
         y: wp.array2d(dtype=scalar),
     ):
-        # One thread per (n, o), consecutive threads consecutive o: every load of w_b, s and C is a coalesced
-        # row segment; the basis of (n, i) is evaluated by each thread of the row (same x: no divergence).
-        # Measured on an H200 (N=2^17, 32->32, G=64): 0.72 ms, against 0.78 ms for threads that each reuse the
-        # basis over a tile of 4 outputs (uncoalesced), and the same order at 256->256.
+        # One thread per (FORWARD_ROWS rows, OUT_TILE = 4 outputs); consecutive threads take consecutive
+        # output tiles of the same rows, so a warp's loads of w_b, s and C are contiguous, and each is one
+        # 16-byte load when aligned. Each basis is evaluated once per 4 outputs (not once per output), w_b,
+        # s and the grid frame are loaded once per FORWARD_ROWS rows, and the rows' load chains
+        # (x -> cell -> C) are independent, so several are in flight per thread.
         tid = wp.tid()
+        n_rows = x.shape[0]
         n_out = y.shape[1]
-        n = tid // n_out
-        o = tid - n * n_out
-        acc = zero
+        n_cells = grid.shape[1] - 1
+        n_tiles = (n_out + OUT_TILE - 1) // OUT_TILE
+        group = tid // n_tiles
+        o0 = (tid - group * n_tiles) * OUT_TILE
+        n0 = group * FORWARD_ROWS
+        acc = matRO()
         for i in range(x.shape[1]):
-            xv = x[n, i]
-            valid, cell, b = basis_at(grid, i, xv, basis_matrix)
-            if use_base:
+            w_base = load4_2d(base_weight_t, i, o0, aligned)
+            s = load4_2d(scaler_t, i, o0, aligned)
+            t0 = zero
+            inv_h = zero
+            if wp.static(uniform):
+                t0, inv_h = uniform_frame(grid, i)
+            for r in range(FORWARD_ROWS):
+                xv = x[wp.min(n0 + r, n_rows - 1), i]
+                cell = int(0)
+                b = vecK()
+                if wp.static(uniform):
+                    inside, cell, u = uniform_cell(xv, t0, inv_h, n_cells)
+                    b = uniform_basis(u, basis_matrix) * wp.where(inside, one, zero)
+                else:
+                    valid, cell, b = basis_at(grid, i, xv, basis_matrix)
+                spline = spline_tile(coef, i, cell, o0, b, aligned)
                 act, dact = silu_and_grad(xv)
-                acc = acc + base_weight_t[i, o] * act
-            if valid:
-                acc = acc + scaler_t[i, o] * spline_at(coef, i, cell, o, b)
-        y[n, o] = acc
+                if use_base == 0:
+                    act = zero
+                for c in range(OUT_TILE):
+                    acc[r, c] = acc[r, c] + s[c] * spline[c] + w_base[c] * act
+        for r in range(FORWARD_ROWS):
+            for c in range(OUT_TILE):
+                if n0 + r < n_rows and o0 + c < n_out:
+                    y[n0 + r, o0 + c] = acc[r, c]
 
     # ------------------------------------------------------------------ backward: x
     @row_block_kernel
@@ -435,8 +492,9 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
         dx: wp.array2d(dtype=scalar),
     ):
         # dx[n, i] += sum_o dy[n, o] (w_b[i, o] silu'(x) + s[i, o] sum_m b'_m C[i, c-k+m, o])
-        # One block per row: its threads take the outputs (consecutive threads, consecutive o: every load
-        # of dy, w_b, s and C is coalesced), then one block reduction per (n, i). The basis of (n, i) is
+        # One warp per row (a block of one thread off the GPU): its lanes take the outputs (consecutive
+        # lanes, consecutive o: every load of dy, w_b, s and C is coalesced), then one shuffle reduction per
+        # (n, i). The basis of (n, i) is
         # evaluated by every thread of the block (same x, no divergence); the reduction order is fixed.
         n, lane = wp.tid()
         lanes = wp.block_dim()
@@ -456,7 +514,7 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
                 if valid:
                     g = g + scaler_t[i, o] * spline_at(coef, i, cell, o, db)
                 acc = acc + dy[n, o] * g
-            total = wp.tile_extract(wp.tile_sum(wp.tile(acc)), 0)
+            total = lane_sum(acc, lanes)
             if lane == 0:
                 dx[n, i] = dx[n, i] + total
 
@@ -565,11 +623,12 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
                 acc = acc + dy[n, o] * b[m]
         d_coef[i, j, o] = d_coef[i, j, o] + scaler_t[i, o] * acc
 
-    @kernel
-    def backward_params_bucketed(
+    @bucketed_kernel
+    def backward_bucketed(
         dy: wp.array2d(dtype=scalar),
         x: wp.array2d(dtype=scalar),
         grid: wp.array2d(dtype=scalar),
+        base_weight_t: wp.array2d(dtype=scalar),
         scaler_t: wp.array2d(dtype=scalar),
         coef: wp.array3d(dtype=scalar),
         basis_matrix: matK,
@@ -579,59 +638,129 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
         n_buckets: int,
         entries_per_chunk: int,
         use_base: int,
+        want_dx: int,
+        lanes: int,
+        aligned: int,
+        dx: wp.array2d(dtype=scalar),
         d_base_weight_t: wp.array2d(dtype=scalar),
         d_scaler_t: wp.array2d(dtype=scalar),
         d_coef: wp.array3d(dtype=scalar),
     ):
-        # One thread per (chunk of bucketed entries, output o); consecutive threads take consecutive o, so a
-        # warp walks the same entries (x broadcast, dy and C coalesced). Per entry it adds dy * B_m into k + 1
-        # register sums for the current (input, cell) and dy * silu into one for the input; when the key
-        # changes it flushes them with one atomic per coefficient: entries of one bucket are contiguous, so
-        # with well-filled buckets that is far fewer atomics than entries. d_scaler comes at the flush as
-        # sum_m C[i, j, o] * G[i, j, o] (G the unscaled coefficient gradient), with no per-entry C loads.
+        # Every gradient in one pass over the (n, i) entries sorted by (input, cell). One thread per (chunk of
+        # entries, tile of 4 outputs); the tiles of one chunk are consecutive threads, so they walk the same
+        # entries together (x broadcast, dy contiguous). What depends only on the input (grid frame, w_b, s)
+        # or the cell (the K coefficient rows) is loaded when the key changes and kept in registers, and the
+        # cell comes from the key, so an entry costs its row index, x, a 16-byte dy load and arithmetic.
+        # Per entry a thread
+        # - adds dy * B_m into K x 4 register sums for the current cell and dy * silu into 4 for the input;
+        #   when the cell changes it flushes the cell's sums with one atomic per coefficient and folds
+        #   sum_m C * sum into the input's d_scaler sums (d_scaler and d_base are flushed when the input
+        #   changes: few atomics on those hot addresses);
+        # - forms its tile's share of dx[n, i] = sum_o dy (w_b silu' + s sum_m B'_m C); the `lanes` threads
+        #   of the entry add their shares with shuffles and the first writes the sum (a plain store when they
+        #   cover every output, so dx is reproducible; else one atomic per group).
+        # The loop runs a fixed number of steps so that every lane of a warp reaches the shuffle together
+        # (launch dims are padded to whole warps; padding threads have no entries).
         tid = wp.tid()
         n_out = dy.shape[1]
         n_coef = coef.shape[1]
-        o = tid % n_out
-        start = (tid // n_out) * entries_per_chunk
+        n_cells = grid.shape[1] - 1
+        n_tiles = (n_out + OUT_TILE - 1) // OUT_TILE
+        chunk = tid // n_tiles
+        tile = tid - chunk * n_tiles
+        o0 = tile * OUT_TILE
+        out_mask = vecO()
+        for c in range(OUT_TILE):
+            out_mask[c] = wp.where(o0 + c < n_out, one, zero)
+        start = chunk * entries_per_chunk
         stop = wp.min(start + entries_per_chunk, n_entries)
         current = int(-1)
-        acc = vecK()
-        acc_base = zero
-        for e in range(start, stop + 1):
-            key = int(-2)
-            if e < stop:
+        i_cur = int(-1)
+        cell_cur = int(-1)
+        t0 = zero
+        inv_h = zero
+        w_base = vecO()
+        s = vecO()
+        rows_c = matKO()  # C[i, cell-k+m, o0 + c], zero for m whose basis index is outside [0, G + k)
+        acc = matKO()
+        acc_base = vecO()
+        acc_scaler = vecO()
+        for step in range(entries_per_chunk + 1):
+            e = start + step
+            live = e < stop
+            key = int(-1)
+            if live:
                 key = sorted_keys[e]
-            if key != current and current >= 0:
-                i_cur = current // n_buckets
-                bucket = current - i_cur * n_buckets
-                if bucket > 0:
-                    cell = bucket - 1
-                    s = scaler_t[i_cur, o]
-                    acc_scaler = zero
-                    for m in range(K):
-                        j = cell - (K - 1) + m
-                        if j >= 0 and j < n_coef:
-                            wp.atomic_add(d_coef, i_cur, j, o, s * acc[m])
-                            acc_scaler = acc_scaler + coef[i_cur, j, o] * acc[m]
-                    wp.atomic_add(d_scaler_t, i_cur, o, acc_scaler)
-                if key < 0 or key // n_buckets != i_cur:
-                    if use_base:
-                        wp.atomic_add(d_base_weight_t, i_cur, o, acc_base)
-                    acc_base = zero
-                acc = vecK()
-            if e < stop:
+            if key != current:
+                i_next = int(-1)
+                if key >= 0:
+                    i_next = key // n_buckets
+                if current >= 0:
+                    if cell_cur >= 0:
+                        for m in range(K):
+                            j = cell_cur - (K - 1) + m
+                            if j >= 0 and j < n_coef:
+                                for c in range(OUT_TILE):
+                                    if o0 + c < n_out:
+                                        wp.atomic_add(d_coef, i_cur, j, o0 + c, s[c] * acc[m, c])
+                                    acc_scaler[c] = acc_scaler[c] + rows_c[m, c] * acc[m, c]
+                    if i_next != i_cur:
+                        for c in range(OUT_TILE):
+                            if o0 + c < n_out:
+                                if use_base != 0:
+                                    wp.atomic_add(d_base_weight_t, i_cur, o0 + c, acc_base[c])
+                                wp.atomic_add(d_scaler_t, i_cur, o0 + c, acc_scaler[c])
+                        acc_base = vecO()
+                        acc_scaler = vecO()
+                    acc = matKO()
                 current = key
-                i = key // n_buckets
+                if key >= 0:
+                    if i_next != i_cur:
+                        i_cur = i_next
+                        w_base = load4_2d(base_weight_t, i_cur, o0, aligned)
+                        s = load4_2d(scaler_t, i_cur, o0, aligned)
+                        if wp.static(uniform):
+                            t0, inv_h = uniform_frame(grid, i_cur)
+                    cell_cur = key - i_cur * n_buckets - 1  # bucket 0 (off the grid) -> -1
+                    for m in range(K):
+                        j = cell_cur - (K - 1) + m
+                        inside = cell_cur >= 0 and j >= 0 and j < n_coef
+                        row = load4_3d(coef, i_cur, wp.clamp(j, 0, n_coef - 1), o0, aligned)
+                        for c in range(OUT_TILE):
+                            rows_c[m, c] = wp.where(inside, row[c], zero)
+            part = zero
+            n = int(0)
+            if live:
                 n = rows[e]
-                xv = x[n, i]
-                g = dy[n, o]
-                if use_base:
-                    act, dact = silu_and_grad(xv)
-                    acc_base = acc_base + g * act
-                if key - i * n_buckets > 0:
-                    valid, cell, b = basis_at(grid, i, xv, basis_matrix)
-                    acc = acc + g * b
+                xv = x[n, i_cur]
+                g = wp.cw_mul(load4_2d(dy, n, o0, aligned), out_mask)
+                b = vecK()
+                db = vecK()
+                if cell_cur >= 0:
+                    if wp.static(uniform):
+                        u = (xv - t0) * inv_h - scalar(cell_cur)
+                        b = uniform_basis(u, basis_matrix)
+                        db = uniform_basis_grad(u, inv_h, basis_matrix)
+                    else:
+                        b, db = general_basis_and_grad(grid, i_cur, cell_cur, xv)
+                act, dact = silu_and_grad(xv)
+                if use_base == 0:
+                    act = zero
+                    dact = zero
+                for c in range(OUT_TILE):
+                    acc_base[c] = acc_base[c] + g[c] * act
+                    spline_grad = zero
+                    for m in range(K):
+                        acc[m, c] = acc[m, c] + g[c] * b[m]
+                        spline_grad = spline_grad + db[m] * rows_c[m, c]
+                    part = part + g[c] * (s[c] * spline_grad + w_base[c] * dact)
+            if want_dx != 0:
+                total = lane_sum(part, lanes)
+                if live and tile % lanes == 0:
+                    if lanes == n_tiles:
+                        dx[n, i_cur] = dx[n, i_cur] + total
+                    else:
+                        wp.atomic_add(dx, n, i_cur, total)
 
     # ------------------------------------------------------------------ dense-basis (GEMM) strategy
     # The dense basis of a chunk of rows is written transposed, basis_t [width, rows] with
@@ -787,7 +916,7 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
         bucket_keys=bucket_keys,
         bucket_offsets=bucket_offsets,
         backward_coef=backward_coef,
-        backward_params_bucketed=backward_params_bucketed,
+        backward_bucketed=backward_bucketed,
         dense=dense,
         basis_matrix=basis_matrix,
         module=module,
@@ -838,8 +967,9 @@ def launch_forward(
         return
     wp.launch(
         variant.forward,
-        dim=n_rows * n_out,
-        inputs=[x, grid, base_weight_t, scaler_t, coef, variant.basis_matrix, int(use_base)],
+        dim=-(-n_rows // FORWARD_ROWS) * -(-n_out // OUT_TILE),
+        inputs=[x, grid, base_weight_t, scaler_t, coef, variant.basis_matrix, int(use_base),
+                int(vec4_aligned(base_weight_t, scaler_t, coef))],
         outputs=[y],
         device=x.device,
         stream=stream,
@@ -1007,6 +1137,35 @@ def launch_backward(
     scalar = variant.scalar
 
     with on_stream(stream):
+        n_buckets = grid.shape[1] + 1  # G + 2k cells, plus the off-grid bucket 0
+        bucketed = (
+            not deterministic
+            and d_coef is not None
+            and d_base_weight_t is not None
+            and d_scaler_t is not None
+        )
+        if bucketed:
+            rows, sorted_keys = _bucket_entries(variant, ws, x, grid, n_buckets, offsets=False)
+            n_entries = n_rows * n_in
+            n_tiles = -(-n_out // OUT_TILE)
+            n_chunks = -(-n_entries // _ENTRIES_PER_CHUNK)
+            threads = n_chunks * n_tiles
+            if device.is_cuda:
+                threads = -(-threads // 32) * 32  # whole warps: every lane reaches the shuffles
+            want_dx = dx is not None
+            wp.launch(
+                variant.backward_bucketed,
+                dim=threads,
+                inputs=[dy, x, grid, base_weight_t, scaler_t, coef, bm, sorted_keys, rows, n_entries, n_buckets,
+                        _ENTRIES_PER_CHUNK, int(use_base), int(want_dx), lane_group_width(n_tiles, device.is_cuda),
+                        int(vec4_aligned(dy, base_weight_t, scaler_t, coef))],
+                outputs=[dx, d_base_weight_t, d_scaler_t, d_coef],
+                device=device,
+                block_dim=_BUCKETED_BLOCK if device.is_cuda else 1,
+                record_tape=False,
+            )
+            return
+
         if dx is not None:
             block = _ROW_BLOCK if device.is_cuda else 1
             wp.launch(
@@ -1018,28 +1177,6 @@ def launch_backward(
                 block_dim=block,
                 record_tape=False,
             )
-
-        n_buckets = grid.shape[1] + 1  # G + 2k cells, plus the off-grid bucket 0
-        bucketed = (
-            not deterministic
-            and d_coef is not None
-            and d_base_weight_t is not None
-            and n_rows >= _MIN_ROWS_PER_BUCKET * n_buckets
-        )
-        if bucketed:
-            rows, sorted_keys, _ = _bucket_entries(variant, ws, x, grid, n_buckets)
-            n_entries = n_rows * n_in
-            n_chunks = -(-n_entries // _ENTRIES_PER_CHUNK)
-            wp.launch(
-                variant.backward_params_bucketed,
-                dim=n_chunks * n_out,
-                inputs=[dy, x, grid, scaler_t, coef, bm, sorted_keys, rows, n_entries, n_buckets,
-                        _ENTRIES_PER_CHUNK, int(use_base)],
-                outputs=[d_base_weight_t, d_scaler_t, d_coef],
-                device=device,
-                record_tape=False,
-            )
-            return
 
         if d_base_weight_t is not None or d_scaler_t is not None:
             if d_base_weight_t is None or d_scaler_t is None:
@@ -1076,9 +1213,10 @@ def launch_backward(
             )
 
 
-def _bucket_entries(variant, ws, x, grid, n_buckets: int):
+def _bucket_entries(variant, ws, x, grid, n_buckets: int, offsets: bool = True):
     """Group the (n, i) entries by key i * n_buckets + bucket: returns (rows, sorted_keys, offsets), rows[e]
-    being the row of the e-th entry in key order and offsets[k] .. offsets[k + 1] the extent of key k.
+    being the row of the e-th entry in key order and offsets[k] .. offsets[k + 1] the extent of key k
+    (with ``offsets=False``, (rows, sorted_keys) and no offsets pass).
     A stable sort keeps rows ascending inside a bucket, so the grouping is the same on every run."""
     n_rows, n_in = x.shape
     n_keys = n_in * n_buckets
@@ -1088,10 +1226,12 @@ def _bucket_entries(variant, ws, x, grid, n_buckets: int):
     device = x.device
     keys = ws.get("keys", (2 * n_entries,), wp.int32)
     rows = ws.get("rows", (2 * n_entries,), wp.int32)
-    offsets = ws.get("offsets", (n_keys + 1,), wp.int32)
     wp.launch(variant.bucket_keys, dim=(n_in, n_rows), inputs=[x, grid, variant.basis_matrix, n_buckets],
               outputs=[keys, rows], device=device, record_tape=False)
     ws.sort_pairs(keys, rows, n_entries, max(1, int(n_keys - 1).bit_length()))
-    wp.launch(variant.bucket_offsets, dim=n_keys + 1, inputs=[keys, n_entries], outputs=[offsets],
+    if not offsets:
+        return rows, keys
+    extents = ws.get("offsets", (n_keys + 1,), wp.int32)
+    wp.launch(variant.bucket_offsets, dim=n_keys + 1, inputs=[keys, n_entries], outputs=[extents],
               device=device, record_tape=False)
-    return rows, keys, offsets
+    return rows, keys, extents
