@@ -657,8 +657,8 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
         #   sum_m C * sum into the input's d_scaler sums (d_scaler and d_base are flushed when the input
         #   changes: few atomics on those hot addresses);
         # - forms its tile's share of dx[n, i] = sum_o dy (w_b silu' + s sum_m B'_m C); the `lanes` threads
-        #   of the entry add their shares with shuffles and the first writes the sum (a plain store when they
-        #   cover every output, so dx is reproducible; else one atomic per group).
+        #   of the entry add their shares with shuffles and the first adds the sum to dx (reproducible when
+        #   the group covers every output: then it is the only add to that element).
         # The loop runs a fixed number of steps so that every lane of a warp reaches the shuffle together
         # (launch dims are padded to whole warps; padding threads have no entries).
         tid = wp.tid()
@@ -685,16 +685,38 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
         acc = matKO()
         acc_base = vecO()
         acc_scaler = vecO()
+        # The next entry's key, row, x and dy are loaded one step ahead, so that their latency overlaps this
+        # entry's arithmetic (the entry's input changes only with its key).
+        key_ahead = int(-1)
+        i_ahead = int(-1)
+        n_ahead = int(0)
+        x_ahead = zero
+        g_ahead = vecO()
+        if start < stop:
+            key_ahead = sorted_keys[start]
+            i_ahead = key_ahead // n_buckets
+            n_ahead = rows[start]
+            x_ahead = x[n_ahead, i_ahead]
+            g_ahead = wp.cw_mul(load4_2d(dy, n_ahead, o0, aligned), out_mask)
         for step in range(entries_per_chunk + 1):
             e = start + step
             live = e < stop
-            key = int(-1)
-            if live:
-                key = sorted_keys[e]
-            if key != current:
+            key = key_ahead
+            i_next = i_ahead
+            n = n_ahead
+            xv = x_ahead
+            g = g_ahead
+            key_ahead = int(-1)
+            if e + 1 < stop:
+                key_ahead = sorted_keys[e + 1]
+                if key_ahead != key:
+                    i_ahead = key_ahead // n_buckets
+                n_ahead = rows[e + 1]
+                x_ahead = x[n_ahead, i_ahead]
+                g_ahead = wp.cw_mul(load4_2d(dy, n_ahead, o0, aligned), out_mask)
+            if key < 0:
                 i_next = int(-1)
-                if key >= 0:
-                    i_next = key // n_buckets
+            if key != current:
                 if current >= 0:
                     if cell_cur >= 0:
                         for m in range(K):
@@ -729,11 +751,7 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
                         for c in range(OUT_TILE):
                             rows_c[m, c] = wp.where(inside, row[c], zero)
             part = zero
-            n = int(0)
             if live:
-                n = rows[e]
-                xv = x[n, i_cur]
-                g = wp.cw_mul(load4_2d(dy, n, o0, aligned), out_mask)
                 b = vecK()
                 db = vecK()
                 if cell_cur >= 0:
@@ -755,12 +773,12 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
                         spline_grad = spline_grad + db[m] * rows_c[m, c]
                     part = part + g[c] * (s[c] * spline_grad + w_base[c] * dact)
             if want_dx != 0:
+                # An atomic add whose result is unused is a fire-and-forget reduction: unlike dx += total it
+                # puts no load of dx on the critical path. With one group per entry (lanes == n_tiles) it is
+                # the only add to dx[n, i], so dx stays reproducible.
                 total = lane_sum(part, lanes)
                 if live and tile % lanes == 0:
-                    if lanes == n_tiles:
-                        dx[n, i_cur] = dx[n, i_cur] + total
-                    else:
-                        wp.atomic_add(dx, n, i_cur, total)
+                    wp.atomic_add(dx, n, i_cur, total)
 
     # ------------------------------------------------------------------ dense-basis (GEMM) strategy
     # The dense basis of a chunk of rows is written transposed, basis_t [width, rows] with

@@ -64,10 +64,10 @@ PRECISION_UNIT_ROUNDOFF = {"fp32": 2.0**-24, "tf32": 2.0**-10, "bf16": 2.0**-8}
 GEMM_CHUNK_BYTES = 128 * 2**20
 # Up to this many coefficients per input the dense basis (zeros included) is cheaper to multiply on cuBLAS
 # than to gather per edge; beyond it the stencil kernels, whose cost does not grow with G, win. Measured on an
-# H200 with `warpkan bench bspline` (fp32, fwd+bwd ms, gemm vs stencil): (2^17, 32->32, k=3) G=32 1.89 vs
-# 4.02, G=64 3.70 vs 4.04, G=256 11.8 vs 4.08; (2^16, 32->32, G=64) k=1 1.77 vs 1.76, k=3 1.90 vs 2.09, k=5
-# 1.89 vs 2.72; wide layers with short bases (256->256 G=8, 512->512 G=5) 10-17x faster on gemm.
-GEMM_MAX_COEFFICIENTS = 72
+# H200 with `warpkan bench bspline` (fp32, fwd+bwd ms, gemm vs stencil): (2^17, 32->32, k=3) G=32 1.87 vs
+# 2.25, G=64 3.69 vs 2.30; (2^16, 32->32, G=64) k=1 1.77 vs 1.47, k=3 1.90 vs 1.34, k=5 1.86 vs 1.37; wide
+# layers with short bases (256->256 G=8, 512->512 G=5) 6-8x faster on gemm.
+GEMM_MAX_COEFFICIENTS = 48
 _FLOAT32_MATMUL_RULE = {"highest": "fp32", "high": "tf32", "medium": "bf16"}
 
 
