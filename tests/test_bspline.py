@@ -141,14 +141,15 @@ def test_awkward_sizes_and_grid_sizes(device, shape, strategy):
         torch.testing.assert_close(g, g_ref, **TOL64)
 
 
-@pytest.mark.parametrize("n_out", [1, 5, 37, 256])
+@pytest.mark.parametrize("n_out", [1, 5, 12, 37, 256])
 @pytest.mark.parametrize("use_base", [True, False])
 @pytest.mark.parametrize("uniform", [True, False])
 def test_bucketed_parameter_gradients_float64(device, use_base, uniform, n_out):
     """Well-filled buckets (many rows per cell, so many entries per flush) through the fused bucketed kernel (dx and every parameter
     gradient in one pass, per-cell flushes). The output counts cover each way its dx is summed on the GPU:
     one output tile (1, 5: lanes of a power-of-two group, plain store), 10 tiles (37: no group, an atomic per
-    thread) and 64 tiles (256: whole-warp groups, an atomic per warp)."""
+    thread) and 64 tiles (256: whole-warp groups, an atomic per warp); 12 outputs take the 16-byte loads
+    with the forward's last 8-output tile half past the end."""
     order, n_in, grid_size = 2, 3, 4
     n_rows = 40 * (grid_size + 2 * order + 2)
     tdev = _torch_device(device)
