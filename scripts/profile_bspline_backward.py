@@ -1,4 +1,4 @@
-"""Time each phase of the B-spline stencil kernels on cuda (CUDA events, after warm-up).
+"""Time each phase of the B-spline stencil kernels on cuda (median of CUDA-event timings after warm-up).
 
     python scripts/profile_bspline_backward.py [--cases N:in:out:G:k,...] [--entries-per-chunk E]
 """
@@ -11,23 +11,11 @@ import warp as wp
 wp.config.quiet = True
 wp.init()
 
+from warpkan.bench.timing import time_fn  # noqa: E402
 from warpkan.kernels import bspline as kb  # noqa: E402
 from warpkan.torch_bridge._common import TorchWorkspace  # noqa: E402
 
 DEFAULT_CASES = "131072:32:32:64:3,131072:32:32:1024:3,131072:32:32:16384:3,131072:32:32:262144:3,65536:32:32:64:1,65536:32:32:64:5,65536:256:256:8:3"
-
-
-def timed(fn, repeat=20):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeat):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / repeat
 
 
 def main():
@@ -56,14 +44,14 @@ def main():
 
         def bucketing():
             with wp.ScopedStream(stream, sync_enter=False):
-                kb._bucket_entries(variant, ws, w(x), w(knots), n_buckets)
+                kb._sort_entries(variant, ws, w(x), w(knots), n_buckets)
 
         def backward(**grads):
             return lambda: kb.launch_backward(*args_, workspace=ws, stream=stream, **grads)
 
         params = dict(d_base_weight_t=w(dwb), d_scaler_t=w(ds), d_coef=w(dc))
         phases = {
-            "bucketing (keys, stable sort, offsets)": bucketing,
+            "bucketing (keys, stable sort)": bucketing,
             "forward": lambda: kb.launch_forward(w(x), w(knots), w(wb), w(s), w(coef), w(y), order, True, stream=stream),
             "backward dx only": backward(dx=w(dx)),
             "backward params only": backward(**params),
@@ -73,7 +61,7 @@ def main():
         print(f"\nN={n_rows} {n_in}->{n_out} G={grid_size} k={order}")
         total = 0.0
         for name, fn in phases.items():
-            ms = timed(fn)
+            ms = time_fn(fn, "cuda")
             if name in ("forward", "backward dx + params (training step)"):
                 total += ms
             print(f"  {name:42s} {ms:8.3f} ms", flush=True)

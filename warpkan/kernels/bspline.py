@@ -413,15 +413,25 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
         return acc
 
     @wp.func
-    def spline_tile(coef: wp.array3d(dtype=scalar), i: int, cell: int, o0: int, b: vecK, aligned: int):
-        """[sum_m b_m C[i, cell-k+m, o0 + c] for c < 4], without branches: a basis whose index is outside
-        [0, G + k) gets weight 0 against a clamped row (outputs past the end read the last one)."""
+    def cell_rows(coef: wp.array3d(dtype=scalar), i: int, cell: int, o0: int, aligned: int):
+        """[C[i, cell-k+m, o0 + c]] for m < K, c < 4, without branches: a row whose basis index is outside
+        [0, G + k) (every row when cell < 0) comes back zero (outputs past the end read the last one)."""
         n_coef = coef.shape[1]
-        acc = vecO()
+        rows = matKO()
         for m in range(K):
             j = cell - (K - 1) + m
-            w = wp.where(j >= 0 and j < n_coef, b[m], zero)
-            acc = acc + w * load4_3d(coef, i, wp.clamp(j, 0, n_coef - 1), o0, aligned)
+            row = load4_3d(coef, i, wp.clamp(j, 0, n_coef - 1), o0, aligned)
+            for c in range(OUT_TILE):
+                rows[m, c] = wp.where(j >= 0 and j < n_coef, row[c], zero)
+        return rows
+
+    @wp.func
+    def spline_tile(b: vecK, rows: matKO):
+        """[sum_m b_m rows[m, c] for c < 4]: the spline terms of a tile of outputs."""
+        acc = vecO()
+        for m in range(K):
+            for c in range(OUT_TILE):
+                acc[c] = acc[c] + b[m] * rows[m, c]
         return acc
 
     # ------------------------------------------------------------------ forward
@@ -467,7 +477,7 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
                     b = uniform_basis(u, basis_matrix) * wp.where(inside, one, zero)
                 else:
                     valid, cell, b = basis_at(grid, i, xv, basis_matrix)
-                spline = spline_tile(coef, i, cell, o0, b, aligned)
+                spline = spline_tile(b, cell_rows(coef, i, cell, o0, aligned))
                 act, dact = silu_and_grad(xv)
                 if use_base == 0:
                     act = zero
@@ -681,41 +691,26 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
         inv_h = zero
         w_base = vecO()
         s = vecO()
-        rows_c = matKO()  # C[i, cell-k+m, o0 + c], zero for m whose basis index is outside [0, G + k)
+        rows_c = matKO()  # the current cell's coefficient rows (cell_rows)
         acc = matKO()
         acc_base = vecO()
         acc_scaler = vecO()
-        # The next entry's key, row, x and dy are loaded one step ahead, so that their latency overlaps this
-        # entry's arithmetic (the entry's input changes only with its key).
-        key_ahead = int(-1)
-        i_ahead = int(-1)
-        n_ahead = int(0)
-        x_ahead = zero
-        g_ahead = vecO()
-        if start < stop:
-            key_ahead = sorted_keys[start]
-            i_ahead = key_ahead // n_buckets
-            n_ahead = rows[start]
-            x_ahead = x[n_ahead, i_ahead]
-            g_ahead = wp.cw_mul(load4_2d(dy, n_ahead, o0, aligned), out_mask)
         for step in range(entries_per_chunk + 1):
             e = start + step
             live = e < stop
-            key = key_ahead
-            i_next = i_ahead
-            n = n_ahead
-            xv = x_ahead
-            g = g_ahead
-            key_ahead = int(-1)
-            if e + 1 < stop:
-                key_ahead = sorted_keys[e + 1]
-                if key_ahead != key:
-                    i_ahead = key_ahead // n_buckets
-                n_ahead = rows[e + 1]
-                x_ahead = x[n_ahead, i_ahead]
-                g_ahead = wp.cw_mul(load4_2d(dy, n_ahead, o0, aligned), out_mask)
-            if key < 0:
-                i_next = int(-1)
+            key = int(-1)
+            n = int(0)
+            xv = zero
+            g = vecO()
+            i_next = int(-1)
+            if live:
+                key = sorted_keys[e]
+                i_next = i_cur
+                if key != current:
+                    i_next = key // n_buckets
+                n = rows[e]
+                xv = x[n, i_next]
+                g = wp.cw_mul(load4_2d(dy, n, o0, aligned), out_mask)
             if key != current:
                 if current >= 0:
                     if cell_cur >= 0:
@@ -744,12 +739,7 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
                         if wp.static(uniform):
                             t0, inv_h = uniform_frame(grid, i_cur)
                     cell_cur = key - i_cur * n_buckets - 1  # bucket 0 (off the grid) -> -1
-                    for m in range(K):
-                        j = cell_cur - (K - 1) + m
-                        inside = cell_cur >= 0 and j >= 0 and j < n_coef
-                        row = load4_3d(coef, i_cur, wp.clamp(j, 0, n_coef - 1), o0, aligned)
-                        for c in range(OUT_TILE):
-                            rows_c[m, c] = wp.where(inside, row[c], zero)
+                    rows_c = cell_rows(coef, i_cur, cell_cur, o0, aligned)
             part = zero
             if live:
                 b = vecK()
@@ -1163,7 +1153,7 @@ def launch_backward(
             and d_scaler_t is not None
         )
         if bucketed:
-            rows, sorted_keys = _bucket_entries(variant, ws, x, grid, n_buckets, offsets=False)
+            rows, sorted_keys = _sort_entries(variant, ws, x, grid, n_buckets)
             n_entries = n_rows * n_in
             n_tiles = -(-n_out // OUT_TILE)
             n_chunks = -(-n_entries // _ENTRIES_PER_CHUNK)
@@ -1231,25 +1221,29 @@ def launch_backward(
             )
 
 
-def _bucket_entries(variant, ws, x, grid, n_buckets: int, offsets: bool = True):
-    """Group the (n, i) entries by key i * n_buckets + bucket: returns (rows, sorted_keys, offsets), rows[e]
-    being the row of the e-th entry in key order and offsets[k] .. offsets[k + 1] the extent of key k
-    (with ``offsets=False``, (rows, sorted_keys) and no offsets pass).
-    A stable sort keeps rows ascending inside a bucket, so the grouping is the same on every run."""
+def _sort_entries(variant, ws, x, grid, n_buckets: int):
+    """Sort the (n, i) entries by key i * n_buckets + bucket: returns (rows, sorted_keys), rows[e] being the
+    row of the e-th entry in key order. A stable sort keeps rows ascending inside a bucket, so the grouping
+    is the same on every run."""
     n_rows, n_in = x.shape
     n_keys = n_in * n_buckets
     n_entries = n_rows * n_in
     if n_keys >= 2**31 - 1 or n_entries >= 2**31:
         raise ValueError(f"too large for int32 bucketing: {n_entries} entries, {n_keys} buckets")
-    device = x.device
     keys = ws.get("keys", (2 * n_entries,), wp.int32)
     rows = ws.get("rows", (2 * n_entries,), wp.int32)
     wp.launch(variant.bucket_keys, dim=(n_in, n_rows), inputs=[x, grid, variant.basis_matrix, n_buckets],
-              outputs=[keys, rows], device=device, record_tape=False)
+              outputs=[keys, rows], device=x.device, record_tape=False)
     ws.sort_pairs(keys, rows, n_entries, max(1, int(n_keys - 1).bit_length()))
-    if not offsets:
-        return rows, keys
-    extents = ws.get("offsets", (n_keys + 1,), wp.int32)
-    wp.launch(variant.bucket_offsets, dim=n_keys + 1, inputs=[keys, n_entries], outputs=[extents],
-              device=device, record_tape=False)
-    return rows, keys, extents
+    return rows, keys
+
+
+def _bucket_entries(variant, ws, x, grid, n_buckets: int):
+    """:func:`_sort_entries` plus each key's extent: returns (rows, sorted_keys, offsets), the entries of key k
+    being offsets[k] .. offsets[k + 1] - 1."""
+    rows, keys = _sort_entries(variant, ws, x, grid, n_buckets)
+    n_keys = x.shape[1] * n_buckets
+    offsets = ws.get("offsets", (n_keys + 1,), wp.int32)
+    wp.launch(variant.bucket_offsets, dim=n_keys + 1, inputs=[keys, x.shape[0] * x.shape[1]], outputs=[offsets],
+              device=x.device, record_tape=False)
+    return rows, keys, offsets
