@@ -24,62 +24,148 @@ def on_stream(stream: "wp.Stream | None"):
     return wp.ScopedStream(stream, sync_enter=False) if stream is not None else contextlib.nullcontext()
 
 
-# Warp's vector types carry no alignment, so a load of a wp.vector element compiles to one narrow load per
-# component (8 x 16-bit loads for 8 bf16 values): the load/store units, not HBM, then bound an element-wise
-# kernel. These native loads and stores move the whole vector in one 4/8/16-byte access. The caller
-# guarantees the alignment: the array's base address is a multiple of the vector's size (the torch bridges
-# check it) and so is every element (arrays of vectors are dense).
+# Element-wise streaming of [N, C / V] arrays of V-vectors (contiguous), as fast as the load/store units allow:
+# - Warp's vector types carry no alignment, so a load of a wp.vector element compiles to one narrow load per
+#   component (8 x 16-bit loads for 8 bf16 values). These loads and stores move a vector in one 4/8/16-byte
+#   access. The caller guarantees the alignment (base address a multiple of the vector's size; the torch
+#   bridges check it) and that the array is dense.
+# - The address is ``data + row * (C / V) + col`` in unsigned 64-bit arithmetic (one wide multiply-add);
+#   Warp's general indexing (signed, strided) cost ~20 integer instructions an access.
+# - 16-bit vectors are widened to and narrowed from fp32 pairwise: a pair costs one shift and one mask (bf16)
+#   or two cvt of the halves of one register (fp16) to widen, and one paired cvt (cvt.rn.{bf16x2,f16x2}.f32,
+#   round to nearest even as Warp's casts) to narrow. Warp's casts go one component at a time, and a store
+#   of a vector narrowed apart from it was split into 4-byte stores.
 _WIDE_WORDS = {2: "unsigned short", 4: "unsigned int", 8: "uint2", 16: "uint4"}
 
+_DENSE_ADDRESS = "a.data + ((unsigned long long)(unsigned)row * (unsigned)a.shape[1] + (unsigned)col)"
+
+# The load is volatile inline PTX (read-only path, as __ldg): the compiler keeps it where the kernel issues
+# it. A kernel that issues a step's loads together before their arithmetic (to keep bytes in flight) saw
+# __ldg loads sunk down to their first use, one at a time.
+_LOAD_PTX = {
+    "unsigned short": 'asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(bits) : "l"(p));',
+    "unsigned int": 'asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(bits) : "l"(p));',
+    "uint2": 'asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(bits.x), "=r"(bits.y) : "l"(p));',
+    "uint4": ('asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" '
+              ': "=r"(bits.x), "=r"(bits.y), "=r"(bits.z), "=r"(bits.w) : "l"(p));'),
+}
+
 _LOAD_SNIPPET = """
-    auto* p = wp::address(x, row, col);
 #if defined(__CUDA_ARCH__)
-    @WORD@ bits = __ldg(reinterpret_cast<const @WORD@*>(p));
-    return *reinterpret_cast<decltype(p)>(&bits);
+    const auto* p = @ADDRESS@;
+    @WORD@ bits;
+    @LOAD_PTX@
+    return *reinterpret_cast<decltype(a.data)>(&bits);
 #else
-    return *p;
+    return *wp::address(a, row, col);
 #endif
 """
 
-_STORE_SNIPPET = """
-    auto* p = wp::address(y, row, col);
+_WIDEN_PAIR = {
+    "bfloat16": """r.c[2 * i] = __uint_as_float(w[i] << 16);
+        r.c[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);""",
+    "float16": """asm("{.reg .b16 lo, hi;\\n mov.b32 {lo, hi}, %2;\\n cvt.f32.f16 %0, lo;\\n cvt.f32.f16 %1, hi;}"
+            : "=f"(r.c[2 * i]), "=f"(r.c[2 * i + 1]) : "r"(w[i]));""",
+}
+
+_WIDEN_SNIPPET = """
+    wp::vec_t<@V@, wp::float32> r;
 #if defined(__CUDA_ARCH__)
-    *reinterpret_cast<@WORD@*>(p) = *reinterpret_cast<const @WORD@*>(&v);
+    const unsigned int* w = reinterpret_cast<const unsigned int*>(&v);
+    #pragma unroll
+    for (int i = 0; i < @V@ / 2; ++i) {
+        @PAIR@
+    }
 #else
-    *p = v;
+    for (int i = 0; i < @V@; ++i) r.c[i] = wp::float32(v.c[i]);
+#endif
+    return r;
+"""
+
+_NARROW_PAIR = {
+    "bfloat16": 'asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w[i]) : "f"(v.c[2 * i + 1]), "f"(v.c[2 * i]));',
+    "float16": 'asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w[i]) : "f"(v.c[2 * i + 1]), "f"(v.c[2 * i]));',
+}
+
+_STORE_SNIPPET = """
+#if defined(__CUDA_ARCH__)
+    auto* p = @ADDRESS@;
+    @WORD@ bits;
+    @PACK@
+    *reinterpret_cast<@WORD@*>(p) = bits;
+#else
+    auto* p = wp::address(a, row, col);
+    for (int i = 0; i < @V@; ++i) p->c[i] = wp::@SCALAR@(v.c[i]);
 #endif
 """
+
+_PACK_PAIRS = """unsigned int* w = reinterpret_cast<unsigned int*>(&bits);
+    #pragma unroll
+    for (int i = 0; i < @V@ / 2; ++i)
+        @PAIR@"""
+
+_PACK_SAME = """wp::@SCALAR@* w = reinterpret_cast<wp::@SCALAR@*>(&bits);
+    #pragma unroll
+    for (int i = 0; i < @V@; ++i)
+        w[i] = v.c[i];"""
+
+_SCALAR_NAMES = {wp.float32: "float32", wp.float64: "float64", wp.float16: "float16", wp.bfloat16: "bfloat16"}
 
 
 @functools.lru_cache(maxsize=None)
-def wide_access(vector_type):
-    """(load(x, row, col) -> vector, store(y, row, col, v)) for 2-D arrays of ``vector_type``, each one
-    memory access when the vector is 2, 4, 8 or 16 bytes; ``x[row, col]`` / ``y[row, col] = v`` otherwise."""
+def vector_io(vector_type):
+    """(load(a, row, col) -> vector, widen(vector) -> arithmetic vector, store(a, row, col, arithmetic vector))
+    for dense 2-D arrays of ``vector_type``. The arithmetic type is fp32 for bf16/fp16 vectors and the scalar
+    type itself for fp32/fp64; ``store`` narrows. One memory access a vector when it is 2, 4, 8 or 16 bytes
+    (16-bit vectors: of even length); Warp's indexing and casts otherwise."""
+    scalar = vector_type._wp_scalar_type_
+    length = vector_type._length_
+    name = _SCALAR_NAMES.get(scalar)
+    arith = scalar if scalar in (wp.float32, wp.float64) else wp.float32
+    arith_vector = wp.types.vector(length=length, dtype=arith)
     word = _WIDE_WORDS.get(wp.types.type_size_in_bytes(vector_type))
-    if word is None:
+    narrowing = arith != scalar
+    if name is None or word is None or (narrowing and length % 2):
         @wp.func
-        def load(x: wp.array2d(dtype=vector_type), row: int, col: int):
-            return x[row, col]
+        def load_indexed(a: wp.array2d(dtype=vector_type), row: int, col: int):
+            return a[row, col]
 
         @wp.func
-        def store(y: wp.array2d(dtype=vector_type), row: int, col: int, v: vector_type):
-            y[row, col] = v
+        def widen_cast(v: vector_type):
+            return arith_vector(v)
 
-        return load, store
+        @wp.func
+        def store_indexed(a: wp.array2d(dtype=vector_type), row: int, col: int, v: arith_vector):
+            a[row, col] = vector_type(v)
 
-    def load(x: wp.array2d(dtype=vector_type), row: int, col: int) -> vector_type:
+        return load_indexed, widen_cast, store_indexed
+
+    def load(a: wp.array2d(dtype=vector_type), row: int, col: int) -> vector_type:
         # never run (the snippet is the body); naming the type here puts it in the closure, where Warp
         # resolves a native function's return annotation
         return vector_type()
 
-    def store(y: wp.array2d(dtype=vector_type), row: int, col: int, v: vector_type): ...
+    def widen(v: vector_type) -> arith_vector:
+        return arith_vector()
+
+    def store(a: wp.array2d(dtype=vector_type), row: int, col: int, v: arith_vector): ...
 
     # one name per vector type, so that two types used in one module never meet as overloads
-    tag = f"{wp.types.type_repr(vector_type._wp_scalar_type_)}x{vector_type._length_}"
-    for fn in (load, store):
-        fn.__name__ = fn.__qualname__ = f"wide_{fn.__name__}_{tag}"
-    return (wp.func_native(_LOAD_SNIPPET.replace("@WORD@", word))(load),
-            wp.func_native(_STORE_SNIPPET.replace("@WORD@", word))(store))
+    tag = f"{name}x{length}"
+    for fn in (load, widen, store):
+        fn.__name__ = fn.__qualname__ = f"dense_{fn.__name__}_{tag}"
+    pack = (_PACK_PAIRS.replace("@PAIR@", _NARROW_PAIR[name]) if narrowing else _PACK_SAME)
+    store_snippet = (_STORE_SNIPPET.replace("@PACK@", pack).replace("@ADDRESS@", _DENSE_ADDRESS)
+                     .replace("@WORD@", word).replace("@V@", str(length)).replace("@SCALAR@", name))
+    load_fn = wp.func_native(_LOAD_SNIPPET.replace("@ADDRESS@", _DENSE_ADDRESS).replace("@WORD@", word)
+                             .replace("@LOAD_PTX@", _LOAD_PTX[word]))(load)
+    if narrowing:
+        widen_fn = wp.func_native(_WIDEN_SNIPPET.replace("@V@", str(length)).replace("@PAIR@", _WIDEN_PAIR[name]))(widen)
+    else:
+        @wp.func
+        def widen_fn(v: vector_type):
+            return v
+    return load_fn, widen_fn, wp.func_native(store_snippet)(store)
 
 
 # Sum over aligned groups of `width` consecutive lanes of a warp (width a power of two up to 32), by xor

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import warp as wp
 
-from ._common import wide_access
+from ._common import vector_io
 
 __all__ = [
     "VARIANTS",
@@ -78,13 +78,14 @@ _TARGET_BLOCKS = 2048  # blocks wanted where the device does not say (the CPU)
 # - blocks per SM: the grid is a whole number of waves of resident blocks (a layout is a fixed split of the
 #   work, so a last, part-filled wave would idle most of the GPU);
 # - items per step: vectors per lane whose loads are issued together before their arithmetic (a while loop
-#   is not unrolled: this is what keeps bytes in flight). bf16 does twice the arithmetic per vector, so
-#   fewer items suit it;
+#   is not unrolled: this is what keeps bytes in flight);
 # - both are compiled into the kernel as __launch_bounds__(BLOCK_DIM, blocks per SM), so blocks per SM also
-#   sets the register budget per lane (2: 128, 4: 64): with it, fp32 takes 5-6 items per step at 2 blocks;
-#   at 4 blocks the bf16 backward spills (0.83 against 0.52 ms at 2 blocks of 2 items).
-BLOCKS_PER_SM = {"forward": {4: 2, 8: 4}, "backward": {4: 2, 8: 2}}
-ITEMS_PER_STEP = {"forward": {4: 6, 8: 2}, "backward": {4: 5, 8: 2}}
+#   sets the register budget per lane (2: 128, 3: 85, 4: 64). With the fp64 lane totals in shared memory
+#   and the loads kept together (see vector_io), 4 items at 3 blocks is the fastest forward for both
+#   widths (fp32 0.311, bf16 0.181 ms) and 5 (fp32) / 3 (bf16) items at 2 blocks the fastest backward
+#   (0.504 / 0.399 ms); at 3 blocks the backward loses more to its 85-register budget than it gains.
+BLOCKS_PER_SM = {"forward": {4: 3, 8: 3}, "backward": {4: 2, 8: 2}}
+ITEMS_PER_STEP = {"forward": {4: 4, 8: 4}, "backward": {4: 5, 8: 3}}
 # - waves: how many whole waves of resident blocks the work is split into. More, smaller blocks shorten the
 #   tail in which the last blocks run alone: the fp32 forward goes from 0.348 ms at 1 wave to 0.314 at 32
 #   (93% of copy; 0.321 at 64, 0.335 at 128), the bf16 forward from 0.215 to 0.211 at 4. The backward's
@@ -176,6 +177,42 @@ def _exact_reciprocal(q: wp.float64):
     return wp.float64(1.0) / q
 
 
+# The backward's fp64 lane totals live in shared memory, one column per lane (slot k * BLOCK_DIM + lane: a
+# warp's 32 doubles are consecutive, no bank conflict), not in registers: 2 (m + 1 + n) registers a lane
+# were what pushed the backward past 128 registers (a spilling frame of 100+ bytes at 2 blocks per SM). A lane
+# only ever touches its own column until the block reduction, so no barrier is needed. On the CPU (one lane a
+# block, launches run serially) the column is a static array.
+_LANE_TOTALS_SNIPPET = """
+#if defined(__CUDA_ARCH__)
+    __shared__ double totals[@K@ * @LANES@];
+#else
+    static double totals[@K@ * @LANES@];
+#endif
+    double* column = totals + lane;
+    if (op == 0) {
+        for (int k = 0; k < @K@; ++k) column[k * @LANES@] = 0.0;
+    } else if (op == 1) {
+        for (int k = 0; k < @K@; ++k) column[k * @LANES@] += (double)run[k];
+    } else {
+        return column[index * @LANES@];
+    }
+    return 0.0;
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def lane_totals(run_type, lanes: int):
+    """``@wp.func`` (op, run, lane, index) -> float64 on a lane's fp64 totals in shared memory: op 0 zeroes
+    them, op 1 adds ``run`` (a vector of fp32 sums) to them, op 2 returns total ``index``."""
+    k = run_type._length_
+
+    def lane_totals(op: int, run: run_type, lane: int, index: int) -> wp.float64:
+        return wp.float64(0.0)
+
+    lane_totals.__name__ = lane_totals.__qualname__ = f"lane_totals_{k}_{lanes}"
+    return wp.func_native(_LANE_TOTALS_SNIPPET.replace("@K@", str(k)).replace("@LANES@", str(lanes)))(lane_totals)
+
+
 @dataclass(frozen=True)
 class RationalKernels:
     """The compiled kernels of one (orders, variant, I/O type, vector width) combination."""
@@ -216,7 +253,9 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
     UB = launch_shape(ITEMS_PER_STEP, "backward", vec)
     RUN = max(1, 32 // (vec * UB))  # steps (of UB items of V elements) summed in fp32 before the fp64 fold
     io_vec = wp.types.vector(length=V, dtype=io_scalar)
-    load_vec, store_vec = wide_access(io_vec)  # one 16-byte access per vector (see _common)
+    # one 16-byte access per vector; I/O vector <-> arithmetic-type vector, pairwise for bf16/fp16 (see _common)
+    load_vec, widen, store_vec = vector_io(io_vec)
+    accV = wp.types.vector(length=V, dtype=acc)
     matUF = wp.types.matrix(shape=(UF, V), dtype=io_scalar)  # the vectors of one step
     matUB = wp.types.matrix(shape=(UB, V), dtype=io_scalar)
     vecUFi = wp.types.vector(length=UF, dtype=int)
@@ -224,7 +263,7 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
     vecM = wp.types.vector(length=M, dtype=acc)
     vecN = wp.types.vector(length=N, dtype=acc)
     vecK = wp.types.vector(length=K, dtype=acc)
-    vecKW = wp.types.vector(length=K, dtype=wp.float64)  # lane totals and block partials
+    totals = lane_totals(vecK, BLOCK_DIM)
     vecD = wp.types.vector(length=D, dtype=acc)
     is_a = variant == "A"
     threshold = acc(large_x_threshold(num_order, den_order))
@@ -364,55 +403,64 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
         s = bq[N - 1]
         for j in range(1, N):
             s = s * u + bq[N - 1 - j]
-        s = s * u
-        if wp.static(not is_a):
-            s = wp.abs(s)
-        return p * reciprocal(one + s)
+        q = one
+        if wp.static(is_a):
+            q = s * u + one  # the last Horner step adds Q's constant term: one FMA
+        else:
+            q = one + wp.abs(s * u)
+        return p * reciprocal(q)
+
+    @wp.func
+    def negate_if_negative(v: acc, sign_of: acc):
+        """v * sgn(sign_of) with sgn(0) = +1 (one compare and one select; a -0 argument counts as +0)."""
+        return wp.where(sign_of < zero, -v, v)
 
     @wp.func
     def plain_step(x: acc, dy: acc, a: vecM, ia: vecM, bq: vecN, jb: vecN, run: vecK):
         """(dy dF/dx, run + dy dF/d[a, b]) for |x| <= T, the sign of b_j left out for A (the caller applies
-        it to the block's sums). ia[i] = i a_i and jb[j-1] = j bq[j-1] are per-block constants."""
+        it to the block's sums). ia[i] = i a_i and jb[j-1] = j bq[j-1] are per-block constants. Every sum
+        starts from its first term (not from zero: an add of 0.0 is not an identity the compiler may drop)."""
         xp = powers(x)
-        p = zero
+        p = a[0]
         dp = zero
-        for i in range(M):
+        if wp.static(M > 1):
+            dp = ia[1]
+        for i in range(1, M):
             p = p + a[i] * xp[i]
-            if i >= 1:
+            if i >= 2:
                 dp = dp + ia[i] * xp[i - 1]
-        s = zero
-        ds = zero
-        for j in range(1, N + 1):
-            if wp.static(is_a):
-                s = s + bq[j - 1] * wp.abs(xp[j])
-                ds = ds + jb[j - 1] * wp.abs(xp[j - 1])
-            else:
-                s = s + bq[j - 1] * xp[j]
-                ds = ds + jb[j - 1] * xp[j - 1]
-        sg = one
-        q = one
+        # the denominator's powers: |x|^j for A (even powers are their own absolute value), x^j for B
+        qp = xp
         if wp.static(is_a):
-            sg = sgn(x)
+            for j in range(1, D):
+                if j % 2 == 1:
+                    qp[j] = wp.abs(xp[j])
+        s = bq[0] * qp[1]
+        ds = jb[0]
+        for j in range(2, N + 1):
+            s = s + bq[j - 1] * qp[j]
+            ds = ds + jb[j - 1] * qp[j - 1]
+        q = one
+        signed_ds = zero  # dQ/dx
+        if wp.static(is_a):
             q = one + s
+            signed_ds = negate_if_negative(ds, x)
         else:
-            sg = sgn(s)
             q = one + wp.abs(s)
+            signed_ds = negate_if_negative(ds, s)
         r = reciprocal(q)
         f = p * r
-        dfdx = r * (dp - f * sg * ds)
         t = dy * r
         u = -t * f
         if wp.static(not is_a):
-            u = u * sg
+            u = negate_if_negative(u, s)
         out = vecK()
-        for i in range(M):
+        out[0] = run[0] + t
+        for i in range(1, M):
             out[i] = run[i] + t * xp[i]
         for j in range(1, N + 1):
-            if wp.static(is_a):
-                out[M + j - 1] = run[M + j - 1] + u * wp.abs(xp[j])
-            else:
-                out[M + j - 1] = run[M + j - 1] + u * xp[j]
-        return dy * dfdx, out
+            out[M + j - 1] = run[M + j - 1] + u * qp[j]
+        return t * (dp - f * signed_ds), out
 
     @wp.func
     def ones_n():
@@ -423,13 +471,12 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
         return v
 
     @wp.func
-    def any_large(xv: io_vec):
-        """Whether an element of the vector needs the homogeneous form (false for NaN)."""
-        large = False
-        for k in range(V):
-            if wp.abs(acc(xv[k])) > threshold:
-                large = True
-        return large
+    def any_large(xv: accV):
+        """Whether an element of the vector needs the homogeneous form (false for NaN: max drops NaN)."""
+        largest = wp.abs(xv[0])
+        for k in range(1, V):
+            largest = wp.max(largest, wp.abs(xv[k]))
+        return largest > threshold
 
     @wp.func
     def element_value(x: acc, a: vecM, bq: vecN):
@@ -543,19 +590,20 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
             for u in range(UF):
                 rows_u[u] = row
                 cols_u[u] = col
-                if row < row1:
-                    xs[u] = load_vec(x, row, col0 + col)
+                # unconditional (a step's items past row1 re-read the last row): a conditional load of 16-bit
+                # lanes was merged into its zeroed vector half by half (PRMT), and could be sunk to its use
+                xs[u] = load_vec(x, wp.min(row, row1 - 1), col0 + col)
                 row, col = next_item(row, col, row_step, col_step, width)
             for u in range(UF):
                 if rows_u[u] < row1:
-                    xv = xs[u]
-                    yv = io_vec()
+                    xv = widen(xs[u])
+                    yv = accV()
                     if any_large(xv):
                         for k in range(V):
-                            yv[k] = io_scalar(element_value(acc(xv[k]), av, bq))
+                            yv[k] = element_value(xv[k], av, bq)
                     else:
                         for k in range(V):
-                            yv[k] = io_scalar(plain_value(acc(xv[k]), av, bq))
+                            yv[k] = plain_value(xv[k], av, bq)
                     store_vec(y, rows_u[u], col0 + cols_u[u], yv)
 
     # ------------------------------------------------------------------ backward
@@ -586,8 +634,8 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
         col_step = lanes - row_step * width
         row = row0 + lane // width
         col = lane - (lane // width) * width
-        total = vecKW()  # fp64 lane totals
-        run = vecK()  # short run in the arithmetic type, folded into total every RUN items
+        run = vecK()  # short run in the arithmetic type, folded into the fp64 lane totals every RUN steps
+        totals(0, run, lane, 0)
         pending = int(0)
         # UB items per step, their loads first (see the forward)
         while row < row1:
@@ -598,41 +646,36 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
             for u in range(UB):
                 rows_u[u] = row
                 cols_u[u] = col
-                if row < row1:
-                    xs[u] = load_vec(x, row, col0 + col)
-                    gs[u] = load_vec(dy, row, col0 + col)
+                xs[u] = load_vec(x, wp.min(row, row1 - 1), col0 + col)  # unconditional (see the forward)
+                gs[u] = load_vec(dy, wp.min(row, row1 - 1), col0 + col)
                 row, col = next_item(row, col, row_step, col_step, width)
             for u in range(UB):
                 if rows_u[u] < row1:
-                    xv = xs[u]
-                    gv = gs[u]
-                    dxv = io_vec()
+                    xv = widen(xs[u])
+                    gv = widen(gs[u])
+                    dxv = accV()
                     if any_large(xv):
                         for k in range(V):
-                            d, run = element_step(acc(xv[k]), acc(gv[k]), av, ia, bq, jb, run)
-                            dxv[k] = io_scalar(d)
+                            d, run = element_step(xv[k], gv[k], av, ia, bq, jb, run)
+                            dxv[k] = d
                     else:
                         for k in range(V):
-                            d, run = plain_step(acc(xv[k]), acc(gv[k]), av, ia, bq, jb, run)
-                            dxv[k] = io_scalar(d)
+                            d, run = plain_step(xv[k], gv[k], av, ia, bq, jb, run)
+                            dxv[k] = d
                     if need_dx:
                         if accumulate_dx:
-                            old = load_vec(dx, rows_u[u], col0 + cols_u[u])
-                            for k in range(V):
-                                dxv[k] = io_scalar(acc(old[k]) + acc(dxv[k]))
+                            dxv = dxv + widen(load_vec(dx, rows_u[u], col0 + cols_u[u]))
                         store_vec(dx, rows_u[u], col0 + cols_u[u], dxv)
             pending += 1
             if pending == RUN:
-                for k in range(K):
-                    total[k] = total[k] + wp.float64(run[k])
+                totals(1, run, lane, 0)
                 run = vecK()
                 pending = 0
-        for k in range(K):
-            total[k] = total[k] + wp.float64(run[k])
+        totals(1, run, lane, 0)
         if need_params:
             # block reduction in fp64 (a tree in shared memory; every lane takes part), then one partial row
             for k in range(K):
-                block_total = wp.tile_sum(wp.tile(total[k]))
+                block_total = wp.tile_sum(wp.tile(totals(2, run, lane, k)))
                 if lane == 0:
                     value = block_total[0]
                     if wp.static(is_a):
