@@ -23,8 +23,8 @@ consecutive lanes touch consecutive 16-byte vectors of a row (coalesced), and ea
 coefficients once. The layout (blocks, chunks, tiles) is a function of the shapes alone.
 
 Backward. One pass over ``x`` and ``dy``: each lane writes ``dx`` and keeps the ``m + 1 + n`` coefficient
-gradient sums of its items: short fp32 runs (RUN items) folded into fp64 lane totals. The block reduces
-the fp64 totals with ``tile_sum`` (a tree) and writes one fp64 partial row per block; a combine pass sums
+gradient sums of its items: short fp32 runs (RUN_ELEMENTS elements) folded into fp64 lane totals, which
+live in shared memory (a lane's own column), not in registers. The block reduces them with ``tile_sum`` (a tree) and writes one fp64 partial row per block; a combine pass sums
 the partials of each coefficient in a fixed order. So there is no global atomic at all, the coefficient
 gradients are bitwise reproducible whatever ``deterministic`` says, and the only fp32 rounding in a sum is
 that of the short runs: the error of dA and dB is that of the per-element terms themselves (about
@@ -88,15 +88,19 @@ BLOCKS_PER_SM = {"forward": {4: 3, 8: 3}, "backward": {4: 2, 8: 2}}
 ITEMS_PER_STEP = {"forward": {4: 4, 8: 4}, "backward": {4: 5, 8: 3}}
 # - waves: how many whole waves of resident blocks the work is split into. More, smaller blocks shorten the
 #   tail in which the last blocks run alone: the fp32 forward goes from 0.348 ms at 1 wave to 0.314 at 32
-#   (93% of copy; 0.321 at 64, 0.335 at 128), the bf16 forward from 0.215 to 0.211 at 4. The backward's
-#   blocks each write a row of fp64 partials that a fixed-order pass combines, and one wave is fastest.
-WAVES = {"forward": {4: 32, 8: 4}, "backward": {4: 1, 8: 1}}
+#   (0.321 at 64, 0.335 at 128); the bf16 forward (4 items, 3 blocks) takes 0.189 / 0.181 / 0.175 / 0.180 ms
+#   at 2 / 4 / 8 / 16 waves. The backward's blocks each write a row of fp64 partials that a fixed-order pass
+#   combines, and one wave is fastest.
+WAVES = {"forward": {4: 32, 8: 8}, "backward": {4: 1, 8: 1}}
 
 
 def launch_shape(table: dict, pass_name: str, vec: int) -> int:
     """The tuned value of ``table`` for a pass and vector width (the nearest tuned width for others)."""
     entries = table[pass_name]
     return entries.get(vec, entries[min(entries, key=lambda v: abs(v - vec))])
+# Elements a lane sums in fp32 before folding the sums into its fp64 totals (a fold costs ~4 instructions per
+# coefficient: at 32 elements, 1.3 an element in bf16)
+RUN_ELEMENTS = 64
 _MIN_ITEMS_PER_BLOCK = 2048  # vectors per block, so that small inputs do not spread over idle blocks
 _MAX_TILE_WIDTH = 1024  # vectors of one group handled by one block side by side
 
@@ -251,7 +255,7 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
     V = vec
     UF = launch_shape(ITEMS_PER_STEP, "forward", vec)
     UB = launch_shape(ITEMS_PER_STEP, "backward", vec)
-    RUN = max(1, 32 // (vec * UB))  # steps (of UB items of V elements) summed in fp32 before the fp64 fold
+    RUN = max(1, RUN_ELEMENTS // (vec * UB))  # steps (of UB items of V elements) summed in fp32 per fp64 fold
     io_vec = wp.types.vector(length=V, dtype=io_scalar)
     # one 16-byte access per vector; I/O vector <-> arithmetic-type vector, pairwise for bf16/fp16 (see _common)
     load_vec, widen, store_vec = vector_io(io_vec)
