@@ -81,15 +81,16 @@ _TARGET_BLOCKS = 2048  # blocks wanted where the device does not say (the CPU)
 #   is not unrolled: this is what keeps bytes in flight);
 # - both are compiled into the kernel as __launch_bounds__(BLOCK_DIM, blocks per SM), so blocks per SM also
 #   sets the register budget per lane (2: 128, 3: 85, 4: 64). With the fp64 lane totals in shared memory
-#   and the loads kept together (see vector_io), 4 items at 3 blocks is the fastest forward for both
-#   widths (fp32 0.311, bf16 0.181 ms) and 5 (fp32) / 3 (bf16) items at 2 blocks the fastest backward
-#   (0.504 / 0.399 ms); at 3 blocks the backward loses more to its 85-register budget than it gains.
+#   and the loads kept together (see vector_io), the fastest forward runs 3 blocks of 4 (fp32, 0.311 ms) or
+#   5 (bf16, 0.172 ms at 8 waves; 4: 0.175, 8 items at 2 blocks: 0.186) items, and the fastest backward
+#   2 blocks of 5 (fp32) / 3 (bf16) items (0.504 / 0.399 ms); at 3 blocks the backward loses more to its
+#   85-register budget than it gains.
 BLOCKS_PER_SM = {"forward": {4: 3, 8: 3}, "backward": {4: 2, 8: 2}}
-ITEMS_PER_STEP = {"forward": {4: 4, 8: 4}, "backward": {4: 5, 8: 3}}
+ITEMS_PER_STEP = {"forward": {4: 4, 8: 5}, "backward": {4: 5, 8: 3}}
 # - waves: how many whole waves of resident blocks the work is split into. More, smaller blocks shorten the
 #   tail in which the last blocks run alone: the fp32 forward goes from 0.348 ms at 1 wave to 0.314 at 32
 #   (0.321 at 64, 0.335 at 128); the bf16 forward (4 items, 3 blocks) takes 0.189 / 0.181 / 0.175 / 0.180 ms
-#   at 2 / 4 / 8 / 16 waves. The backward's blocks each write a row of fp64 partials that a fixed-order pass
+#   at 2 / 4 / 8 / 16 waves (5 items: 0.179 / 0.172 / 0.181 at 6 / 8 / 12). The backward's blocks each write a row of fp64 partials that a fixed-order pass
 #   combines, and one wave is fastest.
 WAVES = {"forward": {4: 32, 8: 8}, "backward": {4: 1, 8: 1}}
 
