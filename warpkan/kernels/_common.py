@@ -109,7 +109,8 @@ _PACK_SAME = """wp::@SCALAR@* w = reinterpret_cast<wp::@SCALAR@*>(&bits);
     for (int i = 0; i < @V@; ++i)
         w[i] = v.c[i];"""
 
-_SCALAR_NAMES = {wp.float32: "float32", wp.float64: "float64", wp.float16: "float16", wp.bfloat16: "bfloat16"}
+# name of each floating-point scalar type an I/O array may hold
+IO_SCALAR_NAMES = {wp.float32: "float32", wp.float64: "float64", wp.float16: "float16", wp.bfloat16: "bfloat16"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -120,7 +121,7 @@ def vector_io(vector_type):
     (16-bit vectors: of even length); Warp's indexing and casts otherwise."""
     scalar = vector_type._wp_scalar_type_
     length = vector_type._length_
-    name = _SCALAR_NAMES.get(scalar)
+    name = IO_SCALAR_NAMES.get(scalar)
     arith = scalar if scalar in (wp.float32, wp.float64) else wp.float32
     arith_vector = wp.types.vector(length=length, dtype=arith)
     word = _WIDE_WORDS.get(wp.types.type_size_in_bytes(vector_type))
@@ -160,7 +161,8 @@ def vector_io(vector_type):
     load_fn = wp.func_native(_LOAD_SNIPPET.replace("@ADDRESS@", _DENSE_ADDRESS).replace("@WORD@", word)
                              .replace("@LOAD_PTX@", _LOAD_PTX[word]))(load)
     if narrowing:
-        widen_fn = wp.func_native(_WIDEN_SNIPPET.replace("@V@", str(length)).replace("@PAIR@", _WIDEN_PAIR[name]))(widen)
+        widen_snippet = _WIDEN_SNIPPET.replace("@V@", str(length)).replace("@PAIR@", _WIDEN_PAIR[name])
+        widen_fn = wp.func_native(widen_snippet)(widen)
     else:
         @wp.func
         def widen_fn(v: vector_type):

@@ -24,11 +24,12 @@ coefficients once. The layout (blocks, chunks, tiles) is a function of the shape
 
 Backward. One pass over ``x`` and ``dy``: each lane writes ``dx`` and keeps the ``m + 1 + n`` coefficient
 gradient sums of its items: short fp32 runs (RUN_ELEMENTS elements) folded into fp64 lane totals, which
-live in shared memory (a lane's own column), not in registers. The block reduces them with ``tile_sum`` (a tree) and writes one fp64 partial row per block; a combine pass sums
-the partials of each coefficient in a fixed order. So there is no global atomic at all, the coefficient
-gradients are bitwise reproducible whatever ``deterministic`` says, and the only fp32 rounding in a sum is
-that of the short runs: the error of dA and dB is that of the per-element terms themselves (about
-``sqrt(N C / G) eps``), not of an fp32 sum over ``N C / G`` terms.
+live in shared memory (a lane's own column), not in registers. The block reduces them with ``tile_sum`` (a
+tree) and writes one fp64 partial row per block; a combine pass sums the partials of each coefficient in a
+fixed order. So there is no global atomic at all, the coefficient gradients are bitwise reproducible
+whatever ``deterministic`` says, and the only fp32 rounding in a sum is that of the short runs: the error
+of dA and dB is that of the per-element terms themselves (about ``sqrt(N C / G) eps``), not of an fp32 sum
+over ``N C / G`` terms.
 
 Cost. The kernels are meant to run at HBM speed, so the common case is lean: for ``|x| <= T`` the value,
 the derivative and the gradient factors come from one set of powers of ``x`` with per-block constants
@@ -43,7 +44,7 @@ from dataclasses import dataclass
 
 import warp as wp
 
-from ._common import vector_io
+from ._common import IO_SCALAR_NAMES, vector_io
 
 __all__ = [
     "VARIANTS",
@@ -90,8 +91,8 @@ ITEMS_PER_STEP = {"forward": {4: 4, 8: 5}, "backward": {4: 5, 8: 3}}
 # - waves: how many whole waves of resident blocks the work is split into. More, smaller blocks shorten the
 #   tail in which the last blocks run alone: the fp32 forward goes from 0.348 ms at 1 wave to 0.314 at 32
 #   (0.321 at 64, 0.335 at 128); the bf16 forward (4 items, 3 blocks) takes 0.189 / 0.181 / 0.175 / 0.180 ms
-#   at 2 / 4 / 8 / 16 waves (5 items: 0.179 / 0.172 / 0.181 at 6 / 8 / 12). The backward's blocks each write a row of fp64 partials that a fixed-order pass
-#   combines, and one wave is fastest.
+#   at 2 / 4 / 8 / 16 waves (5 items: 0.179 / 0.172 / 0.181 at 6 / 8 / 12). The backward's blocks each
+#   write a row of fp64 partials that a fixed-order pass combines, and one wave is fastest.
 WAVES = {"forward": {4: 32, 8: 8}, "backward": {4: 1, 8: 1}}
 
 
@@ -99,6 +100,8 @@ def launch_shape(table: dict, pass_name: str, vec: int) -> int:
     """The tuned value of ``table`` for a pass and vector width (the nearest tuned width for others)."""
     entries = table[pass_name]
     return entries.get(vec, entries[min(entries, key=lambda v: abs(v - vec))])
+
+
 # Elements a lane sums in fp32 before folding the sums into its fp64 totals (a fold costs ~4 instructions per
 # coefficient: at 32 elements, 1.3 an element in bf16)
 RUN_ELEMENTS = 64
@@ -743,11 +746,8 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
 
 # ---------------------------------------------------------------------- launchers
 
-_WARP_IO_NAMES = {wp.float32: "float32", wp.float64: "float64", wp.float16: "float16", wp.bfloat16: "bfloat16"}
-
-
 def io_name_of(dtype) -> str:
-    name = _WARP_IO_NAMES.get(dtype)
+    name = IO_SCALAR_NAMES.get(dtype)
     if name is None:
         raise TypeError(f"x must be float32, float64, float16 or bfloat16, got {wp.types.type_repr(dtype)}")
     return name
