@@ -4,7 +4,7 @@
    launches) at several grid sizes, and the device-to-device copy rate (read + write bytes / time).
 2. Correctness of the tensor-core streaming path against the GEMM path (float16, bfloat16).
 3. Forward times from CUDA-graph replay: torch baseline, GEMM+gate, the streaming path as shipped and its
-   variants (unroll, reduction splits), and each of its four launches alone.
+   configurations (``CANDIDATES``: rows a warp, k a stage, stages), and each of its four launches alone.
 
     python scripts/geglu_tune.py [batches] [--quick]
 """
@@ -20,6 +20,15 @@ from warpkan.kernels import geglu as kg
 from warpkan.reference.geglu import torch_baseline
 from warpkan.torch_bridge import geglu_ffn
 from warpkan.torch_bridge._common import warp_stream
+
+
+# (m_tiles, k_chunk, stages) tried per batch capacity; each runs at the most warps per SM its ring allows
+CANDIDATES = {
+    1: [(1, 256, 3), (1, 128, 5), (2, 128, 4), (2, 256, 2)],
+    2: [(1, 128, 5), (2, 128, 3)],
+    4: [(2, 64, 5), (2, 128, 2), (4, 64, 3)],
+    8: [(2, 64, 3), (1, 64, 4)],
+}
 
 
 def graph_ms(fn, repeat=100):
@@ -72,9 +81,10 @@ def main():
     wp.config.quiet = True
 
     # compile the variants in parallel up front
-    jobs = []
-    variants = [kg.get_tc_variant("float16", nt, unroll) for nt in kg.TC_N_TILES for unroll in (1, 2)]
-    jobs += [(v.module, None) for v in variants] + [(v.module, 128) for v in variants]
+    sweep = {nt: [cfg + (kg.resident_warps_per_sm(nt, 90, cfg + (32,)),) for cfg in CANDIDATES[nt]]
+             for nt in kg.TC_N_TILES}
+    jobs = [(kg.get_tc_variant("float16", nt, cfg).module, None) for nt, cfgs in sweep.items() for cfg in cfgs]
+    jobs += [(kg.get_tc_variant(dt, nt).module, None) for dt in ("float16", "bfloat16") for nt in kg.TC_N_TILES]
     jobs.append((kg._probe_kernel().module, 256))
     jobs.append((kg.get_variant("float16").module, None))
 
@@ -128,21 +138,17 @@ def main():
             uv = torch.empty(batch, 2 * inter, device="cuda", dtype=dtype)
             h = torch.empty(batch, inter, device="cuda", dtype=dtype)
             out = torch.empty(batch, hidden, device="cuda", dtype=dtype)
-            n_split = batch <= 16
-            for unroll in (1, 2):
-                for target in (1024, 2048, 4096) if n_split else (2048,):
-                    su, sd = kg.tc_splits(hidden, inter, target)
-                    pu_old = torch.empty(su, batch, 2 * inter, device="cuda", dtype=torch.float32)
-                    pd_old = torch.empty(sd, batch, hidden, device="cuda", dtype=torch.float32)
-                    kg.TC_UNROLL = unroll
-                    cmds = kg.launch_tc_forward(
-                        *(wp.from_torch(t) for t in (x, w_uv)), None, wp.from_torch(w_o), None,
-                        *(wp.from_torch(t) for t in (uv, h, out, pu_old, pd_old)), "gelu", record=True)
-                    kg.TC_UNROLL = 2
-                    rows.append((f"4-launch u{unroll} splits={su},{sd}", graph_ms(replay(cmds, device))))
-                    if unroll == 2 and target == 2048:
-                        for i, part in enumerate(("up", "gate combine", "down", "out combine")):
-                            rows.append((f"  {part} alone", graph_ms(replay(cmds[i:i + 1], device))))
+            for cfg in sweep[kg.tc_n_tiles(batch)]:
+                plan_up, plan_down = kg.tc_plans(hidden, inter, batch, sm, 90, cfg)
+                partial_up = torch.empty(plan_up.slots, batch, 2 * inter, device="cuda", dtype=torch.float32)
+                partial_down = torch.empty(plan_down.slots, batch, hidden, device="cuda", dtype=torch.float32)
+                cmds = kg.launch_tc_forward(
+                    *(wp.from_torch(t) for t in (x, w_uv)), None, wp.from_torch(w_o), None,
+                    *(wp.from_torch(t) for t in (uv, h, out, partial_up, partial_down)), "gelu", record=True,
+                    config=cfg)
+                rows.append((f"4 launches, config {cfg}", graph_ms(replay(cmds, device))))
+                for i, part in enumerate(("up", "gate combine", "down", "out combine")):
+                    rows.append((f"  {part} alone", graph_ms(replay(cmds[i:i + 1], device))))
         for name, ms in rows:
             print(f"{batch:>4} {name:<44} {ms:9.4f} {weight_bytes / ms / 1e6:6.0f}", flush=True)
     print(f"total {time.time() - t0:.1f} s")

@@ -287,12 +287,35 @@ def test_cached_launches_follow_the_arguments(device):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("rows", [5, 13, 40])
-def test_tensor_core_streaming_path(device, dtype, rows):
-    """float16/bfloat16 with hidden and inter multiples of 64 take the tensor-core streaming kernels (one
-    batch capacity per row count here); forward and gradients against the float64 reference."""
-    tensors = _tensors(rows, dtype, device, seed=rows, hidden=64, inter=128)
+@pytest.mark.parametrize("rows", [1, 5, 13, 40, 64])
+@pytest.mark.parametrize("hidden, inter", [(64, 128), (72, 136)])
+def test_tensor_core_streaming_path(device, dtype, rows, hidden, inter):
+    """float16/bfloat16 with hidden and inter multiples of 8 take the tensor-core streaming kernels (every
+    batch capacity here). 72/136 leaves a partial row group in both projections and a partial k chunk
+    (zero-filled copies); several warps share each group, so the combine adds several slots. Forward and
+    gradients against the float64 reference."""
+    tensors = _tensors(rows, dtype, device, seed=rows, hidden=hidden, inter=inter)
     ours, ref = _run(tensors, "gelu", 64)
     tol = TOLERANCE[(dtype, "gelu")]
     for name, a, b in zip(("out", "dx", "d_w_uv", "d_b_uv", "d_w_o", "d_b_o"), ours, ref):
         assert _rel_error(a, b) <= tol, f"{name}: {_rel_error(a, b):.3g} > {tol:.3g}"
+
+
+@pytest.mark.parametrize("n_tiles", [1, 2, 4, 8])
+@pytest.mark.parametrize("sm_count, arch", [(1, 0), (7, 80), (132, 90)])
+def test_stream_plan_shares_every_item_once(n_tiles, sm_count, arch):
+    """The streaming split: warps take equal contiguous runs of the (row group, k chunk) items, and the slot
+    count covers the most warps that share a group (what the partial buffers are sized from)."""
+    from warpkan.kernels import geglu as kg
+
+    for rows, k in ((24576, 4096), (4096, 12288), (272, 72), (16, 8)):
+        plan = kg.stream_plan(rows, k, n_tiles, sm_count, arch)
+        total = plan.n_groups * plan.n_chunks
+        runs = [(w * total // plan.n_warps, (w + 1) * total // plan.n_warps) for w in range(plan.n_warps)]
+        assert runs[0][0] == 0 and runs[-1][1] == total
+        assert all(a[1] == b[0] for a, b in zip(runs, runs[1:]))
+        assert max(e - b for b, e in runs) - min(e - b for b, e in runs) <= 1
+        sharing = [sum(1 for b, e in runs if b < (gr + 1) * plan.n_chunks and e > gr * plan.n_chunks)
+                   for gr in range(plan.n_groups)]
+        assert plan.slots == max(sharing)
+        assert plan.n_warps <= sm_count * kg.resident_warps_per_sm(n_tiles, arch)

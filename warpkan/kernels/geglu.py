@@ -56,11 +56,16 @@ __all__ = [
     "launch_activation_backward",
     "launch_small_forward",
     "TC_MAX_ROWS",
+    "TC_CONFIG",
     "TensorCoreVariant",
+    "StreamPlan",
     "get_tc_variant",
+    "stream_plan",
     "tc_eligible",
     "tc_n_tiles",
-    "tc_splits",
+    "tc_plans",
+    "device_shape",
+    "resident_warps_per_sm",
     "launch_tc_forward",
     "launch_read_probe",
 ]
@@ -500,34 +505,126 @@ def launch_small_forward(
 #
 # At small batch the layer reads 3 * hidden * inter weights and does 2 * batch FLOPs per weight: plain
 # float32 FMAs stop keeping up with HBM from about 8 rows on, so the streaming kernels multiply on the
-# tensor cores (mma.sync m16n8k16, float16/bfloat16 in, float32 accumulation) and are then bound by the
-# weight reads alone. Warp has no mma builtin, so the inner loop is a native snippet (``wp.func_native``);
-# the CPU (and pre-sm_80 GPUs) run a plain loop in the same snippet that computes exactly the values the
-# lane would hold, so the kernels, their indexing and their outputs are the same everywhere.
+# tensor cores (mma.sync m16n8k16, float16/bfloat16 in, float32 accumulation) and are bound by the weight
+# reads alone. Warp has no mma or cp.async builtin, so the inner loop is a native snippet
+# (``wp.func_native``); the CPU (and pre-sm_80 GPUs) run a plain loop in the same snippet that computes
+# exactly the sums the lane would hold, so the kernels, their indexing and their outputs are the same
+# everywhere.
 #
-# One warp owns TC_ROW_TILE rows of each of two weight tiles (the u rows j and the v rows inter + j in the
-# first projection, 32 consecutive output rows in the second) and one slice of the reduction dimension.
-# mma's A fragment wants, per lane, elements (row g, k 2t..2t+1) and (row g, k 2t+8..2t+9); a sum over k
-# may take the k in any order, so lane (g, t) instead reads 32 contiguous bytes of rows g and g + 8 (two
-# 16-byte loads each) per 64-k block and feeds them to four mma steps. x (or h) is read the same way, so
-# A and B agree on the order. Each warp writes its float32 partial sums to partial[split, row, col]; a
-# fixed-order combine kernel adds the splits and applies the epilogue (bias and gate for the first
+# How the weights are read decides the speed (H200, fp16, measured with ncu):
+# - registers loaded straight in mma's fragment order read 8 rows x 64 bytes per instruction. Spread over
+#   whole 128-byte lines (every sector half used, the other half fetched again by the next instruction) they
+#   ran at 3.7 TB/s; packed into 64 contiguous bytes per row they fell to 2.5 TB/s (DRAM read at 51% of
+#   peak): HBM wants long runs of one row, not many short pieces of many rows.
+# - so each warp copies whole rows of its tile into shared memory with ``cp.async`` (one 512-byte row
+#   piece per instruction, nothing in registers while in flight, ``STAGES`` chunks ahead), and reads mma's
+#   fragments back with 16-byte shared loads. The batch rows (x or h) ride in the same stages.
+#
+# A sum over k may take the k in any order, and lane (g, t) of an mma step holds, in A, the k-pairs t and
+# t + 4 of rows g and g + 8 and, in B, the same k-pairs of batch row g. So lane (g, t) reads the 16-byte
+# unit t of each 32-k block of rows g and g + 8 (k 8t .. 8t + 7) and of its batch row, and feeds them to two
+# mma steps; A and B agree on the order. Units are stored XOR-swizzled by row parity, so a phase of 8 lanes
+# (two rows, four units each) hits 32 distinct banks.
+#
+# Work split. The (row group of 16 * m_tiles weight rows, k chunk) items of a projection are laid out group
+# by group, and each of exactly ``n_warps`` resident warps (one wave, a warp per block) takes an equal
+# contiguous run of them: no tail of half-empty waves, and the copy pipeline runs on across group
+# boundaries. When a warp leaves a group it writes its float32 partial sums to
+# ``partial[slot, batch row, weight row]``, slot = its rank among the warps that share the group. A
+# fixed-order combine kernel adds a row's slots and applies the epilogue (bias and gate for the first
 # projection, bias and the cast for the second): bitwise reproducible.
 
-TC_K_BLOCK = 64
-TC_ROW_TILE = 16
 TC_MAX_ROWS = 64
 TC_IO = ("float16", "bfloat16")
-TC_TARGET_WARPS = 2048  # warps per projection wanted in flight; the reduction is split until there are
 TC_N_TILES = (1, 2, 4, 8)  # batch capacities of 8, 16, 32, 64 rows
-TC_UNROLL = 2  # 64-k blocks per unrolled step of the reduction loop (more weight loads in flight)
+TC_UNIT = 8  # k per 16-byte unit: hidden and inter must be multiples of it
+# per batch capacity (n_tiles): (m_tiles: weight rows per warp / 16, k_chunk: k per pipeline stage, stages,
+# resident warps per SM).
+# resident warps per SM). Swept on the H200 with scripts/geglu_tune.py; within 1-2% of each other at 8 rows.
+TC_CONFIG = {
+    1: (2, 128, 4, 4),
+    2: (2, 128, 3, 6),
+    4: (2, 128, 2, 6),
+    8: (2, 64, 3, 6),
+}
+# bytes of static shared memory the copy ring may take: a block may declare 48 KiB, and Warp's kernels
+# declare 1 KiB of their own
+_SMEM_STATIC_LIMIT = 47 * 1024
+# shared memory of an SM by compute capability (the CUDA occupancy tables), and what the driver keeps per
+# block: the one-wave grid must fit, or a second wave of warps would run after the first
+_SMEM_PER_SM = {90: 233472, 80: 167936, 87: 167936}
+_SMEM_PER_SM_OTHER = 102400
+_SMEM_RESERVED_PER_BLOCK = 1024
 
 _TC_SNIPPET = """
+    constexpr int MT = @MT@;
+    constexpr int NT = @NT@;
+    constexpr int KC = @KC@;
+    constexpr int S = @STAGES@;
+    constexpr int R = 16 * MT;          // weight rows of a group
+    constexpr int XR = 8 * NT;          // batch rows held
+    constexpr int CPR = KC / 8;         // 16-byte units per row of a chunk
+    constexpr int STAGE_UNITS = (R + XR) * CPR;
     const int g = lane >> 2;
     const int t = lane & 3;
-    const int MT = 2;
-    const int NT = @NT@;
+    const int K = x.shape[1];
+    const int w_rows = w.shape[0];
+    const long long total = (long long)n_groups * n_chunks;
+    const long long begin = (long long)warp * total / n_warps;
+    const long long end = (long long)(warp + 1) * total / n_warps;
+    if (begin >= end) return;
+    // the rank of this warp among those sharing group grp: the owner of the group's first item is slot 0
+    #define TC_SLOT(grp) (warp - (int)((((long long)(grp) * n_chunks + 1) * n_warps - 1) / total))
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+    // Every address below is a lane constant plus a compile-time offset, moved on by one add a stage:
+    // the copies are issue-bound otherwise (the first version, which decoded each unit's row and column
+    // with divisions, issued ~8x the instructions and streamed at 2.5 TB/s).
+    constexpr int RPI = 32 / CPR;            // rows per copy instruction (the warp copies 512 bytes)
+    constexpr int W_COPIES = R / RPI;
+    constexpr int X_COPIES = XR / RPI;
+    constexpr int STAGE_BYTES = STAGE_UNITS * 16;
+    __shared__ __align__(128) uint4 ring[S * STAGE_UNITS];
+    unsigned int ring_base;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(ring_base) : "l"(ring));
+    const int c = lane % CPR;                // this lane's 16-byte unit within a row's chunk
+    const int rl = lane / CPR;               // and its row within each copy instruction
+    // stored unit of (row r, unit c): c ^ 4 on odd rows; copy j writes row j * RPI + rl
+    const unsigned int dst_same = ring_base + 16u * (rl * CPR + (c ^ ((rl & 1) << 2)));
+    const unsigned int dst_flip = ring_base + 16u * (rl * CPR + (c ^ ((~rl & 1) << 2)));
+    const long long w_stride = w.strides[0];
+    const long long x_stride = x.strides[0];
+    const char* x_lane = (const char*)x.data + rl * x_stride + 16 * c;
+    long long item_i = begin;
+    int grp_i = (int)(begin / n_chunks);
+    int chunk_i = (int)(begin - (long long)grp_i * n_chunks);
+    const char* w_lane = (const char*)w.data + ((long long)grp_i * R + rl) * w_stride + 16 * c;
+    auto issue = [&](int slot) {
+        const long long k_bytes = 2LL * chunk_i * KC;
+        const bool k_ok = chunk_i * KC + 8 * c < K;
+        const int rows_left = w_rows - grp_i * R - rl;
+        const unsigned int stage_dst = slot * STAGE_BYTES;
+        #pragma unroll
+        for (int j = 0; j < W_COPIES; ++j) {
+            const bool ok = k_ok && j * RPI < rows_left;
+            const char* src = ok ? w_lane + k_bytes + j * RPI * w_stride : (const char*)w.data;
+            const unsigned int dst = ((RPI & 1) && (j & 1) ? dst_flip : dst_same) + stage_dst + 16u * j * RPI * CPR;
+            asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(ok ? 16 : 0));
+        }
+        #pragma unroll
+        for (int j = 0; j < X_COPIES; ++j) {
+            const int r = R + j * RPI;
+            const bool ok = k_ok && j * RPI + rl < n_rows;
+            const char* src = ok ? x_lane + k_bytes + j * RPI * x_stride : (const char*)x.data;
+            const unsigned int dst = ((RPI & 1) && (r & 1) ? dst_flip : dst_same) + stage_dst + 16u * r * CPR;
+            asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(ok ? 16 : 0));
+        }
+        ++item_i;
+        if (++chunk_i == n_chunks) {
+            chunk_i = 0;
+            ++grp_i;
+            w_lane += R * w_stride;
+        }
+    };
     float acc[MT][NT][4];
     #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -535,76 +632,95 @@ _TC_SNIPPET = """
         for (int nt = 0; nt < NT; ++nt)
             #pragma unroll
             for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
-    const char* wrow[MT][2];
-    #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-        #pragma unroll
-        for (int h = 0; h < 2; ++h)
-            wrow[mt][h] = (const char*)w.data + (long long)(row0 + mt * row_step + g + 8 * h) * w.strides[0];
-    const char* xrow[NT];
-    #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-        int r = nt * 8 + g;
-        r = r < n_rows ? r : n_rows - 1;  // rows past the batch only feed output columns that are dropped
-        xrow[nt] = (const char*)x.data + (long long)r * x.strides[0];
-    }
-    #pragma unroll @UNROLL@
-    for (int k = k_begin + 16 * t; k < k_end; k += 64) {
-        unsigned int wa[MT][2][8];
-        unsigned int xb[NT][8];
+    auto flush = [&](int grp) {
+        const int slot = TC_SLOT(grp);
         #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
             #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const char* p = wrow[mt][h] + 2 * (long long)k;
-                asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                    : "=r"(wa[mt][h][0]), "=r"(wa[mt][h][1]), "=r"(wa[mt][h][2]), "=r"(wa[mt][h][3]) : "l"(p));
-                asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                    : "=r"(wa[mt][h][4]), "=r"(wa[mt][h][5]), "=r"(wa[mt][h][6]), "=r"(wa[mt][h][7]) : "l"(p + 16));
-            }
+            for (int nt = 0; nt < NT; ++nt)
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int n = nt * 8 + 2 * t + (e & 1);
+                    const int row = grp * R + mt * 16 + g + 8 * (e >> 1);
+                    if (n < n_rows && row < w_rows) *wp::address(partial, slot, n, row) = acc[mt][nt][e];
+                    acc[mt][nt][e] = 0.0f;
+                }
+    };
+    #pragma unroll
+    for (int i = 0; i < S - 1; ++i) {
+        if (item_i < end) issue(i);
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+    // fragment reads: rows g (+ 8, + 16 mt) and batch rows g (+ 8 nt) all have the parity p of g, so unit
+    // 4 kb + t sits at 4 (kb ^ p) + t: 4 kb + 4 p for even kb, 4 kb - 4 p for odd
+    const uint4* frag_even = ring + g * CPR + t + ((g & 1) << 2);
+    const uint4* frag_odd = ring + g * CPR + t - ((g & 1) << 2);
+    int grp_c = (int)(begin / n_chunks);
+    int chunk_c = (int)(begin - (long long)grp_c * n_chunks);
+    int slot = 0;
+    for (long long item = begin; item < end; ++item) {
+        if (item_i < end) issue(slot == 0 ? S - 1 : slot - 1);  // refill the stage read in the previous step
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        asm volatile("cp.async.wait_group %0;" :: "n"(S - 1) : "memory");
+        __syncwarp();
         #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            const char* p = xrow[nt] + 2 * (long long)k;
-            asm("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
-                : "=r"(xb[nt][0]), "=r"(xb[nt][1]), "=r"(xb[nt][2]), "=r"(xb[nt][3]) : "l"(p));
-            asm("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
-                : "=r"(xb[nt][4]), "=r"(xb[nt][5]), "=r"(xb[nt][6]), "=r"(xb[nt][7]) : "l"(p + 16));
-        }
-        #pragma unroll
-        for (int s = 0; s < 4; ++s)
+        for (int kb = 0; kb < KC / 32; ++kb) {
+            const uint4* stage = (kb & 1 ? frag_odd : frag_even) + slot * STAGE_UNITS;
+            uint4 a[MT][2];
+            uint4 b[NT];
             #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
                 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
+                for (int h = 0; h < 2; ++h) a[mt][h] = stage[(mt * 16 + 8 * h) * CPR + 4 * kb];
+            #pragma unroll
+            for (int nt = 0; nt < NT; ++nt) b[nt] = stage[(R + nt * 8) * CPR + 4 * kb];
+            #pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+                #pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
                     asm("mma.sync.aligned.m16n8k16.row.col.f32.@MMA@.@MMA@.f32 "
                         "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                         : "+f"(acc[mt][nt][0]), "+f"(acc[mt][nt][1]), "+f"(acc[mt][nt][2]), "+f"(acc[mt][nt][3])
-                        : "r"(wa[mt][0][2 * s]), "r"(wa[mt][1][2 * s]), "r"(wa[mt][0][2 * s + 1]),
-                          "r"(wa[mt][1][2 * s + 1]), "r"(xb[nt][2 * s]), "r"(xb[nt][2 * s + 1]));
+                        : "r"(a[mt][0].x), "r"(a[mt][1].x), "r"(a[mt][0].y), "r"(a[mt][1].y), "r"(b[nt].x), "r"(b[nt].y));
+                    asm("mma.sync.aligned.m16n8k16.row.col.f32.@MMA@.@MMA@.f32 "
+                        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                        : "+f"(acc[mt][nt][0]), "+f"(acc[mt][nt][1]), "+f"(acc[mt][nt][2]), "+f"(acc[mt][nt][3])
+                        : "r"(a[mt][0].z), "r"(a[mt][1].z), "r"(a[mt][0].w), "r"(a[mt][1].w), "r"(b[nt].z), "r"(b[nt].w));
+                }
+        }
+        __syncwarp();
+        slot = slot == S - 1 ? 0 : slot + 1;
+        if (++chunk_c == n_chunks) {
+            flush(grp_c);
+            chunk_c = 0;
+            ++grp_c;
+        }
     }
-    #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-        #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-            #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int n = nt * 8 + 2 * t + (e & 1);
-                if (n < n_rows)
-                    *wp::address(partial, split, n, row0 + mt * row_step + g + 8 * (e >> 1)) = acc[mt][nt][e];
-            }
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    if (chunk_c != 0) flush(grp_c);
 #else
-    for (int mt = 0; mt < MT; ++mt)
-        for (int nt = 0; nt < NT; ++nt)
-            for (int e = 0; e < 4; ++e) {
-                const int n = nt * 8 + 2 * t + (e & 1);
-                const int row = row0 + mt * row_step + g + 8 * (e >> 1);
-                if (n >= n_rows) continue;
-                float total = 0.0f;
-                for (int k = k_begin; k < k_end; ++k)
-                    total += float(*wp::address(w, row, k)) * float(*wp::address(x, n, k));
-                *wp::address(partial, split, n, row) = total;
-            }
+    // the same items, sums and slots, one output at a time
+    for (int grp = (int)(begin / n_chunks); (long long)grp * n_chunks < end; ++grp) {
+        const long long first = (long long)grp * n_chunks > begin ? (long long)grp * n_chunks : begin;
+        const long long last = (long long)(grp + 1) * n_chunks < end ? (long long)(grp + 1) * n_chunks : end;
+        const int k_begin = (int)(first - (long long)grp * n_chunks) * KC;
+        int k_end = (int)(last - (long long)grp * n_chunks) * KC;
+        k_end = k_end < K ? k_end : K;
+        const int slot = TC_SLOT(grp);
+        for (int mt = 0; mt < MT; ++mt)
+            for (int nt = 0; nt < NT; ++nt)
+                for (int e = 0; e < 4; ++e) {
+                    const int n = nt * 8 + 2 * t + (e & 1);
+                    const int row = grp * R + mt * 16 + g + 8 * (e >> 1);
+                    if (n >= n_rows || row >= w_rows) continue;
+                    float sum = 0.0f;
+                    for (int k = k_begin; k < k_end; ++k)
+                        sum += float(*wp::address(w, row, k)) * float(*wp::address(x, n, k));
+                    *wp::address(partial, slot, n, row) = sum;
+                }
+    }
 #endif
+    #undef TC_SLOT
 """
 
 
@@ -614,10 +730,27 @@ class TensorCoreVariant:
 
     io_name: str
     n_tiles: int
+    m_tiles: int
+    k_chunk: int
+    stages: int
     projection: wp.Kernel
     gate_combine: wp.Kernel
     out_combine: wp.Kernel
     module: str
+
+    @property
+    def group_rows(self) -> int:
+        return 16 * self.m_tiles
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """How one projection's (row group, k chunk) items are shared among ``n_warps`` warps."""
+
+    n_groups: int
+    n_chunks: int
+    n_warps: int
+    slots: int  # the most warps that share one group: the first dimension of its partial buffer
 
 
 def tc_n_tiles(n_rows: int) -> int:
@@ -636,72 +769,108 @@ def tc_eligible(io_name: str, n_rows: int, n_hidden: int, n_inter: int) -> bool:
         and 1 <= n_rows <= TC_MAX_ROWS
         and n_hidden > 0
         and n_inter > 0
-        and n_hidden % TC_K_BLOCK == 0
-        and n_inter % TC_K_BLOCK == 0
+        and n_hidden % TC_UNIT == 0
+        and n_inter % TC_UNIT == 0
     )
 
 
-def tc_splits(n_hidden: int, n_inter: int, target_warps: int = 0) -> tuple:
-    """(splits of the first projection's reduction, splits of the second's): enough warps to keep the
-    weight reads in flight, whole 64-k blocks per split."""
-    target = target_warps or TC_TARGET_WARPS
+def _stage_bytes(n_tiles: int, m_tiles: int, k_chunk: int) -> int:
+    return (16 * m_tiles + 8 * n_tiles) * k_chunk * 2
 
-    def splits(groups: int, k: int) -> int:
-        blocks = k // TC_K_BLOCK
-        wanted = min(blocks, max(1, -(-target // groups)))
-        per = -(-blocks // wanted)
-        return -(-blocks // per)  # no empty split
 
-    return splits(n_inter // TC_ROW_TILE, n_hidden), splits(n_hidden // (2 * TC_ROW_TILE), n_inter)
+def _owner(item: int, n_warps: int, total: int) -> int:
+    """The warp whose run of items holds ``item`` (runs: [w * total // n_warps, (w + 1) * total // n_warps))."""
+    return ((item + 1) * n_warps - 1) // total
+
+
+def resident_warps_per_sm(n_tiles: int, arch: int, config: tuple | None = None) -> int:
+    """Warps of the streaming kernel an SM of compute capability ``arch`` (e.g. 90) holds at once: the
+    configured count, capped by shared memory (one warp a block, each with its copy ring)."""
+    m_tiles, k_chunk, stages, warps_per_sm = config or TC_CONFIG[n_tiles]
+    ring = stages * _stage_bytes(n_tiles, m_tiles, k_chunk) + 1024  # + the 1 KiB Warp declares
+    fit = _SMEM_PER_SM.get(arch, _SMEM_PER_SM_OTHER) // (ring + _SMEM_RESERVED_PER_BLOCK)
+    return max(1, min(warps_per_sm, fit))
 
 
 @functools.lru_cache(maxsize=None)
-def get_tc_variant(io_name: str, n_tiles: int, unroll: int = 0) -> TensorCoreVariant:
+def stream_plan(n_weight_rows: int, k: int, n_tiles: int, sm_count: int, arch: int = 90, config: tuple | None = None) -> StreamPlan:
+    """The split of one projection (``n_weight_rows`` x ``k`` weights) for a batch capacity of ``n_tiles``
+    8-row tiles on a device of ``sm_count`` SMs of compute capability ``arch``."""
+    m_tiles, k_chunk, _stages, _warps_per_sm = config or TC_CONFIG[n_tiles]
+    rows = 16 * m_tiles
+    n_groups = -(-n_weight_rows // rows)
+    n_chunks = -(-k // k_chunk)
+    total = n_groups * n_chunks
+    n_warps = max(1, min(total, sm_count * resident_warps_per_sm(n_tiles, arch, config)))
+    slots = max(_owner(gr * n_chunks + n_chunks - 1, n_warps, total) - _owner(gr * n_chunks, n_warps, total) + 1
+                for gr in range(n_groups))
+    return StreamPlan(n_groups, n_chunks, n_warps, slots)
+
+
+def tc_plans(n_hidden: int, n_inter: int, n_rows: int, sm_count: int, arch: int, config: tuple | None = None) -> tuple:
+    """(plan of the first projection, plan of the second) for ``n_rows`` batch rows on a device of
+    ``sm_count`` SMs of compute capability ``arch`` (sm_count 1 for the CPU)."""
+    n_tiles = tc_n_tiles(n_rows)
+    return (
+        stream_plan(2 * n_inter, n_hidden, n_tiles, sm_count, arch, config),
+        stream_plan(n_hidden, n_inter, n_tiles, sm_count, arch, config),
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def get_tc_variant(io_name: str, n_tiles: int, config: tuple | None = None) -> TensorCoreVariant:
     if io_name not in TC_IO:
         raise TypeError(f"the tensor-core path takes float16 or bfloat16, got {io_name}")
     if n_tiles not in TC_N_TILES:
         raise ValueError(f"n_tiles must be one of {TC_N_TILES}, got {n_tiles}")
+    m_tiles, k_chunk, stages, _warps_per_sm = config or TC_CONFIG[n_tiles]
+    if k_chunk % 64 or stages < 2 or stages * _stage_bytes(n_tiles, m_tiles, k_chunk) > _SMEM_STATIC_LIMIT:
+        raise ValueError(f"no such streaming configuration: {(m_tiles, k_chunk, stages)} for {n_tiles} tiles")
     io = _io_scalar(io_name)
     gate, _ = _gate_funcs("float32")
-    unroll = unroll or TC_UNROLL
-    module = f"warpkan_geglu_tc{n_tiles}_u{unroll}_{io_name}"
+    module = f"warpkan_geglu_tc{n_tiles}_{m_tiles}x{k_chunk}x{stages}_{io_name}"
     kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
-    snippet = _TC_SNIPPET.replace("@NT@", str(n_tiles)).replace("@UNROLL@", str(unroll)).replace("@MMA@", "f16" if io_name == "float16" else "bf16")
+    snippet = (
+        _TC_SNIPPET.replace("@MT@", str(m_tiles)).replace("@NT@", str(n_tiles)).replace("@KC@", str(k_chunk))
+        .replace("@STAGES@", str(stages)).replace("@MMA@", "f16" if io_name == "float16" else "bf16")
+    )
+
+    GROUP_ROWS = 16 * m_tiles
 
     @wp.func_native(snippet)
-    def warp_tile_product(
+    def stream_items(
         w: wp.array2d(dtype=io),
         x: wp.array2d(dtype=io),
         partial: wp.array3d(dtype=wp.float32),
-        row0: int,
-        row_step: int,
         n_rows: int,
-        k_begin: int,
-        k_end: int,
-        split: int,
+        n_groups: int,
+        n_chunks: int,
+        n_warps: int,
+        warp: int,
         lane: int,
     ): ...
+
+    @wp.func
+    def slot_count(row: int, group_rows: int, n_chunks: int, n_warps: int, total: wp.int64):
+        """How many warps wrote partial sums of weight row ``row`` (see TC_SLOT in the snippet)."""
+        first = wp.int64(row // group_rows) * wp.int64(n_chunks)
+        last = first + wp.int64(n_chunks - 1)
+        nw = wp.int64(n_warps)
+        one = wp.int64(1)
+        return int(((last + one) * nw - one) // total - ((first + one) * nw - one) // total) + 1
 
     @kernel
     def projection(
         x: wp.array2d(dtype=io),
         w: wp.array2d(dtype=io),
         n_rows: int,
-        group_rows: int,
-        row_step: int,
         n_groups: int,
-        k_per_split: int,
+        n_chunks: int,
+        n_warps: int,
         partial: wp.array3d(dtype=wp.float32),
     ):
-        # consecutive warps share a reduction slice (so its x stays in L1) and take consecutive row groups
         tid = wp.tid()
-        lane = tid % 32
-        warp = tid // 32
-        split = warp // n_groups
-        group = warp - split * n_groups
-        k_begin = split * k_per_split
-        k_end = wp.min(k_begin + k_per_split, x.shape[1])
-        warp_tile_product(w, x, partial, group * group_rows, row_step, n_rows, k_begin, k_end, split, lane)
+        stream_items(w, x, partial, n_rows, n_groups, n_chunks, n_warps, tid // 32, tid % 32)
 
     @kernel
     def gate_combine(
@@ -709,6 +878,9 @@ def get_tc_variant(io_name: str, n_tiles: int, unroll: int = 0) -> TensorCoreVar
         b_uv: wp.array1d(dtype=io),
         use_bias: int,
         code: int,
+        n_chunks: int,
+        n_warps: int,
+        total: wp.int64,
         uv: wp.array2d(dtype=io),
         h: wp.array2d(dtype=io),
     ):
@@ -716,8 +888,9 @@ def get_tc_variant(io_name: str, n_tiles: int, unroll: int = 0) -> TensorCoreVar
         n_inter = h.shape[1]
         u = float(0.0)
         v = float(0.0)
-        for s in range(partial.shape[0]):
+        for s in range(slot_count(j, GROUP_ROWS, n_chunks, n_warps, total)):
             u += partial[s, m, j]
+        for s in range(slot_count(n_inter + j, GROUP_ROWS, n_chunks, n_warps, total)):
             v += partial[s, m, n_inter + j]
         if use_bias:
             u += float(b_uv[j])
@@ -728,17 +901,30 @@ def get_tc_variant(io_name: str, n_tiles: int, unroll: int = 0) -> TensorCoreVar
 
     @kernel
     def out_combine(
-        partial: wp.array3d(dtype=wp.float32), b_o: wp.array1d(dtype=io), use_bias: int, out: wp.array2d(dtype=io)
+        partial: wp.array3d(dtype=wp.float32),
+        b_o: wp.array1d(dtype=io),
+        use_bias: int,
+        n_chunks: int,
+        n_warps: int,
+        total: wp.int64,
+        out: wp.array2d(dtype=io),
     ):
         m, o = wp.tid()
         y = float(0.0)
-        for s in range(partial.shape[0]):
+        for s in range(slot_count(o, GROUP_ROWS, n_chunks, n_warps, total)):
             y += partial[s, m, o]
         if use_bias:
             y += float(b_o[o])
         out[m, o] = io(y)
 
-    return TensorCoreVariant(io_name, n_tiles, projection, gate_combine, out_combine, module)
+    return TensorCoreVariant(
+        io_name, n_tiles, m_tiles, k_chunk, stages, projection, gate_combine, out_combine, module
+    )
+
+
+def device_shape(device) -> tuple:
+    """(SM count, compute capability as e.g. 90) of a Warp device; (1, 0) for the CPU."""
+    return (device.sm_count, device.arch) if device.is_cuda else (1, 0)
 
 
 def launch_tc_forward(
@@ -755,11 +941,12 @@ def launch_tc_forward(
     activation: str,
     stream: "wp.Stream | None" = None,
     record: bool = False,
+    config: tuple | None = None,
 ):
     """The whole layer by tensor-core weight streaming (see :func:`tc_eligible`): writes uv, h and out.
-    ``partial_up`` [splits, N, 2 inter] and ``partial_down`` [splits, N, hidden] are float32 scratch whose
-    first dimensions set the reduction splits (:func:`tc_splits`). x, w_uv and w_o must be 16-byte aligned
-    with row strides that are multiples of 16 bytes."""
+    ``partial_up`` [slots, N, 2 inter] and ``partial_down`` [slots, N, hidden] are float32 scratch with the
+    slots of :func:`tc_plans`. x, w_uv, w_o and h must be contiguous and 16-byte aligned. ``config``
+    overrides ``TC_CONFIG`` (for tuning)."""
     io_name = _io_name(x)
     n_rows, n_hidden = x.shape
     n_inter = w_o.shape[1]
@@ -774,39 +961,44 @@ def launch_tc_forward(
     _check("uv", uv, (n_rows, 2 * n_inter), io_name)
     _check("h", h, (n_rows, n_inter), io_name)
     _check("out", out, (n_rows, n_hidden), io_name)
-    split_up, split_down = partial_up.shape[0], partial_down.shape[0]
-    _check("partial_up", partial_up, (split_up, n_rows, 2 * n_inter), "float32")
-    _check("partial_down", partial_down, (split_down, n_rows, n_hidden), "float32")
     for name, a in (("x", x), ("w_uv", w_uv), ("w_o", w_o), ("h", h)):
-        if a.ptr % 16 or a.strides[0] % 16 or not a.is_contiguous:
-            raise ValueError(f"{name} must be 16-byte aligned for the tensor-core path")
-    variant = get_tc_variant(io_name, tc_n_tiles(n_rows), TC_UNROLL)
+        if a.ptr % 16 or not a.is_contiguous:
+            raise ValueError(f"{name} must be contiguous and 16-byte aligned for the tensor-core path")
     device = x.device
+    n_tiles = tc_n_tiles(n_rows)
+    plan_up, plan_down = tc_plans(n_hidden, n_inter, n_rows, *device_shape(device), config)
+    _check("partial_up", partial_up, (plan_up.slots, n_rows, 2 * n_inter), "float32")
+    _check("partial_down", partial_down, (plan_down.slots, n_rows, n_hidden), "float32")
+    variant = get_tc_variant(io_name, n_tiles, config)
     code = activation_code(activation)
     b_uv_arg = b_uv if b_uv is not None else _empty_vector(io_name, device)
     b_o_arg = b_o if b_o is not None else _empty_vector(io_name, device)
     common = {"device": device, "stream": stream, "record_tape": False, "record_cmd": record}
-    cmds = []
 
-    def projection(act, weight, group_rows, row_step, n_groups, splits, partial):
-        k_blocks = act.shape[1] // TC_K_BLOCK
-        k_per_split = -(-k_blocks // splits) * TC_K_BLOCK
-        cmds.append(wp.launch(
-            variant.projection, dim=n_groups * splits * 32,
-            inputs=[act, weight, n_rows, group_rows, row_step, n_groups, k_per_split], outputs=[partial],
-            block_dim=128, **common,
-        ))
+    def projection(act, weight, plan, partial):
+        # one warp a block: each warp's copy ring is its own (no block barrier) and fills the static limit
+        return wp.launch(
+            variant.projection, dim=plan.n_warps * 32,
+            inputs=[act, weight, n_rows, plan.n_groups, plan.n_chunks, plan.n_warps], outputs=[partial],
+            block_dim=32, **common,
+        )
 
-    projection(x, w_uv, TC_ROW_TILE, n_inter, n_inter // TC_ROW_TILE, split_up, partial_up)
-    cmds.append(wp.launch(
-        variant.gate_combine, dim=(n_rows, n_inter), inputs=[partial_up, b_uv_arg, int(b_uv is not None), code],
-        outputs=[uv, h], **common,
-    ))
-    projection(h, w_o, 2 * TC_ROW_TILE, TC_ROW_TILE, n_hidden // (2 * TC_ROW_TILE), split_down, partial_down)
-    cmds.append(wp.launch(
-        variant.out_combine, dim=(n_rows, n_hidden), inputs=[partial_down, b_o_arg, int(b_o is not None)],
-        outputs=[out], **common,
-    ))
+    def schedule(plan):
+        return [plan.n_chunks, plan.n_warps, plan.n_groups * plan.n_chunks]
+
+    cmds = [
+        projection(x, w_uv, plan_up, partial_up),
+        wp.launch(
+            variant.gate_combine, dim=(n_rows, n_inter),
+            inputs=[partial_up, b_uv_arg, int(b_uv is not None), code, *schedule(plan_up)], outputs=[uv, h],
+            **common,
+        ),
+        projection(h, w_o, plan_down, partial_down),
+        wp.launch(
+            variant.out_combine, dim=(n_rows, n_hidden),
+            inputs=[partial_down, b_o_arg, int(b_o is not None), *schedule(plan_down)], outputs=[out], **common,
+        ),
+    ]
     return cmds if record else None
 
 

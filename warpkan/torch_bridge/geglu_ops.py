@@ -18,6 +18,7 @@ in float16/bfloat16 accumulate in float32 (cuBLAS); the Warp kernels always comp
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -52,6 +53,16 @@ def _tensor_core_path(x: Tensor, w_uv: Tensor, w_o: Tensor) -> bool:
     )
 
 
+@functools.lru_cache(maxsize=None)
+def _device_shape(device: torch.device) -> tuple:
+    """(SM count, compute capability) of a CUDA device, as ``kg.device_shape`` gives them for Warp's: the
+    streaming kernels run one wave of warps sized to it (partial buffers are sized from the same plan)."""
+    if device.type != "cuda":
+        return 1, 0
+    props = torch.cuda.get_device_properties(device)
+    return props.multi_processor_count, 10 * props.major + props.minor
+
+
 def _empty_like_rows(x: Tensor, cols: int) -> Tensor:
     return x.new_empty((x.shape[0], cols))
 
@@ -82,9 +93,9 @@ def geglu_ffn_forward(
     if 0 < n_rows <= small_batch_rows and _tensor_core_path(x, w_uv, w_o):
         uv = _empty_like_rows(x, 2 * n_inter)
         out = _empty_like_rows(x, w_o.shape[0])
-        split_up, split_down = kg.tc_splits(w_o.shape[0], n_inter)
-        partial_up = x.new_empty((split_up, n_rows, 2 * n_inter), dtype=torch.float32)
-        partial_down = x.new_empty((split_down, n_rows, w_o.shape[0]), dtype=torch.float32)
+        plan_up, plan_down = kg.tc_plans(w_o.shape[0], n_inter, n_rows, *_device_shape(x.device))
+        partial_up = x.new_empty((plan_up.slots, n_rows, 2 * n_inter), dtype=torch.float32)
+        partial_down = x.new_empty((plan_down.slots, n_rows, w_o.shape[0]), dtype=torch.float32)
         _launch(kg.launch_tc_forward, (x, w_uv, b_uv, w_o, b_o, uv, h, out, partial_up, partial_down), activation)
         return out, uv
     if 0 < n_rows <= min(small_batch_rows, kg.MAX_SMALL_ROWS):
