@@ -31,13 +31,11 @@ from ._common import RecordedLaunches, check_tensor
 __all__ = ["geglu_ffn", "geglu_ffn_forward", "geglu_ffn_backward", "GEGLU_DTYPES", "DEFAULT_SMALL_BATCH_ROWS"]
 
 GEGLU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-# Measured on an H200 (fp16, 4096/12288, CUDA-graph replay): the tensor-core streaming path takes 0.088 ms
-# for 4-8 rows (3.4 TB/s of weights; its two projection kernels alone 0.054 + 0.029 ms, i.e. 3.7 and 3.5
-# TB/s, against 4.45 TB/s for the Warp read probe over the same two buffers), level with cuBLAS GEMM+gate,
-# and falls behind it from 16 rows on (x traffic and register pressure grow with the batch); so streaming
-# serves up to 8 rows by default. A two-launch variant (block split-K, gate fused into the first
-# projection, last-block-done combine of the second) measured no faster (0.089 ms at 4-8 rows): the
-# projection kernels' read rate, not the launch count, is what is left.
+# Measured on an H200 (fp16, 4096/12288, CUDA-graph replay; docs/perf-notes-geglu.md): the tensor-core
+# streaming path takes 0.086-0.091 ms for 4-8 rows (its first projection alone streams at 3.9-4.0 TB/s, the
+# second at 3.6, against 4.35-4.45 TB/s for the Warp read probe over the same two buffers), level with or
+# just ahead of cuBLAS GEMM+gate (0.083-0.092 on the same nodes), and falls behind it from 16 rows on (the
+# batch rows take a growing share of each copy stage and of the mma work). So streaming serves up to 8 rows.
 DEFAULT_SMALL_BATCH_ROWS = 8
 _TC_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
