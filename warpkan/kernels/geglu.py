@@ -575,6 +575,9 @@ _TC_SNIPPET = """
     if (begin >= end) return;
     // the rank of this warp among those sharing group grp: the owner of the group's first item is slot 0
     #define TC_SLOT(grp) (warp - (int)((((long long)(grp) * n_chunks + 1) * n_warps - 1) / total))
+    // mma's accumulator layout: element e of tile (mt, nt) is (weight row, batch row) below
+    #define TC_WEIGHT_ROW(grp, mt, e) ((grp) * R + (mt) * 16 + g + 8 * ((e) >> 1))
+    #define TC_BATCH_ROW(nt, e) ((nt) * 8 + 2 * t + ((e) & 1))
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
     // Every address below is a lane constant plus a compile-time offset, moved on by one add a stage:
     // the copies are issue-bound otherwise (the first version, which decoded each unit's row and column
@@ -640,8 +643,8 @@ _TC_SNIPPET = """
             for (int nt = 0; nt < NT; ++nt)
                 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    const int n = nt * 8 + 2 * t + (e & 1);
-                    const int row = grp * R + mt * 16 + g + 8 * (e >> 1);
+                    const int n = TC_BATCH_ROW(nt, e);
+                    const int row = TC_WEIGHT_ROW(grp, mt, e);
                     if (n < n_rows && row < w_rows) *wp::address(partial, slot, n, row) = acc[mt][nt][e];
                     acc[mt][nt][e] = 0.0f;
                 }
@@ -710,8 +713,8 @@ _TC_SNIPPET = """
         for (int mt = 0; mt < MT; ++mt)
             for (int nt = 0; nt < NT; ++nt)
                 for (int e = 0; e < 4; ++e) {
-                    const int n = nt * 8 + 2 * t + (e & 1);
-                    const int row = grp * R + mt * 16 + g + 8 * (e >> 1);
+                    const int n = TC_BATCH_ROW(nt, e);
+                    const int row = TC_WEIGHT_ROW(grp, mt, e);
                     if (n >= n_rows || row >= w_rows) continue;
                     float sum = 0.0f;
                     for (int k = k_begin; k < k_end; ++k)
@@ -721,6 +724,8 @@ _TC_SNIPPET = """
     }
 #endif
     #undef TC_SLOT
+    #undef TC_WEIGHT_ROW
+    #undef TC_BATCH_ROW
 """
 
 
