@@ -2,9 +2,10 @@
 
 Forward, by the number of rows N (``small_batch_rows`` is the switch):
 
-- N <= small_batch_rows, float16/bfloat16, hidden and inter multiples of 64, 16-byte aligned operands
-  (N <= ``TC_MAX_ROWS``): the tensor-core weight-streaming kernels (16-byte weight loads, mma.sync with
-  float32 accumulation, split reductions combined in a fixed order, the gate in the first combine);
+- N <= small_batch_rows, float16/bfloat16, hidden and inter multiples of 8, 16-byte aligned operands
+  (N <= ``TC_MAX_ROWS``): the tensor-core weight-streaming kernels (whole weight rows copied into shared
+  memory with cp.async, mma.sync with float32 accumulation, one wave of warps on equal runs of the
+  reduction, per-group partial sums combined in a fixed order, the gate in the first combine);
 - N <= min(small_batch_rows, ``MAX_SMALL_ROWS``) otherwise: the SIMT weight-streaming kernels (two
   launches; every weight element read once, the gate fused into the first projection).
 - otherwise: one concatenated ``[W_u | W_v]`` GEMM (cuBLAS through torch), the Warp gate kernel that reads
@@ -41,7 +42,7 @@ _TC_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
 def _tensor_core_path(x: Tensor, w_uv: Tensor, w_o: Tensor) -> bool:
-    """The tensor-core streaming kernels serve float16/bfloat16 with hidden and inter multiples of 64 and
+    """The tensor-core streaming kernels serve float16/bfloat16 with hidden and inter multiples of 8 and
     16-byte aligned operands (row strides follow from the contiguity and the shape)."""
     io_name = _TC_DTYPES.get(x.dtype)
     return (
