@@ -539,7 +539,6 @@ TC_IO = ("float16", "bfloat16")
 TC_N_TILES = (1, 2, 4, 8)  # batch capacities of 8, 16, 32, 64 rows
 TC_UNIT = 8  # k per 16-byte unit: hidden and inter must be multiples of it
 # per batch capacity (n_tiles): (m_tiles: weight rows per warp / 16, k_chunk: k per pipeline stage, stages,
-# resident warps per SM).
 # resident warps per SM). Swept on the H200 with scripts/geglu_tune.py; within 1-2% of each other at 8 rows.
 TC_CONFIG = {
     1: (2, 128, 4, 4),
@@ -549,7 +548,8 @@ TC_CONFIG = {
 }
 # bytes of static shared memory the copy ring may take: a block may declare 48 KiB, and Warp's kernels
 # declare 1 KiB of their own
-_SMEM_STATIC_LIMIT = 47 * 1024
+_WARP_STATIC_SMEM = 1024
+_SMEM_STATIC_LIMIT = 48 * 1024 - _WARP_STATIC_SMEM
 # shared memory of an SM by compute capability (the CUDA occupancy tables), and what the driver keeps per
 # block: the one-wave grid must fit, or a second wave of warps would run after the first
 _SMEM_PER_SM = {90: 233472, 80: 167936, 87: 167936}
@@ -735,17 +735,10 @@ class TensorCoreVariant:
 
     io_name: str
     n_tiles: int
-    m_tiles: int
-    k_chunk: int
-    stages: int
     projection: wp.Kernel
     gate_combine: wp.Kernel
     out_combine: wp.Kernel
     module: str
-
-    @property
-    def group_rows(self) -> int:
-        return 16 * self.m_tiles
 
 
 @dataclass(frozen=True)
@@ -792,7 +785,7 @@ def resident_warps_per_sm(n_tiles: int, arch: int, config: tuple | None = None) 
     """Warps of the streaming kernel an SM of compute capability ``arch`` (e.g. 90) holds at once: the
     configured count, capped by shared memory (one warp a block, each with its copy ring)."""
     m_tiles, k_chunk, stages, warps_per_sm = config or TC_CONFIG[n_tiles]
-    ring = stages * _stage_bytes(n_tiles, m_tiles, k_chunk) + 1024  # + the 1 KiB Warp declares
+    ring = stages * _stage_bytes(n_tiles, m_tiles, k_chunk) + _WARP_STATIC_SMEM
     fit = _SMEM_PER_SM.get(arch, _SMEM_PER_SM_OTHER) // (ring + _SMEM_RESERVED_PER_BLOCK)
     return max(1, min(warps_per_sm, fit))
 
@@ -856,13 +849,18 @@ def get_tc_variant(io_name: str, n_tiles: int, config: tuple | None = None) -> T
     ): ...
 
     @wp.func
-    def slot_count(row: int, group_rows: int, n_chunks: int, n_warps: int, total: wp.int64):
-        """How many warps wrote partial sums of weight row ``row`` (see TC_SLOT in the snippet)."""
-        first = wp.int64(row // group_rows) * wp.int64(n_chunks)
+    def slot_sum(partial: wp.array3d(dtype=wp.float32), m: int, row: int, n_chunks: int, n_warps: int, total: wp.int64):
+        """Batch row m, weight row ``row``: the partial sums of the warps that shared its group, in slot
+        order. Their count is owner(last item) - owner(first item) + 1 (see TC_SLOT in the snippet)."""
+        first = wp.int64(row // GROUP_ROWS) * wp.int64(n_chunks)
         last = first + wp.int64(n_chunks - 1)
         nw = wp.int64(n_warps)
         one = wp.int64(1)
-        return int(((last + one) * nw - one) // total - ((first + one) * nw - one) // total) + 1
+        slots = int(((last + one) * nw - one) // total - ((first + one) * nw - one) // total) + 1
+        y = float(0.0)
+        for s in range(slots):
+            y += partial[s, m, row]
+        return y
 
     @kernel
     def projection(
@@ -891,12 +889,8 @@ def get_tc_variant(io_name: str, n_tiles: int, config: tuple | None = None) -> T
     ):
         m, j = wp.tid()
         n_inter = h.shape[1]
-        u = float(0.0)
-        v = float(0.0)
-        for s in range(slot_count(j, GROUP_ROWS, n_chunks, n_warps, total)):
-            u += partial[s, m, j]
-        for s in range(slot_count(n_inter + j, GROUP_ROWS, n_chunks, n_warps, total)):
-            v += partial[s, m, n_inter + j]
+        u = slot_sum(partial, m, j, n_chunks, n_warps, total)
+        v = slot_sum(partial, m, n_inter + j, n_chunks, n_warps, total)
         if use_bias:
             u += float(b_uv[j])
             v += float(b_uv[n_inter + j])
@@ -915,16 +909,12 @@ def get_tc_variant(io_name: str, n_tiles: int, config: tuple | None = None) -> T
         out: wp.array2d(dtype=io),
     ):
         m, o = wp.tid()
-        y = float(0.0)
-        for s in range(slot_count(o, GROUP_ROWS, n_chunks, n_warps, total)):
-            y += partial[s, m, o]
+        y = slot_sum(partial, m, o, n_chunks, n_warps, total)
         if use_bias:
             y += float(b_o[o])
         out[m, o] = io(y)
 
-    return TensorCoreVariant(
-        io_name, n_tiles, m_tiles, k_chunk, stages, projection, gate_combine, out_combine, module
-    )
+    return TensorCoreVariant(io_name, n_tiles, projection, gate_combine, out_combine, module)
 
 
 def device_shape(device) -> tuple:
@@ -970,11 +960,10 @@ def launch_tc_forward(
         if a.ptr % 16 or not a.is_contiguous:
             raise ValueError(f"{name} must be contiguous and 16-byte aligned for the tensor-core path")
     device = x.device
-    n_tiles = tc_n_tiles(n_rows)
     plan_up, plan_down = tc_plans(n_hidden, n_inter, n_rows, *device_shape(device), config)
     _check("partial_up", partial_up, (plan_up.slots, n_rows, 2 * n_inter), "float32")
     _check("partial_down", partial_down, (plan_down.slots, n_rows, n_hidden), "float32")
-    variant = get_tc_variant(io_name, n_tiles, config)
+    variant = get_tc_variant(io_name, tc_n_tiles(n_rows), config)
     code = activation_code(activation)
     b_uv_arg = b_uv if b_uv is not None else _empty_vector(io_name, device)
     b_o_arg = b_o if b_o is not None else _empty_vector(io_name, device)

@@ -19,7 +19,6 @@ in float16/bfloat16 accumulate in float32 (cuBLAS); the Warp kernels always comp
 
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import torch
@@ -27,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..kernels import geglu as kg
-from ._common import RecordedLaunches, check_tensor
+from ._common import RecordedLaunches, check_tensor, warp_device
 
 __all__ = ["geglu_ffn", "geglu_ffn_forward", "geglu_ffn_backward", "GEGLU_DTYPES", "DEFAULT_SMALL_BATCH_ROWS"]
 
@@ -50,16 +49,6 @@ def _tensor_core_path(x: Tensor, w_uv: Tensor, w_o: Tensor) -> bool:
         and kg.tc_eligible(io_name, x.shape[0], w_o.shape[0], w_o.shape[1])
         and all(t.data_ptr() % 16 == 0 for t in (x, w_uv, w_o))
     )
-
-
-@functools.lru_cache(maxsize=None)
-def _device_shape(device: torch.device) -> tuple:
-    """(SM count, compute capability) of a CUDA device, as ``kg.device_shape`` gives them for Warp's: the
-    streaming kernels run one wave of warps sized to it (partial buffers are sized from the same plan)."""
-    if device.type != "cuda":
-        return 1, 0
-    props = torch.cuda.get_device_properties(device)
-    return props.multi_processor_count, 10 * props.major + props.minor
 
 
 def _empty_like_rows(x: Tensor, cols: int) -> Tensor:
@@ -92,7 +81,7 @@ def geglu_ffn_forward(
     if 0 < n_rows <= small_batch_rows and _tensor_core_path(x, w_uv, w_o):
         uv = _empty_like_rows(x, 2 * n_inter)
         out = _empty_like_rows(x, w_o.shape[0])
-        plan_up, plan_down = kg.tc_plans(w_o.shape[0], n_inter, n_rows, *_device_shape(x.device))
+        plan_up, plan_down = kg.tc_plans(w_o.shape[0], n_inter, n_rows, *kg.device_shape(warp_device(x.device)))
         partial_up = x.new_empty((plan_up.slots, n_rows, 2 * n_inter), dtype=torch.float32)
         partial_down = x.new_empty((plan_down.slots, n_rows, w_o.shape[0]), dtype=torch.float32)
         _launch(kg.launch_tc_forward, (x, w_uv, b_uv, w_o, b_o, uv, h, out, partial_up, partial_down), activation)
