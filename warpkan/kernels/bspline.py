@@ -136,6 +136,8 @@ class BSplineVariant:
     dense: dict  # the dense-basis (GEMM) strategy's kernels, by the dtype of the basis: see dense_kernels
     basis_matrix: object  # a wp matrix value passed to every kernel (unused by the general path)
     module: str
+    basis_at: object  # @wp.func (grid, i, x, M) -> (valid, cell, bases): for kernels built on this variant
+    basis_and_grad_at: object  # @wp.func (grid, i, x, M) -> (valid, cell, bases, their x-derivatives)
 
     @property
     def modules(self) -> tuple:
@@ -928,6 +930,8 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
         dense=dense,
         basis_matrix=basis_matrix,
         module=module,
+        basis_at=basis_at,
+        basis_and_grad_at=basis_and_grad_at,
     )
 
 

@@ -1,0 +1,535 @@
+"""Warp-tiled B-spline KAN kernels (CUDA): one warp per (rows, outputs) tile, lanes over the outputs.
+
+The layout of every array is the one of :mod:`warpkan.kernels.bspline`. These kernels compute the same
+maps as its stencil kernels, organised for the GPU:
+
+- **Basis evaluated once per (n, i).** Lane ``l`` of a warp evaluates the k + 1 bases (and their
+  derivatives, silu and silu') of row ``n0 + l`` of input ``i`` and stages them in shared memory; the warp
+  then walks the 32 staged rows with lanes over 32 consecutive outputs, reading each row's record with
+  16-byte broadcast loads. Every global load of ``dy``, ``y`` and the coefficient rows is one coalesced
+  128-byte line per warp.
+- **Scaled, padded coefficient table.** ``coef_pad[i, r, o] = scaler_t[i, o] coef[i, r - k, o]`` for
+  ``k <= r < G + 2k``, zero in the ``k`` rows either side. Cell ``c``'s bases take the rows ``c .. c + k``:
+  no clamp, no mask, and no multiply by the scaler per edge. It is rebuilt by one small launch per call.
+- **Forward.** A warp holds 32 rows x 32 outputs of ``y`` in registers (one per lane per row) and loops
+  over the inputs: no atomics, every (n, o) summed in input order.
+- **Backward (dx and every parameter gradient in one pass).** A warp takes (input ``i``, 32 outputs, a
+  chunk of rows). It accumulates ``A[c + m, o] = sum_n dy[n, o] B_m(x[n, i])`` in a private shared-memory
+  table of ``G + 3k`` rows x 32 lanes (lane ``o`` owns column ``o``: conflict-free, no atomics), and
+  ``sum_n dy[n, o] silu(x[n, i])`` in a register. At the end of its chunk it flushes
+  ``d_coef[i, j, o] += s[i, o] A[j + k, o]`` and ``d_scaler[i, o] += sum_j coef[i, j, o] A[j + k, o]``
+  (the spline value is linear in the bases, so the scaler's gradient comes from the same table) with one
+  atomic per coefficient per chunk, or (``deterministic``) writes them to per-chunk partials that a
+  fixed-order pass adds. ``dx[n, i]`` is summed over the warp's outputs by a 31-shuffle transpose
+  reduction per 32 rows (lane ``l`` ends up with row ``l``).
+
+The shared table bounds ``G + 3k`` by a compile-time capacity (:data:`CAPACITIES`); larger grids take the
+bucketed stencil kernels. Off-grid inputs and NaN get zero bases, as everywhere in the B-spline family.
+"""
+
+import functools
+from dataclasses import dataclass
+
+import warp as wp
+
+from . import bspline as kb
+from ._common import SCALARS, on_stream, scalar_name
+
+__all__ = ["TiledKernels", "CAPACITIES", "tiled_capacity", "tiled_kernels", "launch_tiled_forward",
+           "launch_tiled_backward", "backward_rows_per_chunk"]
+
+LANES = 32
+# capacity -> backward warps a block, by scalar type (the forward always has FORWARD_WARPS). The capacity bounds the G + 3k rows of
+# the padded coefficient table. Everything lives in static shared memory, at most 48 KiB a block (Warp itself
+# takes 1 KiB): the forward holds two buffers of one input's rows for its 32 outputs, the backward one buffer
+# plus an accumulation table per warp, and both the staged records. Longer grids take the bucketed kernels.
+CAPACITIES = {
+    "float32": {32: 4, 96: 2},
+    "float64": {32: 3, 48: 1},
+}
+FORWARD_WARPS = 8
+# Target warps of the backward pass: about 4 waves of resident warps on a large GPU (fewer, longer chunks
+# mean fewer flushes; more mean a shorter tail).
+_BACKWARD_TARGET_WARPS = 8192
+_MIN_CHUNK_ROWS = 64
+
+
+@dataclass(frozen=True)
+class TiledKernels:
+    modules: tuple
+    capacity: int
+    backward_warps: int
+    pad_coef: wp.Kernel
+    forward: wp.Kernel
+    backward: wp.Kernel
+    combine: wp.Kernel
+
+
+def tiled_capacity(n_coef: int, order: int, scalar: str = "float32") -> int | None:
+    """The smallest table capacity holding G + 3k rows (n_coef = G + k), or None when the grid is too long
+    for the tiled kernels."""
+    need = n_coef + 2 * order
+    for cap in sorted(CAPACITIES[scalar]):
+        if need <= cap:
+            return cap
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------- snippets
+# Records: per lane (row) of the warp, RW scalars with 16-byte alignment, read back with VEC loads.
+#   forward:  b_0 .. b_k, act, cell (bits)
+#   backward: b_0 .. b_k, b'_0 .. b'_k, act, act', cell (bits)
+
+_FORWARD_STEP = """
+#if defined(__CUDA_ARCH__)
+    // two buffers of the padded coefficient rows of one input for the block's 32 outputs ([row][lane]):
+    // step i reads buffer i & 1 while its loads of input i + 1 are in flight, then stores them in the other
+    __shared__ __align__(16) @T@ table[2 * @CAP@ * @LANES@];
+    __shared__ __align__(16) @T@ records[@WARPS@ * @LANES@ * @RW@];
+    const int n_in = coef_pad.shape[0];
+    const int n_rows_pad = coef_pad.shape[1];
+    const int n_out = coef_pad.shape[2];
+    const int warp = threadIdx.x / @LANES@;
+    const int oc = min(o0 + lane, n_out - 1);
+    const int next = process ? i + 1 : i;
+    @T@ ahead[(@CAP@ + @WARPS@ - 1) / @WARPS@];
+    if (next < n_in) {
+        const char* src = (const char*)coef_pad.data + (size_t)next * coef_pad.strides[0] + (size_t)oc * coef_pad.strides[2];
+        #pragma unroll
+        for (int q = 0; q < (@CAP@ + @WARPS@ - 1) / @WARPS@; ++q) {
+            const int r = warp + q * @WARPS@;
+            if (r < n_rows_pad) ahead[q] = *(const @T@*)(src + (size_t)r * coef_pad.strides[1]);
+        }
+    }
+    if (process) {
+        @T@* mine = records + (warp * @LANES@ + lane) * @RW@;
+        #pragma unroll
+        for (int m = 0; m < @K@; ++m) mine[m] = b.c[m];
+        mine[@K@] = act;
+        mine[@K@ + 1] = @TO_T@(cell);
+        __syncwarp();
+        const @T@* rows = table + (i & 1) * @CAP@ * @LANES@ + lane;
+        const @T@ w = *(const @T@*)((const char*)base_weight_t.data + (size_t)i * base_weight_t.strides[0]
+                                     + (size_t)oc * base_weight_t.strides[1]);
+        const @T@* warp_records = records + warp * @LANES@ * @RW@;
+        #pragma unroll
+        for (int r = 0; r < @LANES@; ++r) {
+            @T@ rec[@RW@];
+            #pragma unroll
+            for (int v = 0; v < @RW@ / @VW@; ++v)
+                *reinterpret_cast<@VEC@*>(rec + v * @VW@) = *reinterpret_cast<const @VEC@*>(warp_records + r * @RW@ + v * @VW@);
+            const @T@* c = rows + @FROM_T@(rec[@K@ + 1]) * @LANES@;
+            @T@ s = w * rec[@K@];
+            #pragma unroll
+            for (int m = 0; m < @K@; ++m) s += c[m * @LANES@] * rec[m];
+            y_acc.c[r] += s;
+        }
+    }
+    if (next < n_in) {
+        @T@* dst = table + (next & 1) * @CAP@ * @LANES@ + lane;
+        #pragma unroll
+        for (int q = 0; q < (@CAP@ + @WARPS@ - 1) / @WARPS@; ++q) {
+            const int r = warp + q * @WARPS@;
+            if (r < n_rows_pad) dst[r * @LANES@] = ahead[q];
+        }
+    }
+    __syncthreads();
+#endif
+    return y_acc;
+"""
+
+_STORE_ROWS = """
+#if defined(__CUDA_ARCH__)
+    if (o < y.shape[1]) {
+        #pragma unroll
+        for (int r = 0; r < @LANES@; ++r)
+            if (n0 + r < y.shape[0])
+                *(@T@*)((char*)y.data + (size_t)(n0 + r) * y.strides[0] + (size_t)o * y.strides[1]) = y_acc.c[r];
+    }
+#endif
+"""
+
+# op 0: load the block's coefficient rows, zero the warp's table; op 1: one step of 32 rows; op 2: flush.
+_BACKWARD_OP = """
+#if defined(__CUDA_ARCH__)
+    __shared__ __align__(16) @T@ coefs[@CAP@ * @LANES@];              // the block's (input, outputs) rows
+    __shared__ __align__(16) @T@ tables[@WARPS@ * @CAP@ * @LANES@];   // one accumulation table a warp
+    __shared__ __align__(16) @T@ records[@WARPS@ * @LANES@ * @RW@];
+    const int warp = threadIdx.x / @LANES@;
+    @T@* table = tables + warp * @CAP@ * @LANES@;
+    const int n_out = coef_pad.shape[2];
+    const int n_coef = coef.shape[1];
+    const int n_rows_pad = coef_pad.shape[1];
+    const bool o_valid = o < n_out;
+    const int oc = o_valid ? o : n_out - 1;
+    if (op == 0) {
+        const char* src = (const char*)coef_pad.data + (size_t)i * coef_pad.strides[0] + (size_t)oc * coef_pad.strides[2];
+        for (int r = warp; r < n_rows_pad; r += @WARPS@) coefs[r * @LANES@ + lane] = *(const @T@*)(src + (size_t)r * coef_pad.strides[1]);
+        for (int r = 0; r < n_rows_pad; ++r) table[r * @LANES@ + lane] = ((@T@)0);
+        __syncthreads();
+        return ((@T@)0);
+    }
+    if (op == 2) {
+        if (!o_valid || n0 >= n_end) return ((@T@)0);
+        const @T@ s = *(const @T@*)((const char*)scaler_t.data + (size_t)i * scaler_t.strides[0] + (size_t)oc * scaler_t.strides[1]);
+        @T@ d_s = ((@T@)0);
+        for (int j = 0; j < n_coef; ++j) {
+            const @T@ a = table[(j + @K@ - 1) * @LANES@ + lane];
+            const @T@ cf = *(const @T@*)((const char*)coef.data + (size_t)i * coef.strides[0] + (size_t)j * coef.strides[1] + (size_t)oc * coef.strides[2]);
+            d_s += cf * a;
+            @T@* dc = deterministic
+                ? (@T@*)((char*)partial_coef.data + (size_t)chunk * partial_coef.strides[0] + (size_t)i * partial_coef.strides[1]
+                         + (size_t)j * partial_coef.strides[2] + (size_t)oc * partial_coef.strides[3])
+                : (@T@*)((char*)d_coef.data + (size_t)i * d_coef.strides[0] + (size_t)j * d_coef.strides[1] + (size_t)oc * d_coef.strides[2]);
+            if (deterministic) *dc = s * a; else atomicAdd(dc, s * a);
+        }
+        @T@* ds = deterministic
+            ? (@T@*)((char*)partial_params.data + (size_t)chunk * partial_params.strides[0] + (size_t)i * partial_params.strides[2] + (size_t)oc * partial_params.strides[3])
+            : (@T@*)((char*)d_scaler_t.data + (size_t)i * d_scaler_t.strides[0] + (size_t)oc * d_scaler_t.strides[1]);
+        @T@* dbw = deterministic
+            ? (@T@*)((char*)ds + partial_params.strides[1])
+            : (@T@*)((char*)d_base_weight_t.data + (size_t)i * d_base_weight_t.strides[0] + (size_t)oc * d_base_weight_t.strides[1]);
+        if (deterministic) { *ds = d_s; *dbw = base_sum; } else { atomicAdd(ds, d_s); atomicAdd(dbw, base_sum); }
+        return ((@T@)0);
+    }
+    // op 1: stage this lane's row, then walk the warp's 32 rows with lanes over outputs
+    @T@* warp_records = records + warp * @LANES@ * @RW@;
+    @T@* mine = warp_records + lane * @RW@;
+    #pragma unroll
+    for (int m = 0; m < @K@; ++m) { mine[m] = b.c[m]; mine[@K@ + m] = db.c[m]; }
+    mine[2 * @K@] = act;
+    mine[2 * @K@ + 1] = dact;
+    mine[2 * @K@ + 2] = @TO_T@(cell);
+    __syncwarp();
+    const @T@ w = *(const @T@*)((const char*)base_weight_t.data + (size_t)i * base_weight_t.strides[0] + (size_t)oc * base_weight_t.strides[1]);
+    const char* dy_col = (const char*)dy.data + (size_t)oc * dy.strides[1];
+    // partial[r] holds dy[n0 + r, o] until row r is done, then its part of dx[n0 + r, i]
+    @T@ partial[@LANES@];
+    #pragma unroll
+    for (int r = 0; r < @LANES@; ++r)
+        partial[r] = (o_valid && n0 + r < n_end) ? *(const @T@*)(dy_col + (size_t)(n0 + r) * dy.strides[0]) : ((@T@)0);
+    @T@ base_step = ((@T@)0);
+    #pragma unroll
+    for (int r = 0; r < @LANES@; ++r) {
+        @T@ rec[@RW@];
+        #pragma unroll
+        for (int v = 0; v < @RW@ / @VW@; ++v)
+            *reinterpret_cast<@VEC@*>(rec + v * @VW@) = *reinterpret_cast<const @VEC@*>(warp_records + r * @RW@ + v * @VW@);
+        const int at = @FROM_T@(rec[2 * @K@ + 2]) * @LANES@ + lane;
+        @T@* t = table + at;
+        const @T@* c = coefs + at;
+        @T@ spline_grad = w * rec[2 * @K@ + 1];
+        const @T@ g = partial[r];
+        #pragma unroll
+        for (int m = 0; m < @K@; ++m) {
+            t[m * @LANES@] += g * rec[m];
+            spline_grad += c[m * @LANES@] * rec[@K@ + m];
+        }
+        partial[r] = o_valid ? g * spline_grad : ((@T@)0);  // a masked lane's 0 * NaN must not reach dx
+        base_step += g * rec[2 * @K@];
+    }
+    __syncwarp();
+    if (want_dx) {
+        // transpose reduction: after the step of width w a lane holds 2w-lane sums of w rows; at the end
+        // lane l holds the sum over all lanes of row l (the steps are written out: nvcc keeps the array in
+        // registers only with constant indices)
+#define WARPKAN_TRANSPOSE_STEP(width) {                                                 \\
+            const bool upper = (lane & (width)) != 0;                                   \\
+            _Pragma("unroll")                                                           \\
+            for (int j = 0; j < (width); ++j) {                                         \\
+                const @T@ send = upper ? partial[j] : partial[j + (width)];             \\
+                const @T@ keep = upper ? partial[j + (width)] : partial[j];             \\
+                partial[j] = keep + __shfl_xor_sync(0xffffffffu, send, (width));        \\
+            } }
+        WARPKAN_TRANSPOSE_STEP(16) WARPKAN_TRANSPOSE_STEP(8) WARPKAN_TRANSPOSE_STEP(4)
+        WARPKAN_TRANSPOSE_STEP(2) WARPKAN_TRANSPOSE_STEP(1)
+#undef WARPKAN_TRANSPOSE_STEP
+        const int n = n0 + lane;
+        if (n < n_end) {
+            @T@* d = (@T@*)((char*)dx.data + (size_t)n * dx.strides[0] + (size_t)i * dx.strides[1]);
+            if (dx_atomic) atomicAdd(d, partial[0]); else *d += partial[0];
+        }
+    }
+    return base_step;
+#else
+    return ((@T@)0);
+#endif
+"""
+
+
+def _render(snippet: str, scalar: str, order: int, rw: int, capacity: int, warps: int) -> str:
+    is_float = scalar == "float32"
+    subs = {
+        "@T@": "float" if is_float else "double",
+        "@VEC@": "float4" if is_float else "double2",
+        "@VW@": "4" if is_float else "2",
+        "@TO_T@": "__int_as_float" if is_float else "(double)",
+        "@FROM_T@": "__float_as_int" if is_float else "(int)",
+        "@K@": str(order + 1),
+        "@RW@": str(rw),
+        "@LANES@": str(LANES),
+        "@CAP@": str(capacity),
+        "@WARPS@": str(warps),
+    }
+    for key, value in subs.items():
+        snippet = snippet.replace(key, value)
+    return snippet
+
+
+def _record_width(values: int, scalar: str) -> int:
+    per_vec = 4 if scalar == "float32" else 2
+    return -(-values // per_vec) * per_vec
+
+
+@functools.lru_cache(maxsize=None)
+def tiled_kernels(order: int, uniform: bool, scalar: str, capacity: int) -> TiledKernels:
+    """The tiled kernels of one (order, grid kind, scalar type, table capacity). Warp compiles a module per
+    block size, so the forward (with the two small helpers) and the backward have a module each."""
+    if capacity not in CAPACITIES[scalar]:
+        raise ValueError(f"capacity must be one of {sorted(CAPACITIES[scalar])}, got {capacity}")
+    fw_warps, bw_warps = FORWARD_WARPS, CAPACITIES[scalar][capacity]
+    variant = kb.get_variant(order, uniform, scalar)
+    shared = kb.basis_funcs(order, scalar)
+    T = SCALARS[scalar]
+    K = order + 1
+    vecK, matK = shared.vec, shared.mat
+    vecL = wp.types.vector(length=LANES, dtype=T)
+    basis_at, basis_and_grad_at, silu_and_grad = variant.basis_at, variant.basis_and_grad_at, shared.silu_and_grad
+    module = f"warpkan_bspline_tiled_k{order}_{'uniform' if uniform else 'general'}_{scalar}_c{capacity}"
+    fw_kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
+    # 12 resident warps an SM (168 registers a lane) to cover the table pass's shared-memory chain;
+    # unbounded, nvcc hoists loads up to 240 registers and 6 warps
+    import os
+    _mb = int(os.environ.get("WK_BW_MINWARPS", "0"))
+    _opts = {"launch_bounds": (bw_warps * LANES, max(1, _mb // bw_warps))} if _mb else {}
+    bw_kernel = functools.partial(wp.kernel, enable_backward=False, module=module + "_bwd" + (f"_mb{_mb}" if _mb else ""), **_opts)
+    zero = T(0.0)
+    fw_width = _record_width(K + 2, scalar)
+    bw_width = _record_width(2 * K + 3, scalar)
+
+    def forward_step(y_acc: vecL, process: int, cell: int, b: vecK, act: T, coef_pad: wp.array3d(dtype=T),
+                     base_weight_t: wp.array2d(dtype=T), i: int, o0: int, lane: int) -> vecL:
+        return y_acc  # the stub's return gives Warp the native function's return type
+
+    def store_rows(y_acc: vecL, y: wp.array2d(dtype=T), n0: int, o: int): ...
+
+    def backward_op(op: int, cell: int, b: vecK, db: vecK, act: T, dact: T, base_sum: T,
+                    dy: wp.array2d(dtype=T), coef_pad: wp.array3d(dtype=T), coef: wp.array3d(dtype=T),
+                    base_weight_t: wp.array2d(dtype=T), scaler_t: wp.array2d(dtype=T), i: int, o: int, lane: int,
+                    n0: int, n_end: int, chunk: int, want_dx: int, dx_atomic: int, deterministic: int,
+                    dx: wp.array2d(dtype=T), d_base_weight_t: wp.array2d(dtype=T), d_scaler_t: wp.array2d(dtype=T),
+                    d_coef: wp.array3d(dtype=T), partial_coef: wp.array4d(dtype=T),
+                    partial_params: wp.array4d(dtype=T)) -> T:
+        return act
+
+    for fn in (forward_step, store_rows, backward_op):
+        fn.__name__ = fn.__qualname__ = f"tiled_{fn.__name__}_k{order}_{scalar}_c{capacity}"
+    forward_step = wp.func_native(_render(_FORWARD_STEP, scalar, order, fw_width, capacity, fw_warps))(forward_step)
+    store_rows = wp.func_native(_render(_STORE_ROWS, scalar, order, fw_width, capacity, fw_warps))(store_rows)
+    backward_op = wp.func_native(_render(_BACKWARD_OP, scalar, order, bw_width, capacity, bw_warps))(backward_op)
+
+    @fw_kernel
+    def pad_coef(coef: wp.array3d(dtype=T), scaler_t: wp.array2d(dtype=T), coef_pad: wp.array3d(dtype=T)):
+        i, r, o = wp.tid()
+        j = r - (K - 1)
+        value = zero
+        if j >= 0 and j < coef.shape[1]:
+            value = scaler_t[i, o] * coef[i, j, o]
+        coef_pad[i, r, o] = value
+
+    @fw_kernel
+    def forward(x: wp.array2d(dtype=T), grid: wp.array2d(dtype=T), base_weight_t: wp.array2d(dtype=T),
+                coef_pad: wp.array3d(dtype=T), basis_matrix: matK, use_base: int, n_tiles: int,
+                y: wp.array2d(dtype=T)):
+        # block = (FORWARD_WARPS x 32 rows, 32 outputs); warp w takes rows n0 .. n0 + 31, lane the output
+        tid = wp.tid()
+        block = tid // (LANES * fw_warps)
+        in_block = tid - block * (LANES * fw_warps)
+        warp = in_block // LANES
+        lane = in_block - warp * LANES
+        row_group = block // n_tiles
+        o0 = (block - row_group * n_tiles) * LANES
+        n0 = (row_group * fw_warps + warp) * LANES
+        n_rows = x.shape[0]
+        n = wp.min(n0 + lane, n_rows - 1)
+        y_acc = vecL()
+        none = vecK()
+        y_acc = forward_step(y_acc, 0, 0, none, zero, coef_pad, base_weight_t, 0, o0, lane)  # rows of input 0
+        for i in range(x.shape[1]):
+            xv = x[n, i]
+            valid, cell, b = basis_at(grid, i, xv, basis_matrix)
+            act = zero
+            if use_base:
+                act, dact = silu_and_grad(xv)
+            y_acc = forward_step(y_acc, 1, cell, b, act, coef_pad, base_weight_t, i, o0, lane)
+        store_rows(y_acc, y, n0, o0 + lane)
+
+    @bw_kernel
+    def backward(dy: wp.array2d(dtype=T), x: wp.array2d(dtype=T), grid: wp.array2d(dtype=T),
+                 base_weight_t: wp.array2d(dtype=T), scaler_t: wp.array2d(dtype=T), coef: wp.array3d(dtype=T),
+                 coef_pad: wp.array3d(dtype=T), basis_matrix: matK, use_base: int, n_tiles: int,
+                 rows_per_chunk: int, want_dx: int, deterministic: int,
+                 dx: wp.array2d(dtype=T), d_base_weight_t: wp.array2d(dtype=T), d_scaler_t: wp.array2d(dtype=T),
+                 d_coef: wp.array3d(dtype=T), partial_coef: wp.array4d(dtype=T),
+                 partial_params: wp.array4d(dtype=T)):
+        # block = (chunk group, input, output tile), laid out so that the blocks that run together share their
+        # rows of dy and x; warp w takes chunk group * warps + w
+        tid = wp.tid()
+        block = tid // (LANES * bw_warps)
+        in_block = tid - block * (LANES * bw_warps)
+        warp = in_block // LANES
+        lane = in_block - warp * LANES
+        n_in = x.shape[1]
+        rest = block // n_tiles
+        o = (block - rest * n_tiles) * LANES + lane
+        chunk_group = rest // n_in
+        i = rest - chunk_group * n_in
+        chunk = chunk_group * bw_warps + warp
+        n_rows = x.shape[0]
+        n_start = chunk * rows_per_chunk
+        n_end = wp.min(n_start + rows_per_chunk, n_rows)
+        dx_atomic = wp.where(n_tiles > 1, 1, 0)
+        none = vecK()
+        backward_op(0, 0, none, none, zero, zero, zero, dy, coef_pad, coef, base_weight_t, scaler_t, i, o, lane,
+                    n_start, n_end, chunk, want_dx, dx_atomic, deterministic, dx, d_base_weight_t, d_scaler_t,
+                    d_coef, partial_coef, partial_params)
+        base_sum = zero
+        for n0 in range(n_start, n_end, LANES):
+            n = n0 + lane
+            xv = x[wp.min(n, n_rows - 1), i]
+            valid, cell, b, db = basis_and_grad_at(grid, i, xv, basis_matrix)
+            act = zero
+            dact = zero
+            if use_base and n < n_end:  # a row past the chunk has g = 0, and 0 * silu(NaN) must not reach base_sum
+                act, dact = silu_and_grad(xv)
+            base_sum += backward_op(1, cell, b, db, act, dact, zero, dy, coef_pad, coef, base_weight_t, scaler_t,
+                                    i, o, lane, n0, n_end, chunk, want_dx, dx_atomic, deterministic, dx,
+                                    d_base_weight_t, d_scaler_t, d_coef, partial_coef, partial_params)
+        backward_op(2, 0, none, none, zero, zero, base_sum, dy, coef_pad, coef, base_weight_t, scaler_t, i, o,
+                    lane, n_start, n_end, chunk, want_dx, dx_atomic, deterministic, dx, d_base_weight_t,
+                    d_scaler_t, d_coef, partial_coef, partial_params)
+
+    @fw_kernel
+    def combine(partial_coef: wp.array4d(dtype=T), partial_params: wp.array4d(dtype=T), use_base: int,
+                d_base_weight_t: wp.array2d(dtype=T), d_scaler_t: wp.array2d(dtype=T), d_coef: wp.array3d(dtype=T)):
+        # fixed chunk order: bitwise reproducible. Rows j < n_coef are coefficients, row n_coef the scaler
+        # and base weight.
+        i, j, o = wp.tid()
+        n_coef = d_coef.shape[1]
+        if j < n_coef:
+            acc = zero
+            for chunk in range(partial_coef.shape[0]):
+                acc += partial_coef[chunk, i, j, o]
+            d_coef[i, j, o] = d_coef[i, j, o] + acc
+        else:
+            acc_s = zero
+            acc_b = zero
+            for chunk in range(partial_params.shape[0]):
+                acc_s += partial_params[chunk, 0, i, o]
+                acc_b += partial_params[chunk, 1, i, o]
+            d_scaler_t[i, o] = d_scaler_t[i, o] + acc_s
+            if use_base:
+                d_base_weight_t[i, o] = d_base_weight_t[i, o] + acc_b
+
+    return TiledKernels((module, module + "_bwd"), capacity, bw_warps, pad_coef, forward, backward, combine)
+
+
+def _tiles(n_out: int) -> int:
+    return -(-n_out // LANES)
+
+
+def _padded_coef(kernels, coef, scaler_t, order, workspace, stream):
+    n_in, n_coef, n_out = coef.shape
+    coef_pad = workspace.get("tiled_coef_pad", (n_in, n_coef + 2 * order, n_out), coef.dtype)
+    wp.launch(kernels.pad_coef, dim=coef_pad.shape, inputs=[coef, scaler_t], outputs=[coef_pad], device=coef.device,
+              stream=stream, record_tape=False)
+    return coef_pad
+
+
+def _kernels_for(coef, order, uniform):
+    scalar = scalar_name(coef, "coef")
+    capacity = tiled_capacity(coef.shape[1], order, scalar)
+    if capacity is None:
+        raise ValueError(f"grid too long for the tiled kernels: G + 3k = {coef.shape[1] + 2 * order} rows > "
+                         f"{max(CAPACITIES[scalar])}")
+    if not coef.device.is_cuda:
+        raise ValueError("the tiled B-spline kernels run on CUDA devices only")
+    return tiled_kernels(order, uniform, scalar, capacity)
+
+
+def launch_tiled_forward(x, grid, base_weight_t, scaler_t, coef, y, order: int, uniform: bool, use_base: bool = True,
+                         stream=None, workspace=None) -> None:
+    """:func:`warpkan.kernels.bspline.launch_forward` on the tiled kernels (CUDA, G + 3k within
+    :data:`CAPACITIES`). Overwrites y."""
+    kb._check_shapes(x, grid, base_weight_t, scaler_t, coef, order)
+    kernels = _kernels_for(coef, order, uniform)
+    n_rows, n_out = x.shape[0], coef.shape[2]
+    if n_rows == 0 or n_out == 0:
+        return
+    if x.shape[1] == 0:
+        y.zero_()
+        return
+    ws = workspace or kb._workspace(x.device, stream)
+    with on_stream(stream):
+        coef_pad = _padded_coef(kernels, coef, scaler_t, order, ws, stream)
+        n_tiles = _tiles(n_out)
+        block = FORWARD_WARPS * LANES
+        wp.launch(kernels.forward, dim=-(-n_rows // block) * n_tiles * block,
+                  inputs=[x, grid, base_weight_t, coef_pad, kb.get_variant(order, uniform, scalar_name(x)).basis_matrix,
+                          int(use_base), n_tiles],
+                  outputs=[y], device=x.device, stream=stream, block_dim=block, record_tape=False)
+
+
+def backward_rows_per_chunk(n_rows: int, n_in: int, n_out: int) -> int:
+    """Rows per warp of the tiled backward pass: a function of the shapes alone (so the deterministic
+    mode's summation order is fixed), a multiple of 32."""
+    items = max(1, n_in * _tiles(n_out))
+    rows = -(-n_rows * items // _BACKWARD_TARGET_WARPS)
+    rows = max(_MIN_CHUNK_ROWS, -(-rows // LANES) * LANES)
+    return min(rows, -(-n_rows // LANES) * LANES)
+
+
+def launch_tiled_backward(dy, x, grid, base_weight_t, scaler_t, coef, order: int, uniform: bool, use_base: bool = True,
+                          dx=None, d_base_weight_t=None, d_scaler_t=None, d_coef=None, deterministic: bool = False,
+                          stream=None, workspace=None) -> None:
+    """Accumulate (+=) dx (when given) and all three parameter gradients (required) of the tiled forward,
+    in one pass. ``deterministic``: per-chunk partials added in a fixed order (dx is then exact too when
+    out <= 32; with more outputs its per-tile parts are added by atomics and it is refused)."""
+    kb._check_shapes(x, grid, base_weight_t, scaler_t, coef, order)
+    kernels = _kernels_for(coef, order, uniform)
+    n_rows, n_in = x.shape
+    n_coef, n_out = coef.shape[1], coef.shape[2]
+    if d_coef is None or d_base_weight_t is None or d_scaler_t is None:
+        raise ValueError("the tiled backward pass forms every parameter gradient: pass d_base_weight_t, "
+                         "d_scaler_t and d_coef")
+    if n_rows == 0 or n_in == 0 or n_out == 0:
+        return
+    if tuple(dy.shape) != (n_rows, n_out):
+        raise ValueError(f"dy must have shape {(n_rows, n_out)}, got {tuple(dy.shape)}")
+    n_tiles = _tiles(n_out)
+    if deterministic and dx is not None and n_tiles > 1:
+        raise ValueError("the tiled backward pass is deterministic for dx only up to 32 outputs")
+    ws = workspace or kb._workspace(x.device, stream)
+    T = SCALARS[scalar_name(x)]
+    with on_stream(stream):
+        coef_pad = _padded_coef(kernels, coef, scaler_t, order, ws, stream)
+        rows_per_chunk = backward_rows_per_chunk(n_rows, n_in, n_out)
+        n_chunks = -(-n_rows // rows_per_chunk)
+        if deterministic:
+            partial_coef = ws.get("tiled_partial_coef", (n_chunks, n_in, n_coef, n_out), T)
+            partial_params = ws.get("tiled_partial_params", (n_chunks, 2, n_in, n_out), T)
+        else:
+            partial_coef = ws.get("tiled_partial_none4", (1, 1, 1, 1), T)
+            partial_params = partial_coef
+        dx_arg = dx if dx is not None else ws.get("tiled_dx_none", (1, 1), T)
+        warps = kernels.backward_warps
+        wp.launch(kernels.backward, dim=-(-n_chunks // warps) * n_in * n_tiles * warps * LANES,
+                  inputs=[dy, x, grid, base_weight_t, scaler_t, coef, coef_pad,
+                          kb.get_variant(order, uniform, scalar_name(x)).basis_matrix, int(use_base), n_tiles,
+                          rows_per_chunk, int(dx is not None), int(deterministic)],
+                  outputs=[dx_arg, d_base_weight_t, d_scaler_t, d_coef, partial_coef, partial_params],
+                  device=x.device, stream=stream, block_dim=warps * LANES, record_tape=False)
+        if deterministic:
+            wp.launch(kernels.combine, dim=(n_in, n_coef + 1, n_out), inputs=[partial_coef, partial_params, int(use_base)],
+                      outputs=[d_base_weight_t, d_scaler_t, d_coef], device=x.device, stream=stream,
+                      record_tape=False)
