@@ -172,6 +172,73 @@ def test_bucketed_parameter_gradients_float64(device, use_base, uniform, n_out):
         torch.testing.assert_close(g_base, g_base_ref, **TOL64)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the warp-tiled kernels run on CUDA only")
+@pytest.mark.parametrize("tiled", [True, False])
+@pytest.mark.parametrize("shape", [
+    (1, 1, 1, 1, 1, True, True),          # one row, one edge
+    (1000, 7, 37, 5, 3, True, True),      # two output tiles (dx by atomics), many row chunks, partial last step
+    (513, 3, 70, 20, 1, False, False),    # three output tiles, non-uniform grid, no base path
+    (300, 5, 32, 75, 5, True, True),      # G + 3k = 90: the largest float32 table class
+    (97, 4, 33, 81, 5, True, True),       # G + 3k = 96 rows: the capacity exactly (float64 takes per-thread)
+    (4099, 2, 31, 13, 2, False, True),    # a masked lane in the only tile
+])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_tiled_and_per_thread_kernels_cuda_float64(shape, tiled, deterministic):
+    """The kernel launchers on CUDA, both kernel families, against the float64 reference: forward and every
+    gradient, with NaN and off-grid rows, padded row steps, masked output lanes and several row chunks."""
+    n_rows, n_in, n_out, grid_size, order, uniform, use_base = shape
+    for dtype, tol in ((torch.float64, TOL64), (torch.float32, None)):
+        applies = kb.tiled_applies(wp.zeros((1, 1), dtype=wp.float64 if dtype == torch.float64 else wp.float32,
+                                            device="cuda"), wp.zeros((1, grid_size + order, 1), device="cuda"), order)
+        if tiled and not applies:
+            continue
+        if tiled and deterministic and n_out > 32:
+            continue  # refused (see test_tiled_refusals_cuda)
+        gen = torch.Generator().manual_seed(n_rows)
+        grid = _grid(n_in, grid_size, order, perturb=0.0 if uniform else 0.3)
+        x = 0.8 * torch.randn(n_rows, n_in, generator=gen, dtype=torch.float64)
+        x[::7, 0] = float("nan")
+        x[::5, -1] = 3.0  # off the grid
+        wb, sw, ss = _params(n_out, n_in, grid_size + order, seed=n_in)
+        dy = torch.randn(n_rows, n_out, generator=gen, dtype=torch.float64)
+        ref = lambda x, wb, sw, ss: kan_linear(x, grid, wb, sw, ss, order, use_base=use_base)  # noqa: E731
+        y_ref, (dx_ref, dwb_ref, dsw_ref, dss_ref) = _fwd_bwd(ref, x, [wb, sw, ss], dy)
+        cuda = lambda t: t.to(device="cuda", dtype=dtype).contiguous()  # noqa: E731
+        arrays = [wp.from_torch(cuda(t)) for t in (x, grid, wb.T, ss.T, sw.permute(1, 2, 0))]
+        y = torch.empty(n_rows, n_out, dtype=dtype, device="cuda")
+        kb.launch_forward(*arrays, wp.from_torch(y), order, uniform, use_base, tiled=tiled)
+        grads = [torch.zeros(shape, dtype=dtype, device="cuda") for shape in
+                 ((n_rows, n_in), (n_in, n_out), (n_in, n_out), (n_in, grid_size + order, n_out))]
+        kb.launch_backward(wp.from_torch(cuda(dy)), *arrays, order, uniform, use_base, *map(wp.from_torch, grads),
+                           deterministic=deterministic, tiled=tiled)
+        ours = [y, grads[0], grads[1].T, grads[3].permute(2, 0, 1), grads[2].T]
+        refs = [y_ref, dx_ref, dwb_ref if use_base else torch.zeros(n_out, n_in, dtype=torch.float64), dsw_ref, dss_ref]
+        for name, a, b in zip(("y", "dx", "d_base_weight", "d_spline_weight", "d_spline_scaler"), ours, refs):
+            if tol is None:  # float32 against float64: a few float32 roundings of the sums of magnitudes
+                scale = b.abs().nan_to_num(0).amax().item() + 1e-30
+                torch.testing.assert_close(a.double().cpu(), b, rtol=0, atol=2e-5 * scale, equal_nan=True, msg=name)
+            else:
+                torch.testing.assert_close(a.cpu(), b, **tol, equal_nan=True, msg=name)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the warp-tiled kernels run on CUDA only")
+def test_tiled_refusals_cuda():
+    x = wp.zeros((4, 2), dtype=wp.float32, device="cuda")
+    grid = wp.zeros((2, 300 + 4), dtype=wp.float32, device="cuda")
+    coef = wp.zeros((2, 300, 40), dtype=wp.float32, device="cuda")
+    w = wp.zeros((2, 40), dtype=wp.float32, device="cuda")
+    y = wp.zeros((4, 40), dtype=wp.float32, device="cuda")
+    with pytest.raises(ValueError, match="capacity"):
+        kb.launch_forward(x, grid, w, w, coef, y, 3, True, tiled=True)
+    small = wp.zeros((2, 10, 40), dtype=wp.float32, device="cuda")
+    grid_small = wp.zeros((2, 14), dtype=wp.float32, device="cuda")
+    with pytest.raises(ValueError, match="at most 32 outputs"):
+        kb.launch_backward(y, x, grid_small, w, w, small, 3, True, dx=x, d_base_weight_t=w, d_scaler_t=w, d_coef=small,
+                           deterministic=True, tiled=True)
+    with pytest.raises(ValueError, match="all three parameter gradients"):
+        kb.launch_backward(y, x, grid_small, w, w, small, 3, True, dx=x, tiled=True)
+
+
 def test_gemm_strategy_chunks_rows(device, monkeypatch):
     """Rows are processed in chunks of the dense basis; results do not depend on the chunking."""
     from warpkan.torch_bridge import bspline_ops

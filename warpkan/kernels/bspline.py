@@ -64,6 +64,7 @@ __all__ = [
     "launch_expand_basis",
     "launch_contract_basis_grad",
     "launch_split_param_grads",
+    "tiled_applies",
 ]
 
 MAX_SPLINE_ORDER = 5
@@ -967,9 +968,20 @@ def launch_forward(
     uniform: bool,
     use_base: bool = True,
     stream: "wp.Stream | None" = None,
+    tiled: "bool | None" = None,
+    workspace: "BSplineWorkspace | None" = None,
 ) -> None:
-    """y[n, o] = sum_i base_weight_t[i, o] silu(x[n, i]) + scaler_t[i, o] spline_io(x[n, i]). Overwrites y."""
+    """y[n, o] = sum_i base_weight_t[i, o] silu(x[n, i]) + scaler_t[i, o] spline_io(x[n, i]). Overwrites y.
+
+    ``tiled``: the warp-tiled CUDA kernels (:mod:`warpkan.kernels.bspline_tiled`) when True, the per-thread
+    stencil kernels when False; None (default) takes the tiled ones wherever they apply (:func:`tiled_applies`)."""
     _check_shapes(x, grid, base_weight_t, scaler_t, coef, order)
+    if _take_tiled(tiled, x, coef, order):
+        from . import bspline_tiled
+
+        bspline_tiled.launch_tiled_forward(x, grid, base_weight_t, scaler_t, coef, y, order, uniform, use_base,
+                                           stream=stream, workspace=workspace)
+        return
     variant = get_variant(order, uniform, scalar_name(x))
     n_rows, n_out = x.shape[0], coef.shape[2]
     if n_rows == 0 or n_out == 0:
@@ -987,6 +999,23 @@ def launch_forward(
         stream=stream,
         record_tape=False,
     )
+
+
+def tiled_applies(x: "wp.array2d", coef: "wp.array3d", order: int) -> bool:
+    """Whether the warp-tiled kernels can run this layer: a CUDA device and G + 3k within their shared-memory
+    capacity (:data:`warpkan.kernels.bspline_tiled.CAPACITIES`)."""
+    from . import bspline_tiled
+
+    return x.device.is_cuda and bspline_tiled.tiled_capacity(coef.shape[1], order, scalar_name(x)) is not None
+
+
+def _take_tiled(tiled: "bool | None", x, coef, order: int) -> bool:
+    if tiled is None:
+        return tiled_applies(x, coef, order)
+    if tiled and not tiled_applies(x, coef, order):
+        raise ValueError("tiled=True needs a CUDA device and a grid within the tiled kernels' capacity "
+                         f"(G + 3k = {coef.shape[1] + 2 * order} rows)")
+    return bool(tiled)
 
 
 def _dense_launch(kernel, dim, inputs, device, stream, record: bool):
@@ -1131,10 +1160,27 @@ def launch_backward(
     deterministic: bool = False,
     stream: "wp.Stream | None" = None,
     workspace: "BSplineWorkspace | None" = None,
+    tiled: "bool | None" = None,
 ) -> None:
     """Accumulate (+=) the gradients of ``launch_forward`` into whichever of dx, d_base_weight_t,
-    d_scaler_t, d_coef are given. ``d_base_weight_t`` and ``d_scaler_t`` go together."""
+    d_scaler_t, d_coef are given. ``d_base_weight_t`` and ``d_scaler_t`` go together.
+
+    ``tiled`` as in :func:`launch_forward`; the tiled pass forms all three parameter gradients (so it is
+    taken when they are all asked for), and is deterministic for dx up to 32 outputs."""
     _check_shapes(x, grid, base_weight_t, scaler_t, coef, order)
+    all_params = d_coef is not None and d_base_weight_t is not None and d_scaler_t is not None
+    tiled_ok = all_params and not (deterministic and dx is not None and coef.shape[2] > 32)
+    if tiled and not tiled_ok:
+        raise ValueError("tiled=True needs all three parameter gradients (and, when deterministic with dx, at "
+                         "most 32 outputs)")
+    if tiled_ok and _take_tiled(tiled, x, coef, order):
+        from . import bspline_tiled
+
+        bspline_tiled.launch_tiled_backward(dy, x, grid, base_weight_t, scaler_t, coef, order, uniform, use_base,
+                                            dx=dx, d_base_weight_t=d_base_weight_t, d_scaler_t=d_scaler_t,
+                                            d_coef=d_coef, deterministic=deterministic, stream=stream,
+                                            workspace=workspace)
+        return
     dtype_name = scalar_name(x)
     variant = get_variant(order, uniform, dtype_name)
     device = x.device

@@ -155,8 +155,11 @@ _BACKWARD_OP = """
     __shared__ __align__(16) @T@ coefs[@CAP@ * @LANES@];              // the block's (input, outputs) rows
     __shared__ __align__(16) @T@ tables[@WARPS@ * @CAP@ * @LANES@];   // one accumulation table a warp
     __shared__ __align__(16) @T@ records[@WARPS@ * @LANES@ * @RW@];
+    __shared__ @T@ base_sums[@WARPS@ * @LANES@];                         // sum_n dy[n, o] silu(x[n, i]) a lane
     const int warp = threadIdx.x / @LANES@;
     @T@* table = tables + warp * @CAP@ * @LANES@;
+    @T@& base_sum = base_sums[warp * @LANES@ + lane];
+    @VECL@ result;
     const int n_out = coef_pad.shape[2];
     const int n_coef = coef.shape[1];
     const int n_rows_pad = coef_pad.shape[1];
@@ -166,11 +169,20 @@ _BACKWARD_OP = """
         const char* src = (const char*)coef_pad.data + (size_t)i * coef_pad.strides[0] + (size_t)oc * coef_pad.strides[2];
         for (int r = warp; r < n_rows_pad; r += @WARPS@) coefs[r * @LANES@ + lane] = *(const @T@*)(src + (size_t)r * coef_pad.strides[1]);
         for (int r = 0; r < n_rows_pad; ++r) table[r * @LANES@ + lane] = ((@T@)0);
+        base_sum = ((@T@)0);
         __syncthreads();
-        return ((@T@)0);
+    }
+    if (op == 0 || op == 1) {
+        // dy of the rows n1 .. n1 + 31 for the next step (the first, for op 0): in flight during this one
+        const int n1 = op == 0 ? n0 : n0 + @LANES@;
+        const char* dy_col = (const char*)dy.data + (size_t)oc * dy.strides[1];
+        #pragma unroll
+        for (int r = 0; r < @LANES@; ++r)
+            result.c[r] = (o_valid && n1 + r < n_end) ? *(const @T@*)(dy_col + (size_t)(n1 + r) * dy.strides[0]) : ((@T@)0);
+        if (op == 0) return result;
     }
     if (op == 2) {
-        if (!o_valid || n0 >= n_end) return ((@T@)0);
+        if (!o_valid || n0 >= n_end) return result;
         const @T@ s = *(const @T@*)((const char*)scaler_t.data + (size_t)i * scaler_t.strides[0] + (size_t)oc * scaler_t.strides[1]);
         @T@ d_s = ((@T@)0);
         for (int j = 0; j < n_coef; ++j) {
@@ -190,7 +202,7 @@ _BACKWARD_OP = """
             ? (@T@*)((char*)ds + partial_params.strides[1])
             : (@T@*)((char*)d_base_weight_t.data + (size_t)i * d_base_weight_t.strides[0] + (size_t)oc * d_base_weight_t.strides[1]);
         if (deterministic) { *ds = d_s; *dbw = base_sum; } else { atomicAdd(ds, d_s); atomicAdd(dbw, base_sum); }
-        return ((@T@)0);
+        return result;
     }
     // op 1: stage this lane's row, then walk the warp's 32 rows with lanes over outputs
     @T@* warp_records = records + warp * @LANES@ * @RW@;
@@ -202,12 +214,11 @@ _BACKWARD_OP = """
     mine[2 * @K@ + 2] = @TO_T@(cell);
     __syncwarp();
     const @T@ w = *(const @T@*)((const char*)base_weight_t.data + (size_t)i * base_weight_t.strides[0] + (size_t)oc * base_weight_t.strides[1]);
-    const char* dy_col = (const char*)dy.data + (size_t)oc * dy.strides[1];
-    // partial[r] holds dy[n0 + r, o] until row r is done, then its part of dx[n0 + r, i]
+    // partial[r] holds dy[n0 + r, o] (loaded by the previous step) until row r is done, then its part of
+    // dx[n0 + r, i]
     @T@ partial[@LANES@];
     #pragma unroll
-    for (int r = 0; r < @LANES@; ++r)
-        partial[r] = (o_valid && n0 + r < n_end) ? *(const @T@*)(dy_col + (size_t)(n0 + r) * dy.strides[0]) : ((@T@)0);
+    for (int r = 0; r < @LANES@; ++r) partial[r] = g_now.c[r];
     @T@ base_step = ((@T@)0);
     #pragma unroll
     for (int r = 0; r < @LANES@; ++r) {
@@ -250,10 +261,9 @@ _BACKWARD_OP = """
             if (dx_atomic) atomicAdd(d, partial[0]); else *d += partial[0];
         }
     }
-    return base_step;
-#else
-    return ((@T@)0);
+    base_sum += base_step;
 #endif
+    return result;
 """
 
 
@@ -262,6 +272,7 @@ def _render(snippet: str, scalar: str, order: int, rw: int, capacity: int, warps
     subs = {
         "@T@": "float" if is_float else "double",
         "@VEC@": "float4" if is_float else "double2",
+        "@VECL@": f"wp::vec_t<{LANES}, {'wp::float32' if is_float else 'wp::float64'}>",
         "@VW@": "4" if is_float else "2",
         "@TO_T@": "__int_as_float" if is_float else "(double)",
         "@FROM_T@": "__float_as_int" if is_float else "(int)",
@@ -297,12 +308,7 @@ def tiled_kernels(order: int, uniform: bool, scalar: str, capacity: int) -> Tile
     basis_at, basis_and_grad_at, silu_and_grad = variant.basis_at, variant.basis_and_grad_at, shared.silu_and_grad
     module = f"warpkan_bspline_tiled_k{order}_{'uniform' if uniform else 'general'}_{scalar}_c{capacity}"
     fw_kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
-    # 12 resident warps an SM (168 registers a lane) to cover the table pass's shared-memory chain;
-    # unbounded, nvcc hoists loads up to 240 registers and 6 warps
-    import os
-    _mb = int(os.environ.get("WK_BW_MINWARPS", "0"))
-    _opts = {"launch_bounds": (bw_warps * LANES, max(1, _mb // bw_warps))} if _mb else {}
-    bw_kernel = functools.partial(wp.kernel, enable_backward=False, module=module + "_bwd" + (f"_mb{_mb}" if _mb else ""), **_opts)
+    bw_kernel = functools.partial(wp.kernel, enable_backward=False, module=module + "_bwd")
     zero = T(0.0)
     fw_width = _record_width(K + 2, scalar)
     bw_width = _record_width(2 * K + 3, scalar)
@@ -313,14 +319,14 @@ def tiled_kernels(order: int, uniform: bool, scalar: str, capacity: int) -> Tile
 
     def store_rows(y_acc: vecL, y: wp.array2d(dtype=T), n0: int, o: int): ...
 
-    def backward_op(op: int, cell: int, b: vecK, db: vecK, act: T, dact: T, base_sum: T,
+    def backward_op(op: int, cell: int, b: vecK, db: vecK, act: T, dact: T, g_now: vecL,
                     dy: wp.array2d(dtype=T), coef_pad: wp.array3d(dtype=T), coef: wp.array3d(dtype=T),
                     base_weight_t: wp.array2d(dtype=T), scaler_t: wp.array2d(dtype=T), i: int, o: int, lane: int,
                     n0: int, n_end: int, chunk: int, want_dx: int, dx_atomic: int, deterministic: int,
                     dx: wp.array2d(dtype=T), d_base_weight_t: wp.array2d(dtype=T), d_scaler_t: wp.array2d(dtype=T),
                     d_coef: wp.array3d(dtype=T), partial_coef: wp.array4d(dtype=T),
-                    partial_params: wp.array4d(dtype=T)) -> T:
-        return act
+                    partial_params: wp.array4d(dtype=T)) -> vecL:
+        return g_now
 
     for fn in (forward_step, store_rows, backward_op):
         fn.__name__ = fn.__qualname__ = f"tiled_{fn.__name__}_k{order}_{scalar}_c{capacity}"
@@ -390,24 +396,27 @@ def tiled_kernels(order: int, uniform: bool, scalar: str, capacity: int) -> Tile
         n_end = wp.min(n_start + rows_per_chunk, n_rows)
         dx_atomic = wp.where(n_tiles > 1, 1, 0)
         none = vecK()
-        backward_op(0, 0, none, none, zero, zero, zero, dy, coef_pad, coef, base_weight_t, scaler_t, i, o, lane,
-                    n_start, n_end, chunk, want_dx, dx_atomic, deterministic, dx, d_base_weight_t, d_scaler_t,
-                    d_coef, partial_coef, partial_params)
-        base_sum = zero
+        g = vecL()
+        # op 0 loads the first step's dy; each op 1 step returns the next one's, and x is read a step ahead
+        g = backward_op(0, 0, none, none, zero, zero, g, dy, coef_pad, coef, base_weight_t, scaler_t, i, o, lane,
+                        n_start, n_end, chunk, want_dx, dx_atomic, deterministic, dx, d_base_weight_t, d_scaler_t,
+                        d_coef, partial_coef, partial_params)
+        x_next = x[wp.min(n_start + lane, n_rows - 1), i]
         for n0 in range(n_start, n_end, LANES):
             n = n0 + lane
-            xv = x[wp.min(n, n_rows - 1), i]
+            xv = x_next
+            x_next = x[wp.min(n + LANES, n_rows - 1), i]
             valid, cell, b, db = basis_and_grad_at(grid, i, xv, basis_matrix)
             act = zero
             dact = zero
-            if use_base and n < n_end:  # a row past the chunk has g = 0, and 0 * silu(NaN) must not reach base_sum
+            if use_base and n < n_end:  # a row past the chunk has g = 0, and 0 * silu(NaN) must not reach the sum
                 act, dact = silu_and_grad(xv)
-            base_sum += backward_op(1, cell, b, db, act, dact, zero, dy, coef_pad, coef, base_weight_t, scaler_t,
-                                    i, o, lane, n0, n_end, chunk, want_dx, dx_atomic, deterministic, dx,
-                                    d_base_weight_t, d_scaler_t, d_coef, partial_coef, partial_params)
-        backward_op(2, 0, none, none, zero, zero, base_sum, dy, coef_pad, coef, base_weight_t, scaler_t, i, o,
-                    lane, n_start, n_end, chunk, want_dx, dx_atomic, deterministic, dx, d_base_weight_t,
-                    d_scaler_t, d_coef, partial_coef, partial_params)
+            g = backward_op(1, cell, b, db, act, dact, g, dy, coef_pad, coef, base_weight_t, scaler_t, i, o, lane,
+                            n0, n_end, chunk, want_dx, dx_atomic, deterministic, dx, d_base_weight_t, d_scaler_t,
+                            d_coef, partial_coef, partial_params)
+        backward_op(2, 0, none, none, zero, zero, g, dy, coef_pad, coef, base_weight_t, scaler_t, i, o, lane,
+                    n_start, n_end, chunk, want_dx, dx_atomic, deterministic, dx, d_base_weight_t, d_scaler_t,
+                    d_coef, partial_coef, partial_params)
 
     @fw_kernel
     def combine(partial_coef: wp.array4d(dtype=T), partial_params: wp.array4d(dtype=T), use_base: int,

@@ -5,7 +5,9 @@ The ops take the kernel layout (see that module); :func:`bspline_kan` takes effi
 
 Two strategies compute the same map:
 
-- ``stencil``: Warp kernels that evaluate each edge's k + 1 bases locally; cost independent of G.
+- ``stencil``: Warp kernels that evaluate each edge's k + 1 bases locally; cost independent of G. On CUDA,
+  for grids within their shared-memory capacity (G + 3k <= 96 rows in float32), the warp-tiled kernels of
+  ``warpkan.kernels.bspline_tiled``; else the per-thread kernels of ``warpkan.kernels.bspline``.
 - ``gemm`` (dense basis): a Warp kernel writes the transposed dense basis of a chunk of rows,
   ``A^T`` [width, rows] with width = in (silu rows of the base path) + in (G + k), and cuBLAS (through
   torch) does the contractions with the combined weight ``W = [base_weight_t; coef * scaler_t]``:
@@ -49,6 +51,7 @@ import torch
 from torch import Tensor
 
 from ..kernels import bspline as kb
+from ..kernels import bspline_tiled as kbt
 from ._common import (RecordedLaunches, TorchWorkspace, autocast_dtype, check_tensor, eager_function, matmul_precision,
                       op_or_eager, to_warp, warp_stream)
 
@@ -63,17 +66,25 @@ PRECISION_UNIT_ROUNDOFF = {"fp32": 2.0**-24, "tf32": 2.0**-10, "bf16": 2.0**-8}
 # chunks so that no O(N * in * G) tensor exists, and none is kept for the backward pass.
 GEMM_CHUNK_BYTES = 128 * 2**20
 # Up to this many coefficients per input the dense basis (zeros included) is cheaper to multiply on cuBLAS
-# than to gather per edge; beyond it the stencil kernels, whose cost does not grow with G, win. Measured on an
-# H200 with `warpkan bench bspline` (fp32, fwd+bwd ms, gemm vs stencil): (2^17, 32->32, k=3) G=32 1.87 vs
-# 2.25, G=64 3.69 vs 2.30; (2^16, 32->32, G=64) k=1 1.77 vs 1.47, k=3 1.90 vs 1.34, k=5 1.86 vs 1.37; wide
-# layers with short bases (256->256 G=8, 512->512 G=5) 6-8x faster on gemm.
+# than to gather per edge with the per-thread stencil kernels (the CPU, and grids past the tiled kernels'
+# capacity); beyond it the stencil kernels, whose cost does not grow with G, win. Measured on an H200 with
+# `warpkan bench bspline` (fp32, fwd+bwd ms, gemm vs per-thread stencil): (2^17, 32->32, k=3) G=32 1.87 vs
+# 2.25, G=64 3.69 vs 2.30; wide layers with short bases (256->256 G=8, 512->512 G=5) 6-8x faster on gemm.
 GEMM_MAX_COEFFICIENTS = 48
+# The same bound where the warp-tiled stencil kernels run (CUDA, G + 3k within their capacity). Their cost
+# grows with N in out (k + 1), the dense basis's with N in out (G + k + 1) at GEMM speed. H200, fp32, kernels
+# alone (fwd + bwd ms, tiled vs gemm in the bench): (2^17, 32->32, k=3) G=32 0.84 vs 1.87; 256->256 G=8 19.9
+# vs 8.5; 512->512 G=5 18.6 vs 2.9; (128, 40->256, G=5) 0.23 vs 0.05 (the tiled grid is too small to fill
+# the GPU).
+TILED_GEMM_MAX_COEFFICIENTS = 16
 _FLOAT32_MATMUL_RULE = {"highest": "fp32", "high": "tf32", "medium": "bf16"}
 
 
-def choose_strategy(n_rows: int, n_in: int, n_out: int, n_coef: int) -> str:
-    """The strategy "auto" resolves to for a shape."""
-    return "gemm" if n_coef <= GEMM_MAX_COEFFICIENTS else "stencil"
+def choose_strategy(n_rows: int, n_in: int, n_out: int, n_coef: int, tiled_stencil: bool = False) -> str:
+    """The strategy "auto" resolves to for a shape; ``tiled_stencil``: the warp-tiled stencil kernels apply
+    (see :func:`warpkan.kernels.bspline.tiled_applies`)."""
+    limit = TILED_GEMM_MAX_COEFFICIENTS if tiled_stencil else GEMM_MAX_COEFFICIENTS
+    return "gemm" if n_coef <= limit else "stencil"
 
 
 def check_precision(precision: str, dtype: torch.dtype) -> None:
@@ -96,9 +107,10 @@ def resolve_precision(precision: str, dtype: torch.dtype, device: torch.device) 
     return _FLOAT32_MATMUL_RULE[torch.get_float32_matmul_precision()]
 
 
-def _resolve(strategy: str, x: Tensor, coef: Tensor) -> str:
+def _resolve(strategy: str, x: Tensor, coef: Tensor, spline_order: int) -> str:
     if strategy == "auto":
-        return choose_strategy(x.shape[0], x.shape[1], coef.shape[2], coef.shape[1])
+        tiled = x.is_cuda and kbt.tiled_capacity(coef.shape[1], spline_order, str(x.dtype).split(".")[-1]) is not None
+        return choose_strategy(x.shape[0], x.shape[1], coef.shape[2], coef.shape[1], tiled)
     return strategy
 
 
@@ -222,13 +234,13 @@ def _forward_impl(
     ``precision`` applies to the gemm strategy (module docstring).
     """
     x, grid, base_weight_t, scaler_t, coef = (t.contiguous() for t in (x, grid, base_weight_t, scaler_t, coef))
-    if _resolve(strategy, x, coef) == "gemm":
+    if _resolve(strategy, x, coef, spline_order) == "gemm":
         precision = resolve_precision(precision, x.dtype, x.device)
         return _gemm_forward(x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, precision)
     y = x.new_empty((x.shape[0], coef.shape[2]))
     kb.launch_forward(
         to_warp(x), to_warp(grid), to_warp(base_weight_t), to_warp(scaler_t), to_warp(coef), to_warp(y),
-        spline_order, uniform, use_base, stream=warp_stream(x.device),
+        spline_order, uniform, use_base, stream=warp_stream(x.device), workspace=TorchWorkspace(x.device),
     )
     return y
 
@@ -262,7 +274,7 @@ def _backward_impl(
     dy, x, grid, base_weight_t, scaler_t, coef = (
         t.contiguous() for t in (dy, x, grid, base_weight_t, scaler_t, coef)
     )
-    if _resolve(strategy, x, coef) == "gemm":
+    if _resolve(strategy, x, coef, spline_order) == "gemm":
         precision = resolve_precision(precision, x.dtype, x.device)
         return _gemm_backward(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, need_x,
                               need_params, precision)
