@@ -35,8 +35,8 @@ import warp as wp
 from . import bspline as kb
 from ._common import SCALARS, on_stream, scalar_name
 
-__all__ = ["TiledKernels", "CAPACITIES", "tiled_capacity", "tiled_kernels", "launch_tiled_forward",
-           "launch_tiled_backward", "backward_rows_per_chunk"]
+__all__ = ["TiledKernels", "CAPACITIES", "FORWARD_WARPS", "tiled_capacity", "tiled_kernels", "launch_tiled_forward",
+           "launch_tiled_backward", "backward_rows_per_chunk", "coef_pad_shape", "partial_shapes"]
 
 LANES = 32
 # capacity -> backward warps a block, by scalar type (the forward always has FORWARD_WARPS). The capacity bounds the G + 3k rows of
@@ -447,14 +447,6 @@ def _tiles(n_out: int) -> int:
     return -(-n_out // LANES)
 
 
-def _padded_coef(kernels, coef, scaler_t, order, workspace, stream):
-    n_in, n_coef, n_out = coef.shape
-    coef_pad = workspace.get("tiled_coef_pad", (n_in, n_coef + 2 * order, n_out), coef.dtype)
-    wp.launch(kernels.pad_coef, dim=coef_pad.shape, inputs=[coef, scaler_t], outputs=[coef_pad], device=coef.device,
-              stream=stream, record_tape=False)
-    return coef_pad
-
-
 def _kernels_for(coef, order, uniform):
     scalar = scalar_name(coef, "coef")
     capacity = tiled_capacity(coef.shape[1], order, scalar)
@@ -466,27 +458,50 @@ def _kernels_for(coef, order, uniform):
     return tiled_kernels(order, uniform, scalar, capacity)
 
 
+def _launch(kernel, dim, inputs, outputs, device, stream, record: bool, block_dim: int = 256):
+    return wp.launch(kernel, dim=dim, inputs=inputs, outputs=outputs, device=device, stream=stream,
+                     block_dim=block_dim, record_tape=False, record_cmd=record)
+
+
+def coef_pad_shape(coef_shape, order: int) -> tuple:
+    """Shape of the scaled, padded coefficient table [in, G + 3k, out] for coef [in, G + k, out]."""
+    n_in, n_coef, n_out = coef_shape
+    return (n_in, n_coef + 2 * order, n_out)
+
+
+def partial_shapes(n_rows: int, n_in: int, n_coef: int, n_out: int) -> tuple:
+    """Shapes of the deterministic backward's per-chunk partials: (coefficients, [scaler; base weight])."""
+    n_chunks = -(-n_rows // backward_rows_per_chunk(n_rows, n_in, n_out))
+    return (n_chunks, n_in, n_coef, n_out), (n_chunks, 2, n_in, n_out)
+
+
 def launch_tiled_forward(x, grid, base_weight_t, scaler_t, coef, y, order: int, uniform: bool, use_base: bool = True,
-                         stream=None, workspace=None) -> None:
+                         stream=None, workspace=None, coef_pad=None, record: bool = False):
     """:func:`warpkan.kernels.bspline.launch_forward` on the tiled kernels (CUDA, G + 3k within
-    :data:`CAPACITIES`). Overwrites y."""
+    :data:`CAPACITIES`). Overwrites y. ``coef_pad`` (:func:`coef_pad_shape`) is scratch, taken from
+    ``workspace`` when not given. ``record=True`` runs nothing and returns the recorded launches."""
     kb._check_shapes(x, grid, base_weight_t, scaler_t, coef, order)
     kernels = _kernels_for(coef, order, uniform)
     n_rows, n_out = x.shape[0], coef.shape[2]
-    if n_rows == 0 or n_out == 0:
-        return
-    if x.shape[1] == 0:
-        y.zero_()
-        return
-    ws = workspace or kb._workspace(x.device, stream)
-    with on_stream(stream):
-        coef_pad = _padded_coef(kernels, coef, scaler_t, order, ws, stream)
+    cmds = []
+    if n_rows == 0 or n_out == 0 or x.shape[1] == 0:
+        if x.shape[1] == 0 and n_rows and n_out:
+            if record:
+                raise ValueError("nothing to record for a layer without inputs")
+            y.zero_()
+        return cmds if record else None
+    if coef_pad is None:
+        coef_pad = (workspace or kb._workspace(x.device, stream)).get("tiled_coef_pad", coef_pad_shape(coef.shape, order),
+                                                                     coef.dtype)
+    with on_stream(None if record else stream):
+        cmds.append(_launch(kernels.pad_coef, tuple(coef_pad.shape), [coef, scaler_t], [coef_pad], x.device, stream,
+                            record))
         n_tiles = _tiles(n_out)
         block = FORWARD_WARPS * LANES
-        wp.launch(kernels.forward, dim=-(-n_rows // block) * n_tiles * block,
-                  inputs=[x, grid, base_weight_t, coef_pad, kb.get_variant(order, uniform, scalar_name(x)).basis_matrix,
-                          int(use_base), n_tiles],
-                  outputs=[y], device=x.device, stream=stream, block_dim=block, record_tape=False)
+        cmds.append(_launch(kernels.forward, -(-n_rows // block) * n_tiles * block,
+                            [x, grid, base_weight_t, coef_pad, kb.get_variant(order, uniform, scalar_name(x)).basis_matrix,
+                             int(use_base), n_tiles], [y], x.device, stream, record, block))
+    return cmds if record else None
 
 
 def backward_rows_per_chunk(n_rows: int, n_in: int, n_out: int) -> int:
@@ -500,10 +515,13 @@ def backward_rows_per_chunk(n_rows: int, n_in: int, n_out: int) -> int:
 
 def launch_tiled_backward(dy, x, grid, base_weight_t, scaler_t, coef, order: int, uniform: bool, use_base: bool = True,
                           dx=None, d_base_weight_t=None, d_scaler_t=None, d_coef=None, deterministic: bool = False,
-                          stream=None, workspace=None) -> None:
+                          stream=None, workspace=None, coef_pad=None, partial_coef=None, partial_params=None,
+                          record: bool = False):
     """Accumulate (+=) dx (when given) and all three parameter gradients (required) of the tiled forward,
     in one pass. ``deterministic``: per-chunk partials added in a fixed order (dx is then exact too when
-    out <= 32; with more outputs its per-tile parts are added by atomics and it is refused)."""
+    out <= 32; with more outputs its per-tile parts are added by atomics and it is refused). Scratch
+    (``coef_pad``, and the partials of :func:`partial_shapes` when deterministic) is taken from ``workspace``
+    when not given. ``record=True`` runs nothing and returns the recorded launches."""
     kb._check_shapes(x, grid, base_weight_t, scaler_t, coef, order)
     kernels = _kernels_for(coef, order, uniform)
     n_rows, n_in = x.shape
@@ -512,33 +530,37 @@ def launch_tiled_backward(dy, x, grid, base_weight_t, scaler_t, coef, order: int
         raise ValueError("the tiled backward pass forms every parameter gradient: pass d_base_weight_t, "
                          "d_scaler_t and d_coef")
     if n_rows == 0 or n_in == 0 or n_out == 0:
-        return
+        return [] if record else None
     if tuple(dy.shape) != (n_rows, n_out):
         raise ValueError(f"dy must have shape {(n_rows, n_out)}, got {tuple(dy.shape)}")
     n_tiles = _tiles(n_out)
     if deterministic and dx is not None and n_tiles > 1:
         raise ValueError("the tiled backward pass is deterministic for dx only up to 32 outputs")
-    ws = workspace or kb._workspace(x.device, stream)
     T = SCALARS[scalar_name(x)]
-    with on_stream(stream):
-        coef_pad = _padded_coef(kernels, coef, scaler_t, order, ws, stream)
-        rows_per_chunk = backward_rows_per_chunk(n_rows, n_in, n_out)
-        n_chunks = -(-n_rows // rows_per_chunk)
+    if coef_pad is None or (deterministic and (partial_coef is None or partial_params is None)):
+        ws = workspace or kb._workspace(x.device, stream)
+        coef_pad = coef_pad if coef_pad is not None else ws.get("tiled_coef_pad", coef_pad_shape(coef.shape, order), T)
         if deterministic:
-            partial_coef = ws.get("tiled_partial_coef", (n_chunks, n_in, n_coef, n_out), T)
-            partial_params = ws.get("tiled_partial_params", (n_chunks, 2, n_in, n_out), T)
-        else:
-            partial_coef = ws.get("tiled_partial_none4", (1, 1, 1, 1), T)
-            partial_params = partial_coef
-        dx_arg = dx if dx is not None else ws.get("tiled_dx_none", (1, 1), T)
-        warps = kernels.backward_warps
-        wp.launch(kernels.backward, dim=-(-n_chunks // warps) * n_in * n_tiles * warps * LANES,
-                  inputs=[dy, x, grid, base_weight_t, scaler_t, coef, coef_pad,
-                          kb.get_variant(order, uniform, scalar_name(x)).basis_matrix, int(use_base), n_tiles,
-                          rows_per_chunk, int(dx is not None), int(deterministic)],
-                  outputs=[dx_arg, d_base_weight_t, d_scaler_t, d_coef, partial_coef, partial_params],
-                  device=x.device, stream=stream, block_dim=warps * LANES, record_tape=False)
+            coef_shape, params_shape = partial_shapes(n_rows, n_in, n_coef, n_out)
+            partial_coef = partial_coef if partial_coef is not None else ws.get("tiled_partial_coef", coef_shape, T)
+            partial_params = (partial_params if partial_params is not None
+                              else ws.get("tiled_partial_params", params_shape, T))
+    rows_per_chunk = backward_rows_per_chunk(n_rows, n_in, n_out)
+    n_chunks = -(-n_rows // rows_per_chunk)
+    warps = kernels.backward_warps
+    cmds = []
+    with on_stream(None if record else stream):
+        cmds.append(_launch(kernels.pad_coef, tuple(coef_pad.shape), [coef, scaler_t], [coef_pad], x.device, stream,
+                            record))
+        # dx and the partials may be None (null arrays): the kernel does not touch what it was not asked for
+        cmds.append(_launch(kernels.backward, -(-n_chunks // warps) * n_in * n_tiles * warps * LANES,
+                            [dy, x, grid, base_weight_t, scaler_t, coef, coef_pad,
+                             kb.get_variant(order, uniform, scalar_name(x)).basis_matrix, int(use_base), n_tiles,
+                             rows_per_chunk, int(dx is not None), int(deterministic)],
+                            [dx, d_base_weight_t, d_scaler_t, d_coef, partial_coef if deterministic else None,
+                             partial_params if deterministic else None],
+                            x.device, stream, record, warps * LANES))
         if deterministic:
-            wp.launch(kernels.combine, dim=(n_in, n_coef + 1, n_out), inputs=[partial_coef, partial_params, int(use_base)],
-                      outputs=[d_base_weight_t, d_scaler_t, d_coef], device=x.device, stream=stream,
-                      record_tape=False)
+            cmds.append(_launch(kernels.combine, (n_in, n_coef + 1, n_out), [partial_coef, partial_params, int(use_base)],
+                                [d_base_weight_t, d_scaler_t, d_coef], x.device, stream, record))
+    return cmds if record else None

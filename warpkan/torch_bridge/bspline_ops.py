@@ -107,11 +107,30 @@ def resolve_precision(precision: str, dtype: torch.dtype, device: torch.device) 
     return _FLOAT32_MATMUL_RULE[torch.get_float32_matmul_precision()]
 
 
+def _tiled(x: Tensor, coef: Tensor, spline_order: int) -> bool:
+    """The stencil strategy runs the warp-tiled kernels (CUDA, grid within their capacity)."""
+    return x.is_cuda and kbt.tiled_capacity(coef.shape[1], spline_order, str(x.dtype).split(".")[-1]) is not None
+
+
 def _resolve(strategy: str, x: Tensor, coef: Tensor, spline_order: int) -> str:
     if strategy == "auto":
-        tiled = x.is_cuda and kbt.tiled_capacity(coef.shape[1], spline_order, str(x.dtype).split(".")[-1]) is not None
-        return choose_strategy(x.shape[0], x.shape[1], coef.shape[2], coef.shape[1], tiled)
+        return choose_strategy(x.shape[0], x.shape[1], coef.shape[2], coef.shape[1], _tiled(x, coef, spline_order))
     return strategy
+
+
+# Adapters with the tensors first, for RecordedLaunches (the scratch is allocated by the op, so a replay
+# re-points every array argument at the call's tensors).
+def _tiled_forward(x, grid, base_weight_t, scaler_t, coef, coef_pad, y, spline_order, uniform, use_base, record=False):
+    return kbt.launch_tiled_forward(x, grid, base_weight_t, scaler_t, coef, y, spline_order, uniform, use_base,
+                                    coef_pad=coef_pad, record=record)
+
+
+def _tiled_backward(dy, x, grid, base_weight_t, scaler_t, coef, coef_pad, dx, d_base, d_scaler, d_coef, partial_coef,
+                    partial_params, spline_order, uniform, use_base, deterministic, record=False):
+    return kbt.launch_tiled_backward(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base,
+                                     dx=dx, d_base_weight_t=d_base, d_scaler_t=d_scaler, d_coef=d_coef,
+                                     deterministic=deterministic, coef_pad=coef_pad, partial_coef=partial_coef,
+                                     partial_params=partial_params, record=record)
 
 
 # Recorded Warp launches (see RecordedLaunches): re-pointed at each call's tensors, replayed on torch's stream.
@@ -238,6 +257,10 @@ def _forward_impl(
         precision = resolve_precision(precision, x.dtype, x.device)
         return _gemm_forward(x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, precision)
     y = x.new_empty((x.shape[0], coef.shape[2]))
+    if _tiled(x, coef, spline_order) and x.shape[0] and x.shape[1] and coef.shape[2]:
+        coef_pad = x.new_empty(kbt.coef_pad_shape(coef.shape, spline_order))
+        _launch(_tiled_forward, (x, grid, base_weight_t, scaler_t, coef, coef_pad, y), spline_order, uniform, use_base)
+        return y
     kb.launch_forward(
         to_warp(x), to_warp(grid), to_warp(base_weight_t), to_warp(scaler_t), to_warp(coef), to_warp(y),
         spline_order, uniform, use_base, stream=warp_stream(x.device), workspace=TorchWorkspace(x.device),
@@ -279,6 +302,18 @@ def _backward_impl(
         return _gemm_backward(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, need_x,
                               need_params, precision)
     dx, d_base, d_scaler, d_coef = _grad_buffers(x, base_weight_t, coef, need_x, need_params, torch.zeros)
+    n_rows, n_in, n_coef, n_out = x.shape[0], x.shape[1], coef.shape[1], coef.shape[2]
+    if (need_params and _tiled(x, coef, spline_order) and n_rows and n_in and n_out
+            and not (deterministic and need_x and n_out > 32)):
+        coef_pad = x.new_empty(kbt.coef_pad_shape(coef.shape, spline_order))
+        partial_coef = partial_params = None
+        if deterministic:
+            coef_shape, params_shape = kbt.partial_shapes(n_rows, n_in, n_coef, n_out)
+            partial_coef, partial_params = x.new_empty(coef_shape), x.new_empty(params_shape)
+        _launch(_tiled_backward, (dy, x, grid, base_weight_t, scaler_t, coef, coef_pad, dx if need_x else None, d_base,
+                                  d_scaler, d_coef, partial_coef, partial_params),
+                spline_order, uniform, use_base, deterministic)
+        return dx, d_base, d_scaler, d_coef
     stream = warp_stream(x.device)
     kb.launch_backward(
         to_warp(dy), to_warp(x), to_warp(grid), to_warp(base_weight_t), to_warp(scaler_t), to_warp(coef),
