@@ -343,18 +343,21 @@ def tiled_kernels(order: int, uniform: bool, scalar: str, capacity: int) -> Tile
             value = scaler_t[i, o] * coef[i, j, o]
         coef_pad[i, r, o] = value
 
+    @wp.func
+    def block_warp_lane(tid: int, warps: int, n_tiles: int):
+        """(block / n_tiles, warp in block, lane, first output of the block's tile) of thread tid."""
+        block = tid // (LANES * warps)
+        in_block = tid - block * (LANES * warps)
+        warp = in_block // LANES
+        rest = block // n_tiles
+        return rest, warp, in_block - warp * LANES, (block - rest * n_tiles) * LANES
+
     @fw_kernel
     def forward(x: wp.array2d(dtype=T), grid: wp.array2d(dtype=T), base_weight_t: wp.array2d(dtype=T),
                 coef_pad: wp.array3d(dtype=T), basis_matrix: matK, use_base: int, n_tiles: int,
                 y: wp.array2d(dtype=T)):
         # block = (FORWARD_WARPS x 32 rows, 32 outputs); warp w takes rows n0 .. n0 + 31, lane the output
-        tid = wp.tid()
-        block = tid // (LANES * fw_warps)
-        in_block = tid - block * (LANES * fw_warps)
-        warp = in_block // LANES
-        lane = in_block - warp * LANES
-        row_group = block // n_tiles
-        o0 = (block - row_group * n_tiles) * LANES
+        row_group, warp, lane, o0 = block_warp_lane(wp.tid(), fw_warps, n_tiles)
         n0 = (row_group * fw_warps + warp) * LANES
         n_rows = x.shape[0]
         n = wp.min(n0 + lane, n_rows - 1)
@@ -380,14 +383,9 @@ def tiled_kernels(order: int, uniform: bool, scalar: str, capacity: int) -> Tile
                  partial_params: wp.array4d(dtype=T)):
         # block = (chunk group, input, output tile), laid out so that the blocks that run together share their
         # rows of dy and x; warp w takes chunk group * warps + w
-        tid = wp.tid()
-        block = tid // (LANES * bw_warps)
-        in_block = tid - block * (LANES * bw_warps)
-        warp = in_block // LANES
-        lane = in_block - warp * LANES
+        rest, warp, lane, o0 = block_warp_lane(wp.tid(), bw_warps, n_tiles)
+        o = o0 + lane
         n_in = x.shape[1]
-        rest = block // n_tiles
-        o = (block - rest * n_tiles) * LANES + lane
         chunk_group = rest // n_in
         i = rest - chunk_group * n_in
         chunk = chunk_group * bw_warps + warp
