@@ -1006,7 +1006,7 @@ def tiled_applies(x: "wp.array2d", coef: "wp.array3d", order: int) -> bool:
     capacity (:data:`warpkan.kernels.bspline_tiled.CAPACITIES`)."""
     from . import bspline_tiled
 
-    return x.device.is_cuda and bspline_tiled.tiled_capacity(coef.shape[1], order, scalar_name(x)) is not None
+    return bspline_tiled.tiled_applies(x.device.is_cuda, scalar_name(x), coef.shape[1], order)
 
 
 def _take_tiled(tiled: "bool | None", x, coef, order: int) -> bool:
@@ -1168,14 +1168,14 @@ def launch_backward(
     ``tiled`` as in :func:`launch_forward`; the tiled pass forms all three parameter gradients (so it is
     taken when they are all asked for), and is deterministic for dx up to 32 outputs."""
     _check_shapes(x, grid, base_weight_t, scaler_t, coef, order)
+    from . import bspline_tiled
+
     all_params = d_coef is not None and d_base_weight_t is not None and d_scaler_t is not None
-    tiled_ok = all_params and not (deterministic and dx is not None and coef.shape[2] > 32)
+    tiled_ok = bspline_tiled.backward_takes(coef.shape[2], all_params, deterministic, dx is not None)
     if tiled and not tiled_ok:
         raise ValueError("tiled=True needs all three parameter gradients (and, when deterministic with dx, at "
                          "most 32 outputs)")
     if tiled_ok and _take_tiled(tiled, x, coef, order):
-        from . import bspline_tiled
-
         bspline_tiled.launch_tiled_backward(dy, x, grid, base_weight_t, scaler_t, coef, order, uniform, use_base,
                                             dx=dx, d_base_weight_t=d_base_weight_t, d_scaler_t=d_scaler_t,
                                             d_coef=d_coef, deterministic=deterministic, stream=stream,

@@ -35,7 +35,8 @@ import warp as wp
 from . import bspline as kb
 from ._common import SCALARS, on_stream, scalar_name
 
-__all__ = ["TiledKernels", "CAPACITIES", "FORWARD_WARPS", "tiled_capacity", "tiled_kernels", "launch_tiled_forward",
+__all__ = ["TiledKernels", "CAPACITIES", "FORWARD_WARPS", "tiled_capacity", "tiled_applies", "backward_takes",
+           "tiled_kernels", "launch_tiled_forward",
            "launch_tiled_backward", "backward_rows_per_chunk", "coef_pad_shape", "partial_shapes"]
 
 LANES = 32
@@ -73,6 +74,17 @@ def tiled_capacity(n_coef: int, order: int, scalar: str = "float32") -> int | No
         if need <= cap:
             return cap
     return None
+
+
+def tiled_applies(is_cuda: bool, scalar: str, n_coef: int, order: int) -> bool:
+    """Whether the tiled kernels can run a layer: a CUDA device and G + 3k within :data:`CAPACITIES`."""
+    return is_cuda and scalar in CAPACITIES and tiled_capacity(n_coef, order, scalar) is not None
+
+
+def backward_takes(n_out: int, all_params: bool, deterministic: bool, want_dx: bool) -> bool:
+    """Whether the tiled backward pass can serve a call: it forms all three parameter gradients, and its dx
+    is atomic-free (so deterministic) only within one tile of 32 outputs."""
+    return all_params and not (deterministic and want_dx and n_out > LANES)
 
 
 # ---------------------------------------------------------------------------------------------------- snippets
@@ -531,9 +543,9 @@ def launch_tiled_backward(dy, x, grid, base_weight_t, scaler_t, coef, order: int
         return [] if record else None
     if tuple(dy.shape) != (n_rows, n_out):
         raise ValueError(f"dy must have shape {(n_rows, n_out)}, got {tuple(dy.shape)}")
-    n_tiles = _tiles(n_out)
-    if deterministic and dx is not None and n_tiles > 1:
+    if not backward_takes(n_out, True, deterministic, dx is not None):
         raise ValueError("the tiled backward pass is deterministic for dx only up to 32 outputs")
+    n_tiles = _tiles(n_out)
     T = SCALARS[scalar_name(x)]
     if coef_pad is None or (deterministic and (partial_coef is None or partial_params is None)):
         ws = workspace or kb._workspace(x.device, stream)

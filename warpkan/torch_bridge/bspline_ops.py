@@ -48,12 +48,13 @@ from __future__ import annotations
 
 
 import torch
+import warp as wp
 from torch import Tensor
 
 from ..kernels import bspline as kb
 from ..kernels import bspline_tiled as kbt
-from ._common import (RecordedLaunches, TorchWorkspace, autocast_dtype, check_tensor, eager_function, matmul_precision,
-                      op_or_eager, to_warp, warp_stream)
+from ._common import (WP_DTYPES, RecordedLaunches, TorchWorkspace, autocast_dtype, check_tensor, eager_function,
+                      matmul_precision, op_or_eager, to_warp, warp_stream)
 
 __all__ = ["bspline_kan", "bspline_forward", "bspline_backward", "choose_strategy", "resolve_precision",
            "STRATEGIES", "PRECISIONS", "PRECISION_UNIT_ROUNDOFF"]
@@ -109,7 +110,7 @@ def resolve_precision(precision: str, dtype: torch.dtype, device: torch.device) 
 
 def _tiled(x: Tensor, coef: Tensor, spline_order: int) -> bool:
     """The stencil strategy runs the warp-tiled kernels (CUDA, grid within their capacity)."""
-    return x.is_cuda and kbt.tiled_capacity(coef.shape[1], spline_order, str(x.dtype).split(".")[-1]) is not None
+    return kbt.tiled_applies(x.is_cuda, wp.types.type_repr(WP_DTYPES[x.dtype]), coef.shape[1], spline_order)
 
 
 def _resolve(strategy: str, x: Tensor, coef: Tensor, spline_order: int) -> str:
@@ -303,8 +304,8 @@ def _backward_impl(
                               need_params, precision)
     dx, d_base, d_scaler, d_coef = _grad_buffers(x, base_weight_t, coef, need_x, need_params, torch.zeros)
     n_rows, n_in, n_coef, n_out = x.shape[0], x.shape[1], coef.shape[1], coef.shape[2]
-    if (need_params and _tiled(x, coef, spline_order) and n_rows and n_in and n_out
-            and not (deterministic and need_x and n_out > 32)):
+    if (_tiled(x, coef, spline_order) and kbt.backward_takes(n_out, need_params, deterministic, need_x)
+            and n_rows and n_in and n_out):
         coef_pad = x.new_empty(kbt.coef_pad_shape(coef.shape, spline_order))
         partial_coef = partial_params = None
         if deterministic:
