@@ -180,6 +180,8 @@ def test_bucketed_parameter_gradients_float64(device, use_base, uniform, n_out):
     (513, 3, 70, 20, 1, False, False),    # three output tiles, non-uniform grid, no base path
     (300, 5, 32, 75, 5, True, True),      # G + 3k = 90: the largest float32 table class
     (97, 4, 33, 81, 5, True, True),       # G + 3k = 96 rows: the capacity exactly (float64 takes per-thread)
+    (200, 3, 32, 39, 3, True, True),      # G + 3k = 48 and 80: the smaller float32 capacities exactly
+    (150, 2, 40, 65, 5, False, True),
     (4099, 2, 31, 13, 2, False, True),    # a masked lane in the only tile
 ])
 @pytest.mark.parametrize("deterministic", [False, True])

@@ -45,13 +45,16 @@ LANES = 32
 # takes 1 KiB): the forward holds two buffers of one input's rows for its 32 outputs, the backward one buffer
 # plus an accumulation table per warp, and both the staged records. Longer grids take the bucketed kernels.
 CAPACITIES = {
-    "float32": {32: 4, 96: 2},
+    "float32": {48: 4, 80: 3, 96: 2},
     "float64": {32: 3, 48: 1},
 }
 FORWARD_WARPS = 8
 # Target warps of the backward pass: about 4 waves of resident warps on a large GPU (fewer, longer chunks
 # mean fewer flushes; more mean a shorter tail).
 _BACKWARD_TARGET_WARPS = 8192
+# Rows whose table updates the backward issues together when their cells are apart (see _BACKWARD_OP), by
+# scalar type (float64 spills at 4).
+ROW_GROUP = {"float32": 4, "float64": 2}
 _MIN_CHUNK_ROWS = 64
 
 
@@ -232,24 +235,55 @@ _BACKWARD_OP = """
     #pragma unroll
     for (int r = 0; r < @LANES@; ++r) partial[r] = g_now.c[r];
     @T@ base_step = ((@T@)0);
+    // Rows go in groups of @GROUP@. A row's table update is a read-modify-write of K rows, and the compiler
+    // cannot tell two rows' cells apart, so row after row it would wait for the last stores before the next
+    // loads. When a group's cells are K or more apart (a warp-uniform test), all its loads are issued ahead
+    // of all its stores; otherwise its rows go one after the other.
     #pragma unroll
-    for (int r = 0; r < @LANES@; ++r) {
-        @T@ rec[@RW@];
+    for (int r = 0; r < @LANES@; r += @GROUP@) {
+        @T@ rec[@GROUP@][@RW@];
+        @T@* t[@GROUP@];
+        @T@ g[@GROUP@];
+        bool apart = true;
         #pragma unroll
-        for (int v = 0; v < @RW@ / @VW@; ++v)
-            *reinterpret_cast<@VEC@*>(rec + v * @VW@) = *reinterpret_cast<const @VEC@*>(warp_records + r * @RW@ + v * @VW@);
-        const int at = @FROM_T@(rec[2 * @K@ + 2]) * @LANES@ + lane;
-        @T@* t = table + at;
-        const @T@* c = coefs + at;
-        @T@ spline_grad = w * rec[2 * @K@ + 1];
-        const @T@ g = partial[r];
-        #pragma unroll
-        for (int m = 0; m < @K@; ++m) {
-            t[m * @LANES@] += g * rec[m];
-            spline_grad += c[m * @LANES@] * rec[@K@ + m];
+        for (int p = 0; p < @GROUP@; ++p) {
+            #pragma unroll
+            for (int v = 0; v < @RW@ / @VW@; ++v)
+                *reinterpret_cast<@VEC@*>(rec[p] + v * @VW@) = *reinterpret_cast<const @VEC@*>(warp_records + (r + p) * @RW@ + v * @VW@);
+            const int cell = @FROM_T@(rec[p][2 * @K@ + 2]);
+            t[p] = table + cell * @LANES@ + lane;
+            g[p] = partial[r + p];
+            #pragma unroll
+            for (int q = 0; q < p; ++q) {
+                const int gap = cell - @FROM_T@(rec[q][2 * @K@ + 2]);
+                apart = apart && (gap >= @K@ || gap <= -@K@);
+            }
+            const @T@* c = coefs + cell * @LANES@ + lane;
+            @T@ spline_grad = w * rec[p][2 * @K@ + 1];
+            #pragma unroll
+            for (int m = 0; m < @K@; ++m) spline_grad += c[m * @LANES@] * rec[p][@K@ + m];
+            partial[r + p] = o_valid ? g[p] * spline_grad : ((@T@)0);  // a masked lane's 0 * NaN must not reach dx
+            base_step += g[p] * rec[p][2 * @K@];
         }
-        partial[r] = o_valid ? g * spline_grad : ((@T@)0);  // a masked lane's 0 * NaN must not reach dx
-        base_step += g * rec[2 * @K@];
+        if (apart) {
+            @T@ held[@GROUP@][@K@];
+            #pragma unroll
+            for (int p = 0; p < @GROUP@; ++p) {
+                #pragma unroll
+                for (int m = 0; m < @K@; ++m) held[p][m] = t[p][m * @LANES@];
+            }
+            #pragma unroll
+            for (int p = 0; p < @GROUP@; ++p) {
+                #pragma unroll
+                for (int m = 0; m < @K@; ++m) t[p][m * @LANES@] = held[p][m] + g[p] * rec[p][m];
+            }
+        } else {
+            #pragma unroll
+            for (int p = 0; p < @GROUP@; ++p) {
+                #pragma unroll
+                for (int m = 0; m < @K@; ++m) t[p][m * @LANES@] += g[p] * rec[p][m];
+            }
+        }
     }
     __syncwarp();
     if (want_dx) {
@@ -293,6 +327,7 @@ def _render(snippet: str, scalar: str, order: int, rw: int, capacity: int, warps
         "@LANES@": str(LANES),
         "@CAP@": str(capacity),
         "@WARPS@": str(warps),
+        "@GROUP@": str(ROW_GROUP[scalar]),
     }
     for key, value in subs.items():
         snippet = snippet.replace(key, value)
