@@ -9,6 +9,7 @@ import warp as wp
 
 import warpkan
 from warpkan.kernels import bspline as kb
+from warpkan.kernels import bspline_tiled as kbt
 from warpkan.reference.bspline import b_splines, kan_linear
 from warpkan.reference.efficient_kan import EfficientKANLinear
 from warpkan.torch_bridge import KANLinear, bspline_backward, bspline_forward, bspline_kan
@@ -213,14 +214,21 @@ def test_tiled_and_per_thread_kernels_cuda_float64(shape, tiled, deterministic):
                  ((n_rows, n_in), (n_in, n_out), (n_in, n_out), (n_in, grid_size + order, n_out))]
         kb.launch_backward(wp.from_torch(cuda(dy)), *arrays, order, uniform, use_base, *map(wp.from_torch, grads),
                            deterministic=deterministic, tiled=tiled)
-        ours = [y, grads[0], grads[1].T, grads[3].permute(2, 0, 1), grads[2].T]
+        runs = [grads]
+        if tiled:  # overwrite mode (what the torch op runs): NaN-filled buffers, set rather than added into
+            stale = [torch.full_like(g, float("nan")) for g in grads]
+            kbt.launch_tiled_backward(wp.from_torch(cuda(dy)), *arrays, order, uniform, use_base,
+                                      *map(wp.from_torch, stale), deterministic=deterministic, overwrite=True)
+            runs.append(stale)
         refs = [y_ref, dx_ref, dwb_ref if use_base else torch.zeros(n_out, n_in, dtype=torch.float64), dsw_ref, dss_ref]
-        for name, a, b in zip(("y", "dx", "d_base_weight", "d_spline_weight", "d_spline_scaler"), ours, refs):
-            if tol is None:  # float32 against float64: a few float32 roundings of the sums of magnitudes
-                scale = b.abs().nan_to_num(0).amax().item() + 1e-30
-                torch.testing.assert_close(a.double().cpu(), b, rtol=0, atol=2e-5 * scale, equal_nan=True, msg=name)
-            else:
-                torch.testing.assert_close(a.cpu(), b, **tol, equal_nan=True, msg=name)
+        for run in runs:
+            ours = [y, run[0], run[1].T, run[3].permute(2, 0, 1), run[2].T]
+            for name, a, b in zip(("y", "dx", "d_base_weight", "d_spline_weight", "d_spline_scaler"), ours, refs):
+                if tol is None:  # float32 against float64: a few float32 roundings of the sums of magnitudes
+                    scale = b.abs().nan_to_num(0).amax().item() + 1e-30
+                    torch.testing.assert_close(a.double().cpu(), b, rtol=0, atol=2e-5 * scale, equal_nan=True, msg=name)
+                else:
+                    torch.testing.assert_close(a.cpu(), b, **tol, equal_nan=True, msg=name)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the warp-tiled kernels run on CUDA only")

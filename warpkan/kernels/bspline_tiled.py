@@ -304,7 +304,7 @@ _BACKWARD_OP = """
         const int n = n0 + lane;
         if (n < n_end) {
             @T@* d = (@T@*)((char*)dx.data + (size_t)n * dx.strides[0] + (size_t)i * dx.strides[1]);
-            if (dx_atomic) atomicAdd(d, partial[0]); else *d += partial[0];
+            if (dx_write == 1) atomicAdd(d, partial[0]); else if (dx_write == 2) *d = partial[0]; else *d += partial[0];
         }
     }
     base_sum += base_step;
@@ -369,7 +369,7 @@ def tiled_kernels(order: int, uniform: bool, scalar: str, capacity: int) -> Tile
     def backward_op(op: int, cell: int, b: vecK, db: vecK, act: T, dact: T, g_now: vecL,
                     dy: wp.array2d(dtype=T), coef_pad: wp.array3d(dtype=T), coef: wp.array3d(dtype=T),
                     base_weight_t: wp.array2d(dtype=T), scaler_t: wp.array2d(dtype=T), i: int, o: int, lane: int,
-                    n0: int, n_end: int, chunk: int, want_dx: int, dx_atomic: int, deterministic: int,
+                    n0: int, n_end: int, chunk: int, want_dx: int, dx_write: int, deterministic: int,
                     dx: wp.array2d(dtype=T), d_base_weight_t: wp.array2d(dtype=T), d_scaler_t: wp.array2d(dtype=T),
                     d_coef: wp.array3d(dtype=T), partial_coef: wp.array4d(dtype=T),
                     partial_params: wp.array4d(dtype=T)) -> vecL:
@@ -382,13 +382,30 @@ def tiled_kernels(order: int, uniform: bool, scalar: str, capacity: int) -> Tile
     backward_op = wp.func_native(_render(_BACKWARD_OP, scalar, order, bw_width, capacity, bw_warps))(backward_op)
 
     @fw_kernel
-    def pad_coef(coef: wp.array3d(dtype=T), scaler_t: wp.array2d(dtype=T), coef_pad: wp.array3d(dtype=T)):
+    def pad_coef(coef: wp.array3d(dtype=T), scaler_t: wp.array2d(dtype=T), zero_grads: int, coef_pad: wp.array3d(dtype=T),
+                 dx: wp.array2d(dtype=T), d_base_weight_t: wp.array2d(dtype=T), d_scaler_t: wp.array2d(dtype=T),
+                 d_coef: wp.array3d(dtype=T)):
+        # zero_grads (the backward's overwrite mode): 1 zeroes the parameter gradients, 2 dx too; it saves the
+        # caller a fill launch per gradient
         i, r, o = wp.tid()
         j = r - (K - 1)
         value = zero
-        if j >= 0 and j < coef.shape[1]:
+        inside = j >= 0 and j < coef.shape[1]
+        if inside:
             value = scaler_t[i, o] * coef[i, j, o]
         coef_pad[i, r, o] = value
+        if zero_grads > 0:
+            if inside:
+                d_coef[i, j, o] = zero
+            if r == 0:
+                d_scaler_t[i, o] = zero
+                d_base_weight_t[i, o] = zero
+        if zero_grads > 1:
+            n_in = dx.shape[1]
+            threads = coef_pad.shape[0] * coef_pad.shape[1] * coef_pad.shape[2]
+            for e in range((i * coef_pad.shape[1] + r) * coef_pad.shape[2] + o, dx.shape[0] * n_in, threads):
+                row = e // n_in
+                dx[row, e - row * n_in] = zero
 
     @wp.func
     def block_warp_lane(tid: int, warps: int, n_tiles: int):
@@ -424,7 +441,7 @@ def tiled_kernels(order: int, uniform: bool, scalar: str, capacity: int) -> Tile
     def backward(dy: wp.array2d(dtype=T), x: wp.array2d(dtype=T), grid: wp.array2d(dtype=T),
                  base_weight_t: wp.array2d(dtype=T), scaler_t: wp.array2d(dtype=T), coef: wp.array3d(dtype=T),
                  coef_pad: wp.array3d(dtype=T), basis_matrix: matK, use_base: int, n_tiles: int,
-                 rows_per_chunk: int, want_dx: int, deterministic: int,
+                 rows_per_chunk: int, want_dx: int, dx_write: int, deterministic: int,
                  dx: wp.array2d(dtype=T), d_base_weight_t: wp.array2d(dtype=T), d_scaler_t: wp.array2d(dtype=T),
                  d_coef: wp.array3d(dtype=T), partial_coef: wp.array4d(dtype=T),
                  partial_params: wp.array4d(dtype=T)):
@@ -439,12 +456,11 @@ def tiled_kernels(order: int, uniform: bool, scalar: str, capacity: int) -> Tile
         n_rows = x.shape[0]
         n_start = chunk * rows_per_chunk
         n_end = wp.min(n_start + rows_per_chunk, n_rows)
-        dx_atomic = wp.where(n_tiles > 1, 1, 0)
         none = vecK()
         g = vecL()
         # op 0 loads the first step's dy; each op 1 step returns the next one's, and x is read a step ahead
         g = backward_op(0, 0, none, none, zero, zero, g, dy, coef_pad, coef, base_weight_t, scaler_t, i, o, lane,
-                        n_start, n_end, chunk, want_dx, dx_atomic, deterministic, dx, d_base_weight_t, d_scaler_t,
+                        n_start, n_end, chunk, want_dx, dx_write, deterministic, dx, d_base_weight_t, d_scaler_t,
                         d_coef, partial_coef, partial_params)
         x_next = x[wp.min(n_start + lane, n_rows - 1), i]
         for n0 in range(n_start, n_end, LANES):
@@ -457,10 +473,10 @@ def tiled_kernels(order: int, uniform: bool, scalar: str, capacity: int) -> Tile
             if use_base and n < n_end:  # a row past the chunk has g = 0, and 0 * silu(NaN) must not reach the sum
                 act, dact = silu_and_grad(xv)
             g = backward_op(1, cell, b, db, act, dact, g, dy, coef_pad, coef, base_weight_t, scaler_t, i, o, lane,
-                            n0, n_end, chunk, want_dx, dx_atomic, deterministic, dx, d_base_weight_t, d_scaler_t,
+                            n0, n_end, chunk, want_dx, dx_write, deterministic, dx, d_base_weight_t, d_scaler_t,
                             d_coef, partial_coef, partial_params)
         backward_op(2, 0, none, none, zero, zero, g, dy, coef_pad, coef, base_weight_t, scaler_t, i, o, lane,
-                    n_start, n_end, chunk, want_dx, dx_atomic, deterministic, dx, d_base_weight_t, d_scaler_t,
+                    n_start, n_end, chunk, want_dx, dx_write, deterministic, dx, d_base_weight_t, d_scaler_t,
                     d_coef, partial_coef, partial_params)
 
     @fw_kernel
@@ -539,8 +555,8 @@ def launch_tiled_forward(x, grid, base_weight_t, scaler_t, coef, y, order: int, 
         coef_pad = (workspace or kb._workspace(x.device, stream)).get("tiled_coef_pad", coef_pad_shape(coef.shape, order),
                                                                      coef.dtype)
     with on_stream(None if record else stream):
-        cmds.append(_launch(kernels.pad_coef, tuple(coef_pad.shape), [coef, scaler_t], [coef_pad], x.device, stream,
-                            record))
+        cmds.append(_launch(kernels.pad_coef, tuple(coef_pad.shape), [coef, scaler_t, 0], [coef_pad, None, None, None, None],
+                            x.device, stream, record))
         n_tiles = _tiles(n_out)
         block = FORWARD_WARPS * LANES
         cmds.append(_launch(kernels.forward, -(-n_rows // block) * n_tiles * block,
@@ -561,9 +577,9 @@ def backward_rows_per_chunk(n_rows: int, n_in: int, n_out: int) -> int:
 def launch_tiled_backward(dy, x, grid, base_weight_t, scaler_t, coef, order: int, uniform: bool, use_base: bool = True,
                           dx=None, d_base_weight_t=None, d_scaler_t=None, d_coef=None, deterministic: bool = False,
                           stream=None, workspace=None, coef_pad=None, partial_coef=None, partial_params=None,
-                          record: bool = False):
+                          overwrite: bool = False, record: bool = False):
     """Accumulate (+=) dx (when given) and all three parameter gradients (required) of the tiled forward,
-    in one pass. ``deterministic``: per-chunk partials added in a fixed order (dx is then exact too when
+    in one pass; ``overwrite=True`` sets them instead (no zero-filled buffers needed). ``deterministic``: per-chunk partials added in a fixed order (dx is then exact too when
     out <= 32; with more outputs its per-tile parts are added by atomics and it is refused). Scratch
     (``coef_pad``, and the partials of :func:`partial_shapes` when deterministic) is taken from ``workspace``
     when not given. ``record=True`` runs nothing and returns the recorded launches."""
@@ -575,6 +591,12 @@ def launch_tiled_backward(dy, x, grid, base_weight_t, scaler_t, coef, order: int
         raise ValueError("the tiled backward pass forms every parameter gradient: pass d_base_weight_t, "
                          "d_scaler_t and d_coef")
     if n_rows == 0 or n_in == 0 or n_out == 0:
+        if overwrite:
+            if record:
+                raise ValueError("nothing to record for an empty layer")
+            for grad in (dx, d_base_weight_t, d_scaler_t, d_coef):
+                if grad is not None:
+                    grad.zero_()
         return [] if record else None
     if tuple(dy.shape) != (n_rows, n_out):
         raise ValueError(f"dy must have shape {(n_rows, n_out)}, got {tuple(dy.shape)}")
@@ -595,13 +617,16 @@ def launch_tiled_backward(dy, x, grid, base_weight_t, scaler_t, coef, order: int
     warps = kernels.backward_warps
     cmds = []
     with on_stream(None if record else stream):
-        cmds.append(_launch(kernels.pad_coef, tuple(coef_pad.shape), [coef, scaler_t], [coef_pad], x.device, stream,
-                            record))
+        # dx: added by atomics across output tiles; with one tile, set (overwrite) or added in place
+        dx_write = 1 if n_tiles > 1 else (2 if overwrite else 0)
+        zero_grads = (2 if dx is not None and n_tiles > 1 else 1) if overwrite else 0
+        cmds.append(_launch(kernels.pad_coef, tuple(coef_pad.shape), [coef, scaler_t, zero_grads],
+                            [coef_pad, dx, d_base_weight_t, d_scaler_t, d_coef], x.device, stream, record))
         # dx and the partials may be None (null arrays): the kernel does not touch what it was not asked for
         cmds.append(_launch(kernels.backward, -(-n_chunks // warps) * n_in * n_tiles * warps * LANES,
                             [dy, x, grid, base_weight_t, scaler_t, coef, coef_pad,
                              kb.get_variant(order, uniform, scalar_name(x)).basis_matrix, int(use_base), n_tiles,
-                             rows_per_chunk, int(dx is not None), int(deterministic)],
+                             rows_per_chunk, int(dx is not None), dx_write, int(deterministic)],
                             [dx, d_base_weight_t, d_scaler_t, d_coef, partial_coef if deterministic else None,
                              partial_params if deterministic else None],
                             x.device, stream, record, warps * LANES))

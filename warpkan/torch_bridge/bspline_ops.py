@@ -108,9 +108,13 @@ def resolve_precision(precision: str, dtype: torch.dtype, device: torch.device) 
     return _FLOAT32_MATMUL_RULE[torch.get_float32_matmul_precision()]
 
 
+# Warp's scalar names by torch dtype (wp.types.type_repr costs ~10 us a call, and this runs per launch)
+_SCALAR_NAMES = {dtype: wp.types.type_repr(wp_dtype) for dtype, wp_dtype in WP_DTYPES.items()}
+
+
 def _tiled(x: Tensor, coef: Tensor, spline_order: int) -> bool:
     """The stencil strategy runs the warp-tiled kernels (CUDA, grid within their capacity)."""
-    return kbt.tiled_applies(x.is_cuda, wp.types.type_repr(WP_DTYPES[x.dtype]), coef.shape[1], spline_order)
+    return kbt.tiled_applies(x.is_cuda, _SCALAR_NAMES.get(x.dtype), coef.shape[1], spline_order)
 
 
 def _resolve(strategy: str, x: Tensor, coef: Tensor, spline_order: int) -> str:
@@ -131,7 +135,7 @@ def _tiled_backward(dy, x, grid, base_weight_t, scaler_t, coef, coef_pad, dx, d_
     return kbt.launch_tiled_backward(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base,
                                      dx=dx, d_base_weight_t=d_base, d_scaler_t=d_scaler, d_coef=d_coef,
                                      deterministic=deterministic, coef_pad=coef_pad, partial_coef=partial_coef,
-                                     partial_params=partial_params, record=record)
+                                     partial_params=partial_params, overwrite=True, record=record)
 
 
 # Recorded Warp launches (see RecordedLaunches): re-pointed at each call's tensors, replayed on torch's stream.
@@ -302,10 +306,11 @@ def _backward_impl(
         precision = resolve_precision(precision, x.dtype, x.device)
         return _gemm_backward(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, need_x,
                               need_params, precision)
-    dx, d_base, d_scaler, d_coef = _grad_buffers(x, base_weight_t, coef, need_x, need_params, torch.zeros)
     n_rows, n_in, n_coef, n_out = x.shape[0], x.shape[1], coef.shape[1], coef.shape[2]
     if (_tiled(x, coef, spline_order) and kbt.backward_takes(n_out, need_params, deterministic, need_x)
             and n_rows and n_in and n_out):
+        # the tiled pass sets the gradients (its first launch zeroes what it adds into): no fill launches
+        dx, d_base, d_scaler, d_coef = _grad_buffers(x, base_weight_t, coef, need_x, need_params, torch.empty)
         coef_pad = x.new_empty(kbt.coef_pad_shape(coef.shape, spline_order))
         partial_coef = partial_params = None
         if deterministic:
@@ -315,6 +320,7 @@ def _backward_impl(
                                   d_scaler, d_coef, partial_coef, partial_params),
                 spline_order, uniform, use_base, deterministic)
         return dx, d_base, d_scaler, d_coef
+    dx, d_base, d_scaler, d_coef = _grad_buffers(x, base_weight_t, coef, need_x, need_params, torch.zeros)
     stream = warp_stream(x.device)
     kb.launch_backward(
         to_warp(dy), to_warp(x), to_warp(grid), to_warp(base_weight_t), to_warp(scaler_t), to_warp(coef),
