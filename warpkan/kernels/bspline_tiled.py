@@ -579,8 +579,9 @@ def launch_tiled_backward(dy, x, grid, base_weight_t, scaler_t, coef, order: int
                           stream=None, workspace=None, coef_pad=None, partial_coef=None, partial_params=None,
                           overwrite: bool = False, record: bool = False):
     """Accumulate (+=) dx (when given) and all three parameter gradients (required) of the tiled forward,
-    in one pass; ``overwrite=True`` sets them instead (no zero-filled buffers needed). ``deterministic``: per-chunk partials added in a fixed order (dx is then exact too when
-    out <= 32; with more outputs its per-tile parts are added by atomics and it is refused). Scratch
+    in one pass; ``overwrite=True`` sets them instead (no zero-filled buffers needed). ``deterministic``:
+    per-chunk partials added in a fixed order (dx is then exact too when out <= 32; with more outputs its
+    per-tile parts are added by atomics and it is refused). Scratch
     (``coef_pad``, and the partials of :func:`partial_shapes` when deterministic) is taken from ``workspace``
     when not given. ``record=True`` runs nothing and returns the recorded launches."""
     kb._check_shapes(x, grid, base_weight_t, scaler_t, coef, order)

@@ -48,11 +48,11 @@ from __future__ import annotations
 
 
 import torch
-import warp as wp
 from torch import Tensor
 
 from ..kernels import bspline as kb
 from ..kernels import bspline_tiled as kbt
+from ..kernels._common import IO_SCALAR_NAMES
 from ._common import (WP_DTYPES, RecordedLaunches, TorchWorkspace, autocast_dtype, check_tensor, eager_function,
                       matmul_precision, op_or_eager, to_warp, warp_stream)
 
@@ -108,13 +108,10 @@ def resolve_precision(precision: str, dtype: torch.dtype, device: torch.device) 
     return _FLOAT32_MATMUL_RULE[torch.get_float32_matmul_precision()]
 
 
-# Warp's scalar names by torch dtype (wp.types.type_repr costs ~10 us a call, and this runs per launch)
-_SCALAR_NAMES = {dtype: wp.types.type_repr(wp_dtype) for dtype, wp_dtype in WP_DTYPES.items()}
-
-
 def _tiled(x: Tensor, coef: Tensor, spline_order: int) -> bool:
     """The stencil strategy runs the warp-tiled kernels (CUDA, grid within their capacity)."""
-    return kbt.tiled_applies(x.is_cuda, _SCALAR_NAMES.get(x.dtype), coef.shape[1], spline_order)
+    # two table lookups: wp.types.type_repr costs ~10 us a call, and this runs per launch
+    return kbt.tiled_applies(x.is_cuda, IO_SCALAR_NAMES.get(WP_DTYPES.get(x.dtype)), coef.shape[1], spline_order)
 
 
 def _resolve(strategy: str, x: Tensor, coef: Tensor, spline_order: int) -> str:
