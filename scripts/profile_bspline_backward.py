@@ -1,4 +1,6 @@
-"""Time each phase of the B-spline stencil kernels on cuda (median of CUDA-event timings after warm-up).
+"""Time each phase of the B-spline stencil kernels on cuda (median of CUDA-event timings after warm-up): the
+default kernels (warp-tiled where they apply, the backward pass on bands of cells for longer grids) and the
+per-thread ones.
 
     python scripts/profile_bspline_backward.py [--cases N:in:out:G:k,...] [--entries-per-chunk E]
 """
@@ -15,7 +17,7 @@ from warpkan.bench.timing import time_fn  # noqa: E402
 from warpkan.kernels import bspline as kb  # noqa: E402
 from warpkan.torch_bridge._common import TorchWorkspace  # noqa: E402
 
-DEFAULT_CASES = "131072:32:32:64:3,131072:32:32:1024:3,131072:32:32:16384:3,131072:32:32:262144:3,65536:32:32:64:1,65536:32:32:64:5,65536:256:256:8:3"
+DEFAULT_CASES = "131072:32:32:64:3,131072:32:32:256:3,131072:32:32:1024:3,131072:32:32:16384:3,131072:32:32:262144:3,65536:32:32:64:1,65536:32:32:64:5,65536:256:256:8:3"
 
 
 def main():
@@ -57,6 +59,8 @@ def main():
             "backward params only": backward(**params),
             "backward dx + params (training step)": backward(dx=w(dx), **params),
             "backward dx + params, deterministic": backward(dx=w(dx), deterministic=True, **params),
+            # the training backward on the per-thread (bucketed) kernels, where the warp-tiled pass runs
+            "backward dx + params, per-thread kernels": backward(dx=w(dx), tiled=False, **params),
         }
         print(f"\nN={n_rows} {n_in}->{n_out} G={grid_size} k={order}")
         total = 0.0

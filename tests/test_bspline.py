@@ -93,8 +93,9 @@ def _check_fp32(ours32, ref32, ref64, name, factor=8.0):
 
 @pytest.mark.parametrize("uniform", [True, False])
 @pytest.mark.parametrize("strategy", ["stencil", "gemm"])
-def test_float32_error_is_at_reference_level(device, uniform, strategy):
-    order, n_rows, n_in, n_out, grid_size = 3, 257, 19, 23, 11
+@pytest.mark.parametrize("grid_size", [11, 300])  # 300: on CUDA the stencil's backward pass goes in bands
+def test_float32_error_is_at_reference_level(device, uniform, strategy, grid_size):
+    order, n_rows, n_in, n_out = 3, 257, 19, 23
     tdev = _torch_device(device)
     grid64 = _grid(n_in, grid_size, order, perturb=0.0 if uniform else 0.4).to(tdev)
     gen = torch.Generator().manual_seed(5)
@@ -229,6 +230,79 @@ def test_tiled_and_per_thread_kernels_cuda_float64(shape, tiled, deterministic):
                     torch.testing.assert_close(a.double().cpu(), b, rtol=0, atol=2e-5 * scale, equal_nan=True, msg=name)
                 else:
                     torch.testing.assert_close(a.cpu(), b, **tol, equal_nan=True, msg=name)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the warp-tiled kernels run on CUDA only")
+@pytest.mark.parametrize("shape", [
+    (600, 3, 32, 200, 3, True, True, 3),      # three bands of 77 cells, one output tile (dx stored)
+    (300, 2, 40, 700, 3, True, True, 10),     # 10 bands: few rows a band a step (butterfly dx), two tiles
+    (2000, 2, 33, 150, 5, False, True, 3),    # non-uniform grid, k = 5, a masked lane in the second tile
+    (5000, 1, 16, 120, 1, True, False, 2),    # k = 1, no base path, many rows a band a step (transpose dx)
+    (257, 1, 8, 764, 3, True, True, 10),      # MAX_BANDS exactly
+])
+def test_banded_backward_cuda_float64(shape):
+    """The tiled backward pass on bands of cells (grids past the table capacity), float32 against the float64
+    reference: every gradient, with NaN and off-grid rows (band 0 adds their base term), accumulated and in
+    overwrite mode into NaN-filled buffers; deterministic calls take the bucketed kernels."""
+    n_rows, n_in, n_out, grid_size, order, uniform, use_base, n_bands = shape
+    plan = kbt.backward_plan(True, "float32", grid_size + order, order)
+    assert plan is not None and plan.n_bands == n_bands and plan.banded
+    assert kbt.backward_plan(True, "float64", grid_size + order, order) is None
+    gen = torch.Generator().manual_seed(n_rows)
+    grid = _grid(n_in, grid_size, order, perturb=0.0 if uniform else 0.3)
+    x = 0.7 * torch.randn(n_rows, n_in, generator=gen, dtype=torch.float64)
+    x[::7, 0] = float("nan")
+    x[::5, -1] = -3.0  # off the grid
+    wb, sw, ss = _params(n_out, n_in, grid_size + order, seed=n_in)
+    dy = torch.randn(n_rows, n_out, generator=gen, dtype=torch.float64)
+    # the float32 reference's own error is the yardstick: dx carries B' ~ 1/h, so its float32 error grows
+    # with G (about 3e-5 of its largest value at G = 200)
+    refs = {}
+    for dtype in (torch.float64, torch.float32):
+        grid_d = grid.to(dtype)
+        ref = lambda x, wb, sw, ss: kan_linear(x, grid_d, wb, sw, ss, order, use_base=use_base)  # noqa: E731
+        _, grads = _fwd_bwd(ref, x.to(dtype), [t.to(dtype) for t in (wb, sw, ss)], dy.to(dtype))
+        if not use_base:
+            grads[1] = torch.zeros(n_out, n_in, dtype=dtype)
+        refs[dtype] = grads
+    cuda = lambda t: t.to(device="cuda", dtype=torch.float32).contiguous()  # noqa: E731
+    arrays = [wp.from_torch(cuda(t)) for t in (x, grid, wb.T, ss.T, sw.permute(1, 2, 0))]
+    shapes = ((n_rows, n_in), (n_in, n_out), (n_in, n_out), (n_in, grid_size + order, n_out))
+    added = [torch.zeros(s, dtype=torch.float32, device="cuda") for s in shapes]
+    kb.launch_backward(wp.from_torch(cuda(dy)), *arrays, order, uniform, use_base, *map(wp.from_torch, added),
+                       tiled=True)
+    stale = [torch.full(s, float("nan"), dtype=torch.float32, device="cuda") for s in shapes]
+    kbt.launch_tiled_backward(wp.from_torch(cuda(dy)), *arrays, order, uniform, use_base, *map(wp.from_torch, stale),
+                              overwrite=True)
+    bucketed = [torch.zeros(s, dtype=torch.float32, device="cuda") for s in shapes]
+    kb.launch_backward(wp.from_torch(cuda(dy)), *arrays, order, uniform, use_base, *map(wp.from_torch, bucketed),
+                       deterministic=True)
+    for run in (added, stale, bucketed):
+        ours = [run[0], run[1].T, run[3].permute(2, 0, 1), run[2].T]
+        for name, a, b32, b64 in zip(("dx", "d_base_weight", "d_spline_weight", "d_spline_scaler"), ours,
+                                     refs[torch.float32], refs[torch.float64]):
+            a = a.cpu()
+            assert torch.equal(a.isnan(), b64.isnan()), name  # NaN rows stay in their rows
+            kept = ~b64.isnan()
+            if kept.any():
+                _check_fp32(a[kept], b32[kept], b64[kept], name)
+    with pytest.raises(ValueError, match="one table"):
+        kb.launch_backward(wp.from_torch(cuda(dy)), *arrays, order, uniform, use_base, *map(wp.from_torch, added),
+                           deterministic=True, tiled=True)
+
+
+def test_backward_plan():
+    """Which tables the tiled backward pass takes (no GPU needed: a plan is arithmetic)."""
+    whole = kbt.backward_plan(True, "float32", 64 + 3, 3)
+    assert (whole.capacity, whole.n_bands, whole.banded) == (80, 1, False)
+    banded = kbt.backward_plan(True, "float32", 256 + 3, 3)
+    assert (banded.capacity, banded.n_bands, banded.band_cells) == (80, 4, 77)  # 262 cells
+    assert kbt.backward_plan(True, "float32", 765 + 3, 3) is None  # 11 bands: the bucketed kernels
+    assert kbt.backward_plan(False, "float32", 256 + 3, 3) is None
+    assert kbt.backward_plan(True, "float64", 256 + 3, 3) is None
+    assert kbt.backward_takes(32, True, True, True, banded=False)
+    assert not kbt.backward_takes(32, True, True, False, banded=True)
+    assert kbt.backward_takes(64, True, False, True, banded=True)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the warp-tiled kernels run on CUDA only")

@@ -1165,17 +1165,25 @@ def launch_backward(
     """Accumulate (+=) the gradients of ``launch_forward`` into whichever of dx, d_base_weight_t,
     d_scaler_t, d_coef are given. ``d_base_weight_t`` and ``d_scaler_t`` go together.
 
-    ``tiled`` as in :func:`launch_forward`; the tiled pass forms all three parameter gradients (so it is
-    taken when they are all asked for), and is deterministic for dx up to 32 outputs."""
+    ``tiled`` as in :func:`launch_forward`, except that the tiled pass also takes grids past its table
+    capacity, on bands of cells (:func:`warpkan.kernels.bspline_tiled.backward_plan`; not deterministic). It
+    forms all three parameter gradients (so it is taken when they are all asked for), and is deterministic for
+    dx up to 32 outputs."""
     _check_shapes(x, grid, base_weight_t, scaler_t, coef, order)
     from . import bspline_tiled
 
     all_params = d_coef is not None and d_base_weight_t is not None and d_scaler_t is not None
-    tiled_ok = bspline_tiled.backward_takes(coef.shape[2], all_params, deterministic, dx is not None)
+    # the tiled pass also serves grids past the forward's capacity, on bands of cells
+    plan = bspline_tiled.backward_plan(x.device.is_cuda, scalar_name(x), coef.shape[1], order)
+    if tiled and plan is None:
+        raise ValueError("tiled=True needs a CUDA device and a grid within the tiled backward pass's reach "
+                         f"(G + 3k = {coef.shape[1] + 2 * order} rows)")
+    tiled_ok = plan is not None and bspline_tiled.backward_takes(coef.shape[2], all_params, deterministic,
+                                                                 dx is not None, plan.banded)
     if tiled and not tiled_ok:
-        raise ValueError("tiled=True needs all three parameter gradients (and, when deterministic with dx, at "
-                         "most 32 outputs)")
-    if tiled_ok and _take_tiled(tiled, x, coef, order):
+        raise ValueError("tiled=True needs all three parameter gradients (and, when deterministic, one table and, "
+                         "with dx, at most 32 outputs)")
+    if tiled_ok and tiled is not False:
         bspline_tiled.launch_tiled_backward(dy, x, grid, base_weight_t, scaler_t, coef, order, uniform, use_base,
                                             dx=dx, d_base_weight_t=d_base_weight_t, d_scaler_t=d_scaler_t,
                                             d_coef=d_coef, deterministic=deterministic, stream=stream,

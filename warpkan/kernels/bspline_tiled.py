@@ -35,7 +35,8 @@ import warp as wp
 from . import bspline as kb
 from ._common import SCALARS, on_stream, scalar_name
 
-__all__ = ["TiledKernels", "CAPACITIES", "FORWARD_WARPS", "tiled_capacity", "tiled_applies", "backward_takes",
+__all__ = ["TiledKernels", "BackwardPlan", "CAPACITIES", "BANDED_CAPACITY", "MAX_BANDS", "FORWARD_WARPS",
+           "tiled_capacity", "tiled_applies", "backward_plan", "backward_takes",
            "tiled_kernels", "launch_tiled_forward",
            "launch_tiled_backward", "backward_rows_per_chunk", "coef_pad_shape", "partial_shapes"]
 
@@ -56,6 +57,14 @@ _BACKWARD_TARGET_WARPS = 8192
 # scalar type (float64 spills at 4).
 ROW_GROUP = {"float32": 4, "float64": 2}
 _MIN_CHUNK_ROWS = 64
+# Grids past the table capacities: the backward pass splits the cells into bands of a table each
+# (:func:`backward_plan`). Each warp walks only the rows whose cell lies in its band, so the per-row work
+# stays that of a small grid while every band's warp still reads every row's x (and evaluates its cell):
+# an overhead that grows with the number of bands, hence the cap. float32 only.
+BANDED_CAPACITY = {"float32": 80}
+MAX_BANDS = 10
+# a banded step with at most this many live rows sums their dx by butterflies instead of the transpose
+FEW_SLOTS = 6
 
 
 @dataclass(frozen=True)
@@ -84,10 +93,37 @@ def tiled_applies(is_cuda: bool, scalar: str, n_coef: int, order: int) -> bool:
     return is_cuda and scalar in CAPACITIES and tiled_capacity(n_coef, order, scalar) is not None
 
 
-def backward_takes(n_out: int, all_params: bool, deterministic: bool, want_dx: bool) -> bool:
+@dataclass(frozen=True)
+class BackwardPlan:
+    capacity: int
+    n_bands: int  # 1: one table holds the whole grid
+    band_cells: int  # cells a band holds
+
+    @property
+    def banded(self) -> bool:
+        return self.n_bands > 1
+
+
+def backward_plan(is_cuda: bool, scalar: str, n_coef: int, order: int) -> BackwardPlan | None:
+    """How the tiled backward pass runs a layer (n_coef = G + k; the cells are G + 2k): on one table when
+    :func:`tiled_applies`, else (float32) on up to :data:`MAX_BANDS` bands of :data:`BANDED_CAPACITY` rows,
+    a band holding capacity - k cells; None when neither serves (the bucketed kernels do)."""
+    n_cells = n_coef + order
+    if tiled_applies(is_cuda, scalar, n_coef, order):
+        return BackwardPlan(tiled_capacity(n_coef, order, scalar), 1, n_cells)
+    capacity = BANDED_CAPACITY.get(scalar) if is_cuda else None
+    if capacity is None or capacity <= order:
+        return None
+    band_cells = capacity - order
+    n_bands = -(-n_cells // band_cells)
+    return BackwardPlan(capacity, n_bands, band_cells) if n_bands <= MAX_BANDS else None
+
+
+def backward_takes(n_out: int, all_params: bool, deterministic: bool, want_dx: bool, banded: bool = False) -> bool:
     """Whether the tiled backward pass can serve a call: it forms all three parameter gradients, and its dx
-    is atomic-free (so deterministic) only within one tile of 32 outputs."""
-    return all_params and not (deterministic and want_dx and n_out > LANES)
+    is atomic-free (so deterministic) only within one tile of 32 outputs. Banded, neighbouring bands add
+    into the same coefficients by atomics: not deterministic."""
+    return all_params and not (deterministic and (banded or (want_dx and n_out > LANES)))
 
 
 # ---------------------------------------------------------------------------------------------------- snippets
@@ -180,14 +216,18 @@ _BACKWARD_OP = """
     const int n_rows_pad = coef_pad.shape[1];
     const bool o_valid = o < n_out;
     const int oc = o_valid ? o : n_out - 1;
+    // the band's rows c0 .. c0 + local_rows - 1 of the padded table (all of it when not banded: c0 = 0)
+    const int local_rows = min(@CAP@, n_rows_pad - c0);
     if (op == 0) {
-        const char* src = (const char*)coef_pad.data + (size_t)i * coef_pad.strides[0] + (size_t)oc * coef_pad.strides[2];
-        for (int r = warp; r < n_rows_pad; r += @WARPS@) coefs[r * @LANES@ + lane] = *(const @T@*)(src + (size_t)r * coef_pad.strides[1]);
-        for (int r = 0; r < n_rows_pad; ++r) table[r * @LANES@ + lane] = ((@T@)0);
+        const char* src = (const char*)coef_pad.data + (size_t)i * coef_pad.strides[0] + (size_t)c0 * coef_pad.strides[1]
+                          + (size_t)oc * coef_pad.strides[2];
+        for (int r = warp; r < local_rows; r += @WARPS@) coefs[r * @LANES@ + lane] = *(const @T@*)(src + (size_t)r * coef_pad.strides[1]);
+        for (int r = 0; r < local_rows; ++r) table[r * @LANES@ + lane] = ((@T@)0);
         base_sum = ((@T@)0);
         __syncthreads();
     }
-    if (op == 0 || op == 1) {
+    if (@BANDED@ && op == 0) return result;  // banded: dy is loaded per packed row, in the step
+    if (!@BANDED@ && (op == 0 || op == 1)) {
         // dy of the rows n1 .. n1 + 31 for the next step (the first, for op 0): in flight during this one
         const int n1 = op == 0 ? n0 : n0 + @LANES@;
         const char* dy_col = (const char*)dy.data + (size_t)oc * dy.strides[1];
@@ -200,8 +240,10 @@ _BACKWARD_OP = """
         if (!o_valid || n0 >= n_end) return result;
         const @T@ s = *(const @T@*)((const char*)scaler_t.data + (size_t)i * scaler_t.strides[0] + (size_t)oc * scaler_t.strides[1]);
         @T@ d_s = ((@T@)0);
-        for (int j = 0; j < n_coef; ++j) {
-            const @T@ a = table[(j + @K@ - 1) * @LANES@ + lane];
+        // the coefficients j whose padded row j + k lies in the band (neighbouring bands share k rows: both add)
+        const int j_end = min(n_coef, c0 - (@K@ - 1) + local_rows);
+        for (int j = max(0, c0 - (@K@ - 1)); j < j_end; ++j) {
+            const @T@ a = table[(j + @K@ - 1 - c0) * @LANES@ + lane];
             const @T@ cf = *(const @T@*)((const char*)coef.data + (size_t)i * coef.strides[0] + (size_t)j * coef.strides[1] + (size_t)oc * coef.strides[2]);
             d_s += cf * a;
             @T@* dc = deterministic
@@ -219,34 +261,71 @@ _BACKWARD_OP = """
         if (deterministic) { *ds = d_s; *dbw = base_sum; } else { atomicAdd(ds, d_s); atomicAdd(dbw, base_sum); }
         return result;
     }
-    // op 1: stage this lane's row, then walk the warp's 32 rows with lanes over outputs
+    // op 1: stage this lane's row, then walk the warp's rows with lanes over outputs
     @T@* warp_records = records + warp * @LANES@ * @RW@;
+    @T@ partial[@LANES@];
+#if @BANDED@
+    // Only the rows whose cell lies in this warp's band (matched) are walked. Their records are packed in
+    // lane order into slots 0 .. count - 1, and partial[j] holds dy of slot j's row: loaded here, for the
+    // packed rows only (a register array takes constant indices alone, so the non-banded prefetch of all
+    // 32 rows a step ahead cannot follow the packing).
+    const unsigned int in_band = __ballot_sync(0xffffffffu, matched != 0);
+    if (in_band == 0u) return result;
+    const int count = __popc(in_band);
+    if (matched) {
+        @T@* mine = warp_records + __popc(in_band & ((1u << lane) - 1u)) * @RW@;
+        #pragma unroll
+        for (int m = 0; m < @K@; ++m) { mine[m] = b.c[m]; mine[@K@ + m] = db.c[m]; }
+        mine[2 * @K@] = act;
+        mine[2 * @K@ + 1] = dact;
+        mine[2 * @K@ + 2] = @TO_T@(cell - c0);
+        mine[2 * @K@ + 3] = @TO_T@(lane);
+    }
+    {
+        const char* dy_col = (const char*)dy.data + (size_t)oc * dy.strides[1];
+        unsigned int left = in_band;
+        #pragma unroll
+        for (int j = 0; j < @LANES@; ++j) partial[j] = ((@T@)0);
+        #pragma unroll
+        for (int j = 0; j < @LANES@; ++j) {
+            if (j >= count) break;  // warp-uniform: the loop costs the live rows only
+            const int r = __ffs(left) - 1;
+            left &= left - 1u;
+            if (o_valid) partial[j] = *(const @T@*)(dy_col + (size_t)(n0 + r) * dy.strides[0]);
+        }
+    }
+#else
+    constexpr int count = @LANES@;
     @T@* mine = warp_records + lane * @RW@;
     #pragma unroll
     for (int m = 0; m < @K@; ++m) { mine[m] = b.c[m]; mine[@K@ + m] = db.c[m]; }
     mine[2 * @K@] = act;
     mine[2 * @K@ + 1] = dact;
     mine[2 * @K@ + 2] = @TO_T@(cell);
-    __syncwarp();
-    const @T@ w = *(const @T@*)((const char*)base_weight_t.data + (size_t)i * base_weight_t.strides[0] + (size_t)oc * base_weight_t.strides[1]);
     // partial[r] holds dy[n0 + r, o] (loaded by the previous step) until row r is done, then its part of
     // dx[n0 + r, i]
-    @T@ partial[@LANES@];
     #pragma unroll
     for (int r = 0; r < @LANES@; ++r) partial[r] = g_now.c[r];
+#endif
+    __syncwarp();
+    const @T@ w = *(const @T@*)((const char*)base_weight_t.data + (size_t)i * base_weight_t.strides[0] + (size_t)oc * base_weight_t.strides[1]);
     @T@ base_step = ((@T@)0);
     // Rows go in groups of @GROUP@. A row's table update is a read-modify-write of K rows, and the compiler
     // cannot tell two rows' cells apart, so row after row it would wait for the last stores before the next
     // loads. When a group's cells are K or more apart (a warp-uniform test), all its loads are issued ahead
     // of all its stores; otherwise its rows go one after the other.
+    // Banded, only the first count slots are live (count is 32 otherwise, and the tests below fold away):
+    // a group past them ends the walk, and a group they end in goes row by row, its dead rows skipped.
     #pragma unroll
     for (int r = 0; r < @LANES@; r += @GROUP@) {
+        if (r >= count) break;
         @T@ rec[@GROUP@][@RW@];
         @T@* t[@GROUP@];
         @T@ g[@GROUP@];
-        bool apart = true;
+        bool apart = r + @GROUP@ <= count;
         #pragma unroll
         for (int p = 0; p < @GROUP@; ++p) {
+            if (r + p >= count) { t[p] = table + lane; g[p] = ((@T@)0); continue; }
             #pragma unroll
             for (int v = 0; v < @RW@ / @VW@; ++v)
                 *reinterpret_cast<@VEC@*>(rec[p] + v * @VW@) = *reinterpret_cast<const @VEC@*>(warp_records + (r + p) * @RW@ + v * @VW@);
@@ -280,6 +359,7 @@ _BACKWARD_OP = """
         } else {
             #pragma unroll
             for (int p = 0; p < @GROUP@; ++p) {
+                if (r + p >= count) break;
                 #pragma unroll
                 for (int m = 0; m < @K@; ++m) t[p][m * @LANES@] += g[p] * rec[p][m];
             }
@@ -288,8 +368,8 @@ _BACKWARD_OP = """
     __syncwarp();
     if (want_dx) {
         // transpose reduction: after the step of width w a lane holds 2w-lane sums of w rows; at the end
-        // lane l holds the sum over all lanes of row l (the steps are written out: nvcc keeps the array in
-        // registers only with constant indices)
+        // lane l holds the sum over all lanes of row (slot) l (the steps are written out: nvcc keeps the
+        // array in registers only with constant indices)
 #define WARPKAN_TRANSPOSE_STEP(width) {                                                 \\
             const bool upper = (lane & (width)) != 0;                                   \\
             _Pragma("unroll")                                                           \\
@@ -298,10 +378,32 @@ _BACKWARD_OP = """
                 const @T@ keep = upper ? partial[j + (width)] : partial[j];             \\
                 partial[j] = keep + __shfl_xor_sync(0xffffffffu, send, (width));        \\
             } }
-        WARPKAN_TRANSPOSE_STEP(16) WARPKAN_TRANSPOSE_STEP(8) WARPKAN_TRANSPOSE_STEP(4)
+#define WARPKAN_TRANSPOSE                                                               \\
+        WARPKAN_TRANSPOSE_STEP(16) WARPKAN_TRANSPOSE_STEP(8) WARPKAN_TRANSPOSE_STEP(4)  \\
         WARPKAN_TRANSPOSE_STEP(2) WARPKAN_TRANSPOSE_STEP(1)
-#undef WARPKAN_TRANSPOSE_STEP
+#if @BANDED@
+        // few live slots (many bands): a 5-shuffle butterfly a slot is cheaper than the 31-shuffle transpose
+        if (count <= @FEW@) {
+            @T@ mine_sum = ((@T@)0);
+            #pragma unroll
+            for (int j = 0; j < @FEW@; ++j) {
+                if (j >= count) break;
+                @T@ v = partial[j];
+                #pragma unroll
+                for (int width = 16; width > 0; width >>= 1) v += __shfl_xor_sync(0xffffffffu, v, width);
+                if (lane == j) mine_sum = v;
+            }
+            partial[0] = mine_sum;
+        } else {
+            WARPKAN_TRANSPOSE
+        }
+        const int n = lane < count ? n0 + @FROM_T@(warp_records[lane * @RW@ + 2 * @K@ + 3]) : n_end;
+#else
+        WARPKAN_TRANSPOSE
         const int n = n0 + lane;
+#endif
+#undef WARPKAN_TRANSPOSE_STEP
+#undef WARPKAN_TRANSPOSE
         if (n < n_end) {
             @T@* d = (@T@*)((char*)dx.data + (size_t)n * dx.strides[0] + (size_t)i * dx.strides[1]);
             if (dx_write == 1) atomicAdd(d, partial[0]); else if (dx_write == 2) *d = partial[0]; else *d += partial[0];
@@ -313,7 +415,7 @@ _BACKWARD_OP = """
 """
 
 
-def _render(snippet: str, scalar: str, order: int, rw: int, capacity: int, warps: int) -> str:
+def _render(snippet: str, scalar: str, order: int, rw: int, capacity: int, warps: int, banded: bool = False) -> str:
     is_float = scalar == "float32"
     subs = {
         "@T@": "float" if is_float else "double",
@@ -328,10 +430,22 @@ def _render(snippet: str, scalar: str, order: int, rw: int, capacity: int, warps
         "@CAP@": str(capacity),
         "@WARPS@": str(warps),
         "@GROUP@": str(ROW_GROUP[scalar]),
+        "@BANDED@": "1" if banded else "0",
+        "@FEW@": str(FEW_SLOTS),
     }
     for key, value in subs.items():
         snippet = snippet.replace(key, value)
     return snippet
+
+
+@wp.func
+def block_warp_lane(tid: int, warps: int, n_tiles: int):
+    """(block / n_tiles, warp in block, lane, first output of the block's tile) of thread tid."""
+    block = tid // (LANES * warps)
+    in_block = tid - block * (LANES * warps)
+    warp = in_block // LANES
+    rest = block // n_tiles
+    return rest, warp, in_block - warp * LANES, (block - rest * n_tiles) * LANES
 
 
 def _record_width(values: int, scalar: str) -> int:
@@ -355,10 +469,8 @@ def tiled_kernels(order: int, uniform: bool, scalar: str, capacity: int) -> Tile
     basis_at, basis_and_grad_at, silu_and_grad = variant.basis_at, variant.basis_and_grad_at, shared.silu_and_grad
     module = f"warpkan_bspline_tiled_k{order}_{'uniform' if uniform else 'general'}_{scalar}_c{capacity}"
     fw_kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
-    bw_kernel = functools.partial(wp.kernel, enable_backward=False, module=module + "_bwd")
     zero = T(0.0)
     fw_width = _record_width(K + 2, scalar)
-    bw_width = _record_width(2 * K + 3, scalar)
 
     def forward_step(y_acc: vecL, process: int, cell: int, b: vecK, act: T, coef_pad: wp.array3d(dtype=T),
                      base_weight_t: wp.array2d(dtype=T), i: int, o0: int, lane: int) -> vecL:
@@ -366,20 +478,10 @@ def tiled_kernels(order: int, uniform: bool, scalar: str, capacity: int) -> Tile
 
     def store_rows(y_acc: vecL, y: wp.array2d(dtype=T), n0: int, o: int): ...
 
-    def backward_op(op: int, cell: int, b: vecK, db: vecK, act: T, dact: T, g_now: vecL,
-                    dy: wp.array2d(dtype=T), coef_pad: wp.array3d(dtype=T), coef: wp.array3d(dtype=T),
-                    base_weight_t: wp.array2d(dtype=T), scaler_t: wp.array2d(dtype=T), i: int, o: int, lane: int,
-                    n0: int, n_end: int, chunk: int, want_dx: int, dx_write: int, deterministic: int,
-                    dx: wp.array2d(dtype=T), d_base_weight_t: wp.array2d(dtype=T), d_scaler_t: wp.array2d(dtype=T),
-                    d_coef: wp.array3d(dtype=T), partial_coef: wp.array4d(dtype=T),
-                    partial_params: wp.array4d(dtype=T)) -> vecL:
-        return g_now
-
-    for fn in (forward_step, store_rows, backward_op):
+    for fn in (forward_step, store_rows):
         fn.__name__ = fn.__qualname__ = f"tiled_{fn.__name__}_k{order}_{scalar}_c{capacity}"
     forward_step = wp.func_native(_render(_FORWARD_STEP, scalar, order, fw_width, capacity, fw_warps))(forward_step)
     store_rows = wp.func_native(_render(_STORE_ROWS, scalar, order, fw_width, capacity, fw_warps))(store_rows)
-    backward_op = wp.func_native(_render(_BACKWARD_OP, scalar, order, bw_width, capacity, bw_warps))(backward_op)
 
     @fw_kernel
     def pad_coef(coef: wp.array3d(dtype=T), scaler_t: wp.array2d(dtype=T), zero_grads: int, coef_pad: wp.array3d(dtype=T),
@@ -407,15 +509,6 @@ def tiled_kernels(order: int, uniform: bool, scalar: str, capacity: int) -> Tile
                 row = e // n_in
                 dx[row, e - row * n_in] = zero
 
-    @wp.func
-    def block_warp_lane(tid: int, warps: int, n_tiles: int):
-        """(block / n_tiles, warp in block, lane, first output of the block's tile) of thread tid."""
-        block = tid // (LANES * warps)
-        in_block = tid - block * (LANES * warps)
-        warp = in_block // LANES
-        rest = block // n_tiles
-        return rest, warp, in_block - warp * LANES, (block - rest * n_tiles) * LANES
-
     @fw_kernel
     def forward(x: wp.array2d(dtype=T), grid: wp.array2d(dtype=T), base_weight_t: wp.array2d(dtype=T),
                 coef_pad: wp.array3d(dtype=T), basis_matrix: matK, use_base: int, n_tiles: int,
@@ -436,48 +529,6 @@ def tiled_kernels(order: int, uniform: bool, scalar: str, capacity: int) -> Tile
                 act, dact = silu_and_grad(xv)
             y_acc = forward_step(y_acc, 1, cell, b, act, coef_pad, base_weight_t, i, o0, lane)
         store_rows(y_acc, y, n0, o0 + lane)
-
-    @bw_kernel
-    def backward(dy: wp.array2d(dtype=T), x: wp.array2d(dtype=T), grid: wp.array2d(dtype=T),
-                 base_weight_t: wp.array2d(dtype=T), scaler_t: wp.array2d(dtype=T), coef: wp.array3d(dtype=T),
-                 coef_pad: wp.array3d(dtype=T), basis_matrix: matK, use_base: int, n_tiles: int,
-                 rows_per_chunk: int, want_dx: int, dx_write: int, deterministic: int,
-                 dx: wp.array2d(dtype=T), d_base_weight_t: wp.array2d(dtype=T), d_scaler_t: wp.array2d(dtype=T),
-                 d_coef: wp.array3d(dtype=T), partial_coef: wp.array4d(dtype=T),
-                 partial_params: wp.array4d(dtype=T)):
-        # block = (chunk group, input, output tile), laid out so that the blocks that run together share their
-        # rows of dy and x; warp w takes chunk group * warps + w
-        rest, warp, lane, o0 = block_warp_lane(wp.tid(), bw_warps, n_tiles)
-        o = o0 + lane
-        n_in = x.shape[1]
-        chunk_group = rest // n_in
-        i = rest - chunk_group * n_in
-        chunk = chunk_group * bw_warps + warp
-        n_rows = x.shape[0]
-        n_start = chunk * rows_per_chunk
-        n_end = wp.min(n_start + rows_per_chunk, n_rows)
-        none = vecK()
-        g = vecL()
-        # op 0 loads the first step's dy; each op 1 step returns the next one's, and x is read a step ahead
-        g = backward_op(0, 0, none, none, zero, zero, g, dy, coef_pad, coef, base_weight_t, scaler_t, i, o, lane,
-                        n_start, n_end, chunk, want_dx, dx_write, deterministic, dx, d_base_weight_t, d_scaler_t,
-                        d_coef, partial_coef, partial_params)
-        x_next = x[wp.min(n_start + lane, n_rows - 1), i]
-        for n0 in range(n_start, n_end, LANES):
-            n = n0 + lane
-            xv = x_next
-            x_next = x[wp.min(n + LANES, n_rows - 1), i]
-            valid, cell, b, db = basis_and_grad_at(grid, i, xv, basis_matrix)
-            act = zero
-            dact = zero
-            if use_base and n < n_end:  # a row past the chunk has g = 0, and 0 * silu(NaN) must not reach the sum
-                act, dact = silu_and_grad(xv)
-            g = backward_op(1, cell, b, db, act, dact, g, dy, coef_pad, coef, base_weight_t, scaler_t, i, o, lane,
-                            n0, n_end, chunk, want_dx, dx_write, deterministic, dx, d_base_weight_t, d_scaler_t,
-                            d_coef, partial_coef, partial_params)
-        backward_op(2, 0, none, none, zero, zero, g, dy, coef_pad, coef, base_weight_t, scaler_t, i, o, lane,
-                    n_start, n_end, chunk, want_dx, dx_write, deterministic, dx, d_base_weight_t, d_scaler_t,
-                    d_coef, partial_coef, partial_params)
 
     @fw_kernel
     def combine(partial_coef: wp.array4d(dtype=T), partial_params: wp.array4d(dtype=T), use_base: int,
@@ -501,7 +552,89 @@ def tiled_kernels(order: int, uniform: bool, scalar: str, capacity: int) -> Tile
             if use_base:
                 d_base_weight_t[i, o] = d_base_weight_t[i, o] + acc_b
 
+    backward = _backward_kernel(order, uniform, scalar, capacity, False)
     return TiledKernels((module, module + "_bwd"), capacity, bw_warps, pad_coef, forward, backward, combine)
+
+
+@functools.lru_cache(maxsize=None)
+def _backward_kernel(order: int, uniform: bool, scalar: str, capacity: int, banded: bool) -> wp.Kernel:
+    """The tiled backward pass of one (order, grid kind, scalar type, table capacity), whole-grid or banded
+    (see :func:`backward_plan`), in a module of its own."""
+    warps = CAPACITIES[scalar][capacity]
+    variant = kb.get_variant(order, uniform, scalar)
+    shared = kb.basis_funcs(order, scalar)
+    T = SCALARS[scalar]
+    K = order + 1
+    vecK, matK = shared.vec, shared.mat
+    vecL = wp.types.vector(length=LANES, dtype=T)
+    basis_and_grad_at, silu_and_grad = variant.basis_and_grad_at, shared.silu_and_grad
+    module = f"warpkan_bspline_tiled_k{order}_{'uniform' if uniform else 'general'}_{scalar}_c{capacity}_bwd"
+    zero = T(0.0)
+    # a record: bases, their derivatives, silu, silu', cell (and, banded, the row's lane)
+    width = _record_width(2 * K + (4 if banded else 3), scalar)
+
+    def backward_op(op: int, matched: int, cell: int, c0: int, b: vecK, db: vecK, act: T, dact: T, g_now: vecL,
+                    dy: wp.array2d(dtype=T), coef_pad: wp.array3d(dtype=T), coef: wp.array3d(dtype=T),
+                    base_weight_t: wp.array2d(dtype=T), scaler_t: wp.array2d(dtype=T), i: int, o: int, lane: int,
+                    n0: int, n_end: int, chunk: int, want_dx: int, dx_write: int, deterministic: int,
+                    dx: wp.array2d(dtype=T), d_base_weight_t: wp.array2d(dtype=T), d_scaler_t: wp.array2d(dtype=T),
+                    d_coef: wp.array3d(dtype=T), partial_coef: wp.array4d(dtype=T),
+                    partial_params: wp.array4d(dtype=T)) -> vecL:
+        return g_now
+
+    kind = "banded" if banded else "whole"
+    backward_op.__name__ = backward_op.__qualname__ = f"tiled_backward_op_{kind}_k{order}_{scalar}_c{capacity}"
+    backward_op = wp.func_native(_render(_BACKWARD_OP, scalar, order, width, capacity, warps, banded))(backward_op)
+
+    @functools.partial(wp.kernel, enable_backward=False, module=module + ("_banded" if banded else ""))
+    def backward(dy: wp.array2d(dtype=T), x: wp.array2d(dtype=T), grid: wp.array2d(dtype=T),
+                 base_weight_t: wp.array2d(dtype=T), scaler_t: wp.array2d(dtype=T), coef: wp.array3d(dtype=T),
+                 coef_pad: wp.array3d(dtype=T), basis_matrix: matK, use_base: int, n_tiles: int,
+                 rows_per_chunk: int, n_bands: int, band_cells: int, want_dx: int, dx_write: int, deterministic: int,
+                 dx: wp.array2d(dtype=T), d_base_weight_t: wp.array2d(dtype=T), d_scaler_t: wp.array2d(dtype=T),
+                 d_coef: wp.array3d(dtype=T), partial_coef: wp.array4d(dtype=T),
+                 partial_params: wp.array4d(dtype=T)):
+        # block = (chunk group, input, band, output tile), laid out so that the blocks that run together share
+        # their rows of dy and x; warp w takes chunk group * warps + w. Band b holds the cells
+        # [b band_cells, (b + 1) band_cells) (one band, all cells, when not banded).
+        rest, warp, lane, o0 = block_warp_lane(wp.tid(), warps, n_tiles)
+        o = o0 + lane
+        n_in = x.shape[1]
+        band_group = rest // n_bands
+        c0 = (rest - band_group * n_bands) * band_cells
+        chunk_group = band_group // n_in
+        i = band_group - chunk_group * n_in
+        chunk = chunk_group * warps + warp
+        n_rows = x.shape[0]
+        n_start = chunk * rows_per_chunk
+        n_end = wp.min(n_start + rows_per_chunk, n_rows)
+        none = vecK()
+        g = vecL()
+        # op 0 loads the band's rows (and, not banded, the first step's dy; each op 1 step returns the next
+        # one's); x is read a step ahead
+        g = backward_op(0, 0, 0, c0, none, none, zero, zero, g, dy, coef_pad, coef, base_weight_t, scaler_t, i, o,
+                        lane, n_start, n_end, chunk, want_dx, dx_write, deterministic, dx, d_base_weight_t,
+                        d_scaler_t, d_coef, partial_coef, partial_params)
+        x_next = x[wp.min(n_start + lane, n_rows - 1), i]
+        for n0 in range(n_start, n_end, LANES):
+            n = n0 + lane
+            xv = x_next
+            x_next = x[wp.min(n + LANES, n_rows - 1), i]
+            valid, cell, b, db = basis_and_grad_at(grid, i, xv, basis_matrix)
+            # off-grid rows (cell 0, zero bases) fall in band 0, which adds their base term
+            matched = n < n_end and cell >= c0 and cell < c0 + band_cells
+            act = zero
+            dact = zero
+            if use_base and matched:  # a row past the chunk has g = 0, and 0 * silu(NaN) must not reach the sum
+                act, dact = silu_and_grad(xv)
+            g = backward_op(1, wp.where(matched, 1, 0), cell, c0, b, db, act, dact, g, dy, coef_pad, coef,
+                            base_weight_t, scaler_t, i, o, lane, n0, n_end, chunk, want_dx, dx_write, deterministic,
+                            dx, d_base_weight_t, d_scaler_t, d_coef, partial_coef, partial_params)
+        backward_op(2, 0, 0, c0, none, none, zero, zero, g, dy, coef_pad, coef, base_weight_t, scaler_t, i, o, lane,
+                    n_start, n_end, chunk, want_dx, dx_write, deterministic, dx, d_base_weight_t, d_scaler_t,
+                    d_coef, partial_coef, partial_params)
+
+    return backward
 
 
 def _tiles(n_out: int) -> int:
@@ -565,10 +698,10 @@ def launch_tiled_forward(x, grid, base_weight_t, scaler_t, coef, y, order: int, 
     return cmds if record else None
 
 
-def backward_rows_per_chunk(n_rows: int, n_in: int, n_out: int) -> int:
+def backward_rows_per_chunk(n_rows: int, n_in: int, n_out: int, n_bands: int = 1) -> int:
     """Rows per warp of the tiled backward pass: a function of the shapes alone (so the deterministic
     mode's summation order is fixed), a multiple of 32."""
-    items = max(1, n_in * _tiles(n_out))
+    items = max(1, n_in * _tiles(n_out) * n_bands)
     rows = -(-n_rows * items // _BACKWARD_TARGET_WARPS)
     rows = max(_MIN_CHUNK_ROWS, -(-rows // LANES) * LANES)
     return min(rows, -(-n_rows // LANES) * LANES)
@@ -585,7 +718,12 @@ def launch_tiled_backward(dy, x, grid, base_weight_t, scaler_t, coef, order: int
     (``coef_pad``, and the partials of :func:`partial_shapes` when deterministic) is taken from ``workspace``
     when not given. ``record=True`` runs nothing and returns the recorded launches."""
     kb._check_shapes(x, grid, base_weight_t, scaler_t, coef, order)
-    kernels = _kernels_for(coef, order, uniform)
+    scalar = scalar_name(coef, "coef")
+    plan = backward_plan(coef.device.is_cuda, scalar, coef.shape[1], order)
+    if plan is None:
+        _kernels_for(coef, order, uniform)  # raises the reason
+    kernels = tiled_kernels(order, uniform, scalar, plan.capacity)
+    backward = _backward_kernel(order, uniform, scalar, plan.capacity, plan.banded)
     n_rows, n_in = x.shape
     n_coef, n_out = coef.shape[1], coef.shape[2]
     if d_coef is None or d_base_weight_t is None or d_scaler_t is None:
@@ -601,8 +739,9 @@ def launch_tiled_backward(dy, x, grid, base_weight_t, scaler_t, coef, order: int
         return [] if record else None
     if tuple(dy.shape) != (n_rows, n_out):
         raise ValueError(f"dy must have shape {(n_rows, n_out)}, got {tuple(dy.shape)}")
-    if not backward_takes(n_out, True, deterministic, dx is not None):
-        raise ValueError("the tiled backward pass is deterministic for dx only up to 32 outputs")
+    if not backward_takes(n_out, True, deterministic, dx is not None, plan.banded):
+        raise ValueError("the tiled backward pass is deterministic on one table (G + 3k within CAPACITIES) only, "
+                         "and with dx for at most 32 outputs")
     n_tiles = _tiles(n_out)
     T = SCALARS[scalar_name(x)]
     if coef_pad is None or (deterministic and (partial_coef is None or partial_params is None)):
@@ -613,7 +752,7 @@ def launch_tiled_backward(dy, x, grid, base_weight_t, scaler_t, coef, order: int
             partial_coef = partial_coef if partial_coef is not None else ws.get("tiled_partial_coef", coef_shape, T)
             partial_params = (partial_params if partial_params is not None
                               else ws.get("tiled_partial_params", params_shape, T))
-    rows_per_chunk = backward_rows_per_chunk(n_rows, n_in, n_out)
+    rows_per_chunk = backward_rows_per_chunk(n_rows, n_in, n_out, plan.n_bands)
     n_chunks = -(-n_rows // rows_per_chunk)
     warps = kernels.backward_warps
     cmds = []
@@ -624,10 +763,11 @@ def launch_tiled_backward(dy, x, grid, base_weight_t, scaler_t, coef, order: int
         cmds.append(_launch(kernels.pad_coef, tuple(coef_pad.shape), [coef, scaler_t, zero_grads],
                             [coef_pad, dx, d_base_weight_t, d_scaler_t, d_coef], x.device, stream, record))
         # dx and the partials may be None (null arrays): the kernel does not touch what it was not asked for
-        cmds.append(_launch(kernels.backward, -(-n_chunks // warps) * n_in * n_tiles * warps * LANES,
+        cmds.append(_launch(backward, -(-n_chunks // warps) * n_in * plan.n_bands * n_tiles * warps * LANES,
                             [dy, x, grid, base_weight_t, scaler_t, coef, coef_pad,
-                             kb.get_variant(order, uniform, scalar_name(x)).basis_matrix, int(use_base), n_tiles,
-                             rows_per_chunk, int(dx is not None), dx_write, int(deterministic)],
+                             kb.get_variant(order, uniform, scalar).basis_matrix, int(use_base), n_tiles,
+                             rows_per_chunk, plan.n_bands, plan.band_cells, int(dx is not None), dx_write,
+                             int(deterministic)],
                             [dx, d_base_weight_t, d_scaler_t, d_coef, partial_coef if deterministic else None,
                              partial_params if deterministic else None],
                             x.device, stream, record, warps * LANES))

@@ -304,7 +304,8 @@ def _backward_impl(
         return _gemm_backward(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, need_x,
                               need_params, precision)
     n_rows, n_in, n_coef, n_out = x.shape[0], x.shape[1], coef.shape[1], coef.shape[2]
-    if (_tiled(x, coef, spline_order) and kbt.backward_takes(n_out, need_params, deterministic, need_x)
+    plan = kbt.backward_plan(x.is_cuda, IO_SCALAR_NAMES.get(WP_DTYPES.get(x.dtype)), n_coef, spline_order)
+    if (plan is not None and kbt.backward_takes(n_out, need_params, deterministic, need_x, plan.banded)
             and n_rows and n_in and n_out):
         # the tiled pass sets the gradients (its first launch zeroes what it adds into): no fill launches
         dx, d_base, d_scaler, d_coef = _grad_buffers(x, base_weight_t, coef, need_x, need_params, torch.empty)
