@@ -234,19 +234,20 @@ def test_tiled_and_per_thread_kernels_cuda_float64(shape, tiled, deterministic):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the warp-tiled kernels run on CUDA only")
 @pytest.mark.parametrize("shape", [
-    (600, 3, 32, 200, 3, True, True, 3),      # three bands of 77 cells, one output tile (dx stored)
-    (300, 2, 40, 700, 3, True, True, 10),     # 10 bands: few rows a band a step (butterfly dx), two tiles
-    (2000, 2, 33, 150, 5, False, True, 3),    # non-uniform grid, k = 5, a masked lane in the second tile
-    (5000, 1, 16, 120, 1, True, False, 2),    # k = 1, no base path, many rows a band a step (transpose dx)
-    (257, 1, 8, 764, 3, True, True, 10),      # MAX_BANDS exactly
+    (600, 3, 32, 200, 3, True, True, 48, 5),     # five bands of 45 cells, one output tile (dx stored)
+    (300, 2, 40, 700, 3, True, True, 80, 10),    # 10 bands: few rows a band a step (butterfly dx), two tiles
+    (2000, 2, 33, 150, 5, False, True, 48, 4),   # non-uniform grid, k = 5, a masked lane in the second tile
+    (5000, 1, 16, 120, 1, True, False, 48, 3),   # k = 1, no base path, many rows a band a step (transpose dx)
+    (400, 2, 32, 264, 3, True, True, 48, 6),     # the 48-row table's most bands
+    (257, 1, 8, 764, 3, True, True, 80, 10),     # the 80-row table's most bands
 ])
 def test_banded_backward_cuda_float64(shape):
     """The tiled backward pass on bands of cells (grids past the table capacity), float32 against the float64
     reference: every gradient, with NaN and off-grid rows (band 0 adds their base term), accumulated and in
     overwrite mode into NaN-filled buffers; deterministic calls take the bucketed kernels."""
-    n_rows, n_in, n_out, grid_size, order, uniform, use_base, n_bands = shape
+    n_rows, n_in, n_out, grid_size, order, uniform, use_base, capacity, n_bands = shape
     plan = kbt.backward_plan(True, "float32", grid_size + order, order)
-    assert plan is not None and plan.n_bands == n_bands and plan.banded
+    assert plan is not None and (plan.capacity, plan.n_bands) == (capacity, n_bands) and plan.banded
     assert kbt.backward_plan(True, "float64", grid_size + order, order) is None
     gen = torch.Generator().manual_seed(n_rows)
     grid = _grid(n_in, grid_size, order, perturb=0.0 if uniform else 0.3)
@@ -296,7 +297,9 @@ def test_backward_plan():
     whole = kbt.backward_plan(True, "float32", 64 + 3, 3)
     assert (whole.capacity, whole.n_bands, whole.banded) == (80, 1, False)
     banded = kbt.backward_plan(True, "float32", 256 + 3, 3)
-    assert (banded.capacity, banded.n_bands, banded.band_cells) == (80, 4, 77)  # 262 cells
+    assert (banded.capacity, banded.n_bands, banded.band_cells) == (48, 6, 45)  # 262 cells
+    banded = kbt.backward_plan(True, "float32", 265 + 3, 3)
+    assert (banded.capacity, banded.n_bands, banded.band_cells) == (80, 4, 77)  # 271 cells: 7 bands of 45
     assert kbt.backward_plan(True, "float32", 765 + 3, 3) is None  # 11 bands: the bucketed kernels
     assert kbt.backward_plan(False, "float32", 256 + 3, 3) is None
     assert kbt.backward_plan(True, "float64", 256 + 3, 3) is None

@@ -35,7 +35,7 @@ import warp as wp
 from . import bspline as kb
 from ._common import SCALARS, on_stream, scalar_name
 
-__all__ = ["TiledKernels", "BackwardPlan", "CAPACITIES", "BANDED_CAPACITY", "MAX_BANDS", "FORWARD_WARPS",
+__all__ = ["TiledKernels", "BackwardPlan", "CAPACITIES", "BANDED_CAPACITIES", "FORWARD_WARPS",
            "tiled_capacity", "tiled_applies", "backward_plan", "backward_takes",
            "tiled_kernels", "launch_tiled_forward",
            "launch_tiled_backward", "backward_rows_per_chunk", "coef_pad_shape", "partial_shapes"]
@@ -59,10 +59,13 @@ ROW_GROUP = {"float32": 4, "float64": 2}
 _MIN_CHUNK_ROWS = 64
 # Grids past the table capacities: the backward pass splits the cells into bands of a table each
 # (:func:`backward_plan`). Each warp walks only the rows whose cell lies in its band, so the per-row work
-# stays that of a small grid while every band's warp still reads every row's x (and evaluates its cell):
-# an overhead that grows with the number of bands, hence the cap. float32 only.
-BANDED_CAPACITY = {"float32": 80}
-MAX_BANDS = 10
+# stays that of a small grid while every band's warp still reads every row's x and evaluates its bases: a
+# cost that grows with the number of bands. (capacity, most bands) in order of preference, float32 only:
+# the 48-row table runs 4 warps a block (16 an SM) against 3, and wins while its bands are few. Measured
+# on the H200 at (2^17, 32->32, k=3), training backward ms, 48 / 80 rows: G=128 0.75 / 0.87, G=256
+# 0.99 / 1.03, G=512 1.57 / 1.38, G=1024 2.15 / 1.90; the per-thread kernels take 1.61-1.68 throughout,
+# hence the last limit (G + 2k <= 770 cells at 80 rows).
+BANDED_CAPACITIES = {"float32": ((48, 6), (80, 10))}
 # a banded step with at most this many live rows sums their dx by butterflies instead of the transpose
 FEW_SLOTS = 6
 
@@ -106,17 +109,17 @@ class BackwardPlan:
 
 def backward_plan(is_cuda: bool, scalar: str, n_coef: int, order: int) -> BackwardPlan | None:
     """How the tiled backward pass runs a layer (n_coef = G + k; the cells are G + 2k): on one table when
-    :func:`tiled_applies`, else (float32) on up to :data:`MAX_BANDS` bands of :data:`BANDED_CAPACITY` rows,
-    a band holding capacity - k cells; None when neither serves (the bucketed kernels do)."""
+    :func:`tiled_applies`, else (float32) on bands of one of the tables of :data:`BANDED_CAPACITIES`, a band
+    holding capacity - k cells; None when neither serves (the bucketed kernels do)."""
     n_cells = n_coef + order
     if tiled_applies(is_cuda, scalar, n_coef, order):
         return BackwardPlan(tiled_capacity(n_coef, order, scalar), 1, n_cells)
-    capacity = BANDED_CAPACITY.get(scalar) if is_cuda else None
-    if capacity is None or capacity <= order:
-        return None
-    band_cells = capacity - order
-    n_bands = -(-n_cells // band_cells)
-    return BackwardPlan(capacity, n_bands, band_cells) if n_bands <= MAX_BANDS else None
+    for capacity, most_bands in BANDED_CAPACITIES.get(scalar, ()) if is_cuda else ():
+        band_cells = capacity - order
+        n_bands = -(-n_cells // band_cells)
+        if n_bands <= most_bands:
+            return BackwardPlan(capacity, n_bands, band_cells)
+    return None
 
 
 def backward_takes(n_out: int, all_params: bool, deterministic: bool, want_dx: bool, banded: bool = False) -> bool:
