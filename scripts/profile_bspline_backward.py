@@ -55,6 +55,8 @@ def main():
         phases = {
             "bucketing (keys, stable sort)": bucketing,
             "forward": lambda: kb.launch_forward(w(x), w(knots), w(wb), w(s), w(coef), w(y), order, True, stream=stream),
+            "forward, per-thread kernel": lambda: kb.launch_forward(w(x), w(knots), w(wb), w(s), w(coef), w(y), order,
+                                                                    True, stream=stream, tiled=False),
             "backward dx only": backward(dx=w(dx)),
             "backward params only": backward(**params),
             "backward dx + params (training step)": backward(dx=w(dx), **params),

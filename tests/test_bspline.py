@@ -242,8 +242,9 @@ def test_tiled_and_per_thread_kernels_cuda_float64(shape, tiled, deterministic):
     (257, 1, 8, 764, 3, True, True, 80, 10),     # the 80-row table's most bands
 ])
 def test_banded_backward_cuda_float64(shape):
-    """The tiled backward pass on bands of cells (grids past the table capacity), float32 against the float64
-    reference: every gradient, with NaN and off-grid rows (band 0 adds their base term), accumulated and in
+    """The tiled passes on bands of cells (grids past the whole-table capacity), float32 against the float64
+    reference with the float32 reference's own error as yardstick: the forward (banded where its plan reaches)
+    and every gradient, with NaN and off-grid rows (band 0 adds their base term), accumulated and in
     overwrite mode into NaN-filled buffers; deterministic calls take the bucketed kernels."""
     n_rows, n_in, n_out, grid_size, order, uniform, use_base, capacity, n_bands = shape
     plan = kbt.backward_plan(True, "float32", grid_size + order, order)
@@ -258,17 +259,25 @@ def test_banded_backward_cuda_float64(shape):
     dy = torch.randn(n_rows, n_out, generator=gen, dtype=torch.float64)
     # the float32 reference's own error is the yardstick: dx carries B' ~ 1/h, so its float32 error grows
     # with G (about 3e-5 of its largest value at G = 200)
-    refs = {}
+    refs, y_refs = {}, {}
     for dtype in (torch.float64, torch.float32):
         grid_d = grid.to(dtype)
         ref = lambda x, wb, sw, ss: kan_linear(x, grid_d, wb, sw, ss, order, use_base=use_base)  # noqa: E731
-        _, grads = _fwd_bwd(ref, x.to(dtype), [t.to(dtype) for t in (wb, sw, ss)], dy.to(dtype))
+        y_refs[dtype], grads = _fwd_bwd(ref, x.to(dtype), [t.to(dtype) for t in (wb, sw, ss)], dy.to(dtype))
         if not use_base:
             grads[1] = torch.zeros(n_out, n_in, dtype=dtype)
         refs[dtype] = grads
     cuda = lambda t: t.to(device="cuda", dtype=torch.float32).contiguous()  # noqa: E731
     arrays = [wp.from_torch(cuda(t)) for t in (x, grid, wb.T, ss.T, sw.permute(1, 2, 0))]
     shapes = ((n_rows, n_in), (n_in, n_out), (n_in, n_out), (n_in, grid_size + order, n_out))
+    # the forward pass on bands of its longer tables where they reach, else the per-thread kernel
+    forward = kbt.forward_plan(True, "float32", grid_size + order, order)
+    y = torch.empty(n_rows, n_out, dtype=torch.float32, device="cuda")
+    kb.launch_forward(*arrays, wp.from_torch(y), order, uniform, use_base, tiled=forward is not None)
+    y = y.cpu()
+    assert torch.equal(y.isnan(), y_refs[torch.float64].isnan())
+    kept = ~y.isnan()
+    _check_fp32(y[kept], y_refs[torch.float32][kept], y_refs[torch.float64][kept], "y")
     added = [torch.zeros(s, dtype=torch.float32, device="cuda") for s in shapes]
     kb.launch_backward(wp.from_torch(cuda(dy)), *arrays, order, uniform, use_base, *map(wp.from_torch, added),
                        tiled=True)
@@ -292,8 +301,13 @@ def test_banded_backward_cuda_float64(shape):
                            deterministic=True, tiled=True)
 
 
-def test_backward_plan():
-    """Which tables the tiled backward pass takes (no GPU needed: a plan is arithmetic)."""
+def test_table_plans():
+    """Which tables the tiled passes take (no GPU needed: a plan is arithmetic)."""
+    assert kbt.forward_plan(True, "float32", 64 + 3, 3) == kbt.TablePlan(80, 1, 70)  # G + 2k cells
+    assert kbt.forward_plan(True, "float32", 256 + 3, 3) == kbt.TablePlan(144, 2, 141)  # 262 cells
+    assert kbt.forward_plan(True, "float32", 276 + 3, 3) == kbt.TablePlan(144, 2, 141)  # 282 cells
+    assert kbt.forward_plan(True, "float32", 277 + 3, 3) is None
+    assert kbt.forward_plan(True, "float64", 256 + 3, 3) is None
     whole = kbt.backward_plan(True, "float32", 64 + 3, 3)
     assert (whole.capacity, whole.n_bands, whole.banded) == (80, 1, False)
     banded = kbt.backward_plan(True, "float32", 256 + 3, 3)
@@ -311,8 +325,8 @@ def test_backward_plan():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the warp-tiled kernels run on CUDA only")
 def test_tiled_refusals_cuda():
     x = wp.zeros((4, 2), dtype=wp.float32, device="cuda")
-    grid = wp.zeros((2, 300 + 4), dtype=wp.float32, device="cuda")
-    coef = wp.zeros((2, 300, 40), dtype=wp.float32, device="cuda")
+    grid = wp.zeros((2, 2000 + 7), dtype=wp.float32, device="cuda")  # past the banded forward too
+    coef = wp.zeros((2, 2003, 40), dtype=wp.float32, device="cuda")
     w = wp.zeros((2, 40), dtype=wp.float32, device="cuda")
     y = wp.zeros((4, 40), dtype=wp.float32, device="cuda")
     with pytest.raises(ValueError, match="capacity"):

@@ -974,7 +974,9 @@ def launch_forward(
     """y[n, o] = sum_i base_weight_t[i, o] silu(x[n, i]) + scaler_t[i, o] spline_io(x[n, i]). Overwrites y.
 
     ``tiled``: the warp-tiled CUDA kernels (:mod:`warpkan.kernels.bspline_tiled`) when True, the per-thread
-    stencil kernels when False; None (default) takes the tiled ones wherever they apply (:func:`tiled_applies`)."""
+    stencil kernels when False; None (default) takes the tiled ones wherever they apply: on one table
+    (:func:`tiled_applies`) or, float32, on bands of a longer grid
+    (:func:`warpkan.kernels.bspline_tiled.forward_plan`)."""
     _check_shapes(x, grid, base_weight_t, scaler_t, coef, order)
     if _take_tiled(tiled, x, coef, order):
         from . import bspline_tiled
@@ -1010,9 +1012,13 @@ def tiled_applies(x: "wp.array2d", coef: "wp.array3d", order: int) -> bool:
 
 
 def _take_tiled(tiled: "bool | None", x, coef, order: int) -> bool:
+    """Whether the forward pass runs the tiled kernels (on one table, or on bands of a longer grid)."""
+    from . import bspline_tiled
+
+    applies = bspline_tiled.forward_plan(x.device.is_cuda, scalar_name(x), coef.shape[1], order) is not None
     if tiled is None:
-        return tiled_applies(x, coef, order)
-    if tiled and not tiled_applies(x, coef, order):
+        return applies
+    if tiled and not applies:
         raise ValueError("tiled=True needs a CUDA device and a grid within the tiled kernels' capacity "
                          f"(G + 3k = {coef.shape[1] + 2 * order} rows)")
     return bool(tiled)

@@ -35,8 +35,8 @@ import warp as wp
 from . import bspline as kb
 from ._common import SCALARS, on_stream, scalar_name
 
-__all__ = ["TiledKernels", "BackwardPlan", "CAPACITIES", "BANDED_CAPACITIES", "FORWARD_WARPS",
-           "tiled_capacity", "tiled_applies", "backward_plan", "backward_takes",
+__all__ = ["TiledKernels", "TablePlan", "CAPACITIES", "BANDED_CAPACITIES", "FORWARD_BANDED_CAPACITIES",
+           "FORWARD_WARPS", "tiled_capacity", "tiled_applies", "forward_plan", "backward_plan", "backward_takes",
            "tiled_kernels", "launch_tiled_forward",
            "launch_tiled_backward", "backward_rows_per_chunk", "coef_pad_shape", "partial_shapes"]
 
@@ -66,6 +66,11 @@ _MIN_CHUNK_ROWS = 64
 # 0.99 / 1.03, G=512 1.57 / 1.38, G=1024 2.15 / 1.90; the per-thread kernels take 1.61-1.68 throughout,
 # hence the last limit (G + 2k <= 770 cells at 80 rows).
 BANDED_CAPACITIES = {"float32": ((48, 6), (80, 10))}
+# The forward pass's banded tables: it holds two buffers of one table a block and no accumulation table, so
+# its table can be longer (144 rows: 45 KiB with the records). A band costs each block a table load and
+# each warp a walk of its row mask. Measured on the H200 at (2^17, 32->32, k=3), forward ms, banded /
+# per-thread: G=128 (one band) 0.23 / 0.33, G=256 (two) 0.33 / 0.35, G=512 (four) 0.49 / 0.36.
+FORWARD_BANDED_CAPACITIES = {"float32": ((144, 2),)}
 # a banded step with at most this many live rows sums their dx by butterflies instead of the transpose
 FEW_SLOTS = 6
 
@@ -97,7 +102,10 @@ def tiled_applies(is_cuda: bool, scalar: str, n_coef: int, order: int) -> bool:
 
 
 @dataclass(frozen=True)
-class BackwardPlan:
+class TablePlan:
+    """The coefficient tables of a tiled pass: one of ``capacity`` rows holding the whole padded grid, or
+    ``n_bands`` of them, each holding the rows of ``band_cells`` cells."""
+
     capacity: int
     n_bands: int  # 1: one table holds the whole grid
     band_cells: int  # cells a band holds
@@ -107,19 +115,29 @@ class BackwardPlan:
         return self.n_bands > 1
 
 
-def backward_plan(is_cuda: bool, scalar: str, n_coef: int, order: int) -> BackwardPlan | None:
-    """How the tiled backward pass runs a layer (n_coef = G + k; the cells are G + 2k): on one table when
-    :func:`tiled_applies`, else (float32) on bands of one of the tables of :data:`BANDED_CAPACITIES`, a band
-    holding capacity - k cells; None when neither serves (the bucketed kernels do)."""
+def _plan(banded_capacities: dict, is_cuda: bool, scalar: str, n_coef: int, order: int) -> TablePlan | None:
     n_cells = n_coef + order
     if tiled_applies(is_cuda, scalar, n_coef, order):
-        return BackwardPlan(tiled_capacity(n_coef, order, scalar), 1, n_cells)
-    for capacity, most_bands in BANDED_CAPACITIES.get(scalar, ()) if is_cuda else ():
+        return TablePlan(tiled_capacity(n_coef, order, scalar), 1, n_cells)
+    for capacity, most_bands in banded_capacities.get(scalar, ()) if is_cuda else ():
         band_cells = capacity - order
         n_bands = -(-n_cells // band_cells)
         if n_bands <= most_bands:
-            return BackwardPlan(capacity, n_bands, band_cells)
+            return TablePlan(capacity, n_bands, band_cells)
     return None
+
+
+def forward_plan(is_cuda: bool, scalar: str, n_coef: int, order: int) -> TablePlan | None:
+    """How the tiled forward pass runs a layer: on one table when :func:`tiled_applies`, else (float32) on
+    bands of :data:`FORWARD_BANDED_CAPACITIES`; None when neither serves (the per-thread kernel does)."""
+    return _plan(FORWARD_BANDED_CAPACITIES, is_cuda, scalar, n_coef, order)
+
+
+def backward_plan(is_cuda: bool, scalar: str, n_coef: int, order: int) -> TablePlan | None:
+    """How the tiled backward pass runs a layer (n_coef = G + k; the cells are G + 2k): on one table when
+    :func:`tiled_applies`, else (float32) on bands of one of the tables of :data:`BANDED_CAPACITIES`, a band
+    holding capacity - k cells; None when neither serves (the bucketed kernels do)."""
+    return _plan(BANDED_CAPACITIES, is_cuda, scalar, n_coef, order)
 
 
 def backward_takes(n_out: int, all_params: bool, deterministic: bool, want_dx: bool, banded: bool = False) -> bool:
@@ -136,8 +154,9 @@ def backward_takes(n_out: int, all_params: bool, deterministic: bool, want_dx: b
 
 _FORWARD_STEP = """
 #if defined(__CUDA_ARCH__)
-    // two buffers of the padded coefficient rows of one input for the block's 32 outputs ([row][lane]):
-    // step i reads buffer i & 1 while its loads of input i + 1 are in flight, then stores them in the other
+    // two buffers of padded coefficient rows (an input's, or a band of them: rows c0 .., for the block's 32
+    // outputs, [row][lane]): step s reads buffer s & 1 while its loads for step s + 1 (rows next_c0 .. of
+    // input next_i) are in flight, then stores them in the other
     __shared__ __align__(16) @T@ table[2 * @CAP@ * @LANES@];
     __shared__ __align__(16) @T@ records[@WARPS@ * @LANES@ * @RW@];
     const int n_in = coef_pad.shape[0];
@@ -145,46 +164,56 @@ _FORWARD_STEP = """
     const int n_out = coef_pad.shape[2];
     const int warp = threadIdx.x / @LANES@;
     const int oc = min(o0 + lane, n_out - 1);
-    const int next = process ? i + 1 : i;
+    const int next_rows = @BANDED@ ? min(@CAP@, n_rows_pad - next_c0) : n_rows_pad;
     @T@ ahead[(@CAP@ + @WARPS@ - 1) / @WARPS@];
-    if (next < n_in) {
-        const char* src = (const char*)coef_pad.data + (size_t)next * coef_pad.strides[0] + (size_t)oc * coef_pad.strides[2];
+    if (next_i < n_in) {
+        const char* src = (const char*)coef_pad.data + (size_t)next_i * coef_pad.strides[0]
+                          + (size_t)next_c0 * coef_pad.strides[1] + (size_t)oc * coef_pad.strides[2];
         #pragma unroll
         for (int q = 0; q < (@CAP@ + @WARPS@ - 1) / @WARPS@; ++q) {
             const int r = warp + q * @WARPS@;
-            if (r < n_rows_pad) ahead[q] = *(const @T@*)(src + (size_t)r * coef_pad.strides[1]);
+            if (r < next_rows) ahead[q] = *(const @T@*)(src + (size_t)r * coef_pad.strides[1]);
         }
     }
     if (process) {
-        @T@* mine = records + (warp * @LANES@ + lane) * @RW@;
-        #pragma unroll
-        for (int m = 0; m < @K@; ++m) mine[m] = b.c[m];
-        mine[@K@] = act;
-        mine[@K@ + 1] = @TO_T@(cell);
+        if (!@BANDED@ || c0 == 0) {  // an input's first band: the bands after it walk the same records
+            @T@* mine = records + (warp * @LANES@ + lane) * @RW@;
+            #pragma unroll
+            for (int m = 0; m < @K@; ++m) mine[m] = b.c[m];
+            mine[@K@] = act;
+            mine[@K@ + 1] = @TO_T@(cell);
+        }
         __syncwarp();
-        const @T@* rows = table + (i & 1) * @CAP@ * @LANES@ + lane;
+#if @BANDED@
+        // only the rows whose cell lies in the band (off-grid rows have cell 0: band 0 adds their base term)
+        const unsigned int in_band = __ballot_sync(0xffffffffu, cell >= c0 && cell < c0 + band_cells);
+#endif
+        const @T@* rows = table + (step & 1) * @CAP@ * @LANES@ + lane;
         const @T@ w = *(const @T@*)((const char*)base_weight_t.data + (size_t)i * base_weight_t.strides[0]
                                      + (size_t)oc * base_weight_t.strides[1]);
         const @T@* warp_records = records + warp * @LANES@ * @RW@;
         #pragma unroll
         for (int r = 0; r < @LANES@; ++r) {
+#if @BANDED@
+            if (!((in_band >> r) & 1u)) continue;
+#endif
             @T@ rec[@RW@];
             #pragma unroll
             for (int v = 0; v < @RW@ / @VW@; ++v)
                 *reinterpret_cast<@VEC@*>(rec + v * @VW@) = *reinterpret_cast<const @VEC@*>(warp_records + r * @RW@ + v * @VW@);
-            const @T@* c = rows + @FROM_T@(rec[@K@ + 1]) * @LANES@;
+            const @T@* c = rows + (@FROM_T@(rec[@K@ + 1]) - (@BANDED@ ? c0 : 0)) * @LANES@;
             @T@ s = w * rec[@K@];
             #pragma unroll
             for (int m = 0; m < @K@; ++m) s += c[m * @LANES@] * rec[m];
             y_acc.c[r] += s;
         }
     }
-    if (next < n_in) {
-        @T@* dst = table + (next & 1) * @CAP@ * @LANES@ + lane;
+    if (next_i < n_in) {
+        @T@* dst = table + ((step + 1) & 1) * @CAP@ * @LANES@ + lane;
         #pragma unroll
         for (int q = 0; q < (@CAP@ + @WARPS@ - 1) / @WARPS@; ++q) {
             const int r = warp + q * @WARPS@;
-            if (r < n_rows_pad) dst[r * @LANES@] = ahead[q];
+            if (r < next_rows) dst[r * @LANES@] = ahead[q];
         }
     }
     __syncthreads();
@@ -462,29 +491,12 @@ def tiled_kernels(order: int, uniform: bool, scalar: str, capacity: int) -> Tile
     block size, so the forward (with the two small helpers) and the backward have a module each."""
     if capacity not in CAPACITIES[scalar]:
         raise ValueError(f"capacity must be one of {sorted(CAPACITIES[scalar])}, got {capacity}")
-    fw_warps, bw_warps = FORWARD_WARPS, CAPACITIES[scalar][capacity]
-    variant = kb.get_variant(order, uniform, scalar)
-    shared = kb.basis_funcs(order, scalar)
+    bw_warps = CAPACITIES[scalar][capacity]
     T = SCALARS[scalar]
     K = order + 1
-    vecK, matK = shared.vec, shared.mat
-    vecL = wp.types.vector(length=LANES, dtype=T)
-    basis_at, basis_and_grad_at, silu_and_grad = variant.basis_at, variant.basis_and_grad_at, shared.silu_and_grad
-    module = f"warpkan_bspline_tiled_k{order}_{'uniform' if uniform else 'general'}_{scalar}_c{capacity}"
+    module = _module_name(order, uniform, scalar, capacity)
     fw_kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
     zero = T(0.0)
-    fw_width = _record_width(K + 2, scalar)
-
-    def forward_step(y_acc: vecL, process: int, cell: int, b: vecK, act: T, coef_pad: wp.array3d(dtype=T),
-                     base_weight_t: wp.array2d(dtype=T), i: int, o0: int, lane: int) -> vecL:
-        return y_acc  # the stub's return gives Warp the native function's return type
-
-    def store_rows(y_acc: vecL, y: wp.array2d(dtype=T), n0: int, o: int): ...
-
-    for fn in (forward_step, store_rows):
-        fn.__name__ = fn.__qualname__ = f"tiled_{fn.__name__}_k{order}_{scalar}_c{capacity}"
-    forward_step = wp.func_native(_render(_FORWARD_STEP, scalar, order, fw_width, capacity, fw_warps))(forward_step)
-    store_rows = wp.func_native(_render(_STORE_ROWS, scalar, order, fw_width, capacity, fw_warps))(store_rows)
 
     @fw_kernel
     def pad_coef(coef: wp.array3d(dtype=T), scaler_t: wp.array2d(dtype=T), zero_grads: int, coef_pad: wp.array3d(dtype=T),
@@ -513,27 +525,6 @@ def tiled_kernels(order: int, uniform: bool, scalar: str, capacity: int) -> Tile
                 dx[row, e - row * n_in] = zero
 
     @fw_kernel
-    def forward(x: wp.array2d(dtype=T), grid: wp.array2d(dtype=T), base_weight_t: wp.array2d(dtype=T),
-                coef_pad: wp.array3d(dtype=T), basis_matrix: matK, use_base: int, n_tiles: int,
-                y: wp.array2d(dtype=T)):
-        # block = (FORWARD_WARPS x 32 rows, 32 outputs); warp w takes rows n0 .. n0 + 31, lane the output
-        row_group, warp, lane, o0 = block_warp_lane(wp.tid(), fw_warps, n_tiles)
-        n0 = (row_group * fw_warps + warp) * LANES
-        n_rows = x.shape[0]
-        n = wp.min(n0 + lane, n_rows - 1)
-        y_acc = vecL()
-        none = vecK()
-        y_acc = forward_step(y_acc, 0, 0, none, zero, coef_pad, base_weight_t, 0, o0, lane)  # rows of input 0
-        for i in range(x.shape[1]):
-            xv = x[n, i]
-            valid, cell, b = basis_at(grid, i, xv, basis_matrix)
-            act = zero
-            if use_base:
-                act, dact = silu_and_grad(xv)
-            y_acc = forward_step(y_acc, 1, cell, b, act, coef_pad, base_weight_t, i, o0, lane)
-        store_rows(y_acc, y, n0, o0 + lane)
-
-    @fw_kernel
     def combine(partial_coef: wp.array4d(dtype=T), partial_params: wp.array4d(dtype=T), use_base: int,
                 d_base_weight_t: wp.array2d(dtype=T), d_scaler_t: wp.array2d(dtype=T), d_coef: wp.array3d(dtype=T)):
         # fixed chunk order: bitwise reproducible. Rows j < n_coef are coefficients, row n_coef the scaler
@@ -555,8 +546,82 @@ def tiled_kernels(order: int, uniform: bool, scalar: str, capacity: int) -> Tile
             if use_base:
                 d_base_weight_t[i, o] = d_base_weight_t[i, o] + acc_b
 
+    forward = _forward_kernel(order, uniform, scalar, capacity, False)
     backward = _backward_kernel(order, uniform, scalar, capacity, False)
     return TiledKernels((module, module + "_bwd"), capacity, bw_warps, pad_coef, forward, backward, combine)
+
+
+def _module_name(order: int, uniform: bool, scalar: str, capacity: int) -> str:
+    return f"warpkan_bspline_tiled_k{order}_{'uniform' if uniform else 'general'}_{scalar}_c{capacity}"
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_kernel(order: int, uniform: bool, scalar: str, capacity: int, banded: bool) -> wp.Kernel:
+    """The tiled forward pass of one (order, grid kind, scalar type, table capacity), whole-grid (in the
+    capacity's module, with the helpers) or banded (see :func:`forward_plan`, a module of its own)."""
+    variant = kb.get_variant(order, uniform, scalar)
+    shared = kb.basis_funcs(order, scalar)
+    T = SCALARS[scalar]
+    K = order + 1
+    vecK, matK = shared.vec, shared.mat
+    vecL = wp.types.vector(length=LANES, dtype=T)
+    basis_at, silu_and_grad = variant.basis_at, shared.silu_and_grad
+    module = _module_name(order, uniform, scalar, capacity) + ("_fwd_banded" if banded else "")
+    zero = T(0.0)
+    width = _record_width(K + 2, scalar)
+
+    def forward_step(y_acc: vecL, process: int, step: int, cell: int, b: vecK, act: T, coef_pad: wp.array3d(dtype=T),
+                     base_weight_t: wp.array2d(dtype=T), i: int, c0: int, band_cells: int, next_i: int, next_c0: int,
+                     o0: int, lane: int) -> vecL:
+        return y_acc  # the stub's return gives Warp the native function's return type
+
+    def store_rows(y_acc: vecL, y: wp.array2d(dtype=T), n0: int, o: int): ...
+
+    kind = "banded" if banded else "whole"
+    for fn in (forward_step, store_rows):
+        fn.__name__ = fn.__qualname__ = f"tiled_{fn.__name__}_{kind}_k{order}_{scalar}_c{capacity}"
+    forward_step = wp.func_native(_render(_FORWARD_STEP, scalar, order, width, capacity, FORWARD_WARPS, banded))(forward_step)
+    store_rows = wp.func_native(_render(_STORE_ROWS, scalar, order, width, capacity, FORWARD_WARPS))(store_rows)
+
+    @functools.partial(wp.kernel, enable_backward=False, module=module)
+    def forward(x: wp.array2d(dtype=T), grid: wp.array2d(dtype=T), base_weight_t: wp.array2d(dtype=T),
+                coef_pad: wp.array3d(dtype=T), basis_matrix: matK, use_base: int, n_tiles: int, n_bands: int,
+                band_cells: int, y: wp.array2d(dtype=T)):
+        # block = (FORWARD_WARPS x 32 rows, 32 outputs); warp w takes rows n0 .. n0 + 31, lane the output. A
+        # step is one (input, band) table: band b holds the cells [b band_cells, (b + 1) band_cells) (one
+        # band, all cells, when not banded)
+        row_group, warp, lane, o0 = block_warp_lane(wp.tid(), FORWARD_WARPS, n_tiles)
+        n0 = (row_group * FORWARD_WARPS + warp) * LANES
+        n_rows = x.shape[0]
+        n = wp.min(n0 + lane, n_rows - 1)
+        y_acc = vecL()
+        none = vecK()
+        # the first step's table
+        y_acc = forward_step(y_acc, 0, -1, 0, none, zero, coef_pad, base_weight_t, 0, 0, band_cells, 0, 0, o0, lane)
+        step = int(0)
+        for i in range(x.shape[1]):
+            xv = x[n, i]
+            valid, cell, b = basis_at(grid, i, xv, basis_matrix)
+            act = zero
+            if use_base:
+                act, dact = silu_and_grad(xv)
+            if wp.static(banded):
+                for band in range(n_bands):
+                    c0 = band * band_cells
+                    next_i = i
+                    next_c0 = c0 + band_cells
+                    if band + 1 == n_bands:
+                        next_i = i + 1
+                        next_c0 = 0
+                    y_acc = forward_step(y_acc, 1, step, cell, b, act, coef_pad, base_weight_t, i, c0, band_cells,
+                                         next_i, next_c0, o0, lane)
+                    step = step + 1
+            else:  # step i: input i's table
+                y_acc = forward_step(y_acc, 1, i, cell, b, act, coef_pad, base_weight_t, i, 0, band_cells, i + 1, 0,
+                                     o0, lane)
+        store_rows(y_acc, y, n0, o0 + lane)
+
+    return forward
 
 
 @functools.lru_cache(maxsize=None)
@@ -571,7 +636,7 @@ def _backward_kernel(order: int, uniform: bool, scalar: str, capacity: int, band
     vecK, matK = shared.vec, shared.mat
     vecL = wp.types.vector(length=LANES, dtype=T)
     basis_and_grad_at, silu_and_grad = variant.basis_and_grad_at, shared.silu_and_grad
-    module = f"warpkan_bspline_tiled_k{order}_{'uniform' if uniform else 'general'}_{scalar}_c{capacity}_bwd"
+    module = _module_name(order, uniform, scalar, capacity) + "_bwd"
     zero = T(0.0)
     # a record: bases, their derivatives, silu, silu', cell (and, banded, the row's lane)
     width = _record_width(2 * K + (4 if banded else 3), scalar)
@@ -655,6 +720,13 @@ def _kernels_for(coef, order, uniform):
     return tiled_kernels(order, uniform, scalar, capacity)
 
 
+def _pad_kernel(order: int, uniform: bool, scalar: str, plan: TablePlan) -> wp.Kernel:
+    """The coefficient-padding kernel (the same in every capacity's module: a banded forward table, which has
+    none, takes the smallest's)."""
+    capacity = plan.capacity if plan.capacity in CAPACITIES[scalar] else min(CAPACITIES[scalar])
+    return tiled_kernels(order, uniform, scalar, capacity).pad_coef
+
+
 def _launch(kernel, dim, inputs, outputs, device, stream, record: bool, block_dim: int = 256):
     return wp.launch(kernel, dim=dim, inputs=inputs, outputs=outputs, device=device, stream=stream,
                      block_dim=block_dim, record_tape=False, record_cmd=record)
@@ -678,7 +750,12 @@ def launch_tiled_forward(x, grid, base_weight_t, scaler_t, coef, y, order: int, 
     :data:`CAPACITIES`). Overwrites y. ``coef_pad`` (:func:`coef_pad_shape`) is scratch, taken from
     ``workspace`` when not given. ``record=True`` runs nothing and returns the recorded launches."""
     kb._check_shapes(x, grid, base_weight_t, scaler_t, coef, order)
-    kernels = _kernels_for(coef, order, uniform)
+    scalar = scalar_name(coef, "coef")
+    plan = forward_plan(coef.device.is_cuda, scalar, coef.shape[1], order)
+    if plan is None:
+        _kernels_for(coef, order, uniform)  # raises the reason
+    pad_coef = _pad_kernel(order, uniform, scalar, plan)
+    forward = _forward_kernel(order, uniform, scalar, plan.capacity, plan.banded)
     n_rows, n_out = x.shape[0], coef.shape[2]
     cmds = []
     if n_rows == 0 or n_out == 0 or x.shape[1] == 0:
@@ -691,13 +768,14 @@ def launch_tiled_forward(x, grid, base_weight_t, scaler_t, coef, y, order: int, 
         coef_pad = (workspace or kb._workspace(x.device, stream)).get("tiled_coef_pad", coef_pad_shape(coef.shape, order),
                                                                      coef.dtype)
     with on_stream(None if record else stream):
-        cmds.append(_launch(kernels.pad_coef, tuple(coef_pad.shape), [coef, scaler_t, 0], [coef_pad, None, None, None, None],
+        cmds.append(_launch(pad_coef, tuple(coef_pad.shape), [coef, scaler_t, 0], [coef_pad, None, None, None, None],
                             x.device, stream, record))
         n_tiles = _tiles(n_out)
         block = FORWARD_WARPS * LANES
-        cmds.append(_launch(kernels.forward, -(-n_rows // block) * n_tiles * block,
-                            [x, grid, base_weight_t, coef_pad, kb.get_variant(order, uniform, scalar_name(x)).basis_matrix,
-                             int(use_base), n_tiles], [y], x.device, stream, record, block))
+        cmds.append(_launch(forward, -(-n_rows // block) * n_tiles * block,
+                            [x, grid, base_weight_t, coef_pad, kb.get_variant(order, uniform, scalar).basis_matrix,
+                             int(use_base), n_tiles, plan.n_bands, plan.band_cells], [y], x.device, stream, record,
+                            block))
     return cmds if record else None
 
 
@@ -725,8 +803,9 @@ def launch_tiled_backward(dy, x, grid, base_weight_t, scaler_t, coef, order: int
     plan = backward_plan(coef.device.is_cuda, scalar, coef.shape[1], order)
     if plan is None:
         _kernels_for(coef, order, uniform)  # raises the reason
-    kernels = tiled_kernels(order, uniform, scalar, plan.capacity)
+    pad_coef = _pad_kernel(order, uniform, scalar, plan)
     backward = _backward_kernel(order, uniform, scalar, plan.capacity, plan.banded)
+    warps = CAPACITIES[scalar][plan.capacity]
     n_rows, n_in = x.shape
     n_coef, n_out = coef.shape[1], coef.shape[2]
     if d_coef is None or d_base_weight_t is None or d_scaler_t is None:
@@ -757,13 +836,12 @@ def launch_tiled_backward(dy, x, grid, base_weight_t, scaler_t, coef, order: int
                               else ws.get("tiled_partial_params", params_shape, T))
     rows_per_chunk = backward_rows_per_chunk(n_rows, n_in, n_out, plan.n_bands)
     n_chunks = -(-n_rows // rows_per_chunk)
-    warps = kernels.backward_warps
     cmds = []
     with on_stream(None if record else stream):
         # dx: added by atomics across output tiles; with one tile, set (overwrite) or added in place
         dx_write = 1 if n_tiles > 1 else (2 if overwrite else 0)
         zero_grads = (2 if dx is not None and n_tiles > 1 else 1) if overwrite else 0
-        cmds.append(_launch(kernels.pad_coef, tuple(coef_pad.shape), [coef, scaler_t, zero_grads],
+        cmds.append(_launch(pad_coef, tuple(coef_pad.shape), [coef, scaler_t, zero_grads],
                             [coef_pad, dx, d_base_weight_t, d_scaler_t, d_coef], x.device, stream, record))
         # dx and the partials may be None (null arrays): the kernel does not touch what it was not asked for
         cmds.append(_launch(backward, -(-n_chunks // warps) * n_in * plan.n_bands * n_tiles * warps * LANES,
@@ -774,7 +852,7 @@ def launch_tiled_backward(dy, x, grid, base_weight_t, scaler_t, coef, order: int
                             [dx, d_base_weight_t, d_scaler_t, d_coef, partial_coef if deterministic else None,
                              partial_params if deterministic else None],
                             x.device, stream, record, warps * LANES))
-        if deterministic:
-            cmds.append(_launch(kernels.combine, (n_in, n_coef + 1, n_out), [partial_coef, partial_params, int(use_base)],
+        if deterministic:  # one table (backward_takes): its capacity's module has the combine
+            cmds.append(_launch(tiled_kernels(order, uniform, scalar, plan.capacity).combine, (n_in, n_coef + 1, n_out), [partial_coef, partial_params, int(use_base)],
                                 [d_base_weight_t, d_scaler_t, d_coef], x.device, stream, record))
     return cmds if record else None

@@ -259,7 +259,8 @@ def _forward_impl(
         precision = resolve_precision(precision, x.dtype, x.device)
         return _gemm_forward(x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, precision)
     y = x.new_empty((x.shape[0], coef.shape[2]))
-    if _tiled(x, coef, spline_order) and x.shape[0] and x.shape[1] and coef.shape[2]:
+    if (kbt.forward_plan(x.is_cuda, IO_SCALAR_NAMES.get(WP_DTYPES.get(x.dtype)), coef.shape[1], spline_order)
+            and x.shape[0] and x.shape[1] and coef.shape[2]):
         coef_pad = x.new_empty(kbt.coef_pad_shape(coef.shape, spline_order))
         _launch(_tiled_forward, (x, grid, base_weight_t, scaler_t, coef, coef_pad, y), spline_order, uniform, use_base)
         return y
