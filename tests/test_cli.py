@@ -4,6 +4,7 @@ import json
 import os
 
 import pytest
+import torch
 
 from warpkan.bench import families
 from warpkan.cli import main
@@ -18,6 +19,28 @@ def test_info(capsys):
 def test_precompile_cpu(capsys):
     assert main(["precompile", "--device", "cpu", "--orders", "2", "--uniform-only"]) == 0
     assert "warpkan_bspline_k2_uniform_float32" in capsys.readouterr().out
+
+
+def test_precompile_lists_every_tiled_module():
+    """The CUDA precompile covers the warp-tiled kernels the launchers pick: each whole-table capacity's
+    forward and backward, and the banded forward and backward tables (checked without a GPU: the list)."""
+    from warpkan.kernels import bspline_tiled as kbt
+
+    names = kbt.tiled_modules(3, True, "float32")
+    launched = {kbt.tiled_kernels(3, True, "float32", cap).forward.module.name for cap in kbt.CAPACITIES["float32"]}
+    launched |= {kbt.tiled_kernels(3, True, "float32", cap).backward.module.name for cap in kbt.CAPACITIES["float32"]}
+    launched |= {kbt._forward_kernel(3, True, "float32", cap, True).module.name
+                 for cap, _ in kbt.FORWARD_BANDED_CAPACITIES["float32"]}
+    launched |= {kbt._backward_kernel(3, True, "float32", cap, True).module.name
+                 for cap, _ in kbt.BANDED_CAPACITIES["float32"]}
+    assert len(set(names)) == len(names) and set(names) == launched
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the warp-tiled kernels are CUDA-only")
+def test_precompile_cuda_compiles_tiled_modules(capsys):
+    assert main(["precompile", "--device", "cuda", "--orders", "1", "--uniform-only"]) == 0
+    out = capsys.readouterr().out
+    assert "warpkan_bspline_tiled_k1_uniform_float32_c48_bwd_banded" in out
 
 
 def test_bench_quick_writes_json_and_markdown(tmp_path):

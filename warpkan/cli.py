@@ -52,6 +52,7 @@ def cmd_precompile(args) -> int:
     import warp as wp
 
     from .kernels import bspline as kb
+    from .kernels import bspline_tiled as kbt
 
     wp.init()
     devices = args.device or [_default_device()]
@@ -62,8 +63,11 @@ def cmd_precompile(args) -> int:
                 for scalar in args.dtype:
                     variant = kb.get_variant(order, uniform, scalar)
                     # every module the layer can launch: the stencil kernels, the row-block backward and the
-                    # dense-basis (gemm) kernels of each basis dtype
-                    for module in variant.modules:
+                    # dense-basis (gemm) kernels of each basis dtype, and on CUDA the warp-tiled kernels
+                    modules = variant.modules
+                    if wp.get_device(device).is_cuda:
+                        modules += kbt.tiled_modules(order, uniform, scalar)
+                    for module in modules:
                         start = time.perf_counter()
                         wp.load_module(module, device=device)
                         print(f"{module:45s} on {device}: {time.perf_counter() - start:6.2f} s", flush=True)

@@ -23,8 +23,16 @@ maps as its stencil kernels, organised for the GPU:
   fixed-order pass adds. ``dx[n, i]`` is summed over the warp's outputs by a 31-shuffle transpose
   reduction per 32 rows (lane ``l`` ends up with row ``l``).
 
-The shared table bounds ``G + 3k`` by a compile-time capacity (:data:`CAPACITIES`); larger grids take the
-bucketed stencil kernels. Off-grid inputs and NaN get zero bases, as everywhere in the B-spline family.
+The shared table bounds ``G + 3k`` by a compile-time capacity (:data:`CAPACITIES`). Longer grids (float32)
+go in **bands of cells**, a table each (:func:`forward_plan`, :func:`backward_plan`): band ``b`` holds the
+padded rows of the cells ``[b B, (b + 1) B)`` (``B`` = capacity - k cells) and a warp of band ``b`` walks
+only its rows whose cell lies there. The backward packs them by a ballot (their records in slots
+``0 .. count - 1``, their dy loaded by the same packing) and sums a step's dx by butterflies when few are
+live; neighbouring bands share k rows, which both add by atomics (so banded runs are not deterministic).
+The forward skips the other rows of its unpacked walk (its ``y`` stays in registers, by constant row
+index). Every band's warp still reads each row's x and evaluates its bases, a cost that grows with the
+number of bands; past the planned bands the per-thread kernels run. Off-grid inputs and NaN get zero
+bases (cell 0: band 0 adds their base term), as everywhere in the B-spline family.
 """
 
 import functools
@@ -37,7 +45,7 @@ from ._common import SCALARS, on_stream, scalar_name
 
 __all__ = ["TiledKernels", "TablePlan", "CAPACITIES", "BANDED_CAPACITIES", "FORWARD_BANDED_CAPACITIES",
            "FORWARD_WARPS", "tiled_capacity", "tiled_applies", "forward_plan", "backward_plan", "backward_takes",
-           "tiled_kernels", "launch_tiled_forward",
+           "tiled_kernels", "tiled_modules", "launch_tiled_forward",
            "launch_tiled_backward", "backward_rows_per_chunk", "coef_pad_shape", "partial_shapes"]
 
 LANES = 32
@@ -703,6 +711,20 @@ def _backward_kernel(order: int, uniform: bool, scalar: str, capacity: int, band
                     d_coef, partial_coef, partial_params)
 
     return backward
+
+
+def tiled_modules(order: int, uniform: bool, scalar: str) -> tuple:
+    """The Warp modules of every tiled kernel a layer of this (order, grid kind, scalar type) may launch on
+    CUDA: each whole-table capacity's forward (with the helpers) and backward, and the banded ones. Builds
+    their kernels, so that ``wp.load_module`` finds them (``warpkan precompile``)."""
+    names = []
+    for capacity in CAPACITIES.get(scalar, {}):
+        names += tiled_kernels(order, uniform, scalar, capacity).modules
+    for capacity, _bands in FORWARD_BANDED_CAPACITIES.get(scalar, ()):
+        names.append(_forward_kernel(order, uniform, scalar, capacity, True).module.name)
+    for capacity, _bands in BANDED_CAPACITIES.get(scalar, ()):
+        names.append(_backward_kernel(order, uniform, scalar, capacity, True).module.name)
+    return tuple(names)
 
 
 def _tiles(n_out: int) -> int:
