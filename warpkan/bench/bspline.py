@@ -198,15 +198,20 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
             if warp_total and "total_ms" in row and row["impl"].startswith(("efficient", "inkan")):
                 row["speed-up of warpkan"] = row["total_ms"] / warp_total
         if not quick or device.startswith("cuda"):
-            from ..kernels.bspline_tiled import backward_plan, tiled_applies
+            from ..kernels.bspline_tiled import backward_plan, forward_plan, tiled_applies
             from ..torch_bridge import choose_strategy
 
-            tiled = tiled_applies(device.startswith("cuda"), "float32", grid_size + order, order)
-            plan = backward_plan(device.startswith("cuda"), "float32", grid_size + order, order)
+            cuda = device.startswith("cuda")
+            tiled = tiled_applies(cuda, "float32", grid_size + order, order)
             auto = choose_strategy(n_rows, n_in, n_out, grid_size + order, tiled)
             kernels = ""
-            if auto == "stencil" and plan is not None:
-                kernels = ", warp-tiled" if tiled else f", backward warp-tiled in {plan.n_bands} bands"
+            if auto == "stencil" and not tiled:  # longer grids: the tiled passes in bands where they reach
+                plans = {"fwd": forward_plan(cuda, "float32", grid_size + order, order),
+                         "bwd": backward_plan(cuda, "float32", grid_size + order, order)}
+                banded = [f"{name} {plan.n_bands} bands" for name, plan in plans.items() if plan is not None]
+                kernels = f", warp-tiled {' / '.join(banded)}" if banded else ""
+            elif auto == "stencil":
+                kernels = ", warp-tiled"
             for row in results:
                 if row["impl"] == "warpkan":
                     row["impl"] = f"warpkan (auto: {auto}{kernels})"

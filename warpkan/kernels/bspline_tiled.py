@@ -257,6 +257,7 @@ _BACKWARD_OP = """
     const bool o_valid = o < n_out;
     const int oc = o_valid ? o : n_out - 1;
     // the band's rows c0 .. c0 + local_rows - 1 of the padded table (all of it when not banded: c0 = 0)
+    if (!@BANDED@) c0 = 0;  // a compile-time 0: the whole-table code is that of a kernel without bands
     const int local_rows = min(@CAP@, n_rows_pad - c0);
     if (op == 0) {
         const char* src = (const char*)coef_pad.data + (size_t)i * coef_pad.strides[0] + (size_t)c0 * coef_pad.strides[1]
@@ -676,8 +677,11 @@ def _backward_kernel(order: int, uniform: bool, scalar: str, capacity: int, band
         rest, warp, lane, o0 = block_warp_lane(wp.tid(), warps, n_tiles)
         o = o0 + lane
         n_in = x.shape[1]
-        band_group = rest // n_bands
-        c0 = (rest - band_group * n_bands) * band_cells
+        band_group = rest
+        c0 = int(0)
+        if wp.static(banded):
+            band_group = rest // n_bands
+            c0 = (rest - band_group * n_bands) * band_cells
         chunk_group = band_group // n_in
         i = band_group - chunk_group * n_in
         chunk = chunk_group * warps + warp
@@ -697,8 +701,10 @@ def _backward_kernel(order: int, uniform: bool, scalar: str, capacity: int, band
             xv = x_next
             x_next = x[wp.min(n + LANES, n_rows - 1), i]
             valid, cell, b, db = basis_and_grad_at(grid, i, xv, basis_matrix)
-            # off-grid rows (cell 0, zero bases) fall in band 0, which adds their base term
-            matched = n < n_end and cell >= c0 and cell < c0 + band_cells
+            matched = n < n_end
+            if wp.static(banded):
+                # off-grid rows (cell 0, zero bases) fall in band 0, which adds their base term
+                matched = matched and cell >= c0 and cell < c0 + band_cells
             act = zero
             dact = zero
             if use_base and matched:  # a row past the chunk has g = 0, and 0 * silu(NaN) must not reach the sum
