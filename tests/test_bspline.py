@@ -301,6 +301,18 @@ def test_banded_backward_cuda_float64(shape):
                            deterministic=True, tiled=True)
 
 
+def test_tiled_launchers_refuse_the_cpu():
+    x = wp.zeros((4, 2), dtype=wp.float32, device="cpu")
+    grid = wp.zeros((2, 11 + 7), dtype=wp.float32, device="cpu")
+    coef = wp.zeros((2, 14, 3), dtype=wp.float32, device="cpu")
+    w = wp.zeros((2, 3), dtype=wp.float32, device="cpu")
+    y = wp.zeros((4, 3), dtype=wp.float32, device="cpu")
+    with pytest.raises(ValueError, match="CUDA devices only"):
+        kbt.launch_tiled_forward(x, grid, w, w, coef, y, 3, True)
+    with pytest.raises(ValueError, match="CUDA devices only"):
+        kbt.launch_tiled_backward(y, x, grid, w, w, coef, 3, True, d_base_weight_t=w, d_scaler_t=w, d_coef=coef)
+
+
 def test_table_plans():
     """Which tables the tiled passes take (no GPU needed: a plan is arithmetic)."""
     assert kbt.forward_plan(True, "float32", 64 + 3, 3) == kbt.TablePlan(80, 1, 70)  # G + 2k cells

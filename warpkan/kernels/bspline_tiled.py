@@ -564,16 +564,20 @@ def _module_name(order: int, uniform: bool, scalar: str, capacity: int) -> str:
     return f"warpkan_bspline_tiled_k{order}_{'uniform' if uniform else 'general'}_{scalar}_c{capacity}"
 
 
+def _kernel_types(order: int, uniform: bool, scalar: str) -> tuple:
+    """(stencil variant, shared basis funcs, scalar, K = k + 1, vector of K, K x K matrix, vector of LANES)
+    that the tiled kernels of one (order, grid kind, scalar type) are written in."""
+    variant = kb.get_variant(order, uniform, scalar)
+    shared = kb.basis_funcs(order, scalar)
+    T = SCALARS[scalar]
+    return variant, shared, T, order + 1, shared.vec, shared.mat, wp.types.vector(length=LANES, dtype=T)
+
+
 @functools.lru_cache(maxsize=None)
 def _forward_kernel(order: int, uniform: bool, scalar: str, capacity: int, banded: bool) -> wp.Kernel:
     """The tiled forward pass of one (order, grid kind, scalar type, table capacity), whole-grid (in the
     capacity's module, with the helpers) or banded (see :func:`forward_plan`, a module of its own)."""
-    variant = kb.get_variant(order, uniform, scalar)
-    shared = kb.basis_funcs(order, scalar)
-    T = SCALARS[scalar]
-    K = order + 1
-    vecK, matK = shared.vec, shared.mat
-    vecL = wp.types.vector(length=LANES, dtype=T)
+    variant, shared, T, K, vecK, matK, vecL = _kernel_types(order, uniform, scalar)
     basis_at, silu_and_grad = variant.basis_at, shared.silu_and_grad
     module = _module_name(order, uniform, scalar, capacity) + ("_fwd_banded" if banded else "")
     zero = T(0.0)
@@ -638,12 +642,7 @@ def _backward_kernel(order: int, uniform: bool, scalar: str, capacity: int, band
     """The tiled backward pass of one (order, grid kind, scalar type, table capacity), whole-grid or banded
     (see :func:`backward_plan`), in a module of its own."""
     warps = CAPACITIES[scalar][capacity]
-    variant = kb.get_variant(order, uniform, scalar)
-    shared = kb.basis_funcs(order, scalar)
-    T = SCALARS[scalar]
-    K = order + 1
-    vecK, matK = shared.vec, shared.mat
-    vecL = wp.types.vector(length=LANES, dtype=T)
+    variant, shared, T, K, vecK, matK, vecL = _kernel_types(order, uniform, scalar)
     basis_and_grad_at, silu_and_grad = variant.basis_and_grad_at, shared.silu_and_grad
     module = _module_name(order, uniform, scalar, capacity) + "_bwd"
     zero = T(0.0)
@@ -737,15 +736,17 @@ def _tiles(n_out: int) -> int:
     return -(-n_out // LANES)
 
 
-def _kernels_for(coef, order, uniform):
+def _planned(plan_of, pass_name: str, coef, order: int, uniform: bool) -> tuple:
+    """(scalar name, table plan, coefficient-padding kernel) of a tiled pass over ``coef``; raises when the
+    pass cannot run it (not CUDA, or a grid past its plans)."""
     scalar = scalar_name(coef, "coef")
-    capacity = tiled_capacity(coef.shape[1], order, scalar)
-    if capacity is None:
-        raise ValueError(f"grid too long for the tiled kernels: G + 3k = {coef.shape[1] + 2 * order} rows > "
-                         f"{max(CAPACITIES[scalar])}")
     if not coef.device.is_cuda:
         raise ValueError("the tiled B-spline kernels run on CUDA devices only")
-    return tiled_kernels(order, uniform, scalar, capacity)
+    plan = plan_of(True, scalar, coef.shape[1], order)
+    if plan is None:
+        raise ValueError(f"grid too long for the tiled {pass_name} pass in {scalar}: G + 3k = "
+                         f"{coef.shape[1] + 2 * order} rows")
+    return scalar, plan, _pad_kernel(order, uniform, scalar, plan)
 
 
 def _pad_kernel(order: int, uniform: bool, scalar: str, plan: TablePlan) -> wp.Kernel:
@@ -774,15 +775,11 @@ def partial_shapes(n_rows: int, n_in: int, n_coef: int, n_out: int) -> tuple:
 
 def launch_tiled_forward(x, grid, base_weight_t, scaler_t, coef, y, order: int, uniform: bool, use_base: bool = True,
                          stream=None, workspace=None, coef_pad=None, record: bool = False):
-    """:func:`warpkan.kernels.bspline.launch_forward` on the tiled kernels (CUDA, G + 3k within
-    :data:`CAPACITIES`). Overwrites y. ``coef_pad`` (:func:`coef_pad_shape`) is scratch, taken from
+    """:func:`warpkan.kernels.bspline.launch_forward` on the tiled kernels (CUDA, a grid within
+    :func:`forward_plan`). Overwrites y. ``coef_pad`` (:func:`coef_pad_shape`) is scratch, taken from
     ``workspace`` when not given. ``record=True`` runs nothing and returns the recorded launches."""
     kb._check_shapes(x, grid, base_weight_t, scaler_t, coef, order)
-    scalar = scalar_name(coef, "coef")
-    plan = forward_plan(coef.device.is_cuda, scalar, coef.shape[1], order)
-    if plan is None:
-        _kernels_for(coef, order, uniform)  # raises the reason
-    pad_coef = _pad_kernel(order, uniform, scalar, plan)
+    scalar, plan, pad_coef = _planned(forward_plan, "forward", coef, order, uniform)
     forward = _forward_kernel(order, uniform, scalar, plan.capacity, plan.banded)
     n_rows, n_out = x.shape[0], coef.shape[2]
     cmds = []
@@ -827,11 +824,7 @@ def launch_tiled_backward(dy, x, grid, base_weight_t, scaler_t, coef, order: int
     (``coef_pad``, and the partials of :func:`partial_shapes` when deterministic) is taken from ``workspace``
     when not given. ``record=True`` runs nothing and returns the recorded launches."""
     kb._check_shapes(x, grid, base_weight_t, scaler_t, coef, order)
-    scalar = scalar_name(coef, "coef")
-    plan = backward_plan(coef.device.is_cuda, scalar, coef.shape[1], order)
-    if plan is None:
-        _kernels_for(coef, order, uniform)  # raises the reason
-    pad_coef = _pad_kernel(order, uniform, scalar, plan)
+    scalar, plan, pad_coef = _planned(backward_plan, "backward", coef, order, uniform)
     backward = _backward_kernel(order, uniform, scalar, plan.capacity, plan.banded)
     warps = CAPACITIES[scalar][plan.capacity]
     n_rows, n_in = x.shape
