@@ -235,11 +235,12 @@ def test_tiled_and_per_thread_kernels_cuda_float64(shape, tiled, deterministic):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the warp-tiled kernels run on CUDA only")
 @pytest.mark.parametrize("shape", [
     (600, 3, 32, 200, 3, True, True, 48, 5),     # five bands of 45 cells, one output tile (dx stored)
-    (300, 2, 40, 700, 3, True, True, 80, 10),    # 10 bands: few rows a band a step (butterfly dx), two tiles
+    (300, 2, 40, 700, 3, True, True, 80, 10),    # few rows a band: a short queue walked at the end, two tiles
     (2000, 2, 33, 150, 5, False, True, 48, 4),   # non-uniform grid, k = 5, a masked lane in the second tile
-    (5000, 1, 16, 120, 1, True, False, 48, 3),   # k = 1, no base path, many rows a band a step (transpose dx)
-    (400, 2, 32, 264, 3, True, True, 48, 6),     # the 48-row table's most bands
-    (257, 1, 8, 764, 3, True, True, 80, 10),     # the 80-row table's most bands
+    (5000, 1, 16, 120, 1, True, False, 48, 3),   # k = 1, no base path, full queues (transpose dx)
+    (400, 2, 32, 354, 3, True, True, 48, 8),     # the 48-row table's most bands while the 80-row one fits
+    (257, 1, 8, 2304, 3, True, True, 80, 30),    # the 80-row table's most bands
+    (700, 1, 12, 600, 5, True, True, 48, 15),    # k = 5: the 80-row table does not fit, the 48-row one goes on
 ])
 def test_banded_backward_cuda_float64(shape):
     """The tiled passes on bands of cells (grids past the whole-table capacity), float32 against the float64
@@ -324,9 +325,13 @@ def test_table_plans():
     assert (whole.capacity, whole.n_bands, whole.banded) == (80, 1, False)
     banded = kbt.backward_plan(True, "float32", 256 + 3, 3)
     assert (banded.capacity, banded.n_bands, banded.band_cells) == (48, 6, 45)  # 262 cells
-    banded = kbt.backward_plan(True, "float32", 265 + 3, 3)
-    assert (banded.capacity, banded.n_bands, banded.band_cells) == (80, 4, 77)  # 271 cells: 7 bands of 45
-    assert kbt.backward_plan(True, "float32", 765 + 3, 3) is None  # 11 bands: the bucketed kernels
+    banded = kbt.backward_plan(True, "float32", 355 + 3, 3)
+    assert (banded.capacity, banded.n_bands, banded.band_cells) == (80, 5, 77)  # 361 cells: 9 bands of 45
+    assert kbt.backward_plan(True, "float32", 2305 + 3, 3) is None  # 31 bands of 77: the bucketed kernels
+    assert kbt.backward_plan(True, "float32", 600 + 5, 5) == kbt.TablePlan(48, 15, 43)
+    # the 80-row banded table with its records and row queues fits 48 KiB up to k = 3 (ptxas: 49292 bytes at k = 4)
+    assert [kbt.banded_backward_fits(80, k, "float32") for k in range(1, 6)] == [True, True, True, False, False]
+    assert all(kbt.banded_backward_fits(48, k, "float32") for k in range(1, 6))
     assert kbt.backward_plan(False, "float32", 256 + 3, 3) is None
     assert kbt.backward_plan(True, "float64", 256 + 3, 3) is None
     assert kbt.backward_takes(32, True, True, True, banded=False)

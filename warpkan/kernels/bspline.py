@@ -139,6 +139,7 @@ class BSplineVariant:
     module: str
     basis_at: object  # @wp.func (grid, i, x, M) -> (valid, cell, bases): for kernels built on this variant
     basis_and_grad_at: object  # @wp.func (grid, i, x, M) -> (valid, cell, bases, their x-derivatives)
+    cell_at: object  # @wp.func (grid, i, x) -> (valid, cell)
 
     @property
     def modules(self) -> tuple:
@@ -403,6 +404,15 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
             if valid:
                 b, db = general_basis_and_grad(grid, i, cell, x)
             return valid, cell, b, db
+
+    @wp.func
+    def cell_at(grid: wp.array2d(dtype=scalar), i: int, x: scalar):
+        """(valid, cell) of x on input i, without the bases (cell 0 off the grid)."""
+        if wp.static(uniform):
+            valid, cell, u, inv_h = uniform_locate(grid, i, x)
+            return valid, cell
+        else:
+            return general_locate(grid, i, x)
 
     @wp.func
     def spline_at(coef: wp.array3d(dtype=scalar), i: int, cell: int, o: int, b: vecK):
@@ -933,6 +943,7 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
         module=module,
         basis_at=basis_at,
         basis_and_grad_at=basis_and_grad_at,
+        cell_at=cell_at,
     )
 
 

@@ -26,13 +26,13 @@ maps as its stencil kernels, organised for the GPU:
 The shared table bounds ``G + 3k`` by a compile-time capacity (:data:`CAPACITIES`). Longer grids (float32)
 go in **bands of cells**, a table each (:func:`forward_plan`, :func:`backward_plan`): band ``b`` holds the
 padded rows of the cells ``[b B, (b + 1) B)`` (``B`` = capacity - k cells) and a warp of band ``b`` walks
-only its rows whose cell lies there. The backward packs them by a ballot (their records in slots
-``0 .. count - 1``, their dy loaded by the same packing) and sums a step's dx by butterflies when few are
-live; neighbouring bands share k rows, which both add by atomics (so banded runs are not deterministic).
-The forward skips the other rows of its unpacked walk (its ``y`` stays in registers, by constant row
-index). Every band's warp still reads each row's x and evaluates its bases, a cost that grows with the
-number of bands; past the planned bands the per-thread kernels run. Off-grid inputs and NaN get zero
-bases (cell 0: band 0 adds their base term), as everywhere in the B-spline family.
+only its rows whose cell lies there. The backward scans its chunk for them (x and the cell only), queues
+their row offsets and walks the queue 32 rows at a time (records in slots ``0 .. count - 1``, dy gathered
+by row, dx summed by butterflies when few slots are live); neighbouring bands share k rows, which both
+add by atomics (so banded runs are not deterministic). The forward skips the other rows of its walk (its
+``y`` stays in registers, by constant row index). The scans (and, in the forward, the band tables) grow
+with the number of bands; past the planned bands the per-thread kernels run. Off-grid inputs and NaN get
+zero bases (cell 0: band 0 adds their base term), as everywhere in the B-spline family.
 """
 
 import functools
@@ -45,6 +45,7 @@ from ._common import SCALARS, on_stream, scalar_name
 
 __all__ = ["TiledKernels", "TablePlan", "CAPACITIES", "BANDED_CAPACITIES", "FORWARD_BANDED_CAPACITIES",
            "FORWARD_WARPS", "tiled_capacity", "tiled_applies", "forward_plan", "backward_plan", "backward_takes",
+           "banded_backward_fits",
            "tiled_kernels", "tiled_modules", "launch_tiled_forward",
            "launch_tiled_backward", "backward_rows_per_chunk", "coef_pad_shape", "partial_shapes"]
 
@@ -65,15 +66,20 @@ _BACKWARD_TARGET_WARPS = 8192
 # scalar type (float64 spills at 4).
 ROW_GROUP = {"float32": 4, "float64": 2}
 _MIN_CHUNK_ROWS = 64
+# static shared memory a block may declare, and what Warp's kernels declare of it themselves
+_STATIC_SMEM_LIMIT = 48 * 1024
+_WARP_STATIC_SMEM = 1024
 # Grids past the table capacities: the backward pass splits the cells into bands of a table each
-# (:func:`backward_plan`). Each warp walks only the rows whose cell lies in its band, so the per-row work
-# stays that of a small grid while every band's warp still reads every row's x and evaluates its bases: a
-# cost that grows with the number of bands. (capacity, most bands) in order of preference, float32 only:
-# the 48-row table runs 4 warps a block (16 an SM) against 3, and wins while its bands are few. Measured
-# on the H200 at (2^17, 32->32, k=3), training backward ms, 48 / 80 rows: G=128 0.75 / 0.87, G=256
-# 0.99 / 1.03, G=512 1.57 / 1.38, G=1024 2.15 / 1.90; the per-thread kernels take 1.61-1.68 throughout,
-# hence the last limit (G + 2k <= 770 cells at 80 rows).
-BANDED_CAPACITIES = {"float32": ((48, 6), (80, 10))}
+# (:func:`backward_plan`). A warp of band b scans its chunk's rows for those whose cell lies in b (x and the
+# cell only), queues them, and walks the queue 32 rows at a time, so a walk step's bases, records, dy loads
+# and dx sums serve 32 live rows however few a band holds; what still grows with the bands is the scan.
+# (capacity, most bands) in order of preference, float32 only, each taken where it fits static shared
+# memory (banded_backward_fits: the 80-row table only up to k = 3): the 48-row table runs 4 warps a block
+# (16 an SM) against 3, and wins while the bands are few. Measured on the H200 at (2^17, 32->32, k=3),
+# training backward ms, 48 / 80 rows (bands): G=128 0.73 (3) / 0.81 (2), G=256 0.81 (6) / 0.89 (4), G=512
+# 1.05 (12) / 0.98 (7), G=1024 1.34 (23) / 1.19 (14), G=2048 2.10 (46) / 1.61 (27), G=4096 4.33 (92) /
+# 2.71 (54); the per-thread kernels take 1.63-1.87 over these G, hence the limits.
+BANDED_CAPACITIES = {"float32": ((48, 8), (80, 30), (48, 30))}
 # The forward pass's banded tables: it holds two buffers of one table a block and no accumulation table, so
 # its table can be longer (144 rows: 45 KiB with the records). A band costs each block a table load and
 # each warp a walk of its row mask. Measured on the H200 at (2^17, 32->32, k=3), forward ms, banded /
@@ -123,11 +129,25 @@ class TablePlan:
         return self.n_bands > 1
 
 
-def _plan(banded_capacities: dict, is_cuda: bool, scalar: str, n_coef: int, order: int) -> TablePlan | None:
+def banded_backward_fits(capacity: int, order: int, scalar: str) -> bool:
+    """Whether the banded backward's static shared memory (see _BACKWARD_OP and _BAND_QUEUE) fits a block at
+    this capacity and order: the band table, one accumulation table, record row and base sum a warp, and the
+    warp's row queue, besides Warp's own 1 KiB."""
+    size = 4 if scalar == "float32" else 8
+    warps = CAPACITIES[scalar][capacity]
+    record = _record_width(2 * (order + 1) + 4, scalar)
+    used = (1 + warps) * capacity * LANES * size + warps * LANES * (record + 1) * size + warps * (2 * LANES + 1) * 4
+    return used + _WARP_STATIC_SMEM <= _STATIC_SMEM_LIMIT
+
+
+def _plan(banded_capacities: dict, is_cuda: bool, scalar: str, n_coef: int, order: int,
+          fits=lambda capacity, order, scalar: True) -> TablePlan | None:
     n_cells = n_coef + order
     if tiled_applies(is_cuda, scalar, n_coef, order):
         return TablePlan(tiled_capacity(n_coef, order, scalar), 1, n_cells)
     for capacity, most_bands in banded_capacities.get(scalar, ()) if is_cuda else ():
+        if not fits(capacity, order, scalar):
+            continue
         band_cells = capacity - order
         n_bands = -(-n_cells // band_cells)
         if n_bands <= most_bands:
@@ -145,7 +165,7 @@ def backward_plan(is_cuda: bool, scalar: str, n_coef: int, order: int) -> TableP
     """How the tiled backward pass runs a layer (n_coef = G + k; the cells are G + 2k): on one table when
     :func:`tiled_applies`, else (float32) on bands of one of the tables of :data:`BANDED_CAPACITIES`, a band
     holding capacity - k cells; None when neither serves (the bucketed kernels do)."""
-    return _plan(BANDED_CAPACITIES, is_cuda, scalar, n_coef, order)
+    return _plan(BANDED_CAPACITIES, is_cuda, scalar, n_coef, order, banded_backward_fits)
 
 
 def backward_takes(n_out: int, all_params: bool, deterministic: bool, want_dx: bool, banded: bool = False) -> bool:
@@ -267,7 +287,7 @@ _BACKWARD_OP = """
         base_sum = ((@T@)0);
         __syncthreads();
     }
-    if (@BANDED@ && op == 0) return result;  // banded: dy is loaded per packed row, in the step
+    if (@BANDED@ && op == 0) return result;  // banded: dy is gathered per queued row, in the step
     if (!@BANDED@ && (op == 0 || op == 1)) {
         // dy of the rows n1 .. n1 + 31 for the next step (the first, for op 0): in flight during this one
         const int n1 = op == 0 ? n0 : n0 + @LANES@;
@@ -306,10 +326,8 @@ _BACKWARD_OP = """
     @T@* warp_records = records + warp * @LANES@ * @RW@;
     @T@ partial[@LANES@];
 #if @BANDED@
-    // Only the rows whose cell lies in this warp's band (matched) are walked. Their records are packed in
-    // lane order into slots 0 .. count - 1, and partial[j] holds dy of slot j's row: loaded here, for the
-    // packed rows only (a register array takes constant indices alone, so the non-banded prefetch of all
-    // 32 rows a step ahead cannot follow the packing).
+    // The step's rows are the warp's queued rows of its band (see band_queue): slots 0 .. count - 1 are live,
+    // in lane order, each with its row's offset from n0 in the record; partial[j] holds dy of slot j's row.
     const unsigned int in_band = __ballot_sync(0xffffffffu, matched != 0);
     if (in_band == 0u) return result;
     const int count = __popc(in_band);
@@ -320,18 +338,17 @@ _BACKWARD_OP = """
         mine[2 * @K@] = act;
         mine[2 * @K@ + 1] = dact;
         mine[2 * @K@ + 2] = @TO_T@(cell - c0);
-        mine[2 * @K@ + 3] = @TO_T@(lane);
+        mine[2 * @K@ + 3] = @TO_T@(row_offset);
     }
+    __syncwarp();
     {
         const char* dy_col = (const char*)dy.data + (size_t)oc * dy.strides[1];
-        unsigned int left = in_band;
         #pragma unroll
         for (int j = 0; j < @LANES@; ++j) partial[j] = ((@T@)0);
         #pragma unroll
         for (int j = 0; j < @LANES@; ++j) {
             if (j >= count) break;  // warp-uniform: the loop costs the live rows only
-            const int r = __ffs(left) - 1;
-            left &= left - 1u;
+            const int r = @FROM_T@(warp_records[j * @RW@ + 2 * @K@ + 3]);
             if (o_valid) partial[j] = *(const @T@*)(dy_col + (size_t)(n0 + r) * dy.strides[0]);
         }
     }
@@ -453,6 +470,44 @@ _BACKWARD_OP = """
     base_sum += base_step;
 #endif
     return result;
+"""
+
+
+# The banded backward's row queue, one a warp: op 0 empties it; op 1 appends the row offsets of the lanes
+# that matched (in lane order) and returns the length; op 2 hands slot ``lane`` of the first 32 to each lane
+# (-1 past the length) and moves the rest to the front. A warp scans its rows 32 at a time for its band's
+# and walks them 32 at a time, so the bases, records, dy loads and dx sums of a walk step serve 32 live rows
+# however few a band holds.
+_BAND_QUEUE = """
+#if defined(__CUDA_ARCH__)
+    __shared__ int queue[@WARPS@][2 * @LANES@ + 1];
+    int* mine = queue[threadIdx.x / @LANES@];
+    int* length = mine + 2 * @LANES@;
+    if (op == 0) {
+        if (lane == 0) *length = 0;
+        __syncwarp();
+        return 0;
+    }
+    const int len = *length;
+    if (op == 1) {
+        const unsigned int found = __ballot_sync(0xffffffffu, matched != 0);
+        if (matched) mine[len + __popc(found & ((1u << lane) - 1u))] = offset;
+        __syncwarp();
+        if (lane == 0) *length = len + __popc(found);
+        __syncwarp();
+        return len + __popc(found);
+    }
+    const int taken = min(len, @LANES@);
+    const int mine_offset = lane < taken ? mine[lane] : -1;
+    __syncwarp();
+    if (lane + @LANES@ < len) mine[lane] = mine[lane + @LANES@];
+    __syncwarp();
+    if (lane == 0) *length = len - taken;
+    __syncwarp();
+    return mine_offset;
+#else
+    return 0;
+#endif
 """
 
 
@@ -643,13 +698,13 @@ def _backward_kernel(order: int, uniform: bool, scalar: str, capacity: int, band
     (see :func:`backward_plan`), in a module of its own."""
     warps = CAPACITIES[scalar][capacity]
     variant, shared, T, K, vecK, matK, vecL = _kernel_types(order, uniform, scalar)
-    basis_and_grad_at, silu_and_grad = variant.basis_and_grad_at, shared.silu_and_grad
+    basis_and_grad_at, cell_at, silu_and_grad = variant.basis_and_grad_at, variant.cell_at, shared.silu_and_grad
     module = _module_name(order, uniform, scalar, capacity) + "_bwd"
     zero = T(0.0)
     # a record: bases, their derivatives, silu, silu', cell (and, banded, the row's lane)
     width = _record_width(2 * K + (4 if banded else 3), scalar)
 
-    def backward_op(op: int, matched: int, cell: int, c0: int, b: vecK, db: vecK, act: T, dact: T, g_now: vecL,
+    def backward_op(op: int, matched: int, row_offset: int, cell: int, c0: int, b: vecK, db: vecK, act: T, dact: T, g_now: vecL,
                     dy: wp.array2d(dtype=T), coef_pad: wp.array3d(dtype=T), coef: wp.array3d(dtype=T),
                     base_weight_t: wp.array2d(dtype=T), scaler_t: wp.array2d(dtype=T), i: int, o: int, lane: int,
                     n0: int, n_end: int, chunk: int, want_dx: int, dx_write: int, deterministic: int,
@@ -658,9 +713,14 @@ def _backward_kernel(order: int, uniform: bool, scalar: str, capacity: int, band
                     partial_params: wp.array4d(dtype=T)) -> vecL:
         return g_now
 
+    def band_queue(op: int, matched: int, offset: int, lane: int) -> int:
+        return 0
+
     kind = "banded" if banded else "whole"
-    backward_op.__name__ = backward_op.__qualname__ = f"tiled_backward_op_{kind}_k{order}_{scalar}_c{capacity}"
+    for fn in (backward_op, band_queue):
+        fn.__name__ = fn.__qualname__ = f"tiled_{fn.__name__}_{kind}_k{order}_{scalar}_c{capacity}"
     backward_op = wp.func_native(_render(_BACKWARD_OP, scalar, order, width, capacity, warps, banded))(backward_op)
+    band_queue = wp.func_native(_render(_BAND_QUEUE, scalar, order, width, capacity, warps, banded))(band_queue)
 
     @functools.partial(wp.kernel, enable_backward=False, module=module + ("_banded" if banded else ""))
     def backward(dy: wp.array2d(dtype=T), x: wp.array2d(dtype=T), grid: wp.array2d(dtype=T),
@@ -691,27 +751,50 @@ def _backward_kernel(order: int, uniform: bool, scalar: str, capacity: int, band
         g = vecL()
         # op 0 loads the band's rows (and, not banded, the first step's dy; each op 1 step returns the next
         # one's); x is read a step ahead
-        g = backward_op(0, 0, 0, c0, none, none, zero, zero, g, dy, coef_pad, coef, base_weight_t, scaler_t, i, o,
-                        lane, n_start, n_end, chunk, want_dx, dx_write, deterministic, dx, d_base_weight_t,
+        g = backward_op(0, 0, 0, 0, c0, none, none, zero, zero, g, dy, coef_pad, coef, base_weight_t, scaler_t, i,
+                        o, lane, n_start, n_end, chunk, want_dx, dx_write, deterministic, dx, d_base_weight_t,
                         d_scaler_t, d_coef, partial_coef, partial_params)
-        x_next = x[wp.min(n_start + lane, n_rows - 1), i]
-        for n0 in range(n_start, n_end, LANES):
-            n = n0 + lane
-            xv = x_next
-            x_next = x[wp.min(n + LANES, n_rows - 1), i]
-            valid, cell, b, db = basis_and_grad_at(grid, i, xv, basis_matrix)
-            matched = n < n_end
-            if wp.static(banded):
+        if wp.static(banded):
+            # scan the chunk's rows for the band's (cell only), queue them, and walk the queue 32 rows at a
+            # time; one more scan step past the end walks what is left
+            queued = band_queue(0, 0, 0, lane)
+            x_next = x[wp.min(n_start + lane, n_rows - 1), i]
+            for n0 in range(n_start, n_end + LANES, LANES):
+                n = n0 + lane
+                xv = x_next
+                x_next = x[wp.min(n + LANES, n_rows - 1), i]  # in flight during this step, as below
+                valid, cell = cell_at(grid, i, xv)
                 # off-grid rows (cell 0, zero bases) fall in band 0, which adds their base term
-                matched = matched and cell >= c0 and cell < c0 + band_cells
-            act = zero
-            dact = zero
-            if use_base and matched:  # a row past the chunk has g = 0, and 0 * silu(NaN) must not reach the sum
-                act, dact = silu_and_grad(xv)
-            g = backward_op(1, wp.where(matched, 1, 0), cell, c0, b, db, act, dact, g, dy, coef_pad, coef,
-                            base_weight_t, scaler_t, i, o, lane, n0, n_end, chunk, want_dx, dx_write, deterministic,
-                            dx, d_base_weight_t, d_scaler_t, d_coef, partial_coef, partial_params)
-        backward_op(2, 0, 0, c0, none, none, zero, zero, g, dy, coef_pad, coef, base_weight_t, scaler_t, i, o, lane,
+                matched = n < n_end and cell >= c0 and cell < c0 + band_cells
+                queued = band_queue(1, wp.where(matched, 1, 0), n - n_start, lane)
+                if queued >= LANES or (n0 >= n_end and queued > 0):
+                    offset = band_queue(2, 0, 0, lane)
+                    live = offset >= 0
+                    xq = x[n_start + wp.max(offset, 0), i]
+                    valid, cell, b, db = basis_and_grad_at(grid, i, xq, basis_matrix)
+                    act = zero
+                    dact = zero
+                    if use_base and live:
+                        act, dact = silu_and_grad(xq)
+                    g = backward_op(1, wp.where(live, 1, 0), offset, cell, c0, b, db, act, dact, g, dy, coef_pad,
+                                    coef, base_weight_t, scaler_t, i, o, lane, n_start, n_end, chunk, want_dx,
+                                    dx_write, deterministic, dx, d_base_weight_t, d_scaler_t, d_coef, partial_coef,
+                                    partial_params)
+        else:
+            x_next = x[wp.min(n_start + lane, n_rows - 1), i]
+            for n0 in range(n_start, n_end, LANES):
+                n = n0 + lane
+                xv = x_next
+                x_next = x[wp.min(n + LANES, n_rows - 1), i]
+                valid, cell, b, db = basis_and_grad_at(grid, i, xv, basis_matrix)
+                act = zero
+                dact = zero
+                if use_base and n < n_end:  # a row past the chunk has g = 0, and 0 * silu(NaN) must not reach the sum
+                    act, dact = silu_and_grad(xv)
+                g = backward_op(1, 1, 0, cell, c0, b, db, act, dact, g, dy, coef_pad, coef, base_weight_t, scaler_t,
+                                i, o, lane, n0, n_end, chunk, want_dx, dx_write, deterministic, dx, d_base_weight_t,
+                                d_scaler_t, d_coef, partial_coef, partial_params)
+        backward_op(2, 0, 0, 0, c0, none, none, zero, zero, g, dy, coef_pad, coef, base_weight_t, scaler_t, i, o, lane,
                     n_start, n_end, chunk, want_dx, dx_write, deterministic, dx, d_base_weight_t, d_scaler_t,
                     d_coef, partial_coef, partial_params)
 
@@ -725,9 +808,10 @@ def tiled_modules(order: int, uniform: bool, scalar: str) -> tuple:
     names = []
     for capacity in CAPACITIES.get(scalar, {}):
         names += tiled_kernels(order, uniform, scalar, capacity).modules
-    for capacity, _bands in FORWARD_BANDED_CAPACITIES.get(scalar, ()):
+    for capacity in sorted({capacity for capacity, _bands in FORWARD_BANDED_CAPACITIES.get(scalar, ())}):
         names.append(_forward_kernel(order, uniform, scalar, capacity, True).module.name)
-    for capacity, _bands in BANDED_CAPACITIES.get(scalar, ()):
+    for capacity in sorted({capacity for capacity, _bands in BANDED_CAPACITIES.get(scalar, ())
+                            if banded_backward_fits(capacity, order, scalar)}):
         names.append(_backward_kernel(order, uniform, scalar, capacity, True).module.name)
     return tuple(names)
 

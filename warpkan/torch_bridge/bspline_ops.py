@@ -8,7 +8,7 @@ Two strategies compute the same map:
 - ``stencil``: Warp kernels that evaluate each edge's k + 1 bases locally; cost independent of G. On CUDA,
   for grids within their shared-memory capacity (G + 3k <= 96 rows in float32), the warp-tiled kernels of
   ``warpkan.kernels.bspline_tiled``; float32 grids up to a few times longer run them on bands of cells (the
-  forward up to G + 2k <= 282 cells at k = 3, the backward up to 770: ``forward_plan``, ``backward_plan``);
+  forward up to G + 2k <= 282 cells at k = 3, the backward up to 2310: ``forward_plan``, ``backward_plan``);
   else the per-thread kernels of ``warpkan.kernels.bspline``.
 - ``gemm`` (dense basis): a Warp kernel writes the transposed dense basis of a chunk of rows,
   ``A^T`` [width, rows] with width = in (silu rows of the base path) + in (G + k), and cuBLAS (through
