@@ -2,7 +2,7 @@
 default kernels (warp-tiled where they apply, the backward pass on bands of cells for longer grids) and the
 per-thread ones.
 
-    python scripts/profile_bspline_backward.py [--cases N:in:out:G:k,...] [--entries-per-chunk E]
+    python scripts/profile_bspline_backward.py [--cases N:in:out:G:k,...] [--entries-per-chunk E] [--band-table 48|80]
 """
 
 import argparse
@@ -24,7 +24,13 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", default=DEFAULT_CASES)
     parser.add_argument("--entries-per-chunk", type=int, default=None)
+    parser.add_argument("--band-table", type=int, default=None,
+                        help="force the banded backward's table class (48 or 80 rows) for every band count")
     args = parser.parse_args()
+    if args.band_table is not None:
+        from warpkan.kernels import bspline_tiled as kbt
+
+        kbt.BANDED_CAPACITIES = {"float32": ((args.band_table, 10**6),)}
     if args.entries_per_chunk is not None:
         kb._ENTRIES_PER_CHUNK = args.entries_per_chunk
     for case in args.cases.split(","):
