@@ -110,10 +110,15 @@ def resolve_precision(precision: str, dtype: torch.dtype, device: torch.device) 
     return _FLOAT32_MATMUL_RULE[torch.get_float32_matmul_precision()]
 
 
-def _tiled(x: Tensor, coef: Tensor, spline_order: int) -> bool:
-    """The stencil strategy runs the warp-tiled kernels (CUDA, grid within their capacity)."""
+def _io_scalar(x: Tensor) -> str | None:
+    """The kernels' scalar name of x's dtype (None for one they do not take)."""
     # two table lookups: wp.types.type_repr costs ~10 us a call, and this runs per launch
-    return kbt.tiled_applies(x.is_cuda, IO_SCALAR_NAMES.get(WP_DTYPES.get(x.dtype)), coef.shape[1], spline_order)
+    return IO_SCALAR_NAMES.get(WP_DTYPES.get(x.dtype))
+
+
+def _tiled(x: Tensor, coef: Tensor, spline_order: int) -> bool:
+    """The stencil strategy runs the warp-tiled kernels on one table (CUDA, grid within their capacity)."""
+    return kbt.tiled_applies(x.is_cuda, _io_scalar(x), coef.shape[1], spline_order)
 
 
 def _resolve(strategy: str, x: Tensor, coef: Tensor, spline_order: int) -> str:
@@ -261,7 +266,7 @@ def _forward_impl(
         precision = resolve_precision(precision, x.dtype, x.device)
         return _gemm_forward(x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, precision)
     y = x.new_empty((x.shape[0], coef.shape[2]))
-    if (kbt.forward_plan(x.is_cuda, IO_SCALAR_NAMES.get(WP_DTYPES.get(x.dtype)), coef.shape[1], spline_order)
+    if (kbt.forward_plan(x.is_cuda, _io_scalar(x), coef.shape[1], spline_order)
             and x.shape[0] and x.shape[1] and coef.shape[2]):
         coef_pad = x.new_empty(kbt.coef_pad_shape(coef.shape, spline_order))
         _launch(_tiled_forward, (x, grid, base_weight_t, scaler_t, coef, coef_pad, y), spline_order, uniform, use_base)
@@ -307,7 +312,7 @@ def _backward_impl(
         return _gemm_backward(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, need_x,
                               need_params, precision)
     n_rows, n_in, n_coef, n_out = x.shape[0], x.shape[1], coef.shape[1], coef.shape[2]
-    plan = kbt.backward_plan(x.is_cuda, IO_SCALAR_NAMES.get(WP_DTYPES.get(x.dtype)), n_coef, spline_order)
+    plan = kbt.backward_plan(x.is_cuda, _io_scalar(x), n_coef, spline_order)
     if (plan is not None and kbt.backward_takes(n_out, need_params, deterministic, need_x, plan.banded)
             and n_rows and n_in and n_out):
         # the tiled pass sets the gradients (its first launch zeroes what it adds into): no fill launches
