@@ -124,6 +124,51 @@ def test_half_precision_io(device, dtype):
         torch.testing.assert_close(got.cpu().double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
 
 
+@pytest.mark.parametrize("x_dtype,a_dtype,b_dtype", [
+    (torch.bfloat16, torch.bfloat16, torch.bfloat16),  # a module moved to bf16
+    (torch.float32, torch.bfloat16, torch.bfloat16),  # bf16 weights, fp32 activations
+    (torch.bfloat16, torch.float16, torch.float16),
+    (torch.float32, torch.float64, torch.float64),
+    (torch.float32, torch.float32, torch.float64),  # weights of two dtypes: cast to the arithmetic one
+])
+def test_weight_dtypes(device, x_dtype, a_dtype, b_dtype):
+    """The kernels read the weights in their own dtype and write their gradients in it: the values are
+    those of the float64 reference at the (rounded) weights, rounded once to the weights' dtype."""
+    dev = _torch_device(device)
+    groups = 2
+    x = torch.randn(11, 48).to(x_dtype)
+    dy = torch.randn(11, 48).to(x_dtype)
+    a, b = _coefficients(groups, False, "A")
+    a, b = a.to(a_dtype), b.to(b_dtype)
+    y64, dx64, da64, db64 = _reference_grads(x, a, b, groups, "A", dy)
+    y, dx, da, db = _kernel_grads(x.to(dev), a.to(dev), b.to(dev), groups, "A", dy.to(dev))
+    assert (y.dtype, dx.dtype, da.dtype, db.dtype) == (x_dtype, x_dtype, a_dtype, b_dtype)
+    eps_x = IO_EPS[x_dtype]
+    for got, ref in ((y, y64), (dx, dx64)):
+        assert ((got.cpu().double() - ref).abs() <= 2 * eps_x * ref.abs() + 1e-5 * (1 + ref.abs())).all()
+    for got, ref in ((da, da64), (db, db64)):
+        # one rounding to the weight dtype on top of fp32 sums (fp64 sums for fp64 x)
+        tol = 2 * IO_EPS[got.dtype] * ref.abs() + 1e-5 * ref.abs().max()
+        assert ((got.cpu().double() - ref).abs() <= tol).all(), (got, ref)
+
+
+def test_eager_step_launches_no_casts_or_fills():
+    """A bf16 module's fwd+bwd step runs the Warp kernels and allocations only: the casts of the weights
+    and the zero fills of their gradients, each a 10-25 us torch launch of host time on the GPU machine,
+    are gone (the kernels widen and narrow in place)."""
+    layer = GroupRational(32, num_groups=4).to(torch.bfloat16)
+    x = torch.randn(5, 32, dtype=torch.bfloat16, requires_grad=True)
+    layer(x).sum().backward()  # compile and record first
+    for t in (x, *layer.parameters()):
+        t.grad = None  # as zero_grad() does: no accumulation into last step's gradients
+    dy = torch.ones(5, 32, dtype=torch.bfloat16)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        layer(x).backward(dy)
+    names = {event.key for event in prof.key_averages()}
+    assert not names & {"aten::_to_copy", "aten::copy_", "aten::fill_", "aten::zero_"}, sorted(names)
+    assert layer.weight_denominator.grad.dtype == torch.bfloat16
+
+
 @pytest.mark.parametrize("variant", ["A", "B"])
 def test_zero_huge_nan_inf(device, variant):
     dev = _torch_device(device)

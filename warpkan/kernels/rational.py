@@ -232,6 +232,7 @@ class RationalKernels:
     vec: int
     io_vector: type
     acc: type
+    coef: type  # scalar type of the coefficient arrays and of their gradients
     grad_vector: type  # m + 1 + n accumulators
     forward: wp.Kernel
     backward: wp.Kernel
@@ -240,8 +241,13 @@ class RationalKernels:
 
 
 @functools.lru_cache(maxsize=None)
-def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec: int) -> RationalKernels:
-    """Build (lazily) the kernels of one combination; all of them live in one Warp module."""
+def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec: int,
+                coef_name: "str | None" = None) -> RationalKernels:
+    """Build (lazily) the kernels of one combination; all of them live in one Warp module. ``coef_name``: the
+    scalar type of the coefficient arrays and their gradients (default: the arithmetic type). The kernels
+    widen the coefficients as they load them and narrow the gradients as they store them, so a bf16 module
+    (weights in bf16) needs no cast launches around the kernels: each costs more host time than a small
+    layer's whole kernel."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     if not (0 <= num_order <= MAX_ORDER and 1 <= den_order <= MAX_ORDER):
@@ -252,6 +258,10 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
     if vec < 1 or vec > max_vec or vec & (vec - 1):
         raise ValueError(f"vector width must be a power of two <= {max_vec}, got {vec}")
     acc = _ACC_TYPES[acc_name]
+    coef_name = coef_name or acc_name
+    if coef_name not in IO_TYPES:
+        raise TypeError(f"coefficients must have a scalar type in {sorted(IO_TYPES)}, got {coef_name}")
+    coef = IO_TYPES[coef_name][0]
     M = num_order + 1  # numerator coefficients
     N = den_order  # denominator coefficients
     K = M + N
@@ -278,6 +288,8 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
     BF = launch_shape(BLOCKS_PER_SM, "forward", vec)
     BB = launch_shape(BLOCKS_PER_SM, "backward", vec)
     module = f"warpkan_rational_{variant}_{num_order}_{den_order}_{io_name}_v{vec}_u{UF}{UB}_b{BF}{BB}"
+    if coef_name != acc_name:
+        module += f"_w{coef_name}"
     kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
     # __launch_bounds__(BLOCK_DIM, blocks per SM): the register budget that lets the launched grid's blocks
     # all be resident at once (a pass's grid is a whole number of such waves, see launch_shape)
@@ -506,7 +518,7 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
 
     # ------------------------------------------------------------------ block decoding
     @wp.func
-    def block_coefficients(blk: int, blocks_per_group: int, a: wp.array2d(dtype=acc), b: wp.array2d(dtype=acc)):
+    def block_coefficients(blk: int, blocks_per_group: int, a: wp.array2d(dtype=coef), b: wp.array2d(dtype=coef)):
         """(group, a, i a_i, bq = |b| (A) or b (B), j bq_j) of a block."""
         g = blk // blocks_per_group
         ga = int(0)
@@ -516,14 +528,14 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
         ia = vecM()
         fi = zero
         for i in range(M):
-            av[i] = a[ga, i]
+            av[i] = acc(a[ga, i])
             ia[i] = fi * av[i]
             fi = fi + one
         bq = vecN()
         jb = vecN()
         fj = one
         for j in range(N):
-            bj = b[g, j]
+            bj = acc(b[g, j])
             if wp.static(is_a):
                 bq[j] = wp.abs(bj)
             else:
@@ -569,8 +581,8 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
     @streaming_kernel["forward"]
     def forward(
         x: wp.array2d(dtype=io_vec),
-        a: wp.array2d(dtype=acc),
-        b: wp.array2d(dtype=acc),
+        a: wp.array2d(dtype=coef),
+        b: wp.array2d(dtype=coef),
         vectors_per_group: int,
         tile_width: int,
         chunks: int,
@@ -619,8 +631,8 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
     def backward(
         dy: wp.array2d(dtype=io_vec),
         x: wp.array2d(dtype=io_vec),
-        a: wp.array2d(dtype=acc),
-        b: wp.array2d(dtype=acc),
+        a: wp.array2d(dtype=coef),
+        b: wp.array2d(dtype=coef),
         vectors_per_group: int,
         tile_width: int,
         chunks: int,
@@ -688,17 +700,20 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
                     value = block_total[0]
                     if wp.static(is_a):
                         if k >= M:  # the sign of b_j, left out of the element sums
-                            value = value * wp.float64(sgn(b[g, k - M]))
+                            value = value * wp.float64(sgn(acc(b[g, k - M])))
                     partials[blk, k] = value
 
     @kernel
     def combine(
         partials: wp.array2d(dtype=wp.float64),
         blocks_per_group: int,
-        da: wp.array2d(dtype=acc),
-        db: wp.array2d(dtype=acc),
+        accumulate: int,
+        da: wp.array2d(dtype=coef),
+        db: wp.array2d(dtype=coef),
     ):
-        # one block per coefficient: its lanes sum strided block partials, then a tree; fixed order
+        # one block per coefficient: its lanes sum strided block partials, then a tree; fixed order. The sum
+        # is added to da/db (accumulate, Warp's adjoint convention) or overwrites them (the torch op: no
+        # zeroing launch)
         out, lane = wp.tid()
         lanes = wp.block_dim()
         n_num = da.shape[0] * M
@@ -723,10 +738,15 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
             acc_sum = acc_sum + partials[first + i, k]
         total = wp.tile_sum(wp.tile(acc_sum))
         if lane == 0:
+            value = total[0]
             if out < n_num:
-                da[row, k] = acc(wp.float64(da[row, k]) + total[0])
+                if accumulate:
+                    value = value + wp.float64(acc(da[row, k]))
+                da[row, k] = coef(acc(value))
             else:
-                db[row, k - M] = acc(wp.float64(db[row, k - M]) + total[0])
+                if accumulate:
+                    value = value + wp.float64(acc(db[row, k - M]))
+                db[row, k - M] = coef(acc(value))
 
     return RationalKernels(
         num_order=num_order,
@@ -736,6 +756,7 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
         vec=vec,
         io_vector=io_vec,
         acc=acc,
+        coef=coef,
         grad_vector=vecK,
         forward=forward,
         backward=backward,
@@ -753,12 +774,9 @@ def io_name_of(dtype) -> str:
     return name
 
 
-def acc_type(io_name: str):
-    return _ACC_TYPES[IO_TYPES[io_name][1]]
-
-
-def check_coefficients(num_channels: int, num_groups: int, a, b, acc) -> tuple[int, int]:
-    """(m, n) from the coefficient arrays; raises ValueError/TypeError naming the argument."""
+def check_coefficients(num_channels: int, num_groups: int, a, b) -> tuple[int, int]:
+    """(m, n) from the coefficient arrays; raises ValueError/TypeError naming the argument. The arrays share
+    one floating scalar type (any of IO_TYPES: the kernels widen them to the arithmetic type)."""
     if num_groups < 1:
         raise ValueError(f"num_groups must be >= 1, got {num_groups}")
     if num_channels % num_groups:
@@ -769,9 +787,11 @@ def check_coefficients(num_channels: int, num_groups: int, a, b, acc) -> tuple[i
         raise ValueError(f"weight_numerator must have shape (1 or {num_groups}, m + 1), got {tuple(a.shape)}")
     if b.ndim != 2 or b.shape[0] != num_groups or b.shape[1] < 1:
         raise ValueError(f"weight_denominator must have shape ({num_groups}, n), got {tuple(b.shape)}")
-    for name, arr in (("weight_numerator", a), ("weight_denominator", b)):
-        if arr.dtype != acc:
-            raise TypeError(f"{name} must be {wp.types.type_repr(acc)} (the arithmetic type of x), got {wp.types.type_repr(arr.dtype)}")
+    if a.dtype not in IO_SCALAR_NAMES:
+        raise TypeError(f"weight_numerator must be float16, bfloat16, float32 or float64, got {wp.types.type_repr(a.dtype)}")
+    if b.dtype != a.dtype:
+        raise TypeError(f"weight_denominator must have the scalar type of weight_numerator "
+                        f"({wp.types.type_repr(a.dtype)}), got {wp.types.type_repr(b.dtype)}")
     return a.shape[1] - 1, b.shape[1]
 
 
@@ -797,8 +817,7 @@ def _prepare(x, num_groups, a, b, variant, vec, arrays=(), max_bytes=16, pass_na
     width (one memory access per vector) is narrowed until every base address is a multiple of it."""
     n_rows, n_channels = x.shape
     io_name = io_name_of(x.dtype)
-    acc = acc_type(io_name)
-    m, n = check_coefficients(n_channels, num_groups, a, b, acc)
+    m, n = check_coefficients(n_channels, num_groups, a, b)
     group_size = n_channels // num_groups
     itemsize = wp.types.type_size_in_bytes(x.dtype)
     pointers = [arr.ptr for arr in (x, *arrays) if arr is not None and arr.ptr]
@@ -810,7 +829,7 @@ def _prepare(x, num_groups, a, b, variant, vec, arrays=(), max_bytes=16, pass_na
         raise ValueError(f"vector width {vec} must divide the group size {group_size}")
     if any(ptr % (vec * itemsize) for ptr in pointers):
         raise ValueError(f"vector width {vec} needs arrays aligned to {vec * itemsize} bytes")
-    kernels = get_kernels(m, n, variant, io_name, vec)
+    kernels = get_kernels(m, n, variant, io_name, vec, IO_SCALAR_NAMES[a.dtype])
     lay = layout(n_rows, group_size // vec, num_groups, target_blocks(x.device, pass_name, vec))
     return kernels, lay, n_channels // vec
 
@@ -826,8 +845,8 @@ def launch_forward(
     stream: "wp.Stream | None" = None,
     record: bool = False,
 ):
-    """y = F(x) for x, y [N, C] contiguous (fp32/fp64/fp16/bf16); a [1 or G, m+1], b [G, n] in the arithmetic
-    type (fp32, or fp64 for fp64 x). Overwrites y. ``record=True``: nothing runs; the launches come back as a
+    """y = F(x) for x, y [N, C] contiguous (fp32/fp64/fp16/bf16); a [1 or G, m+1], b [G, n] of one floating
+    type (any: the kernels widen them to the arithmetic type, fp32, or fp64 for fp64 x). Overwrites y. ``record=True``: nothing runs; the launches come back as a
     list of ``wp.Launch`` (what the torch bridge replays)."""
     kernels, lay, n_vec = _prepare(x, num_groups, a, b, variant, vec, (y,), FORWARD_VECTOR_BYTES)
     if x.shape[0] == 0 or x.shape[1] == 0:
@@ -890,6 +909,7 @@ def launch_backward(
     da: "wp.array2d | None" = None,
     db: "wp.array2d | None" = None,
     accumulate_dx: bool = True,
+    accumulate_params: bool = True,
     deterministic: bool = False,
     vec: "int | None" = None,
     stream: "wp.Stream | None" = None,
@@ -897,9 +917,10 @@ def launch_backward(
     partials: "wp.array | None" = None,
     record: bool = False,
 ):
-    """Gradients of ``launch_forward``. ``da`` and ``db`` (arithmetic type, shapes of a and b) are
-    accumulated (+=); ``dx`` is accumulated when ``accumulate_dx`` (Warp's adjoint convention) and
-    overwritten otherwise (the torch op: saves a read of dx). ``da`` and ``db`` go together.
+    """Gradients of ``launch_forward``. ``da`` and ``db`` (the scalar type and shapes of a and b) are
+    accumulated (+=) when ``accumulate_params`` and ``dx`` when ``accumulate_dx`` (Warp's adjoint
+    convention); otherwise they are overwritten (the torch op: no zeroing launch, no read of dx). ``da`` and
+    ``db`` go together.
     ``deterministic`` is accepted for symmetry with the other families: the coefficient gradients are always
     reduced in a fixed order (fp64 block partials and a combine pass), so they are always bitwise
     reproducible, at the cost of one small extra launch. ``workspace``: an object with
@@ -915,6 +936,8 @@ def launch_backward(
     need_params = da is not None
     if need_params and (tuple(da.shape) != tuple(a.shape) or tuple(db.shape) != tuple(b.shape)):
         raise ValueError(f"da, db must have the shapes of a, b: {tuple(a.shape)}, {tuple(b.shape)}")
+    if need_params and (da.dtype != a.dtype or db.dtype != a.dtype):
+        raise TypeError(f"da, db must have the scalar type of a and b ({wp.types.type_repr(a.dtype)})")
     if dx is not None and (tuple(dx.shape) != tuple(x.shape) or dx.dtype != x.dtype):
         raise ValueError(f"dx must have the shape and dtype of x {tuple(x.shape)}, got {tuple(dx.shape)}")
     if x.shape[0] == 0 or x.shape[1] == 0 or (dx is None and not need_params):
@@ -953,7 +976,7 @@ def launch_backward(
         cmds.append(wp.launch_tiled(
             kernels.combine,
             dim=[a.shape[0] * a.shape[1] + b.shape[0] * b.shape[1]],
-            inputs=[partials, lay.blocks_per_group],
+            inputs=[partials, lay.blocks_per_group, int(accumulate_params)],
             outputs=[da, db],
             block_dim=BLOCK_DIM,
             device=x.device,

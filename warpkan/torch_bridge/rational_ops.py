@@ -3,9 +3,17 @@
 The ops take x [N, C]; :func:`group_rational` takes (..., C) channels-last inputs and is what
 ``GroupRational`` calls. Arithmetic and the coefficient-gradient sums run in fp32 for fp32/bf16/fp16 x (fp64
 for fp64 x); the coefficient gradients come back in the dtype of the weights.
+
+Host cost. A small layer's eager step is host-bound, and on the GPU machine every torch launch (a cast, a
+zero fill) costs 10-25 us of host time, more than these kernels take at (64, 384). So the weights go to the
+kernels as they are (they widen them on load), the gradient kernels overwrite dx, d_numerator and
+d_denominator in the weights' own dtype (no zero fill, no cast back), and the only torch calls left are
+allocations.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import Tensor
@@ -31,9 +39,22 @@ def _aligned(t: Tensor) -> Tensor:
     return t
 
 
+def _coefficient_dtype(x: Tensor, weight_numerator: Tensor, weight_denominator: Tensor) -> torch.dtype:
+    """The dtype the kernels read the weights in: their own when they share one, else x's arithmetic one."""
+    if weight_numerator.dtype == weight_denominator.dtype:
+        return weight_numerator.dtype
+    return _arith_dtype(x)
+
+
 def _coefficients(x: Tensor, weight_numerator: Tensor, weight_denominator: Tensor) -> tuple[Tensor, Tensor]:
-    dtype = _arith_dtype(x)
+    dtype = _coefficient_dtype(x, weight_numerator, weight_denominator)
     return weight_numerator.to(dtype).contiguous(), weight_denominator.to(dtype).contiguous()
+
+
+@functools.lru_cache(maxsize=256)
+def _partials_size(n_rows, n_channels, num_groups, num_order, den_order, dtype, device) -> int:
+    return kr.backward_partials_size(n_rows, n_channels, num_groups, num_order, den_order,
+                                     kr.io_name_of(WP_DTYPES[dtype]), warp_device(device))
 
 
 # Recorded launches (see RecordedLaunches): the host cost of a call is a few microseconds a launch.
@@ -48,7 +69,7 @@ def _record_backward(dy, x, a, b, dx, da, db, partials, num_groups, variant, rec
     # the coefficient gradients are always reduced in a fixed order (see the kernels), so ``deterministic``
     # needs no launch of its own
     return kr.launch_backward(dy, x, a, b, num_groups, variant, dx=dx, da=da, db=db, accumulate_dx=False,
-                              partials=partials, record=record)
+                              accumulate_params=False, partials=partials, record=record)
 
 
 def _forward_impl(x, weight_numerator, weight_denominator, num_groups, variant, deterministic):
@@ -78,10 +99,12 @@ def _backward_impl(dy, x, weight_numerator, weight_denominator, num_groups, vari
     x = _aligned(x)
     dy = _aligned(dy.to(x.dtype))
     a, b = _coefficients(x, weight_numerator, weight_denominator)
-    dx, da, db = _grad_buffers(x, weight_numerator, weight_denominator, need_x, need_params, torch.zeros)
+    # the kernels overwrite every gradient (nothing to zero), except on an empty x
+    dx, da, db = _grad_buffers(x, weight_numerator, weight_denominator, need_x, need_params,
+                               torch.empty if x.numel() else torch.zeros)
     if x.numel() and (need_x or need_params):
-        size = kr.backward_partials_size(x.shape[0], x.shape[1], num_groups, a.shape[1] - 1, b.shape[1],
-                                         kr.io_name_of(WP_DTYPES[x.dtype]), warp_device(x.device)) if need_params else 1
+        size = _partials_size(x.shape[0], x.shape[1], num_groups, a.shape[1] - 1, b.shape[1], x.dtype,
+                              x.device) if need_params else 1
         partials = torch.empty(size, dtype=torch.float64, device=x.device)
         _LAUNCHES(_record_backward, (dy, x, a, b, dx if need_x else None, da if need_params else None,
                                      db if need_params else None, partials), num_groups, variant)
@@ -100,14 +123,15 @@ def group_rational_backward(
     need_x: bool,
     need_params: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(dx, d_weight_numerator, d_weight_denominator); dx in x's dtype, the others in the arithmetic dtype
-    (fp32, or fp64 for fp64 x). The ones not asked for come back empty."""
+    """(dx, d_weight_numerator, d_weight_denominator); dx in x's dtype, the others in the weights' dtype
+    when the two weights share one (else in the arithmetic dtype: fp32, or fp64 for fp64 x). The ones not
+    asked for come back empty."""
     return _backward_impl(dy, x, weight_numerator, weight_denominator, num_groups, variant, deterministic, need_x,
                           need_params)
 
 
 def _grad_buffers(x, weight_numerator, weight_denominator, need_x, need_params, alloc):
-    dtype = _arith_dtype(x)
+    dtype = _coefficient_dtype(x, weight_numerator, weight_denominator)
     # dx is overwritten by the kernel: no need to zero it
     dx = torch.empty(x.shape if need_x else (0,), dtype=x.dtype, device=x.device)
     da = alloc(weight_numerator.shape if need_params else (0,), dtype=dtype, device=x.device)
