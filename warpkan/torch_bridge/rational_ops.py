@@ -218,6 +218,8 @@ def group_rational(
     for name, w in (("weight_numerator", weight_numerator), ("weight_denominator", weight_denominator)):
         if w.device != x.device:
             raise ValueError(f"{name} must be on device {x.device} (that of x), got {w.device}")
-    lead = x.shape[:-1]
-    y = op_or_eager(group_rational_forward, _EagerGroupRational)(x.reshape(-1, channels), weight_numerator, weight_denominator, num_groups, variant, deterministic)
-    return y.reshape(*lead, channels)
+    op = op_or_eager(group_rational_forward, _EagerGroupRational)
+    if x.dim() == 2:  # no reshape: each is an autograd view node, 10-20 us of a step's host time
+        return op(x, weight_numerator, weight_denominator, num_groups, variant, deterministic)
+    y = op(x.reshape(-1, channels), weight_numerator, weight_denominator, num_groups, variant, deterministic)
+    return y.reshape(*x.shape[:-1], channels)
