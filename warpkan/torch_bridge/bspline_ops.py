@@ -56,7 +56,7 @@ from ..kernels import bspline as kb
 from ..kernels import bspline_tiled as kbt
 from ..kernels._common import IO_SCALAR_NAMES
 from ._common import (WP_DTYPES, RecordedLaunches, TorchWorkspace, autocast_dtype, check_tensor, eager_function,
-                      matmul_precision, op_or_eager, to_warp, warp_stream)
+                      matmul_precision, to_warp, warp_stream)
 
 __all__ = ["bspline_kan", "bspline_forward", "bspline_backward", "choose_strategy", "resolve_precision",
            "STRATEGIES", "PRECISIONS", "PRECISION_UNIT_ROUNDOFF"]
@@ -410,8 +410,35 @@ def _eager_backward(ctx, dy):
 
 
 # In eager mode each custom-op call cost about 0.3 ms of host time on the GPU machine (torch 2.11, mostly
-# inside torch's custom-op wrapper), which dominated small layers.
-_EagerBSpline = eager_function("_EagerBSpline", _forward_impl, _setup_context, _eager_backward)
+# inside torch's custom-op wrapper), which dominated small layers. The eager route also takes the parameters
+# in their public layout ([out, in], [out, in, G + k]) and makes the kernel-layout views inside: views made
+# outside are autograd nodes (TBackward, PermuteBackward), each 10-20 us of the backward's host time.
+
+
+def _kernel_layout(base_weight, spline_scaler, spline_weight):
+    return base_weight.t(), spline_scaler.t(), spline_weight.permute(1, 2, 0)
+
+
+def _layer_forward_impl(x, grid, base_weight, spline_scaler, spline_weight, *config):
+    return _forward_impl(x, grid, *_kernel_layout(base_weight, spline_scaler, spline_weight), *config)
+
+
+def _layer_setup_context(ctx, inputs, output):
+    x, grid, base_weight, spline_scaler, spline_weight, *config = inputs
+    _setup_context(ctx, (x, grid, *_kernel_layout(base_weight, spline_scaler, spline_weight), *config), output)
+
+
+def _layer_backward(ctx, dy):
+    """The op's gradients, mapped back to the public layout (views: the parameters are stored in the
+    kernel layout, so these match their strides and are taken as they are)."""
+    grads = list(_eager_backward(ctx, dy))
+    for i, to_public in ((2, lambda g: g.t()), (3, lambda g: g.t()), (4, lambda g: g.permute(2, 0, 1))):
+        if grads[i] is not None:
+            grads[i] = to_public(grads[i])
+    return tuple(grads)
+
+
+_EagerBSpline = eager_function("_EagerBSpline", _layer_forward_impl, _layer_setup_context, _layer_backward)
 
 
 def bspline_kan(
@@ -458,11 +485,10 @@ def bspline_kan(
     check_precision(precision, x.dtype)
     if precision == "auto" and autocast_dtype(x.device) == torch.bfloat16:
         precision = "bf16"  # torch's matmul rule is read inside the op, at run time (torch.compile cannot trace it)
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, n_in)
-    op = op_or_eager(bspline_forward, _EagerBSpline)
-    y = op(
-        x2, grid, base_weight.t(), spline_scaler.t(), spline_weight.permute(1, 2, 0),
-        spline_order, uniform, use_base, deterministic, strategy, precision,
-    )
-    return y.reshape(*lead, n_out)
+    x2 = x if x.dim() == 2 else x.reshape(-1, n_in)  # a reshape is an autograd node even when it changes nothing
+    config = (spline_order, uniform, use_base, deterministic, strategy, precision)
+    if torch.compiler.is_compiling():
+        y = bspline_forward(x2, grid, *_kernel_layout(base_weight, spline_scaler, spline_weight), *config)
+    else:
+        y = _EagerBSpline.apply(x2, grid, base_weight, spline_scaler, spline_weight, *config)
+    return y if x.dim() == 2 else y.reshape(*x.shape[:-1], n_out)
