@@ -159,22 +159,36 @@ def matmul_precision(precision: str, device: torch.device):
         torch.set_float32_matmul_precision(saved)
 
 
-def eager_function(name: str, forward_impl, setup_context, backward):
+def eager_function(name: str, forward_impl, setup_context, backward, layouts: dict | None = None):
     """An ``autograd.Function`` that runs a custom op's own implementation (``forward_impl(*inputs)``) and
     autograd formula (``setup_context(ctx, inputs, output)``, ``backward(ctx, *grads)``) without the custom-op
     dispatch. A ``torch.library.custom_op`` call (schema default filling, the redispatch through the autograd
     key, the backward op's second dispatch) costs tens to hundreds of microseconds of host time on the GPU
     machine, which dominates a small layer's eager step. Call it through :func:`op_or_eager`, so that traced
-    code (``torch.compile``, export, opcheck) still sees the registered op."""
+    code (``torch.compile``, export, opcheck) still sees the registered op.
+
+    ``layouts`` {input index: (to_op, to_public)}: the Function takes those inputs in their public layout
+    (a parameter as the module exposes it) and makes the op's view of them inside, ``to_op(t)``; their
+    gradients go back through ``to_public``. Views made outside the Function would be autograd nodes of their
+    own (TBackward, PermuteBackward), each 10-20 us of a step's host time on the GPU machine."""
+    layouts = layouts or {}
+
+    def op_inputs(inputs):
+        return tuple(layouts[i][0](t) if i in layouts and t is not None else t for i, t in enumerate(inputs))
 
     def forward(ctx, *inputs):
+        inputs = op_inputs(inputs)
         output = forward_impl(*inputs)
         setup_context(ctx, inputs, output)
         return output
 
+    def public_backward(ctx, *grads):
+        grads = backward(ctx, *grads)
+        return tuple(layouts[i][1](g) if i in layouts and g is not None else g for i, g in enumerate(grads))
+
     return type(name, (torch.autograd.Function,), {
         "forward": staticmethod(forward),
-        "backward": staticmethod(torch.autograd.function.once_differentiable(backward)),
+        "backward": staticmethod(torch.autograd.function.once_differentiable(public_backward if layouts else backward)),
         "__doc__": f"{name}: eager route of a warpkan custom op (see warpkan.torch_bridge._common.eager_function).",
     })
 

@@ -410,35 +410,19 @@ def _eager_backward(ctx, dy):
 
 
 # In eager mode each custom-op call cost about 0.3 ms of host time on the GPU machine (torch 2.11, mostly
-# inside torch's custom-op wrapper), which dominated small layers. The eager route also takes the parameters
-# in their public layout ([out, in], [out, in, G + k]) and makes the kernel-layout views inside: views made
-# outside are autograd nodes (TBackward, PermuteBackward), each 10-20 us of the backward's host time.
+# inside torch's custom-op wrapper), which dominated small layers. The eager route takes the parameters in
+# their public layout ([out, in], [out, in, G + k]) and makes the kernel-layout views inside (see
+# eager_function). KANLinear stores them in the kernel layout, so the gradients mapped back match their
+# strides and are taken as they are.
+_TRANSPOSED = (lambda t: t.t(), lambda g: g.t())
+_PUBLIC_LAYOUTS = {2: _TRANSPOSED, 3: _TRANSPOSED, 4: (lambda t: t.permute(1, 2, 0), lambda g: g.permute(2, 0, 1))}
 
 
 def _kernel_layout(base_weight, spline_scaler, spline_weight):
-    return base_weight.t(), spline_scaler.t(), spline_weight.permute(1, 2, 0)
+    return tuple(_PUBLIC_LAYOUTS[i][0](t) for i, t in zip((2, 3, 4), (base_weight, spline_scaler, spline_weight)))
 
 
-def _layer_forward_impl(x, grid, base_weight, spline_scaler, spline_weight, *config):
-    return _forward_impl(x, grid, *_kernel_layout(base_weight, spline_scaler, spline_weight), *config)
-
-
-def _layer_setup_context(ctx, inputs, output):
-    x, grid, base_weight, spline_scaler, spline_weight, *config = inputs
-    _setup_context(ctx, (x, grid, *_kernel_layout(base_weight, spline_scaler, spline_weight), *config), output)
-
-
-def _layer_backward(ctx, dy):
-    """The op's gradients, mapped back to the public layout (views: the parameters are stored in the
-    kernel layout, so these match their strides and are taken as they are)."""
-    grads = list(_eager_backward(ctx, dy))
-    for i, to_public in ((2, lambda g: g.t()), (3, lambda g: g.t()), (4, lambda g: g.permute(2, 0, 1))):
-        if grads[i] is not None:
-            grads[i] = to_public(grads[i])
-    return tuple(grads)
-
-
-_EagerBSpline = eager_function("_EagerBSpline", _layer_forward_impl, _layer_setup_context, _layer_backward)
+_EagerBSpline = eager_function("_EagerBSpline", _forward_impl, _setup_context, _eager_backward, _PUBLIC_LAYOUTS)
 
 
 def bspline_kan(

@@ -106,9 +106,10 @@ ignore it.
         if self.precision in ("tf32", "bf16") and x.dtype != torch.float32:
             raise ValueError(f"precision={self.precision!r} needs a float32 layer, got {x.dtype}")
         lut_size = self.lut_size if self.mode == "lut" else 0
-        y = poly_apply(x.reshape(-1, self.in_features), self.coeffs.permute(0, 2, 1), self.bias, self.basis,
-                       lut_size, self.alpha, self.beta, self.strategy, self.precision)
-        return y.reshape(*x.shape[:-1], self.out_features)
+        x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # (a reshape is an autograd node)
+        y = poly_apply(x2, self.coeffs, self.bias, self.basis, lut_size, self.alpha, self.beta, self.strategy,
+                       self.precision, layer_layout=True)
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         extra = f", alpha={self.alpha}" if kp.BASES[self.basis].uses_alpha else ""

@@ -59,7 +59,7 @@ import warp as wp
 from torch import Tensor
 
 from ..kernels import poly as kp
-from ._common import (RecordedLaunches, TorchWorkspace, check_tensor, eager_function, matmul_precision, op_or_eager,
+from ._common import (RecordedLaunches, TorchWorkspace, check_tensor, eager_function, matmul_precision,
                       to_warp, warp_device, warp_stream)
 
 __all__ = ["poly_kan", "poly_forward", "poly_backward", "choose_strategy", "BF16_ERROR_BOUND"]
@@ -390,9 +390,22 @@ _EagerPoly = eager_function("_EagerPoly", _forward_impl, _setup_context,
                             lambda ctx, dy: _backward(ctx, dy, _backward_impl))
 
 
-def poly_apply(x, coeffs, bias, basis, lut_size, alpha, beta, strategy, precision="fp32"):
-    """:func:`poly_forward` with autograd: the registered op under tracing, the eager route otherwise."""
-    return op_or_eager(poly_forward, _EagerPoly)(x, coeffs, bias, basis, lut_size, alpha, beta, strategy, precision)
+# PolyKANLinear's coeffs read [in, out, D + 1] and are stored in the kernel layout [in, D + 1, out]: its route
+# takes them as the module exposes them and makes the kernel view inside the autograd node (a permute made
+# outside is a node of its own; see eager_function)
+_SWAP_LAST = (lambda t: t.permute(0, 2, 1), lambda g: g.permute(0, 2, 1))
+_EagerPolyLayer = eager_function("_EagerPolyLayer", _forward_impl, _setup_context,
+                                 lambda ctx, dy: _backward(ctx, dy, _backward_impl), {1: _SWAP_LAST})
+
+
+def poly_apply(x, coeffs, bias, basis, lut_size, alpha, beta, strategy, precision="fp32", layer_layout=False):
+    """:func:`poly_forward` with autograd on x [N, in]: the registered op under tracing, the eager route
+    otherwise. ``layer_layout``: coeffs come as PolyKANLinear exposes them, [in, out, D + 1]."""
+    if torch.compiler.is_compiling():
+        return poly_forward(x, _SWAP_LAST[0](coeffs) if layer_layout else coeffs, bias, basis, lut_size, alpha,
+                            beta, strategy, precision)
+    return (_EagerPolyLayer if layer_layout else _EagerPoly).apply(x, coeffs, bias, basis, lut_size, alpha, beta,
+                                                                    strategy, precision)
 
 
 def poly_kan(
@@ -426,7 +439,6 @@ def poly_kan(
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
     check_precision(precision, x.dtype)
-    lead = x.shape[:-1]
-    y = poly_apply(x.reshape(-1, n_in), coeffs, bias, basis, lut_size, float(alpha), float(beta), strategy,
-                   precision)
-    return y.reshape(*lead, n_out)
+    x2 = x if x.dim() == 2 else x.reshape(-1, n_in)  # a reshape is an autograd node even when it changes nothing
+    y = poly_apply(x2, coeffs, bias, basis, lut_size, float(alpha), float(beta), strategy, precision)
+    return y if x.dim() == 2 else y.reshape(*x.shape[:-1], n_out)
