@@ -434,20 +434,15 @@ def test_contiguous_parameters_same_layer(device):
         torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
 
 
-def test_eager_step_has_one_autograd_node_per_layer():
+def test_eager_step_has_one_autograd_node_per_layer(eager_step_ops):
     """The eager route makes the kernel-layout views of the parameters (and skips the reshape of 2-D x)
     inside its autograd node: views made outside are nodes of their own (TBackward, PermuteBackward,
     ViewBackward), 10-20 us of host time each on the GPU machine. The gradients keep the parameters'
     strides, so AccumulateGrad takes them without a copy."""
     layer = KANLinear(5, 3, grid_size=4)
     x = torch.rand(7, 5, requires_grad=True)
-    layer(x).sum().backward()
-    for t in (x, *layer.parameters()):
-        t.grad = None
-    dy = torch.ones(7, 3)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        layer(x).backward(dy)
-    nodes = {e.key for e in prof.key_averages() if e.key.startswith("autograd::engine::evaluate_function")}
+    ops = eager_step_ops(layer, x, torch.ones(7, 3))
+    nodes = {name for name in ops if name.startswith("autograd::engine::evaluate_function")}
     assert nodes == {"autograd::engine::evaluate_function: _EagerBSplineBackward",
                      "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"}, nodes
     for p in layer.parameters():

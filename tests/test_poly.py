@@ -313,19 +313,14 @@ def test_nd_and_non_contiguous_input(device):
     torch.testing.assert_close(poly_kan(xt, coeffs, bias), ref.poly_kan(xt, coeffs, bias), rtol=1e-12, atol=1e-12)
 
 
-def test_layer_eager_step_has_one_autograd_node():
+def test_layer_eager_step_has_one_autograd_node(eager_step_ops):
     """PolyKANLinear's eager route makes the kernel view of coeffs (and skips the reshape of 2-D x) inside its
     autograd node, so a step runs no view nodes (each 10-20 us of host time on the GPU machine); the coeffs
     gradient keeps the parameter's strides (taken without a copy)."""
     layer = warpkan.torch_bridge.PolyKANLinear(5, 3, 4)
     x = torch.rand(7, 5, requires_grad=True)
-    layer(x).sum().backward()
-    for t in (x, *layer.parameters()):
-        t.grad = None
-    dy = torch.ones(7, 3)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        layer(x).backward(dy)
-    nodes = {e.key for e in prof.key_averages() if e.key.startswith("autograd::engine::evaluate_function")}
+    ops = eager_step_ops(layer, x, torch.ones(7, 3))
+    nodes = {name for name in ops if name.startswith("autograd::engine::evaluate_function")}
     assert nodes == {"autograd::engine::evaluate_function: _EagerPolyLayerBackward",
                      "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"}, nodes
     assert layer.coeffs.grad.stride() == layer.coeffs.stride()
