@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from ..kernels import rational as kr
-from .rational_ops import check_config, group_rational
+from ._common import check_tensor
+from .rational_ops import IO_DTYPES, apply_checked, check_config
 
 __all__ = ["GroupRational", "GRKANLinear", "KATMLP"]
 
@@ -71,9 +72,11 @@ class GroupRational(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 0 or x.shape[-1] != self.num_features:
-            raise ValueError(f"x must have last dimension {self.num_features}, got shape {tuple(x.shape)}")
-        return group_rational(
+        # the weights and the configuration were checked at construction: x alone here
+        check_tensor("x", x, ndim_min=1, last_dim=self.num_features, dtypes=IO_DTYPES)
+        if x.device != self.weight_denominator.device:
+            raise ValueError(f"x must be on the layer's device {self.weight_denominator.device}, got {x.device}")
+        return apply_checked(
             x, self.weight_numerator, self.weight_denominator, self.num_groups, self.variant, self.deterministic
         )
 

@@ -218,8 +218,16 @@ def group_rational(
     for name, w in (("weight_numerator", weight_numerator), ("weight_denominator", weight_denominator)):
         if w.device != x.device:
             raise ValueError(f"{name} must be on device {x.device} (that of x), got {w.device}")
+    return apply_checked(x, weight_numerator, weight_denominator, num_groups, variant, deterministic)
+
+
+def apply_checked(x: Tensor, weight_numerator: Tensor, weight_denominator: Tensor, num_groups: int, variant: str,
+                  deterministic: bool) -> Tensor:
+    """:func:`group_rational` on arguments already checked (``GroupRational`` checks its weights and
+    configuration once, at construction, and x per call): a small layer's eager step is host-bound."""
     op = op_or_eager(group_rational_forward, _EagerGroupRational)
     if x.dim() == 2:  # no reshape: each is an autograd view node, 10-20 us of a step's host time
         return op(x, weight_numerator, weight_denominator, num_groups, variant, deterministic)
+    channels = x.shape[-1]
     y = op(x.reshape(-1, channels), weight_numerator, weight_denominator, num_groups, variant, deterministic)
     return y.reshape(*x.shape[:-1], channels)
