@@ -266,6 +266,20 @@ def test_autocast(device):
     torch.testing.assert_close(out.float(), layer(x), rtol=3e-2, atol=3e-2)
 
 
+@pytest.mark.parametrize("small_batch_rows", [0, 8])
+def test_eager_step_is_one_autograd_node(eager_step_ops, small_batch_rows):
+    """Eagerly, the layer is one autograd.Function running the op's own implementations (no custom-op
+    dispatch: tens to hundreds of us of host time a call on the GPU machine), x of 2 dimensions is not
+    reshaped, and the backward gets no zero-filled gradient for the non-differentiable uv."""
+    layer = GEGLUFFN(16, 24, small_batch_rows=small_batch_rows)
+    x = torch.randn(5, 16, requires_grad=True)
+    ops = eager_step_ops(layer, x, torch.ones(5, 16))
+    nodes = {name for name in ops if name.startswith("autograd::engine::evaluate_function")}
+    assert nodes == {"autograd::engine::evaluate_function: _EagerGEGLUBackward",
+                     "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"}, nodes
+    assert not ops & {"aten::zeros", "aten::zeros_like", "aten::zero_"}, sorted(ops)
+
+
 def test_kernels_do_not_import_torch():
     code = "import sys, warpkan.kernels.geglu; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

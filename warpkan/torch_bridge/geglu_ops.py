@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..kernels import geglu as kg
-from ._common import RecordedLaunches, check_tensor, warp_device
+from ._common import RecordedLaunches, check_tensor, eager_function, op_or_eager, warp_device
 
 __all__ = ["geglu_ffn", "geglu_ffn_forward", "geglu_ffn_backward", "GEGLU_DTYPES", "DEFAULT_SMALL_BATCH_ROWS"]
 
@@ -60,8 +60,7 @@ def _empty_like_rows(x: Tensor, cols: int) -> Tensor:
 _launch = RecordedLaunches()
 
 
-@torch.library.custom_op("warpkan::geglu_ffn_forward", mutates_args=())
-def geglu_ffn_forward(
+def _forward_impl(
     x: Tensor,
     w_uv: Tensor,
     b_uv: Optional[Tensor],
@@ -97,13 +96,15 @@ def geglu_ffn_forward(
     return F.linear(h, w_o, b_o), uv
 
 
+geglu_ffn_forward = torch.library.custom_op("warpkan::geglu_ffn_forward", _forward_impl, mutates_args=())
+
+
 @geglu_ffn_forward.register_fake
 def _(x, w_uv, b_uv, w_o, b_o, activation, small_batch_rows):
     return _empty_like_rows(x, w_o.shape[0]), _empty_like_rows(x, w_uv.shape[0])
 
 
-@torch.library.custom_op("warpkan::geglu_ffn_backward", mutates_args=())
-def geglu_ffn_backward(
+def _backward_impl(
     dout: Tensor,
     x: Tensor,
     uv: Tensor,
@@ -128,6 +129,9 @@ def geglu_ffn_backward(
     return dx, _nothing(x), _nothing(x), _nothing(x), _nothing(x)
 
 
+geglu_ffn_backward = torch.library.custom_op("warpkan::geglu_ffn_backward", _backward_impl, mutates_args=())
+
+
 def _nothing(x: Tensor) -> Tensor:
     """A gradient not asked for: a fresh empty tensor (outputs of a custom op may not alias each other)."""
     return x.new_empty((0,))
@@ -148,20 +152,20 @@ def _setup_context(ctx, inputs, output):
     x, w_uv, b_uv, w_o, b_o, activation, small_batch_rows = inputs
     out, uv = output
     ctx.mark_non_differentiable(uv)
+    # no zero-filled [N, 2 inter] gradient for uv (never differentiated) or for an unused out
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(x, uv, w_uv, w_o)
     ctx.activation = activation
 
 
-def _backward(ctx, dout, _duv_unused):
+def _backward(ctx, dout, _duv_unused, backward_op=geglu_ffn_backward):
     x, uv, w_uv, w_o = ctx.saved_tensors
     need = ctx.needs_input_grad
     need_x = need[0]
     need_params = any(need[1:5])
-    if not (need_x or need_params):
+    if dout is None or not (need_x or need_params):
         return (None,) * 7
-    dx, d_w_uv, d_b_uv, d_w_o, d_b_o = geglu_ffn_backward(
-        dout, x, uv, w_uv, w_o, ctx.activation, need_x, need_params
-    )
+    dx, d_w_uv, d_b_uv, d_w_o, d_b_o = backward_op(dout, x, uv, w_uv, w_o, ctx.activation, need_x, need_params)
     return (
         dx if need_x else None,
         d_w_uv if need[1] else None,
@@ -174,6 +178,12 @@ def _backward(ctx, dout, _duv_unused):
 
 
 geglu_ffn_forward.register_autograd(_backward, setup_context=_setup_context)
+
+# The eager route: the same implementations and formula in one autograd.Function, without the custom-op
+# dispatch (tens to hundreds of microseconds of host time a call on the GPU machine, about the layer's whole
+# GPU time at small batch; see eager_function). Traced code sees the registered ops.
+_EagerGEGLU = eager_function("_EagerGEGLU", _forward_impl, _setup_context,
+                             lambda ctx, dout, duv: _backward(ctx, dout, duv, _backward_impl))
 
 
 def geglu_ffn(
@@ -205,6 +215,6 @@ def geglu_ffn(
         check_tensor("b_o", b_o, shape=(n_hidden,), dtypes=GEGLU_DTYPES, like=x)
     if not isinstance(small_batch_rows, int) or isinstance(small_batch_rows, bool) or small_batch_rows < 0:
         raise ValueError(f"small_batch_rows must be a non-negative int, got {small_batch_rows!r}")
-    lead = x.shape[:-1]
-    out, _ = geglu_ffn_forward(x.reshape(-1, n_hidden), w_uv, b_uv, w_o, b_o, activation, small_batch_rows)
-    return out.reshape(*lead, n_hidden)
+    x2 = x if x.dim() == 2 else x.reshape(-1, n_hidden)  # a reshape is an autograd node even when it changes nothing
+    out, _ = op_or_eager(geglu_ffn_forward, _EagerGEGLU)(x2, w_uv, b_uv, w_o, b_o, activation, small_batch_rows)
+    return out if x.dim() == 2 else out.reshape(*x.shape[:-1], n_hidden)
