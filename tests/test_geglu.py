@@ -280,6 +280,20 @@ def test_eager_step_is_one_autograd_node(eager_step_ops, small_batch_rows):
     assert not ops & {"aten::zeros", "aten::zeros_like", "aten::zero_"}, sorted(ops)
 
 
+def test_inference_builds_no_autograd_node():
+    """Without a gradient wanted (no_grad, or frozen weights and x), the eager route calls the implementation
+    alone: no autograd.Function, no node."""
+    layer = GEGLUFFN(16, 24)
+    x = torch.randn(5, 16)
+    expected = layer(x.requires_grad_()).detach()
+    for context, frozen in ((torch.no_grad, False), (torch.enable_grad, True)):
+        layer.requires_grad_(not frozen)
+        with context(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            y = layer(x.detach())
+        assert y.grad_fn is None and "_EagerGEGLU" not in {e.key for e in prof.key_averages()}
+        torch.testing.assert_close(y, expected, rtol=0, atol=0)
+
+
 def test_kernels_do_not_import_torch():
     code = "import sys, warpkan.kernels.geglu; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -186,16 +186,25 @@ def eager_function(name: str, forward_impl, setup_context, backward, layouts: di
         grads = backward(ctx, *grads)
         return tuple(layouts[i][1](g) if i in layouts and g is not None else g for i, g in enumerate(grads))
 
-    return type(name, (torch.autograd.Function,), {
+    def run(*inputs):
+        # no gradient wanted (inference, frozen inputs): the implementation alone, without building a node
+        if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
+            return function.apply(*inputs)
+        return forward_impl(*op_inputs(inputs))
+
+    function = type(name, (torch.autograd.Function,), {
         "forward": staticmethod(forward),
         "backward": staticmethod(torch.autograd.function.once_differentiable(public_backward if layouts else backward)),
+        "run": staticmethod(run),
         "__doc__": f"{name}: eager route of a warpkan custom op (see warpkan.torch_bridge._common.eager_function).",
     })
+    return function
 
 
 def op_or_eager(op, eager):
-    """The registered op under tracing, the eager ``autograd.Function`` otherwise."""
-    return op if torch.compiler.is_compiling() else eager.apply
+    """The registered op under tracing, the eager route otherwise (``eager.run``: the ``autograd.Function``
+    where a gradient is wanted, the implementation alone where none is)."""
+    return op if torch.compiler.is_compiling() else eager.run
 
 
 class TorchWorkspace:

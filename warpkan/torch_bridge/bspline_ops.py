@@ -474,5 +474,5 @@ def bspline_kan(
     if torch.compiler.is_compiling():
         y = bspline_forward(x2, grid, *_kernel_layout(base_weight, spline_scaler, spline_weight), *config)
     else:
-        y = _EagerBSpline.apply(x2, grid, base_weight, spline_scaler, spline_weight, *config)
+        y = _EagerBSpline.run(x2, grid, base_weight, spline_scaler, spline_weight, *config)
     return y if x.dim() == 2 else y.reshape(*x.shape[:-1], n_out)

@@ -404,8 +404,8 @@ def poly_apply(x, coeffs, bias, basis, lut_size, alpha, beta, strategy, precisio
     if torch.compiler.is_compiling():
         return poly_forward(x, _SWAP_LAST[0](coeffs) if layer_layout else coeffs, bias, basis, lut_size, alpha,
                             beta, strategy, precision)
-    return (_EagerPolyLayer if layer_layout else _EagerPoly).apply(x, coeffs, bias, basis, lut_size, alpha, beta,
-                                                                    strategy, precision)
+    return (_EagerPolyLayer if layer_layout else _EagerPoly).run(x, coeffs, bias, basis, lut_size, alpha, beta,
+                                                                  strategy, precision)
 
 
 def poly_kan(
