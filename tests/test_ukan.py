@@ -386,6 +386,25 @@ def test_exact_mode_picks_the_path_by_span(device):
     assert layer._last is not None
 
 
+def test_eager_steps_take_the_parameters_inside_their_nodes(eager_step_ops):
+    """Both paths' eager routes make the [in, out] views of base_weight and spline_scaler inside their node
+    (no TBackward of their own) and skip the reshape of 2-D x. The dense-range step is one node; the sparse
+    step's spline is one node (not the custom op's) beside the CG-MLP's own torch nodes. The gradients keep the
+    parameters' strides."""
+    narrow = torch.rand(50, 3, dtype=torch.float64) * 2 - 1
+    wide = narrow.clone()
+    wide[0, 0] = 1e4  # the sparse path
+    for x, node in ((narrow, "_EagerRangeLayerBackward"), (wide, "_EagerSplineBackward")):
+        layer = make_layer(3, 2, "cpu")
+        ops = eager_step_ops(layer, x.requires_grad_(), torch.ones(50, 2, dtype=torch.float64))
+        nodes = {name.split(": ")[1] for name in ops if name.startswith("autograd::engine::evaluate_function")}
+        assert node in nodes, nodes
+        if node == "_EagerRangeLayerBackward":
+            assert nodes == {node, "torch::autograd::AccumulateGrad"}, nodes
+        for p in (layer.base_weight, layer.spline_scaler):
+            assert p.grad.stride() == p.stride()
+
+
 def test_fixed_table_dense_range_overflow(device):
     # table_groups=R on the dense-range path: R groups per feature from its lowest touched one; the elements
     # past them get no spline term (as off-grid inputs of a bounded KAN), the rest are exact, and

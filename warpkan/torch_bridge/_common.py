@@ -201,6 +201,10 @@ def eager_function(name: str, forward_impl, setup_context, backward, layouts: di
     return function
 
 
+# ``eager_function`` layout of a parameter the module exposes as [out, in] and stores as the op's [in, out]
+TRANSPOSED = (torch.t, torch.t)
+
+
 def op_or_eager(op, eager):
     """The registered op under tracing, the eager route otherwise (``eager.run``: the ``autograd.Function``
     where a gradient is wanted, the implementation alone where none is)."""

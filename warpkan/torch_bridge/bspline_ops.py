@@ -55,8 +55,8 @@ from torch import Tensor
 from ..kernels import bspline as kb
 from ..kernels import bspline_tiled as kbt
 from ..kernels._common import IO_SCALAR_NAMES
-from ._common import (WP_DTYPES, RecordedLaunches, TorchWorkspace, autocast_dtype, check_tensor, eager_function,
-                      matmul_precision, to_warp, warp_stream)
+from ._common import (TRANSPOSED, WP_DTYPES, RecordedLaunches, TorchWorkspace, autocast_dtype, check_tensor,
+                      eager_function, matmul_precision, to_warp, warp_stream)
 
 __all__ = ["bspline_kan", "bspline_forward", "bspline_backward", "choose_strategy", "resolve_precision",
            "STRATEGIES", "PRECISIONS", "PRECISION_UNIT_ROUNDOFF"]
@@ -414,8 +414,7 @@ def _eager_backward(ctx, dy):
 # their public layout ([out, in], [out, in, G + k]) and makes the kernel-layout views inside (see
 # eager_function). KANLinear stores them in the kernel layout, so the gradients mapped back match their
 # strides and are taken as they are.
-_TRANSPOSED = (lambda t: t.t(), lambda g: g.t())
-_PUBLIC_LAYOUTS = {2: _TRANSPOSED, 3: _TRANSPOSED, 4: (lambda t: t.permute(1, 2, 0), lambda g: g.permute(2, 0, 1))}
+_PUBLIC_LAYOUTS = {2: TRANSPOSED, 3: TRANSPOSED, 4: (lambda t: t.permute(1, 2, 0), lambda g: g.permute(2, 0, 1))}
 
 
 def _kernel_layout(base_weight, spline_scaler, spline_weight):

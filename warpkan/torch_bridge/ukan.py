@@ -12,8 +12,7 @@ from ..kernels import bspline as kb
 from ..kernels import ukan as ku
 from ._common import autocast_dtype, check_tensor
 from .kan_linear import KANLinear, _base_path
-from .ukan_ops import (check_grid_delta, group_range, positional_encoding, range_layer, ukan_pairs,
-                       ukan_spline)
+from .ukan_ops import check_grid_delta, group_range, positional_encoding, range_layer, spline_layer, ukan_pairs
 
 __all__ = ["UKANLinear"]
 
@@ -190,8 +189,8 @@ class UKANLinear(nn.Module):
         self._last_range_x = x2.detach()  # the regulariser recomputes the touched pairs from it
         self._last_range_span = span
         return range_layer(x2, group_lo, rows_per_feature, self.pe_dim, self.feature_embedding, self.cg_hidden.weight,
-                           self.cg_hidden.bias, self.cg_out.weight, self.cg_out.bias, self.base_weight.t(),
-                           self.spline_scaler.t(), self.grid_delta, self.spline_order, self.use_base)
+                           self.cg_hidden.bias, self.cg_out.weight, self.cg_out.bias, self.base_weight,
+                           self.spline_scaler, self.grid_delta, self.spline_order, self.use_base)
 
     @torch.no_grad()
     def table_overflow(self, x: torch.Tensor | None = None) -> int:
@@ -230,30 +229,29 @@ class UKANLinear(nn.Module):
         return self._forward(x)
 
     def _forward(self, x):
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features)
+        y = self._forward_rows(x if x.dim() == 2 else x.reshape(-1, self.in_features))  # (a reshape is a node)
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
+
+    def _forward_rows(self, x2):
         K = self.spline_order + 1
         if self.table_groups is None:
             self._refuse_capture()
             group_lo, span = group_range(x2.detach(), self.grid_delta, self.spline_order)
             rows_per_feature = int(span.item()) + 1  # groups lowest - 1 .. highest of the widest feature
             if rows_per_feature * K <= self.dense_max_coefficients:
-                y = self._range_forward(x2, group_lo, span, rows_per_feature)
-                return y.reshape(*lead, self.out_features)
+                return self._range_forward(x2, group_lo, span, rows_per_feature)
         elif self._fixed_range():
             # fixed size, nothing read back: groups past lowest + table_groups - 1 get no spline term
             group_lo, span = group_range(x2.detach(), self.grid_delta, self.spline_order)
-            y = self._range_forward(x2, group_lo, span, self.table_groups + 1)
-            return y.reshape(*lead, self.out_features)
+            return self._range_forward(x2, group_lo, span, self.table_groups + 1)
         sorted_elem, window, local_u, pair_feature, pair_group, row_start, row_stop, needed = self._pairs(x2)
         table = self._table(pair_feature, pair_group)
         self._last = (pair_feature, table, needed)
         self._last_range_x = None
-        y = ukan_spline(
+        return spline_layer(
             x2, sorted_elem, window, local_u, pair_feature, row_start, row_stop, table,
-            self.base_weight.t(), self.spline_scaler.t(), self.grid_delta, self.spline_order, self.use_base,
+            self.base_weight, self.spline_scaler, self.grid_delta, self.spline_order, self.use_base,
         )
-        return y.reshape(*lead, self.out_features)
 
     # ---------------------------------------------------------------- regulariser (paper App. A.2)
     def regularization_loss(self, regularize_activation: float = 1.0, regularize_entropy: float = 1.0,

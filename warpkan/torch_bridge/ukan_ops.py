@@ -24,7 +24,8 @@ The dense-range path (see ``warpkan.kernels.ukan``) has three more (and their ba
 Their Warp launches are recorded once per (pointers, shapes) signature and replayed (the B-spline ops'
 launch cache), so a small layer pays about 5 us per launch. Eager calls skip the custom-op dispatch: the
 table and the spline run as one ``autograd.Function`` node through the same implementations
-(:func:`range_layer`).
+(:func:`range_layer`), and the pair path's spline as another (:func:`spline_layer`). Both take base_weight and
+spline_scaler as the layer exposes them ([out, in]) and make the op's transposed views inside the node.
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ import torch
 from torch import Tensor
 
 from ..kernels import ukan as ku
-from ._common import RecordedLaunches, to_warp, warp_stream
+from ._common import TRANSPOSED, RecordedLaunches, eager_function, to_warp, warp_stream
 
 __all__ = ["ukan_pairs", "ukan_spline", "ukan_spline_backward", "ukan_range_spline", "ukan_range_spline_backward",
-           "group_range", "group_range_op", "ukan_range_table", "range_layer",
+           "group_range", "group_range_op", "ukan_range_table", "range_layer", "spline_layer",
            "positional_encoding"]
 
 _TORCH_INT = {ku.wp.int32: torch.int32, ku.wp.int64: torch.int64}
@@ -100,8 +101,7 @@ def _(x, grid_delta, spline_order, capacity):
     return _pair_outputs(x, capacity, alloc, alloc)
 
 
-@torch.library.custom_op("warpkan::ukan_spline", mutates_args=())
-def ukan_spline(
+def _spline_forward_impl(
     x: Tensor,
     sorted_elem: Tensor,
     window: Tensor,
@@ -128,14 +128,16 @@ def ukan_spline(
     return y
 
 
+ukan_spline = torch.library.custom_op("warpkan::ukan_spline", _spline_forward_impl, mutates_args=())
+
+
 @ukan_spline.register_fake
 def _(x, sorted_elem, window, local_u, pair_feature, row_start, row_stop, table, base_weight_t, scaler_t,
       grid_delta, spline_order, use_base):
     return x.new_empty((x.shape[0], scaler_t.shape[1]))
 
 
-@torch.library.custom_op("warpkan::ukan_spline_backward", mutates_args=())
-def ukan_spline_backward(
+def _spline_backward_impl(
     dy: Tensor,
     x: Tensor,
     sorted_elem: Tensor,
@@ -178,6 +180,10 @@ def ukan_spline_backward(
     return dx, d_base, d_scaler, d_table
 
 
+ukan_spline_backward = torch.library.custom_op("warpkan::ukan_spline_backward", _spline_backward_impl,
+                                               mutates_args=())
+
+
 def _grad_buffers(x, base_weight_t, table, need_x, need_params, alloc):
     def make(shape, needed):
         return alloc(shape if needed else (0,), dtype=x.dtype, device=x.device)
@@ -204,13 +210,13 @@ def _setup_context(ctx, inputs, output):
     ctx.config = (grid_delta, spline_order, use_base)
 
 
-def _backward(ctx, dy):
+def _backward(ctx, dy, backward_op=ukan_spline_backward):
     saved = ctx.saved_tensors
     need_x = ctx.needs_input_grad[0]
     need_params = any(ctx.needs_input_grad[7:10])
     if not (need_x or need_params):
         return (None,) * 13
-    dx, d_base, d_scaler, d_table = ukan_spline_backward(dy, *saved, *ctx.config, need_x, need_params)
+    dx, d_base, d_scaler, d_table = backward_op(dy, *saved, *ctx.config, need_x, need_params)
     use_base = ctx.config[2]
     return (
         dx if need_x else None,
@@ -223,6 +229,24 @@ def _backward(ctx, dy):
 
 
 ukan_spline.register_autograd(_backward, setup_context=_setup_context)
+
+# The eager route (see eager_function): the op's implementations in one autograd.Function, with base_weight
+# and spline_scaler taken as UKANLinear exposes them, [out, in]
+_EagerSpline = eager_function("_EagerSpline", _spline_forward_impl, _setup_context,
+                              lambda ctx, dy: _backward(ctx, dy, _spline_backward_impl),
+                              {8: TRANSPOSED, 9: TRANSPOSED})
+
+
+def spline_layer(x: Tensor, sorted_elem: Tensor, window: Tensor, local_u: Tensor, pair_feature: Tensor,
+                 row_start: Tensor, row_stop: Tensor, table: Tensor, base_weight: Tensor, spline_scaler: Tensor,
+                 grid_delta: float, spline_order: int, use_base: bool) -> Tensor:
+    """:func:`ukan_spline` with base_weight / spline_scaler [out, in] (as UKANLinear exposes them): the
+    registered op under tracing, the eager route otherwise."""
+    args = (x, sorted_elem, window, local_u, pair_feature, row_start, row_stop, table, base_weight, spline_scaler,
+            grid_delta, spline_order, use_base)
+    if torch.compiler.is_compiling():
+        return ukan_spline(*args[:8], base_weight.t(), spline_scaler.t(), *args[10:])
+    return _EagerSpline.run(*args)
 
 
 # ---------------------------------------------------------------------- dense-range path
@@ -526,7 +550,9 @@ class _EagerRangeLayer(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
-                base_weight_t, scaler_t, grid_delta, spline_order, use_base):
+                base_weight, spline_scaler, grid_delta, spline_order, use_base):
+        # [out, in] parameters: their [in, out] views made here, not as autograd nodes of their own
+        base_weight_t, scaler_t = base_weight.t(), spline_scaler.t()
         table, *rows = _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out,
                                          b_out, keep_rows=True)
         y = _range_forward_impl(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base)
@@ -554,9 +580,9 @@ class _EagerRangeLayer(torch.autograd.Function):
         if need_x:
             grads[0] = dx
         if need[9] and use_base:
-            grads[9] = d_base
+            grads[9] = d_base.t()
         if need[10]:
-            grads[10] = d_scaler
+            grads[10] = d_scaler.t()
         if need_mlp:
             mlp_grads = _range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b_hidden, w_out,
                                                    rows=rows)
@@ -567,16 +593,18 @@ class _EagerRangeLayer(torch.autograd.Function):
 
 
 def range_layer(x: Tensor, group_lo: Tensor, rows_per_feature: int, pe_dim: int, embedding: Tensor,
-                w_hidden: Tensor, b_hidden: Tensor, w_out: Tensor, b_out: Tensor, base_weight_t: Tensor,
-                scaler_t: Tensor, grid_delta: float, spline_order: int, use_base: bool) -> Tensor:
+                w_hidden: Tensor, b_hidden: Tensor, w_out: Tensor, b_out: Tensor, base_weight: Tensor,
+                spline_scaler: Tensor, grid_delta: float, spline_order: int, use_base: bool) -> Tensor:
     """y [N, out] of the dense-range path: the CG-MLP table on each feature's rows_per_feature groups from
-    group_lo - 1 (:func:`ukan_range_table`), then the spline on it (:func:`ukan_range_spline`). Under tracing,
-    those two registered ops; eagerly, one autograd node running the same implementations."""
+    group_lo - 1 (:func:`ukan_range_table`), then the spline on it (:func:`ukan_range_spline`); base_weight and
+    spline_scaler [out, in]. Under tracing, those two registered ops; eagerly, one autograd node running the
+    same implementations."""
     if torch.compiler.is_compiling():
         table = ukan_range_table(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out)
-        return ukan_range_spline(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base)
+        return ukan_range_spline(x, group_lo, table, base_weight.t(), spline_scaler.t(), grid_delta, spline_order,
+                                 use_base)
     return _EagerRangeLayer.apply(x, group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
-                                  base_weight_t, scaler_t, grid_delta, spline_order, use_base)
+                                  base_weight, spline_scaler, grid_delta, spline_order, use_base)
 
 
 def positional_encoding(group: Tensor, pe_dim: int, dtype: torch.dtype) -> Tensor:
