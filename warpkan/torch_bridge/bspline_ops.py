@@ -460,14 +460,23 @@ def bspline_kan(
     check_tensor("x", x, last_dim=n_in)
     check_tensor("grid", grid, shape=(n_in, n_coef + spline_order + 1), like=x)
     check_tensor("spline_scaler", spline_scaler, shape=(n_out, n_in), like=x)
-    use_base = base_weight is not None
-    if use_base:
+    if base_weight is not None:
         check_tensor("base_weight", base_weight, shape=(n_out, n_in), like=x)
-    else:
-        base_weight = spline_scaler  # any [out, in] tensor: the kernels skip the base term
     check_precision(precision, x.dtype)
     if precision == "auto" and autocast_dtype(x.device) == torch.bfloat16:
         precision = "bf16"  # torch's matmul rule is read inside the op, at run time (torch.compile cannot trace it)
+    return apply_checked(x, grid, base_weight, spline_weight, spline_scaler, spline_order, uniform, deterministic,
+                         strategy, precision)
+
+
+def apply_checked(x: Tensor, grid: Tensor, base_weight: Tensor | None, spline_weight: Tensor, spline_scaler: Tensor,
+                  spline_order: int, uniform: bool, deterministic: bool, strategy: str, precision: str) -> Tensor:
+    """:func:`bspline_kan` on arguments already checked (``KANLinear`` checks its parameters and configuration
+    once, at construction, and x per call): a small layer's eager step is host-bound."""
+    n_out, n_in = spline_scaler.shape
+    use_base = base_weight is not None
+    if not use_base:
+        base_weight = spline_scaler  # any [out, in] tensor: the kernels skip the base term
     x2 = x if x.dim() == 2 else x.reshape(-1, n_in)  # a reshape is an autograd node even when it changes nothing
     config = (spline_order, uniform, use_base, deterministic, strategy, precision)
     if torch.compiler.is_compiling():

@@ -10,7 +10,7 @@ from torch import nn
 from ..kernels import bspline as kb
 from ..reference.bspline import b_splines
 from ._common import autocast_dtype, check_tensor
-from .bspline_ops import STRATEGIES, bspline_kan, check_precision
+from .bspline_ops import STRATEGIES, apply_checked, check_precision
 
 __all__ = ["KANLinear"]
 
@@ -163,7 +163,8 @@ class KANLinear(nn.Module):
     def _forward(self, x, precision):
         if self.grid.dtype == torch.float64:
             precision = "fp32"  # float64 computes in float64
-        return bspline_kan(
+        # the parameters and the configuration were checked at construction, x by forward
+        return apply_checked(
             x, self.grid, self.base_weight if self.use_base else None, self.spline_weight, self.spline_scaler,
             self.spline_order, self._grid_uniform, self.deterministic, self.strategy, precision,
         )
