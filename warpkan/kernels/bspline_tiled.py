@@ -958,6 +958,7 @@ def launch_tiled_backward(dy, x, grid, base_weight_t, scaler_t, coef, order: int
                              partial_params if deterministic else None],
                             x.device, stream, record, warps * LANES))
         if deterministic:  # one table (backward_takes): its capacity's module has the combine
-            cmds.append(_launch(tiled_kernels(order, uniform, scalar, plan.capacity).combine, (n_in, n_coef + 1, n_out), [partial_coef, partial_params, int(use_base)],
+            combine = tiled_kernels(order, uniform, scalar, plan.capacity).combine
+            cmds.append(_launch(combine, (n_in, n_coef + 1, n_out), [partial_coef, partial_params, int(use_base)],
                                 [d_base_weight_t, d_scaler_t, d_coef], x.device, stream, record))
     return cmds if record else None

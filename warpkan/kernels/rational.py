@@ -788,7 +788,8 @@ def check_coefficients(num_channels: int, num_groups: int, a, b) -> tuple[int, i
     if b.ndim != 2 or b.shape[0] != num_groups or b.shape[1] < 1:
         raise ValueError(f"weight_denominator must have shape ({num_groups}, n), got {tuple(b.shape)}")
     if a.dtype not in IO_SCALAR_NAMES:
-        raise TypeError(f"weight_numerator must be float16, bfloat16, float32 or float64, got {wp.types.type_repr(a.dtype)}")
+        raise TypeError("weight_numerator must be float16, bfloat16, float32 or float64, got "
+                        f"{wp.types.type_repr(a.dtype)}")
     if b.dtype != a.dtype:
         raise TypeError(f"weight_denominator must have the scalar type of weight_numerator "
                         f"({wp.types.type_repr(a.dtype)}), got {wp.types.type_repr(b.dtype)}")
@@ -846,8 +847,9 @@ def launch_forward(
     record: bool = False,
 ):
     """y = F(x) for x, y [N, C] contiguous (fp32/fp64/fp16/bf16); a [1 or G, m+1], b [G, n] of one floating
-    type (any: the kernels widen them to the arithmetic type, fp32, or fp64 for fp64 x). Overwrites y. ``record=True``: nothing runs; the launches come back as a
-    list of ``wp.Launch`` (what the torch bridge replays)."""
+    type (any: the kernels widen them to the arithmetic type, fp32, or fp64 for fp64 x). Overwrites y.
+    ``record=True``: nothing runs; the launches come back as a list of ``wp.Launch`` (what the torch bridge
+    replays)."""
     kernels, lay, n_vec = _prepare(x, num_groups, a, b, variant, vec, (y,), FORWARD_VECTOR_BYTES)
     if x.shape[0] == 0 or x.shape[1] == 0:
         return [] if record else None

@@ -159,25 +159,46 @@ def matmul_precision(precision: str, device: torch.device):
         torch.set_float32_matmul_precision(saved)
 
 
-def eager_function(name: str, forward_impl, setup_context, backward, layouts: dict | None = None):
-    """An ``autograd.Function`` that runs a custom op's own implementation (``forward_impl(*inputs)``) and
-    autograd formula (``setup_context(ctx, inputs, output)``, ``backward(ctx, *grads)``) without the custom-op
-    dispatch. A ``torch.library.custom_op`` call (schema default filling, the redispatch through the autograd
-    key, the backward op's second dispatch) costs tens to hundreds of microseconds of host time on the GPU
-    machine, which dominates a small layer's eager step. Call it through :func:`op_or_eager`, so that traced
-    code (``torch.compile``, export, opcheck) still sees the registered op.
+class EagerRoute:
+    """An op's eager route (see :func:`eager_function`): ``function``, the ``autograd.Function``; ``layouts``,
+    the inputs it takes in a public layout. A plain object, so that traced code reads it (:func:`op_or_eager`)."""
 
-    ``layouts`` {input index: (to_op, to_public)}: the Function takes those inputs in their public layout
-    (a parameter as the module exposes it) and makes the op's view of them inside, ``to_op(t)``; their
-    gradients go back through ``to_public``. Views made outside the Function would be autograd nodes of their
-    own (TBackward, PermuteBackward), each 10-20 us of a step's host time on the GPU machine."""
-    layouts = layouts or {}
+    def __init__(self, function, forward_impl, layouts: dict):
+        self.function = function
+        self.forward_impl = forward_impl
+        self.layouts = layouts
 
-    def op_inputs(inputs):
+    def op_inputs(self, inputs: tuple) -> tuple:
+        """The inputs as the op takes them: the op's views of those in a public layout."""
+        layouts = self.layouts
         return tuple(layouts[i][0](t) if i in layouts and t is not None else t for i, t in enumerate(inputs))
 
+    def run(self, *inputs):
+        """The Function where a gradient is wanted; the implementation alone, without building a node, where
+        none is (inference, frozen inputs)."""
+        if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
+            return self.function.apply(*inputs)
+        return self.forward_impl(*self.op_inputs(inputs))
+
+
+def eager_function(name: str, forward_impl, setup_context, backward, layouts: dict | None = None) -> EagerRoute:
+    """The eager route of a custom op: an ``autograd.Function`` that runs the op's own implementation
+    (``forward_impl(*inputs)``) and autograd formula (``setup_context(ctx, inputs, output)``,
+    ``backward(ctx, *grads)``) without the custom-op dispatch. A ``torch.library.custom_op`` call (schema
+    default filling, the redispatch through the autograd key, the backward op's second dispatch) costs tens to
+    hundreds of microseconds of host time on the GPU machine, which dominates a small layer's eager step. Call
+    it through :func:`op_or_eager`, so that traced code (``torch.compile``, export, opcheck) still sees the
+    registered op.
+
+    ``layouts`` {input index: (to_op, to_public)}: the route takes those inputs in their public layout (a
+    parameter as the module exposes it) and makes the op's view of them inside the Function, ``to_op(t)``;
+    their gradients go back through ``to_public``. Views made outside the Function would be autograd nodes of
+    their own (TBackward, PermuteBackward), each 10-20 us of a step's host time on the GPU machine."""
+    layouts = layouts or {}
+    route = None  # set below, once the Function exists
+
     def forward(ctx, *inputs):
-        inputs = op_inputs(inputs)
+        inputs = route.op_inputs(inputs)
         output = forward_impl(*inputs)
         setup_context(ctx, inputs, output)
         return output
@@ -186,29 +207,37 @@ def eager_function(name: str, forward_impl, setup_context, backward, layouts: di
         grads = backward(ctx, *grads)
         return tuple(layouts[i][1](g) if i in layouts and g is not None else g for i, g in enumerate(grads))
 
-    def run(*inputs):
-        # no gradient wanted (inference, frozen inputs): the implementation alone, without building a node
-        if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
-            return function.apply(*inputs)
-        return forward_impl(*op_inputs(inputs))
-
     function = type(name, (torch.autograd.Function,), {
         "forward": staticmethod(forward),
         "backward": staticmethod(torch.autograd.function.once_differentiable(public_backward if layouts else backward)),
-        "run": staticmethod(run),
         "__doc__": f"{name}: eager route of a warpkan custom op (see warpkan.torch_bridge._common.eager_function).",
     })
-    return function
+    route = EagerRoute(function, forward_impl, layouts)
+    return route
+
+
+def on_rows(x: torch.Tensor, n_in: int, apply):
+    """``apply(x2)`` on x (..., n_in) seen as rows x2 [N, n_in], its [N, out] result seen as (..., out). A 2-D
+    x goes as it is: a reshape is an autograd view node even when it changes nothing, 10-20 us of a step's
+    host time on the GPU machine."""
+    if x.dim() == 2:
+        return apply(x)
+    y = apply(x.reshape(-1, n_in))
+    return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
 # ``eager_function`` layout of a parameter the module exposes as [out, in] and stores as the op's [in, out]
 TRANSPOSED = (torch.t, torch.t)
 
 
-def op_or_eager(op, eager):
-    """The registered op under tracing, the eager route otherwise (``eager.run``: the ``autograd.Function``
-    where a gradient is wanted, the implementation alone where none is)."""
-    return op if torch.compiler.is_compiling() else eager.run
+def op_or_eager(op, eager: EagerRoute):
+    """A callable on the eager route's inputs: the registered op under tracing (on the op's views of the
+    inputs the route takes in a public layout), the eager route otherwise (:meth:`EagerRoute.run`)."""
+    if not torch.compiler.is_compiling():
+        return eager.run
+    if eager.layouts:
+        return lambda *inputs: op(*eager.op_inputs(inputs))
+    return op
 
 
 class TorchWorkspace:

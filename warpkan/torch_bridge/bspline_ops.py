@@ -56,7 +56,7 @@ from ..kernels import bspline as kb
 from ..kernels import bspline_tiled as kbt
 from ..kernels._common import IO_SCALAR_NAMES
 from ._common import (TRANSPOSED, WP_DTYPES, RecordedLaunches, TorchWorkspace, autocast_dtype, check_tensor,
-                      eager_function, matmul_precision, to_warp, warp_stream)
+                      eager_function, matmul_precision, on_rows, op_or_eager, to_warp, warp_stream)
 
 __all__ = ["bspline_kan", "bspline_forward", "bspline_backward", "choose_strategy", "resolve_precision",
            "STRATEGIES", "PRECISIONS", "PRECISION_UNIT_ROUNDOFF"]
@@ -415,12 +415,6 @@ def _eager_backward(ctx, dy):
 # eager_function). KANLinear stores them in the kernel layout, so the gradients mapped back match their
 # strides and are taken as they are.
 _PUBLIC_LAYOUTS = {2: TRANSPOSED, 3: TRANSPOSED, 4: (lambda t: t.permute(1, 2, 0), lambda g: g.permute(2, 0, 1))}
-
-
-def _kernel_layout(base_weight, spline_scaler, spline_weight):
-    return tuple(_PUBLIC_LAYOUTS[i][0](t) for i, t in zip((2, 3, 4), (base_weight, spline_scaler, spline_weight)))
-
-
 _EagerBSpline = eager_function("_EagerBSpline", _forward_impl, _setup_context, _eager_backward, _PUBLIC_LAYOUTS)
 
 
@@ -473,14 +467,10 @@ def apply_checked(x: Tensor, grid: Tensor, base_weight: Tensor | None, spline_we
                   spline_order: int, uniform: bool, deterministic: bool, strategy: str, precision: str) -> Tensor:
     """:func:`bspline_kan` on arguments already checked (``KANLinear`` checks its parameters and configuration
     once, at construction, and x per call): a small layer's eager step is host-bound."""
-    n_out, n_in = spline_scaler.shape
+    n_in = spline_scaler.shape[1]
     use_base = base_weight is not None
     if not use_base:
         base_weight = spline_scaler  # any [out, in] tensor: the kernels skip the base term
-    x2 = x if x.dim() == 2 else x.reshape(-1, n_in)  # a reshape is an autograd node even when it changes nothing
-    config = (spline_order, uniform, use_base, deterministic, strategy, precision)
-    if torch.compiler.is_compiling():
-        y = bspline_forward(x2, grid, *_kernel_layout(base_weight, spline_scaler, spline_weight), *config)
-    else:
-        y = _EagerBSpline.run(x2, grid, base_weight, spline_scaler, spline_weight, *config)
-    return y if x.dim() == 2 else y.reshape(*x.shape[:-1], n_out)
+    op = op_or_eager(bspline_forward, _EagerBSpline)
+    return on_rows(x, n_in, lambda x2: op(x2, grid, base_weight, spline_scaler, spline_weight, spline_order, uniform,
+                                          use_base, deterministic, strategy, precision))

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..kernels import geglu as kg
-from ._common import RecordedLaunches, check_tensor, eager_function, op_or_eager, warp_device
+from ._common import RecordedLaunches, check_tensor, eager_function, on_rows, op_or_eager, warp_device
 
 __all__ = ["geglu_ffn", "geglu_ffn_forward", "geglu_ffn_backward", "GEGLU_DTYPES", "DEFAULT_SMALL_BATCH_ROWS"]
 
@@ -215,6 +215,5 @@ def geglu_ffn(
         check_tensor("b_o", b_o, shape=(n_hidden,), dtypes=GEGLU_DTYPES, like=x)
     if not isinstance(small_batch_rows, int) or isinstance(small_batch_rows, bool) or small_batch_rows < 0:
         raise ValueError(f"small_batch_rows must be a non-negative int, got {small_batch_rows!r}")
-    x2 = x if x.dim() == 2 else x.reshape(-1, n_hidden)  # a reshape is an autograd node even when it changes nothing
-    out, _ = op_or_eager(geglu_ffn_forward, _EagerGEGLU)(x2, w_uv, b_uv, w_o, b_o, activation, small_batch_rows)
-    return out if x.dim() == 2 else out.reshape(*x.shape[:-1], n_hidden)
+    op = op_or_eager(geglu_ffn_forward, _EagerGEGLU)
+    return on_rows(x, n_hidden, lambda x2: op(x2, w_uv, b_uv, w_o, b_o, activation, small_batch_rows)[0])

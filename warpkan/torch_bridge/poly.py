@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ..kernels import poly as kp
-from ._common import autocast_dtype, check_tensor
+from ._common import autocast_dtype, check_tensor, on_rows
 from .poly_ops import PRECISIONS, STRATEGIES, poly_apply
 
 __all__ = ["PolyKANLinear", "ChebyKANLinear"]
@@ -106,10 +106,9 @@ ignore it.
         if self.precision in ("tf32", "bf16") and x.dtype != torch.float32:
             raise ValueError(f"precision={self.precision!r} needs a float32 layer, got {x.dtype}")
         lut_size = self.lut_size if self.mode == "lut" else 0
-        x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # (a reshape is an autograd node)
-        y = poly_apply(x2, self.coeffs, self.bias, self.basis, lut_size, self.alpha, self.beta, self.strategy,
-                       self.precision, layer_layout=True)
-        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
+        return on_rows(x, self.in_features, lambda x2: poly_apply(
+            x2, self.coeffs, self.bias, self.basis, lut_size, self.alpha, self.beta, self.strategy, self.precision,
+            layer_layout=True))
 
     def extra_repr(self) -> str:
         extra = f", alpha={self.alpha}" if kp.BASES[self.basis].uses_alpha else ""

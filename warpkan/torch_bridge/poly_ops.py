@@ -59,8 +59,8 @@ import warp as wp
 from torch import Tensor
 
 from ..kernels import poly as kp
-from ._common import (RecordedLaunches, TorchWorkspace, check_tensor, eager_function, matmul_precision,
-                      to_warp, warp_device, warp_stream)
+from ._common import (RecordedLaunches, TorchWorkspace, check_tensor, eager_function, matmul_precision, on_rows,
+                      op_or_eager, to_warp, warp_device, warp_stream)
 
 __all__ = ["poly_kan", "poly_forward", "poly_backward", "choose_strategy", "BF16_ERROR_BOUND"]
 
@@ -401,11 +401,8 @@ _EagerPolyLayer = eager_function("_EagerPolyLayer", _forward_impl, _setup_contex
 def poly_apply(x, coeffs, bias, basis, lut_size, alpha, beta, strategy, precision="fp32", layer_layout=False):
     """:func:`poly_forward` with autograd on x [N, in]: the registered op under tracing, the eager route
     otherwise. ``layer_layout``: coeffs come as PolyKANLinear exposes them, [in, out, D + 1]."""
-    if torch.compiler.is_compiling():
-        return poly_forward(x, _SWAP_LAST[0](coeffs) if layer_layout else coeffs, bias, basis, lut_size, alpha,
-                            beta, strategy, precision)
-    return (_EagerPolyLayer if layer_layout else _EagerPoly).run(x, coeffs, bias, basis, lut_size, alpha, beta,
-                                                                  strategy, precision)
+    return op_or_eager(poly_forward, _EagerPolyLayer if layer_layout else _EagerPoly)(
+        x, coeffs, bias, basis, lut_size, alpha, beta, strategy, precision)
 
 
 def poly_kan(
@@ -439,6 +436,5 @@ def poly_kan(
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
     check_precision(precision, x.dtype)
-    x2 = x if x.dim() == 2 else x.reshape(-1, n_in)  # a reshape is an autograd node even when it changes nothing
-    y = poly_apply(x2, coeffs, bias, basis, lut_size, float(alpha), float(beta), strategy, precision)
-    return y if x.dim() == 2 else y.reshape(*x.shape[:-1], n_out)
+    return on_rows(x, n_in, lambda x2: poly_apply(x2, coeffs, bias, basis, lut_size, float(alpha), float(beta),
+                                                  strategy, precision))

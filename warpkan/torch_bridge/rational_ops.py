@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from ..kernels import rational as kr
-from ._common import WP_DTYPES, RecordedLaunches, check_tensor, eager_function, op_or_eager, warp_device
+from ._common import WP_DTYPES, RecordedLaunches, check_tensor, eager_function, on_rows, op_or_eager, warp_device
 
 __all__ = ["group_rational", "group_rational_forward", "group_rational_backward"]
 
@@ -226,8 +226,5 @@ def apply_checked(x: Tensor, weight_numerator: Tensor, weight_denominator: Tenso
     """:func:`group_rational` on arguments already checked (``GroupRational`` checks its weights and
     configuration once, at construction, and x per call): a small layer's eager step is host-bound."""
     op = op_or_eager(group_rational_forward, _EagerGroupRational)
-    if x.dim() == 2:  # no reshape: each is an autograd view node, 10-20 us of a step's host time
-        return op(x, weight_numerator, weight_denominator, num_groups, variant, deterministic)
-    channels = x.shape[-1]
-    y = op(x.reshape(-1, channels), weight_numerator, weight_denominator, num_groups, variant, deterministic)
-    return y.reshape(*x.shape[:-1], channels)
+    return on_rows(x, x.shape[-1],
+                   lambda x2: op(x2, weight_numerator, weight_denominator, num_groups, variant, deterministic))

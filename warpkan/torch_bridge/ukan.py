@@ -10,7 +10,7 @@ from torch import nn
 
 from ..kernels import bspline as kb
 from ..kernels import ukan as ku
-from ._common import autocast_dtype, check_tensor
+from ._common import autocast_dtype, check_tensor, on_rows
 from .kan_linear import KANLinear, _base_path
 from .ukan_ops import check_grid_delta, group_range, positional_encoding, range_layer, spline_layer, ukan_pairs
 
@@ -229,8 +229,7 @@ class UKANLinear(nn.Module):
         return self._forward(x)
 
     def _forward(self, x):
-        y = self._forward_rows(x if x.dim() == 2 else x.reshape(-1, self.in_features))  # (a reshape is a node)
-        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
+        return on_rows(x, self.in_features, self._forward_rows)
 
     def _forward_rows(self, x2):
         K = self.spline_order + 1

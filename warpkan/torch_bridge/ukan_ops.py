@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from ..kernels import ukan as ku
-from ._common import TRANSPOSED, RecordedLaunches, eager_function, to_warp, warp_stream
+from ._common import TRANSPOSED, RecordedLaunches, eager_function, op_or_eager, to_warp, warp_stream
 
 __all__ = ["ukan_pairs", "ukan_spline", "ukan_spline_backward", "ukan_range_spline", "ukan_range_spline_backward",
            "group_range", "group_range_op", "ukan_range_table", "range_layer", "spline_layer",
@@ -242,11 +242,8 @@ def spline_layer(x: Tensor, sorted_elem: Tensor, window: Tensor, local_u: Tensor
                  grid_delta: float, spline_order: int, use_base: bool) -> Tensor:
     """:func:`ukan_spline` with base_weight / spline_scaler [out, in] (as UKANLinear exposes them): the
     registered op under tracing, the eager route otherwise."""
-    args = (x, sorted_elem, window, local_u, pair_feature, row_start, row_stop, table, base_weight, spline_scaler,
-            grid_delta, spline_order, use_base)
-    if torch.compiler.is_compiling():
-        return ukan_spline(*args[:8], base_weight.t(), spline_scaler.t(), *args[10:])
-    return _EagerSpline.run(*args)
+    return op_or_eager(ukan_spline, _EagerSpline)(x, sorted_elem, window, local_u, pair_feature, row_start, row_stop,
+                                                  table, base_weight, spline_scaler, grid_delta, spline_order, use_base)
 
 
 # ---------------------------------------------------------------------- dense-range path
