@@ -346,4 +346,84 @@ def test_stream_plan_shares_every_item_once(n_tiles, sm_count, arch):
         sharing = [sum(1 for b, e in runs if b < (gr + 1) * plan.n_chunks and e > gr * plan.n_chunks)
                    for gr in range(plan.n_groups)]
         assert plan.slots == max(sharing)
+        touched = [(e - 1) // plan.n_chunks - b // plan.n_chunks + 1 for b, e in runs if e > b]
+        assert plan.duties == max(touched)
         assert plan.n_warps <= sm_count * kg.resident_warps_per_sm(n_tiles, arch)
+
+
+def _streaming_forward(tensors, single_launch, monkeypatch):
+    from warpkan.torch_bridge import geglu_ops
+
+    monkeypatch.setattr(geglu_ops, "SINGLE_LAUNCH", single_launch)
+    x, w_uv, b_uv, w_o, b_o, _ = tensors
+    with torch.no_grad():
+        return geglu_ffn(x, w_uv, w_o, b_uv, b_o, "gelu_tanh", 64)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the single launch runs on CUDA devices only")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("rows", [1, 7, 13, 40, 64])
+@pytest.mark.parametrize("hidden, inter", [(72, 136), (520, 1544)])
+def test_single_launch_matches_four_launches(monkeypatch, dtype, rows, hidden, inter):
+    """The single launch combines each group in the warp that finishes it last, the four-launch form in
+    kernels of their own; both add the same partial sums in the same order, so they agree bitwise. The
+    counters are left at zero for the next launch. 520/1544 gives many warps a group at every batch size."""
+    from warpkan.torch_bridge import geglu_ops
+
+    tensors = _tensors(rows, dtype, "cuda", seed=rows, hidden=hidden, inter=inter)
+    four = _streaming_forward(tensors, False, monkeypatch)
+    for _ in range(3):
+        one = _streaming_forward(tensors, True, monkeypatch)
+        assert torch.equal(one, four)
+    torch.cuda.synchronize()
+    assert geglu_ops._sync_buffers and all(int(b.abs().sum()) == 0 for b in geglu_ops._sync_buffers.values())
+    ref = geglu_ffn_reference(*(t.double() for t in tensors[:5]), "gelu_tanh")
+    assert _rel_error(one, ref) <= TOLERANCE[(dtype, "gelu_tanh")]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_single_launch_in_cuda_graphs():
+    """Captured on a stream whose counters do not exist yet (made and zeroed inside the graph) and on a
+    stream that already has them: every replay gives the eager result."""
+    x, w_uv, b_uv, w_o, b_o, _ = _tensors(5, torch.float16, "cuda", hidden=520, inter=1544)
+    static_x = x.clone()
+
+    def step():
+        return geglu_ffn(static_x, w_uv, w_o, b_uv, b_o, "gelu", 64)
+
+    with torch.no_grad():
+        expected = step().clone()
+        for warm_first in (False, True):
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            if warm_first:
+                with torch.cuda.stream(stream):
+                    step()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                static_out = step()
+            for scale in (1.0, -2.0, 1.0):
+                static_x.copy_(x * scale)
+                graph.replay()
+                torch.cuda.synchronize()
+                assert torch.equal(static_out, step())
+            assert torch.equal(static_out, expected)
+
+
+def test_single_launch_needs_a_gpu():
+    """The single launch's warps wait for one another: the CPU, which runs them one after another, is
+    refused (it takes the four launches)."""
+    import warp as wp
+
+    from warpkan.kernels import geglu as kg
+
+    x, w_uv, _, w_o, _, _ = _tensors(3, torch.float16, "cpu", hidden=64, inter=128)
+    plan_up, plan_down = kg.tc_plans(64, 128, 3, 1, 0)
+    words, duty_shape = kg.tc_fused_scratch(plan_up, plan_down)
+    views = [wp.from_torch(t) for t in (x, w_uv)] + [None, wp.from_torch(w_o), None] + [
+        wp.from_torch(torch.empty(shape, dtype=dtype)) for shape, dtype in (
+            ((3, 256), torch.float16), ((3, 128), torch.float16), ((3, 64), torch.float16),
+            ((plan_up.slots, 3, 256), torch.float32), ((plan_down.slots, 3, 64), torch.float32))]
+    with pytest.raises(ValueError, match="sm_80"):
+        kg.launch_tc_forward(*views, "gelu", sync=wp.zeros(words, dtype=wp.int32, device="cpu"),
+                             duty=wp.zeros(duty_shape, dtype=wp.int32, device="cpu"))
