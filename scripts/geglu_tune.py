@@ -160,8 +160,8 @@ def main():
                 sync = wp.zeros(words, dtype=wp.int32, device="cuda:0")
                 duty = wp.zeros(duty_shape, dtype=wp.int32, device="cuda:0")
                 for prefetch in PREFETCH_ITEMS:
-                    fused = replay(kg.launch_tc_forward_single(*views, sync, duty, "gelu", record=True, config=cfg,
-                                                               prefetch_items=prefetch), device)
+                    fused = replay(kg.launch_tc_forward(*views, "gelu", sync=sync, duty=duty, record=True, config=cfg,
+                                                        prefetch_items=prefetch), device)
                     out.zero_()
                     fused()
                     same = torch.equal(out, expected)

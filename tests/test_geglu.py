@@ -425,5 +425,5 @@ def test_single_launch_needs_a_gpu():
             ((3, 256), torch.float16), ((3, 128), torch.float16), ((3, 64), torch.float16),
             ((plan_up.slots, 3, 256), torch.float32), ((plan_down.slots, 3, 64), torch.float32))]
     with pytest.raises(ValueError, match="sm_80"):
-        kg.launch_tc_forward_single(*views, wp.zeros(words, dtype=wp.int32, device="cpu"),
-                                    wp.zeros(duty_shape, dtype=wp.int32, device="cpu"), "gelu")
+        kg.launch_tc_forward(*views, "gelu", sync=wp.zeros(words, dtype=wp.int32, device="cpu"),
+                             duty=wp.zeros(duty_shape, dtype=wp.int32, device="cpu"))

@@ -67,7 +67,6 @@ __all__ = [
     "device_shape",
     "resident_warps_per_sm",
     "launch_tc_forward",
-    "launch_tc_forward_single",
     "tc_fused_available",
     "tc_fused_scratch",
     "TC_PREFETCH_ITEMS",
@@ -550,13 +549,6 @@ TC_CONFIG = {
     4: (2, 128, 2, 6),
     8: (2, 64, 3, 6),
 }
-# The single launch's combines: slots whose loads are unrolled, and outputs a lane sums before it stores any
-COMBINE_SLOTS = 4
-COMBINE_OUTPUTS = 4
-
-# The fused launch asks L2 for this many of each warp's first items of the second projection while the
-# first projection's last groups are combined (measured on the H200: see docs/perf-notes-geglu.md).
-TC_PREFETCH_ITEMS = 0
 # bytes of static shared memory the copy ring may take: a block may declare 48 KiB, and Warp's kernels
 # declare 1 KiB of their own
 _WARP_STATIC_SMEM = 1024
@@ -979,7 +971,6 @@ def get_tc_variant(io_name: str, n_tiles: int, config: tuple | None = None) -> T
 
     GROUP_ROWS = 16 * m_tiles
     PAIR_ROWS = GROUP_ROWS // 2  # columns of h a group of the first projection covers
-    combine_vec = wp.types.vector(length=COMBINE_OUTPUTS, dtype=wp.float32)
 
     @wp.func_native(fill(_TC_SNIPPET))
     def stream_items(
@@ -1026,23 +1017,20 @@ def get_tc_variant(io_name: str, n_tiles: int, config: tuple | None = None) -> T
     @wp.func
     def slot_sum(partial: wp.array3d(dtype=wp.float32), m: int, row: int, slots: int):
         """Batch row m, weight row ``row``: the partial sums of the warps that shared its group, in slot
-        order (bitwise reproducible). The first ``COMBINE_SLOTS`` loads are unrolled, so they are in flight
-        together: inside the single launch a combine is on the critical path, and a loop of dependent L2
-        round trips cost more than the launches it saved."""
+        order (bitwise reproducible)."""
         y = float(0.0)
-        for s in range(wp.static(COMBINE_SLOTS)):
-            if s < slots:
-                y += load_l2(partial, s, m, row)
-        for s in range(COMBINE_SLOTS, slots):
+        for s in range(slots):
             y += load_l2(partial, s, m, row)
         return y
 
     @wp.func
-    def gate_store(
-        u: float, v: float, b_uv: wp.array1d(dtype=io), use_bias: int, code: int, m: int, j: int,
-        uv: wp.array2d(dtype=io), h: wp.array2d(dtype=io),
+    def gate_one(
+        partial: wp.array3d(dtype=wp.float32), b_uv: wp.array1d(dtype=io), use_bias: int, code: int, m: int,
+        j: int, slots: int, uv: wp.array2d(dtype=io), h: wp.array2d(dtype=io),
     ):
         n_inter = h.shape[1]
+        u = slot_sum(partial, m, j, slots)
+        v = slot_sum(partial, m, n_inter + j, slots)
         if use_bias:
             u += float(b_uv[j])
             v += float(b_uv[n_inter + j])
@@ -1051,7 +1039,11 @@ def get_tc_variant(io_name: str, n_tiles: int, config: tuple | None = None) -> T
         h[m, j] = io(gate(u, code) * v)
 
     @wp.func
-    def out_store(y: float, b_o: wp.array1d(dtype=io), use_bias: int, m: int, o: int, out: wp.array2d(dtype=io)):
+    def out_one(
+        partial: wp.array3d(dtype=wp.float32), b_o: wp.array1d(dtype=io), use_bias: int, m: int, o: int,
+        slots: int, out: wp.array2d(dtype=io),
+    ):
+        y = slot_sum(partial, m, o, slots)
         if use_bias:
             y += float(b_o[o])
         out[m, o] = io(y)
@@ -1087,9 +1079,7 @@ def get_tc_variant(io_name: str, n_tiles: int, config: tuple | None = None) -> T
     ):
         m, j = wp.tid()
         slots = group_slots(j // PAIR_ROWS, n_chunks, n_warps, total)
-        u = slot_sum(partial, m, j, slots)
-        v = slot_sum(partial, m, h.shape[1] + j, slots)
-        gate_store(u, v, b_uv, use_bias, code, m, j, uv, h)
+        gate_one(partial, b_uv, use_bias, code, m, j, slots, uv, h)
 
     @kernel
     def out_combine(
@@ -1102,8 +1092,7 @@ def get_tc_variant(io_name: str, n_tiles: int, config: tuple | None = None) -> T
         out: wp.array2d(dtype=io),
     ):
         m, o = wp.tid()
-        slots = group_slots(o // GROUP_ROWS, n_chunks, n_warps, total)
-        out_store(slot_sum(partial, m, o, slots), b_o, use_bias, m, o, out)
+        out_one(partial, b_o, use_bias, m, o, group_slots(o // GROUP_ROWS, n_chunks, n_warps, total), out)
 
     @kernel
     def fused_forward(
@@ -1144,27 +1133,15 @@ def get_tc_variant(io_name: str, n_tiles: int, config: tuple | None = None) -> T
         done = stream_items(w_uv, x, partial_up, n_rows, up_groups, up_chunks, up_warps, warp, lane, 1, 1,
                             sync, 2, duty)
         prefetch_rows(w_o, down_groups, down_chunks, down_warps, warp, lane, prefetch_items)
-        # a lane's combines go COMBINE_OUTPUTS at a time, all their loads first (see slot_sum)
         total = wp.int64(up_groups) * wp.int64(up_chunks)
         for d in range(done):
             grp = duty[warp, d]
             slots = group_slots(grp, up_chunks, up_warps, total)
-            for first in range(lane, n_rows * PAIR_ROWS, 32 * COMBINE_OUTPUTS):
-                us = combine_vec()
-                vs = combine_vec()
-                for i in range(wp.static(COMBINE_OUTPUTS)):
-                    idx = first + 32 * i
-                    m = idx // PAIR_ROWS
-                    j = grp * PAIR_ROWS + idx - m * PAIR_ROWS
-                    if m < n_rows and j < n_inter:
-                        us[i] = slot_sum(partial_up, m, j, slots)
-                        vs[i] = slot_sum(partial_up, m, n_inter + j, slots)
-                for i in range(wp.static(COMBINE_OUTPUTS)):
-                    idx = first + 32 * i
-                    m = idx // PAIR_ROWS
-                    j = grp * PAIR_ROWS + idx - m * PAIR_ROWS
-                    if m < n_rows and j < n_inter:
-                        gate_store(us[i], vs[i], b_uv, use_bias_uv, code, m, j, uv, h)
+            for idx in range(lane, n_rows * PAIR_ROWS, 32):
+                m = idx // PAIR_ROWS
+                j = grp * PAIR_ROWS + idx - m * PAIR_ROWS
+                if j < n_inter:
+                    gate_one(partial_up, b_uv, use_bias_uv, code, m, j, slots, uv, h)
         publish(sync, done, lane)
         wait_ready(sync, up_groups, n_launched, lane)
         done = stream_items(w_o, h, partial_down, n_rows, down_groups, down_chunks, down_warps, warp, lane, 0, 1,
@@ -1173,20 +1150,11 @@ def get_tc_variant(io_name: str, n_tiles: int, config: tuple | None = None) -> T
         for d in range(done):
             grp = duty[warp, d]
             slots = group_slots(grp, down_chunks, down_warps, total)
-            for first in range(lane, n_rows * GROUP_ROWS, 32 * COMBINE_OUTPUTS):
-                ys = combine_vec()
-                for i in range(wp.static(COMBINE_OUTPUTS)):
-                    idx = first + 32 * i
-                    m = idx // GROUP_ROWS
-                    o = grp * GROUP_ROWS + idx - m * GROUP_ROWS
-                    if m < n_rows and o < n_hidden:
-                        ys[i] = slot_sum(partial_down, m, o, slots)
-                for i in range(wp.static(COMBINE_OUTPUTS)):
-                    idx = first + 32 * i
-                    m = idx // GROUP_ROWS
-                    o = grp * GROUP_ROWS + idx - m * GROUP_ROWS
-                    if m < n_rows and o < n_hidden:
-                        out_store(ys[i], b_o, use_bias_o, m, o, out)
+            for idx in range(lane, n_rows * GROUP_ROWS, 32):
+                m = idx // GROUP_ROWS
+                o = grp * GROUP_ROWS + idx - m * GROUP_ROWS
+                if o < n_hidden:
+                    out_one(partial_down, b_o, use_bias_o, m, o, slots, out)
 
     return TensorCoreVariant(io_name, n_tiles, projection, gate_combine, out_combine, fused_forward, module)
 
@@ -1196,9 +1164,39 @@ def device_shape(device) -> tuple:
     return (device.sm_count, device.arch) if device.is_cuda else (1, 0)
 
 
+# The fused launch asks L2 for this many of each warp's first items of the second projection while the
+# first projection's last groups are combined (measured on the H200: see docs/perf-notes-geglu.md).
+TC_PREFETCH_ITEMS = 8
 
-def _tc_launch_setup(x, w_uv, b_uv, w_o, b_o, uv, h, out, partial_up, partial_down, activation, stream, record, config):
-    """Checks shared by both forms; (plans, variant, activation code, bias arguments, launch keywords)."""
+
+def launch_tc_forward(
+    x: "wp.array2d",
+    w_uv: "wp.array2d",
+    b_uv: "wp.array1d | None",
+    w_o: "wp.array2d",
+    b_o: "wp.array1d | None",
+    uv: "wp.array2d",
+    h: "wp.array2d",
+    out: "wp.array2d",
+    partial_up: "wp.array3d",
+    partial_down: "wp.array3d",
+    activation: str,
+    sync: "wp.array1d | None" = None,
+    duty: "wp.array2d | None" = None,
+    stream: "wp.Stream | None" = None,
+    record: bool = False,
+    config: tuple | None = None,
+    prefetch_items: int = TC_PREFETCH_ITEMS,
+):
+    """The whole layer by tensor-core weight streaming (see :func:`tc_eligible`): writes uv, h and out.
+    ``partial_up`` [slots, N, 2 inter] and ``partial_down`` [slots, N, hidden] are float32 scratch with the
+    slots of :func:`tc_plans`. x, w_uv, w_o and h must be contiguous and 16-byte aligned. ``config``
+    overrides ``TC_CONFIG`` (for tuning).
+
+    With ``sync`` and ``duty`` (int32, shapes from :func:`tc_fused_scratch`; ``sync`` all zeros, as every
+    launch leaves it) the layer is one launch (:func:`tc_fused_available` devices only). Its warps wait for
+    one another, so launches sharing a ``sync`` buffer must not run concurrently. Without them it is four:
+    up projection, gate combine, down projection, out combine."""
     io_name = _io_name(x)
     n_rows, n_hidden = x.shape
     n_inter = w_o.shape[1]
@@ -1221,41 +1219,34 @@ def _tc_launch_setup(x, w_uv, b_uv, w_o, b_o, uv, h, out, partial_up, partial_do
     _check("partial_up", partial_up, (plan_up.slots, n_rows, 2 * n_inter), "float32")
     _check("partial_down", partial_down, (plan_down.slots, n_rows, n_hidden), "float32")
     variant = get_tc_variant(io_name, tc_n_tiles(n_rows), config)
-    biases = [
-        b_uv if b_uv is not None else _empty_vector(io_name, device), int(b_uv is not None),
-        b_o if b_o is not None else _empty_vector(io_name, device), int(b_o is not None),
-    ]
+    code = activation_code(activation)
+    b_uv_arg = b_uv if b_uv is not None else _empty_vector(io_name, device)
+    b_o_arg = b_o if b_o is not None else _empty_vector(io_name, device)
     common = {"device": device, "stream": stream, "record_tape": False, "record_cmd": record}
-    return plan_up, plan_down, variant, activation_code(activation), biases, common
 
+    if sync is not None or duty is not None:
+        if not tc_fused_available(device):
+            raise ValueError(f"the single-launch form needs a CUDA device of sm_80 or later, not {device}")
+        sync_words, duty_shape = tc_fused_scratch(plan_up, plan_down)
+        if sync is None or duty is None or sync.dtype != wp.int32 or duty.dtype != wp.int32:
+            raise ValueError("the single-launch form takes both sync and duty, int32")
+        if tuple(sync.shape) != (sync_words,) or tuple(duty.shape) != duty_shape:
+            raise ValueError(f"sync must have shape ({sync_words},) and duty {duty_shape}, "
+                             f"got {tuple(sync.shape)} and {tuple(duty.shape)}")
+        cmd = wp.launch(
+            variant.fused_forward, dim=duty_shape[0] * 32,
+            inputs=[
+                x, w_uv, w_o, b_uv_arg, int(b_uv is not None), b_o_arg, int(b_o is not None), code, n_rows,
+                plan_up.n_groups, plan_up.n_chunks, plan_up.n_warps,
+                plan_down.n_groups, plan_down.n_chunks, plan_down.n_warps, prefetch_items, sync, duty,
+            ],
+            outputs=[partial_up, partial_down, uv, h, out],
+            block_dim=32, **common,
+        )
+        return [cmd] if record else None
 
-def launch_tc_forward(
-    x: "wp.array2d",
-    w_uv: "wp.array2d",
-    b_uv: "wp.array1d | None",
-    w_o: "wp.array2d",
-    b_o: "wp.array1d | None",
-    uv: "wp.array2d",
-    h: "wp.array2d",
-    out: "wp.array2d",
-    partial_up: "wp.array3d",
-    partial_down: "wp.array3d",
-    activation: str,
-    stream: "wp.Stream | None" = None,
-    record: bool = False,
-    config: tuple | None = None,
-):
-    """The whole layer by tensor-core weight streaming (see :func:`tc_eligible`) in four launches: up
-    projection, gate combine, down projection, out combine. Writes uv, h and out. ``partial_up`` [slots, N,
-    2 inter] and ``partial_down`` [slots, N, hidden] are float32 scratch with the slots of :func:`tc_plans`.
-    x, w_uv, w_o and h must be contiguous and 16-byte aligned. ``config`` overrides ``TC_CONFIG`` (for
-    tuning). Runs on every device; :func:`launch_tc_forward_single` is the one-launch form."""
-    plan_up, plan_down, variant, code, (b_uv_arg, use_b_uv, b_o_arg, use_b_o), common = _tc_launch_setup(
-        x, w_uv, b_uv, w_o, b_o, uv, h, out, partial_up, partial_down, activation, stream, record, config)
-    n_rows, n_hidden = x.shape
-    n_inter = w_o.shape[1]
-    no_sync = _empty_int_array(1, x.device)
-    no_duty = _empty_int_array(2, x.device)
+    no_sync = _empty_int_array(1, device)
+    no_duty = _empty_int_array(2, device)
 
     def projection(act, weight, plan, partial, paired):
         # one warp a block: each warp's copy ring is its own (no block barrier) and fills the static limit
@@ -1272,61 +1263,16 @@ def launch_tc_forward(
         projection(x, w_uv, plan_up, partial_up, 1),
         wp.launch(
             variant.gate_combine, dim=(n_rows, n_inter),
-            inputs=[partial_up, b_uv_arg, use_b_uv, code, *schedule(plan_up)], outputs=[uv, h], **common,
+            inputs=[partial_up, b_uv_arg, int(b_uv is not None), code, *schedule(plan_up)], outputs=[uv, h],
+            **common,
         ),
         projection(h, w_o, plan_down, partial_down, 0),
         wp.launch(
             variant.out_combine, dim=(n_rows, n_hidden),
-            inputs=[partial_down, b_o_arg, use_b_o, *schedule(plan_down)], outputs=[out], **common,
+            inputs=[partial_down, b_o_arg, int(b_o is not None), *schedule(plan_down)], outputs=[out], **common,
         ),
     ]
     return cmds if record else None
-
-
-def launch_tc_forward_single(
-    x: "wp.array2d",
-    w_uv: "wp.array2d",
-    b_uv: "wp.array1d | None",
-    w_o: "wp.array2d",
-    b_o: "wp.array1d | None",
-    uv: "wp.array2d",
-    h: "wp.array2d",
-    out: "wp.array2d",
-    partial_up: "wp.array3d",
-    partial_down: "wp.array3d",
-    sync: "wp.array1d",
-    duty: "wp.array2d",
-    activation: str,
-    stream: "wp.Stream | None" = None,
-    record: bool = False,
-    config: tuple | None = None,
-    prefetch_items: int = TC_PREFETCH_ITEMS,
-):
-    """:func:`launch_tc_forward` as one launch (:func:`tc_fused_available` devices only), with the same
-    results bit for bit. ``sync`` and ``duty`` are int32 with the shapes of :func:`tc_fused_scratch`;
-    ``sync`` must be all zeros, as every launch leaves it. The launch's warps wait for one another, so two
-    launches sharing a ``sync`` buffer must not run concurrently."""
-    plan_up, plan_down, variant, code, (b_uv_arg, use_b_uv, b_o_arg, use_b_o), common = _tc_launch_setup(
-        x, w_uv, b_uv, w_o, b_o, uv, h, out, partial_up, partial_down, activation, stream, record, config)
-    if not tc_fused_available(x.device):
-        raise ValueError(f"the single-launch form needs a CUDA device of sm_80 or later, not {x.device}")
-    sync_words, duty_shape = tc_fused_scratch(plan_up, plan_down)
-    if sync.dtype != wp.int32 or duty.dtype != wp.int32:
-        raise TypeError("sync and duty must be int32")
-    if tuple(sync.shape) != (sync_words,) or tuple(duty.shape) != duty_shape:
-        raise ValueError(f"sync must have shape ({sync_words},) and duty {duty_shape}, "
-                         f"got {tuple(sync.shape)} and {tuple(duty.shape)}")
-    cmd = wp.launch(
-        variant.fused_forward, dim=duty_shape[0] * 32,
-        inputs=[
-            x, w_uv, w_o, b_uv_arg, use_b_uv, b_o_arg, use_b_o, code, x.shape[0],
-            plan_up.n_groups, plan_up.n_chunks, plan_up.n_warps,
-            plan_down.n_groups, plan_down.n_chunks, plan_down.n_warps, prefetch_items, sync, duty,
-        ],
-        outputs=[partial_up, partial_down, uv, h, out],
-        block_dim=32, **common,
-    )
-    return [cmd] if record else None
 
 
 _empty_ints: dict = {}

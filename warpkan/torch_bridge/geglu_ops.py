@@ -112,7 +112,7 @@ def _forward_impl(
         if SINGLE_LAUNCH and kg.tc_fused_available(device):
             sync_words, duty_shape = kg.tc_fused_scratch(plan_up, plan_down)
             duty = x.new_empty(duty_shape, dtype=torch.int32)
-            _launch(kg.launch_tc_forward_single, (*tensors, _sync_buffer(x.device, sync_words), duty), activation)
+            _launch(kg.launch_tc_forward, (*tensors, _sync_buffer(x.device, sync_words), duty), activation)
         else:
             _launch(kg.launch_tc_forward, tensors, activation)
         return out, uv
