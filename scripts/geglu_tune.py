@@ -4,8 +4,7 @@
    launches) at several grid sizes, and the device-to-device copy rate (read + write bytes / time).
 2. Correctness of the tensor-core streaming path against the GEMM path (float16, bfloat16).
 3. Forward times from CUDA-graph replay: torch baseline, GEMM+gate, the streaming path as shipped and its
-   configurations (``CANDIDATES``: rows a warp, k a stage, stages) in four launches, each of them alone,
-   and the single launch at each ``PREFETCH_ITEMS`` (checked bitwise against the four).
+   configurations (``CANDIDATES``: rows a warp, k a stage, stages), and each of its four launches alone.
 
     python scripts/geglu_tune.py [batches] [--quick]
 """
@@ -30,10 +29,6 @@ CANDIDATES = {
     4: [(2, 64, 5), (2, 128, 2), (4, 64, 3)],
     8: [(2, 64, 3), (1, 64, 4)],
 }
-
-
-# items of the second projection each warp of the single launch asks L2 for before it waits for h
-PREFETCH_ITEMS = (0, 4, 8, 16, 32)
 
 
 def graph_ms(fn, repeat=100):
@@ -147,25 +142,13 @@ def main():
                 plan_up, plan_down = kg.tc_plans(hidden, inter, batch, sm, 90, cfg)
                 partial_up = torch.empty(plan_up.slots, batch, 2 * inter, device="cuda", dtype=torch.float32)
                 partial_down = torch.empty(plan_down.slots, batch, hidden, device="cuda", dtype=torch.float32)
-                views = [*(wp.from_torch(t) for t in (x, w_uv)), None, wp.from_torch(w_o), None,
-                         *(wp.from_torch(t) for t in (uv, h, out, partial_up, partial_down))]
-                cmds = kg.launch_tc_forward(*views, "gelu", record=True, config=cfg)
-                reference = replay(cmds, device)
-                reference()
-                expected = out.clone()
-                rows.append((f"4 launches, config {cfg}", graph_ms(reference)))
+                cmds = kg.launch_tc_forward(
+                    *(wp.from_torch(t) for t in (x, w_uv)), None, wp.from_torch(w_o), None,
+                    *(wp.from_torch(t) for t in (uv, h, out, partial_up, partial_down)), "gelu", record=True,
+                    config=cfg)
+                rows.append((f"4 launches, config {cfg}", graph_ms(replay(cmds, device))))
                 for i, part in enumerate(("up", "gate combine", "down", "out combine")):
                     rows.append((f"  {part} alone", graph_ms(replay(cmds[i:i + 1], device))))
-                words, duty_shape = kg.tc_fused_scratch(plan_up, plan_down)
-                sync = wp.zeros(words, dtype=wp.int32, device="cuda:0")
-                duty = wp.zeros(duty_shape, dtype=wp.int32, device="cuda:0")
-                for prefetch in PREFETCH_ITEMS:
-                    fused = replay(kg.launch_tc_forward(*views, "gelu", sync=sync, duty=duty, record=True, config=cfg,
-                                                        prefetch_items=prefetch), device)
-                    out.zero_()
-                    fused()
-                    same = torch.equal(out, expected)
-                    rows.append((f"  1 launch, prefetch {prefetch}{'' if same else ' MISMATCH'}", graph_ms(fused)))
         for name, ms in rows:
             print(f"{batch:>4} {name:<44} {ms:9.4f} {weight_bytes / ms / 1e6:6.0f}", flush=True)
     print(f"total {time.time() - t0:.1f} s")

@@ -67,9 +67,6 @@ __all__ = [
     "device_shape",
     "resident_warps_per_sm",
     "launch_tc_forward",
-    "tc_fused_available",
-    "tc_fused_scratch",
-    "TC_PREFETCH_ITEMS",
     "launch_read_probe",
 ]
 
@@ -565,7 +562,6 @@ _TC_SNIPPET = """
     constexpr int KC = @KC@;
     constexpr int S = @STAGES@;
     constexpr int R = 16 * MT;          // weight rows of a group
-    constexpr int PH = R / 2;           // paired: the group's first PH rows from w's first half, the rest from its second
     constexpr int XR = 8 * NT;          // batch rows held
     constexpr int CPR = KC / 8;         // 16-byte units per row of a chunk
     constexpr int STAGE_UNITS = (R + XR) * CPR;
@@ -573,28 +569,16 @@ _TC_SNIPPET = """
     const int t = lane & 3;
     const int K = x.shape[1];
     const int w_rows = w.shape[0];
-    // paired (the first projection): group grp holds rows grp PH .. of W_u and the same rows of W_v, so one
-    // warp's flush holds both u and v of PH columns of h; otherwise rows grp R .. grp R + R - 1
-    const int half_rows = paired ? w_rows / 2 : w_rows;
-    const int group_step = paired ? PH : R;
     const long long total = (long long)n_groups * n_chunks;
-    long long begin = (long long)warp * total / n_warps;
-    long long end = (long long)(warp + 1) * total / n_warps;
-    if (warp >= n_warps) begin = end = 0;
+    const long long begin = (long long)warp * total / n_warps;
+    const long long end = (long long)(warp + 1) * total / n_warps;
+    if (begin >= end) return;
     // the rank of this warp among those sharing group grp: the owner of the group's first item is slot 0
-    #define TC_OWNER(item) ((int)((((long long)(item) + 1) * n_warps - 1) / total))
-    #define TC_SLOT(grp) (warp - TC_OWNER((long long)(grp) * n_chunks))
-    #define TC_SLOTS(grp) (TC_OWNER((long long)(grp) * n_chunks + n_chunks - 1) - TC_OWNER((long long)(grp) * n_chunks) + 1)
-    // row r (0 .. R-1) of group grp, and whether it exists
-    #define TC_ROW(grp, r) ((grp) * group_step + (paired && (r) >= PH ? (r) - PH + half_rows : (r)))
-    #define TC_ROW_OK(grp, r) ((grp) * group_step + (paired && (r) >= PH ? (r) - PH : (r)) < half_rows)
-    // mma's accumulator layout: element e of tile (mt, nt) is (group row, batch row) below
-    #define TC_FRAG_ROW(mt, e) ((mt) * 16 + g + 8 * ((e) >> 1))
+    #define TC_SLOT(grp) (warp - (int)((((long long)(grp) * n_chunks + 1) * n_warps - 1) / total))
+    // mma's accumulator layout: element e of tile (mt, nt) is (weight row, batch row) below
+    #define TC_WEIGHT_ROW(grp, mt, e) ((grp) * R + (mt) * 16 + g + 8 * ((e) >> 1))
     #define TC_BATCH_ROW(nt, e) ((nt) * 8 + 2 * t + ((e) & 1))
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
-    // fused launch: the groups this warp completes (it arrived last) go to duty[warp, 0 .. n_duty - 1]
-    int n_duty = 0;
-    if (begin >= end) return 0;
     // Every address below is a lane constant plus a compile-time offset, moved on by one add a stage:
     // the copies are issue-bound otherwise (the first version, which decoded each unit's row and column
     // with divisions, issued ~8x the instructions and streamed at 2.5 TB/s).
@@ -602,7 +586,6 @@ _TC_SNIPPET = """
     constexpr int W_COPIES = R / RPI;
     constexpr int X_COPIES = XR / RPI;
     constexpr int STAGE_BYTES = STAGE_UNITS * 16;
-    // one ring a kernel: a kernel that streams both projections calls this function twice
     __shared__ __align__(128) uint4 ring[S * STAGE_UNITS];
     unsigned int ring_base;
     asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(ring_base) : "l"(ring));
@@ -613,25 +596,20 @@ _TC_SNIPPET = """
     const unsigned int dst_flip = ring_base + 16u * (rl * CPR + (c ^ ((~rl & 1) << 2)));
     const long long w_stride = w.strides[0];
     const long long x_stride = x.strides[0];
-    // the copies of a group's second half start half_rows - PH rows further on when paired
-    const long long second_half = paired ? (long long)(half_rows - PH) * w_stride : 0;
     const char* x_lane = (const char*)x.data + rl * x_stride + 16 * c;
     long long item_i = begin;
     int grp_i = (int)(begin / n_chunks);
     int chunk_i = (int)(begin - (long long)grp_i * n_chunks);
-    const char* w_lane = (const char*)w.data + ((long long)grp_i * group_step + rl) * w_stride + 16 * c;
+    const char* w_lane = (const char*)w.data + ((long long)grp_i * R + rl) * w_stride + 16 * c;
     auto issue = [&](int slot) {
         const long long k_bytes = 2LL * chunk_i * KC;
         const bool k_ok = chunk_i * KC + 8 * c < K;
-        // rows of this group left in each half, from this lane's first row
-        const int rows_left = half_rows - grp_i * group_step - rl;
-        const int rows_left_second = rows_left + (paired ? PH : 0);
+        const int rows_left = w_rows - grp_i * R - rl;
         const unsigned int stage_dst = slot * STAGE_BYTES;
         #pragma unroll
         for (int j = 0; j < W_COPIES; ++j) {
-            const bool ok = k_ok && j * RPI < (j * RPI >= PH ? rows_left_second : rows_left);
-            const char* src = ok ? w_lane + k_bytes + j * RPI * w_stride + (j * RPI >= PH ? second_half : 0)
-                                 : (const char*)w.data;
+            const bool ok = k_ok && j * RPI < rows_left;
+            const char* src = ok ? w_lane + k_bytes + j * RPI * w_stride : (const char*)w.data;
             const unsigned int dst = ((RPI & 1) && (j & 1) ? dst_flip : dst_same) + stage_dst + 16u * j * RPI * CPR;
             asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(ok ? 16 : 0));
         }
@@ -647,7 +625,7 @@ _TC_SNIPPET = """
         if (++chunk_i == n_chunks) {
             chunk_i = 0;
             ++grp_i;
-            w_lane += group_step * w_stride;
+            w_lane += R * w_stride;
         }
     };
     float acc[MT][NT][4];
@@ -666,27 +644,10 @@ _TC_SNIPPET = """
                 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int n = TC_BATCH_ROW(nt, e);
-                    const int r = TC_FRAG_ROW(mt, e);
-                    if (n < n_rows && TC_ROW_OK(grp, r)) *wp::address(partial, slot, n, TC_ROW(grp, r)) = acc[mt][nt][e];
+                    const int row = TC_WEIGHT_ROW(grp, mt, e);
+                    if (n < n_rows && row < w_rows) *wp::address(partial, slot, n, row) = acc[mt][nt][e];
                     acc[mt][nt][e] = 0.0f;
                 }
-        if (fused) {
-            // publish the partial sums, then count this warp in; the last warp of the group combines it
-            __threadfence();
-            __syncwarp();
-            int arrived = 0;
-            if (lane == 0) arrived = atomicAdd(sync.data + arrivals_at + grp, 1);
-            arrived = __shfl_sync(0xffffffffu, arrived, 0);
-            if (arrived == TC_SLOTS(grp) - 1) {
-                __threadfence();
-                // the counter is this launch's alone from here on: left at zero for the next launch
-                if (lane == 0) {
-                    sync.data[arrivals_at + grp] = 0;
-                    *wp::address(duty, warp, n_duty) = grp;
-                }
-                ++n_duty;
-            }
-        }
     };
     #pragma unroll
     for (int i = 0; i < S - 1; ++i) {
@@ -740,11 +701,8 @@ _TC_SNIPPET = """
     }
     asm volatile("cp.async.wait_group 0;" ::: "memory");
     if (chunk_c != 0) flush(grp_c);
-    __syncwarp();
-    return n_duty;
 #else
-    // the same items, sums and slots, one output at a time (never fused: see launch_tc_forward)
-    if (begin >= end) return 0;
+    // the same items, sums and slots, one output at a time
     for (int grp = (int)(begin / n_chunks); (long long)grp * n_chunks < end; ++grp) {
         const long long first = (long long)grp * n_chunks > begin ? (long long)grp * n_chunks : begin;
         const long long last = (long long)(grp + 1) * n_chunks < end ? (long long)(grp + 1) * n_chunks : end;
@@ -756,93 +714,18 @@ _TC_SNIPPET = """
             for (int nt = 0; nt < NT; ++nt)
                 for (int e = 0; e < 4; ++e) {
                     const int n = TC_BATCH_ROW(nt, e);
-                    const int r = TC_FRAG_ROW(mt, e);
-                    if (n >= n_rows || !TC_ROW_OK(grp, r)) continue;
-                    const int row = TC_ROW(grp, r);
+                    const int row = TC_WEIGHT_ROW(grp, mt, e);
+                    if (n >= n_rows || row >= w_rows) continue;
                     float sum = 0.0f;
                     for (int k = k_begin; k < k_end; ++k)
                         sum += float(*wp::address(w, row, k)) * float(*wp::address(x, n, k));
                     *wp::address(partial, slot, n, row) = sum;
                 }
     }
-    return 0;
 #endif
-    #undef TC_OWNER
     #undef TC_SLOT
-    #undef TC_SLOTS
-    #undef TC_ROW
-    #undef TC_ROW_OK
-    #undef TC_FRAG_ROW
+    #undef TC_WEIGHT_ROW
     #undef TC_BATCH_ROW
-"""
-
-# The fused launch's other pieces. Its warps are all resident at once (one wave, see stream_plan), so a warp
-# may wait for the others: the second projection waits until every group of h is combined.
-# sync[0]: groups of h combined so far; sync[1]: warps past the wait. The last warp past resets both, and
-# each group's last arrival resets its counter, so the buffer is all zeros between launches.
-_TC_PUBLISH_SNIPPET = """
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
-    __threadfence();
-    __syncwarp();
-    if (lane == 0 && count > 0) atomicAdd(sync.data, count);
-#endif
-"""
-
-_TC_WAIT_SNIPPET = """
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
-    if (lane == 0) {
-        int seen;
-        // the wait needs every warp of the launch resident; rather than hang where they are not (an SM limit
-        // the plan did not know of), give up with a launch error after about ten seconds
-        for (long long spins = 0;; ++spins) {
-            asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(sync.data) : "memory");
-            if (seen >= target) break;
-            if (spins > (1LL << 27)) __trap();
-            __nanosleep(64);
-        }
-        if (atomicAdd(sync.data + 1, 1) == n_launched - 1) {
-            sync.data[0] = 0;
-            sync.data[1] = 0;
-        }
-    }
-    __syncwarp();
-#endif
-"""
-
-# While the first projection's last groups are combined and waited for, HBM would idle: each warp asks L2
-# for the weight rows of its first items of the second projection, so its copies hit L2 when it starts.
-_TC_PREFETCH_SNIPPET = """
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
-    constexpr int R = 16 * @MT@;
-    constexpr int KC = @KC@;
-    constexpr int LINES = KC / 64;           // 128-byte lines per row piece of a chunk
-    const long long total = (long long)n_groups * n_chunks;
-    if (warp >= n_warps) return;
-    const long long begin = (long long)warp * total / n_warps;
-    long long end = (long long)(warp + 1) * total / n_warps;
-    end = end < begin + n_items ? end : begin + n_items;
-    const int K = w.shape[1];
-    const int w_rows = w.shape[0];
-    for (long long item = begin; item < end; ++item) {
-        const int grp = (int)(item / n_chunks);
-        const int chunk = (int)(item - (long long)grp * n_chunks);
-        for (int idx = lane; idx < R * LINES; idx += 32) {
-            const int row = grp * R + idx / LINES;
-            const int k = chunk * KC + (idx % LINES) * 64;
-            if (row < w_rows && k < K)
-                asm volatile("prefetch.global.L2 [%0];" :: "l"(wp::address(w, row, k)));
-        }
-    }
-#endif
-"""
-
-# the combines read partial sums other warps of the same launch wrote: from L2, never a stale L1 line
-_TC_LOAD_L2_SNIPPET = """
-#if defined(__CUDA_ARCH__)
-    return __ldcg(wp::address(partial, s, m, row));
-#else
-    return *wp::address(partial, s, m, row);
-#endif
 """
 
 
@@ -855,7 +738,6 @@ class TensorCoreVariant:
     projection: wp.Kernel
     gate_combine: wp.Kernel
     out_combine: wp.Kernel
-    fused_forward: wp.Kernel
     module: str
 
 
@@ -867,7 +749,6 @@ class StreamPlan:
     n_chunks: int
     n_warps: int
     slots: int  # the most warps that share one group: the first dimension of its partial buffer
-    duties: int  # the most groups one warp's run touches: the most it can be the last to finish
 
 
 def tc_n_tiles(n_rows: int) -> int:
@@ -889,12 +770,6 @@ def tc_eligible(io_name: str, n_rows: int, n_hidden: int, n_inter: int) -> bool:
         and n_hidden % TC_UNIT == 0
         and n_inter % TC_UNIT == 0
     )
-
-
-def tc_fused_available(device) -> bool:
-    """Whether the single-launch form runs on this Warp device: its warps wait for one another, which the
-    CPU (one thread after another) cannot do, and its copy pipeline needs sm_80."""
-    return device.is_cuda and device.arch >= 80
 
 
 def _stage_bytes(n_tiles: int, m_tiles: int, k_chunk: int) -> int:
@@ -927,9 +802,7 @@ def stream_plan(n_weight_rows: int, k: int, n_tiles: int, sm_count: int, arch: i
     n_warps = max(1, min(total, sm_count * resident_warps_per_sm(n_tiles, arch, config)))
     slots = max(_owner(gr * n_chunks + n_chunks - 1, n_warps, total) - _owner(gr * n_chunks, n_warps, total) + 1
                 for gr in range(n_groups))
-    duties = max((((w + 1) * total // n_warps - 1) // n_chunks) - (w * total // n_warps) // n_chunks + 1
-                 for w in range(n_warps))
-    return StreamPlan(n_groups, n_chunks, n_warps, slots, duties)
+    return StreamPlan(n_groups, n_chunks, n_warps, slots)
 
 
 def tc_plans(n_hidden: int, n_inter: int, n_rows: int, sm_count: int, arch: int, config: tuple | None = None) -> tuple:
@@ -940,13 +813,6 @@ def tc_plans(n_hidden: int, n_inter: int, n_rows: int, sm_count: int, arch: int,
         stream_plan(2 * n_inter, n_hidden, n_tiles, sm_count, arch, config),
         stream_plan(n_hidden, n_inter, n_tiles, sm_count, arch, config),
     )
-
-
-def tc_fused_scratch(plan_up: StreamPlan, plan_down: StreamPlan) -> tuple:
-    """(int32 words of the fused launch's sync buffer, which must be all zeros before its first launch and
-    is left so by each launch; shape of its int32 duty scratch, contents free)."""
-    return (2 + plan_up.n_groups + plan_down.n_groups,
-            (max(plan_up.n_warps, plan_down.n_warps), max(plan_up.duties, plan_down.duties)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -962,17 +828,14 @@ def get_tc_variant(io_name: str, n_tiles: int, config: tuple | None = None) -> T
     gate, _ = _gate_funcs("float32")
     module = f"warpkan_geglu_tc{n_tiles}_{m_tiles}x{k_chunk}x{stages}_{io_name}"
     kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
-
-    def fill(text):
-        return (
-            text.replace("@MT@", str(m_tiles)).replace("@NT@", str(n_tiles)).replace("@KC@", str(k_chunk))
-            .replace("@STAGES@", str(stages)).replace("@MMA@", "f16" if io_name == "float16" else "bf16")
-        )
+    snippet = (
+        _TC_SNIPPET.replace("@MT@", str(m_tiles)).replace("@NT@", str(n_tiles)).replace("@KC@", str(k_chunk))
+        .replace("@STAGES@", str(stages)).replace("@MMA@", "f16" if io_name == "float16" else "bf16")
+    )
 
     GROUP_ROWS = 16 * m_tiles
-    PAIR_ROWS = GROUP_ROWS // 2  # columns of h a group of the first projection covers
 
-    @wp.func_native(fill(_TC_SNIPPET))
+    @wp.func_native(snippet)
     def stream_items(
         w: wp.array2d(dtype=io),
         x: wp.array2d(dtype=io),
@@ -983,70 +846,21 @@ def get_tc_variant(io_name: str, n_tiles: int, config: tuple | None = None) -> T
         n_warps: int,
         warp: int,
         lane: int,
-        paired: int,
-        fused: int,
-        sync: wp.array1d(dtype=wp.int32),
-        arrivals_at: int,
-        duty: wp.array2d(dtype=wp.int32),
-    ) -> int: ...
-
-    @wp.func_native(_TC_PUBLISH_SNIPPET)
-    def publish(sync: wp.array1d(dtype=wp.int32), count: int, lane: int): ...
-
-    @wp.func_native(_TC_WAIT_SNIPPET)
-    def wait_ready(sync: wp.array1d(dtype=wp.int32), target: int, n_launched: int, lane: int): ...
-
-    @wp.func_native(fill(_TC_PREFETCH_SNIPPET))
-    def prefetch_rows(
-        w: wp.array2d(dtype=io), n_groups: int, n_chunks: int, n_warps: int, warp: int, lane: int, n_items: int
     ): ...
 
-    @wp.func_native(_TC_LOAD_L2_SNIPPET)
-    def load_l2(partial: wp.array3d(dtype=wp.float32), s: int, m: int, row: int) -> float: ...
-
     @wp.func
-    def group_slots(grp: int, n_chunks: int, n_warps: int, total: wp.int64):
-        """The warps that shared group grp: owner(last item) - owner(first item) + 1 (TC_SLOTS in the
-        snippet)."""
-        first = wp.int64(grp) * wp.int64(n_chunks)
+    def slot_sum(partial: wp.array3d(dtype=wp.float32), m: int, row: int, n_chunks: int, n_warps: int, total: wp.int64):
+        """Batch row m, weight row ``row``: the partial sums of the warps that shared its group, in slot
+        order. Their count is owner(last item) - owner(first item) + 1 (see TC_SLOT in the snippet)."""
+        first = wp.int64(row // GROUP_ROWS) * wp.int64(n_chunks)
         last = first + wp.int64(n_chunks - 1)
         nw = wp.int64(n_warps)
         one = wp.int64(1)
-        return int(((last + one) * nw - one) // total - ((first + one) * nw - one) // total) + 1
-
-    @wp.func
-    def slot_sum(partial: wp.array3d(dtype=wp.float32), m: int, row: int, slots: int):
-        """Batch row m, weight row ``row``: the partial sums of the warps that shared its group, in slot
-        order (bitwise reproducible)."""
+        slots = int(((last + one) * nw - one) // total - ((first + one) * nw - one) // total) + 1
         y = float(0.0)
         for s in range(slots):
-            y += load_l2(partial, s, m, row)
+            y += partial[s, m, row]
         return y
-
-    @wp.func
-    def gate_one(
-        partial: wp.array3d(dtype=wp.float32), b_uv: wp.array1d(dtype=io), use_bias: int, code: int, m: int,
-        j: int, slots: int, uv: wp.array2d(dtype=io), h: wp.array2d(dtype=io),
-    ):
-        n_inter = h.shape[1]
-        u = slot_sum(partial, m, j, slots)
-        v = slot_sum(partial, m, n_inter + j, slots)
-        if use_bias:
-            u += float(b_uv[j])
-            v += float(b_uv[n_inter + j])
-        uv[m, j] = io(u)
-        uv[m, n_inter + j] = io(v)
-        h[m, j] = io(gate(u, code) * v)
-
-    @wp.func
-    def out_one(
-        partial: wp.array3d(dtype=wp.float32), b_o: wp.array1d(dtype=io), use_bias: int, m: int, o: int,
-        slots: int, out: wp.array2d(dtype=io),
-    ):
-        y = slot_sum(partial, m, o, slots)
-        if use_bias:
-            y += float(b_o[o])
-        out[m, o] = io(y)
 
     @kernel
     def projection(
@@ -1056,14 +870,10 @@ def get_tc_variant(io_name: str, n_tiles: int, config: tuple | None = None) -> T
         n_groups: int,
         n_chunks: int,
         n_warps: int,
-        paired: int,
-        no_sync: wp.array1d(dtype=wp.int32),
-        no_duty: wp.array2d(dtype=wp.int32),
         partial: wp.array3d(dtype=wp.float32),
     ):
         tid = wp.tid()
-        stream_items(w, x, partial, n_rows, n_groups, n_chunks, n_warps, tid // 32, tid % 32, paired, 0,
-                     no_sync, 0, no_duty)
+        stream_items(w, x, partial, n_rows, n_groups, n_chunks, n_warps, tid // 32, tid % 32)
 
     @kernel
     def gate_combine(
@@ -1078,8 +888,15 @@ def get_tc_variant(io_name: str, n_tiles: int, config: tuple | None = None) -> T
         h: wp.array2d(dtype=io),
     ):
         m, j = wp.tid()
-        slots = group_slots(j // PAIR_ROWS, n_chunks, n_warps, total)
-        gate_one(partial, b_uv, use_bias, code, m, j, slots, uv, h)
+        n_inter = h.shape[1]
+        u = slot_sum(partial, m, j, n_chunks, n_warps, total)
+        v = slot_sum(partial, m, n_inter + j, n_chunks, n_warps, total)
+        if use_bias:
+            u += float(b_uv[j])
+            v += float(b_uv[n_inter + j])
+        uv[m, j] = io(u)
+        uv[m, n_inter + j] = io(v)
+        h[m, j] = io(gate(u, code) * v)
 
     @kernel
     def out_combine(
@@ -1092,81 +909,17 @@ def get_tc_variant(io_name: str, n_tiles: int, config: tuple | None = None) -> T
         out: wp.array2d(dtype=io),
     ):
         m, o = wp.tid()
-        out_one(partial, b_o, use_bias, m, o, group_slots(o // GROUP_ROWS, n_chunks, n_warps, total), out)
+        y = slot_sum(partial, m, o, n_chunks, n_warps, total)
+        if use_bias:
+            y += float(b_o[o])
+        out[m, o] = io(y)
 
-    @kernel
-    def fused_forward(
-        x: wp.array2d(dtype=io),
-        w_uv: wp.array2d(dtype=io),
-        w_o: wp.array2d(dtype=io),
-        b_uv: wp.array1d(dtype=io),
-        use_bias_uv: int,
-        b_o: wp.array1d(dtype=io),
-        use_bias_o: int,
-        code: int,
-        n_rows: int,
-        up_groups: int,
-        up_chunks: int,
-        up_warps: int,
-        down_groups: int,
-        down_chunks: int,
-        down_warps: int,
-        prefetch_items: int,
-        sync: wp.array1d(dtype=wp.int32),
-        duty: wp.array2d(dtype=wp.int32),
-        partial_up: wp.array3d(dtype=wp.float32),
-        partial_down: wp.array3d(dtype=wp.float32),
-        uv: wp.array2d(dtype=io),
-        h: wp.array2d(dtype=io),
-        out: wp.array2d(dtype=io),
-    ):
-        """The four launches in one: each group of the first projection is combined (gate and all) by the
-        last warp to finish a share of it, the second projection starts once every group is in h, and its
-        groups are combined the same way. One wave of one-warp blocks: every warp is resident."""
-        tid = wp.tid()
-        warp = tid // 32
-        lane = tid % 32
-        n_launched = duty.shape[0]
-        n_inter = h.shape[1]
-        n_hidden = out.shape[1]
-        # sync: [groups of h combined, warps past the wait, a counter per group of each projection]
-        done = stream_items(w_uv, x, partial_up, n_rows, up_groups, up_chunks, up_warps, warp, lane, 1, 1,
-                            sync, 2, duty)
-        prefetch_rows(w_o, down_groups, down_chunks, down_warps, warp, lane, prefetch_items)
-        total = wp.int64(up_groups) * wp.int64(up_chunks)
-        for d in range(done):
-            grp = duty[warp, d]
-            slots = group_slots(grp, up_chunks, up_warps, total)
-            for idx in range(lane, n_rows * PAIR_ROWS, 32):
-                m = idx // PAIR_ROWS
-                j = grp * PAIR_ROWS + idx - m * PAIR_ROWS
-                if j < n_inter:
-                    gate_one(partial_up, b_uv, use_bias_uv, code, m, j, slots, uv, h)
-        publish(sync, done, lane)
-        wait_ready(sync, up_groups, n_launched, lane)
-        done = stream_items(w_o, h, partial_down, n_rows, down_groups, down_chunks, down_warps, warp, lane, 0, 1,
-                            sync, 2 + up_groups, duty)
-        total = wp.int64(down_groups) * wp.int64(down_chunks)
-        for d in range(done):
-            grp = duty[warp, d]
-            slots = group_slots(grp, down_chunks, down_warps, total)
-            for idx in range(lane, n_rows * GROUP_ROWS, 32):
-                m = idx // GROUP_ROWS
-                o = grp * GROUP_ROWS + idx - m * GROUP_ROWS
-                if o < n_hidden:
-                    out_one(partial_down, b_o, use_bias_o, m, o, slots, out)
-
-    return TensorCoreVariant(io_name, n_tiles, projection, gate_combine, out_combine, fused_forward, module)
+    return TensorCoreVariant(io_name, n_tiles, projection, gate_combine, out_combine, module)
 
 
 def device_shape(device) -> tuple:
     """(SM count, compute capability as e.g. 90) of a Warp device; (1, 0) for the CPU."""
     return (device.sm_count, device.arch) if device.is_cuda else (1, 0)
-
-
-# The fused launch asks L2 for this many of each warp's first items of the second projection while the
-# first projection's last groups are combined (measured on the H200: see docs/perf-notes-geglu.md).
-TC_PREFETCH_ITEMS = 8
 
 
 def launch_tc_forward(
@@ -1181,22 +934,14 @@ def launch_tc_forward(
     partial_up: "wp.array3d",
     partial_down: "wp.array3d",
     activation: str,
-    sync: "wp.array1d | None" = None,
-    duty: "wp.array2d | None" = None,
     stream: "wp.Stream | None" = None,
     record: bool = False,
     config: tuple | None = None,
-    prefetch_items: int = TC_PREFETCH_ITEMS,
 ):
     """The whole layer by tensor-core weight streaming (see :func:`tc_eligible`): writes uv, h and out.
     ``partial_up`` [slots, N, 2 inter] and ``partial_down`` [slots, N, hidden] are float32 scratch with the
     slots of :func:`tc_plans`. x, w_uv, w_o and h must be contiguous and 16-byte aligned. ``config``
-    overrides ``TC_CONFIG`` (for tuning).
-
-    With ``sync`` and ``duty`` (int32, shapes from :func:`tc_fused_scratch`; ``sync`` all zeros, as every
-    launch leaves it) the layer is one launch (:func:`tc_fused_available` devices only). Its warps wait for
-    one another, so launches sharing a ``sync`` buffer must not run concurrently. Without them it is four:
-    up projection, gate combine, down projection, out combine."""
+    overrides ``TC_CONFIG`` (for tuning)."""
     io_name = _io_name(x)
     n_rows, n_hidden = x.shape
     n_inter = w_o.shape[1]
@@ -1224,66 +969,31 @@ def launch_tc_forward(
     b_o_arg = b_o if b_o is not None else _empty_vector(io_name, device)
     common = {"device": device, "stream": stream, "record_tape": False, "record_cmd": record}
 
-    if sync is not None or duty is not None:
-        if not tc_fused_available(device):
-            raise ValueError(f"the single-launch form needs a CUDA device of sm_80 or later, not {device}")
-        sync_words, duty_shape = tc_fused_scratch(plan_up, plan_down)
-        if sync is None or duty is None or sync.dtype != wp.int32 or duty.dtype != wp.int32:
-            raise ValueError("the single-launch form takes both sync and duty, int32")
-        if tuple(sync.shape) != (sync_words,) or tuple(duty.shape) != duty_shape:
-            raise ValueError(f"sync must have shape ({sync_words},) and duty {duty_shape}, "
-                             f"got {tuple(sync.shape)} and {tuple(duty.shape)}")
-        cmd = wp.launch(
-            variant.fused_forward, dim=duty_shape[0] * 32,
-            inputs=[
-                x, w_uv, w_o, b_uv_arg, int(b_uv is not None), b_o_arg, int(b_o is not None), code, n_rows,
-                plan_up.n_groups, plan_up.n_chunks, plan_up.n_warps,
-                plan_down.n_groups, plan_down.n_chunks, plan_down.n_warps, prefetch_items, sync, duty,
-            ],
-            outputs=[partial_up, partial_down, uv, h, out],
-            block_dim=32, **common,
-        )
-        return [cmd] if record else None
-
-    no_sync = _empty_int_array(1, device)
-    no_duty = _empty_int_array(2, device)
-
-    def projection(act, weight, plan, partial, paired):
+    def projection(act, weight, plan, partial):
         # one warp a block: each warp's copy ring is its own (no block barrier) and fills the static limit
         return wp.launch(
             variant.projection, dim=plan.n_warps * 32,
-            inputs=[act, weight, n_rows, plan.n_groups, plan.n_chunks, plan.n_warps, paired, no_sync, no_duty],
-            outputs=[partial], block_dim=32, **common,
+            inputs=[act, weight, n_rows, plan.n_groups, plan.n_chunks, plan.n_warps], outputs=[partial],
+            block_dim=32, **common,
         )
 
     def schedule(plan):
         return [plan.n_chunks, plan.n_warps, plan.n_groups * plan.n_chunks]
 
     cmds = [
-        projection(x, w_uv, plan_up, partial_up, 1),
+        projection(x, w_uv, plan_up, partial_up),
         wp.launch(
             variant.gate_combine, dim=(n_rows, n_inter),
             inputs=[partial_up, b_uv_arg, int(b_uv is not None), code, *schedule(plan_up)], outputs=[uv, h],
             **common,
         ),
-        projection(h, w_o, plan_down, partial_down, 0),
+        projection(h, w_o, plan_down, partial_down),
         wp.launch(
             variant.out_combine, dim=(n_rows, n_hidden),
             inputs=[partial_down, b_o_arg, int(b_o is not None), *schedule(plan_down)], outputs=[out], **common,
         ),
     ]
     return cmds if record else None
-
-
-_empty_ints: dict = {}
-
-
-def _empty_int_array(ndim: int, device):
-    key = (ndim, str(device))
-    found = _empty_ints.get(key)
-    if found is None:
-        found = _empty_ints[key] = wp.empty((0,) * ndim, dtype=wp.int32, device=device)
-    return found
 
 
 # ------------------------------------------------------------------------------- read-bandwidth probe

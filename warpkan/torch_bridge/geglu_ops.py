@@ -19,7 +19,6 @@ in float16/bfloat16 accumulate in float32 (cuBLAS); the Warp kernels always comp
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
@@ -52,29 +51,6 @@ def _tensor_core_path(x: Tensor, w_uv: Tensor, w_o: Tensor) -> bool:
     )
 
 
-# The tensor-core streaming path runs as one launch on sm_80+ GPUs (its warps wait for one another, so all of
-# them must be resident at once: one wave, planned from the device's SM count). Set
-# WARPKAN_GEGLU_SINGLE_LAUNCH=0 for its four-launch form where the process may not have every SM (an MPS
-# client limited to a share of the SMs, for example).
-SINGLE_LAUNCH = os.environ.get("WARPKAN_GEGLU_SINGLE_LAUNCH", "1") != "0"
-_sync_buffers: dict = {}
-
-
-def _sync_buffer(device: torch.device, words: int) -> Tensor:
-    """The single launch's counters: all zeros before a launch, and each launch leaves them so. Kept per
-    (device, stream), so that launches sharing one never run concurrently. A buffer first needed while a
-    CUDA graph is being captured is made for that call alone and zeroed inside the graph: one made then and
-    kept would hold whatever memory the graph's pool gave it until the graph first ran."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    key = (index, torch._C._cuda_getCurrentRawStream(index))
-    found = _sync_buffers.get(key)
-    if found is None or found.numel() < words:
-        if torch.cuda.is_current_stream_capturing():
-            return torch.zeros(words, dtype=torch.int32, device=device)
-        found = _sync_buffers[key] = torch.zeros(max(words, 1024), dtype=torch.int32, device=device)
-    return found[:words]
-
-
 def _empty_like_rows(x: Tensor, cols: int) -> Tensor:
     return x.new_empty((x.shape[0], cols))
 
@@ -104,17 +80,10 @@ def _forward_impl(
     if 0 < n_rows <= small_batch_rows and _tensor_core_path(x, w_uv, w_o):
         uv = _empty_like_rows(x, 2 * n_inter)
         out = _empty_like_rows(x, w_o.shape[0])
-        device = warp_device(x.device)
-        plan_up, plan_down = kg.tc_plans(w_o.shape[0], n_inter, n_rows, *kg.device_shape(device))
+        plan_up, plan_down = kg.tc_plans(w_o.shape[0], n_inter, n_rows, *kg.device_shape(warp_device(x.device)))
         partial_up = x.new_empty((plan_up.slots, n_rows, 2 * n_inter), dtype=torch.float32)
         partial_down = x.new_empty((plan_down.slots, n_rows, w_o.shape[0]), dtype=torch.float32)
-        tensors = (x, w_uv, b_uv, w_o, b_o, uv, h, out, partial_up, partial_down)
-        if SINGLE_LAUNCH and kg.tc_fused_available(device):
-            sync_words, duty_shape = kg.tc_fused_scratch(plan_up, plan_down)
-            duty = x.new_empty(duty_shape, dtype=torch.int32)
-            _launch(kg.launch_tc_forward, (*tensors, _sync_buffer(x.device, sync_words), duty), activation)
-        else:
-            _launch(kg.launch_tc_forward, tensors, activation)
+        _launch(kg.launch_tc_forward, (x, w_uv, b_uv, w_o, b_o, uv, h, out, partial_up, partial_down), activation)
         return out, uv
     if 0 < n_rows <= min(small_batch_rows, kg.MAX_SMALL_ROWS):
         uv = _empty_like_rows(x, 2 * n_inter)
