@@ -4,8 +4,7 @@
    launches) at several grid sizes, and the device-to-device copy rate (read + write bytes / time).
 2. Correctness of the tensor-core streaming path against the GEMM path (float16, bfloat16).
 3. Forward times from CUDA-graph replay: torch baseline, GEMM+gate, the streaming path as shipped and its
-   configurations (``CANDIDATES``: rows a warp, k a stage, stages), and each of its four launches alone;
-   the shipped configuration at each ``TILES_PER_WARP`` (1 is close to the old fixed split).
+   configurations (``CANDIDATES``: rows a warp, k a stage, stages), and each of its four launches alone.
 
     python scripts/geglu_tune.py [batches] [--quick]
 """
@@ -30,10 +29,6 @@ CANDIDATES = {
     4: [(2, 64, 5), (2, 128, 2), (4, 64, 3)],
     8: [(2, 64, 3), (1, 64, 4)],
 }
-
-
-# tiles each warp takes on average, swept for the shipped configuration
-TILES_PER_WARP = (1, 2, 4, 8, 16)
 
 
 def graph_ms(fn, repeat=100):
@@ -133,7 +128,6 @@ def main():
                   f"{((a - r).abs().max() / r.abs().max()).item():.2e}, repeat bitwise {torch.equal(a, a2)}", flush=True)
 
     # 3. timing
-    sched = torch.zeros(2, dtype=torch.int32, device="cuda")  # tile counters: each launch leaves them zero
     print(f"\n{'N':>4} {'impl':<44} {'graph ms':>9} {'GB/s':>6}")
     for batch in batches:
         x = torch.randn(batch, hidden, device="cuda", dtype=dtype)
@@ -141,14 +135,6 @@ def main():
                 ("GEMM+gate", graph_ms(lambda: geglu_ffn(x, w_uv, w_o, small_batch_rows=0)))]
         if batch <= kg.TC_MAX_ROWS:
             rows.append(("shipped streaming", graph_ms(lambda: geglu_ffn(x, w_uv, w_o, small_batch_rows=64))))
-            shipped = kg.TILES_PER_WARP
-            for tiles_per_warp in TILES_PER_WARP:
-                kg.TILES_PER_WARP = tiles_per_warp
-                kg.stream_plan.cache_clear()
-                rows.append((f"  {tiles_per_warp} tiles a warp",
-                             graph_ms(lambda: geglu_ffn(x, w_uv, w_o, small_batch_rows=64))))
-            kg.TILES_PER_WARP = shipped
-            kg.stream_plan.cache_clear()
             uv = torch.empty(batch, 2 * inter, device="cuda", dtype=dtype)
             h = torch.empty(batch, inter, device="cuda", dtype=dtype)
             out = torch.empty(batch, hidden, device="cuda", dtype=dtype)
@@ -158,8 +144,8 @@ def main():
                 partial_down = torch.empty(plan_down.slots, batch, hidden, device="cuda", dtype=torch.float32)
                 cmds = kg.launch_tc_forward(
                     *(wp.from_torch(t) for t in (x, w_uv)), None, wp.from_torch(w_o), None,
-                    *(wp.from_torch(t) for t in (uv, h, out, partial_up, partial_down, sched)), "gelu",
-                    record=True, config=cfg)
+                    *(wp.from_torch(t) for t in (uv, h, out, partial_up, partial_down)), "gelu", record=True,
+                    config=cfg)
                 rows.append((f"4 launches, config {cfg}", graph_ms(replay(cmds, device))))
                 for i, part in enumerate(("up", "gate combine", "down", "out combine")):
                     rows.append((f"  {part} alone", graph_ms(replay(cmds[i:i + 1], device))))

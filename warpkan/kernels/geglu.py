@@ -526,14 +526,13 @@ def launch_small_forward(
 # mma steps; A and B agree on the order. Units are stored XOR-swizzled by row parity, so a phase of 8 lanes
 # (two rows, four units each) hits 32 distinct banks.
 #
-# Work split. A projection's (row group of 16 * m_tiles weight rows, k chunk) items are cut into tiles: a
-# group's chunks split evenly into ``slots`` runs, about TILES_PER_WARP tiles a warp. Exactly ``n_warps``
-# warps run (one wave, a warp per block) and take tiles from a counter in group order as they get to them,
-# the next one while the current one's last copies go out, so the copy pipeline runs on across tiles and
-# warps that stream faster take more (a fixed equal split of the items had the first warps done 25% before
-# the last). A tile's float32 sums go to ``partial[tile's index in its group, batch row, weight row]``, the
-# same whichever warp took it. A fixed-order combine kernel adds a row's slots and applies the epilogue
-# (bias and gate for the first projection, bias and the cast for the second): bitwise reproducible.
+# Work split. The (row group of 16 * m_tiles weight rows, k chunk) items of a projection are laid out group
+# by group, and each of exactly ``n_warps`` resident warps (one wave, a warp per block) takes an equal
+# contiguous run of them: no tail of half-empty waves, and the copy pipeline runs on across group
+# boundaries. When a warp leaves a group it writes its float32 partial sums to
+# ``partial[slot, batch row, weight row]``, slot = its rank among the warps that share the group. A
+# fixed-order combine kernel adds a row's slots and applies the epilogue (bias and gate for the first
+# projection, bias and the cast for the second): bitwise reproducible.
 
 TC_MAX_ROWS = 64
 TC_IO = ("float16", "bfloat16")
@@ -547,9 +546,6 @@ TC_CONFIG = {
     4: (2, 128, 2, 6),
     8: (2, 64, 3, 6),
 }
-# tiles a warp takes on average: more even out the warps' finishing times (the tail of a launch), fewer keep
-# the partial buffers and their combines small
-TILES_PER_WARP = 8
 # bytes of static shared memory the copy ring may take: a block may declare 48 KiB, and Warp's kernels
 # declare 1 KiB of their own
 _WARP_STATIC_SMEM = 1024
@@ -573,30 +569,16 @@ _TC_SNIPPET = """
     const int t = lane & 3;
     const int K = x.shape[1];
     const int w_rows = w.shape[0];
-    // tile tt: group tt / tiles_per_group, chunks [(tt % tiles_per_group) tile_chunks, + tile_chunks), and
-    // its sums go to slot tt % tiles_per_group, whichever warp takes it
-    const int tiles_per_group = (n_chunks + tile_chunks - 1) / tile_chunks;
-    const int total_tiles = n_groups * tiles_per_group;
-    if (warp >= n_warps) return;
+    const long long total = (long long)n_groups * n_chunks;
+    const long long begin = (long long)warp * total / n_warps;
+    const long long end = (long long)(warp + 1) * total / n_warps;
+    if (begin >= end) return;
+    // the rank of this warp among those sharing group grp: the owner of the group's first item is slot 0
+    #define TC_SLOT(grp) (warp - (int)((((long long)(grp) * n_chunks + 1) * n_warps - 1) / total))
     // mma's accumulator layout: element e of tile (mt, nt) is (weight row, batch row) below
     #define TC_WEIGHT_ROW(grp, mt, e) ((grp) * R + (mt) * 16 + g + 8 * ((e) >> 1))
     #define TC_BATCH_ROW(nt, e) ((nt) * 8 + 2 * t + ((e) & 1))
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
-    // Tiles are taken from a counter as warps get to them, so warps that stream faster (their SM's share of
-    // the memory system differs) take more: a fixed split had the first warps done 25% before the last.
-    // Every warp < n_warps takes tiles until one fails; the last failing take (total_tiles + n_warps - 1)
-    // leaves the counter at zero for the next launch.
-    int* counter = sched.data + sched_at;
-    auto take = [&]() -> int {
-        int tile = 0;
-        if (lane == 0) {
-            tile = atomicAdd(counter, 1);
-            if (tile == total_tiles + n_warps - 1) *counter = 0;
-        }
-        return __shfl_sync(0xffffffffu, tile, 0);
-    };
-    const int first_tile = take();
-    if (first_tile >= total_tiles) return;
     // Every address below is a lane constant plus a compile-time offset, moved on by one add a stage:
     // the copies are issue-bound otherwise (the first version, which decoded each unit's row and column
     // with divisions, issued ~8x the instructions and streamed at 2.5 TB/s).
@@ -615,21 +597,10 @@ _TC_SNIPPET = """
     const long long w_stride = w.strides[0];
     const long long x_stride = x.strides[0];
     const char* x_lane = (const char*)x.data + rl * x_stride + 16 * c;
-    // the tiles taken and not yet summed, oldest first: the copies run at most S - 1 items ahead of the
-    // sums, so at most S tiles are open
-    int open_tiles[S];
-    int opened = 0, closed = 0;
-    bool copying = true;
-    int grp_i, chunk_i, end_i;
-    const char* w_lane;
-    auto start_copying = [&](int tile) {
-        open_tiles[opened++ % S] = tile;
-        grp_i = tile / tiles_per_group;
-        chunk_i = (tile - grp_i * tiles_per_group) * tile_chunks;
-        end_i = chunk_i + tile_chunks < n_chunks ? chunk_i + tile_chunks : n_chunks;
-        w_lane = (const char*)w.data + ((long long)grp_i * R + rl) * w_stride + 16 * c;
-    };
-    start_copying(first_tile);
+    long long item_i = begin;
+    int grp_i = (int)(begin / n_chunks);
+    int chunk_i = (int)(begin - (long long)grp_i * n_chunks);
+    const char* w_lane = (const char*)w.data + ((long long)grp_i * R + rl) * w_stride + 16 * c;
     auto issue = [&](int slot) {
         const long long k_bytes = 2LL * chunk_i * KC;
         const bool k_ok = chunk_i * KC + 8 * c < K;
@@ -650,11 +621,11 @@ _TC_SNIPPET = """
             const unsigned int dst = ((RPI & 1) && (r & 1) ? dst_flip : dst_same) + stage_dst + 16u * r * CPR;
             asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(ok ? 16 : 0));
         }
-        if (++chunk_i == end_i) {
-            // the next tile is taken as soon as this one's copies are out, S - 1 items before it is needed
-            const int tile = take();
-            if (tile < total_tiles) start_copying(tile);
-            else copying = false;
+        ++item_i;
+        if (++chunk_i == n_chunks) {
+            chunk_i = 0;
+            ++grp_i;
+            w_lane += R * w_stride;
         }
     };
     float acc[MT][NT][4];
@@ -664,7 +635,8 @@ _TC_SNIPPET = """
         for (int nt = 0; nt < NT; ++nt)
             #pragma unroll
             for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
-    auto flush = [&](int grp, int slot) {
+    auto flush = [&](int grp) {
+        const int slot = TC_SLOT(grp);
         #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
             #pragma unroll
@@ -679,20 +651,18 @@ _TC_SNIPPET = """
     };
     #pragma unroll
     for (int i = 0; i < S - 1; ++i) {
-        if (copying) issue(i);
+        if (item_i < end) issue(i);
         asm volatile("cp.async.commit_group;" ::: "memory");
     }
     // fragment reads: rows g (+ 8, + 16 mt) and batch rows g (+ 8 nt) all have the parity p of g, so unit
     // 4 kb + t sits at 4 (kb ^ p) + t: 4 kb + 4 p for even kb, 4 kb - 4 p for odd
     const uint4* frag_even = ring + g * CPR + t + ((g & 1) << 2);
     const uint4* frag_odd = ring + g * CPR + t - ((g & 1) << 2);
-    int tile_c = first_tile;
-    int grp_c = tile_c / tiles_per_group;
-    int chunk_c = (tile_c - grp_c * tiles_per_group) * tile_chunks;
-    int end_c = chunk_c + tile_chunks < n_chunks ? chunk_c + tile_chunks : n_chunks;
+    int grp_c = (int)(begin / n_chunks);
+    int chunk_c = (int)(begin - (long long)grp_c * n_chunks);
     int slot = 0;
-    while (true) {
-        if (copying) issue(slot == 0 ? S - 1 : slot - 1);  // refill the stage read in the previous step
+    for (long long item = begin; item < end; ++item) {
+        if (item_i < end) issue(slot == 0 ? S - 1 : slot - 1);  // refill the stage read in the previous step
         asm volatile("cp.async.commit_group;" ::: "memory");
         asm volatile("cp.async.wait_group %0;" :: "n"(S - 1) : "memory");
         __syncwarp();
@@ -723,25 +693,23 @@ _TC_SNIPPET = """
         }
         __syncwarp();
         slot = slot == S - 1 ? 0 : slot + 1;
-        if (++chunk_c == end_c) {
-            flush(grp_c, tile_c - grp_c * tiles_per_group);
-            if (++closed == opened) break;  // the copies are S - 1 items ahead: an empty list means no tile left
-            tile_c = open_tiles[closed % S];
-            grp_c = tile_c / tiles_per_group;
-            chunk_c = (tile_c - grp_c * tiles_per_group) * tile_chunks;
-            end_c = chunk_c + tile_chunks < n_chunks ? chunk_c + tile_chunks : n_chunks;
+        if (++chunk_c == n_chunks) {
+            flush(grp_c);
+            chunk_c = 0;
+            ++grp_c;
         }
     }
     asm volatile("cp.async.wait_group 0;" ::: "memory");
+    if (chunk_c != 0) flush(grp_c);
 #else
-    // the same tiles, sums and slots, one output at a time; tiles dealt out in turn (the sums of a tile do
-    // not depend on which warp takes it)
-    for (int tile = warp; tile < total_tiles; tile += n_warps) {
-        const int grp = tile / tiles_per_group;
-        const int slot = tile - grp * tiles_per_group;
-        const int k_begin = slot * tile_chunks * KC;
-        int k_end = k_begin + tile_chunks * KC;
+    // the same items, sums and slots, one output at a time
+    for (int grp = (int)(begin / n_chunks); (long long)grp * n_chunks < end; ++grp) {
+        const long long first = (long long)grp * n_chunks > begin ? (long long)grp * n_chunks : begin;
+        const long long last = (long long)(grp + 1) * n_chunks < end ? (long long)(grp + 1) * n_chunks : end;
+        const int k_begin = (int)(first - (long long)grp * n_chunks) * KC;
+        int k_end = (int)(last - (long long)grp * n_chunks) * KC;
         k_end = k_end < K ? k_end : K;
+        const int slot = TC_SLOT(grp);
         for (int mt = 0; mt < MT; ++mt)
             for (int nt = 0; nt < NT; ++nt)
                 for (int e = 0; e < 4; ++e) {
@@ -755,6 +723,7 @@ _TC_SNIPPET = """
                 }
     }
 #endif
+    #undef TC_SLOT
     #undef TC_WEIGHT_ROW
     #undef TC_BATCH_ROW
 """
@@ -779,8 +748,7 @@ class StreamPlan:
     n_groups: int
     n_chunks: int
     n_warps: int
-    tile_chunks: int  # chunks a tile: a group's chunks split evenly, about TILES_PER_WARP tiles a warp
-    slots: int  # tiles a group: the first dimension of the partial buffer
+    slots: int  # the most warps that share one group: the first dimension of its partial buffer
 
 
 def tc_n_tiles(n_rows: int) -> int:
@@ -808,6 +776,11 @@ def _stage_bytes(n_tiles: int, m_tiles: int, k_chunk: int) -> int:
     return (16 * m_tiles + 8 * n_tiles) * k_chunk * 2
 
 
+def _owner(item: int, n_warps: int, total: int) -> int:
+    """The warp whose run of items holds ``item`` (runs: [w * total // n_warps, (w + 1) * total // n_warps))."""
+    return ((item + 1) * n_warps - 1) // total
+
+
 def resident_warps_per_sm(n_tiles: int, arch: int, config: tuple | None = None) -> int:
     """Warps of the streaming kernel an SM of compute capability ``arch`` (e.g. 90) holds at once: the
     configured count, capped by shared memory (one warp a block, each with its copy ring)."""
@@ -825,13 +798,11 @@ def stream_plan(n_weight_rows: int, k: int, n_tiles: int, sm_count: int, arch: i
     rows = 16 * m_tiles
     n_groups = -(-n_weight_rows // rows)
     n_chunks = -(-k // k_chunk)
-    n_warps = max(1, min(n_groups * n_chunks, sm_count * resident_warps_per_sm(n_tiles, arch, config)))
-    # tiles of about total / (n_warps TILES_PER_WARP) chunks, split evenly within a group
-    want = max(1, n_groups * n_chunks // (n_warps * TILES_PER_WARP))
-    slots = -(-n_chunks // want)
-    tile_chunks = -(-n_chunks // slots)
-    slots = -(-n_chunks // tile_chunks)
-    return StreamPlan(n_groups, n_chunks, min(n_warps, n_groups * slots), tile_chunks, slots)
+    total = n_groups * n_chunks
+    n_warps = max(1, min(total, sm_count * resident_warps_per_sm(n_tiles, arch, config)))
+    slots = max(_owner(gr * n_chunks + n_chunks - 1, n_warps, total) - _owner(gr * n_chunks, n_warps, total) + 1
+                for gr in range(n_groups))
+    return StreamPlan(n_groups, n_chunks, n_warps, slots)
 
 
 def tc_plans(n_hidden: int, n_inter: int, n_rows: int, sm_count: int, arch: int, config: tuple | None = None) -> tuple:
@@ -862,28 +833,32 @@ def get_tc_variant(io_name: str, n_tiles: int, config: tuple | None = None) -> T
         .replace("@STAGES@", str(stages)).replace("@MMA@", "f16" if io_name == "float16" else "bf16")
     )
 
+    GROUP_ROWS = 16 * m_tiles
+
     @wp.func_native(snippet)
-    def stream_tiles(
+    def stream_items(
         w: wp.array2d(dtype=io),
         x: wp.array2d(dtype=io),
         partial: wp.array3d(dtype=wp.float32),
         n_rows: int,
         n_groups: int,
         n_chunks: int,
-        tile_chunks: int,
         n_warps: int,
         warp: int,
         lane: int,
-        sched: wp.array1d(dtype=wp.int32),
-        sched_at: int,
     ): ...
 
     @wp.func
-    def slot_sum(partial: wp.array3d(dtype=wp.float32), m: int, row: int):
-        """Batch row m, weight row ``row``: the sums of its group's tiles, in tile order (bitwise
-        reproducible, whichever warps took the tiles)."""
+    def slot_sum(partial: wp.array3d(dtype=wp.float32), m: int, row: int, n_chunks: int, n_warps: int, total: wp.int64):
+        """Batch row m, weight row ``row``: the partial sums of the warps that shared its group, in slot
+        order. Their count is owner(last item) - owner(first item) + 1 (see TC_SLOT in the snippet)."""
+        first = wp.int64(row // GROUP_ROWS) * wp.int64(n_chunks)
+        last = first + wp.int64(n_chunks - 1)
+        nw = wp.int64(n_warps)
+        one = wp.int64(1)
+        slots = int(((last + one) * nw - one) // total - ((first + one) * nw - one) // total) + 1
         y = float(0.0)
-        for s in range(partial.shape[0]):
+        for s in range(slots):
             y += partial[s, m, row]
         return y
 
@@ -894,15 +869,11 @@ def get_tc_variant(io_name: str, n_tiles: int, config: tuple | None = None) -> T
         n_rows: int,
         n_groups: int,
         n_chunks: int,
-        tile_chunks: int,
         n_warps: int,
-        sched: wp.array1d(dtype=wp.int32),
-        sched_at: int,
         partial: wp.array3d(dtype=wp.float32),
     ):
         tid = wp.tid()
-        stream_tiles(w, x, partial, n_rows, n_groups, n_chunks, tile_chunks, n_warps, tid // 32, tid % 32, sched,
-                     sched_at)
+        stream_items(w, x, partial, n_rows, n_groups, n_chunks, n_warps, tid // 32, tid % 32)
 
     @kernel
     def gate_combine(
@@ -910,13 +881,16 @@ def get_tc_variant(io_name: str, n_tiles: int, config: tuple | None = None) -> T
         b_uv: wp.array1d(dtype=io),
         use_bias: int,
         code: int,
+        n_chunks: int,
+        n_warps: int,
+        total: wp.int64,
         uv: wp.array2d(dtype=io),
         h: wp.array2d(dtype=io),
     ):
         m, j = wp.tid()
         n_inter = h.shape[1]
-        u = slot_sum(partial, m, j)
-        v = slot_sum(partial, m, n_inter + j)
+        u = slot_sum(partial, m, j, n_chunks, n_warps, total)
+        v = slot_sum(partial, m, n_inter + j, n_chunks, n_warps, total)
         if use_bias:
             u += float(b_uv[j])
             v += float(b_uv[n_inter + j])
@@ -929,10 +903,13 @@ def get_tc_variant(io_name: str, n_tiles: int, config: tuple | None = None) -> T
         partial: wp.array3d(dtype=wp.float32),
         b_o: wp.array1d(dtype=io),
         use_bias: int,
+        n_chunks: int,
+        n_warps: int,
+        total: wp.int64,
         out: wp.array2d(dtype=io),
     ):
         m, o = wp.tid()
-        y = slot_sum(partial, m, o)
+        y = slot_sum(partial, m, o, n_chunks, n_warps, total)
         if use_bias:
             y += float(b_o[o])
         out[m, o] = io(y)
@@ -956,7 +933,6 @@ def launch_tc_forward(
     out: "wp.array2d",
     partial_up: "wp.array3d",
     partial_down: "wp.array3d",
-    sched: "wp.array1d",
     activation: str,
     stream: "wp.Stream | None" = None,
     record: bool = False,
@@ -964,9 +940,8 @@ def launch_tc_forward(
 ):
     """The whole layer by tensor-core weight streaming (see :func:`tc_eligible`): writes uv, h and out.
     ``partial_up`` [slots, N, 2 inter] and ``partial_down`` [slots, N, hidden] are float32 scratch with the
-    slots of :func:`tc_plans`. ``sched`` is int32 [2], the two projections' tile counters: all zeros before
-    the launches, and the launches leave them so; launches sharing it must not run concurrently. x, w_uv,
-    w_o and h must be contiguous and 16-byte aligned. ``config`` overrides ``TC_CONFIG`` (for tuning)."""
+    slots of :func:`tc_plans`. x, w_uv, w_o and h must be contiguous and 16-byte aligned. ``config``
+    overrides ``TC_CONFIG`` (for tuning)."""
     io_name = _io_name(x)
     n_rows, n_hidden = x.shape
     n_inter = w_o.shape[1]
@@ -988,33 +963,34 @@ def launch_tc_forward(
     plan_up, plan_down = tc_plans(n_hidden, n_inter, n_rows, *device_shape(device), config)
     _check("partial_up", partial_up, (plan_up.slots, n_rows, 2 * n_inter), "float32")
     _check("partial_down", partial_down, (plan_down.slots, n_rows, n_hidden), "float32")
-    if sched.dtype != wp.int32 or tuple(sched.shape) != (2,):
-        raise ValueError(f"sched must be int32 of shape (2,), got {sched.dtype} {tuple(sched.shape)}")
     variant = get_tc_variant(io_name, tc_n_tiles(n_rows), config)
     code = activation_code(activation)
     b_uv_arg = b_uv if b_uv is not None else _empty_vector(io_name, device)
     b_o_arg = b_o if b_o is not None else _empty_vector(io_name, device)
     common = {"device": device, "stream": stream, "record_tape": False, "record_cmd": record}
 
-    def projection(act, weight, plan, partial, sched_at):
+    def projection(act, weight, plan, partial):
         # one warp a block: each warp's copy ring is its own (no block barrier) and fills the static limit
         return wp.launch(
             variant.projection, dim=plan.n_warps * 32,
-            inputs=[act, weight, n_rows, plan.n_groups, plan.n_chunks, plan.tile_chunks, plan.n_warps, sched,
-                    sched_at],
-            outputs=[partial], block_dim=32, **common,
+            inputs=[act, weight, n_rows, plan.n_groups, plan.n_chunks, plan.n_warps], outputs=[partial],
+            block_dim=32, **common,
         )
 
+    def schedule(plan):
+        return [plan.n_chunks, plan.n_warps, plan.n_groups * plan.n_chunks]
+
     cmds = [
-        projection(x, w_uv, plan_up, partial_up, 0),
+        projection(x, w_uv, plan_up, partial_up),
         wp.launch(
             variant.gate_combine, dim=(n_rows, n_inter),
-            inputs=[partial_up, b_uv_arg, int(b_uv is not None), code], outputs=[uv, h], **common,
+            inputs=[partial_up, b_uv_arg, int(b_uv is not None), code, *schedule(plan_up)], outputs=[uv, h],
+            **common,
         ),
-        projection(h, w_o, plan_down, partial_down, 1),
+        projection(h, w_o, plan_down, partial_down),
         wp.launch(
             variant.out_combine, dim=(n_rows, n_hidden),
-            inputs=[partial_down, b_o_arg, int(b_o is not None)], outputs=[out], **common,
+            inputs=[partial_down, b_o_arg, int(b_o is not None), *schedule(plan_down)], outputs=[out], **common,
         ),
     ]
     return cmds if record else None

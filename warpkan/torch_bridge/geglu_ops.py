@@ -51,27 +51,6 @@ def _tensor_core_path(x: Tensor, w_uv: Tensor, w_o: Tensor) -> bool:
     )
 
 
-_tile_counter_buffers: dict = {}
-
-
-def _tile_counters(device: torch.device) -> Tensor:
-    """The streaming launches' tile counters (int32 [2]): zeros before a launch, and each launch leaves them
-    so. Kept per (device, stream), so launches sharing them never run concurrently. Counters first needed
-    while a CUDA graph is being captured are made for that call alone and zeroed inside the graph: a buffer
-    made then and kept would hold whatever the graph's memory pool gave it until the graph first ran."""
-    if device.type != "cuda":
-        key = (str(device), 0)
-    else:
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        key = (index, torch._C._cuda_getCurrentRawStream(index))
-    found = _tile_counter_buffers.get(key)
-    if found is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return torch.zeros(2, dtype=torch.int32, device=device)
-        found = _tile_counter_buffers[key] = torch.zeros(2, dtype=torch.int32, device=device)
-    return found
-
-
 def _empty_like_rows(x: Tensor, cols: int) -> Tensor:
     return x.new_empty((x.shape[0], cols))
 
@@ -104,9 +83,7 @@ def _forward_impl(
         plan_up, plan_down = kg.tc_plans(w_o.shape[0], n_inter, n_rows, *kg.device_shape(warp_device(x.device)))
         partial_up = x.new_empty((plan_up.slots, n_rows, 2 * n_inter), dtype=torch.float32)
         partial_down = x.new_empty((plan_down.slots, n_rows, w_o.shape[0]), dtype=torch.float32)
-        sched = _tile_counters(x.device)
-        _launch(kg.launch_tc_forward, (x, w_uv, b_uv, w_o, b_o, uv, h, out, partial_up, partial_down, sched),
-                activation)
+        _launch(kg.launch_tc_forward, (x, w_uv, b_uv, w_o, b_o, uv, h, out, partial_up, partial_down), activation)
         return out, uv
     if 0 < n_rows <= min(small_batch_rows, kg.MAX_SMALL_ROWS):
         uv = _empty_like_rows(x, 2 * n_inter)
