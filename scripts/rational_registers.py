@@ -90,8 +90,7 @@ def main():
         paths = wp.compile_aot_module(kernels.module, device=None, arch=90, module_dir=out, use_ptx=False)
         print(kernels.module)
         for name, vals in kernel_resources(str(paths[0])).items():
-            short = name.replace("get_kernels__locals__", "").split("_cuda_kernel")[0]
-            short = short.rsplit("_", 1)[0] if short.rsplit("_", 1)[-1].isalnum() and len(short.rsplit("_", 1)[-1]) > 6 else short
+            short = name.replace("get_kernels__locals__", "").split("_")[0]
             print(f"  {short:10s} registers {vals.get('regs')}  frame {vals.get('frame', 0)} bytes")
 
 

@@ -55,8 +55,6 @@ __all__ = [
     "vector_width",
     "layout",
     "large_x_threshold",
-    "TABLE_WINDOWS",
-    "table_window",
     "launch_forward",
     "launch_backward",
     "init_coefficients",
@@ -187,195 +185,6 @@ def _exact_reciprocal(q: wp.float64):
     return wp.float64(1.0) / q
 
 
-# ---------------------------------------------------------------------- bf16 tables
-# With bf16 x, F(x) and the factors of its gradients (dF/dx, 1 / Q, -F / Q) are functions of a 16-bit pattern.
-# A block of a large launch works on one group, so it tabulates them once, in shared memory, over a window of
-# magnitudes that holds nearly every element of real activations, and then looks its elements up: the
-# backward's element cost drops from both polynomials, their derivatives and a reciprocal (~53 instructions)
-# to three shared loads and the gradient sums, and the forward's to one shared load. The table is built with
-# the very functions the formula kernels use, so a looked-up F is bitwise the formula's.
-#
-# A pattern h (sign, 8 exponent bits, 7 mantissa bits) sits at index t(h) = (h & 0x7fff) << 1 | h >> 15:
-# magnitude-major, so a window of exponents is one contiguous run of indices holding both signs. Elements
-# outside it (zero, tiny or large |x|, inf, NaN) take the formula, element by element.
-# (first exponent field, exponents): forward 2^-12 <= |x| < 2^5 (4352 bf16 entries, 8.5 KiB); backward
-# 2^-11 <= |x| < 2^4 (3840 entries of 3 fp32, 45 KiB of the 48 KiB of static shared memory). For N(0, 1) data
-# 1 element in 2500 falls outside the backward's window.
-TABLE_WINDOWS = {"forward": (115, 17), "backward": (116, 15)}
-# A table is built only where a block has at least this many elements per table entry (its build costs
-# about one element's formula an entry)
-TABLE_MIN_ELEMENTS_PER_ENTRY = 4
-
-
-def table_window(pass_name: str) -> "tuple[int, int]":
-    """(first index t, entries) of a pass's bf16 table window."""
-    first_exponent, exponents = TABLE_WINDOWS[pass_name]
-    return 2 * 128 * first_exponent, 2 * 128 * exponents
-
-
-@wp.func_native("""
-    const unsigned int h = ((unsigned int)t >> 1) | (((unsigned int)t & 1u) << 15);
-    const unsigned int u = h << 16;
-    float x;
-    memcpy(&x, &u, sizeof(x));
-    return x;
-""")
-def bf16_at(t: int) -> float:
-    """The bf16 value at table index t (see TABLE_WINDOWS), widened."""
-    ...
-
-
-@wp.func_native("""
-    return (int)wp::bfloat16(v).u;
-""")
-def bf16_bits(v: float) -> int:
-    """The bits of v rounded to bf16 (round to nearest even, as the kernels' stores round)."""
-    ...
-
-
-_FORWARD_WINDOW_SNIPPET = """
-#if defined(__CUDA_ARCH__)
-    __shared__ unsigned short window[@SIZE@];
-#else
-    static unsigned short window[@SIZE@];
-#endif
-    wp::vec_t<@WORDS@ + 1, wp::uint32> r;
-    if (op == 0) {
-        window[index] = (unsigned short)bits;
-        return r;
-    }
-    if (op == 1) {
-#if defined(__CUDA_ARCH__)
-        __syncthreads();
-#endif
-        return r;
-    }
-    const unsigned int* w = reinterpret_cast<const unsigned int*>(&v);
-    unsigned int miss = 0u;
-    #pragma unroll
-    for (int i = 0; i < @WORDS@; ++i) {
-        const unsigned int lo = (((w[i] << 1) & 0xfffeu) | ((w[i] >> 15) & 1u)) - @FIRST@u;
-        const unsigned int hi = (((w[i] >> 15) & 0xfffeu) | (w[i] >> 31)) - @FIRST@u;
-        const unsigned int y_lo = lo < @SIZE@u ? (unsigned int)window[lo] : 0u;
-        const unsigned int y_hi = hi < @SIZE@u ? (unsigned int)window[hi] : 0u;
-        miss |= (unsigned int)(lo >= @SIZE@u) | (unsigned int)(hi >= @SIZE@u);
-        r.c[i] = y_lo | (y_hi << 16);
-    }
-    r.c[@WORDS@] = miss;
-    return r;
-"""
-
-
-@functools.lru_cache(maxsize=None)
-def _forward_window(io_vec, words, first: int, size: int):
-    """``@wp.func`` (op, index, bits, v) on a block's forward table in shared memory: op 0 stores ``bits`` at
-    ``index``, op 1 is the barrier after the build, op 2 looks the bf16 vector ``v`` up: its F as packed
-    words, then a word that is nonzero when an element lay outside the window (its word is then 0)."""
-
-    def forward_window(op: int, index: int, bits: int, v: io_vec) -> words:
-        return words()
-
-    n_words = io_vec._length_ // 2
-    forward_window.__name__ = forward_window.__qualname__ = f"forward_window_{n_words}"
-    return wp.func_native(_FORWARD_WINDOW_SNIPPET.replace("@WORDS@", str(n_words)).replace("@FIRST@", str(first))
-                          .replace("@SIZE@", str(size)))(forward_window)
-
-
-_BACKWARD_WINDOW_SNIPPET = """
-#if defined(__CUDA_ARCH__)
-    __shared__ float window[3 * @SIZE@];
-#else
-    static float window[3 * @SIZE@];
-#endif
-    if (op == 0) {
-        window[index] = f.c[0];
-        window[@SIZE@ + index] = f.c[1];
-        window[2 * @SIZE@ + index] = f.c[2];
-        return wp::vec_t<4, wp::float32>();
-    }
-    if (op == 1) {
-#if defined(__CUDA_ARCH__)
-        __syncthreads();
-#endif
-        return wp::vec_t<4, wp::float32>();
-    }
-    unsigned int u;
-    memcpy(&u, &x, sizeof(u));
-    const unsigned int d = (((u >> 15) & 0xfffeu) | (u >> 31)) - @FIRST@u;
-    if (d < @SIZE@u)
-        return wp::vec_t<4, wp::float32>(window[d], window[@SIZE@ + d], window[2 * @SIZE@ + d], 1.0f);
-    return wp::vec_t<4, wp::float32>(0.0f, 0.0f, 0.0f, 0.0f);
-"""
-
-
-@functools.lru_cache(maxsize=None)
-def _backward_window(first: int, size: int):
-    """``@wp.func`` (op, index, f, x) on a block's backward table (three fp32 arrays) in shared memory: op 0
-    stores the factors ``f`` at ``index``, op 1 is the barrier after the build, op 2 looks up the widened bf16
-    ``x``: (its three factors, 1) inside the window, zeros outside."""
-
-    def backward_window(op: int, index: int, f: wp.vec3, x: float) -> wp.vec4:
-        return wp.vec4()
-
-    return wp.func_native(_BACKWARD_WINDOW_SNIPPET.replace("@FIRST@", str(first))
-                          .replace("@SIZE@", str(size)))(backward_window)
-
-
-_WINDOW_MISSES_SNIPPET = """
-    const unsigned int* w = reinterpret_cast<const unsigned int*>(&v);
-    unsigned int miss = 0u;
-    #pragma unroll
-    for (int i = 0; i < @WORDS@; ++i) {
-        const unsigned int lo = (((w[i] << 1) & 0xfffeu) | ((w[i] >> 15) & 1u)) - @FIRST@u;
-        const unsigned int hi = (((w[i] >> 15) & 0xfffeu) | (w[i] >> 31)) - @FIRST@u;
-        miss |= (unsigned int)(lo >= @SIZE@u) | (unsigned int)(hi >= @SIZE@u);
-    }
-    return (int)miss;
-"""
-
-
-@functools.lru_cache(maxsize=None)
-def _window_misses(io_vec, first: int, size: int):
-    """``@wp.func`` (v) -> nonzero when an element of the bf16 vector ``v`` lies outside a table window."""
-
-    def window_misses(v: io_vec) -> int:
-        return 0
-
-    n_words = io_vec._length_ // 2
-    window_misses.__name__ = window_misses.__qualname__ = f"window_misses_{n_words}_{first}_{size}"
-    return wp.func_native(_WINDOW_MISSES_SNIPPET.replace("@WORDS@", str(n_words)).replace("@FIRST@", str(first))
-                          .replace("@SIZE@", str(size)))(window_misses)
-
-
-_STORE_WORDS_SNIPPET = """
-#if defined(__CUDA_ARCH__)
-    auto* p = a.data + ((unsigned long long)(unsigned)row * (unsigned)a.shape[1] + (unsigned)col);
-    @STORE@
-#else
-    memcpy(wp::address(a, row, col), &r.c[0], @WORDS@ * sizeof(unsigned int));
-#endif
-"""
-
-_STORE_WORDS = {
-    1: "*reinterpret_cast<unsigned int*>(p) = r.c[0];",
-    2: "*reinterpret_cast<uint2*>(p) = make_uint2(r.c[0], r.c[1]);",
-    4: "*reinterpret_cast<uint4*>(p) = make_uint4(r.c[0], r.c[1], r.c[2], r.c[3]);",
-}
-
-
-@functools.lru_cache(maxsize=None)
-def _store_words(io_vec, words):
-    """``@wp.func`` (a, row, col, r): store the packed words of ``r`` (all but its last) as vector (row, col)
-    of a dense 2-D array of ``io_vec``, in one access."""
-
-    def store_words(a: wp.array2d(dtype=io_vec), row: int, col: int, r: words): ...
-
-    n_words = io_vec._length_ // 2
-    store_words.__name__ = store_words.__qualname__ = f"store_words_{n_words}"
-    return wp.func_native(_STORE_WORDS_SNIPPET.replace("@STORE@", _STORE_WORDS[n_words])
-                          .replace("@WORDS@", str(n_words)))(store_words)
-
-
 # The backward's fp64 lane totals live in shared memory, one column per lane (slot k * BLOCK_DIM + lane: a
 # warp's 32 doubles are consecutive, no bank conflict), not in registers: 2 (m + 1 + n) registers a lane
 # were what pushed the backward past 128 registers (a spilling frame of 100+ bytes at 2 blocks per SM). A lane
@@ -428,9 +237,6 @@ class RationalKernels:
     forward: wp.Kernel
     backward: wp.Kernel
     combine: wp.Kernel
-    # bf16 x only (else None): the same passes with each block's tables (see table_window)
-    forward_table: "wp.Kernel | None"
-    backward_table: "wp.Kernel | None"
     module: str
 
 
@@ -475,7 +281,6 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
     vecM = wp.types.vector(length=M, dtype=acc)
     vecN = wp.types.vector(length=N, dtype=acc)
     vecK = wp.types.vector(length=K, dtype=acc)
-    vecK64 = wp.types.vector(length=K, dtype=wp.float64)
     totals = lane_totals(vecK, BLOCK_DIM)
     vecD = wp.types.vector(length=D, dtype=acc)
     is_a = variant == "A"
@@ -631,12 +436,10 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
         return wp.where(sign_of < zero, -v, v)
 
     @wp.func
-    def plain_factors(x: acc, a: vecM, ia: vecM, bq: vecN, jb: vecN):
-        """(dF/dx, 1 / Q, -F / Q) at |x| <= T: the factors every gradient of an element is its dy times (with
-        powers of x for the coefficients, see accumulate_factors). For B the last one carries sgn(s); for A
-        the sign of b_j is left out (the caller applies it to the block's sums). ia[i] = i a_i and
-        jb[j-1] = j bq[j-1] are per-block constants. Every sum starts from its first term (not from zero: an
-        add of 0.0 is not an identity the compiler may drop)."""
+    def plain_step(x: acc, dy: acc, a: vecM, ia: vecM, bq: vecN, jb: vecN, run: vecK):
+        """(dy dF/dx, run + dy dF/d[a, b]) for |x| <= T, the sign of b_j left out for A (the caller applies
+        it to the block's sums). ia[i] = i a_i and jb[j-1] = j bq[j-1] are per-block constants. Every sum
+        starts from its first term (not from zero: an add of 0.0 is not an identity the compiler may drop)."""
         xp = powers(x)
         p = a[0]
         dp = zero
@@ -667,36 +470,17 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
             signed_ds = negate_if_negative(ds, s)
         r = reciprocal(q)
         f = p * r
-        w = -r * f
-        if wp.static(not is_a):
-            w = negate_if_negative(w, s)
-        return r * (dp - f * signed_ds), r, w
-
-    @wp.func
-    def accumulate_factors(x: acc, dy: acc, d: acc, r: acc, w: acc, run: vecK):
-        """(dy dF/dx, run + dy dF/d[a, b]) from the factors of plain_factors (computed here, or read from a
-        bf16 table): dF/da_i = x^i / Q, dF/db_j = -F / Q |x|^j (A) or -sgn(s) F / Q x^j (B)."""
-        xp = powers(x)
-        qp = xp
-        if wp.static(is_a):
-            for j in range(1, D):
-                if j % 2 == 1:
-                    qp[j] = wp.abs(xp[j])
         t = dy * r
-        u = dy * w
+        u = -t * f
+        if wp.static(not is_a):
+            u = negate_if_negative(u, s)
         out = vecK()
         out[0] = run[0] + t
         for i in range(1, M):
             out[i] = run[i] + t * xp[i]
         for j in range(1, N + 1):
             out[M + j - 1] = run[M + j - 1] + u * qp[j]
-        return dy * d, out
-
-    @wp.func
-    def plain_step(x: acc, dy: acc, a: vecM, ia: vecM, bq: vecN, jb: vecN, run: vecK):
-        """(dy dF/dx, run + dy dF/d[a, b]) for |x| <= T (see plain_factors)."""
-        d, r, w = plain_factors(x, a, ia, bq, jb)
-        return accumulate_factors(x, dy, d, r, w, run)
+        return t * (dp - f * signed_ds), out
 
     @wp.func
     def ones_n():
@@ -793,208 +577,131 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
             next_row += 1
         return next_row, next_col
 
-    # ------------------------------------------------------------------ bf16 tables
-    # With bf16 x, F and its gradient factors are functions of a 16-bit pattern: each block tabulates them over
-    # a window of magnitudes in shared memory (module notes: "Tables for bf16 x") and looks elements up instead
-    # of evaluating both polynomials. Elements outside the window take the formula.
-    has_tables = io_name == "bfloat16" and V % 2 == 0 and acc == wp.float32
-    fwd_lo, fwd_size = table_window("forward")
-    bwd_lo, bwd_size = table_window("backward")
-    words = wp.types.vector(length=V // 2 + 1, dtype=wp.uint32)  # V / 2 packed words, then the miss mask
-    zero_vec = io_vec()
-    zero3 = wp.vec3()
-    forward_window = bwd_window = store_words = window_misses = None
-    if has_tables:
-        forward_window = _forward_window(io_vec, words, fwd_lo, fwd_size)
-        bwd_window = _backward_window(bwd_lo, bwd_size)
-        window_misses = _window_misses(io_vec, bwd_lo, bwd_size)
-        store_words = _store_words(io_vec, words)
-
     # ------------------------------------------------------------------ forward
-    def make_forward(use_table: bool):
-        def forward(
-            x: wp.array2d(dtype=io_vec),
-            a: wp.array2d(dtype=coef),
-            b: wp.array2d(dtype=coef),
-            vectors_per_group: int,
-            tile_width: int,
-            chunks: int,
-            rows_per_chunk: int,
-            blocks_per_group: int,
-            y: wp.array2d(dtype=io_vec),
-        ):
-            hw_block, lane = wp.tid()
-            lanes = wp.block_dim()
-            blk = logical_block(hw_block, b.shape[0], blocks_per_group)
-            g, av, ia, bq, jb = block_coefficients(blk, blocks_per_group, a, b)
-            col0, width, row0, row1 = block_extent(
-                blk, g, blocks_per_group, vectors_per_group, tile_width, chunks, rows_per_chunk, x.shape[0])
-            if wp.static(use_table):
-                # the block's table: F rounded to bf16 (as a store would round it) over the window
-                i = lane
-                while i < fwd_size:
-                    forward_window(0, i, bf16_bits(plain_value(bf16_at(fwd_lo + i), av, bq)), zero_vec)
-                    i += lanes
-                forward_window(1, 0, 0, zero_vec)
-            # items of the block in row-major order; this lane takes lane, lane + lanes, ...
-            row_step = lanes // width
-            col_step = lanes - row_step * width
-            row = row0 + lane // width
-            col = lane - (lane // width) * width
-            # UF items per step, all their loads issued before any arithmetic: UF 16-byte loads in flight per
-            # lane (a while loop is not unrolled, so this is what keeps enough bytes in flight to cover HBM
-            # latency)
-            while row < row1:
-                rows_u = vecUFi()
-                cols_u = vecUFi()
-                xs = matUF()
-                for u in range(UF):
-                    rows_u[u] = row
-                    cols_u[u] = col
-                    # unconditional (a step's items past row1 re-read the last row): a conditional load of
-                    # 16-bit lanes was merged into its zeroed vector half by half (PRMT), and could be sunk to
-                    # its use
-                    xs[u] = load_vec(x, wp.min(row, row1 - 1), col0 + col)
-                    row, col = next_item(row, col, row_step, col_step, width)
-                for u in range(UF):
-                    if rows_u[u] < row1:
-                        done = int(0)
-                        if wp.static(use_table):
-                            looked_up = forward_window(2, 0, 0, xs[u])
-                            if looked_up[V // 2] == wp.uint32(0):  # every element in the window
-                                store_words(y, rows_u[u], col0 + cols_u[u], looked_up)
-                                done = 1
-                        if done == 0:
-                            xv = widen(xs[u])
-                            yv = accV()
-                            if any_large(xv):
-                                for k in range(V):
-                                    yv[k] = element_value(xv[k], av, bq)
-                            else:
-                                for k in range(V):
-                                    yv[k] = plain_value(xv[k], av, bq)
-                            store_vec(y, rows_u[u], col0 + cols_u[u], yv)
-
-        forward.__name__ = forward.__qualname__ = "forward_table" if use_table else "forward"
-        return streaming_kernel["forward"](forward)
+    @streaming_kernel["forward"]
+    def forward(
+        x: wp.array2d(dtype=io_vec),
+        a: wp.array2d(dtype=coef),
+        b: wp.array2d(dtype=coef),
+        vectors_per_group: int,
+        tile_width: int,
+        chunks: int,
+        rows_per_chunk: int,
+        blocks_per_group: int,
+        y: wp.array2d(dtype=io_vec),
+    ):
+        hw_block, lane = wp.tid()
+        lanes = wp.block_dim()
+        blk = logical_block(hw_block, b.shape[0], blocks_per_group)
+        g, av, ia, bq, jb = block_coefficients(blk, blocks_per_group, a, b)
+        col0, width, row0, row1 = block_extent(
+            blk, g, blocks_per_group, vectors_per_group, tile_width, chunks, rows_per_chunk, x.shape[0])
+        # items of the block in row-major order; this lane takes lane, lane + lanes, ...
+        row_step = lanes // width
+        col_step = lanes - row_step * width
+        row = row0 + lane // width
+        col = lane - (lane // width) * width
+        # UF items per step, all their loads issued before any arithmetic: UF 16-byte loads in flight per lane
+        # (a while loop is not unrolled, so this is what keeps enough bytes in flight to cover HBM latency)
+        while row < row1:
+            rows_u = vecUFi()
+            cols_u = vecUFi()
+            xs = matUF()
+            for u in range(UF):
+                rows_u[u] = row
+                cols_u[u] = col
+                # unconditional (a step's items past row1 re-read the last row): a conditional load of 16-bit
+                # lanes was merged into its zeroed vector half by half (PRMT), and could be sunk to its use
+                xs[u] = load_vec(x, wp.min(row, row1 - 1), col0 + col)
+                row, col = next_item(row, col, row_step, col_step, width)
+            for u in range(UF):
+                if rows_u[u] < row1:
+                    xv = widen(xs[u])
+                    yv = accV()
+                    if any_large(xv):
+                        for k in range(V):
+                            yv[k] = element_value(xv[k], av, bq)
+                    else:
+                        for k in range(V):
+                            yv[k] = plain_value(xv[k], av, bq)
+                    store_vec(y, rows_u[u], col0 + cols_u[u], yv)
 
     # ------------------------------------------------------------------ backward
-    def make_backward(use_table: bool):
-        def backward(
-            dy: wp.array2d(dtype=io_vec),
-            x: wp.array2d(dtype=io_vec),
-            a: wp.array2d(dtype=coef),
-            b: wp.array2d(dtype=coef),
-            vectors_per_group: int,
-            tile_width: int,
-            chunks: int,
-            rows_per_chunk: int,
-            blocks_per_group: int,
-            need_dx: int,
-            accumulate_dx: int,
-            need_params: int,
-            dx: wp.array2d(dtype=io_vec),
-            partials: wp.array2d(dtype=wp.float64),
-        ):
-            hw_block, lane = wp.tid()
-            lanes = wp.block_dim()
-            blk = logical_block(hw_block, b.shape[0], blocks_per_group)
-            g, av, ia, bq, jb = block_coefficients(blk, blocks_per_group, a, b)
-            col0, width, row0, row1 = block_extent(
-                blk, g, blocks_per_group, vectors_per_group, tile_width, chunks, rows_per_chunk, x.shape[0])
-            if wp.static(use_table):
-                # the block's table of (dF/dx, 1 / Q, -F / Q) over the window
-                i = lane
-                while i < bwd_size:
-                    d, r, w = plain_factors(bf16_at(bwd_lo + i), av, ia, bq, jb)
-                    bwd_window(0, i, wp.vec3(d, r, w), zero)
-                    i += lanes
-                bwd_window(1, 0, zero3, zero)
-            row_step = lanes // width
-            col_step = lanes - row_step * width
-            row = row0 + lane // width
-            col = lane - (lane // width) * width
-            run = vecK()  # short run in the arithmetic type, folded into the fp64 lane totals every RUN steps
-            # fp64 lane totals: in shared memory for the formula kernels (registers were what made them
-            # spill), in registers for the table kernels (their shared memory holds the table)
-            lane_total = vecK64()
-            if wp.static(not use_table):
-                totals(0, run, lane, 0)
-            pending = int(0)
-            # UB items per step, their loads first (see the forward)
-            while row < row1:
-                rows_u = vecUBi()
-                cols_u = vecUBi()
-                xs = matUB()
-                gs = matUB()
-                for u in range(UB):
-                    rows_u[u] = row
-                    cols_u[u] = col
-                    xs[u] = load_vec(x, wp.min(row, row1 - 1), col0 + col)  # unconditional (see the forward)
-                    gs[u] = load_vec(dy, wp.min(row, row1 - 1), col0 + col)
-                    row, col = next_item(row, col, row_step, col_step, width)
-                for u in range(UB):
-                    if rows_u[u] < row1:
-                        xv = widen(xs[u])
-                        gv = widen(gs[u])
-                        dxv = accV()
-                        if any_large(xv):
-                            for k in range(V):
-                                d, run = element_step(xv[k], gv[k], av, ia, bq, jb, run)
-                                dxv[k] = d
-                        elif wp.static(use_table):
-                            if window_misses(xs[u]) == 0:  # one test a vector: no branch per element
-                                for k in range(V):
-                                    f = bwd_window(2, 0, zero3, xv[k])
-                                    d, run = accumulate_factors(xv[k], gv[k], f[0], f[1], f[2], run)
-                                    dxv[k] = d
-                            else:
-                                for k in range(V):
-                                    d, run = plain_step(xv[k], gv[k], av, ia, bq, jb, run)
-                                    dxv[k] = d
-                        else:
-                            for k in range(V):
-                                d, run = plain_step(xv[k], gv[k], av, ia, bq, jb, run)
-                                dxv[k] = d
-                        if need_dx:
-                            if accumulate_dx:
-                                dxv = dxv + widen(load_vec(dx, rows_u[u], col0 + cols_u[u]))
-                            store_vec(dx, rows_u[u], col0 + cols_u[u], dxv)
-                pending += 1
-                if pending == RUN:
-                    if wp.static(use_table):
-                        for k in range(K):
-                            lane_total[k] = lane_total[k] + wp.float64(run[k])
+    @streaming_kernel["backward"]
+    def backward(
+        dy: wp.array2d(dtype=io_vec),
+        x: wp.array2d(dtype=io_vec),
+        a: wp.array2d(dtype=coef),
+        b: wp.array2d(dtype=coef),
+        vectors_per_group: int,
+        tile_width: int,
+        chunks: int,
+        rows_per_chunk: int,
+        blocks_per_group: int,
+        need_dx: int,
+        accumulate_dx: int,
+        need_params: int,
+        dx: wp.array2d(dtype=io_vec),
+        partials: wp.array2d(dtype=wp.float64),
+    ):
+        hw_block, lane = wp.tid()
+        lanes = wp.block_dim()
+        blk = logical_block(hw_block, b.shape[0], blocks_per_group)
+        g, av, ia, bq, jb = block_coefficients(blk, blocks_per_group, a, b)
+        col0, width, row0, row1 = block_extent(
+            blk, g, blocks_per_group, vectors_per_group, tile_width, chunks, rows_per_chunk, x.shape[0])
+        row_step = lanes // width
+        col_step = lanes - row_step * width
+        row = row0 + lane // width
+        col = lane - (lane // width) * width
+        run = vecK()  # short run in the arithmetic type, folded into the fp64 lane totals every RUN steps
+        totals(0, run, lane, 0)
+        pending = int(0)
+        # UB items per step, their loads first (see the forward)
+        while row < row1:
+            rows_u = vecUBi()
+            cols_u = vecUBi()
+            xs = matUB()
+            gs = matUB()
+            for u in range(UB):
+                rows_u[u] = row
+                cols_u[u] = col
+                xs[u] = load_vec(x, wp.min(row, row1 - 1), col0 + col)  # unconditional (see the forward)
+                gs[u] = load_vec(dy, wp.min(row, row1 - 1), col0 + col)
+                row, col = next_item(row, col, row_step, col_step, width)
+            for u in range(UB):
+                if rows_u[u] < row1:
+                    xv = widen(xs[u])
+                    gv = widen(gs[u])
+                    dxv = accV()
+                    if any_large(xv):
+                        for k in range(V):
+                            d, run = element_step(xv[k], gv[k], av, ia, bq, jb, run)
+                            dxv[k] = d
                     else:
-                        totals(1, run, lane, 0)
-                    run = vecK()
-                    pending = 0
-            if wp.static(use_table):
-                for k in range(K):
-                    lane_total[k] = lane_total[k] + wp.float64(run[k])
-            else:
+                        for k in range(V):
+                            d, run = plain_step(xv[k], gv[k], av, ia, bq, jb, run)
+                            dxv[k] = d
+                    if need_dx:
+                        if accumulate_dx:
+                            dxv = dxv + widen(load_vec(dx, rows_u[u], col0 + cols_u[u]))
+                        store_vec(dx, rows_u[u], col0 + cols_u[u], dxv)
+            pending += 1
+            if pending == RUN:
                 totals(1, run, lane, 0)
-            if need_params:
-                # block reduction in fp64 (a tree in shared memory; every lane takes part), then one partial row
-                for k in range(K):
-                    mine = lane_total[k]
-                    if wp.static(not use_table):
-                        mine = totals(2, run, lane, k)
-                    block_total = wp.tile_sum(wp.tile(mine))
-                    if lane == 0:
-                        value = block_total[0]
-                        if wp.static(is_a):
-                            if k >= M:  # the sign of b_j, left out of the element sums
-                                value = value * wp.float64(sgn(acc(b[g, k - M])))
-                        partials[blk, k] = value
-
-        backward.__name__ = backward.__qualname__ = "backward_table" if use_table else "backward"
-        return streaming_kernel["backward"](backward)
-
-    forward = make_forward(False)
-    backward = make_backward(False)
-    forward_table = make_forward(True) if has_tables else None
-    backward_table = make_backward(True) if has_tables else None
+                run = vecK()
+                pending = 0
+        totals(1, run, lane, 0)
+        if need_params:
+            # block reduction in fp64 (a tree in shared memory; every lane takes part), then one partial row
+            for k in range(K):
+                block_total = wp.tile_sum(wp.tile(totals(2, run, lane, k)))
+                if lane == 0:
+                    value = block_total[0]
+                    if wp.static(is_a):
+                        if k >= M:  # the sign of b_j, left out of the element sums
+                            value = value * wp.float64(sgn(acc(b[g, k - M])))
+                    partials[blk, k] = value
 
     @kernel
     def combine(
@@ -1054,8 +761,6 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
         forward=forward,
         backward=backward,
         combine=combine,
-        forward_table=forward_table,
-        backward_table=backward_table,
         module=module,
     )
 
@@ -1130,19 +835,6 @@ def _prepare(x, num_groups, a, b, variant, vec, arrays=(), max_bytes=16, pass_na
     return kernels, lay, n_channels // vec
 
 
-def _pick(kernels: RationalKernels, lay: RationalLayout, pass_name: str, tables: "bool | None") -> wp.Kernel:
-    """The pass's kernel: with the bf16 tables where ``tables`` says so (None: where a block's elements pay
-    for its table, see TABLE_MIN_ELEMENTS_PER_ENTRY)."""
-    formula, table = ((kernels.forward, kernels.forward_table) if pass_name == "forward"
-                      else (kernels.backward, kernels.backward_table))
-    if tables and table is None:
-        raise ValueError("tables=True needs bf16 x with vectors of an even width")
-    if tables is None:
-        elements = lay.rows_per_chunk * lay.tile_width * kernels.vec
-        tables = table is not None and elements >= TABLE_MIN_ELEMENTS_PER_ENTRY * table_window(pass_name)[1]
-    return table if tables else formula
-
-
 def launch_forward(
     x: "wp.array2d",
     a: "wp.array2d",
@@ -1153,13 +845,11 @@ def launch_forward(
     vec: "int | None" = None,
     stream: "wp.Stream | None" = None,
     record: bool = False,
-    tables: "bool | None" = None,
 ):
     """y = F(x) for x, y [N, C] contiguous (fp32/fp64/fp16/bf16); a [1 or G, m+1], b [G, n] of one floating
     type (any: the kernels widen them to the arithmetic type, fp32, or fp64 for fp64 x). Overwrites y.
     ``record=True``: nothing runs; the launches come back as a list of ``wp.Launch`` (what the torch bridge
-    replays). ``tables``: whether bf16 x is looked up in per-block tables (None: where they pay, see
-    TABLE_MIN_ELEMENTS_PER_ENTRY; True refuses other dtypes)."""
+    replays)."""
     kernels, lay, n_vec = _prepare(x, num_groups, a, b, variant, vec, (y,), FORWARD_VECTOR_BYTES)
     if x.shape[0] == 0 or x.shape[1] == 0:
         return [] if record else None
@@ -1168,7 +858,7 @@ def launch_forward(
     xv = _vector_view(x, kernels.io_vector, x.shape[0], n_vec)
     yv = _vector_view(y, kernels.io_vector, x.shape[0], n_vec)
     cmd = wp.launch_tiled(
-        _pick(kernels, lay, "forward", tables),
+        kernels.forward,
         dim=[lay.num_blocks],
         inputs=[xv, a, b, lay.vectors_per_group, lay.tile_width, lay.chunks, lay.rows_per_chunk, lay.blocks_per_group],
         outputs=[yv],
@@ -1228,7 +918,6 @@ def launch_backward(
     workspace=None,
     partials: "wp.array | None" = None,
     record: bool = False,
-    tables: "bool | None" = None,
 ):
     """Gradients of ``launch_forward``. ``da`` and ``db`` (the scalar type and shapes of a and b) are
     accumulated (+=) when ``accumulate_params`` and ``dx`` when ``accumulate_dx`` (Warp's adjoint
@@ -1240,8 +929,7 @@ def launch_backward(
     ``get(name, shape, dtype) -> wp.array`` for the fp64 partials (the torch bridge passes torch's caching
     allocator, which stays legal under CUDA-graph capture); Warp buffers kept per (device, stream) otherwise.
     ``partials``: the fp64 buffer itself (at least :func:`backward_partials_size` values), instead.
-    ``record=True``: nothing runs; the launches come back as a list of ``wp.Launch``. ``tables``: as in
-    :func:`launch_forward`."""
+    ``record=True``: nothing runs; the launches come back as a list of ``wp.Launch``."""
     kernels, lay, n_vec = _prepare(x, num_groups, a, b, variant, vec, (dy, dx), BACKWARD_VECTOR_BYTES, "backward")
     if tuple(dy.shape) != tuple(x.shape) or dy.dtype != x.dtype:
         raise ValueError(f"dy must have the shape and dtype of x {tuple(x.shape)}, got {tuple(dy.shape)}")
@@ -1272,7 +960,7 @@ def launch_backward(
         partials = _workspace(x.device, stream).partials(x.device, rows, cols, wp.float64)
     cmds = []
     cmds.append(wp.launch_tiled(
-        _pick(kernels, lay, "backward", tables),
+        kernels.backward,
         dim=[lay.num_blocks],
         inputs=[
             dyv, xv, a, b,
