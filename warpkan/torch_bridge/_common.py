@@ -168,10 +168,15 @@ class EagerRoute:
         self.forward_impl = forward_impl
         self.layouts = layouts
 
+    def relayout(self, values: tuple, direction: int) -> tuple:
+        """``values`` (the inputs, or their gradients) with each one the route takes in a public layout mapped
+        by ``layouts[i][direction]``: 0 to the op's view, 1 back to the public layout. None stays None."""
+        layouts = self.layouts
+        return tuple(layouts[i][direction](v) if i in layouts and v is not None else v for i, v in enumerate(values))
+
     def op_inputs(self, inputs: tuple) -> tuple:
         """The inputs as the op takes them: the op's views of those in a public layout."""
-        layouts = self.layouts
-        return tuple(layouts[i][0](t) if i in layouts and t is not None else t for i, t in enumerate(inputs))
+        return self.relayout(inputs, 0)
 
     def run(self, *inputs):
         """The Function where a gradient is wanted; the implementation alone, without building a node, where
@@ -204,8 +209,7 @@ def eager_function(name: str, forward_impl, setup_context, backward, layouts: di
         return output
 
     def public_backward(ctx, *grads):
-        grads = backward(ctx, *grads)
-        return tuple(layouts[i][1](g) if i in layouts and g is not None else g for i, g in enumerate(grads))
+        return route.relayout(backward(ctx, *grads), 1)
 
     function = type(name, (torch.autograd.Function,), {
         "forward": staticmethod(forward),
