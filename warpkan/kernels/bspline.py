@@ -687,7 +687,6 @@ def get_variant(order: int, uniform: bool, scalar_name: str = "float32") -> BSpl
         tid = wp.tid()
         n_out = dy.shape[1]
         n_coef = coef.shape[1]
-        n_cells = grid.shape[1] - 1
         n_tiles = (n_out + OUT_TILE - 1) // OUT_TILE
         chunk = tid // n_tiles
         tile = tid - chunk * n_tiles
@@ -1030,8 +1029,8 @@ def _take_tiled(tiled: "bool | None", x, coef, order: int) -> bool:
     if tiled is None:
         return applies
     if tiled and not applies:
-        raise ValueError("tiled=True needs a CUDA device and a grid within the tiled kernels' capacity "
-                         f"(G + 3k = {coef.shape[1] + 2 * order} rows)")
+        raise ValueError("tiled=True needs a CUDA device and a grid within the tiled forward's capacity, on one "
+                         f"table or (float32) on bands of cells (G + 3k = {coef.shape[1] + 2 * order} rows)")
     return bool(tiled)
 
 
@@ -1190,7 +1189,7 @@ def launch_backward(
     from . import bspline_tiled
 
     all_params = d_coef is not None and d_base_weight_t is not None and d_scaler_t is not None
-    # the tiled pass also serves grids past the forward's capacity, on bands of cells
+    # the tiled pass reaches longer grids than the forward's, on bands of cells (backward_plan)
     plan = bspline_tiled.backward_plan(x.device.is_cuda, scalar_name(x), coef.shape[1], order)
     if tiled and plan is None:
         raise ValueError("tiled=True needs a CUDA device and a grid within the tiled backward pass's reach "
