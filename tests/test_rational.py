@@ -407,3 +407,63 @@ def test_cuda_graph_capture():
     torch.cuda.synchronize()
     for got, ref in zip(captured, eager):
         torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
+
+def _bf16_backward(dy, x, a, b, groups, variant, tables, dev):
+    """(dx, da, db) of the bf16 backward kernel, with the tables forced on or off."""
+    w = wp.from_torch
+    dx = torch.empty_like(x, device=dev)
+    da, db = torch.empty_like(a, device=dev), torch.empty_like(b, device=dev)
+    kr.launch_backward(w(dy.to(dev)), w(x.to(dev)), w(a.to(dev)), w(b.to(dev)), groups, variant, dx=w(dx),
+                       da=w(da), db=w(db), accumulate_dx=False, accumulate_params=False, tables=tables)
+    return dx.cpu(), da.cpu(), db.cpu()
+
+
+@pytest.mark.parametrize("variant", ["A", "B"])
+def test_bf16_backward_tables(device, variant):
+    """The bf16 backward with per-block tables of the gradient factors (forced on) against the float64
+    reference and the formula kernel: elements on both sides of the table window (zero, -0, tiny, its edges,
+    large), an input entirely outside it (every vector takes the formula pass), and huge, inf and NaN
+    elements. The coefficient gradients are fp32 sums: each may miss the reference by a few times what the
+    formula kernel's own sum misses it by (the same terms to an ulp, summed in the same order)."""
+    dev = _torch_device(device)
+    groups = 2
+    eps = IO_EPS[torch.bfloat16]
+    gen = torch.Generator().manual_seed(3)
+    a, b = (t.float() for t in _coefficients(groups, False, variant))
+    edges = torch.randn(61, 48, generator=gen, dtype=torch.float64)
+    edges[3, :12] = torch.tensor([0.0, -0.0, 1e-5, -3e-4, 2.0**-11, -(2.0**-11), 2.0**-11 * (1 - 2.0**-8), 15.9,
+                                  -15.9, 16.0, -16.0, 300.0], dtype=torch.float64)
+    edges[7, 9] = 2.0**-12
+    outside = torch.where(torch.rand(61, 48, generator=gen) < 0.5, 1e-6, -40.0).double()
+    special = torch.randn(61, 48, generator=gen, dtype=torch.float64)
+    special[5, :3] = torch.tensor([1e30, -7e3, float("inf")])
+    special[11, 40] = float("nan")
+    dy = torch.randn(61, 48, generator=gen, dtype=torch.float64).to(torch.bfloat16)
+    for name, xin in (("edges", edges), ("outside", outside), ("special", special)):
+        xb = xin.to(torch.bfloat16)
+        dx, da, db = _bf16_backward(dy, xb, a, b, groups, variant, True, dev)
+        formula = _bf16_backward(dy, xb, a, b, groups, variant, False, dev)
+        # dx: the same fp32 values up to an ulp or two, each rounded once to bf16: within one bf16 ulp (at most
+        # 2 eps of the value)
+        finite = torch.isfinite(formula[0])
+        assert torch.equal(torch.isnan(dx), torch.isnan(formula[0])), name
+        assert torch.equal(torch.isinf(dx), torch.isinf(formula[0])), name
+        assert ((dx[finite].double() - formula[0][finite].double()).abs()
+                <= 2 * eps * formula[0][finite].double().abs()).all(), name
+        if name == "special":  # NaN stays in its element and spreads into the coefficient sums
+            assert torch.isnan(dx[11, 40]) and torch.isnan(da).any() and torch.isnan(db).any()
+            continue
+        _, dx64, da64, db64 = _reference_grads(xb, a, b, groups, variant, dy)
+        assert ((dx.double() - dx64).abs() <= 2 * eps * dx64.abs() + 1e-6 * (1 + dx64.abs())).all(), name
+        for got, formula_got, ref in ((da, formula[1], da64), (db, formula[2], db64)):
+            allowed = 4 * (formula_got.double() - ref).abs() + 1e-5 * ref.abs()
+            assert ((got.double() - ref).abs() <= allowed).all(), (name, got, ref)
+
+
+def test_bf16_backward_tables_refused_elsewhere():
+    x = wp.zeros((2, 8), dtype=wp.float32)
+    a, b = wp.zeros((1, 6), dtype=wp.float32), wp.zeros((1, 4), dtype=wp.float32)
+    with pytest.raises(ValueError, match="tables=True"):
+        kr.launch_backward(x, x, a, b, 1, "A", dx=x, tables=True)
