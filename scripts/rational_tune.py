@@ -3,8 +3,7 @@
     python scripts/rational_tune.py [--defaults | --settings 4x2,8x2,...] [--dtype float32] [--waves W]
 
 ``--defaults`` times only the shipped launch shape; ``--settings`` the given (items per step)x(blocks per
-SM) pairs; ``--dtype`` one dtype only. bf16 times the backward both ways: by the formula, and with the
-per-block tables of its factors (``tables=True``).
+SM) pairs; ``--dtype`` one dtype only.
 
 x of shape (1024 * 197, 768), 8 groups, orders (5, 4), variant A, 16-byte vectors; prints ms and GB/s
 against a copy of x by items per step and blocks per SM (each kernel is compiled with
@@ -65,17 +64,12 @@ def main():
                 kr.WAVES.update(forward={vec: waves}, backward={vec: waves})
             kr.get_kernels.cache_clear()
             fwd = timed(lambda: kr.launch_forward(w(x), w(a), w(b), w(y), 8, "A", vec=vec, stream=stream))
-            passes = [("forward", fwd, 2)]
-            for tables in (False, True) if dtype == torch.bfloat16 else (False,):
-                bwd = timed(lambda: kr.launch_backward(w(dy), w(x), w(a), w(b), 8, "A", dx=w(dx), da=w(da),
-                                                       db=w(db), accumulate_dx=False, vec=vec, stream=stream,
-                                                       tables=tables))
-                passes.append(("backward" + (" (tables)" if tables else ""), bwd, 3))
-            for name, ms, moved in passes:
-                shape_of = name.split()[0]
+            bwd = timed(lambda: kr.launch_backward(w(dy), w(x), w(a), w(b), 8, "A", dx=w(dx), da=w(da),
+                                                   db=w(db), accumulate_dx=False, vec=vec, stream=stream))
+            for name, ms, moved in (("forward", fwd, 2), ("backward", bwd, 3)):
                 bw = moved * x.numel() * per / ms / 1e6
-                print(f"| {str(dtype)[6:]} | {name} | {kr.launch_shape(kr.ITEMS_PER_STEP, shape_of, vec)} | "
-                      f"{kr.launch_shape(kr.BLOCKS_PER_SM, shape_of, vec) if setting is None else blocks_per_sm} | {ms:.4f} | "
+                print(f"| {str(dtype)[6:]} | {name} | {kr.launch_shape(kr.ITEMS_PER_STEP, name, vec)} | "
+                      f"{kr.launch_shape(kr.BLOCKS_PER_SM, name, vec) if setting is None else blocks_per_sm} | {ms:.4f} | "
                       f"{bw:.0f} | {100 * bw / copy_bw:.1f} |")
 
 if __name__ == "__main__":

@@ -221,107 +221,6 @@ def lane_totals(run_type, lanes: int):
     return wp.func_native(_LANE_TOTALS_SNIPPET.replace("@K@", str(k)).replace("@LANES@", str(lanes)))(lane_totals)
 
 
-# ---------------------------------------------------------------------- bf16 backward tables
-# With bf16 x, the backward's per-element factors (dF/dx, 1 / Q and w = -F / Q, signed for B) are functions of
-# the 16 bits of x. Each block of the table backward tabulates them over a window of magnitudes in shared memory
-# (built with the formula's own plain_step) and looks its elements up instead of evaluating both polynomials:
-# about 30 instructions an element against 53, where the formula backward is issue-bound
-# (docs/perf-notes-rational.md). Index t(h) = (h & 0x7fff) << 1 | h >> 15 of the bf16 bits h is
-# magnitude-major, so a window of exponents is one run of indices holding both signs.
-# (first exponent field, exponents): 2^-11 <= |x| < 2^4, 3840 entries of 3 fp32 (45 KiB of the 48 KiB of static
-# shared memory). For N(0, 1) data 1 element in 2500 falls outside: zero, tiny and large |x|, inf and NaN. A
-# vector with such an element is skipped by the streaming loop and taken by a second, formula pass over the
-# steps marked as missed, so the formula's registers (its homogeneous form for large |x| above all) stay out
-# of the streaming loop: inline in it, they made that loop spill (624 bytes a lane at 128 registers).
-BACKWARD_TABLE_WINDOW = (116, 15)
-# A table is built only where a block has at least this many elements per table entry (its build costs about
-# one element's formula an entry)
-TABLE_MIN_ELEMENTS_PER_ENTRY = 4
-
-
-def backward_table_window() -> "tuple[int, int]":
-    """(first index t, entries) of the bf16 backward table's window."""
-    first_exponent, exponents = BACKWARD_TABLE_WINDOW
-    return 2 * 128 * first_exponent, 2 * 128 * exponents
-
-
-@wp.func_native("""
-    const unsigned int h = ((unsigned int)t >> 1) | (((unsigned int)t & 1u) << 15);
-    const unsigned int u = h << 16;
-    float x;
-    memcpy(&x, &u, sizeof(x));
-    return x;
-""")
-def bf16_at(t: int) -> float:
-    """The bf16 value at table index t (see BACKWARD_TABLE_WINDOW), widened."""
-    ...
-
-
-_TABLE_SNIPPET = """
-#if defined(__CUDA_ARCH__)
-    __shared__ float table[3 * @SIZE@];
-#else
-    static float table[3 * @SIZE@];
-#endif
-    if (op == 0) {
-        table[index] = f.c[0];
-        table[@SIZE@ + index] = f.c[1];
-        table[2 * @SIZE@ + index] = f.c[2];
-    } else if (op == 1) {
-#if defined(__CUDA_ARCH__)
-        __syncthreads();
-#endif
-    } else {
-        unsigned int u;
-        memcpy(&u, &x, sizeof(u));
-        const unsigned int t = (((u >> 15) & 0xfffeu) | (u >> 31)) - @FIRST@u;
-        return wp::vec_t<3, wp::float32>(table[t], table[@SIZE@ + t], table[2 * @SIZE@ + t]);
-    }
-    return wp::vec_t<3, wp::float32>();
-"""
-
-
-@functools.lru_cache(maxsize=None)
-def backward_table(first: int, size: int):
-    """``@wp.func`` (op, index, f, x) -> vec3 on a block's backward table (three fp32 arrays) in shared
-    memory: op 0 stores the factors ``f`` at entry ``index``, op 1 is the barrier after the build, op 2 returns
-    the factors of the widened bf16 ``x``, which must lie in the window (see ``window_misses``). On the CPU
-    (one lane a block, launches run serially) the table is a static array."""
-
-    def backward_table(op: int, index: int, f: wp.vec3, x: float) -> wp.vec3:
-        return wp.vec3()
-
-    backward_table.__name__ = backward_table.__qualname__ = f"backward_table_{first}_{size}"
-    return wp.func_native(_TABLE_SNIPPET.replace("@FIRST@", str(first)).replace("@SIZE@", str(size)))(backward_table)
-
-
-_WINDOW_MISSES_SNIPPET = """
-    const unsigned int* w = reinterpret_cast<const unsigned int*>(&v);
-    unsigned int miss = 0u;
-    #pragma unroll
-    for (int i = 0; i < @WORDS@; ++i) {
-        const unsigned int lo = (((w[i] << 1) & 0xfffeu) | ((w[i] >> 15) & 1u)) - @FIRST@u;
-        const unsigned int hi = (((w[i] >> 15) & 0xfffeu) | (w[i] >> 31)) - @FIRST@u;
-        miss |= (unsigned int)(lo >= @SIZE@u) | (unsigned int)(hi >= @SIZE@u);
-    }
-    return (int)miss;
-"""
-
-
-@functools.lru_cache(maxsize=None)
-def window_misses(io_vec, first: int, size: int):
-    """``@wp.func`` (v) -> 1 when an element of the bf16 vector ``v`` (its packed words) lies outside the
-    table window, else 0."""
-
-    def window_misses(v: io_vec) -> int:
-        return 0
-
-    n_words = io_vec._length_ // 2
-    window_misses.__name__ = window_misses.__qualname__ = f"window_misses_{n_words}_{first}_{size}"
-    return wp.func_native(_WINDOW_MISSES_SNIPPET.replace("@WORDS@", str(n_words)).replace("@FIRST@", str(first))
-                          .replace("@SIZE@", str(size)))(window_misses)
-
-
 @dataclass(frozen=True)
 class RationalKernels:
     """The compiled kernels of one (orders, variant, I/O type, vector width) combination."""
@@ -339,9 +238,6 @@ class RationalKernels:
     backward: wp.Kernel
     combine: wp.Kernel
     module: str
-    # bf16 x with an even vector width only (else None): the backward with per-block tables (see
-    # BACKWARD_TABLE_WINDOW)
-    backward_table: "wp.Kernel | None" = None
 
 
 @functools.lru_cache(maxsize=None)
@@ -385,7 +281,6 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
     vecM = wp.types.vector(length=M, dtype=acc)
     vecN = wp.types.vector(length=N, dtype=acc)
     vecK = wp.types.vector(length=K, dtype=acc)
-    vecK64 = wp.types.vector(length=K, dtype=wp.float64)
     totals = lane_totals(vecK, BLOCK_DIM)
     vecD = wp.types.vector(length=D, dtype=acc)
     is_a = variant == "A"
@@ -541,28 +436,6 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
         return wp.where(sign_of < zero, -v, v)
 
     @wp.func
-    def accumulate(xp: vecD, qp: vecD, t: acc, u: acc, run: vecK):
-        """run + dy dF/d[a, b] from the powers of x (xp) and of the denominator (qp), t = dy / Q and
-        u = dy w: dF/da_i = x^i / Q, dF/db_j = w qp[j]."""
-        out = vecK()
-        out[0] = run[0] + t
-        for i in range(1, M):
-            out[i] = run[i] + t * xp[i]
-        for j in range(1, N + 1):
-            out[M + j - 1] = run[M + j - 1] + u * qp[j]
-        return out
-
-    @wp.func
-    def denominator_powers(xp: vecD):
-        """|x|^j for A (even powers are their own absolute value), x^j for B."""
-        qp = xp
-        if wp.static(is_a):
-            for j in range(1, D):
-                if j % 2 == 1:
-                    qp[j] = wp.abs(xp[j])
-        return qp
-
-    @wp.func
     def plain_step(x: acc, dy: acc, a: vecM, ia: vecM, bq: vecN, jb: vecN, run: vecK):
         """(dy dF/dx, run + dy dF/d[a, b]) for |x| <= T, the sign of b_j left out for A (the caller applies
         it to the block's sums). ia[i] = i a_i and jb[j-1] = j bq[j-1] are per-block constants. Every sum
@@ -576,7 +449,12 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
             p = p + a[i] * xp[i]
             if i >= 2:
                 dp = dp + ia[i] * xp[i - 1]
-        qp = denominator_powers(xp)
+        # the denominator's powers: |x|^j for A (even powers are their own absolute value), x^j for B
+        qp = xp
+        if wp.static(is_a):
+            for j in range(1, D):
+                if j % 2 == 1:
+                    qp[j] = wp.abs(xp[j])
         s = bq[0] * qp[1]
         ds = jb[0]
         for j in range(2, N + 1):
@@ -596,20 +474,13 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
         u = -t * f
         if wp.static(not is_a):
             u = negate_if_negative(u, s)
-        return t * (dp - f * signed_ds), accumulate(xp, qp, t, u, run)
-
-    @wp.func
-    def table_step(x: acc, dy: acc, factors: wp.vec3, run: vecK):
-        """plain_step from the factors (dF/dx, 1 / Q, w) of x, looked up in a table."""
-        xp = powers(x)
-        return dy * factors[0], accumulate(xp, denominator_powers(xp), dy * factors[1], dy * factors[2], run)
-
-    @wp.func
-    def table_factors(x: acc, a: vecM, ia: vecM, bq: vecN, jb: vecN):
-        """(dF/dx, 1 / Q, w) of x by the formula: plain_step at dy = 1 from zero sums gives dF/dx, 1 / Q (the
-        a_0 term) and w |x| or w x (the b_1 term; x is in the table's window, so not 0)."""
-        d, unit = plain_step(x, one, a, ia, bq, jb, vecK())
-        return wp.vec3(d, unit[0], unit[M] / denominator_powers(powers(x))[1])
+        out = vecK()
+        out[0] = run[0] + t
+        for i in range(1, M):
+            out[i] = run[i] + t * xp[i]
+        for j in range(1, N + 1):
+            out[M + j - 1] = run[M + j - 1] + u * qp[j]
+        return t * (dp - f * signed_ds), out
 
     @wp.func
     def ones_n():
@@ -756,27 +627,6 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
                     store_vec(y, rows_u[u], col0 + cols_u[u], yv)
 
     # ------------------------------------------------------------------ backward
-    @wp.func
-    def block_reduction(blk: int, g: int, lane: int, lane_total: vecK64, b: wp.array2d(dtype=coef),
-                        partials: wp.array2d(dtype=wp.float64)):
-        """The block's fp64 sums (a tree in shared memory; every lane takes part) into its partial row."""
-        for k in range(K):
-            block_total = wp.tile_sum(wp.tile(lane_total[k]))
-            if lane == 0:
-                value = block_total[0]
-                if wp.static(is_a):
-                    if k >= M:  # the sign of b_j, left out of the element sums
-                        value = value * wp.float64(sgn(acc(b[g, k - M])))
-                partials[blk, k] = value
-
-    @wp.func
-    def fold(lane_total: vecK64, run: vecK):
-        """The fp64 lane totals plus an fp32 run."""
-        out = vecK64()
-        for k in range(K):
-            out[k] = lane_total[k] + wp.float64(run[k])
-        return out
-
     @streaming_kernel["backward"]
     def backward(
         dy: wp.array2d(dtype=io_vec),
@@ -843,134 +693,15 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
                 pending = 0
         totals(1, run, lane, 0)
         if need_params:
-            lane_total = vecK64()
+            # block reduction in fp64 (a tree in shared memory; every lane takes part), then one partial row
             for k in range(K):
-                lane_total[k] = totals(2, run, lane, k)
-            block_reduction(blk, g, lane, lane_total, b, partials)
-
-    # ------------------------------------------------------------------ backward with bf16 tables
-    has_table = io_name == "bfloat16" and V % 2 == 0 and acc == wp.float32
-    table_first, table_size = backward_table_window()
-    table = backward_table(table_first, table_size)
-    misses = window_misses(io_vec, table_first, table_size)
-    zero3 = wp.vec3()
-
-    def backward_tables(
-        dy: wp.array2d(dtype=io_vec),
-        x: wp.array2d(dtype=io_vec),
-        a: wp.array2d(dtype=coef),
-        b: wp.array2d(dtype=coef),
-        vectors_per_group: int,
-        tile_width: int,
-        chunks: int,
-        rows_per_chunk: int,
-        blocks_per_group: int,
-        need_dx: int,
-        accumulate_dx: int,
-        need_params: int,
-        dx: wp.array2d(dtype=io_vec),
-        partials: wp.array2d(dtype=wp.float64),
-    ):
-        hw_block, lane = wp.tid()
-        lanes = wp.block_dim()
-        blk = logical_block(hw_block, b.shape[0], blocks_per_group)
-        g, av, ia, bq, jb = block_coefficients(blk, blocks_per_group, a, b)
-        col0, width, row0, row1 = block_extent(
-            blk, g, blocks_per_group, vectors_per_group, tile_width, chunks, rows_per_chunk, x.shape[0])
-        i = lane
-        while i < table_size:
-            table(0, i, table_factors(bf16_at(table_first + i), av, ia, bq, jb), zero)
-            i += lanes
-        table(1, 0, zero3, zero)
-        row_step = lanes // width
-        col_step = lanes - row_step * width
-        first_row = row0 + lane // width
-        first_col = lane - (lane // width) * width
-        # the streaming pass: vectors whose elements all lie in the window. A step with a vector outside it
-        # sets bit (step mod 32) of `missed`; the formula pass below revisits the steps of the set bits.
-        row = first_row
-        col = first_col
-        run = vecK()  # fp32 run, folded into the fp64 lane totals (registers: the table fills shared memory)
-        lane_total = vecK64()
-        pending = int(0)
-        step = int(0)
-        missed = int(0)
-        while row < row1:
-            rows_u = vecUBi()
-            cols_u = vecUBi()
-            xs = matUB()
-            gs = matUB()
-            for u in range(UB):
-                rows_u[u] = row
-                cols_u[u] = col
-                xs[u] = load_vec(x, wp.min(row, row1 - 1), col0 + col)  # unconditional (see the forward)
-                gs[u] = load_vec(dy, wp.min(row, row1 - 1), col0 + col)
-                row, col = next_item(row, col, row_step, col_step, width)
-            for u in range(UB):
-                if rows_u[u] < row1:
-                    if misses(xs[u]) != 0:
-                        missed = missed | (1 << (step & 31))
-                    else:
-                        xv = widen(xs[u])
-                        gv = widen(gs[u])
-                        dxv = accV()
-                        for k in range(V):
-                            d, run = table_step(xv[k], gv[k], table(2, 0, zero3, xv[k]), run)
-                            dxv[k] = d
-                        if need_dx:
-                            if accumulate_dx:
-                                dxv = dxv + widen(load_vec(dx, rows_u[u], col0 + cols_u[u]))
-                            store_vec(dx, rows_u[u], col0 + cols_u[u], dxv)
-            step += 1
-            pending += 1
-            if pending == RUN:
-                lane_total = fold(lane_total, run)
-                run = vecK()
-                pending = 0
-        lane_total = fold(lane_total, run)
-        run = vecK()
-        # the formula pass: the vectors outside the window, in the steps marked (1 element in 2500 for N(0, 1)
-        # data: a few steps a lane). Its coefficients are loaded again here, so that they are not live in the
-        # streaming loop.
-        if missed != 0:
-            g, av, ia, bq, jb = block_coefficients(blk, blocks_per_group, a, b)
-            row = first_row
-            col = first_col
-            step = int(0)
-            pending = int(0)
-            while row < row1:
-                marked = (missed >> (step & 31)) & 1
-                for u in range(UB):
-                    if marked != 0 and row < row1:
-                        xs_u = load_vec(x, row, col0 + col)
-                        if misses(xs_u) != 0:
-                            xv = widen(xs_u)
-                            gv = widen(load_vec(dy, row, col0 + col))
-                            dxv = accV()
-                            if any_large(xv):
-                                for k in range(V):
-                                    d, run = element_step(xv[k], gv[k], av, ia, bq, jb, run)
-                                    dxv[k] = d
-                            else:
-                                for k in range(V):
-                                    d, run = plain_step(xv[k], gv[k], av, ia, bq, jb, run)
-                                    dxv[k] = d
-                            if need_dx:
-                                if accumulate_dx:
-                                    dxv = dxv + widen(load_vec(dx, row, col0 + col))
-                                store_vec(dx, row, col0 + col, dxv)
-                    row, col = next_item(row, col, row_step, col_step, width)
-                step += 1
-                pending += marked
-                if pending == RUN:
-                    lane_total = fold(lane_total, run)
-                    run = vecK()
-                    pending = 0
-            lane_total = fold(lane_total, run)
-        if need_params:
-            block_reduction(blk, g, lane, lane_total, b, partials)
-
-    backward_with_tables = streaming_kernel["backward"](backward_tables) if has_table else None
+                block_total = wp.tile_sum(wp.tile(totals(2, run, lane, k)))
+                if lane == 0:
+                    value = block_total[0]
+                    if wp.static(is_a):
+                        if k >= M:  # the sign of b_j, left out of the element sums
+                            value = value * wp.float64(sgn(acc(b[g, k - M])))
+                    partials[blk, k] = value
 
     @kernel
     def combine(
@@ -1031,7 +762,6 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
         backward=backward,
         combine=combine,
         module=module,
-        backward_table=backward_with_tables,
     )
 
 
@@ -1170,18 +900,6 @@ def clear_workspaces() -> None:
     _workspaces.clear()
 
 
-def _backward_kernel(kernels: RationalKernels, lay: RationalLayout, tables: "bool | None", device) -> wp.Kernel:
-    """The backward kernel: with the bf16 tables where ``tables`` says so (None: on CUDA, where a block's
-    elements pay for its table; the CPU runs one lane a block, which has nothing to share a table with)."""
-    if tables and kernels.backward_table is None:
-        raise ValueError("tables=True needs bf16 x with vectors of an even width")
-    if tables is None:
-        elements = lay.rows_per_chunk * lay.tile_width * kernels.vec
-        tables = device.is_cuda and kernels.backward_table is not None and (
-            elements >= TABLE_MIN_ELEMENTS_PER_ENTRY * backward_table_window()[1])
-    return kernels.backward_table if tables else kernels.backward
-
-
 def launch_backward(
     dy: "wp.array2d",
     x: "wp.array2d",
@@ -1200,7 +918,6 @@ def launch_backward(
     workspace=None,
     partials: "wp.array | None" = None,
     record: bool = False,
-    tables: "bool | None" = None,
 ):
     """Gradients of ``launch_forward``. ``da`` and ``db`` (the scalar type and shapes of a and b) are
     accumulated (+=) when ``accumulate_params`` and ``dx`` when ``accumulate_dx`` (Warp's adjoint
@@ -1212,11 +929,8 @@ def launch_backward(
     ``get(name, shape, dtype) -> wp.array`` for the fp64 partials (the torch bridge passes torch's caching
     allocator, which stays legal under CUDA-graph capture); Warp buffers kept per (device, stream) otherwise.
     ``partials``: the fp64 buffer itself (at least :func:`backward_partials_size` values), instead.
-    ``record=True``: nothing runs; the launches come back as a list of ``wp.Launch``. ``tables``: whether
-    bf16 x is looked up in per-block tables of the gradient factors (None: where a block's elements pay for
-    its table, see BACKWARD_TABLE_WINDOW; True needs bf16 x with vectors of an even width)."""
+    ``record=True``: nothing runs; the launches come back as a list of ``wp.Launch``."""
     kernels, lay, n_vec = _prepare(x, num_groups, a, b, variant, vec, (dy, dx), BACKWARD_VECTOR_BYTES, "backward")
-    kernel = _backward_kernel(kernels, lay, tables, x.device)
     if tuple(dy.shape) != tuple(x.shape) or dy.dtype != x.dtype:
         raise ValueError(f"dy must have the shape and dtype of x {tuple(x.shape)}, got {tuple(dy.shape)}")
     if (da is None) != (db is None):
@@ -1246,7 +960,7 @@ def launch_backward(
         partials = _workspace(x.device, stream).partials(x.device, rows, cols, wp.float64)
     cmds = []
     cmds.append(wp.launch_tiled(
-        kernel,
+        kernels.backward,
         dim=[lay.num_blocks],
         inputs=[
             dyv, xv, a, b,
