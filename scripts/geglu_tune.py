@@ -86,7 +86,7 @@ def main():
     jobs = [(kg.get_tc_variant("float16", nt, cfg).module, None) for nt, cfgs in sweep.items() for cfg in cfgs]
     jobs += [(kg.get_tc_variant(dt, nt).module, None) for dt in ("float16", "bfloat16") for nt in kg.TC_N_TILES]
     jobs.append((kg._probe_kernel().module, 256))
-    jobs.append((kg.get_variant("float16").module, None))
+    jobs.append((kg.get_variant("float16", 8).module, None))
 
     def load(job):
         try:

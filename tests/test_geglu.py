@@ -347,3 +347,61 @@ def test_stream_plan_shares_every_item_once(n_tiles, sm_count, arch):
                    for gr in range(plan.n_groups)]
         assert plan.slots == max(sharing)
         assert plan.n_warps <= sm_count * kg.resident_warps_per_sm(n_tiles, arch)
+
+
+# relative error of one rounding in each I/O dtype
+_IO_EPS = {torch.float64: 2.0**-52, torch.float32: 2.0**-23, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+
+
+def _within_arithmetic_error(got, ref64, ref_arith, eps):
+    """got (I/O dtype) against the float64 value: up to 4x the largest error the reference formula itself
+    makes in the kernels' arithmetic dtype (fp32 tails of the gates cancel: 1 + erf(u) for u < 0), plus one
+    rounding to the I/O dtype."""
+    got, ref_arith = got.double().cpu(), ref_arith.double()
+    arithmetic = (ref_arith - ref64).abs().max() + 8 * 2.0**-52 * ref64.abs().max()
+    return ((got - ref64).abs() <= 4 * arithmetic + 2 * eps * ref64.abs()).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64], ids=str)
+def test_gate_kernels_every_vector_width(device, dtype):
+    """The element-wise gate kernels at every vector width (16-byte vectors down to single elements: the width
+    follows the intermediate size and the arrays' alignment) against the float64 formulas, forward and
+    backward; non-contiguous arrays are refused."""
+    import warp as wp
+
+    from warpkan.kernels import geglu as kg
+
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    arith = torch.float64 if dtype == torch.float64 else torch.float32
+    eps = _IO_EPS[dtype]
+    w = wp.from_torch
+    g = torch.Generator().manual_seed(1)
+    for inter in (80, 84, 86, 85):
+        for offset in (0, 1):  # a view one element into its buffer: narrower vectors
+            rows = 3
+            buffers = [torch.randn(rows * 2 * inter + offset, generator=g, dtype=torch.float64).to(dtype).to(device)
+                       for _ in range(2)]
+            uv = buffers[0][offset:].view(rows, 2 * inter)
+            dh = buffers[1][offset:offset + rows * inter].view(rows, inter)
+            h = torch.empty(rows * inter + offset, dtype=dtype, device=device)[offset:].view(rows, inter)
+            duv = torch.empty(rows * 2 * inter + offset, dtype=dtype, device=device)[offset:].view(rows, 2 * inter)
+            width = kg.gate_vector_width((w(uv), w(h)), inter)
+            aligned = (uv.data_ptr() & -uv.data_ptr()) // itemsize
+            assert width == max(1, min(16 // itemsize, inter & -inter, aligned)), (inter, offset, width)
+            for activation in ACTIVATIONS:
+                refs = {}
+                for ref_dtype in (torch.float64, arith):
+                    u = uv[:, :inter].cpu().to(ref_dtype).requires_grad_()
+                    v, d = uv[:, inter:].cpu().to(ref_dtype), dh.cpu().to(ref_dtype)
+                    ref_h = gate(u, activation) * v
+                    (ref_du,) = torch.autograd.grad(ref_h, u, d)
+                    refs[ref_dtype] = (ref_h.detach(), ref_du, gate(u.detach(), activation) * d)
+                kg.launch_activation(w(uv), w(h), activation)
+                assert _within_arithmetic_error(h, refs[torch.float64][0], refs[arith][0], eps)
+                h.zero_()
+                kg.launch_activation_backward(w(dh), w(uv), w(duv), w(h), activation)
+                for got, ref64, ref_arith in zip((h, duv[:, :inter], duv[:, inter:]), refs[torch.float64], refs[arith]):
+                    assert _within_arithmetic_error(got, ref64, ref_arith, eps), (inter, offset, activation)
+    strided = torch.zeros(3, 2 * 160, dtype=dtype, device=device)[:, ::2]
+    with pytest.raises(ValueError, match="contiguous"):
+        kg.launch_activation(w(strided), w(torch.zeros(3, 80, dtype=dtype, device=device)), "gelu")

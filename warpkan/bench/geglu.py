@@ -1,5 +1,6 @@
 """GEGLU FFN benchmark: warpkan's GEGLUFFN against the torch baseline (two F.linear, gelu, multiply,
-F.linear) in the same run, at hidden 4096 / intermediate 12288 in float16 for batch 4 .. 128.
+F.linear) in the same run, at hidden 4096 / intermediate 12288 in float16 for batch 4 .. 128 (the small-batch range),
+then 1024 and 8192 rows (training batches: there the GEMMs dominate and the gate kernel is what differs).
 
 At small batch the layer is bound by reading its three weight matrices (3 * hidden * intermediate * 2
 bytes = 302 MB), so every row reports the weight-streaming bandwidth of its forward pass, and that as a
@@ -25,7 +26,7 @@ from . import register
 from .timing import HARDWARE, peak_memory, time_fn
 
 FULL_SHAPE = (4096, 12288)
-FULL_BATCHES = [4, 8, 16, 32, 64, 128]
+FULL_BATCHES = [4, 8, 16, 32, 64, 128, 1024, 8192]
 QUICK_SHAPE = (64, 192)
 QUICK_BATCHES = [4, 32]
 COPY_RATE_HIGH = 4.8e12  # the best device-to-device copy rate measured (DESIGN.md); HARDWARE has the low end

@@ -43,6 +43,8 @@ from dataclasses import dataclass
 
 import warp as wp
 
+from ._common import vector_io
+
 __all__ = [
     "ACTIVATIONS",
     "MAX_SMALL_ROWS",
@@ -144,52 +146,86 @@ def _gate_funcs(acc_name: str):
 
 @dataclass(frozen=True)
 class GEGLUVariant:
-    """The element-wise kernels of one I/O type."""
+    """The element-wise kernels of one I/O type and vector width (elements a thread reads with one access)."""
 
     io_name: str
+    vec: int
+    io_vector: type
     activation_forward: wp.Kernel
     activation_backward: wp.Kernel
     module: str
 
 
 @functools.lru_cache(maxsize=None)
-def get_variant(io_name: str) -> GEGLUVariant:
+def get_variant(io_name: str, vec: int = 1) -> GEGLUVariant:
     io = _io_scalar(io_name)
     acc_name = "float64" if io_name == "float64" else "float32"
     acc = _accumulator(io_name)
     gate, gate_and_grad = _gate_funcs(acc_name)
-    module = f"warpkan_geglu_{io_name}"
+    io_vec = wp.types.vector(length=vec, dtype=io)
+    acc_vec = wp.types.vector(length=vec, dtype=acc)
+    # one access a vector of `vec` elements (16 bytes at the widest) for dense rows, Warp's indexing otherwise
+    load, widen, store = vector_io(io_vec)
+    module = f"warpkan_geglu_{io_name}_v{vec}"
     kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
 
     @kernel
-    def activation_forward(uv: wp.array2d(dtype=io), code: int, h: wp.array2d(dtype=io)):
-        # consecutive threads on consecutive columns: u and v reads and the h write all coalesce
+    def activation_forward(uv: wp.array2d(dtype=io_vec), code: int, h: wp.array2d(dtype=io_vec)):
+        # consecutive threads on consecutive vectors: u and v reads and the h write all coalesce
         m, j = wp.tid()
-        n_inter = h.shape[1]
-        u = acc(uv[m, j])
-        v = acc(uv[m, n_inter + j])
-        h[m, j] = io(gate(u, code) * v)
+        u = widen(load(uv, m, j))
+        v = widen(load(uv, m, h.shape[1] + j))
+        out = acc_vec()
+        for k in range(vec):
+            out[k] = gate(u[k], code) * v[k]
+        store(h, m, j, out)
 
     @kernel
     def activation_backward(
-        dh: wp.array2d(dtype=io),
-        uv: wp.array2d(dtype=io),
+        dh: wp.array2d(dtype=io_vec),
+        uv: wp.array2d(dtype=io_vec),
         code: int,
-        duv: wp.array2d(dtype=io),
-        h: wp.array2d(dtype=io),
+        duv: wp.array2d(dtype=io_vec),
+        h: wp.array2d(dtype=io_vec),
     ):
         # du = dh v gelu'(u), dv = dh gelu(u); h = gelu(u) v is recomputed for the W_o gradient
         m, j = wp.tid()
-        n_inter = h.shape[1]
-        u = acc(uv[m, j])
-        v = acc(uv[m, n_inter + j])
-        g, dg = gate_and_grad(u, code)
-        d = acc(dh[m, j])
-        duv[m, j] = io(d * v * dg)
-        duv[m, n_inter + j] = io(d * g)
-        h[m, j] = io(g * v)
+        n_vec = h.shape[1]
+        u = widen(load(uv, m, j))
+        v = widen(load(uv, m, n_vec + j))
+        d = widen(load(dh, m, j))
+        du = acc_vec()
+        dv = acc_vec()
+        hv = acc_vec()
+        for k in range(vec):
+            g, dg = gate_and_grad(u[k], code)
+            du[k] = d[k] * v[k] * dg
+            dv[k] = d[k] * g
+            hv[k] = g * v[k]
+        store(duv, m, j, du)
+        store(duv, m, n_vec + j, dv)
+        store(h, m, j, hv)
 
-    return GEGLUVariant(io_name, activation_forward, activation_backward, module)
+    return GEGLUVariant(io_name, vec, io_vec, activation_forward, activation_backward, module)
+
+
+def gate_vector_width(arrays: "tuple[wp.array, ...]", n_inter: int) -> int:
+    """Elements a thread of the gate kernels reads with one access: the widest power of two up to 16 bytes
+    that divides ``n_inter`` and keeps every row of every array aligned. The arrays must be contiguous (the
+    kernels address dense rows)."""
+    for a in arrays:
+        if not a.is_contiguous:
+            raise ValueError("the gate kernels take contiguous arrays")
+    itemsize = wp.types.type_size_in_bytes(arrays[0].dtype)
+    width = 16 // itemsize
+    while width > 1 and (n_inter % width or any(a.ptr % (width * itemsize) for a in arrays)):
+        width //= 2
+    return width
+
+
+def _as_vectors(a: "wp.array2d", vec_type, vec: int) -> "wp.array2d":
+    """A contiguous [rows, cols] array as [rows, cols / vec] of ``vec_type``, sharing memory."""
+    return wp.array(ptr=a.ptr, dtype=vec_type, shape=(a.shape[0], a.shape[1] // vec), device=a.device, copy=False)
 
 
 @dataclass(frozen=True)
@@ -391,12 +427,14 @@ def launch_activation(
     _check("h", h, (n_rows, n_inter), io_name)
     if n_rows == 0 or n_inter == 0:
         return [] if record else None
-    variant = get_variant(io_name)
+    vec = gate_vector_width((uv, h), n_inter)
+    variant = get_variant(io_name, vec)
+    vt = variant.io_vector
     cmd = wp.launch(
         variant.activation_forward,
-        dim=(n_rows, n_inter),
-        inputs=[uv, activation_code(activation)],
-        outputs=[h],
+        dim=(n_rows, n_inter // vec),
+        inputs=[_as_vectors(uv, vt, vec), activation_code(activation)],
+        outputs=[_as_vectors(h, vt, vec)],
         device=uv.device,
         stream=stream,
         record_tape=False,
@@ -424,12 +462,14 @@ def launch_activation_backward(
     _check("h", h, (n_rows, n_inter), io_name)
     if n_rows == 0 or n_inter == 0:
         return [] if record else None
-    variant = get_variant(io_name)
+    vec = gate_vector_width((dh, uv, duv, h), n_inter)
+    variant = get_variant(io_name, vec)
+    vt = variant.io_vector
     cmd = wp.launch(
         variant.activation_backward,
-        dim=(n_rows, n_inter),
-        inputs=[dh, uv, activation_code(activation)],
-        outputs=[duv, h],
+        dim=(n_rows, n_inter // vec),
+        inputs=[_as_vectors(dh, vt, vec), _as_vectors(uv, vt, vec), activation_code(activation)],
+        outputs=[_as_vectors(duv, vt, vec), _as_vectors(h, vt, vec)],
         device=uv.device,
         stream=stream,
         record_tape=False,
