@@ -309,7 +309,6 @@ def get_variant(basis: str, scalar_name: str = "float32") -> PolyVariant:
     scalar = SCALARS[scalar_name]
     start, advance, value, grad = BASES[basis].make(scalar)
     R, O, DT = _ROWS, _OUTS, _DEG_TILE
-    vec4 = wp.types.vector(length=4, dtype=scalar)
     vecR = wp.types.vector(length=R, dtype=scalar)
     vecO = wp.types.vector(length=O, dtype=scalar)
     vecDT = wp.types.vector(length=DT, dtype=scalar)

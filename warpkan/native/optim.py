@@ -1,6 +1,5 @@
 """Optimiser for Warp-native layers: ``warp.optim.Adam`` on flat views of the (N-D) parameters."""
 
-import warp as wp
 import warp.optim
 
 __all__ = ["Adam"]
