@@ -10,6 +10,7 @@ import warp as wp
 
 from warpkan.bench.timing import time_fn, graphed
 from warpkan.kernels import geglu as kg
+from warpkan.kernels._common import dense_vector_view
 from warpkan.torch_bridge import geglu_ffn
 from warpkan.reference.geglu import torch_baseline
 wp.config.quiet = True
@@ -25,8 +26,8 @@ for rows in [128, 256, 1024, 8192]:
     for vec in (1, 8):
         var = kg.get_variant("float16", vec)
         vt = var.io_vector
-        f = lambda: wp.launch(var.activation_forward, dim=(rows, I // vec), inputs=[kg._as_vectors(w(uv), vt, vec), code], outputs=[kg._as_vectors(w(h), vt, vec)], stream=wp.stream_from_torch(torch.cuda.current_stream()))
-        b = lambda: wp.launch(var.activation_backward, dim=(rows, I // vec), inputs=[kg._as_vectors(w(dh), vt, vec), kg._as_vectors(w(uv), vt, vec), code], outputs=[kg._as_vectors(w(duv), vt, vec), kg._as_vectors(w(h), vt, vec)], stream=wp.stream_from_torch(torch.cuda.current_stream()))
+        f = lambda: wp.launch(var.activation_forward, dim=(rows, I // vec), inputs=[dense_vector_view(w(uv), vt), code], outputs=[dense_vector_view(w(h), vt)], stream=wp.stream_from_torch(torch.cuda.current_stream()))
+        b = lambda: wp.launch(var.activation_backward, dim=(rows, I // vec), inputs=[dense_vector_view(w(dh), vt), dense_vector_view(w(uv), vt), code], outputs=[dense_vector_view(w(duv), vt), dense_vector_view(w(h), vt)], stream=wp.stream_from_torch(torch.cuda.current_stream()))
         res[vec] = (min(time_fn(graphed(f), dev, 5, 50) for _ in range(3)), min(time_fn(graphed(b), dev, 5, 50) for _ in range(3)))
     for i, (name, moved) in enumerate((("forward", 3), ("backward", 6))):
         print(f"| {rows} | {name} | {res[1][i]:.4f} | {res[8][i]:.4f} | {moved * rows * I * 2 / res[8][i] / 1e6:.0f} |", flush=True)

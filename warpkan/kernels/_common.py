@@ -170,6 +170,28 @@ def vector_io(vector_type):
     return load_fn, widen_fn, wp.func_native(store_snippet)(store)
 
 
+def dense_vector_width(itemsize: int, n: int, pointers, max_bytes: int = 16) -> int:
+    """Elements per vector access of dense rows of ``n`` elements (see ``vector_io``): the widest power of two
+    up to ``max_bytes`` that divides ``n`` and of whose size every base address in ``pointers`` is a multiple
+    (so every row stays aligned); 1 at least."""
+    width = max(max_bytes // itemsize, 1)
+    while width > 1 and (n % width or any(ptr % (width * itemsize) for ptr in pointers)):
+        width //= 2
+    return width
+
+
+def dense_vector_view(arr: wp.array, vector_type, what: str = "arrays") -> wp.array:
+    """A contiguous [N, C] array as [N, C / V] of ``vector_type`` (V elements), sharing memory; ValueError
+    naming ``what`` for a non-contiguous one (``vector_io`` addresses dense rows)."""
+    if arr.dtype == vector_type:
+        return arr
+    if not arr.is_contiguous:
+        raise ValueError(f"{what} must be contiguous")
+    length = vector_type._length_
+    return wp.array(ptr=arr.ptr, dtype=vector_type, shape=(arr.shape[0], arr.shape[1] // length), device=arr.device,
+                    copy=False)
+
+
 # Sum over aligned groups of `width` consecutive lanes of a warp (width a power of two up to 32), by xor
 # shuffles: every lane of a group gets the group's sum, in a fixed order (bitwise reproducible). The caller
 # keeps every lane of the warp on the call (launch dims a multiple of 32, no divergent branch around it).

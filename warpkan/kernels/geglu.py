@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import warp as wp
 
-from ._common import vector_io
+from ._common import dense_vector_view, dense_vector_width, vector_io
 
 __all__ = [
     "ACTIVATIONS",
@@ -209,23 +209,14 @@ def get_variant(io_name: str, vec: int = 1) -> GEGLUVariant:
     return GEGLUVariant(io_name, vec, io_vec, activation_forward, activation_backward, module)
 
 
+_GATE_ARRAYS = "the gate kernels' arrays"  # what a non-contiguous array is called in the error
+
+
 def gate_vector_width(arrays: "tuple[wp.array, ...]", n_inter: int) -> int:
     """Elements a thread of the gate kernels reads with one access: the widest power of two up to 16 bytes
-    that divides ``n_inter`` and keeps every row of every array aligned. The arrays must be contiguous (the
-    kernels address dense rows)."""
-    for a in arrays:
-        if not a.is_contiguous:
-            raise ValueError("the gate kernels take contiguous arrays")
-    itemsize = wp.types.type_size_in_bytes(arrays[0].dtype)
-    width = 16 // itemsize
-    while width > 1 and (n_inter % width or any(a.ptr % (width * itemsize) for a in arrays)):
-        width //= 2
-    return width
-
-
-def _as_vectors(a: "wp.array2d", vec_type, vec: int) -> "wp.array2d":
-    """A contiguous [rows, cols] array as [rows, cols / vec] of ``vec_type``, sharing memory."""
-    return wp.array(ptr=a.ptr, dtype=vec_type, shape=(a.shape[0], a.shape[1] // vec), device=a.device, copy=False)
+    that divides ``n_inter`` and keeps every row of every array aligned (the launchers' vector views refuse
+    non-contiguous arrays: the kernels address dense rows)."""
+    return dense_vector_width(wp.types.type_size_in_bytes(arrays[0].dtype), n_inter, [a.ptr for a in arrays])
 
 
 @dataclass(frozen=True)
@@ -433,8 +424,8 @@ def launch_activation(
     cmd = wp.launch(
         variant.activation_forward,
         dim=(n_rows, n_inter // vec),
-        inputs=[_as_vectors(uv, vt, vec), activation_code(activation)],
-        outputs=[_as_vectors(h, vt, vec)],
+        inputs=[dense_vector_view(uv, vt, _GATE_ARRAYS), activation_code(activation)],
+        outputs=[dense_vector_view(h, vt, _GATE_ARRAYS)],
         device=uv.device,
         stream=stream,
         record_tape=False,
@@ -468,8 +459,8 @@ def launch_activation_backward(
     cmd = wp.launch(
         variant.activation_backward,
         dim=(n_rows, n_inter // vec),
-        inputs=[_as_vectors(dh, vt, vec), _as_vectors(uv, vt, vec), activation_code(activation)],
-        outputs=[_as_vectors(duv, vt, vec), _as_vectors(h, vt, vec)],
+        inputs=[dense_vector_view(dh, vt, _GATE_ARRAYS), dense_vector_view(uv, vt, _GATE_ARRAYS), activation_code(activation)],
+        outputs=[dense_vector_view(duv, vt, _GATE_ARRAYS), dense_vector_view(h, vt, _GATE_ARRAYS)],
         device=uv.device,
         stream=stream,
         record_tape=False,

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import warp as wp
 
-from ._common import IO_SCALAR_NAMES, vector_io
+from ._common import IO_SCALAR_NAMES, dense_vector_view, dense_vector_width, vector_io
 
 __all__ = [
     "VARIANTS",
@@ -123,10 +123,10 @@ BACKWARD_VECTOR_BYTES = 16
 
 def vector_width(io_name: str, group_size: int, max_bytes: int = 16) -> int:
     """Channels per vector access: the widest power of two up to ``max_bytes`` that divides the group size."""
-    width = IO_TYPES[io_name][2] * max_bytes // 16
-    while width > 1 and group_size % width:
-        width //= 2
-    return max(width, 1)
+    return dense_vector_width(wp.types.type_size_in_bytes(IO_TYPES[io_name][0]), group_size, (), max_bytes)
+
+
+_ARRAYS = "arrays passed to the rational kernels"  # what a non-contiguous array is called in the error
 
 
 @dataclass(frozen=True)
@@ -796,15 +796,6 @@ def check_coefficients(num_channels: int, num_groups: int, a, b) -> tuple[int, i
     return a.shape[1] - 1, b.shape[1]
 
 
-def _vector_view(arr: "wp.array", vec_type, n_rows: int, n_vectors: int) -> "wp.array":
-    """[N, C] scalar array (contiguous) -> [N, C / V] array of vectors, sharing memory."""
-    if arr.dtype == vec_type:
-        return arr
-    if not arr.is_contiguous:
-        raise ValueError("arrays passed to the rational kernels must be contiguous")
-    return wp.array(ptr=arr.ptr, dtype=vec_type, shape=(n_rows, n_vectors), device=arr.device, copy=False)
-
-
 def target_blocks(device, pass_name: str, vec: int) -> int:
     """Blocks a pass is cut into on ``device``: WAVES whole waves of BLOCKS_PER_SM per SM on a GPU."""
     device = wp.get_device(device)
@@ -814,7 +805,7 @@ def target_blocks(device, pass_name: str, vec: int) -> int:
 
 
 def _prepare(x, num_groups, a, b, variant, vec, arrays=(), max_bytes=16, pass_name="forward"):
-    """(kernels, layout, vectors per row). ``arrays``: the other [N, C] arrays of the launch; the vector
+    """(kernels, layout). ``arrays``: the other [N, C] arrays of the launch; the vector
     width (one memory access per vector) is narrowed until every base address is a multiple of it."""
     n_rows, n_channels = x.shape
     io_name = io_name_of(x.dtype)
@@ -823,16 +814,14 @@ def _prepare(x, num_groups, a, b, variant, vec, arrays=(), max_bytes=16, pass_na
     itemsize = wp.types.type_size_in_bytes(x.dtype)
     pointers = [arr.ptr for arr in (x, *arrays) if arr is not None and arr.ptr]
     if vec is None:
-        vec = vector_width(io_name, group_size, max_bytes)
-        while vec > 1 and any(ptr % (vec * itemsize) for ptr in pointers):
-            vec //= 2
+        vec = dense_vector_width(itemsize, group_size, pointers, max_bytes)
     if group_size % vec:
         raise ValueError(f"vector width {vec} must divide the group size {group_size}")
     if any(ptr % (vec * itemsize) for ptr in pointers):
         raise ValueError(f"vector width {vec} needs arrays aligned to {vec * itemsize} bytes")
     kernels = get_kernels(m, n, variant, io_name, vec, IO_SCALAR_NAMES[a.dtype])
     lay = layout(n_rows, group_size // vec, num_groups, target_blocks(x.device, pass_name, vec))
-    return kernels, lay, n_channels // vec
+    return kernels, lay
 
 
 def launch_forward(
@@ -850,13 +839,13 @@ def launch_forward(
     type (any: the kernels widen them to the arithmetic type, fp32, or fp64 for fp64 x). Overwrites y.
     ``record=True``: nothing runs; the launches come back as a list of ``wp.Launch`` (what the torch bridge
     replays)."""
-    kernels, lay, n_vec = _prepare(x, num_groups, a, b, variant, vec, (y,), FORWARD_VECTOR_BYTES)
+    kernels, lay = _prepare(x, num_groups, a, b, variant, vec, (y,), FORWARD_VECTOR_BYTES)
     if x.shape[0] == 0 or x.shape[1] == 0:
         return [] if record else None
     if tuple(y.shape) != tuple(x.shape) or y.dtype != x.dtype:
         raise ValueError(f"y must have the shape and dtype of x {tuple(x.shape)}, got {tuple(y.shape)}")
-    xv = _vector_view(x, kernels.io_vector, x.shape[0], n_vec)
-    yv = _vector_view(y, kernels.io_vector, x.shape[0], n_vec)
+    xv = dense_vector_view(x, kernels.io_vector, _ARRAYS)
+    yv = dense_vector_view(y, kernels.io_vector, _ARRAYS)
     cmd = wp.launch_tiled(
         kernels.forward,
         dim=[lay.num_blocks],
@@ -930,7 +919,7 @@ def launch_backward(
     allocator, which stays legal under CUDA-graph capture); Warp buffers kept per (device, stream) otherwise.
     ``partials``: the fp64 buffer itself (at least :func:`backward_partials_size` values), instead.
     ``record=True``: nothing runs; the launches come back as a list of ``wp.Launch``."""
-    kernels, lay, n_vec = _prepare(x, num_groups, a, b, variant, vec, (dy, dx), BACKWARD_VECTOR_BYTES, "backward")
+    kernels, lay = _prepare(x, num_groups, a, b, variant, vec, (dy, dx), BACKWARD_VECTOR_BYTES, "backward")
     if tuple(dy.shape) != tuple(x.shape) or dy.dtype != x.dtype:
         raise ValueError(f"dy must have the shape and dtype of x {tuple(x.shape)}, got {tuple(dy.shape)}")
     if (da is None) != (db is None):
@@ -944,10 +933,9 @@ def launch_backward(
         raise ValueError(f"dx must have the shape and dtype of x {tuple(x.shape)}, got {tuple(dx.shape)}")
     if x.shape[0] == 0 or x.shape[1] == 0 or (dx is None and not need_params):
         return [] if record else None
-    n_rows = x.shape[0]
-    xv = _vector_view(x, kernels.io_vector, n_rows, n_vec)
-    dyv = _vector_view(dy, kernels.io_vector, n_rows, n_vec)
-    dxv = _vector_view(dx, kernels.io_vector, n_rows, n_vec) if dx is not None else xv  # unused when not needed
+    xv = dense_vector_view(x, kernels.io_vector, _ARRAYS)
+    dyv = dense_vector_view(dy, kernels.io_vector, _ARRAYS)
+    dxv = dense_vector_view(dx, kernels.io_vector, _ARRAYS) if dx is not None else xv  # unused when not needed
     k = kernels.grad_vector._length_
     rows, cols = (lay.num_blocks, k) if need_params else (1, 1)  # (1, 1): unused
     if partials is not None:
