@@ -6,7 +6,10 @@
 3. Forward times from CUDA-graph replay: torch baseline, GEMM+gate, the streaming path as shipped and its
    configurations (``CANDIDATES``: rows a warp, k a stage, stages), and each of its four launches alone.
 
-    python scripts/geglu_tune.py [batches] [--quick]
+   Each configuration runs with its last three launches as programmatic dependents (``dependent``, the
+   default) and plainly, and the two outputs are compared bitwise over repeated calls.
+
+    python scripts/geglu_tune.py [batches] [--shipped]   (--shipped: only the configurations in TC_CONFIG)
 """
 
 import sys
@@ -70,7 +73,9 @@ def main():
     hidden, inter = 4096, 12288
     dtype = torch.float16
     device = torch.device("cuda")
-    batches = [int(b) for b in (sys.argv[1].split(",") if len(sys.argv) > 1 else "4,8,16,32,64".split(","))]
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    shipped_only = "--shipped" in sys.argv
+    batches = [int(b) for b in (args[0].split(",") if args else "4,8,16,32,64".split(","))]
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     torch.manual_seed(0)
     w_uv = (torch.rand(2 * inter, hidden, device="cuda") * 2 - 1).div(hidden**0.5).to(dtype)
@@ -83,6 +88,8 @@ def main():
     # compile the variants in parallel up front
     sweep = {nt: [cfg + (kg.resident_warps_per_sm(nt, 90, cfg + (32,)),) for cfg in CANDIDATES[nt]]
              for nt in kg.TC_N_TILES}
+    if shipped_only:
+        sweep = {nt: [kg.TC_CONFIG[nt]] for nt in kg.TC_N_TILES}
     jobs = [(kg.get_tc_variant("float16", nt, cfg).module, None) for nt, cfgs in sweep.items() for cfg in cfgs]
     jobs += [(kg.get_tc_variant(dt, nt).module, None) for dt in ("float16", "bfloat16") for nt in kg.TC_N_TILES]
     jobs.append((kg._probe_kernel().module, 256))
@@ -142,13 +149,28 @@ def main():
                 plan_up, plan_down = kg.tc_plans(hidden, inter, batch, sm, 90, cfg)
                 partial_up = torch.empty(plan_up.slots, batch, 2 * inter, device="cuda", dtype=torch.float32)
                 partial_down = torch.empty(plan_down.slots, batch, hidden, device="cuda", dtype=torch.float32)
-                cmds = kg.launch_tc_forward(
-                    *(wp.from_torch(t) for t in (x, w_uv)), None, wp.from_torch(w_o), None,
-                    *(wp.from_torch(t) for t in (uv, h, out, partial_up, partial_down)), "gelu", record=True,
-                    config=cfg)
-                rows.append((f"4 launches, config {cfg}", graph_ms(replay(cmds, device))))
-                for i, part in enumerate(("up", "gate combine", "down", "out combine")):
-                    rows.append((f"  {part} alone", graph_ms(replay(cmds[i:i + 1], device))))
+                results = {}
+                for dependent in (False, True):
+                    cmds = kg.launch_tc_forward(
+                        *(wp.from_torch(t) for t in (x, w_uv)), None, wp.from_torch(w_o), None,
+                        *(wp.from_torch(t) for t in (uv, h, out, partial_up, partial_down)), "gelu", record=True,
+                        config=cfg, dependent=dependent)
+                    name = "dependent" if dependent else "plain"
+                    rows.append((f"4 launches {name}, config {cfg}", graph_ms(replay(cmds, device))))
+                    if not dependent:
+                        for i, part in enumerate(("up", "gate combine", "down", "out combine")):
+                            rows.append((f"  {part} alone", graph_ms(replay(cmds[i:i + 1], device))))
+                    # eager repeats, each compared bitwise with the first plain result
+                    outs = []
+                    for _ in range(50):
+                        out.fill_(float("nan"))
+                        h.fill_(float("nan"))
+                        replay(cmds, device)()
+                        outs.append(out.clone())
+                    results[name] = outs
+                ref = results["plain"][0]
+                same = all(torch.equal(o, ref) for outs in results.values() for o in outs)
+                print(f"check N={batch} {cfg}: 100 runs (plain, dependent) bitwise equal: {same}", flush=True)
         for name, ms in rows:
             print(f"{batch:>4} {name:<44} {ms:9.4f} {weight_bytes / ms / 1e6:6.0f}", flush=True)
     print(f"total {time.time() - t0:.1f} s")

@@ -329,6 +329,46 @@ def test_tensor_core_streaming_path(device, dtype, rows, hidden, inter):
         assert _rel_error(a, b) <= tol, f"{name}: {_rel_error(a, b):.3g} > {tol:.3g}"
 
 
+@pytest.mark.parametrize("rows", [3, 40])
+def test_dependent_launches_match_plain_launches(device, rows):
+    """The streaming path's last three launches run as programmatic dependents on compute capability 9.0+
+    (their warps start before the launch they depend on has finished, and must wait before reading its
+    outputs). Their results must be bitwise those of plain launches, call after call, with the outputs
+    poisoned between calls: a read before the wait would show as NaN or a stale value. On other devices
+    the dependent launch falls back to the plain one."""
+    import warp as wp
+
+    from warpkan.kernels import geglu as kg
+    from warpkan.kernels._dependent_launch import DependentLaunch, dependent_launch_supported
+    from warpkan.torch_bridge._common import warp_stream
+
+    stream = warp_stream(torch.device(device))  # torch's stream: the poisoning fills run on it
+    hidden, inter = 72, 136
+    x, w_uv, b_uv, w_o, b_o, _ = _tensors(rows, torch.float16, device, seed=11, hidden=hidden, inter=inter)
+    plans = kg.tc_plans(hidden, inter, rows, *kg.device_shape(wp.get_device(device)))
+    partials = [torch.empty(plan.slots, rows, n, device=device) for plan, n in zip(plans, (2 * inter, hidden))]
+    outputs = {}
+    for dependent in (False, True):
+        uv, h, out = (torch.empty(rows, n, device=device, dtype=torch.float16) for n in (2 * inter, inter, hidden))
+        cmds = kg.launch_tc_forward(*(wp.from_torch(t) for t in (x, w_uv, b_uv, w_o, b_o, uv, h, out, *partials)),
+                                    "gelu", record=True, dependent=dependent)
+        assert [isinstance(c, DependentLaunch) for c in cmds] == [False] + [dependent] * 3
+        if dependent and device == "cuda":
+            assert all(c.enabled for c in cmds[1:]) == dependent_launch_supported(device)
+        runs = []
+        for _ in range(10 if dependent else 1):
+            for t in (uv, h, out, *partials):
+                t.fill_(float("nan"))
+            for cmd in cmds:
+                cmd.launch(stream)
+            runs.append(tuple(t.clone() for t in (uv, h, out)))
+        outputs[dependent] = runs
+    expected = outputs[False][0]
+    assert not any(t.isnan().any() for t in expected)
+    for run in outputs[True]:
+        assert all(torch.equal(a, b) for a, b in zip(run, expected))
+
+
 @pytest.mark.parametrize("n_tiles", [1, 2, 4, 8])
 @pytest.mark.parametrize("sm_count, arch", [(1, 0), (7, 80), (132, 90)])
 def test_stream_plan_shares_every_item_once(n_tiles, sm_count, arch):

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import warp as wp
 
 from ._common import dense_vector_view, dense_vector_width, vector_io
+from ._dependent_launch import DEPENDENTS_SNIPPET, WAIT_SNIPPET, DependentLaunch, allow_dependents, wait_for_previous_grid
 
 __all__ = [
     "ACTIVATIONS",
@@ -603,6 +604,7 @@ _TC_SNIPPET = """
     const long long total = (long long)n_groups * n_chunks;
     const long long begin = (long long)warp * total / n_warps;
     const long long end = (long long)(warp + 1) * total / n_warps;
+    @ALLOW_DEPENDENTS@
     if (begin >= end) return;
     // the rank of this warp among those sharing group grp: the owner of the group's first item is slot 0
     #define TC_SLOT(grp) (warp - (int)((((long long)(grp) * n_chunks + 1) * n_warps - 1) / total))
@@ -632,7 +634,8 @@ _TC_SNIPPET = """
     int grp_i = (int)(begin / n_chunks);
     int chunk_i = (int)(begin - (long long)grp_i * n_chunks);
     const char* w_lane = (const char*)w.data + ((long long)grp_i * R + rl) * w_stride + 16 * c;
-    auto issue = [&](int slot) {
+    // a stage's copies: the weight rows of item (grp_i, chunk_i), then the batch rows of a chunk
+    auto issue_weights = [&](int slot) {
         const long long k_bytes = 2LL * chunk_i * KC;
         const bool k_ok = chunk_i * KC + 8 * c < K;
         const int rows_left = w_rows - grp_i * R - rl;
@@ -644,6 +647,11 @@ _TC_SNIPPET = """
             const unsigned int dst = ((RPI & 1) && (j & 1) ? dst_flip : dst_same) + stage_dst + 16u * j * RPI * CPR;
             asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(ok ? 16 : 0));
         }
+    };
+    auto issue_batch = [&](int slot, int chunk) {
+        const long long k_bytes = 2LL * chunk * KC;
+        const bool k_ok = chunk * KC + 8 * c < K;
+        const unsigned int stage_dst = slot * STAGE_BYTES;
         #pragma unroll
         for (int j = 0; j < X_COPIES; ++j) {
             const int r = R + j * RPI;
@@ -652,12 +660,19 @@ _TC_SNIPPET = """
             const unsigned int dst = ((RPI & 1) && (r & 1) ? dst_flip : dst_same) + stage_dst + 16u * r * CPR;
             asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(ok ? 16 : 0));
         }
+    };
+    auto next_item = [&]() {
         ++item_i;
         if (++chunk_i == n_chunks) {
             chunk_i = 0;
             ++grp_i;
             w_lane += R * w_stride;
         }
+    };
+    auto issue = [&](int slot) {
+        issue_weights(slot);
+        issue_batch(slot, chunk_i);
+        next_item();
     };
     float acc[MT][NT][4];
     #pragma unroll
@@ -680,9 +695,24 @@ _TC_SNIPPET = """
                     acc[mt][nt][e] = 0.0f;
                 }
     };
+    // The prologue's weight copies go out before the wait for the previous launch (a dependent launch
+    // starts while it finishes: see kernels/_dependent_launch), its batch rows (h, which that launch
+    // writes) after. Uncommitted copies join the next commit, so the first group holds every prologue
+    // weight copy: the first stage waits for all of them, issued long before.
+    int prologue_chunk[S - 1];
     #pragma unroll
     for (int i = 0; i < S - 1; ++i) {
-        if (item_i < end) issue(i);
+        prologue_chunk[i] = -1;
+        if (item_i < end) {
+            prologue_chunk[i] = chunk_i;
+            issue_weights(i);
+            next_item();
+        }
+    }
+    @WAIT@
+    #pragma unroll
+    for (int i = 0; i < S - 1; ++i) {
+        if (prologue_chunk[i] >= 0) issue_batch(i, prologue_chunk[i]);
         asm volatile("cp.async.commit_group;" ::: "memory");
     }
     // fragment reads: rows g (+ 8, + 16 mt) and batch rows g (+ 8 nt) all have the parity p of g, so unit
@@ -862,6 +892,7 @@ def get_tc_variant(io_name: str, n_tiles: int, config: tuple | None = None) -> T
     snippet = (
         _TC_SNIPPET.replace("@MT@", str(m_tiles)).replace("@NT@", str(n_tiles)).replace("@KC@", str(k_chunk))
         .replace("@STAGES@", str(stages)).replace("@MMA@", "f16" if io_name == "float16" else "bf16")
+        .replace("@ALLOW_DEPENDENTS@", DEPENDENTS_SNIPPET).replace("@WAIT@", WAIT_SNIPPET)
     )
 
     GROUP_ROWS = 16 * m_tiles
@@ -919,6 +950,10 @@ def get_tc_variant(io_name: str, n_tiles: int, config: tuple | None = None) -> T
         h: wp.array2d(dtype=io),
     ):
         m, j = wp.tid()
+        # a dependent launch (launch_tc_forward): the next projection's warps may start their weight
+        # copies now; the partial sums are read once the first projection has finished
+        allow_dependents()
+        wait_for_previous_grid()
         n_inter = h.shape[1]
         u = slot_sum(partial, m, j, n_chunks, n_warps, total)
         v = slot_sum(partial, m, n_inter + j, n_chunks, n_warps, total)
@@ -940,6 +975,7 @@ def get_tc_variant(io_name: str, n_tiles: int, config: tuple | None = None) -> T
         out: wp.array2d(dtype=io),
     ):
         m, o = wp.tid()
+        wait_for_previous_grid()
         y = slot_sum(partial, m, o, n_chunks, n_warps, total)
         if use_bias:
             y += float(b_o[o])
@@ -968,11 +1004,17 @@ def launch_tc_forward(
     stream: "wp.Stream | None" = None,
     record: bool = False,
     config: tuple | None = None,
+    dependent: bool = True,
 ):
     """The whole layer by tensor-core weight streaming (see :func:`tc_eligible`): writes uv, h and out.
     ``partial_up`` [slots, N, 2 inter] and ``partial_down`` [slots, N, hidden] are float32 scratch with the
     slots of :func:`tc_plans`. x, w_uv, w_o and h must be contiguous and 16-byte aligned. ``config``
-    overrides ``TC_CONFIG`` (for tuning)."""
+    overrides ``TC_CONFIG`` (for tuning).
+
+    ``dependent``: launch the gate combine, the second projection and the output combine as programmatic
+    dependents of the launch before each (compute capability 9.0+, ``kernels/_dependent_launch``), so the
+    second projection's warps take SMs as the first projection's leave and start copying W_o rows while
+    its slowest warps finish; False launches them plainly (the A/B switch)."""
     io_name = _io_name(x)
     n_rows, n_hidden = x.shape
     n_inter = w_o.shape[1]
@@ -998,7 +1040,7 @@ def launch_tc_forward(
     code = activation_code(activation)
     b_uv_arg = b_uv if b_uv is not None else _empty_vector(io_name, device)
     b_o_arg = b_o if b_o is not None else _empty_vector(io_name, device)
-    common = {"device": device, "stream": stream, "record_tape": False, "record_cmd": record}
+    common = {"device": device, "stream": stream, "record_tape": False, "record_cmd": True}
 
     def projection(act, weight, plan, partial):
         # one warp a block: each warp's copy ring is its own (no block barrier) and fills the static limit
@@ -1024,7 +1066,13 @@ def launch_tc_forward(
             inputs=[partial_down, b_o_arg, int(b_o is not None), *schedule(plan_down)], outputs=[out], **common,
         ),
     ]
-    return cmds if record else None
+    if dependent:
+        cmds[1:] = [DependentLaunch(cmd) for cmd in cmds[1:]]
+    if record:
+        return cmds
+    for cmd in cmds:
+        cmd.launch(stream)
+    return None
 
 
 # ------------------------------------------------------------------------------- read-bandwidth probe
