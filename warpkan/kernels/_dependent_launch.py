@@ -52,8 +52,9 @@ _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
 
 class _LaunchAttribute(ctypes.Structure):
-    # CUlaunchAttribute: an enum id padded to 8 bytes, then a 64-byte value union
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
+    # CUlaunchAttribute: an enum id padded to 8 bytes, then a 64-byte value union whose member for this
+    # attribute is one int at its start
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_uint32), ("value", ctypes.c_int), ("value_rest", ctypes.c_uint32 * 15)]
 
 
 class _LaunchConfig(ctypes.Structure):
@@ -117,7 +118,7 @@ class DependentLaunch:
         if self.enabled:
             self._attribute = _LaunchAttribute()
             self._attribute.id = _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-            ctypes.memmove(self._attribute.value, ctypes.byref(ctypes.c_int(1)), 4)
+            self._attribute.value = 1  # programmaticStreamSerializationAllowed
             gx, gy, gz = _grid(cmd)
             self._config = _LaunchConfig(
                 gx, gy, gz, cmd.block_dim if cmd.block_dim > 0 else 256, 1, 1, cmd.hooks.forward_smem_bytes,
