@@ -709,23 +709,6 @@ _TC_SNIPPET = """
             next_item();
         }
     }
-#if __CUDA_ARCH__ >= 900
-    // Before the wait, ask L2 for the weight rows of this warp's next prefetch_items items (within its
-    // current group): one bulk prefetch a row, lane = row.
-    if (prefetch_items > 0 && lane < R && item_i < end) {
-        const long long left = end - item_i;
-        const int chunks = (int)(left < (long long)prefetch_items ? left : (long long)prefetch_items);
-        const int in_group = n_chunks - chunk_i < chunks ? n_chunks - chunk_i : chunks;
-        const int row = grp_i * R + lane;
-        const long long k0 = (long long)chunk_i * KC;
-        long long k1 = k0 + (long long)in_group * KC;
-        k1 = k1 < K ? k1 : K;
-        if (row < w_rows && k1 > k0) {
-            const char* src = (const char*)w.data + row * w_stride + 2 * k0;
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(src), "r"((unsigned)(2 * (k1 - k0))) : "memory");
-        }
-    }
-#endif
     @WAIT@
     #pragma unroll
     for (int i = 0; i < S - 1; ++i) {
@@ -923,7 +906,6 @@ def get_tc_variant(io_name: str, n_tiles: int, config: tuple | None = None) -> T
         n_groups: int,
         n_chunks: int,
         n_warps: int,
-        prefetch_items: int,
         warp: int,
         lane: int,
     ): ...
@@ -950,11 +932,10 @@ def get_tc_variant(io_name: str, n_tiles: int, config: tuple | None = None) -> T
         n_groups: int,
         n_chunks: int,
         n_warps: int,
-        prefetch_items: int,
         partial: wp.array3d(dtype=wp.float32),
     ):
         tid = wp.tid()
-        stream_items(w, x, partial, n_rows, n_groups, n_chunks, n_warps, prefetch_items, tid // 32, tid % 32)
+        stream_items(w, x, partial, n_rows, n_groups, n_chunks, n_warps, tid // 32, tid % 32)
 
     @kernel
     def gate_combine(
@@ -1024,7 +1005,6 @@ def launch_tc_forward(
     record: bool = False,
     config: tuple | None = None,
     dependent: bool = True,
-    prefetch_items: int = 0,
 ):
     """The whole layer by tensor-core weight streaming (see :func:`tc_eligible`): writes uv, h and out.
     ``partial_up`` [slots, N, 2 inter] and ``partial_down`` [slots, N, hidden] are float32 scratch with the
@@ -1062,11 +1042,11 @@ def launch_tc_forward(
     b_o_arg = b_o if b_o is not None else _empty_vector(io_name, device)
     common = {"device": device, "stream": stream, "record_tape": False, "record_cmd": True}
 
-    def projection(act, weight, plan, partial, prefetch):
+    def projection(act, weight, plan, partial):
         # one warp a block: each warp's copy ring is its own (no block barrier) and fills the static limit
         return wp.launch(
             variant.projection, dim=plan.n_warps * 32,
-            inputs=[act, weight, n_rows, plan.n_groups, plan.n_chunks, plan.n_warps, prefetch], outputs=[partial],
+            inputs=[act, weight, n_rows, plan.n_groups, plan.n_chunks, plan.n_warps], outputs=[partial],
             block_dim=32, **common,
         )
 
@@ -1074,13 +1054,13 @@ def launch_tc_forward(
         return [plan.n_chunks, plan.n_warps, plan.n_groups * plan.n_chunks]
 
     cmds = [
-        projection(x, w_uv, plan_up, partial_up, 0),
+        projection(x, w_uv, plan_up, partial_up),
         wp.launch(
             variant.gate_combine, dim=(n_rows, n_inter),
             inputs=[partial_up, b_uv_arg, int(b_uv is not None), code, *schedule(plan_up)], outputs=[uv, h],
             **common,
         ),
-        projection(h, w_o, plan_down, partial_down, prefetch_items if dependent else 0),
+        projection(h, w_o, plan_down, partial_down),
         wp.launch(
             variant.out_combine, dim=(n_rows, n_hidden),
             inputs=[partial_down, b_o_arg, int(b_o is not None), *schedule(plan_down)], outputs=[out], **common,
