@@ -571,9 +571,12 @@ TC_IO = ("float16", "bfloat16")
 TC_N_TILES = (1, 2, 4, 8)  # batch capacities of 8, 16, 32, 64 rows
 TC_UNIT = 8  # k per 16-byte unit: hidden and inter must be multiples of it
 # per batch capacity (n_tiles): (m_tiles: weight rows per warp / 16, k_chunk: k per pipeline stage, stages,
-# resident warps per SM). Swept on the H200 with scripts/geglu_tune.py; within 1-2% of each other at 8 rows.
+# resident warps per SM). Swept on the H200 with scripts/geglu_tune.py; within 1-2% of each other at 8 rows
+# with plain launches. With the dependent launches, 5 warps an SM serve 4-8 rows best (0.083 against 0.084-0.085
+# ms for 4): five rings leave no room for a second-projection warp beside them, so those warps take SMs only
+# as first-projection warps leave, instead of one an SM waiting from the start.
 TC_CONFIG = {
-    1: (2, 128, 4, 4),
+    1: (2, 128, 4, 5),
     2: (2, 128, 3, 6),
     4: (2, 128, 2, 6),
     8: (2, 64, 3, 6),

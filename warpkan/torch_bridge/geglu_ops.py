@@ -5,7 +5,9 @@ Forward, by the number of rows N (``small_batch_rows`` is the switch):
 - N <= small_batch_rows, float16/bfloat16, hidden and inter multiples of 8, 16-byte aligned operands
   (N <= ``TC_MAX_ROWS``): the tensor-core weight-streaming kernels (whole weight rows copied into shared
   memory with cp.async, mma.sync with float32 accumulation, one wave of warps on equal runs of the
-  reduction, per-group partial sums combined in a fixed order, the gate in the first combine);
+  reduction, per-group partial sums combined in a fixed order, the gate in the first combine; on compute
+  capability 9.0+ the launches after the first are programmatic dependents, so the second projection's
+  warps start copying W_o while the first projection's slowest warps finish);
 - N <= min(small_batch_rows, ``MAX_SMALL_ROWS``) otherwise: the SIMT weight-streaming kernels (two
   launches; every weight element read once, the gate fused into the first projection).
 - otherwise: one concatenated ``[W_u | W_v]`` GEMM (cuBLAS through torch), the Warp gate kernel that reads
@@ -32,10 +34,11 @@ __all__ = ["geglu_ffn", "geglu_ffn_forward", "geglu_ffn_backward", "GEGLU_DTYPES
 
 GEGLU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # Measured on an H200 (fp16, 4096/12288, CUDA-graph replay; docs/perf-notes-geglu.md): the tensor-core
-# streaming path takes 0.086-0.091 ms for 4-8 rows (its first projection alone streams at 3.9-4.0 TB/s, the
-# second at 3.6, against 4.35-4.45 TB/s for the Warp read probe over the same two buffers), level with or
-# just ahead of cuBLAS GEMM+gate (0.083-0.092 on the same nodes), and falls behind it from 16 rows on (the
-# batch rows take a growing share of each copy stage and of the mma work). So streaming serves up to 8 rows.
+# streaming path, with its last three launches as programmatic dependents, takes 0.082-0.085 ms for 4-8 rows
+# (its first projection alone streams at 3.9-4.0 TB/s, the second at 3.6, against 4.35-4.45 TB/s for the
+# Warp read probe over the same two buffers), 5-7% ahead of cuBLAS GEMM+gate (0.089 in the same run), and
+# falls behind it from 16 rows on (the batch rows take a growing share of each copy stage and of the mma
+# work). So streaming serves up to 8 rows.
 DEFAULT_SMALL_BATCH_ROWS = 8
 _TC_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
