@@ -1,6 +1,5 @@
 """B-spline KAN: Warp kernels against the float64 reference written from the formulas."""
 
-
 import numpy as np
 import pytest
 import torch
