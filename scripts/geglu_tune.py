@@ -69,48 +69,6 @@ def replay(cmds, device):
     return run
 
 
-def gemm_path_ab(x, w_uv, w_o, device):
-    """The GEMM path's forward (uv GEMM, gate, W_o GEMM) and its backward's first half (dh GEMM, gate
-    backward), each with the gate kernel launched plainly and as a dependent of the GEMM before it: graph
-    times, and the outputs compared bitwise."""
-    batch, inter = x.shape[0], w_o.shape[1]
-    uv = torch.empty(batch, 2 * inter, device="cuda", dtype=x.dtype)
-    h = torch.empty(batch, inter, device="cuda", dtype=x.dtype)
-    dout = torch.randn(batch, w_o.shape[0], device="cuda", dtype=x.dtype)
-    dh = torch.empty(batch, inter, device="cuda", dtype=x.dtype)
-    duv = torch.empty_like(uv)
-    rows, outs = [], {}
-    for dependent in (False, True):
-        fwd = kg.launch_activation(wp.from_torch(uv), wp.from_torch(h), "gelu", record=True, dependent=dependent)
-        bwd = kg.launch_activation_backward(*(wp.from_torch(t) for t in (dh, uv, duv, h)), "gelu", record=True,
-                                            dependent=dependent)
-
-        def forward():
-            torch.matmul(x, w_uv.t(), out=uv)
-            replay(fwd, device)()
-            return torch.nn.functional.linear(h, w_o)
-
-        def backward():
-            torch.matmul(dout, w_o, out=dh)
-            replay(bwd, device)()
-
-        name = "dependent" if dependent else "plain"
-        rows.append((f"GEMM path fwd, gate {name}", graph_ms(forward)))
-        rows.append((f"GEMM path dh + gate bwd, {name}", graph_ms(backward)))
-        results = []
-        for _ in range(20):
-            h.fill_(float("nan"))
-            duv.fill_(float("nan"))
-            y = forward()
-            backward()
-            results.append((y.clone(), duv.clone(), h.clone()))
-        outs[name] = results
-    ref = outs["plain"][0]
-    same = all(all(torch.equal(a, b) for a, b in zip(r, ref)) for rs in outs.values() for r in rs)
-    print(f"check N={batch} GEMM path: 40 runs (plain, dependent gate) bitwise equal: {same}", flush=True)
-    return rows
-
-
 def main():
     hidden, inter = 4096, 12288
     dtype = torch.float16
@@ -213,7 +171,6 @@ def main():
                 ref = results["plain"][0]
                 same = all(torch.equal(o, ref) for outs in results.values() for o in outs)
                 print(f"check N={batch} {cfg}: 100 runs (plain, dependent) bitwise equal: {same}", flush=True)
-        rows += gemm_path_ab(x, w_uv, w_o, device)
         for name, ms in rows:
             print(f"{batch:>4} {name:<44} {ms:9.4f} {weight_bytes / ms / 1e6:6.0f}", flush=True)
     print(f"total {time.time() - t0:.1f} s")

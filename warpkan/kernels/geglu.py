@@ -174,9 +174,6 @@ def get_variant(io_name: str, vec: int = 1) -> GEGLUVariant:
     def activation_forward(uv: wp.array2d(dtype=io_vec), code: int, h: wp.array2d(dtype=io_vec)):
         # consecutive threads on consecutive vectors: u and v reads and the h write all coalesce
         m, j = wp.tid()
-        # as a dependent launch (launch_activation), uv is read once the GEMM before has finished
-        allow_dependents()
-        wait_for_previous_grid()
         u = widen(load(uv, m, j))
         v = widen(load(uv, m, h.shape[1] + j))
         out = acc_vec()
@@ -194,8 +191,6 @@ def get_variant(io_name: str, vec: int = 1) -> GEGLUVariant:
     ):
         # du = dh v gelu'(u), dv = dh gelu(u); h = gelu(u) v is recomputed for the W_o gradient
         m, j = wp.tid()
-        allow_dependents()
-        wait_for_previous_grid()  # dh comes from the GEMM before (launch_activation_backward)
         n_vec = h.shape[1]
         u = widen(load(uv, m, j))
         v = widen(load(uv, m, n_vec + j))
@@ -413,27 +408,11 @@ def _empty_vector(io_name: str, device) -> "wp.array1d":
     return found
 
 
-def _run_or_record(cmd: "wp.Launch", dependent: bool, stream, record: bool):
-    """A recorded launch, made dependent if asked: returned in a list (``record``) or launched now."""
-    if dependent:
-        cmd = DependentLaunch(cmd)
-    if record:
-        return [cmd]
-    cmd.launch(stream)
-    return None
-
-
 def launch_activation(
-    uv: "wp.array2d",
-    h: "wp.array2d",
-    activation: str,
-    stream: "wp.Stream | None" = None,
-    record: bool = False,
-    dependent: bool = True,
+    uv: "wp.array2d", h: "wp.array2d", activation: str, stream: "wp.Stream | None" = None, record: bool = False
 ):
     """h[m, j] = gelu(uv[m, j]) * uv[m, inter + j]. With ``record=True`` nothing runs: the launch comes back
-    as a list of launches to replay with ``.launch(stream)`` (what the torch ops cache). ``dependent``: a
-    programmatic dependent of the stream's previous kernel (the uv GEMM; ``kernels/_dependent_launch``)."""
+    as a list of ``wp.Launch`` to replay with ``.launch(stream)`` (what the torch ops cache)."""
     io_name = _io_name(uv)
     n_rows, n_inter = h.shape
     _check("uv", uv, (n_rows, 2 * n_inter), io_name)
@@ -449,10 +428,11 @@ def launch_activation(
         inputs=[dense_vector_view(uv, vt, _GATE_ARRAYS), activation_code(activation)],
         outputs=[dense_vector_view(h, vt, _GATE_ARRAYS)],
         device=uv.device,
+        stream=stream,
         record_tape=False,
-        record_cmd=True,
+        record_cmd=record,
     )
-    return _run_or_record(cmd, dependent, stream, record)
+    return [cmd] if record else None
 
 
 def launch_activation_backward(
@@ -463,11 +443,9 @@ def launch_activation_backward(
     activation: str,
     stream: "wp.Stream | None" = None,
     record: bool = False,
-    dependent: bool = True,
 ):
     """Writes (does not accumulate) duv = [dh v gelu'(u) | dh gelu(u)] and the recomputed h = gelu(u) v.
-    Both are intermediates of the layer, never parameter gradients. ``dependent`` as in
-    :func:`launch_activation` (the kernel before is the dh GEMM)."""
+    Both are intermediates of the layer, never parameter gradients."""
     io_name = _io_name(uv)
     n_rows, n_inter = dh.shape
     _check("uv", uv, (n_rows, 2 * n_inter), io_name)
@@ -485,10 +463,11 @@ def launch_activation_backward(
         inputs=[dense_vector_view(dh, vt, _GATE_ARRAYS), dense_vector_view(uv, vt, _GATE_ARRAYS), activation_code(activation)],
         outputs=[dense_vector_view(duv, vt, _GATE_ARRAYS), dense_vector_view(h, vt, _GATE_ARRAYS)],
         device=uv.device,
+        stream=stream,
         record_tape=False,
-        record_cmd=True,
+        record_cmd=record,
     )
-    return _run_or_record(cmd, dependent, stream, record)
+    return [cmd] if record else None
 
 
 def launch_small_forward(
