@@ -24,8 +24,8 @@ import functools
 
 import warp as wp
 
-__all__ = ["DEPENDENTS_SNIPPET", "WAIT_SNIPPET", "DependentLaunch", "dependent_launch_supported", "wait_for_previous_grid",
-           "allow_dependents"]
+__all__ = ["DEPENDENTS_SNIPPET", "WAIT_SNIPPET", "DependentLaunch", "allow_dependents", "dependent_launch_supported",
+           "wait_for_previous_grid"]
 
 # The two PTX instructions (sm_90), guarded so that other targets compile them out.
 WAIT_SNIPPET = """
@@ -54,7 +54,8 @@ _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 class _LaunchAttribute(ctypes.Structure):
     # CUlaunchAttribute: an enum id padded to 8 bytes, then a 64-byte value union whose member for this
     # attribute is one int at its start
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_uint32), ("value", ctypes.c_int), ("value_rest", ctypes.c_uint32 * 15)]
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_uint32), ("value", ctypes.c_int),
+                ("value_rest", ctypes.c_uint32 * 15)]
 
 
 class _LaunchConfig(ctypes.Structure):

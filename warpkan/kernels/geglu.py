@@ -44,7 +44,8 @@ from dataclasses import dataclass
 import warp as wp
 
 from ._common import dense_vector_view, dense_vector_width, vector_io
-from ._dependent_launch import DEPENDENTS_SNIPPET, WAIT_SNIPPET, DependentLaunch, allow_dependents, wait_for_previous_grid
+from ._dependent_launch import (DEPENDENTS_SNIPPET, WAIT_SNIPPET, DependentLaunch, allow_dependents,
+                                wait_for_previous_grid)
 
 __all__ = [
     "ACTIVATIONS",
@@ -1043,7 +1044,8 @@ def launch_tc_forward(
     code = activation_code(activation)
     b_uv_arg = b_uv if b_uv is not None else _empty_vector(io_name, device)
     b_o_arg = b_o if b_o is not None else _empty_vector(io_name, device)
-    common = {"device": device, "stream": stream, "record_tape": False, "record_cmd": True}
+    # recorded, then launched on ``stream`` below (plainly or as dependents)
+    common = {"device": device, "record_tape": False, "record_cmd": True}
 
     def projection(act, weight, plan, partial):
         # one warp a block: each warp's copy ring is its own (no block barrier) and fills the static limit
