@@ -221,6 +221,13 @@ def gate_vector_width(arrays: "tuple[wp.array, ...]", n_inter: int) -> int:
     return dense_vector_width(wp.types.type_size_in_bytes(arrays[0].dtype), n_inter, [a.ptr for a in arrays])
 
 
+def _gate_variant_and_views(io_name: str, n_inter: int, arrays: "tuple[wp.array, ...]") -> tuple:
+    """The gate kernels of ``arrays`` (at their :func:`gate_vector_width`) and the arrays as those kernels'
+    vector views, in order."""
+    variant = get_variant(io_name, gate_vector_width(arrays, n_inter))
+    return variant, [dense_vector_view(a, variant.io_vector, _GATE_ARRAYS) for a in arrays]
+
+
 @dataclass(frozen=True)
 class SmallVariant:
     """The weight-streaming kernels of one (I/O type, row capacity)."""
@@ -420,14 +427,12 @@ def launch_activation(
     _check("h", h, (n_rows, n_inter), io_name)
     if n_rows == 0 or n_inter == 0:
         return [] if record else None
-    vec = gate_vector_width((uv, h), n_inter)
-    variant = get_variant(io_name, vec)
-    vt = variant.io_vector
+    variant, (uv_vec, h_vec) = _gate_variant_and_views(io_name, n_inter, (uv, h))
     cmd = wp.launch(
         variant.activation_forward,
-        dim=(n_rows, n_inter // vec),
-        inputs=[dense_vector_view(uv, vt, _GATE_ARRAYS), activation_code(activation)],
-        outputs=[dense_vector_view(h, vt, _GATE_ARRAYS)],
+        dim=(n_rows, n_inter // variant.vec),
+        inputs=[uv_vec, activation_code(activation)],
+        outputs=[h_vec],
         device=uv.device,
         stream=stream,
         record_tape=False,
@@ -455,14 +460,12 @@ def launch_activation_backward(
     _check("h", h, (n_rows, n_inter), io_name)
     if n_rows == 0 or n_inter == 0:
         return [] if record else None
-    vec = gate_vector_width((dh, uv, duv, h), n_inter)
-    variant = get_variant(io_name, vec)
-    vt = variant.io_vector
+    variant, (dh_vec, uv_vec, duv_vec, h_vec) = _gate_variant_and_views(io_name, n_inter, (dh, uv, duv, h))
     cmd = wp.launch(
         variant.activation_backward,
-        dim=(n_rows, n_inter // vec),
-        inputs=[dense_vector_view(dh, vt, _GATE_ARRAYS), dense_vector_view(uv, vt, _GATE_ARRAYS), activation_code(activation)],
-        outputs=[dense_vector_view(duv, vt, _GATE_ARRAYS), dense_vector_view(h, vt, _GATE_ARRAYS)],
+        dim=(n_rows, n_inter // variant.vec),
+        inputs=[dh_vec, uv_vec, activation_code(activation)],
+        outputs=[duv_vec, h_vec],
         device=uv.device,
         stream=stream,
         record_tape=False,
