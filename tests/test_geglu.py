@@ -221,7 +221,7 @@ def test_bad_inputs(device):
         geglu_ffn(x.to("meta"), w_uv, w_o)
     with pytest.raises(ValueError, match="hidden"):
         GEGLUFFN(0, 4)
-    with pytest.raises(ValueError, match="intermediate"):
+    with pytest.raises(TypeError, match="intermediate"):
         GEGLUFFN(4, 2.5)
     with pytest.raises(ValueError, match="activation"):
         GEGLUFFN(4, 4, activation="swish")

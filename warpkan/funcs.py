@@ -42,8 +42,10 @@ from types import SimpleNamespace
 
 import warp as wp
 
+from . import _checks
 from .kernels import bspline as _kb
 from .kernels import poly as _kp
+from .kernels import rational as _kr
 
 __all__ = ["bspline_funcs", "poly_funcs", "rational_funcs"]
 
@@ -69,8 +71,7 @@ def bspline_funcs(order: int = 3, scalar=wp.float32) -> SimpleNamespace:
       ``coef`` a ``wp.array2d`` of ``G + k`` columns (one curve per row).
     - ``spline_d2(x, lo, h, grid_size, coef, row) -> (value, d/dx, d^2/dx^2)``, for second-order PDE residuals.
     """
-    if not 1 <= order <= _kb.MAX_SPLINE_ORDER:
-        raise ValueError(f"order must be in [1, {_kb.MAX_SPLINE_ORDER}], got {order}")
+    order = _checks.int_in_range("order", order, 1, _kb.MAX_SPLINE_ORDER)
     _check_scalar(scalar)
     k = order
     K = order + 1
@@ -170,7 +171,7 @@ def poly_funcs(basis: str = "chebyshev", degree: int = 3, scalar=wp.float32, alp
     - ``series(x, coef, row) -> (value, dvalue/dx)``: ``sum_{d=0..D} coef[row, d] P_d(tanh x)`` with ``coef`` a
       ``wp.array2d`` of ``D + 1`` columns, as one edge of ``PolyKANLinear``.
     """
-    _kp.check_basis(basis, degree, alpha, beta)
+    degree, alpha, beta = _kp.check_basis(basis, degree, alpha, beta)
     _check_scalar(scalar)
     if degree + 1 > wp.config.max_unroll:
         raise ValueError(f"degree must be at most {wp.config.max_unroll - 1} (unrolled loops keep Warp's adjoint exact), got {degree}")
@@ -205,10 +206,9 @@ def rational_funcs(num_order: int = 5, den_order: int = 4, variant: str = "A", s
     ``rational(x, a, row_a, b, row_b) -> (F, dF/dx)``: ``a`` a ``wp.array2d`` of ``m + 1`` numerator columns,
     ``b`` of ``n`` denominator columns (one group per row). Where ``|.|`` meets 0 Warp's adjoint takes
     the derivative of ``|v|`` as 0 (the layers' backward takes +1 there); elsewhere they agree."""
-    if variant not in ("A", "B"):
-        raise ValueError(f"variant must be 'A' or 'B', got {variant!r}")
-    if not (0 <= num_order <= 12 and 1 <= den_order <= 12):
-        raise ValueError(f"orders must satisfy 0 <= m <= 12, 1 <= n <= 12, got {(num_order, den_order)}")
+    variant = _checks.one_of("variant", variant, _kr.VARIANTS)
+    num_order = _checks.int_in_range("num_order", num_order, 0, _kr.MAX_ORDER)
+    den_order = _checks.int_in_range("den_order", den_order, 1, _kr.MAX_ORDER)
     _check_scalar(scalar)
     M = num_order + 1
     N = den_order

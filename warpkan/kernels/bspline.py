@@ -40,6 +40,7 @@ from fractions import Fraction
 import numpy as np
 import warp as wp
 
+from .. import _checks
 from ._common import SCALARS, lane_group_width, load4_funcs, on_stream, scalar_name, vec4_aligned
 from ._common import lane_sum as _lane_sum
 
@@ -65,6 +66,7 @@ __all__ = [
     "launch_contract_basis_grad",
     "launch_split_param_grads",
     "tiled_applies",
+    "check_layer_args",
 ]
 
 MAX_SPLINE_ORDER = 5
@@ -83,6 +85,21 @@ OUT_TILE = 4
 FORWARD_ROWS = 2
 _ENTRIES_PER_CHUNK = 256
 _BUCKETED_BLOCK = 128  # threads per block of the bucketed pass (it holds ~100+ registers a thread)
+
+
+def check_layer_args(in_features, out_features, grid_size, spline_order, grid_range) -> tuple:
+    """The arguments of a B-spline KAN layer (the torch and the Warp-native one), checked and normalised:
+    ``(in_features, out_features, grid_size, spline_order, (lo, hi))``. Raises TypeError/ValueError naming
+    the argument (rules: :mod:`warpkan._checks`), before anything is allocated."""
+    in_features = _checks.positive_int("in_features", in_features)
+    out_features = _checks.positive_int("out_features", out_features)
+    grid_size = _checks.positive_int("grid_size", grid_size)
+    spline_order = _checks.int_in_range("spline_order", spline_order, 1, MAX_SPLINE_ORDER)
+    grid_range = _checks.increasing_range("grid_range", grid_range)
+    sizes = dict(in_features=in_features, out_features=out_features, grid_size=grid_size, spline_order=spline_order)
+    _checks.fits_index("spline_weight", (out_features, in_features, grid_size + spline_order), **sizes)
+    _checks.fits_index("grid", (in_features, grid_size + 2 * spline_order + 1), **sizes)
+    return in_features, out_features, grid_size, spline_order, grid_range
 
 
 @functools.lru_cache(maxsize=None)

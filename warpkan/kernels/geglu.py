@@ -43,11 +43,13 @@ from dataclasses import dataclass
 
 import warp as wp
 
+from .. import _checks
 from ._common import dense_vector_view, dense_vector_width, vector_io
 from ._dependent_launch import (DEPENDENTS_SNIPPET, WAIT_SNIPPET, DependentLaunch, allow_dependents,
                                 wait_for_previous_grid)
 
 __all__ = [
+    "check_layer_args",
     "ACTIVATIONS",
     "MAX_SMALL_ROWS",
     "GEGLUVariant",
@@ -96,9 +98,19 @@ _IO_SCALARS = {
 
 
 def activation_code(activation: str) -> int:
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    return ACTIVATIONS.index(activation)
+    return ACTIVATIONS.index(_checks.one_of("activation", activation, ACTIVATIONS))
+
+
+def check_layer_args(hidden, intermediate, activation, small_batch_rows) -> tuple:
+    """The arguments of the GEGLU FFN layer, checked and normalised: ``(hidden, intermediate, activation,
+    small_batch_rows)``. Raises TypeError/ValueError naming the argument (rules: :mod:`warpkan._checks`),
+    before anything is allocated."""
+    hidden = _checks.positive_int("hidden", hidden)
+    intermediate = _checks.positive_int("intermediate", intermediate)
+    activation_code(activation)
+    small_batch_rows = _checks.non_negative_int("small_batch_rows", small_batch_rows)
+    _checks.fits_index("w_uv", (2 * intermediate, hidden), hidden=hidden, intermediate=intermediate)
+    return hidden, intermediate, activation, small_batch_rows
 
 
 def _accumulator(io_name: str):

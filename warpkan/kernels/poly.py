@@ -75,11 +75,14 @@ from typing import Callable
 import numpy as np
 import warp as wp
 
+from .. import _checks
 from ._common import SCALARS, on_stream, scalar_name
 
 __all__ = [
     "BASES",
     "MAX_DEGREE",
+    "MODES",
+    "check_layer_args",
     "PolyVariant",
     "get_variant",
     "basis_names",
@@ -99,6 +102,7 @@ __all__ = [
 ]
 
 MAX_DEGREE = 64
+MODES = ("exact", "lut")  # a layer's basis evaluation: the recurrence in registers, or the lookup tables
 _ROWS = 4  # rows per forward / backward-x thread: each coefficient load is reused across them
 _OUTS = 4  # outputs per forward / backward-coefficient thread: each basis value is reused across them
 _DEG_TILE = 8  # degrees per backward thread (accumulators _DEG_TILE x _OUTS and _ROWS x _DEG_TILE)
@@ -265,18 +269,33 @@ def basis_names() -> list[str]:
     return list(BASES)
 
 
-def check_basis(basis: str, degree: int, alpha: float = 1.0, beta: float = 1.0) -> None:
-    """Raise ValueError/TypeError naming the argument when (basis, degree, alpha, beta) is not usable."""
+def check_basis(basis: str, degree: int, alpha: float = 1.0, beta: float = 1.0) -> tuple[int, float, float]:
+    """``(degree, alpha, beta)`` normalised; raises ValueError/TypeError naming the argument when (basis,
+    degree, alpha, beta) is not usable."""
     if not isinstance(basis, str) or basis not in BASES:
         raise ValueError(f"basis must be one of {basis_names()}, got {basis!r}")
-    if isinstance(degree, bool) or not isinstance(degree, (int, np.integer)):
-        raise TypeError(f"degree must be an int, got {type(degree).__name__}")
-    if not 0 <= degree <= MAX_DEGREE:
-        raise ValueError(f"degree must be in [0, {MAX_DEGREE}], got {degree}")
+    degree = _checks.int_in_range("degree", degree, 0, MAX_DEGREE)
+    alpha, beta = _checks.number("alpha", alpha), _checks.number("beta", beta)
     if basis == "gegenbauer" and not (alpha > -0.5 and alpha != 0.0):
         raise ValueError(f"alpha must be > -1/2 and != 0 for the gegenbauer basis, got {alpha}")
     if basis == "jacobi" and not (alpha > -1.0 and beta > -1.0):
         raise ValueError(f"alpha and beta must be > -1 for the jacobi basis, got alpha={alpha}, beta={beta}")
+    return degree, alpha, beta
+
+
+def check_layer_args(in_features, out_features, degree, basis, mode, lut_size, alpha, beta) -> tuple:
+    """The arguments of a polynomial KAN layer (the torch and the Warp-native one), checked and normalised:
+    ``(in_features, out_features, degree, mode, lut_size, alpha, beta)``. Raises TypeError/ValueError naming
+    the argument (rules: :mod:`warpkan._checks`), before anything is allocated."""
+    in_features = _checks.positive_int("in_features", in_features)
+    out_features = _checks.positive_int("out_features", out_features)
+    degree, alpha, beta = check_basis(basis, degree, alpha, beta)
+    mode = _checks.one_of("mode", mode, MODES)
+    lut_size = _checks.int_in_range("lut_size", lut_size, 2)
+    _checks.fits_index("coeffs", (in_features, degree + 1, out_features), in_features=in_features,
+                       out_features=out_features, degree=degree)
+    _checks.fits_index("the basis tables", (lut_size, degree + 1), lut_size=lut_size, degree=degree)
+    return in_features, out_features, degree, mode, lut_size, alpha, beta
 
 
 # ---------------------------------------------------------------------------------------------- kernels
@@ -808,9 +827,8 @@ def build_lut(basis: str, degree: int, lut_size: int, alpha: float = 1.0, beta: 
 
     Building happens at the first call for a key (a host-to-device copy); call it before capturing a graph.
     """
-    check_basis(basis, degree, alpha, beta)
-    if isinstance(lut_size, bool) or not isinstance(lut_size, (int, np.integer)) or lut_size < 2:
-        raise ValueError(f"lut_size must be an int >= 2, got {lut_size!r}")
+    degree, alpha, beta = check_basis(basis, degree, alpha, beta)
+    lut_size = _checks.int_in_range("lut_size", lut_size, 2)
     device = wp.get_device(device)
     key = (basis, int(degree), int(lut_size), float(alpha), float(beta), scalar_name, str(device))
     found = _luts.get(key)

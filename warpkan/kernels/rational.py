@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 import warp as wp
 
+from .. import _checks
 from ._common import IO_SCALAR_NAMES, dense_vector_view, dense_vector_width, vector_io
 
 __all__ = [
@@ -59,10 +60,42 @@ __all__ = [
     "launch_backward",
     "init_coefficients",
     "second_moment",
+    "check_groups",
+    "check_order",
+    "check_layer_args",
 ]
 
 VARIANTS = ("A", "B")
 MAX_ORDER = 12
+
+
+def check_groups(num_groups, num_channels: int, channels_name: str = "num_features") -> int:
+    """``num_groups`` checked: a positive int that divides ``num_channels`` (named ``channels_name``)."""
+    num_groups = _checks.positive_int("num_groups", num_groups)
+    _checks.divides("num_groups", num_groups, channels_name, num_channels)
+    return num_groups
+
+
+def check_order(order) -> tuple[int, int]:
+    """``order`` checked: a pair (m, n) of ints with 0 <= m <= MAX_ORDER (numerator degree) and
+    1 <= n <= MAX_ORDER (denominator degree)."""
+    m, n = _checks.sequence("order", order, 2)
+    m = _checks.int_in_range("order[0] (the numerator degree m)", m, 0, MAX_ORDER)
+    n = _checks.int_in_range("order[1] (the denominator degree n)", n, 1, MAX_ORDER)
+    return m, n
+
+
+def check_layer_args(num_features, num_groups, order, variant, init, features_name: str = "num_features") -> tuple:
+    """The arguments of a group-rational layer (torch and Warp-native; ``features_name`` is the name its
+    channel count goes by, e.g. ``in_features`` for GR-KAN), checked and normalised:
+    ``(num_features, num_groups, (m, n), variant, init)``. Raises TypeError/ValueError naming the argument
+    (rules: :mod:`warpkan._checks`), before anything is allocated."""
+    num_features = _checks.positive_int(features_name, num_features)
+    num_groups = check_groups(num_groups, num_features, features_name)
+    order = check_order(order)
+    variant = _checks.one_of("variant", variant, VARIANTS)
+    init = _checks.one_of("init", init, init_names())
+    return num_features, num_groups, order, variant, init
 # I/O scalar type -> (Warp type, arithmetic type name, widest vector: 16 bytes)
 IO_TYPES = {
     "float32": (wp.float32, "float32", 4),
@@ -777,12 +810,7 @@ def io_name_of(dtype) -> str:
 def check_coefficients(num_channels: int, num_groups: int, a, b) -> tuple[int, int]:
     """(m, n) from the coefficient arrays; raises ValueError/TypeError naming the argument. The arrays share
     one floating scalar type (any of IO_TYPES: the kernels widen them to the arithmetic type)."""
-    if num_groups < 1:
-        raise ValueError(f"num_groups must be >= 1, got {num_groups}")
-    if num_channels % num_groups:
-        raise ValueError(
-            f"num_groups ({num_groups}) must divide the number of channels ({num_channels}): uneven groups are refused"
-        )
+    num_groups = check_groups(num_groups, num_channels, "the number of channels")
     if a.ndim != 2 or a.shape[0] not in (1, num_groups) or a.shape[1] < 1:
         raise ValueError(f"weight_numerator must have shape (1 or {num_groups}, m + 1), got {tuple(a.shape)}")
     if b.ndim != 2 or b.shape[0] != num_groups or b.shape[1] < 1:

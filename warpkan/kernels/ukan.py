@@ -67,9 +67,11 @@ import numpy as np
 import warp as wp
 
 from ._common import SCALARS, on_stream, scalar_name
+from .. import _checks
 from .bspline import MAX_SPLINE_ORDER, basis_funcs, combine_rows_kernel, row_chunks, silu_func
 
 __all__ = [
+    "check_layer_args",
     "CELL_LIMIT",
     "UKANVariant",
     "PairBuffers",
@@ -108,6 +110,34 @@ _TARGET_TABLE_THREADS = 1 << 18  # parallelism aimed at by the d_table segmented
 _MIN_TABLE_CHUNK = 64
 _MAX_TABLE_CHUNK = 4096
 _MIN_CAPACITY = 1024  # table rows always available (when 2 N in allows), whatever the feature count
+
+
+def check_layer_args(in_features, out_features, spline_order, grid_delta, pe_dim, embed_dim, hidden_dim,
+                     table_groups) -> tuple:
+    """The arguments of a UKAN layer (the torch and the Warp-native one), checked and normalised:
+    ``(in_features, out_features, spline_order, grid_delta, pe_dim, embed_dim, hidden_dim, table_groups)``.
+    Raises TypeError/ValueError naming the argument (rules: :mod:`warpkan._checks`), before anything is
+    allocated."""
+    in_features = _checks.positive_int("in_features", in_features)
+    out_features = _checks.positive_int("out_features", out_features)
+    spline_order = _checks.int_in_range("spline_order", spline_order, 1, MAX_SPLINE_ORDER)
+    grid_delta = _checks.positive_number("grid_delta", grid_delta)
+    pe_dim = _checks.non_negative_int("pe_dim", pe_dim)
+    if pe_dim % 2:
+        raise ValueError(f"pe_dim must be a non-negative even int (sin, cos pairs), got {pe_dim}")
+    embed_dim = _checks.non_negative_int("embed_dim", embed_dim)
+    if pe_dim + embed_dim == 0:
+        raise ValueError("pe_dim + embed_dim must be positive: the CG-MLP needs an input, got 0 and 0")
+    hidden_dim = _checks.positive_int("hidden_dim", hidden_dim)
+    if table_groups is not None:
+        table_groups = _checks.positive_int("table_groups", table_groups)
+    sizes = dict(in_features=in_features, out_features=out_features, spline_order=spline_order, pe_dim=pe_dim,
+                 embed_dim=embed_dim, hidden_dim=hidden_dim)
+    _checks.fits_index("base_weight", (out_features, in_features), **sizes)
+    _checks.fits_index("feature_embedding", (in_features, embed_dim), **sizes)
+    _checks.fits_index("cg_hidden.weight", (hidden_dim, pe_dim + embed_dim), **sizes)
+    _checks.fits_index("cg_out.weight", (out_features * (spline_order + 1), hidden_dim), **sizes)
+    return in_features, out_features, spline_order, grid_delta, pe_dim, embed_dim, hidden_dim, table_groups
 
 
 
@@ -780,10 +810,7 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
 
 
 def _check_h(grid_delta) -> float:
-    h = float(grid_delta)
-    if not (h > 0.0 and np.isfinite(h)):
-        raise ValueError(f"grid_delta must be a positive finite number, got {grid_delta!r}")
-    return h
+    return _checks.positive_number("grid_delta", grid_delta)
 
 
 

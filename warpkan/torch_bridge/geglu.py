@@ -8,7 +8,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..kernels.geglu import activation_code
+from ..kernels.geglu import check_layer_args
 from ._common import autocast_dtype, check_tensor
 from .geglu_ops import DEFAULT_SMALL_BATCH_ROWS, GEGLU_DTYPES, geglu_ffn
 
@@ -40,10 +40,8 @@ class GEGLUFFN(nn.Module):
         dtype=None,
     ):
         super().__init__()
-        for name, value in (("hidden", hidden), ("intermediate", intermediate)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        activation_code(activation)
+        hidden, intermediate, activation, small_batch_rows = check_layer_args(hidden, intermediate, activation,
+                                                                              small_batch_rows)
         if dtype is not None and dtype not in GEGLU_DTYPES:
             raise TypeError(f"dtype must be one of {GEGLU_DTYPES}, got {dtype}")
         self.hidden = hidden

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .. import _checks
 from ..kernels import geglu as kg
 from ._common import RecordedLaunches, check_tensor, eager_function, on_rows, op_or_eager, warp_device
 
@@ -216,7 +217,6 @@ def geglu_ffn(
         check_tensor("b_uv", b_uv, shape=(2 * n_inter,), dtypes=GEGLU_DTYPES, like=x)
     if b_o is not None:
         check_tensor("b_o", b_o, shape=(n_hidden,), dtypes=GEGLU_DTYPES, like=x)
-    if not isinstance(small_batch_rows, int) or isinstance(small_batch_rows, bool) or small_batch_rows < 0:
-        raise ValueError(f"small_batch_rows must be a non-negative int, got {small_batch_rows!r}")
+    small_batch_rows = _checks.non_negative_int("small_batch_rows", small_batch_rows)
     op = op_or_eager(geglu_ffn_forward, _EagerGEGLU)
     return on_rows(x, n_hidden, lambda x2: op(x2, w_uv, b_uv, w_o, b_o, activation, small_batch_rows)[0])

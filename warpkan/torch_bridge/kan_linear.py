@@ -79,14 +79,8 @@ class KANLinear(nn.Module):
         dtype=None,
     ):
         super().__init__()
-        for name, value in (("in_features", in_features), ("out_features", out_features), ("grid_size", grid_size)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if not isinstance(spline_order, int) or not 1 <= spline_order <= kb.MAX_SPLINE_ORDER:
-            raise ValueError(f"spline_order must be an int in [1, {kb.MAX_SPLINE_ORDER}], got {spline_order!r}")
-        lo, hi = float(grid_range[0]), float(grid_range[1])
-        if not hi > lo:
-            raise ValueError(f"grid_range must be increasing, got {tuple(grid_range)}")
+        in_features, out_features, grid_size, spline_order, (lo, hi) = kb.check_layer_args(
+            in_features, out_features, grid_size, spline_order, grid_range)
         self.in_features = in_features
         self.out_features = out_features
         self.grid_size = grid_size

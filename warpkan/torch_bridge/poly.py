@@ -12,7 +12,6 @@ from .poly_ops import PRECISIONS, STRATEGIES, poly_apply
 __all__ = ["PolyKANLinear", "ChebyKANLinear"]
 
 DEFAULT_LUT_SIZE = 4096
-_MODES = ("exact", "lut")
 
 
 class PolyKANLinear(nn.Module):
@@ -61,14 +60,8 @@ ignore it.
         dtype=None,
     ):
         super().__init__()
-        for name, value in (("in_features", in_features), ("out_features", out_features)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        kp.check_basis(basis, degree, alpha, beta)
-        if mode not in _MODES:
-            raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
-        if isinstance(lut_size, bool) or not isinstance(lut_size, int) or lut_size < 2:
-            raise ValueError(f"lut_size must be an int >= 2, got {lut_size!r}")
+        in_features, out_features, degree, mode, lut_size, alpha, beta = kp.check_layer_args(
+            in_features, out_features, degree, basis, mode, lut_size, alpha, beta)
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         if precision not in PRECISIONS:
@@ -76,7 +69,7 @@ ignore it.
         self.strategy, self.precision = strategy, precision
         self.in_features, self.out_features, self.degree = in_features, out_features, degree
         self.basis, self.mode, self.lut_size = basis, mode, lut_size
-        self.alpha, self.beta = float(alpha), float(beta)
+        self.alpha, self.beta = alpha, beta
         storage = torch.empty((in_features, degree + 1, out_features), device=device, dtype=dtype)
         self.coeffs = nn.Parameter(storage.permute(0, 2, 1))
         self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype)) if bias else None

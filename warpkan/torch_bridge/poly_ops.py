@@ -58,6 +58,7 @@ import torch
 import warp as wp
 from torch import Tensor
 
+from .. import _checks
 from ..kernels import poly as kp
 from ._common import (RecordedLaunches, TorchWorkspace, check_tensor, eager_function, matmul_precision, on_rows,
                       op_or_eager, to_warp, warp_device, warp_stream)
@@ -429,8 +430,9 @@ def poly_kan(
     n_in, n_basis, n_out = coeffs.shape
     check_tensor("x", x, last_dim=n_in)
     kp.check_basis(basis, n_basis - 1, alpha, beta)
-    if isinstance(lut_size, bool) or not isinstance(lut_size, int) or lut_size < 0 or lut_size == 1:
-        raise ValueError(f"lut_size must be 0 (exact) or an int >= 2, got {lut_size!r}")
+    lut_size = _checks.non_negative_int("lut_size", lut_size)
+    if lut_size == 1:
+        raise ValueError(f"lut_size must be 0 (exact) or an int >= 2, got {lut_size}")
     if bias is not None:
         check_tensor("bias", bias, shape=(n_out,), like=x)
     if strategy not in STRATEGIES:

@@ -7,9 +7,10 @@ import math
 import torch
 from torch import nn
 
+from .. import _checks
 from ..kernels import rational as kr
 from ._common import check_tensor
-from .rational_ops import IO_DTYPES, apply_checked, check_config
+from .rational_ops import IO_DTYPES, apply_checked
 
 __all__ = ["GroupRational", "GRKANLinear", "KATMLP"]
 
@@ -39,12 +40,11 @@ class GroupRational(nn.Module):
         dtype=None,
     ):
         super().__init__()
-        check_config(num_features, num_groups, variant)
-        if len(order) != 2 or not (0 <= order[0] <= kr.MAX_ORDER and 1 <= order[1] <= kr.MAX_ORDER):
-            raise ValueError(f"order must be (m, n) with 0 <= m <= {kr.MAX_ORDER}, 1 <= n <= {kr.MAX_ORDER}, got {order}")
+        num_features, num_groups, order, variant, init = kr.check_layer_args(num_features, num_groups, order, variant,
+                                                                              init)
         self.num_features = num_features
         self.num_groups = num_groups
-        self.order = (int(order[0]), int(order[1]))
+        self.order = order
         self.variant = variant
         self.init = init
         self.shared_numerator = shared_numerator
@@ -109,6 +109,11 @@ class GRKANLinear(nn.Module):
         dtype=None,
     ):
         super().__init__()
+        in_features, num_groups, order, variant, init = kr.check_layer_args(in_features, num_groups, order, variant,
+                                                                             init, "in_features")
+        out_features = _checks.positive_int("out_features", out_features)
+        _checks.fits_index("linear.weight", (out_features, in_features), in_features=in_features,
+                           out_features=out_features)
         self.rational = GroupRational(
             in_features, num_groups, order, variant, init, shared_numerator, deterministic, device=device, dtype=dtype
         )
@@ -148,8 +153,14 @@ class KATMLP(nn.Module):
         dtype=None,
     ):
         super().__init__()
-        hidden_features = hidden_features or in_features
-        out_features = out_features or in_features
+        in_features = _checks.positive_int("in_features", in_features)
+        hidden_features = in_features if hidden_features is None else _checks.positive_int("hidden_features",
+                                                                                           hidden_features)
+        out_features = in_features if out_features is None else _checks.positive_int("out_features", out_features)
+        inits = tuple(_checks.one_of(f"inits[{i}]", init, kr.init_names())
+                      for i, init in enumerate(_checks.sequence("inits", inits, 2)))
+        kr.check_layer_args(in_features, num_groups, order, variant, inits[0], "in_features")
+        kr.check_layer_args(hidden_features, num_groups, order, variant, inits[1], "hidden_features")
         common = dict(num_groups=num_groups, order=order, variant=variant, shared_numerator=shared_numerator,
                       bias=bias, deterministic=deterministic, device=device, dtype=dtype)
         self.fc1 = GRKANLinear(in_features, hidden_features, init=inits[0], **common)

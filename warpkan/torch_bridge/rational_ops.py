@@ -18,6 +18,7 @@ import functools
 import torch
 from torch import Tensor
 
+from .. import _checks
 from ..kernels import rational as kr
 from ._common import WP_DTYPES, RecordedLaunches, check_tensor, eager_function, on_rows, op_or_eager, warp_device
 
@@ -174,17 +175,6 @@ _EagerGroupRational = eager_function(
     "_EagerGroupRational", _forward_impl, _setup_context, lambda ctx, dy: _backward(ctx, dy, _backward_impl))
 
 
-def check_config(num_features: int, num_groups: int, variant: str) -> None:
-    if not isinstance(num_groups, int) or num_groups < 1:
-        raise ValueError(f"num_groups must be a positive int, got {num_groups!r}")
-    if num_features % num_groups:
-        raise ValueError(
-            f"num_groups ({num_groups}) must divide the number of channels ({num_features}): uneven groups are refused"
-        )
-    if variant not in kr.VARIANTS:
-        raise ValueError(f"variant must be one of {kr.VARIANTS}, got {variant!r}")
-
-
 def group_rational(
     x: Tensor,
     weight_numerator: Tensor,
@@ -200,8 +190,8 @@ def group_rational(
     kernels); "B": Q = 1 + |sum_j b_j x^(j+1)| (FlashKAT's paper).
     """
     check_tensor("x", x, ndim_min=1, dtypes=IO_DTYPES)
-    channels = x.shape[-1]
-    check_config(channels, num_groups, variant)
+    num_groups = kr.check_groups(num_groups, x.shape[-1], "the last dimension of x")
+    variant = _checks.one_of("variant", variant, kr.VARIANTS)
     weight_dtypes = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
     check_tensor("weight_numerator", weight_numerator, ndim=2, dtypes=weight_dtypes)
     check_tensor("weight_denominator", weight_denominator, ndim=2, dtypes=weight_dtypes)

@@ -8,11 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import bspline as kb
 from ..kernels import ukan as ku
 from ._common import autocast_dtype, check_tensor, on_rows
 from .kan_linear import KANLinear, _base_path
-from .ukan_ops import check_grid_delta, group_range, positional_encoding, range_layer, spline_layer, ukan_pairs
+from .ukan_ops import group_range, positional_encoding, range_layer, spline_layer, ukan_pairs
 
 __all__ = ["UKANLinear"]
 
@@ -80,26 +79,15 @@ class UKANLinear(nn.Module):
         dtype=None,
     ):
         super().__init__()
-        for name, value in (("in_features", in_features), ("out_features", out_features), ("hidden_dim", hidden_dim)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if not isinstance(pe_dim, int) or pe_dim < 0 or pe_dim % 2:
-            raise ValueError(f"pe_dim must be a non-negative even int, got {pe_dim!r}")
-        if not isinstance(embed_dim, int) or embed_dim < 0:
-            raise ValueError(f"embed_dim must be a non-negative int, got {embed_dim!r}")
-        if pe_dim + embed_dim == 0:
-            raise ValueError("pe_dim + embed_dim must be positive: the CG-MLP needs an input")
-        if table_groups is not None and (isinstance(table_groups, bool) or not isinstance(table_groups, int)
-                                         or table_groups < 1):
-            raise ValueError(f"table_groups must be None or a positive int, got {table_groups!r}")
-        if not isinstance(spline_order, int) or not 1 <= spline_order <= kb.MAX_SPLINE_ORDER:
-            raise ValueError(f"spline_order must be an int in [1, {kb.MAX_SPLINE_ORDER}], got {spline_order!r}")
+        (in_features, out_features, spline_order, grid_delta, pe_dim, embed_dim, hidden_dim,
+         table_groups) = ku.check_layer_args(in_features, out_features, spline_order, grid_delta, pe_dim, embed_dim,
+                                             hidden_dim, table_groups)
         dtype = dtype or torch.get_default_dtype()
         if dtype not in (torch.float32, torch.float64):
             raise TypeError(f"dtype must be float32 or float64, got {dtype}")
         self.in_features, self.out_features = in_features, out_features
         self.spline_order = spline_order
-        self.grid_delta = check_grid_delta(grid_delta)
+        self.grid_delta = grid_delta
         self.pe_dim, self.embed_dim, self.hidden_dim = pe_dim, embed_dim, hidden_dim
         self.table_groups = table_groups
         self.use_base = _base_path(base_activation)

@@ -611,12 +611,3 @@ def positional_encoding(group: Tensor, pe_dim: int, dtype: torch.dtype) -> Tenso
     freq = torch.pow(torch.full_like(j, ku.PE_BASE), -2.0 * j / pe_dim)
     phase = group.to(torch.float64).unsqueeze(-1) * freq
     return torch.stack([torch.sin(phase), torch.cos(phase)], dim=-1).flatten(-2).to(dtype)
-
-
-def check_grid_delta(grid_delta) -> float:
-    if isinstance(grid_delta, bool) or not isinstance(grid_delta, (int, float)):
-        raise TypeError(f"grid_delta must be a number, got {type(grid_delta).__name__}")
-    h = float(grid_delta)
-    if not (h > 0 and h < float("inf")):
-        raise ValueError(f"grid_delta must be a positive finite number, got {grid_delta!r}")
-    return h
