@@ -21,7 +21,7 @@ def new_output(shape, dtype, device, tape) -> wp.array:
 
 def record_backward(tape, backward: Callable[[], None], arrays: list) -> None:
     """Record ``backward`` on ``tape``; ``arrays`` are those whose ``.grad`` it reads or accumulates into
-    (arrays without a gradient are left out: nothing flows to them)."""
+    (arrays without a gradient, or without elements, are left out: nothing flows to them)."""
     if tape is None:
         return
-    tape.record_func(backward, [a for a in arrays if isinstance(a, wp.array) and a.grad is not None])
+    tape.record_func(backward, [a for a in arrays if isinstance(a, wp.array) and a.grad is not None and a.size])

@@ -9,11 +9,11 @@ import numpy as np
 import warp as wp
 
 from ..kernels import bspline as kb
+from ._common import NP_DTYPES as _NP_DTYPES
+from ._common import check_device, check_dtype, layer_input
 from ._tape import active_tape, new_output, record_backward
 
 __all__ = ["KANLinear"]
-
-_NP_DTYPES = {wp.float32: np.float32, wp.float64: np.float64}
 
 
 class KANLinear:
@@ -43,21 +43,16 @@ class KANLinear:
         dtype=wp.float32,
         seed: int = 0,
     ):
-        if dtype not in _NP_DTYPES:
-            raise TypeError(f"dtype must be wp.float32 or wp.float64, got {dtype}")
-        if not 1 <= spline_order <= kb.MAX_SPLINE_ORDER:
-            raise ValueError(f"spline_order must be in [1, {kb.MAX_SPLINE_ORDER}], got {spline_order}")
-        for name, value in (("in_features", in_features), ("out_features", out_features), ("grid_size", grid_size)):
-            if int(value) < 1:
-                raise ValueError(f"{name} must be positive, got {value}")
+        dtype = check_dtype(dtype)
+        in_features, out_features, grid_size, spline_order, (lo, hi) = kb.check_layer_args(
+            in_features, out_features, grid_size, spline_order, grid_range)
         self.in_features, self.out_features = in_features, out_features
         self.grid_size, self.spline_order = grid_size, spline_order
         self.use_base, self.deterministic = use_base, deterministic
-        self.device = wp.get_device(device)
+        self.device = check_device(device)
         self.dtype = dtype
         np_dtype = _NP_DTYPES[dtype]
         rng = np.random.default_rng(seed)
-        lo, hi = grid_range
         h = (hi - lo) / grid_size
         knots = np.arange(-spline_order, grid_size + spline_order + 1) * h + lo
         bound = 1.0 / math.sqrt(in_features)  # kaiming_uniform(a=sqrt(5)) of nn.Linear
@@ -76,14 +71,14 @@ class KANLinear:
         return [self.base_weight_t, self.scaler_t, self.coef] if self.use_base else [self.scaler_t, self.coef]
 
     def __call__(self, x: wp.array) -> wp.array:
-        if not isinstance(x, wp.array) or x.ndim != 2 or x.shape[1] != self.in_features:
-            raise ValueError(f"x must be a wp.array2d of shape [N, {self.in_features}], got {getattr(x, 'shape', type(x))}")
-        if x.dtype != self.dtype:
-            raise TypeError(f"x must have dtype {wp.types.type_repr(self.dtype)}, got {wp.types.type_repr(x.dtype)}")
-        if x.device != self.device:
-            raise ValueError(f"x must be on {self.device}, got {x.device}")
+        """y [N, out] for x [N, in] (a ``wp.array`` of the layer's dtype and device; strided or transposed
+        works, and N may be 0). Under an active ``wp.Tape`` the backward is recorded: ``tape.backward()``
+        accumulates into ``x.grad`` (when x requires grad) and into the gradients of :meth:`parameters`."""
         tape = active_tape()
+        x = layer_input(x, self.in_features, self.dtype, self.device, tape)
         y = new_output((x.shape[0], self.out_features), self.dtype, self.device, tape)
+        if x.shape[0] == 0:
+            return y
         args = (x, self.grid, self.base_weight_t, self.scaler_t, self.coef)
         kb.launch_forward(*args, y, self.spline_order, self.uniform, self.use_base)
 

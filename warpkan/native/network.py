@@ -8,16 +8,34 @@ import warp as wp
 __all__ = ["KANNetwork"]
 
 
+_LAYER_METHODS = ("parameters", "state_dict", "load_state_dict", "config")
+
+
 class KANNetwork:
     """A sequence of Warp-native layers (any object with ``__call__``, ``parameters``, ``state_dict``,
-    ``load_state_dict`` and ``config``). Calling it under a ``wp.Tape`` records every layer's backward."""
+    ``load_state_dict`` and ``config``). Calling it under a ``wp.Tape`` records every layer's backward.
+
+    Args:
+        layers: the layers, applied in order (a non-empty list or other iterable); each layer's output is the
+            next one's input, so its width must be the next layer's input width (checked when called).
+    """
 
     def __init__(self, layers):
+        if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__"):
+            raise TypeError(f"layers must be a list of Warp-native layers, got {type(layers).__name__}")
         self.layers = list(layers)
         if not self.layers:
-            raise ValueError("layers must not be empty")
+            raise ValueError("layers must not be empty, got an empty list")
+        for index, layer in enumerate(self.layers):
+            missing = [m for m in ("__call__", *_LAYER_METHODS) if not callable(getattr(layer, m, None))]
+            if missing:
+                raise TypeError(f"layers[{index}] must be a Warp-native layer (with __call__, "
+                                f"{', '.join(_LAYER_METHODS)}), got {type(layer).__name__} without {', '.join(missing)}")
 
     def __call__(self, x: wp.array) -> wp.array:
+        """The network's output for x [N, in] (a ``wp.array`` the first layer takes): each layer applied in
+        turn. Under an active ``wp.Tape`` every layer's backward is recorded, so ``tape.backward()`` reaches
+        ``x.grad`` and the gradients of :meth:`parameters`."""
         for layer in self.layers:
             x = layer(x)
         return x

@@ -7,13 +7,13 @@ import numpy as np
 import warp as wp
 
 from ..kernels import poly as kp
+from ._common import NP_DTYPES as _NP_DTYPES
+from ._common import check_device, check_dtype, layer_input
 from ._tape import active_tape, new_output, record_backward
 
 __all__ = ["PolyKANLinear", "ChebyKANLinear"]
 
-_NP_DTYPES = {wp.float32: np.float32, wp.float64: np.float64}
 DEFAULT_LUT_SIZE = 4096
-_MODES = ("exact", "lut")
 
 
 class PolyKANLinear:
@@ -44,20 +44,13 @@ class PolyKANLinear:
         dtype=wp.float32,
         seed: int = 0,
     ):
-        if dtype not in _NP_DTYPES:
-            raise TypeError(f"dtype must be wp.float32 or wp.float64, got {dtype}")
-        for name, value in (("in_features", in_features), ("out_features", out_features)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        kp.check_basis(basis, degree, alpha, beta)
-        if mode not in _MODES:
-            raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
-        if isinstance(lut_size, bool) or not isinstance(lut_size, int) or lut_size < 2:
-            raise ValueError(f"lut_size must be an int >= 2, got {lut_size!r}")
+        dtype = check_dtype(dtype)
+        in_features, out_features, degree, mode, lut_size, alpha, beta = kp.check_layer_args(
+            in_features, out_features, degree, basis, mode, lut_size, alpha, beta)
         self.in_features, self.out_features, self.degree = in_features, out_features, degree
         self.basis, self.mode, self.lut_size = basis, mode, lut_size
-        self.alpha, self.beta = float(alpha), float(beta)
-        self.device = wp.get_device(device)
+        self.alpha, self.beta = alpha, beta
+        self.device = check_device(device)
         self.dtype = dtype
         rng = np.random.default_rng(seed)
         std = 1.0 / (in_features * (degree + 1))  # ChebyKAN's initialisation
@@ -78,14 +71,14 @@ class PolyKANLinear:
         return kp.build_lut(self.basis, self.degree, self.lut_size, self.alpha, self.beta, scalar, self.device)
 
     def __call__(self, x: wp.array) -> wp.array:
-        if not isinstance(x, wp.array) or x.ndim != 2 or x.shape[1] != self.in_features:
-            raise ValueError(f"x must be a wp.array2d of shape [N, {self.in_features}], got {getattr(x, 'shape', type(x))}")
-        if x.dtype != self.dtype:
-            raise TypeError(f"x must have dtype {wp.types.type_repr(self.dtype)}, got {wp.types.type_repr(x.dtype)}")
-        if x.device != self.device:
-            raise ValueError(f"x must be on {self.device}, got {x.device}")
+        """y [N, out] for x [N, in] (a ``wp.array`` of the layer's dtype and device; strided or transposed
+        works, and N may be 0). Under an active ``wp.Tape`` the backward is recorded: ``tape.backward()``
+        accumulates into ``x.grad`` (when x requires grad) and into the gradients of :meth:`parameters`."""
         tape = active_tape()
+        x = layer_input(x, self.in_features, self.dtype, self.device, tape)
         y = new_output((x.shape[0], self.out_features), self.dtype, self.device, tape)
+        if x.shape[0] == 0:
+            return y
         tables = self._tables()
         config = dict(basis=self.basis, lut=tables, alpha=self.alpha, beta=self.beta)
         kp.launch_forward(x, self.coeffs, y, bias=self.bias, **config)

@@ -11,23 +11,12 @@ import numpy as np
 import warp as wp
 
 from ..kernels import rational as kr
+from .. import _checks
+from ._common import NP_DTYPES as _NP_DTYPES
+from ._common import check_device, check_dtype, layer_input
 from ._tape import active_tape, new_output, record_backward
 
 __all__ = ["GroupRational", "GRKANLinear"]
-
-_NP_DTYPES = {wp.float32: np.float32, wp.float64: np.float64}
-
-
-def _check_x(x, features: int, dtype, device) -> None:
-    if not isinstance(x, wp.array) or x.ndim != 2 or x.shape[1] != features:
-        raise ValueError(f"x must be a wp.array2d of shape [N, {features}], got {getattr(x, 'shape', type(x))}")
-    if x.dtype != dtype:
-        raise TypeError(f"x must have dtype {wp.types.type_repr(dtype)}, got {wp.types.type_repr(x.dtype)}")
-    if x.device != device:
-        raise ValueError(f"x must be on {device}, got {x.device}")
-    if not x.is_contiguous:
-        raise ValueError("x must be contiguous (copy it with wp.clone first)")
-
 
 class GroupRational:
     """``y = F_g(x)`` for x [N, num_features] (see ``warpkan.torch_bridge.GroupRational`` for the maths, the
@@ -46,21 +35,14 @@ class GroupRational:
         device=None,
         dtype=wp.float32,
     ):
-        if dtype not in _NP_DTYPES:
-            raise TypeError(f"dtype must be wp.float32 or wp.float64, got {dtype}")
-        if isinstance(num_features, bool) or not isinstance(num_features, int) or num_features < 1:
-            raise ValueError(f"num_features must be a positive int, got {num_features!r}")
-        if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1:
-            raise ValueError(f"num_groups must be a positive int, got {num_groups!r}")
-        if num_features % num_groups:
-            raise ValueError(
-                f"num_groups ({num_groups}) must divide the number of channels ({num_features}): uneven groups are refused"
-            )
+        dtype = check_dtype(dtype)
+        num_features, num_groups, order, variant, init = kr.check_layer_args(num_features, num_groups, order, variant,
+                                                                              init)
         numerator, denominator = kr.init_coefficients(init, order, variant)
         self.num_features, self.num_groups = num_features, num_groups
-        self.order, self.variant, self.init = (int(order[0]), int(order[1])), variant, init
+        self.order, self.variant, self.init = order, variant, init
         self.deterministic = deterministic
-        self.device = wp.get_device(device)
+        self.device = check_device(device)
         self.dtype = dtype
         rows = 1 if shared_numerator else num_groups
         self.weight_numerator = self._param(np.tile(numerator, (rows, 1)))
@@ -77,9 +59,15 @@ class GroupRational:
         return kr.second_moment(self.weight_numerator.numpy()[0], self.weight_denominator.numpy()[0], self.variant)
 
     def __call__(self, x: wp.array) -> wp.array:
-        _check_x(x, self.num_features, self.dtype, self.device)
+        """y = F_g(x), of x's shape, for x [N, num_features] (a ``wp.array`` of the layer's dtype and device;
+        strided or transposed works, and N may be 0). Under an active ``wp.Tape`` the backward is recorded:
+        ``tape.backward()`` accumulates into ``x.grad`` (when x requires grad) and into the gradients of
+        :meth:`parameters`."""
         tape = active_tape()
+        x = layer_input(x, self.num_features, self.dtype, self.device, tape)
         y = new_output(x.shape, self.dtype, self.device, tape)
+        if x.shape[0] == 0:
+            return y
         a, b = self.weight_numerator, self.weight_denominator
         kr.launch_forward(x, a, b, y, self.num_groups, self.variant)
 
@@ -175,8 +163,11 @@ class GRKANLinear:
         dtype=wp.float32,
         seed: int = 0,
     ):
-        if isinstance(out_features, bool) or not isinstance(out_features, int) or out_features < 1:
-            raise ValueError(f"out_features must be a positive int, got {out_features!r}")
+        in_features, num_groups, order, variant, init = kr.check_layer_args(in_features, num_groups, order, variant,
+                                                                             init, "in_features")
+        out_features = _checks.positive_int("out_features", out_features)
+        _checks.fits_index("linear.weight", (out_features, in_features), in_features=in_features,
+                           out_features=out_features)
         self.rational = GroupRational(in_features, num_groups, order, variant, init, shared_numerator,
                                       deterministic, device, dtype)
         self.in_features, self.out_features = in_features, out_features
@@ -191,21 +182,24 @@ class GRKANLinear:
         return self.rational.parameters() + extra
 
     def __call__(self, x: wp.array) -> wp.array:
+        """y [N, out_features] for x [N, in_features] (a ``wp.array`` of the layer's dtype and device; strided
+        or transposed works, and N may be 0). Under an active ``wp.Tape`` the backward is recorded:
+        ``tape.backward()`` accumulates into ``x.grad`` (when x requires grad) and into the gradients of
+        :meth:`parameters`."""
         h = self.rational(x)
         tape = active_tape()
-        y = new_output((x.shape[0], self.out_features), self.dtype, self.device, tape)
+        y = new_output((h.shape[0], self.out_features), self.dtype, self.device, tape)
+        if h.shape[0] == 0:
+            return y
         forward, backward_input, backward_weight = _linear_kernels("float64" if self.dtype == wp.float64 else "float32")
         use_bias = self.bias is not None
         bias = self.bias if use_bias else self.weight.flatten()
-        if x.shape[0]:
-            wp.launch(forward, dim=(x.shape[0], self.out_features), inputs=[h, self.weight, bias, int(use_bias)],
-                      outputs=[y], device=self.device, record_tape=False)
+        wp.launch(forward, dim=(h.shape[0], self.out_features), inputs=[h, self.weight, bias, int(use_bias)],
+                  outputs=[y], device=self.device, record_tape=False)
 
         def backward():
-            if x.shape[0] == 0:
-                return
             if h.grad is not None:
-                wp.launch(backward_input, dim=(x.shape[0], self.in_features), inputs=[y.grad, self.weight],
+                wp.launch(backward_input, dim=(h.shape[0], self.in_features), inputs=[y.grad, self.weight],
                           outputs=[h.grad], device=self.device, record_tape=False)
             wp.launch(backward_weight, dim=(self.out_features, self.in_features),
                       inputs=[y.grad, h, int(use_bias)],

@@ -11,13 +11,12 @@ import math
 import numpy as np
 import warp as wp
 
-from ..kernels import bspline as kb
 from ..kernels import ukan as ku
+from ._common import NP_DTYPES as _NP_DTYPES
+from ._common import check_device, check_dtype, layer_input
 from ._tape import active_tape, new_output, record_backward
 
 __all__ = ["UKANLinear"]
-
-_NP_DTYPES = {wp.float32: np.float32, wp.float64: np.float64}
 
 
 _DEFAULT_TABLE_GROUPS = 16  # first capacity tried when table_groups is None
@@ -49,25 +48,16 @@ class UKANLinear:
         dtype=wp.float32,
         seed: int = 0,
     ):
-        if dtype not in _NP_DTYPES:
-            raise TypeError(f"dtype must be wp.float32 or wp.float64, got {dtype}")
-        if not 1 <= spline_order <= kb.MAX_SPLINE_ORDER:
-            raise ValueError(f"spline_order must be in [1, {kb.MAX_SPLINE_ORDER}], got {spline_order}")
-        for name, value in (("in_features", in_features), ("out_features", out_features), ("hidden_dim", hidden_dim)):
-            if int(value) < 1:
-                raise ValueError(f"{name} must be positive, got {value}")
-        if pe_dim < 0 or pe_dim % 2 or embed_dim < 0 or pe_dim + embed_dim == 0:
-            raise ValueError(f"pe_dim must be even and pe_dim + embed_dim positive, got {pe_dim}, {embed_dim}")
-        if not (float(grid_delta) > 0 and math.isfinite(float(grid_delta))):
-            raise ValueError(f"grid_delta must be a positive finite number, got {grid_delta!r}")
+        dtype = check_dtype(dtype)
+        (in_features, out_features, spline_order, grid_delta, pe_dim, embed_dim, hidden_dim,
+         table_groups) = ku.check_layer_args(in_features, out_features, spline_order, grid_delta, pe_dim, embed_dim,
+                                             hidden_dim, table_groups)
         self.in_features, self.out_features = in_features, out_features
-        self.spline_order, self.grid_delta = spline_order, float(grid_delta)
+        self.spline_order, self.grid_delta = spline_order, grid_delta
         self.pe_dim, self.embed_dim, self.hidden_dim = pe_dim, embed_dim, hidden_dim
         self.use_base = use_base
-        if table_groups is not None and int(table_groups) < 1:
-            raise ValueError(f"table_groups must be None or positive, got {table_groups}")
-        self.table_groups = None if table_groups is None else int(table_groups)
-        self.device = wp.get_device(device)
+        self.table_groups = table_groups
+        self.device = check_device(device)
         self.dtype = dtype
         K = spline_order + 1
         rng = np.random.default_rng(seed)
@@ -96,16 +86,17 @@ class UKANLinear:
         return params + [self.base_weight_t] if self.use_base else params
 
     def __call__(self, x: wp.array) -> wp.array:
-        if not isinstance(x, wp.array) or x.ndim != 2 or x.shape[1] != self.in_features:
-            raise ValueError(f"x must be a wp.array2d of shape [N, {self.in_features}], got {getattr(x, 'shape', type(x))}")
-        if x.dtype != self.dtype:
-            raise TypeError(f"x must have dtype {wp.types.type_repr(self.dtype)}, got {wp.types.type_repr(x.dtype)}")
-        if x.device != self.device:
-            raise ValueError(f"x must be on {self.device}, got {x.device}")
+        """y [N, out] for x [N, in] (a ``wp.array`` of the layer's dtype and device; strided or transposed
+        works, and N may be 0). With ``table_groups=None`` one integer is read back to size the table. Under
+        an active ``wp.Tape`` the backward is recorded: ``tape.backward()`` accumulates into ``x.grad`` (when
+        x requires grad) and into the gradients of :meth:`parameters`."""
         tape = active_tape()
+        x = layer_input(x, self.in_features, self.dtype, self.device, tape)
         device, dtype = self.device, self.dtype
         n_rows = x.shape[0]
         out, K, hidden = self.out_features, self.spline_order + 1, self.hidden_dim
+        if n_rows == 0:
+            return new_output((0, out), dtype, device, tape)
         h, k = self.grid_delta, self.spline_order
 
         def empty(shape, dt=dtype):
