@@ -65,3 +65,45 @@ def test_torch_bridge_all_is_locked():
 def test_import_warpkan_does_not_import_torch():
     code = "import sys, warpkan; import warpkan.kernels.bspline; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _documented_args(cls) -> set:
+    """The argument names of the ``Args:`` section of a class docstring."""
+    import re
+
+    doc = cls.__doc__ or ""
+    if "Args:" not in doc:
+        return set()
+    section = doc.split("Args:", 1)[1]
+    return set(re.findall(r"^\s{8}(\w+):", section, flags=re.MULTILINE))
+
+
+def _layer_classes():
+    import pytest
+
+    classes = [getattr(warpkan, name) for name in ("KANLinear", "UKANLinear", "PolyKANLinear", "ChebyKANLinear",
+                                                   "GroupRational", "GRKANLinear", "KANNetwork", "Adam")]
+    try:
+        import warpkan.torch_bridge as tb
+    except ImportError:
+        pytest.skip("torch is absent")
+    return classes + [getattr(tb, name) for name in ("KANLinear", "UKANLinear", "PolyKANLinear", "ChebyKANLinear",
+                                                     "GroupRational", "GRKANLinear", "KATMLP", "GEGLUFFN")]
+
+
+def test_layers_document_every_argument_and_their_call():
+    import inspect
+
+    missing = []
+    for cls in _layer_classes():
+        where = f"{cls.__module__}.{cls.__name__}"
+        params = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+        undocumented = set(params) - _documented_args(cls)
+        if undocumented:
+            missing.append(f"{where}: Args lacks {sorted(undocumented)}")
+        call = cls.__dict__.get("forward") or cls.__dict__.get("__call__")
+        if call is None and cls.__name__ not in ("Adam", "ChebyKANLinear"):
+            missing.append(f"{where}: no forward or __call__")
+        if call is not None and not (call.__doc__ or "").strip():
+            missing.append(f"{where}.{call.__name__}: no docstring")
+    assert not missing, "\n".join(missing)

@@ -27,6 +27,20 @@ class KANLinear:
     ``scaler_t`` [in, out], ``coef`` [in, G + k, out]; ``grid`` [in, G + 2k + 1] holds the knots.
     :meth:`state_dict` / :meth:`load_state_dict` use efficient-kan's names and layout, so a state dict moves
     between this layer and ``warpkan.torch_bridge.KANLinear`` (as numpy arrays).
+
+    Args:
+        in_features: number of inputs (a positive int).
+        out_features: number of outputs (a positive int).
+        grid_size: number of grid intervals G on ``grid_range`` (a positive int).
+        spline_order: order k of the B-splines, an int in [1, 5] (3: cubic).
+        grid_range: ``(lo, hi)``, finite with lo < hi: the interval the G grid intervals cover (the knots
+            extend k intervals past each end).
+        use_base: include the base path ``base_weight @ silu(x)`` (else no base weight is trained).
+        scale_noise: scale of the initial spline coefficients, uniform in ``+-scale_noise / (2 grid_size)``.
+        deterministic: make every gradient bitwise reproducible from run to run.
+        device: the Warp device (or its name) of the parameters (Warp's default device when None).
+        dtype: ``wp.float32`` or ``wp.float64``.
+        seed: seed of the numpy generator that draws the initial parameters.
     """
 
     def __init__(

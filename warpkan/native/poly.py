@@ -27,6 +27,21 @@ class PolyKANLinear:
     use the torch layer's names and public shapes (``coeffs`` [in, out, degree + 1], ``bias`` [out]) and also
     accept ChebyKAN's ``cheby_coeffs``, so a state dict moves between this layer, ``warpkan.torch_bridge``'s and
     ChebyKAN's (as numpy arrays). Bases, modes and the LUT error bound: see ``warpkan.kernels.poly``.
+
+    Args:
+        in_features: number of inputs (a positive int).
+        out_features: number of outputs (a positive int).
+        degree: the highest basis degree D, an int in [0, 64] (D + 1 basis functions per edge).
+        basis: ``"chebyshev"``, ``"legendre"``, ``"hermite"``, ``"gegenbauer"``, ``"jacobi"`` or ``"fourier"``.
+        mode: ``"lut"`` (interpolated tables) or ``"exact"`` (the recurrence).
+        lut_size: points of each table on [-1, 1] in ``"lut"`` mode, an int >= 2.
+        bias: add a learned bias [out] (zero at initialisation).
+        alpha: the gegenbauer (> -1/2, != 0) and jacobi (> -1) parameter, a finite number; ignored by the
+            other bases.
+        beta: the jacobi parameter (> -1), a finite number; ignored by the other bases.
+        device: the Warp device (or its name) of the parameters (Warp's default device when None).
+        dtype: ``wp.float32`` or ``wp.float64``.
+        seed: seed of the numpy generator that draws the initial coefficients.
     """
 
     def __init__(
@@ -130,7 +145,19 @@ class PolyKANLinear:
 
 
 class ChebyKANLinear(PolyKANLinear):
-    """:class:`PolyKANLinear` with the Chebyshev basis (ChebyKAN's argument order)."""
+    """:class:`PolyKANLinear` with the Chebyshev basis (ChebyKAN's argument order).
+
+    Args:
+        in_features: number of inputs (a positive int); ChebyKAN's ``input_dim``.
+        out_features: number of outputs (a positive int); ChebyKAN's ``output_dim``.
+        degree: the highest Chebyshev degree D, an int in [0, 64].
+        mode: ``"lut"`` (interpolated tables) or ``"exact"`` (the recurrence).
+        lut_size: points of each table on [-1, 1] in ``"lut"`` mode, an int >= 2.
+        bias: add a learned bias [out] (zero at initialisation).
+        device: the Warp device (or its name) of the parameters (Warp's default device when None).
+        dtype: ``wp.float32`` or ``wp.float64``.
+        seed: seed of the numpy generator that draws the initial coefficients.
+    """
 
     def __init__(self, in_features: int, out_features: int, degree: int, mode: str = "lut",
                  lut_size: int = DEFAULT_LUT_SIZE, bias: bool = False, device=None, dtype=wp.float32, seed: int = 0):

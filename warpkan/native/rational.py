@@ -21,7 +21,19 @@ __all__ = ["GroupRational", "GRKANLinear"]
 class GroupRational:
     """``y = F_g(x)`` for x [N, num_features] (see ``warpkan.torch_bridge.GroupRational`` for the maths, the
     variants and the inits). ``weight_numerator`` [1 or G, m + 1] and ``weight_denominator`` [G, n] are
-    ``wp.array``s with ``requires_grad=True``; :meth:`state_dict` uses the torch layer's (and KAT's) names."""
+    ``wp.array``s with ``requires_grad=True``; :meth:`state_dict` uses the torch layer's (and KAT's) names.
+
+    Args:
+        num_features: number of channels C, the last dimension of x (a positive int).
+        num_groups: number of groups G sharing a denominator, a positive int that divides ``num_features``.
+        order: ``(m, n)``, the numerator and denominator degrees: ints with 0 <= m <= 12 and 1 <= n <= 12.
+        variant: ``"A"`` (``Q = 1 + sum_j |b_j| |x|^(j+1)``) or ``"B"`` (``Q = 1 + |sum_j b_j x^(j+1)|``).
+        init: ``"identity"`` (any order), ``"swish"`` or ``"gelu"`` (the fitted orders only).
+        shared_numerator: one numerator for all groups (KAT's layout) instead of one per group.
+        deterministic: make the coefficient gradients bitwise reproducible.
+        device: the Warp device (or its name) of the coefficients (Warp's default device when None).
+        dtype: ``wp.float32`` or ``wp.float64``.
+    """
 
     def __init__(
         self,
@@ -146,7 +158,22 @@ def _linear_kernels(scalar_name: str):
 
 class GRKANLinear:
     """GR-KAN layer ``y = F(x) W^T + bias`` on ``wp.array2d`` x [N, in_features], with KAT's variance-preserving
-    init of W (``N(0, 1 / (in_features E[F(x)^2]))``, x ~ N(0, 1)). Differentiable under ``wp.Tape``."""
+    init of W (``N(0, 1 / (in_features E[F(x)^2]))``, x ~ N(0, 1)). Differentiable under ``wp.Tape``.
+
+    Args:
+        in_features: number of inputs, the channels of the rational (a positive int).
+        out_features: number of outputs (a positive int).
+        num_groups: number of rational groups, a positive int that divides ``in_features``.
+        order: ``(m, n)``, the rational's numerator and denominator degrees (see :class:`GroupRational`).
+        variant: ``"A"`` or ``"B"`` (see :class:`GroupRational`).
+        init: the rational's initial function: ``"identity"``, ``"swish"`` or ``"gelu"``.
+        shared_numerator: one numerator for all groups (KAT's layout) instead of one per group.
+        bias: give the linear layer a bias (zero at initialisation).
+        deterministic: make the rational's coefficient gradients bitwise reproducible.
+        device: the Warp device (or its name) of the parameters (Warp's default device when None).
+        dtype: ``wp.float32`` or ``wp.float64``.
+        seed: seed of the numpy generator that draws the initial linear weight.
+    """
 
     def __init__(
         self,

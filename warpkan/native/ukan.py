@@ -31,6 +31,21 @@ class UKANLinear:
     layouts (as numpy arrays), so weights move between the two. The coefficient table is sized as in the
     torch layer: exactly (one integer read back per call) with ``table_groups=None``, or with the fixed
     capacity of ``table_groups`` (nothing read back; rows past it get no spline term).
+
+    Args:
+        in_features: number of inputs (a positive int).
+        out_features: number of outputs (a positive int).
+        spline_order: order k of the B-splines, an int in [1, 5] (3: cubic).
+        grid_delta: the knot spacing h, a positive finite number.
+        pe_dim: width of the sinusoidal encoding of the group index, a non-negative even int.
+        embed_dim: width of the learned embedding of the feature index, a non-negative int
+            (``pe_dim + embed_dim`` must be positive: it is the CG-MLP's input width).
+        hidden_dim: the CG-MLP's hidden width (a positive int).
+        use_base: include the base path ``base_weight @ silu(x)`` (else no base weight is trained).
+        table_groups: None for the exact, data-sized table, or a positive int R for the fixed-size one.
+        device: the Warp device (or its name) of the parameters (Warp's default device when None).
+        dtype: ``wp.float32`` or ``wp.float64``.
+        seed: seed of the numpy generator that draws the initial parameters.
     """
 
     def __init__(

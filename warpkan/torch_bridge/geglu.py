@@ -27,6 +27,16 @@ class GEGLUFFN(nn.Module):
     Batches of at most ``small_batch_rows`` rows run the Warp weight-streaming kernels (the layer is bound
     by reading the weights there); larger ones the concatenated cuBLAS GEMM plus the fused Warp gate.
     Initialisation is ``nn.Linear``'s: uniform in ``+-1/sqrt(fan_in)``.
+
+    Args:
+        hidden: the model width, x's last dimension and the output's (a positive int).
+        intermediate: the width of the gated projection (a positive int).
+        activation: ``"gelu"``, ``"gelu_tanh"`` or ``"gelu_sigmoid"``.
+        bias: give the three projections biases.
+        small_batch_rows: batches of at most this many rows (a non-negative int; 0: never) take the Warp
+            weight-streaming kernels.
+        device: the device of the parameters (torch's default when None).
+        dtype: float16, bfloat16, float32 or float64 (torch's default dtype when None).
     """
 
     def __init__(
@@ -111,6 +121,8 @@ class GEGLUFFN(nn.Module):
         return self.w_uv[self.intermediate :]
 
     def forward(self, x: Tensor) -> Tensor:
+        """out (..., hidden) for x (..., hidden) of the parameters' dtype and device (under autocast, x and the
+        parameters are cast to the autocast dtype). An empty batch gives an empty output."""
         params = (self.w_uv, self.w_o, self.b_uv, self.b_o)
         cast = autocast_dtype(x.device) if isinstance(x, Tensor) else None
         if cast is not None:

@@ -56,6 +56,30 @@ class KANLinear(nn.Module):
     Unlike efficient-kan, the initial ``spline_weight`` is drawn directly as small uniform noise instead of a
     least-squares fit of noise, which would be an O(G^3) solve at large ``grid_size``; the distribution of the
     initial spline values is the same order (``scale_noise / grid_size``).
+
+    Args:
+        in_features: number of inputs (a positive int).
+        out_features: number of outputs (a positive int).
+        grid_size: number of grid intervals G on ``grid_range`` (a positive int).
+        spline_order: order k of the B-splines, an int in [1, 5] (3: cubic).
+        scale_noise: scale of the initial ``spline_weight`` noise, uniform in
+            ``+-scale_noise / (2 grid_size)``.
+        scale_base: gain of ``base_weight``'s initialisation (``kaiming_uniform_`` with
+            ``a = sqrt(5) * scale_base``), as in efficient-kan.
+        scale_spline: gain of ``spline_scaler``'s initialisation when ``enable_standalone_scale_spline``, else
+            the constant value of the ``spline_scaler`` buffer.
+        enable_standalone_scale_spline: make ``spline_scaler`` a trained parameter (else a buffer).
+        base_activation: ``torch.nn.SiLU`` (the class or an instance) or ``"silu"`` for the base path
+            ``base_weight @ silu(x)`` (fused in the kernels), or None for no base path; others are refused.
+        grid_eps: blend of :meth:`update_grid` between the uniform grid (1) and the sample quantiles (0).
+        grid_range: ``(lo, hi)``, finite with lo < hi: the interval the G grid intervals cover at
+            construction (the knots extend k intervals past each end).
+        deterministic: make every gradient bitwise reproducible from run to run.
+        strategy: ``"stencil"``, ``"gemm"`` or ``"auto"`` (see :func:`warpkan.torch_bridge.bspline_kan`).
+        contiguous_parameters: store the parameters contiguously in their public shapes (for FSDP2).
+        precision: ``"auto"``, ``"fp32"``, ``"tf32"`` or ``"bf16"``: the gemm strategy's contractions (above).
+        device: the device of the parameters and buffers (torch's default when None).
+        dtype: ``torch.float32`` or ``torch.float64`` (torch's default dtype when None).
     """
 
     def __init__(
@@ -140,6 +164,9 @@ class KANLinear(nn.Module):
         return self.spline_weight * self.spline_scaler.unsqueeze(-1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """y (..., out) for x (..., in): a tensor of the layer's dtype and device (any float dtype under
+        autocast, the result then in the autocast dtype). Non-contiguous x works; an empty batch gives an
+        empty output."""
         check_tensor("x", x, ndim_min=1, last_dim=self.in_features, dtypes=())
         if x.device != self.grid.device:
             raise ValueError(f"x must be on the layer's device {self.grid.device}, got {x.device}")

@@ -35,12 +35,28 @@ class PolyKANLinear(nn.Module):
     ``strategy``: ``"fused"`` (register-tiled Warp kernels, every gradient bitwise reproducible run to run:
     fixed-order reductions, no atomics), ``"gemm"`` (a Warp kernel writes the dense basis and cuBLAS
     contracts it: large batches) or ``"auto"`` (by FLOP count, ``warpkan.torch_bridge.poly_ops.choose_strategy``).
-``precision="tf32"`` or ``"bf16"`` lets the GEMM strategy use TF32 or bf16 tensor cores (float32 layers only;
-explicit opt-ins with the error bounds documented in ``warpkan.torch_bridge.poly_ops``); the fused kernels
-ignore it.
+    ``precision="tf32"`` or ``"bf16"`` lets the GEMM strategy use TF32 or bf16 tensor cores (float32 layers
+    only; explicit opt-ins with the error bounds documented in ``warpkan.torch_bridge.poly_ops``); the fused
+    kernels ignore it.
 
     Under bf16/fp16 autocast the layer computes in fp32 and returns the autocast dtype. NaN in one row of x makes that row of
     the output NaN; as under autograd, it also makes the coefficient gradients of that input NaN.
+
+    Args:
+        in_features: number of inputs (a positive int).
+        out_features: number of outputs (a positive int).
+        degree: the highest basis degree D, an int in [0, 64] (D + 1 basis functions per edge).
+        basis: ``"chebyshev"``, ``"legendre"``, ``"hermite"``, ``"gegenbauer"``, ``"jacobi"`` or ``"fourier"``.
+        mode: ``"lut"`` (interpolated tables) or ``"exact"`` (the recurrence).
+        lut_size: points of each table on [-1, 1] in ``"lut"`` mode, an int >= 2.
+        bias: add a learned bias [out] (zero at initialisation).
+        alpha: the gegenbauer (> -1/2, != 0) and jacobi (> -1) parameter, a finite number; ignored by the
+            other bases.
+        beta: the jacobi parameter (> -1), a finite number; ignored by the other bases.
+        strategy: ``"fused"``, ``"gemm"`` or ``"auto"`` (above).
+        precision: ``"fp32"``, ``"tf32"`` or ``"bf16"``: the gemm strategy's contractions (above).
+        device: the device of the parameters (torch's default when None).
+        dtype: the parameters' dtype, float32 or float64 (torch's default dtype when None).
     """
 
     def __init__(
@@ -83,6 +99,9 @@ ignore it.
             nn.init.zeros_(self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """y (..., out) for x (..., in): a tensor of the layer's dtype and device (any float dtype under
+        autocast, the result then in the autocast dtype). Non-contiguous x works; an empty batch gives an
+        empty output."""
         check_tensor("x", x, ndim_min=1, last_dim=self.in_features, dtypes=())
         if x.device != self.coeffs.device:
             raise ValueError(f"x must be on the layer's device {self.coeffs.device}, got {x.device}")
@@ -114,7 +133,20 @@ ignore it.
 
 class ChebyKANLinear(PolyKANLinear):
     """:class:`PolyKANLinear` with the Chebyshev basis: ChebyKAN's ``ChebyKANLayer(input_dim, output_dim,
-    degree)`` argument order, and its state dicts load."""
+    degree)`` argument order, and its state dicts load.
+
+    Args:
+        in_features: number of inputs (a positive int); ChebyKAN's ``input_dim``.
+        out_features: number of outputs (a positive int); ChebyKAN's ``output_dim``.
+        degree: the highest Chebyshev degree D, an int in [0, 64].
+        mode: ``"lut"`` (interpolated tables) or ``"exact"`` (the recurrence).
+        lut_size: points of each table on [-1, 1] in ``"lut"`` mode, an int >= 2.
+        bias: add a learned bias [out] (zero at initialisation).
+        strategy: ``"fused"``, ``"gemm"`` or ``"auto"`` (see :class:`PolyKANLinear`).
+        precision: ``"fp32"``, ``"tf32"`` or ``"bf16"`` (see :class:`PolyKANLinear`).
+        device: the device of the parameters (torch's default when None).
+        dtype: the parameters' dtype, float32 or float64 (torch's default dtype when None).
+    """
 
     def __init__(self, in_features: int, out_features: int, degree: int, mode: str = "lut",
                  lut_size: int = DEFAULT_LUT_SIZE, bias: bool = False, strategy: str = "auto",

@@ -25,6 +25,17 @@ class GroupRational(nn.Module):
     (FlashKAT's paper). ``init`` ("identity", "swish", "gelu") loads coefficients fitted here to the exact
     activation under that variant. fp32, bf16 and fp16 inputs are computed with fp32 arithmetic and fp32
     gradient sums; ``deterministic=True`` makes the coefficient gradients bitwise reproducible.
+
+    Args:
+        num_features: number of channels C, the last dimension of x (a positive int).
+        num_groups: number of groups G sharing a denominator, a positive int that divides ``num_features``.
+        order: ``(m, n)``, the numerator and denominator degrees: ints with 0 <= m <= 12 and 1 <= n <= 12.
+        variant: ``"A"`` or ``"B"``, the safe denominator (above).
+        init: ``"identity"`` (any order), ``"swish"`` or ``"gelu"`` (the fitted orders only).
+        shared_numerator: one numerator for all groups (KAT's layout) instead of one per group.
+        deterministic: make the coefficient gradients bitwise reproducible.
+        device: the device of the coefficients (torch's default when None).
+        dtype: the coefficients' dtype (float32 when None).
     """
 
     def __init__(
@@ -72,6 +83,8 @@ class GroupRational(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """F(x), of x's shape and dtype, for x (..., num_features) in float32, float64, bfloat16 or float16 on
+        the layer's device. Non-contiguous x works; an empty batch gives an empty output."""
         # the weights and the configuration were checked at construction: x alone here
         check_tensor("x", x, ndim_min=1, last_dim=self.num_features, dtypes=IO_DTYPES)
         if x.device != self.weight_denominator.device:
@@ -92,6 +105,20 @@ class GRKANLinear(nn.Module):
 
     The linear weight gets KAT's variance-preserving init: ``W ~ N(0, 1 / (in_features * E[F(x)^2]))`` with
     ``x ~ N(0, 1)``, so unit-variance inputs give unit-variance outputs at init; the bias starts at zero.
+
+    Args:
+        in_features: number of inputs, the channels of the rational (a positive int).
+        out_features: number of outputs (a positive int).
+        num_groups: number of rational groups, a positive int that divides ``in_features``.
+        order: ``(m, n)``, the rational's numerator and denominator degrees (see :class:`GroupRational`).
+        variant: ``"A"`` or ``"B"`` (see :class:`GroupRational`).
+        init: the rational's initial function: ``"identity"``, ``"swish"`` or ``"gelu"``.
+        shared_numerator: one numerator for all groups (KAT's layout) instead of one per group.
+        bias: give the linear layer a bias.
+        deterministic: make the rational's coefficient gradients bitwise reproducible.
+        device: the device of the parameters (torch's default when None).
+        dtype: the parameters' dtype (float32 for the rational and torch's default for the linear layer
+            when None).
     """
 
     def __init__(
@@ -130,12 +157,30 @@ class GRKANLinear(nn.Module):
                 self.linear.bias.zero_()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """y (..., out_features) = Linear(GroupRational(x)) for x (..., in_features) on the layer's device (see
+        :meth:`GroupRational.forward` for the dtypes)."""
         return self.linear(self.rational(x))
 
 
 class KATMLP(nn.Module):
     """KAT's transformer MLP with GR-KAN: ``GroupRational -> Linear -> GroupRational -> Linear``, identity init
-    on the first rational and swish (by default) on the second."""
+    on the first rational and swish (by default) on the second.
+
+    Args:
+        in_features: number of inputs (a positive int).
+        hidden_features: width between the two GR-KAN layers (a positive int; None: ``in_features``).
+        out_features: number of outputs (a positive int; None: ``in_features``).
+        num_groups: number of rational groups, a positive int that divides ``in_features`` and
+            ``hidden_features``.
+        order: ``(m, n)``, the rationals' numerator and denominator degrees (see :class:`GroupRational`).
+        variant: ``"A"`` or ``"B"`` (see :class:`GroupRational`).
+        inits: the initial functions of the two rationals, a pair of ``"identity"``, ``"swish"``, ``"gelu"``.
+        shared_numerator: one numerator per rational for all its groups (KAT's layout).
+        bias: give the linear layers a bias.
+        deterministic: make the rationals' coefficient gradients bitwise reproducible.
+        device: the device of the parameters (torch's default when None).
+        dtype: the parameters' dtype (see :class:`GRKANLinear`).
+    """
 
     def __init__(
         self,
@@ -167,4 +212,5 @@ class KATMLP(nn.Module):
         self.fc2 = GRKANLinear(hidden_features, out_features, init=inits[1], **common)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """y (..., out_features) = fc2(fc1(x)) for x (..., in_features) on the layer's device."""
         return self.fc2(self.fc1(x))

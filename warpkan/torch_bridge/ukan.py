@@ -62,6 +62,22 @@ class UKANLinear(nn.Module):
     zero spline term. Gradients are bitwise reproducible (stable sort, no floating-point atomics).
 
     Under bf16/fp16 autocast the layer computes in fp32 and returns the autocast dtype.
+
+    Args:
+        in_features: number of inputs (a positive int).
+        out_features: number of outputs (a positive int).
+        spline_order: order k of the B-splines, an int in [1, 5] (3: cubic).
+        grid_delta: the knot spacing h, a positive finite number.
+        pe_dim: width of the sinusoidal encoding of the group index, a non-negative even int.
+        embed_dim: width of the learned embedding of the feature index, a non-negative int
+            (``pe_dim + embed_dim`` must be positive: it is the CG-MLP's input width).
+        hidden_dim: the CG-MLP's hidden width (a positive int).
+        base_activation: ``"silu"`` or ``torch.nn.SiLU`` for the base path ``base_weight @ silu(x)``, or None
+            for no base path.
+        table_groups: None for the exact, data-sized table (one integer read back per forward), or a
+            positive int R for the fixed-size table (nothing read back; see above).
+        device: the device of the parameters (torch's default when None).
+        dtype: ``torch.float32`` or ``torch.float64`` (torch's default dtype when None).
     """
 
     def __init__(
@@ -204,6 +220,9 @@ class UKANLinear(nn.Module):
 
     # ---------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """y (..., out) for x (..., in): a tensor of the layer's dtype and device (any float dtype under
+        autocast, the result then in the autocast dtype). With ``table_groups=None`` one integer is read back
+        to size the table. Non-contiguous x works; an empty batch gives an empty output."""
         check_tensor("x", x, ndim_min=1, last_dim=self.in_features, dtypes=())
         dtype = self.spline_scaler.dtype
         if x.device != self.spline_scaler.device:
