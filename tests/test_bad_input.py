@@ -313,6 +313,19 @@ def test_native_empty_batch(name):
         assert not np.any(p.grad.numpy())
 
 
+@pytest.mark.parametrize("dims", [dict(embed_dim=0), dict(pe_dim=0)], ids=["no-embedding", "no-encoding"])
+def test_native_zero_width_parameter_under_tape(dims):
+    """UKAN with embed_dim=0 has an empty feature_embedding: the tape takes the layer all the same."""
+    layer = warpkan.UKANLinear(3, 2, hidden_dim=4, device="cpu", **{"pe_dim": 4, "embed_dim": 2, **dims})
+    x = wp.array(np.linspace(-1, 1, 15).reshape(5, 3), dtype=wp.float32, device="cpu", requires_grad=True)
+    tape = wp.Tape()
+    with tape:
+        y = layer(x)
+    tape.backward(grads={y: wp.ones(y.shape, dtype=wp.float32, device="cpu")})
+    assert np.all(np.isfinite(x.grad.numpy())) and np.any(x.grad.numpy())
+    warpkan.Adam(layer.parameters()).step()
+
+
 @pytest.mark.parametrize("name", NATIVE_NAMES)
 @pytest.mark.parametrize("view", ["transposed", "strided"])
 def test_native_non_contiguous_input(name, view):
