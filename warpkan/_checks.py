@@ -53,38 +53,34 @@ def integer(name: str, value) -> int:
     return int(value)
 
 
+def _at_least(name: str, value, lo: int, expected: str) -> int:
+    value = integer(name, value)
+    if value < lo:
+        raise ValueError(f"{name} must be {expected}, got {value}")
+    if value > INDEX_MAX:
+        raise ValueError(f"{name} must be {expected} of at most {INDEX_MAX} (the kernels index with int32), "
+                         f"got {value}")
+    return value
+
+
 def int_in_range(name: str, value, lo: int, hi: int | None = None) -> int:
     """An int in [lo, hi] (``hi=None``: [lo, INDEX_MAX]): TypeError for a non-int, ValueError outside."""
+    if hi is None:
+        return _at_least(name, value, lo, f"an int >= {lo}")
     value = integer(name, value)
-    top = INDEX_MAX if hi is None else hi
-    if not lo <= value <= top:
-        if hi is None:
-            bound = f">= {lo}" + (f" (at most {INDEX_MAX}: the kernels index with int32)" if value > top else "")
-            raise ValueError(f"{name} must be an int {bound}, got {value}")
+    if not lo <= value <= hi:
         raise ValueError(f"{name} must be an int in [{lo}, {hi}], got {value}")
     return value
 
 
 def positive_int(name: str, value) -> int:
     """A size: an int in [1, INDEX_MAX]."""
-    value = integer(name, value)
-    if value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value}")
-    if value > INDEX_MAX:
-        raise ValueError(f"{name} must be a positive int of at most {INDEX_MAX} (the kernels index with int32), "
-                         f"got {value}")
-    return value
+    return _at_least(name, value, 1, "a positive int")
 
 
 def non_negative_int(name: str, value) -> int:
     """An int in [0, INDEX_MAX]."""
-    value = integer(name, value)
-    if value < 0:
-        raise ValueError(f"{name} must be a non-negative int, got {value}")
-    if value > INDEX_MAX:
-        raise ValueError(f"{name} must be a non-negative int of at most {INDEX_MAX} (the kernels index with "
-                         f"int32), got {value}")
-    return value
+    return _at_least(name, value, 0, "a non-negative int")
 
 
 def divides(name: str, value: int, of_name: str, of_value: int) -> None:
@@ -135,8 +131,8 @@ def sequence(name: str, value, length: int) -> tuple:
 
 
 def increasing_range(name: str, value) -> tuple[float, float]:
-    """(lo, hi): a pair of finite real numbers with lo < hi (a list, tuple or 1-D numpy array of two)."""
-    if hasattr(value, "tolist") and getattr(value, "ndim", None) == 1:  # a numpy array
+    """(lo, hi): a pair of finite real numbers with lo < hi (a list, a tuple or a 1-D array of two)."""
+    if hasattr(value, "tolist") and getattr(value, "ndim", None) == 1:  # a numpy array or a tensor
         value = value.tolist()
     pair = sequence(name, value, 2)
     lo, hi = (number(f"{name}[{i}]", v) for i, v in enumerate(pair))
