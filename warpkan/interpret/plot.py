@@ -45,6 +45,7 @@ def plot_network(model, x: Tensor | None = None, path=None, *, n: int = 100, bet
     ``n``: points per edge curve; ``in_vars`` / ``out_vars``: labels of the inputs and outputs; ``width``:
     figure width in inches (default: grows with the widest layer).
     """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.collections import LineCollection
     from matplotlib.figure import Figure
 
@@ -65,6 +66,7 @@ def plot_network(model, x: Tensor | None = None, path=None, *, n: int = 100, bet
     y_span = top - bottom
     fig_height = float(np.clip(0.9 * fig_width * y_span, 3.0, 40.0))
     fig = Figure(figsize=(fig_width, fig_height))
+    FigureCanvasAgg(fig)  # a canvas of its own: no pyplot state, drawable and savable in any backend setting
     ax = fig.add_axes((0.0, 0.0, 1.0, 1.0))
     ax.set_xlim(0, 1)
     ax.set_ylim(bottom, top)

@@ -406,15 +406,19 @@ def formula(model, variables=None, digits: int | None = None) -> list:
         outputs = [sympy.Float(float(bias[o])) if bias is not None else sympy.Integer(0)
                    for o in range(layer.out_features)]
         for o, i, fit in layer.fixed_edges():
-            f = layer.functions[fit.name]
-            outputs[o] += sympy.Float(fit.a) * f.sympy(sympy.Float(fit.b) * nodes[i] + sympy.Float(fit.c)) + \
-                sympy.Float(fit.d)
+            inner = _times(fit.b, nodes[i]) + sympy.Float(fit.c)
+            outputs[o] += _times(fit.a, layer.functions[fit.name].sympy(inner)) + sympy.Float(fit.d)
         for o, i in layer.numeric_live_edges().nonzero().tolist():
             outputs[o] += sympy.Function(f"phi_{index}_{o}_{i}")(nodes[i])
         nodes = outputs
     if digits is not None:
         nodes = [_round(expr, digits) for expr in nodes]
     return nodes
+
+
+def _times(number: float, expr):
+    """number * expr, without a factor of exactly 1 (the normalised b of powers, for example)."""
+    return expr if number == 1 else _sympy().Float(number) * expr
 
 
 def _round(expr, digits: int):
