@@ -65,3 +65,37 @@ def test_torch_bridge_all_is_locked():
 def test_import_warpkan_does_not_import_torch():
     code = "import sys, warpkan; import warpkan.kernels.bspline; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+EXPECTED_INTERPRET = {
+    "EdgeFunctions",
+    "edge_functions",
+    "Importance",
+    "importance",
+    "prune",
+    "plot_layer",
+    "plot_network",
+    "refine",
+    "SYMBOLIC_LIB",
+    "SymbolicFit",
+    "SymbolicFunction",
+    "SymbolicKAN",
+    "SymbolicLayer",
+    "auto_symbolic",
+    "formula",
+    "suggest_symbolic",
+}
+
+
+def test_interpret_all_is_locked():
+    import warpkan.interpret as interpret
+
+    assert set(interpret.__all__) == EXPECTED_INTERPRET
+    for name in interpret.__all__:
+        assert getattr(interpret, name) is not None, name
+
+
+def test_interpret_imports_without_its_optional_packages():
+    code = ("import sys, warpkan.interpret; "
+            "assert not {'matplotlib', 'scipy', 'sympy'} & set(sys.modules), 'an optional package was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
