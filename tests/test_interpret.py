@@ -67,7 +67,8 @@ def _reference_edge(layer, o, i, t):
         rows = slice(o * K, (o + 1) * K)
         return ukan_linear(t.unsqueeze(1), layer.grid_delta, layer.spline_order, layer.pe_dim,
                            layer.feature_embedding[i : i + 1], layer.cg_hidden.weight, layer.cg_hidden.bias,
-                           layer.cg_out.weight[rows], layer.cg_out.bias[rows], layer.spline_scaler[o : o + 1, i : i + 1],
+                           layer.cg_out.weight[rows], layer.cg_out.bias[rows],
+                           layer.spline_scaler[o : o + 1, i : i + 1],
                            layer.base_weight[o : o + 1, i : i + 1] if layer.use_base else None)[:, 0]
     if isinstance(layer, PolyKANLinear):
         return basis_values(torch.tanh(t), layer.basis, layer.degree, layer.alpha, layer.beta) @ layer.coeffs[i, o]
@@ -187,7 +188,8 @@ def _weak_network():
     """A [3, 6, 4, 2] KANLinear network with a dead hidden node, weak nodes and weak edges (so that the
     thresholds below cut through the scores)."""
     torch.manual_seed(5)
-    model = torch.nn.Sequential(KANLinear(3, 6, grid_size=4), KANLinear(6, 4, grid_size=4), KANLinear(4, 2, grid_size=4))
+    model = torch.nn.Sequential(KANLinear(3, 6, grid_size=4), KANLinear(6, 4, grid_size=4),
+                                KANLinear(4, 2, grid_size=4))
     with torch.no_grad():
         for layer in model:
             layer.spline_weight.normal_(0, 0.3)
