@@ -107,3 +107,37 @@ def test_layers_document_every_argument_and_their_call():
         if call is not None and not (call.__doc__ or "").strip():
             missing.append(f"{where}.{call.__name__}: no docstring")
     assert not missing, "\n".join(missing)
+
+
+EXPECTED_INTERPRET = {
+    "EdgeFunctions",
+    "edge_functions",
+    "Importance",
+    "importance",
+    "prune",
+    "plot_layer",
+    "plot_network",
+    "refine",
+    "SYMBOLIC_LIB",
+    "SymbolicFit",
+    "SymbolicFunction",
+    "SymbolicKAN",
+    "SymbolicLayer",
+    "auto_symbolic",
+    "formula",
+    "suggest_symbolic",
+}
+
+
+def test_interpret_all_is_locked():
+    import warpkan.interpret as interpret
+
+    assert set(interpret.__all__) == EXPECTED_INTERPRET
+    for name in interpret.__all__:
+        assert getattr(interpret, name) is not None, name
+
+
+def test_interpret_imports_without_its_optional_packages():
+    code = ("import sys, warpkan.interpret; "
+            "assert not {'matplotlib', 'scipy', 'sympy'} & set(sys.modules), 'an optional package was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)

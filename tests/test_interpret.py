@@ -1,0 +1,454 @@
+"""warpkan.interpret: edge functions against float64 references written per edge, importance scores, pruning and
+grid refinement against pykan 0.2.8 on copied layers, symbolic fitting, formulas and plots."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import warpkan
+from warpkan.interpret import (SymbolicFit, SymbolicKAN, SymbolicLayer, auto_symbolic, edge_functions, formula,
+                               importance, plot_layer, plot_network, prune, refine, suggest_symbolic)
+from warpkan.interpret import _layers
+from warpkan.interpret.symbolic import SYMBOLIC_LIB, fit_function
+from warpkan.reference.bspline import b_splines
+from warpkan.reference.poly import basis_values
+from warpkan.reference.rational import group_rational_reference
+from warpkan.reference.ukan import ukan_linear
+from warpkan.torch_bridge import ChebyKANLinear, GRKANLinear, KANLinear, PolyKANLinear, UKANLinear
+
+F64 = torch.float64
+
+
+def _torch_device(device):
+    return torch.device("cuda" if device == "cuda" else "cpu")
+
+
+def _layer(family, n_in, n_out, dtype=F64, device="cpu", seed=0):
+    torch.manual_seed(seed)
+    dev = _torch_device(device)
+    if family == "kan":
+        return KANLinear(n_in, n_out, grid_size=6, spline_order=3, dtype=dtype, device=dev)
+    if family == "kan-nobase":
+        return KANLinear(n_in, n_out, grid_size=4, spline_order=2, base_activation=None, dtype=dtype, device=dev)
+    if family == "kan-nonuniform":
+        layer = KANLinear(n_in, n_out, grid_size=5, spline_order=3, dtype=dtype, device=dev)
+        layer.update_grid(torch.randn(400, n_in, dtype=dtype, device=dev) * 0.7)
+        assert not layer._grid_uniform
+        return layer
+    if family == "ukan":
+        return UKANLinear(n_in, n_out, grid_delta=0.25, hidden_dim=8, dtype=dtype, device=dev)
+    if family == "cheby":
+        layer = ChebyKANLinear(n_in, n_out, degree=5, mode="exact", bias=True, dtype=dtype, device=dev)
+    elif family == "legendre-lut":
+        layer = PolyKANLinear(n_in, n_out, degree=4, basis="legendre", mode="lut", bias=True, dtype=dtype, device=dev)
+    elif family == "grkan":
+        layer = GRKANLinear(n_in, n_out, num_groups=2, dtype=dtype, device=dev)
+        with torch.no_grad():
+            layer.rational.weight_denominator.add_(torch.rand_like(layer.rational.weight_denominator) * 0.3)
+    else:
+        raise AssertionError(family)
+    with torch.no_grad():  # non-zero biases, so that leaving them out of the edges is tested
+        bias = _layers.bias(layer)
+        bias.copy_(torch.randn_like(bias))
+    return layer
+
+
+def _reference_edge(layer, o, i, t):
+    """phi_{o,i}(t) of a float64 layer, from the formulas, one edge at a time."""
+    if isinstance(layer, KANLinear):
+        spline = b_splines(t.unsqueeze(1), layer.grid[i : i + 1], layer.spline_order)[:, 0] @ layer.spline_weight[o, i]
+        base = layer.base_weight[o, i] * F.silu(t) if layer.use_base else 0.0
+        return base + layer.spline_scaler[o, i] * spline
+    if isinstance(layer, UKANLinear):
+        K = layer.spline_order + 1
+        rows = slice(o * K, (o + 1) * K)
+        return ukan_linear(t.unsqueeze(1), layer.grid_delta, layer.spline_order, layer.pe_dim,
+                           layer.feature_embedding[i : i + 1], layer.cg_hidden.weight, layer.cg_hidden.bias,
+                           layer.cg_out.weight[rows], layer.cg_out.bias[rows],
+                           layer.spline_scaler[o : o + 1, i : i + 1],
+                           layer.base_weight[o : o + 1, i : i + 1] if layer.use_base else None)[:, 0]
+    if isinstance(layer, PolyKANLinear):
+        return basis_values(torch.tanh(t), layer.basis, layer.degree, layer.alpha, layer.beta) @ layer.coeffs[i, o]
+    if isinstance(layer, GRKANLinear):
+        columns = t.unsqueeze(1).expand(-1, layer.in_features)
+        rational = group_rational_reference(columns, layer.rational.weight_numerator,
+                                            layer.rational.weight_denominator, layer.rational.num_groups,
+                                            layer.rational.variant)
+        return layer.linear.weight[o, i] * rational[:, i]
+    raise AssertionError(type(layer))
+
+
+@pytest.mark.parametrize("family", ["kan", "kan-nobase", "kan-nonuniform", "ukan", "cheby", "grkan"])
+def test_edge_functions_match_a_float64_reference_per_edge(family, device):
+    layer = _layer(family, 4, 3, device=device)
+    x = torch.rand(97, 4, dtype=F64, device=_torch_device(device)) * 2.4 - 1.2
+    edges = edge_functions(layer, x)
+    assert edges.y.shape == (97, 3, 4) and edges.y.dtype == F64
+    torch.testing.assert_close(edges.x, x)
+    with torch.no_grad():
+        for o in range(3):
+            for i in range(4):
+                torch.testing.assert_close(edges.y[:, o, i], _reference_edge(layer, o, i, x[:, i]), rtol=1e-10,
+                                           atol=1e-11, msg=f"edge ({o}, {i})")
+
+
+@pytest.mark.parametrize("family", ["kan", "kan-nonuniform", "ukan", "cheby", "legendre-lut", "grkan"])
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_edges_sum_to_the_layer_output(family, dtype, device):
+    """The edges are the layer's own: summed over the inputs, plus the bias, they give its forward."""
+    layer = _layer(family, 8, 5, dtype=dtype, device=device)
+    x = torch.randn(300, 8, dtype=dtype, device=_torch_device(device))
+    y = edge_functions(layer, x).y
+    bias = _layers.bias(layer)
+    with torch.no_grad():
+        expected = layer(x)
+    total = y.sum(-1) + (bias if bias is not None else 0)
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == F64 else dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(total.detach(), expected, **tol)
+
+
+def test_float32_edges_against_the_float64_reference():
+    layer = _layer("kan", 3, 2, dtype=torch.float32)
+    x = torch.rand(200, 3) * 2 - 1
+    y = edge_functions(layer, x).y.double()
+    layer64 = _layer("kan", 3, 2)
+    layer64.load_state_dict({k: v.double() for k, v in layer.state_dict().items()})
+    with torch.no_grad():
+        for o in range(2):
+            for i in range(3):
+                expected = _reference_edge(layer64, o, i, x[:, i].double())
+                torch.testing.assert_close(y[:, o, i], expected, rtol=2e-6, atol=2e-6)
+
+
+def test_edge_functions_on_a_range():
+    layer = _layer("kan", 3, 2)
+    edges = edge_functions(layer, n=11)  # the layer's own grid interval [-1, 1]
+    torch.testing.assert_close(edges.x[:, 0], torch.linspace(-1, 1, 11, dtype=F64))
+    ranges = torch.tensor([[0.0, 1.0], [-2.0, 2.0], [0.5, 0.5]], dtype=F64)
+    edges = edge_functions(layer, x_range=ranges, n=5)
+    torch.testing.assert_close(edges.x[[0, -1]], ranges.t())
+    assert edges.y.shape == (5, 2, 3)
+    torch.testing.assert_close(edge_functions(layer, x_range=(-0.5, 0.5), n=3).x[:, 2],
+                               torch.tensor([-0.5, 0.0, 0.5], dtype=F64))
+    with pytest.raises(ValueError, match="no bounded domain"):
+        edge_functions(_layer("ukan", 3, 2))
+    with pytest.raises(ValueError, match="x_range"):
+        edge_functions(layer, x_range=torch.zeros(2, 2))
+    with pytest.raises(ValueError, match=r"shape \(\.\.\., 3\)"):
+        edge_functions(layer, torch.zeros(4, 2, dtype=F64))
+    with pytest.raises(TypeError, match="KANLinear"):
+        edge_functions(torch.nn.Linear(2, 2))
+
+
+def test_native_layers_are_read_through_the_torch_layer():
+    import warp as wp
+
+    native = warpkan.KANLinear(3, 2, grid_size=5, device="cpu", dtype=wp.float64, seed=3)
+    x = np.random.default_rng(0).uniform(-1, 1, (50, 3))
+    y = native(wp.array(x, dtype=wp.float64, device="cpu")).numpy()
+    edges = edge_functions(native, torch.from_numpy(x))
+    np.testing.assert_allclose(edges.y.sum(-1).numpy(), y, rtol=1e-12, atol=1e-12)
+    poly = warpkan.ChebyKANLinear(3, 2, degree=4, mode="exact", bias=True, device="cpu", dtype=wp.float64)
+    y = poly(wp.array(x, dtype=wp.float64, device="cpu")).numpy()
+    total = edge_functions(poly, torch.from_numpy(x)).y.sum(-1) + torch.from_numpy(poly.bias.numpy())
+    np.testing.assert_allclose(total.numpy(), y, rtol=1e-12, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------- pykan
+@pytest.fixture
+def float64_default():
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(saved)
+
+
+def _pykan_copy(model, tmp_path):
+    """A pykan MultKAN with the parameters of a Sequential of KANLinear (pykan's KANLayer keeps coef [in, out,
+    G + k], scale_base and scale_sp [in, out]: efficient-kan's parameters transposed)."""
+    from kan import MultKAN
+
+    widths = [model[0].in_features] + [layer.out_features for layer in model]
+    (tmp_path / "pykan").mkdir()  # prune and refine build models that write checkpoints there
+    copy = MultKAN(width=list(widths), grid=model[0].grid_size, k=model[0].spline_order, auto_save=False,
+                   ckpt_path=str(tmp_path / "pykan"), seed=0)
+    with torch.no_grad():
+        for ours, theirs in zip(model, copy.act_fun):
+            theirs.grid.data = ours.grid.clone()
+            theirs.coef.data = ours.spline_weight.permute(1, 0, 2).clone()
+            theirs.scale_base.data = ours.base_weight.t().clone()
+            theirs.scale_sp.data = ours.spline_scaler.t().clone()
+    return copy
+
+
+def _weak_network():
+    """A [3, 6, 4, 2] KANLinear network with a dead hidden node, weak nodes and weak edges (so that the
+    thresholds below cut through the scores)."""
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(KANLinear(3, 6, grid_size=4), KANLinear(6, 4, grid_size=4),
+                                KANLinear(4, 2, grid_size=4))
+    with torch.no_grad():
+        for layer in model:
+            layer.spline_weight.normal_(0, 0.3)
+        model[0].base_weight[2].mul_(0.01), model[0].spline_scaler[2].mul_(0.01)   # weak hidden node 2
+        model[0].base_weight[4].zero_(), model[0].spline_weight[4].zero_()           # dead hidden node 4
+        model[1].base_weight[:, 0].mul_(0.02), model[1].spline_scaler[:, 0].mul_(0.02)  # weak edges
+        model[2].base_weight[1].mul_(0.05), model[2].spline_weight[1].mul_(0.05)
+    return model
+
+
+def test_importance_matches_pykan_attribute(float64_default, tmp_path):
+    model = _weak_network()
+    x = torch.rand(500, 3) * 2 - 1
+    theirs = _pykan_copy(model, tmp_path)
+    theirs(x)
+    theirs.attribute(plot=False)
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(x), model(x), rtol=1e-12, atol=1e-12)  # the copy is the same network
+    scores = importance(model, x)
+    for ours, expected in zip(scores.edge, theirs.edge_scores):
+        torch.testing.assert_close(ours, expected.detach(), rtol=1e-10, atol=1e-12)
+    for ours, expected in zip(scores.node, theirs.node_scores):
+        torch.testing.assert_close(ours, expected.detach(), rtol=1e-10, atol=1e-12)
+    for ours, expected in zip(scores.edge_actscale, theirs.edge_actscale):
+        torch.testing.assert_close(ours, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_prune_matches_pykan(float64_default, tmp_path):
+    model = _weak_network()
+    x = torch.rand(500, 3) * 2 - 1
+    node_th, edge_th = 0.02, 0.03
+    scores = importance(model, x)
+    hidden = torch.cat(scores.node[1:-1])  # no score too close to the threshold, and some below it
+    assert (hidden - node_th).abs().min() > 1e-4 and (scores.node[1] <= node_th).sum() == 2
+    theirs = _pykan_copy(model, tmp_path)
+    theirs(x)
+    theirs = theirs.prune(node_th=node_th, edge_th=edge_th)
+    ours = prune(model, x, node_threshold=node_th, edge_threshold=edge_th)
+    assert isinstance(ours, torch.nn.Sequential) and all(type(layer) is KANLinear for layer in ours)
+    assert [ours[0].in_features] + [layer.out_features for layer in ours] == [w[0] for w in theirs.width]
+    for layer, their_layer in zip(ours, theirs.act_fun):
+        assert torch.equal(_layers.live_edges(layer), their_layer.mask.t() > 0)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(x), rtol=1e-12, atol=1e-12)
+    assert any((~_layers.live_edges(layer)).any() for layer in ours)  # some edges were pruned
+
+
+@pytest.mark.parametrize("family", ["kan", "ukan", "cheby", "grkan"])
+def test_prune_keeps_surviving_edges_and_outputs(family):
+    torch.manual_seed(1)
+    first, second = _layer(family, 4, 6, seed=1), _layer(family, 6, 2, seed=2)
+    model = torch.nn.Sequential(first, second)
+    x = torch.randn(400, 4, dtype=F64)
+    scores = importance(model, x)
+    node_th = float(scores.node[1].sort().values[2])  # prune the three weakest hidden nodes
+    pruned = prune(model, x, node_threshold=node_th, edge_threshold=0.05)
+    assert [type(layer) for layer in pruned] == [type(first), type(second)]
+    kept = (scores.node[1] > node_th).nonzero().flatten()
+    assert pruned[0].out_features == 3 == kept.numel() and pruned[1].in_features == 3
+    with torch.no_grad():
+        hidden = first(x)
+        for layer, original, inputs, outputs, acts in ((pruned[0], first, torch.arange(4), kept, x),
+                                                       (pruned[1], second, kept, torch.arange(2), hidden)):
+            live = _layers.live_edges(layer)
+            new = edge_functions(layer, acts[:, inputs]).y
+            old = edge_functions(original, acts).y[:, outputs][:, :, inputs]
+            torch.testing.assert_close(new, old * live, rtol=1e-12, atol=1e-12)  # kept edges unchanged, others 0
+            bias = _layers.bias(original)
+            expected = (old * live).sum(-1) + (bias[outputs] if bias is not None else 0)
+            torch.testing.assert_close(layer(acts[:, inputs]), expected, rtol=1e-10, atol=1e-10)
+        assert (~_layers.live_edges(pruned[1])).any() or (~_layers.live_edges(pruned[0])).any()
+
+
+def test_prune_of_dead_parts_leaves_the_network_unchanged():
+    model = _weak_network()
+    with torch.no_grad():
+        model[1].base_weight[:, 4].zero_(), model[1].spline_weight[:, 4].zero_()  # node 4 dead both ways
+    x = torch.rand(300, 3) * 2 - 1
+    pruned = prune(model, x, node_threshold=1e-12, edge_threshold=0.0)
+    assert pruned[0].out_features == 5
+    with torch.no_grad():
+        torch.testing.assert_close(pruned(x), model(x), rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="nothing would be left"):
+        prune(model, x, node_threshold=1e9)
+
+
+def test_refine_matches_pykan_grid_extension(float64_default, tmp_path):
+    torch.manual_seed(2)
+    model = torch.nn.Sequential(KANLinear(2, 3, grid_size=5), KANLinear(3, 1, grid_size=5))
+    x = torch.rand(300, 2) * 2 - 1
+    with torch.no_grad():
+        h = x
+        for layer in model:  # non-uniform grids, as after training
+            layer.update_grid(h)
+            h = layer(h)
+    theirs = _pykan_copy(model, tmp_path)
+    theirs(x)
+    theirs = theirs.refine(12)
+    ours = refine(model, 12, x)
+    for layer, their_layer in zip(ours, theirs.act_fun):
+        assert layer.grid_size == 12
+        torch.testing.assert_close(layer.grid, their_layer.grid.data, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(layer.spline_weight, their_layer.coef.data.permute(1, 0, 2), rtol=1e-7, atol=1e-9)
+        assert layer._grid_uniform == False  # noqa: E712
+
+
+@pytest.mark.parametrize("nonuniform", [False, True])
+def test_refine_preserves_the_function(nonuniform):
+    layer = _layer("kan-nonuniform" if nonuniform else "kan", 3, 2)
+    lo, hi = layer.grid[:, 3], layer.grid[:, -4]
+    t = torch.rand(500, 3, dtype=F64) * (hi - lo) + lo
+    with torch.no_grad():
+        finer = refine(layer, 2 * layer.grid_size)  # every old knot is a new knot: exact
+        torch.testing.assert_close(finer(t), layer(t), rtol=1e-9, atol=1e-9)
+        other = refine(layer, 7)  # not nested: a least-squares approximation
+        error = (other(t) - layer(t)).abs().max()
+        assert 0 < error < 0.05 * layer(t).abs().max()
+    assert finer._grid_uniform == (not nonuniform)
+    with pytest.raises(TypeError, match="KANLinear"):
+        refine(_layer("cheby", 2, 2), 8)
+
+
+# ---------------------------------------------------------------------------------------------- symbolic
+@pytest.mark.parametrize("name, params", [("sin", (2.0, 3.0, 0.5, 1.0)), ("x^2", (-1.5, 1.0, 0.3, 0.2)),
+                                          ("exp", (0.7, 1.3, 0.0, -2.0)), ("tanh", (1.2, 2.5, -0.4, 0.1)),
+                                          ("gaussian", (1.0, 1.7, 0.2, 0.0)), ("log", (0.5, 1.0, 1.5, 0.0))])
+def test_fit_function_recovers_known_parameters(name, params):
+    x = np.linspace(-1, 1, 400)
+    a, b, c, d = params
+    y = a * SYMBOLIC_LIB[name].numpy(b * x + c) + d
+    fit = fit_function(x, y, SYMBOLIC_LIB[name])
+    assert fit.r2 > 1 - 1e-10
+    fitted = fit.a * SYMBOLIC_LIB[name].numpy(fit.b * x + fit.c) + fit.d
+    np.testing.assert_allclose(fitted, y, atol=1e-6)
+    if name in ("sin", "tanh", "gaussian"):  # no normalisation: the parameters themselves (up to symmetry)
+        assert abs(abs(fit.b) - b) < 1e-5
+    else:  # normalised: b = 1 for powers and log, c = 0 for exp
+        assert fit.b == 1.0 if name != "exp" else fit.c == 0.0
+
+
+def _symbolic_layer(fixed, layer=None):
+    layer = layer or _layer("kan", 3, 2)
+    fits = [(o, i, SymbolicFit(name, *p, r2=1.0, complexity=SYMBOLIC_LIB[name].complexity, score=0.0))
+            for o, i, name, p in fixed]
+    return SymbolicLayer(layer, fits)
+
+
+def test_symbolic_layer_forward_gradients_and_edges():
+    layer = _layer("kan", 3, 2)
+    sym = _symbolic_layer([(0, 1, "sin", (2.0, 3.0, 0.5, 1.0)), (1, 2, "x^2", (0.5, 1.0, -0.2, 0.3))], layer)
+    x = torch.rand(64, 3, dtype=F64) * 2 - 1
+    edges = edge_functions(sym, x).y
+    with torch.no_grad():
+        numeric = edge_functions(layer, x).y
+        torch.testing.assert_close(edges[:, 0, 1], 2 * torch.sin(3 * x[:, 1] + 0.5) + 1)
+        torch.testing.assert_close(edges[:, 1, 2], 0.5 * (x[:, 2] - 0.2) ** 2 + 0.3)
+        for o, i in [(0, 0), (0, 2), (1, 0), (1, 1)]:
+            torch.testing.assert_close(edges[:, o, i], numeric[:, o, i])
+    y = sym(x)
+    torch.testing.assert_close(y.detach(), edges.sum(-1), rtol=1e-12, atol=1e-12)
+    y.square().sum().backward()
+    assert sym.numeric.base_weight.grad[0, 1] == 0 and sym.numeric.base_weight.grad[1, 2] == 0
+    assert (sym.numeric.spline_weight.grad[0, 1] == 0).all() and (sym.numeric.spline_weight.grad[1, 2] == 0).all()
+    assert sym.numeric.base_weight.grad[0, 0] != 0 and (sym.affine.grad != 0).all()
+    fits = suggest_symbolic(sym, 0, 1, x_range=(-1, 1), n=300)
+    assert fits[0].name == "sin" and fits[0].r2 > 1 - 1e-10
+    assert {fit.name for fit in fits} == set(SYMBOLIC_LIB)
+    assert all(first.score <= second.score for first, second in zip(fits, fits[1:]))
+
+
+def test_suggest_symbolic_on_a_layer_edge():
+    layer = _layer("kan", 3, 2)
+    with torch.no_grad():  # edge (1, 2) = 0.8 silu(x) exactly: no spline term
+        layer.spline_weight[1, 2].zero_()
+        layer.base_weight[1, 2] = 0.8
+    lib = ["x", "x^2", "tanh", "sin"]
+    fits = suggest_symbolic(layer, 1, 2, lib=lib, weight_simple=0.0, n=500)  # on the grid interval [-1, 1]
+    t = np.linspace(-1, 1, 500)
+    values = 0.8 * t / (1 + np.exp(-t))
+    expected = {name: fit_function(t, values, SYMBOLIC_LIB[name], weight_simple=0.0) for name in lib}
+    assert [fit.name for fit in fits] == sorted(lib, key=lambda name: -expected[name].r2)
+    for fit in fits:
+        assert abs(fit.r2 - expected[fit.name].r2) < 1e-9
+    with pytest.raises(ValueError, match="o must be"):
+        suggest_symbolic(layer, 2, 0)
+    with pytest.raises(ValueError, match="unknown function"):
+        suggest_symbolic(layer, 0, 0, lib=["nope"])
+
+
+def test_auto_symbolic_and_formula():
+    import sympy
+
+    inner = _symbolic_layer([(0, 0, "sin", (1.0, math.pi, 0.0, 0.0)), (0, 1, "x^2", (1.0, 1.0, 0.0, 0.0))],
+                            _layer("kan", 2, 1))
+    outer = _symbolic_layer([(0, 0, "exp", (1.0, 1.0, 0.0, 0.0))], _layer("kan", 1, 1))
+    exact = SymbolicKAN([inner, outer])
+    x = torch.rand(400, 2, dtype=F64) * 2 - 1
+    with torch.no_grad():
+        torch.testing.assert_close(exact(x)[:, 0], torch.exp(torch.sin(math.pi * x[:, 0]) + x[:, 1] ** 2))
+    expression = formula(exact, variables=["x", "y"])[0]
+    xs, ys = sympy.symbols("x y")
+    assert sympy.simplify(expression - sympy.exp(sympy.sin(sympy.Float(math.pi) * xs) + ys**2)) == 0
+    # auto_symbolic on the SymbolicKAN's values recovers the same functions
+    recovered = auto_symbolic(exact, x, r2_threshold=0.99)
+    names = [[fit.name for _, _, fit in layer.fixed_edges()] for layer in recovered.layers]
+    assert names == [["sin", "x^2"], ["exp"]]
+    numeric = auto_symbolic(torch.nn.Sequential(_layer("kan", 2, 2), _layer("kan", 2, 1)), x, r2_threshold=2.0)
+    text = str(formula(numeric)[0])
+    assert "phi_1_0_0(phi_0_0_0(x_1) + phi_0_0_1(x_2))" in text and "phi_1_0_1" in text
+    evaluate = sympy.lambdify(sympy.symbols("x_1 x_2"), formula(recovered)[0], "numpy")
+    np.testing.assert_allclose(evaluate(x[:, 0].numpy(), x[:, 1].numpy()), exact(x)[:, 0].detach().numpy(),
+                               rtol=1e-6, atol=1e-6)
+    rounded = formula(recovered, digits=3)[0]
+    assert all(len(f"{float(f):.10g}".replace("-", "").replace(".", "").lstrip("0").rstrip("0")) <= 3
+               for f in rounded.atoms(sympy.Float))
+
+
+def test_symbolic_kan_fine_tunes_with_lbfgs():
+    torch.manual_seed(0)
+    x = torch.rand(300, 1, dtype=F64) * 2 - 1
+    y = 2.0 * torch.sin(3.0 * x + 0.5) + 1.0
+    sym = SymbolicKAN([_symbolic_layer([(0, 0, "sin", (1.5, 2.8, 0.4, 0.8))], _layer("kan", 1, 1))])
+    opt = torch.optim.LBFGS([sym.layers[0].affine], lr=1, max_iter=50, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = F.mse_loss(sym(x), y)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    assert F.mse_loss(sym(x), y).item() < 1e-10  # from about 0.1
+
+
+# ---------------------------------------------------------------------------------------------- plots
+def test_plots_save_png_and_svg(tmp_path):
+    from matplotlib.collections import LineCollection
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_layer("kan", 2, 3, dtype=torch.float32), _layer("cheby", 3, 1, dtype=torch.float32))
+    x = torch.rand(200, 2) * 2 - 1
+    png, svg = tmp_path / "net.png", tmp_path / "net.svg"
+    fig = plot_network(model, x, png, in_vars=["x", "y"], out_vars=["f"], title="net")
+    plot_network(model, x, svg)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and b"<svg" in svg.read_bytes()[:400]
+    lines = [c for c in fig.axes[0].collections if isinstance(c, LineCollection)]
+    curves = [c for c in lines if len(c.get_segments()) == 2 * 3 + 3 * 1]
+    assert curves, "one curve per edge"
+    alphas = curves[0].get_colors()[:, 3]
+    expected = np.tanh(3 * np.concatenate([s.t().reshape(-1).numpy() for s in importance(model, x).edge]))
+    np.testing.assert_allclose(alphas, expected, rtol=1e-6)
+    plot_layer(model[0], None, tmp_path / "layer.png")  # a KANLinear alone: its grid interval, no data
+    assert (tmp_path / "layer.png").stat().st_size > 1000
+    sym = _symbolic_layer([(0, 1, "sin", (1.0, 2.0, 0.0, 0.0))], _layer("kan", 2, 3, dtype=torch.float32))
+    fig = plot_layer(sym, x)
+    colours = [c for c in fig.axes[0].collections if isinstance(c, LineCollection) and len(c.get_segments()) == 6]
+    colours = colours[0].get_colors()
+    assert (colours[:, 0] > 0.5).sum() == 1  # the fixed edge is red
+    with pytest.raises(ValueError, match="no bounded domain"):
+        plot_network(model)
+    with pytest.raises(ValueError, match="in_vars must have 2 names"):
+        plot_network(model, x, in_vars=["x"])

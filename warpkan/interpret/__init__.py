@@ -1,0 +1,17 @@
+"""Interpretability of KAN layers and networks (torch side), for every family: edge functions evaluated by the
+layers' own kernels, pykan-style plots, importance scores and pruning, symbolic formulas and grid refinement.
+
+matplotlib (plots), scipy and sympy (symbolic fitting) are optional: ``pip install warpkan[interpret]``; each is
+imported when first needed.
+"""
+
+from .edges import EdgeFunctions, edge_functions
+from .importance import Importance, importance, prune
+from .plot import plot_layer, plot_network
+from .refine import refine
+from .symbolic import (SYMBOLIC_LIB, SymbolicFit, SymbolicFunction, SymbolicKAN, SymbolicLayer, auto_symbolic, formula,
+                       suggest_symbolic)
+
+__all__ = ["EdgeFunctions", "edge_functions", "Importance", "importance", "prune", "plot_layer", "plot_network",
+           "refine", "SYMBOLIC_LIB", "SymbolicFit", "SymbolicFunction", "SymbolicKAN", "SymbolicLayer",
+           "auto_symbolic", "formula", "suggest_symbolic"]

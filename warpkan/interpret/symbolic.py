@@ -1,0 +1,463 @@
+"""Symbolic fitting of KAN edges (pykan's ``suggest_symbolic`` / ``auto_symbolic`` / ``symbolic_formula``).
+
+Each edge is fitted by least squares to ``a f(b x + c) + d`` for every function f of a library. For a given
+(b, c) the best a and d are a linear least-squares problem, so only (b, c) is searched: a coarse grid of
+(b, c) ranks starting points by R^2 and ``scipy.optimize.least_squares`` refines the best few (the residual
+solves for a and d at each (b, c)). Candidates are ranked as pykan ranks them: by
+``weight_simple * complexity + (1 - weight_simple) * log2(1 + 1e-5 - R^2)``.
+
+:func:`auto_symbolic` returns a :class:`SymbolicKAN`: the network with the edges whose best fit reaches the
+R^2 threshold replaced by their formulas (trainable ``a, b, c, d``; the other edges stay numeric), a torch
+module that can be fine-tuned, plotted and turned into a sympy expression by :func:`formula`.
+
+scipy and sympy are needed here (the ``interpret`` extra); they are imported when first used.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from . import _layers
+
+__all__ = ["SymbolicFunction", "SymbolicFit", "SYMBOLIC_LIB", "suggest_symbolic", "auto_symbolic", "formula",
+           "SymbolicLayer", "SymbolicKAN"]
+
+
+def _sympy():
+    return importlib.import_module("sympy")
+
+
+@dataclass(frozen=True)
+class SymbolicFunction:
+    """A library function f for the fits ``a f(b x + c) + d``: its numpy form (the fits), torch form (the
+    :class:`SymbolicKAN` forward), sympy form (:func:`formula`) and complexity (pykan's ranking).
+    ``normalize`` optionally maps fitted (a, b, c, d) to an equal function with simpler constants (for
+    example b = 1 for powers), for readable formulas."""
+
+    name: str
+    numpy: Callable
+    torch: Callable
+    sympy: Callable
+    complexity: float
+    normalize: Callable | None = None
+
+
+def _power(p: float, parity: int):
+    """f(s u) = s^p f(u) for s > 0; parity +1: f(-u) = f(u), -1: f(-u) = -f(u), 0: neither."""
+
+    def normalize(a, b, c, d):
+        s = abs(b)
+        if s == 0:
+            return a, b, c, d
+        a, b, c = a * s**p, b / s, c / s
+        if b < 0 and parity:
+            a, b, c = a * parity, 1.0, -c
+        return a, b, c, d
+
+    return normalize
+
+
+def _exp_shift(a, b, c, d):
+    return a * math.exp(c), b, 0.0, d
+
+
+def _log_scale(a, b, c, d):
+    s = abs(b)
+    if s == 0:
+        return a, b, c, d
+    return a, b / s, c / s, d + a * math.log(s)
+
+
+def _linear(a, b, c, d):
+    return a * b, 1.0, 0.0, a * c + d
+
+
+def _sp(name: str):
+    return lambda u: getattr(_sympy(), name)(u)
+
+
+SYMBOLIC_LIB: dict[str, SymbolicFunction] = {
+    f.name: f
+    for f in (
+        SymbolicFunction("x", lambda u: u, lambda u: u, lambda u: u, 1, _linear),
+        SymbolicFunction("x^2", lambda u: u**2, lambda u: u**2, lambda u: u**2, 2, _power(2, 1)),
+        SymbolicFunction("x^3", lambda u: u**3, lambda u: u**3, lambda u: u**3, 3, _power(3, -1)),
+        SymbolicFunction("exp", np.exp, torch.exp, _sp("exp"), 2, _exp_shift),
+        SymbolicFunction("log", np.log, torch.log, _sp("log"), 2, _log_scale),
+        SymbolicFunction("sin", np.sin, torch.sin, _sp("sin"), 2),
+        SymbolicFunction("tanh", np.tanh, torch.tanh, _sp("tanh"), 3),
+        SymbolicFunction("sqrt", np.sqrt, torch.sqrt, _sp("sqrt"), 2, _power(0.5, 0)),
+        SymbolicFunction("1/x", lambda u: 1 / u, lambda u: 1 / u, lambda u: 1 / u, 2, _power(-1, -1)),
+        SymbolicFunction("abs", np.abs, torch.abs, _sp("Abs"), 3, _power(1, 1)),
+        SymbolicFunction("gaussian", lambda u: np.exp(-(u**2)), lambda u: torch.exp(-(u**2)),
+                         lambda u: _sympy().exp(-(u**2)), 3),
+    )
+}
+"""The default library: pykan's functions and complexities for x, x^2, x^3, exp, log, sin, tanh, sqrt, 1/x, abs and
+gaussian. Add a :class:`SymbolicFunction` to extend it, or pass ``lib``. (pykan's library also holds "0", whose
+R^2 of 0 its ranking prefers to any fit below R^2 ~ 0.996; identically zero edges are left out here instead.)"""
+
+
+@dataclass(frozen=True)
+class SymbolicFit:
+    """One candidate for an edge: ``a f(b x + c) + d`` with f = ``SYMBOLIC_LIB[name]`` (or the function
+    passed in ``lib``), its R^2 on the edge's points, complexity and pykan's ranking score (lower is better)."""
+
+    name: str
+    a: float
+    b: float
+    c: float
+    d: float
+    r2: float
+    complexity: float
+    score: float
+
+
+def _library(lib) -> list[SymbolicFunction]:
+    if lib is None:
+        return list(SYMBOLIC_LIB.values())
+    functions = []
+    for item in lib:
+        if isinstance(item, SymbolicFunction):
+            functions.append(item)
+        elif item in SYMBOLIC_LIB:
+            functions.append(SYMBOLIC_LIB[item])
+        else:
+            raise ValueError(f"lib: unknown function {item!r}; known: {sorted(SYMBOLIC_LIB)} (or pass a "
+                             "SymbolicFunction)")
+    if not functions:
+        raise ValueError("lib must name at least one function")
+    return functions
+
+
+def _score(r2: float, complexity: float, weight_simple: float) -> float:
+    # pykan's ranking: weight_simple * complexity + (1 - weight_simple) * log2(1 + 1e-5 - r2)
+    return weight_simple * complexity + (1 - weight_simple) * math.log2(1 + 1e-5 - min(r2, 1.0))
+
+
+def _affine_fit(values: np.ndarray, y: np.ndarray) -> tuple[float, float, np.ndarray]:
+    """(a, d, residual) of the least-squares fit y ~ a values + d."""
+    design = np.stack([values, np.ones_like(values)], axis=1)
+    (a, d), *_ = np.linalg.lstsq(design, y, rcond=None)
+    return float(a), float(d), design @ np.array([a, d]) - y
+
+
+def fit_function(x: np.ndarray, y: np.ndarray, function: SymbolicFunction, b_range=(-10.0, 10.0),
+                 c_range=(-10.0, 10.0), grid: int = 51, starts: int = 3,
+                 weight_simple: float = 0.8) -> SymbolicFit:
+    """Least-squares fit of y ~ a f(b x + c) + d on 1-D float arrays (finite pairs only)."""
+    from scipy.optimize import least_squares
+
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    finite = np.isfinite(x) & np.isfinite(y)
+    x, y = x[finite], y[finite]
+    if x.size == 0:
+        raise ValueError("an edge needs at least one finite point to be fitted")
+    ss_tot = float(np.sum((y - y.mean()) ** 2))
+    scale = math.sqrt(ss_tot / x.size) + abs(float(y.mean())) + 1.0
+
+    def evaluate(b, c):
+        with np.errstate(all="ignore"):
+            values = function.numpy(b * x + c)
+        return values if np.all(np.isfinite(values)) else None
+
+    def residual(p):
+        values = evaluate(p[0], p[1])
+        if values is None:  # out of f's domain somewhere: a large, flat cost the trust region backs away from
+            return np.full(x.shape, 1e3 * scale)
+        return _affine_fit(values, y)[2]
+
+    # starting points: a coarse (b, c) grid on at most 256 of the points, ranked by R^2 (the squared correlation
+    # of f(b x + c) with y, which is the R^2 of the best a, d)
+    sub = np.linspace(0, x.size - 1, min(x.size, 256)).astype(np.int64)
+    xs, ys = x[sub], y[sub] - y[sub].mean()
+    bs, cs = np.linspace(*b_range, grid), np.linspace(*c_range, grid)
+    with np.errstate(all="ignore"):
+        values = function.numpy(bs[:, None, None] * xs + cs[None, :, None])
+        values = np.broadcast_to(values, (grid, grid, xs.size))
+        centred = values - values.mean(-1, keepdims=True)
+        power = np.sum(centred**2, -1)
+        corr2 = (centred @ ys) ** 2 / (power * float(ys @ ys))
+    usable = np.all(np.isfinite(values), -1) & (power > 0) & np.isfinite(corr2)
+    ranked = np.argsort(np.where(usable, -corr2, np.inf), axis=None)[: max(starts, 1)]
+    candidates = [(bs[i // grid], cs[i % grid]) for i in ranked if usable.flat[i]] or [(1.0, 0.0)]
+
+    best = None
+    for b0, c0 in candidates:
+        if evaluate(b0, c0) is None:
+            continue
+        solution = least_squares(residual, np.array([b0, c0]), method="trf", x_scale="jac")
+        b, c = (float(v) for v in solution.x)
+        values = evaluate(b, c)
+        if values is None:
+            continue
+        a, d, res = _affine_fit(values, y)
+        ss_res = float(res @ res)
+        if best is None or ss_res < best[0]:
+            best = (ss_res, a, b, c, d)
+    if best is None:
+        return SymbolicFit(function.name, 0.0, 1.0, 0.0, float(y.mean()), -math.inf, function.complexity, math.inf)
+    ss_res, a, b, c, d = best
+    if ss_tot > 0:
+        r2 = 1.0 - ss_res / ss_tot
+    else:  # a constant edge: every candidate that reproduces it is exact
+        r2 = 1.0 if ss_res <= 1e-24 * max(1.0, float(y @ y)) else 0.0
+    if function.normalize is not None:
+        a, b, c, d = (float(v) for v in function.normalize(a, b, c, d))
+    return SymbolicFit(function.name, a, b, c, d, r2, function.complexity,
+                       _score(r2, function.complexity, weight_simple))
+
+
+def _rank(x: np.ndarray, y: np.ndarray, functions, weight_simple, b_range, c_range) -> list[SymbolicFit]:
+    fits = [fit_function(x, y, f, b_range, c_range, weight_simple=weight_simple) for f in functions]
+    return sorted(fits, key=lambda fit: (fit.score, -fit.r2))
+
+
+def suggest_symbolic(layer, o: int, i: int, x: Tensor | None = None, *, x_range=None, n: int = 1000, lib=None,
+                     weight_simple: float = 0.8, b_range=(-10.0, 10.0), c_range=(-10.0, 10.0)) -> list[SymbolicFit]:
+    """Fit edge ``phi_{o,i}`` of ``layer`` to every library function as ``a f(b x + c) + d`` and return the
+    candidates, best first, each with its R^2 (pykan's ranking, which trades R^2 for simplicity by
+    ``weight_simple``; 0 ranks by R^2 alone).
+
+    The edge is evaluated at the data ``x`` (..., in) of the layer's inputs, or at ``n`` points of
+    ``x_range`` (see :func:`warpkan.interpret.edge_functions`). ``lib``: names in :data:`SYMBOLIC_LIB` or
+    :class:`SymbolicFunction` objects (default: the whole library). (b, c) starting points are searched in
+    ``b_range`` x ``c_range``.
+    """
+    from .edges import edge_functions
+
+    layer = _single_layer(layer)
+    _check_edge_index(layer, o, i)
+    functions = _library(lib)
+    if isinstance(layer, SymbolicLayer):
+        values = edge_functions(layer, x, x_range=x_range, n=n)
+        xs, ys = values.x[:, i], values.y[:, o, i]
+    else:  # only this edge: a one-edge layer of the same class
+        single = _layers.subset(layer, [i], [o])
+        points = None if x is None else x.reshape(-1, layer.in_features)[:, i : i + 1]
+        bounds = None if x_range is None else _one_range(x_range, layer.in_features, i)
+        if x is None and x_range is None:
+            default = _layers.default_range(layer)
+            bounds = None if default is None else default[i : i + 1]
+        values = edge_functions(single, points, x_range=bounds, n=n)
+        xs, ys = values.x[:, 0], values.y[:, 0, 0]
+    return _rank(_numpy(xs), _numpy(ys), functions, weight_simple, b_range, c_range)
+
+
+def auto_symbolic(model, x: Tensor, *, r2_threshold: float = 0.9, lib=None, weight_simple: float = 0.8,
+                  b_range=(-10.0, 10.0), c_range=(-10.0, 10.0), verbose: bool = False) -> "SymbolicKAN":
+    """pykan's ``auto_symbolic``: for every live numeric edge of ``model``, the best library fit (as
+    :func:`suggest_symbolic` ranks them) on the edge's inputs and values over the data ``x`` [..., in]; edges
+    whose best fit reaches ``r2_threshold`` are fixed to it. Identically zero edges (pruned ones) are left
+    out. Returns a :class:`SymbolicKAN` (``model`` itself is not changed); on a ``SymbolicKAN`` the edges
+    already fixed are kept and the numeric ones are fitted."""
+    layers = [layer if isinstance(layer, SymbolicLayer) else SymbolicLayer(layer)
+              for layer in _layers.network_layers(model)]
+    _layers.check_chain(layers)
+    functions = _library(lib)
+    by_name = {f.name: f for f in functions}
+    activations = _check_data(x, layers[0])
+    new_layers = []
+    for index, layer in enumerate(layers):
+        with torch.no_grad():
+            values = layer.edge_values(activations)
+            numeric = layer.numeric_live_edges()
+        fixed = list(layer.fixed_edges())
+        xs = _numpy(activations)
+        ys = _numpy(values)
+        for o, i in numeric.nonzero().tolist():
+            fits = _rank(xs[:, i], ys[:, o, i], functions, weight_simple, b_range, c_range)
+            best = fits[0]
+            if verbose:
+                print(f"layer {index} edge ({o}, {i}): {best.name} r2={best.r2:.6f}"
+                      + ("" if best.r2 >= r2_threshold else f" (below {r2_threshold}: stays numeric)"))
+            if best.r2 >= r2_threshold:
+                fixed.append((o, i, best))
+        new_layers.append(SymbolicLayer(layer.numeric, fixed, {**layer.functions, **by_name}))
+        with torch.no_grad():
+            activations = layer(activations)
+    return SymbolicKAN(new_layers)
+
+
+class SymbolicLayer(nn.Module):
+    """A KAN layer with some edges replaced by formulas: ``y = numeric(x) + sum over fixed edges (o, i) of
+    a f(b x_i + c) + d`` into output o, where ``numeric`` is a copy of the layer whose fixed edges are zero
+    (their parameters are masked in the forward, so training does not revive them). ``affine`` [F, 4] holds
+    the trainable (a, b, c, d) of the F fixed edges."""
+
+    def __init__(self, layer, fixed: Sequence = (), functions: dict | None = None):
+        super().__init__()
+        _layers.check_edge_layer("layer", layer)
+        self.in_features, self.out_features = layer.in_features, layer.out_features
+        dtype, device = _layers.layer_dtype_device(layer)
+        functions = {**SYMBOLIC_LIB, **(functions or {})}
+        keep = torch.ones(self.out_features, self.in_features, dtype=torch.bool, device=device)
+        outs, ins, names, affine = [], [], [], []
+        for o, i, fit in fixed:
+            _check_edge_index(self, o, i)
+            if not keep[o, i]:
+                raise ValueError(f"edge ({o}, {i}) is fixed twice")
+            if fit.name not in functions:
+                raise ValueError(f"unknown symbolic function {fit.name!r}")
+            keep[o, i] = False
+            outs.append(o), ins.append(i), names.append(fit.name), affine.append((fit.a, fit.b, fit.c, fit.d))
+        self.numeric = copy.deepcopy(layer)
+        _layers.zero_edges(self.numeric, keep)
+        self.register_buffer("keep", keep)
+        self.register_buffer("fixed_out", torch.tensor(outs, dtype=torch.long, device=device))
+        self.register_buffer("fixed_in", torch.tensor(ins, dtype=torch.long, device=device))
+        self.names = names
+        self.functions = {name: functions[name] for name in set(names)}
+        self.affine = nn.Parameter(torch.tensor(affine, dtype=dtype, device=device).reshape(len(names), 4))
+        self.r2 = {(o, i): fit.r2 for o, i, fit in fixed}
+
+    def fixed_edges(self):
+        """(o, i, SymbolicFit-like record) of every fixed edge, with the current (a, b, c, d)."""
+        for index, (o, i, name) in enumerate(zip(self.fixed_out.tolist(), self.fixed_in.tolist(), self.names)):
+            a, b, c, d = self.affine[index].tolist()
+            f = self.functions[name]
+            yield o, i, SymbolicFit(name, a, b, c, d, self.r2.get((o, i), math.nan), f.complexity, math.nan)
+
+    def numeric_live_edges(self) -> Tensor:
+        return _layers.live_edges(self.numeric) & self.keep
+
+    def _symbolic_terms(self, x: Tensor):
+        """(output index, [N, group] values) of each group of fixed edges with one function."""
+        a, b, c, d = self.affine.unbind(1)
+        for name in sorted(self.functions):
+            index = torch.tensor([k for k, n in enumerate(self.names) if n == name], device=x.device)
+            u = b[index] * x[:, self.fixed_in[index]] + c[index]
+            yield index, a[index] * self.functions[name].torch(u) + d[index]
+
+    def forward(self, x: Tensor) -> Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        mask = self.keep.to(self.affine.dtype)
+        params = dict(self.numeric.named_parameters())
+        masked = {name: params[name] * multiplier(mask) for name, multiplier in _layers.edge_params(self.numeric)}
+        y = torch.func.functional_call(self.numeric, masked, (x2,))
+        for index, values in self._symbolic_terms(x2):
+            y = y.index_add(1, self.fixed_out[index], values.to(y.dtype))
+        return y.reshape(*lead, self.out_features)
+
+    def edge_values(self, points: Tensor) -> Tensor:
+        """[n, out, in] edge values at points [n, in] (numeric edges by the layer's kernels, fixed ones by
+        their formulas)."""
+        from .edges import _edge_values
+
+        with torch.no_grad():
+            y = _edge_values(self.numeric, points) * self.keep.to(points.dtype)
+            for index, values in self._symbolic_terms(points):
+                y[:, self.fixed_out[index], self.fixed_in[index]] += values.to(y.dtype)
+        return y
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, fixed_edges={len(self.names)}"
+
+
+class SymbolicKAN(nn.Module):
+    """A chain of :class:`SymbolicLayer` (what :func:`auto_symbolic` returns); a torch module like the
+    network it came from, whose fixed edges' (a, b, c, d) can be fine-tuned by any torch optimiser."""
+
+    def __init__(self, layers: Sequence[SymbolicLayer]):
+        super().__init__()
+        for index, layer in enumerate(layers):
+            if not isinstance(layer, SymbolicLayer):
+                raise TypeError(f"layers[{index}] must be a SymbolicLayer, got {type(layer).__name__}")
+        _layers.check_chain(list(layers), "layers")
+        self.layers = nn.ModuleList(layers)
+
+    def forward(self, x: Tensor) -> Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def formula(model, variables=None, digits: int | None = None) -> list:
+    """The network as sympy expressions, one per output (pykan's ``symbolic_formula``). A fixed edge is its
+    formula ``a f(b x_i + c) + d``; a live numeric edge is an undefined function ``phi_l_o_i(x_i)`` (layer l,
+    output o, input i); zero edges are left out; biases are added.
+
+    ``variables``: names or sympy symbols of the inputs (default ``x_1 .. x_n``). ``digits``: round every
+    number to that many significant digits (default: full precision).
+    """
+    sympy = _sympy()
+    layers = _layers.network_layers(model)
+    _layers.check_chain(layers)
+    n_in = layers[0].in_features
+    if variables is None:
+        nodes = list(sympy.symbols(f"x_1:{n_in + 1}"))
+    else:
+        nodes = [v if isinstance(v, sympy.Basic) else sympy.Symbol(str(v)) for v in variables]
+        if len(nodes) != n_in:
+            raise ValueError(f"variables must name the {n_in} inputs, got {len(nodes)}")
+    for index, layer in enumerate(layers):
+        layer = layer if isinstance(layer, SymbolicLayer) else SymbolicLayer(layer)
+        bias = _layers.bias(layer.numeric)
+        outputs = [sympy.Float(float(bias[o])) if bias is not None else sympy.Integer(0)
+                   for o in range(layer.out_features)]
+        for o, i, fit in layer.fixed_edges():
+            inner = _times(fit.b, nodes[i]) + sympy.Float(fit.c)
+            outputs[o] += _times(fit.a, layer.functions[fit.name].sympy(inner)) + sympy.Float(fit.d)
+        for o, i in layer.numeric_live_edges().nonzero().tolist():
+            outputs[o] += sympy.Function(f"phi_{index}_{o}_{i}")(nodes[i])
+        nodes = outputs
+    if digits is not None:
+        nodes = [_round(expr, digits) for expr in nodes]
+    return nodes
+
+
+def _times(number: float, expr):
+    """number * expr, without a factor of exactly 1 (the normalised b of powers, for example)."""
+    return expr if number == 1 else _sympy().Float(number) * expr
+
+
+def _round(expr, digits: int):
+    sympy = _sympy()
+    return expr.xreplace({f: sympy.Float(float(f"{float(f):.{digits}g}")) for f in expr.atoms(sympy.Float)})
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def _single_layer(layer):
+    if _layers.is_edge_layer(layer) or isinstance(layer, SymbolicLayer):
+        return layer
+    layers = _layers.network_layers(layer, "layer")
+    if len(layers) != 1:
+        raise TypeError(f"layer must be a single layer, got a network of {len(layers)} layers")
+    return layers[0]
+
+
+def _check_edge_index(layer, o, i) -> None:
+    for name, value, size in (("o", o, layer.out_features), ("i", i, layer.in_features)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < size:
+            raise ValueError(f"{name} must be an int in [0, {size}), got {value!r}")
+
+
+def _one_range(x_range, n_in: int, i: int):
+    bounds = torch.as_tensor(x_range, dtype=torch.float64)
+    if bounds.shape == (2,):
+        return bounds.unsqueeze(0)
+    if bounds.shape != (n_in, 2):
+        raise ValueError(f"x_range must be (lo, hi) or a tensor of shape ({n_in}, 2), got shape {tuple(bounds.shape)}")
+    return bounds[i : i + 1]
+
+
+def _check_data(x, first_layer) -> Tensor:
+    from .edges import edge_points
+
+    if x is None:
+        raise ValueError("x (data) is needed: the edges are fitted on the values the data gives them")
+    return edge_points(first_layer, x, None, 1)
+
+
+def _numpy(t: Tensor) -> np.ndarray:
+    return t.detach().to("cpu", torch.float64).numpy()
