@@ -9,6 +9,7 @@ import numpy as np
 import warp as wp
 
 from ..kernels import bspline as kb
+from ._device import layer_device
 from ._tape import active_tape, new_output, record_backward
 
 __all__ = ["KANLinear"]
@@ -53,7 +54,7 @@ class KANLinear:
         self.in_features, self.out_features = in_features, out_features
         self.grid_size, self.spline_order = grid_size, spline_order
         self.use_base, self.deterministic = use_base, deterministic
-        self.device = wp.get_device(device)
+        self.device = layer_device(device)
         self.dtype = dtype
         np_dtype = _NP_DTYPES[dtype]
         rng = np.random.default_rng(seed)

@@ -7,6 +7,7 @@ import numpy as np
 import warp as wp
 
 from ..kernels import poly as kp
+from ._device import layer_device
 from ._tape import active_tape, new_output, record_backward
 
 __all__ = ["PolyKANLinear", "ChebyKANLinear"]
@@ -57,7 +58,7 @@ class PolyKANLinear:
         self.in_features, self.out_features, self.degree = in_features, out_features, degree
         self.basis, self.mode, self.lut_size = basis, mode, lut_size
         self.alpha, self.beta = float(alpha), float(beta)
-        self.device = wp.get_device(device)
+        self.device = layer_device(device)
         self.dtype = dtype
         rng = np.random.default_rng(seed)
         std = 1.0 / (in_features * (degree + 1))  # ChebyKAN's initialisation

@@ -11,6 +11,7 @@ import numpy as np
 import warp as wp
 
 from ..kernels import rational as kr
+from ._device import layer_device
 from ._tape import active_tape, new_output, record_backward
 
 __all__ = ["GroupRational", "GRKANLinear"]
@@ -60,7 +61,7 @@ class GroupRational:
         self.num_features, self.num_groups = num_features, num_groups
         self.order, self.variant, self.init = (int(order[0]), int(order[1])), variant, init
         self.deterministic = deterministic
-        self.device = wp.get_device(device)
+        self.device = layer_device(device)
         self.dtype = dtype
         rows = 1 if shared_numerator else num_groups
         self.weight_numerator = self._param(np.tile(numerator, (rows, 1)))

@@ -13,6 +13,7 @@ import warp as wp
 
 from ..kernels import bspline as kb
 from ..kernels import ukan as ku
+from ._device import layer_device
 from ._tape import active_tape, new_output, record_backward
 
 __all__ = ["UKANLinear"]
@@ -67,7 +68,7 @@ class UKANLinear:
         if table_groups is not None and int(table_groups) < 1:
             raise ValueError(f"table_groups must be None or positive, got {table_groups}")
         self.table_groups = None if table_groups is None else int(table_groups)
-        self.device = wp.get_device(device)
+        self.device = layer_device(device)
         self.dtype = dtype
         K = spline_order + 1
         rng = np.random.default_rng(seed)

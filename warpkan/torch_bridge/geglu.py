@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from ..kernels.geglu import activation_code
-from ._common import autocast_dtype, check_tensor
+from ._common import autocast_dtype, check_device, check_tensor
 from .geglu_ops import DEFAULT_SMALL_BATCH_ROWS, GEGLU_DTYPES, geglu_ffn
 
 __all__ = ["GEGLUFFN"]
@@ -40,6 +40,7 @@ class GEGLUFFN(nn.Module):
         dtype=None,
     ):
         super().__init__()
+        check_device(device)
         for name, value in (("hidden", hidden), ("intermediate", intermediate)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ..kernels import poly as kp
-from ._common import autocast_dtype, check_tensor, on_rows
+from ._common import Float32Or64Module, autocast_dtype, check_device, check_tensor, on_rows
 from .poly_ops import PRECISIONS, STRATEGIES, poly_apply
 
 __all__ = ["PolyKANLinear", "ChebyKANLinear"]
@@ -15,7 +15,7 @@ DEFAULT_LUT_SIZE = 4096
 _MODES = ("exact", "lut")
 
 
-class PolyKANLinear(nn.Module):
+class PolyKANLinear(Float32Or64Module):
     """``y[..., o] = sum_i sum_{d=0..degree} coeffs[i, o, d] P_d(tanh x[..., i]) (+ bias[o])`` for x (..., in).
 
     ``basis``: ``chebyshev`` (first kind), ``legendre``, ``hermite``, ``gegenbauer`` (parameter ``alpha``),
@@ -40,8 +40,13 @@ class PolyKANLinear(nn.Module):
 explicit opt-ins with the error bounds documented in ``warpkan.torch_bridge.poly_ops``); the fused kernels
 ignore it.
 
-    Under bf16/fp16 autocast the layer computes in fp32 and returns the autocast dtype. NaN in one row of x makes that row of
-    the output NaN; as under autograd, it also makes the coefficient gradients of that input NaN.
+    dtypes: the layer computes in float32 or float64. Under bf16/fp16 autocast it computes in fp32 and returns
+    the autocast dtype; ``.half()``, ``.bfloat16()`` and other conversions to a 16-bit dtype are refused with a
+    TypeError (the layer is left unchanged). NaN in one row of x makes that row of the output NaN; as under
+    autograd, it also makes the coefficient gradients of that input NaN.
+
+    Gradients are first order: ``create_graph=True`` raises, as do the ``torch.func`` transforms. Built with
+    ``device="meta"``, the layer infers output shapes on meta inputs.
     """
 
     def __init__(
@@ -61,6 +66,7 @@ ignore it.
         dtype=None,
     ):
         super().__init__()
+        check_device(device)
         for name, value in (("in_features", in_features), ("out_features", out_features)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")

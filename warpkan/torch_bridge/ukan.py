@@ -10,9 +10,10 @@ from torch import nn
 
 from ..kernels import bspline as kb
 from ..kernels import ukan as ku
-from ._common import autocast_dtype, check_tensor, on_rows
+from ._common import (Float32Or64Module, autocast_dtype, check_device, check_tensor, on_rows, refuse_transforms,
+                      use_registered_op)
 from .kan_linear import KANLinear, _base_path
-from .ukan_ops import check_grid_delta, group_range, positional_encoding, range_layer, spline_layer, ukan_pairs
+from .ukan_ops import LABEL, check_grid_delta, group_range, positional_encoding, range_layer, spline_layer, ukan_pairs
 
 __all__ = ["UKANLinear"]
 
@@ -26,7 +27,7 @@ _DEFAULT_TABLE_GROUPS = 16
 # 260 coefficients dense 6.7 ms vs sparse 5.5: the crossover is near 200 for both; 128 keeps a margin.
 DENSE_MAX_COEFFICIENTS = 128
 
-class UKANLinear(nn.Module):
+class UKANLinear(Float32Or64Module):
     """y = base_weight @ silu(x) + sum_i spline_scaler[o, i] * spline_{o,i}(x_i) on an unbounded uniform grid.
 
     Knots lie at every multiple of ``grid_delta`` (h), from -inf to +inf; no input normalisation and no grid
@@ -62,7 +63,12 @@ class UKANLinear(nn.Module):
     Inputs with |x| / h beyond 2^39 are evaluated at that limit (finite, zero spline slope); NaN gives a
     zero spline term. Gradients are bitwise reproducible (stable sort, no floating-point atomics).
 
-    Under bf16/fp16 autocast the layer computes in fp32 and returns the autocast dtype.
+    dtypes: the layer computes in float32 or float64. Under bf16/fp16 autocast it computes in fp32 and returns
+    the autocast dtype; ``.half()``, ``.bfloat16()`` and other conversions to a 16-bit dtype are refused with a
+    TypeError (the layer is left unchanged).
+
+    Gradients are first order: ``create_graph=True`` raises, as do the ``torch.func`` transforms. Built with
+    ``device="meta"``, the layer infers output shapes on meta inputs (then with a nominal table).
     """
 
     def __init__(
@@ -80,6 +86,7 @@ class UKANLinear(nn.Module):
         dtype=None,
     ):
         super().__init__()
+        check_device(device)
         for name, value in (("in_features", in_features), ("out_features", out_features), ("hidden_dim", hidden_dim)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -233,6 +240,12 @@ class UKANLinear(nn.Module):
 
     def _forward_rows(self, x2):
         K = self.spline_order + 1
+        if not use_registered_op(x2):
+            refuse_transforms(LABEL)  # before the first Warp launch (group_range, ukan_pairs)
+        if self.table_groups is None and x2.is_meta:
+            # shapes only: no values to size the table from, and y's shape does not depend on it
+            group_lo, span = group_range(x2, self.grid_delta, self.spline_order)
+            return self._range_forward(x2, group_lo, span, 2)
         if self.table_groups is None:
             self._refuse_capture()
             group_lo, span = group_range(x2.detach(), self.grid_delta, self.spline_order)
