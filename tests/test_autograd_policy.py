@@ -102,6 +102,21 @@ def test_first_order_unchanged(device, name):
         assert all(p.grad is not None for p in layer.parameters() if p.requires_grad)
 
 
+@pytest.mark.parametrize("reentrant", [False, True])
+@pytest.mark.parametrize("name", ["KANLinear", "UKANLinear", "PolyKANLinear", "GRKANLinear", "GEGLUFFN"])
+def test_activation_checkpointing_still_works(name, reentrant):
+    """Activation checkpointing recomputes the forward with grad mode on, inside the backward pass: the
+    first-order check must not mistake that for create_graph."""
+    from torch.utils.checkpoint import checkpoint
+
+    layer, n_in, _, _ = _make(name, "cpu")
+    x = _x(n_in, "cpu")
+    (expected,) = torch.autograd.grad(layer(x).square().sum(), x)
+    x2 = x.detach().requires_grad_()
+    checkpoint(layer, x2, use_reentrant=reentrant).square().sum().backward()
+    torch.testing.assert_close(x2.grad, expected, rtol=0, atol=0)
+
+
 def test_create_graph_through_torch_compile_is_not_silent():
     """Traced code differentiates a compiled graph, whose double backward torch itself refuses: at the latest
     when the derivative is differentiated again."""
@@ -179,6 +194,13 @@ def test_half_conversion_refused_and_state_unchanged(device, name, conversion):
         torch.testing.assert_close(after[key], value, rtol=0, atol=0)
     assert {k: v.stride() for k, v in layer.named_parameters()} == strides
     layer(_x(n_in, device))  # still usable
+
+
+@pytest.mark.parametrize("layer", [KANLinear, UKANLinear, PolyKANLinear, ChebyKANLinear])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_dtype_refused_at_construction(layer, dtype):
+    with pytest.raises(TypeError, match="dtype must be float32 or float64"):
+        layer(3, 4, degree=3, dtype=dtype) if issubclass(layer, PolyKANLinear) else layer(3, 4, dtype=dtype)
 
 
 @pytest.mark.parametrize("name", WIDE_FLOAT_ONLY)

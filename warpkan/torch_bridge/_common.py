@@ -221,8 +221,9 @@ def refuse_transforms(label: str) -> None:
         name, instead = _TRANSFORMS.get(kind, (f"the torch.func transform {kind or '(unknown)'}",
                                               "call the layer outside the transform"))
         raise NotImplementedError(
-            f"{label}: {name} is not supported through the torch bridge (the Warp kernels have no batching rule "
-            f"or forward-mode formula); {instead}. {_WARP_NATIVE_HINT if kind in ('Grad', 'Jvp') else ''}".rstrip()
+            f"{label}: {name} is not supported through the torch bridge (the Warp kernels take plain tensors with "
+            f"storage, and have no batching rule or forward-mode formula); {instead}. "
+            f"{_WARP_NATIVE_HINT if kind in ('Grad', 'Jvp') else ''}".rstrip()
         )
 
 
