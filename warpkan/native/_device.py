@@ -19,4 +19,5 @@ def layer_device(device, name: str = "device") -> wp.Device:
     try:
         return wp.get_device(device)
     except (RuntimeError, ValueError, TypeError) as error:
-        raise ValueError(f"{name} must name a Warp device such as 'cpu' or 'cuda:0', got {device!r} ({error})") from None
+        raise ValueError(f"{name} must name a Warp device such as 'cpu' or 'cuda:0', got {device!r} "
+                         f"({error})") from None
