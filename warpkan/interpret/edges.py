@@ -25,6 +25,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from .. import _checks
 from ..kernels import bspline as kb
 from ..torch_bridge import GRKANLinear, KANLinear, PolyKANLinear, UKANLinear
 from ..torch_bridge._common import matmul_precision, to_warp, warp_stream
@@ -89,8 +90,7 @@ def edge_points(layer, x, x_range, n) -> Tensor:
         if not x.is_floating_point():
             raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
         return x.detach().reshape(-1, n_in).to(dtype).contiguous()
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
+    n = _checks.positive_int("n", n)
     if x_range is None:
         bounds = _layers.default_range(numeric)
         if bounds is None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .. import _checks
 from ..kernels import bspline as kb
 from ..torch_bridge import KANLinear
 from ..torch_bridge._common import to_warp, warp_stream
@@ -29,8 +30,7 @@ def refine(model, new_grid_size: int, x: Tensor | None = None):
     see the module docstring): one ``KANLinear``, or an ``nn.Sequential`` / network whose ``KANLinear``
     layers are refined and other layers copied. With data ``x`` (..., in) each layer is refitted on its own
     inputs (the network's activations), else on points covering its grid interval."""
-    if isinstance(new_grid_size, bool) or not isinstance(new_grid_size, int) or new_grid_size < 1:
-        raise ValueError(f"new_grid_size must be a positive int, got {new_grid_size!r}")
+    new_grid_size = _checks.positive_int("new_grid_size", new_grid_size)
     layers = _layers.network_layers(model)
     if not any(isinstance(layer, KANLinear) for layer in layers):
         raise TypeError("refine needs KANLinear layers (the only family with a grid to refine)")

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from .. import _checks
 from . import _layers
 
 __all__ = ["SymbolicFunction", "SymbolicFit", "SYMBOLIC_LIB", "suggest_symbolic", "auto_symbolic", "formula",
@@ -438,8 +439,7 @@ def _single_layer(layer):
 
 def _check_edge_index(layer, o, i) -> None:
     for name, value, size in (("o", o, layer.out_features), ("i", i, layer.in_features)):
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < size:
-            raise ValueError(f"{name} must be an int in [0, {size}), got {value!r}")
+        _checks.int_in_range(name, value, 0, size - 1)
 
 
 def _one_range(x_range, n_in: int, i: int):

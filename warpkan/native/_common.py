@@ -26,6 +26,12 @@ def check_dtype(dtype):
 def check_device(device) -> wp.Device:
     """The Warp device ``device`` names (None: Warp's default device); ValueError naming the argument for a
     name Warp does not know or a device this machine does not have."""
+    if isinstance(device, wp.Device):
+        return device
+    if device is not None and str(device).startswith("cuda") and not wp.is_cuda_available():
+        # Warp's own error names no argument and prints driver errors first
+        raise ValueError(f"device={device!r}: no CUDA device is available on this machine "
+                         "(warp.is_cuda_available() is False); use device='cpu'")
     try:
         return wp.get_device(device)
     except (ValueError, RuntimeError, TypeError) as error:

@@ -1,5 +1,7 @@
-"""What every torch op of warpkan shares: Warp start-up, zero-copy views on torch's current stream, and
-argument checks whose messages name the argument, what was expected and what was given."""
+"""What every torch op of warpkan shares: Warp start-up, zero-copy views on torch's current stream,
+argument checks whose messages name the argument, what was expected and what was given, and the policy on
+what the bridge does not support (higher-order derivatives, torch.func transforms, fp16/bf16 conversion of
+the float32/float64 layers, devices other than the CPU and CUDA), each refused with an error that says so."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from collections import OrderedDict
 
 import torch
 import warp as wp
+from torch import nn
 
 _streams: dict[tuple[int, int], wp.Stream] = {}
 _devices: dict[str, wp.Device] = {}
@@ -159,14 +162,93 @@ def matmul_precision(precision: str, device: torch.device):
         torch.set_float32_matmul_precision(saved)
 
 
+# ---------------------------------------------------------------------- what the bridge refuses, and how
+_WARP_NATIVE_HINT = (
+    "For physics-informed training use the Warp-native path (README, 'Warp-native API'): the layers "
+    "warpkan.KANLinear etc. train under wp.Tape, and the warpkan.bspline_funcs / poly_funcs / rational_funcs "
+    "building blocks give a layer's value and d/dx inside your own Warp kernel, which wp.Tape differentiates "
+    "derivative included (examples/pinn_logistic.py, examples/pinn_heat.py)."
+)
+
+
+def higher_order_message(label: str) -> str:
+    return (
+        f"{label}: higher-order derivatives (torch.autograd.grad(..., create_graph=True), or backward(create_graph="
+        "True)) are not yet supported through the torch bridge: the backward kernels are not differentiable, so "
+        "the derivative would come back detached from the graph and a term of the result would be silently "
+        f"lost. First-order gradients (create_graph=False) are supported. {_WARP_NATIVE_HINT}"
+    )
+
+
+def first_order_backward(label: str, backward):
+    """``backward`` (an op's autograd formula, ``backward(ctx, *grads)``) refusing to run where a graph of the
+    derivative is wanted. Autograd runs a backward with grad mode enabled exactly when ``create_graph=True``;
+    the Warp backward kernels have no derivative of their own, so the result would be detached from the graph
+    (``once_differentiable`` returns it without a node when the incoming gradients need none), which drops a
+    term of, e.g., a physics-informed residual without a word. One ``torch.is_grad_enabled()`` a backward call.
+    Used by every op, eager route (:func:`eager_function`) and registered ``register_autograd`` formula alike."""
+
+    def checked(ctx, *grads):
+        if torch.is_grad_enabled():
+            raise NotImplementedError(higher_order_message(label))
+        return backward(ctx, *grads)
+
+    checked.__name__ = getattr(backward, "__name__", "backward")
+    checked.__doc__ = getattr(backward, "__doc__", None)
+    return checked
+
+
+# torch.func transform -> (how the user met it, what to do instead)
+_TRANSFORMS = {
+    "Vmap": ("torch.func.vmap", "the layers take x of shape (..., in): put the vmapped dimension into the leading "
+             "dimensions of x instead (layer(x) on x [B, N, in] is the vmap of layer over B)"),
+    "Grad": ("torch.func.grad / vjp / jacrev", "use torch.autograd (loss.backward() or torch.autograd.grad) for "
+             "first-order gradients"),
+    "Jvp": ("torch.func.jvp / jacfwd (forward-mode AD)", "use torch.autograd (reverse mode, torch.autograd.grad) "
+            "for first-order derivatives"),
+    "Functionalize": ("torch.func.functionalize", "call the layer outside the transform"),
+}
+
+
+def refuse_transforms(label: str) -> None:
+    """Raise a clear error under a ``torch.func`` transform (vmap, grad, vjp, jacrev, jvp, jacfwd,
+    functionalize): the Warp kernels need tensors with real storage, have no batching rule and no
+    forward-mode formula, so the transforms would otherwise fail deep inside with an internal message. Costs
+    one ``torch._C._are_functorch_transforms_active()`` (~0.1 us) a call."""
+    if torch._C._are_functorch_transforms_active():
+        top = torch._C._functorch.peek_interpreter_stack()
+        kind = str(top.key()).rsplit(".", 1)[-1] if top is not None else ""
+        name, instead = _TRANSFORMS.get(kind, (f"the torch.func transform {kind or '(unknown)'}",
+                                              "call the layer outside the transform"))
+        raise NotImplementedError(
+            f"{label}: {name} is not supported through the torch bridge (the Warp kernels take plain tensors with "
+            f"storage, and have no batching rule or forward-mode formula); {instead}. "
+            f"{_WARP_NATIVE_HINT if kind in ('Grad', 'Jvp') else ''}".rstrip()
+        )
+
+
+def forward_mode_message(label: str) -> str:
+    return (f"{label}: forward-mode AD (torch.autograd.forward_ad, torch.func.jvp / jacfwd) is not supported "
+            "through the torch bridge; use torch.autograd (reverse mode) for first-order derivatives.")
+
+
+def use_registered_op(x: torch.Tensor) -> bool:
+    """Whether a layer calls its registered custom op instead of the eager route: under tracing
+    (``torch.compile``, export), and for meta tensors, where the op's fake implementation infers the shapes
+    (as ``nn.Linear`` does on the meta device) and its registered formula those of the gradients."""
+    return x.is_meta or torch.compiler.is_compiling()
+
+
 class EagerRoute:
     """An op's eager route (see :func:`eager_function`): ``function``, the ``autograd.Function``; ``layouts``,
-    the inputs it takes in a public layout. A plain object, so that traced code reads it (:func:`op_or_eager`)."""
+    the inputs it takes in a public layout; ``label``, how errors name it ("KANLinear (warpkan::bspline_forward)").
+    A plain object, so that traced code reads it (:func:`op_or_eager`)."""
 
-    def __init__(self, function, forward_impl, layouts: dict):
+    def __init__(self, function, forward_impl, layouts: dict, label: str):
         self.function = function
         self.forward_impl = forward_impl
         self.layouts = layouts
+        self.label = label
 
     def relayout(self, values: tuple, direction: int) -> tuple:
         """``values`` (the inputs, or their gradients) with each one the route takes in a public layout mapped
@@ -186,7 +268,8 @@ class EagerRoute:
         return self.forward_impl(*self.op_inputs(inputs))
 
 
-def eager_function(name: str, forward_impl, setup_context, backward, layouts: dict | None = None) -> EagerRoute:
+def eager_function(name: str, forward_impl, setup_context, backward, layouts: dict | None = None,
+                   label: str | None = None) -> EagerRoute:
     """The eager route of a custom op: an ``autograd.Function`` that runs the op's own implementation
     (``forward_impl(*inputs)``) and autograd formula (``setup_context(ctx, inputs, output)``,
     ``backward(ctx, *grads)``) without the custom-op dispatch. A ``torch.library.custom_op`` call (schema
@@ -198,8 +281,12 @@ def eager_function(name: str, forward_impl, setup_context, backward, layouts: di
     ``layouts`` {input index: (to_op, to_public)}: the route takes those inputs in their public layout (a
     parameter as the module exposes it) and makes the op's view of them inside the Function, ``to_op(t)``;
     their gradients go back through ``to_public``. Views made outside the Function would be autograd nodes of
-    their own (TBackward, PermuteBackward), each 10-20 us of a step's host time on the GPU machine."""
+    their own (TBackward, PermuteBackward), each 10-20 us of a step's host time on the GPU machine.
+
+    ``label`` names the layer and op in errors. The backward is first-order only (:func:`first_order_backward`:
+    ``create_graph=True`` raises), and forward-mode AD raises too."""
     layouts = layouts or {}
+    label = label or name
     route = None  # set below, once the Function exists
 
     def forward(ctx, *inputs):
@@ -211,12 +298,17 @@ def eager_function(name: str, forward_impl, setup_context, backward, layouts: di
     def public_backward(ctx, *grads):
         return route.relayout(backward(ctx, *grads), 1)
 
+    def jvp(ctx, *tangents):
+        raise NotImplementedError(forward_mode_message(label))
+
+    once = torch.autograd.function.once_differentiable(public_backward if layouts else backward)
     function = type(name, (torch.autograd.Function,), {
         "forward": staticmethod(forward),
-        "backward": staticmethod(torch.autograd.function.once_differentiable(public_backward if layouts else backward)),
+        "backward": staticmethod(first_order_backward(label, once)),
+        "jvp": staticmethod(jvp),
         "__doc__": f"{name}: eager route of a warpkan custom op (see warpkan.torch_bridge._common.eager_function).",
     })
-    route = EagerRoute(function, forward_impl, layouts)
+    route = EagerRoute(function, forward_impl, layouts, label)
     return route
 
 
@@ -234,10 +326,13 @@ def on_rows(x: torch.Tensor, n_in: int, apply):
 TRANSPOSED = (torch.t, torch.t)
 
 
-def op_or_eager(op, eager: EagerRoute):
-    """A callable on the eager route's inputs: the registered op under tracing (on the op's views of the
-    inputs the route takes in a public layout), the eager route otherwise (:meth:`EagerRoute.run`)."""
-    if not torch.compiler.is_compiling():
+def op_or_eager(op, eager: EagerRoute, x: torch.Tensor):
+    """A callable on the eager route's inputs: the registered op under tracing and on meta tensors
+    (:func:`use_registered_op`; on the op's views of the inputs the route takes in a public layout), the eager
+    route otherwise (:meth:`EagerRoute.run`), refused under ``torch.func`` transforms
+    (:func:`refuse_transforms`). ``x``: the op's first input."""
+    if not use_registered_op(x):
+        refuse_transforms(eager.label)
         return eager.run
     if eager.layouts:
         return lambda *inputs: op(*eager.op_inputs(inputs))
@@ -292,7 +387,59 @@ def check_tensor(name: str, t, *, ndim_min: int | None = None, ndim: int | None 
 
 
 def autocast_dtype(device: torch.device) -> torch.dtype | None:
-    """The autocast dtype active for ``device``, or None."""
-    if torch.is_autocast_enabled(device.type):
+    """The autocast dtype active for ``device``, or None (always on the meta device, which has no autocast)."""
+    if device.type != "meta" and torch.is_autocast_enabled(device.type):
         return torch.get_autocast_dtype(device.type)
     return None
+
+
+def check_device(device, name: str = "device") -> None:
+    """A layer's ``device`` argument: None (torch's default), or a CPU, CUDA or meta (shape inference) device
+    that exists on this machine. Refused with a ValueError naming the argument, before anything is allocated:
+    torch's own errors for a missing CUDA device ("Torch not compiled with CUDA enabled", "Found no NVIDIA
+    driver") do not say which argument asked for it."""
+    if device is None:
+        return
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"{name} must be a torch.device or a device string such as 'cpu' or 'cuda', "
+                         f"got {device!r}") from None
+    if dev.type not in ("cpu", "cuda", "meta"):
+        raise ValueError(f"{name} must be a cpu, cuda or meta device (the Warp kernels run on the CPU and on CUDA "
+                         f"GPUs), got {device!r}")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{name}={device!r}: no CUDA device is available on this machine "
+                             "(torch.cuda.is_available() is False); use device='cpu'")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"{name}={device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+
+
+LOW_PRECISION_POLICY = (
+    "For bf16/fp16 compute use torch.autocast (e.g. `with torch.autocast('cuda', dtype=torch.bfloat16): "
+    "y = layer(x)`), under which the layer computes in float32 and returns the autocast dtype."
+)
+
+
+class Float32Or64Module(nn.Module):
+    """Base of the layers that compute in float32 or float64 only (their kernels and LUTs have no fp16/bf16
+    form): a conversion to another floating dtype (``.half()``, ``.bfloat16()``, ``.to(torch.float16)``,
+    ``.type(...)``) is refused with a TypeError before any parameter or buffer changes, instead of being
+    accepted and failing at the next forward. ``.double()``, ``.float()``, device moves and ``to_empty`` work
+    as usual; bf16/fp16 compute goes through ``torch.autocast``.
+
+    ``nn.Module._apply`` is where every such conversion goes; the override first applies its ``fn`` to an
+    empty float32 tensor on the layer's device and refuses any result that is not float32/float64. (A model
+    holding the layer converts its children in order: those before the layer are converted when it refuses.)"""
+
+    def _apply(self, fn, recurse=True):
+        held = next(self.parameters(), None)
+        if held is None:
+            held = next(self.buffers(), None)
+        probe = fn(torch.empty(0, dtype=torch.float32, device=held.device if held is not None else "cpu"))
+        if isinstance(probe, torch.Tensor) and probe.is_floating_point() and probe.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{type(self).__name__} computes in float32 or float64: converting it to "
+                            f"{str(probe.dtype).replace('torch.', '')} is refused (the layer is unchanged). "
+                            f"{LOW_PRECISION_POLICY}")
+        return super()._apply(fn, recurse)

@@ -56,7 +56,8 @@ from ..kernels import bspline as kb
 from ..kernels import bspline_tiled as kbt
 from ..kernels._common import IO_SCALAR_NAMES
 from ._common import (TRANSPOSED, WP_DTYPES, RecordedLaunches, TorchWorkspace, autocast_dtype, check_tensor,
-                      eager_function, matmul_precision, on_rows, op_or_eager, to_warp, warp_stream)
+                      eager_function, first_order_backward, matmul_precision, on_rows, op_or_eager, to_warp,
+                      warp_stream)
 
 __all__ = ["bspline_kan", "bspline_forward", "bspline_backward", "choose_strategy", "resolve_precision",
            "STRATEGIES", "PRECISIONS", "PRECISION_UNIT_ROUNDOFF"]
@@ -394,7 +395,9 @@ def _input_grads(ctx, dx, d_base, d_scaler, d_coef, need_x, need_params):
     )
 
 
-bspline_forward.register_autograd(_backward, setup_context=_setup_context)
+# how errors name the op (first-order only: see first_order_backward)
+LABEL = "KANLinear (warpkan::bspline_forward)"
+bspline_forward.register_autograd(first_order_backward(LABEL, _backward), setup_context=_setup_context)
 
 
 def _eager_backward(ctx, dy):
@@ -415,7 +418,8 @@ def _eager_backward(ctx, dy):
 # eager_function). KANLinear stores them in the kernel layout, so the gradients mapped back match their
 # strides and are taken as they are.
 _PUBLIC_LAYOUTS = {2: TRANSPOSED, 3: TRANSPOSED, 4: (lambda t: t.permute(1, 2, 0), lambda g: g.permute(2, 0, 1))}
-_EagerBSpline = eager_function("_EagerBSpline", _forward_impl, _setup_context, _eager_backward, _PUBLIC_LAYOUTS)
+_EagerBSpline = eager_function("_EagerBSpline", _forward_impl, _setup_context, _eager_backward, _PUBLIC_LAYOUTS,
+                               LABEL)
 
 
 def bspline_kan(
@@ -471,6 +475,6 @@ def apply_checked(x: Tensor, grid: Tensor, base_weight: Tensor | None, spline_we
     use_base = base_weight is not None
     if not use_base:
         base_weight = spline_scaler  # any [out, in] tensor: the kernels skip the base term
-    op = op_or_eager(bspline_forward, _EagerBSpline)
+    op = op_or_eager(bspline_forward, _EagerBSpline, x)
     return on_rows(x, n_in, lambda x2: op(x2, grid, base_weight, spline_scaler, spline_weight, spline_order, uniform,
                                           use_base, deterministic, strategy, precision))

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from ..kernels.geglu import check_layer_args
-from ._common import autocast_dtype, check_tensor
+from ._common import autocast_dtype, check_device, check_tensor
 from .geglu_ops import DEFAULT_SMALL_BATCH_ROWS, GEGLU_DTYPES, geglu_ffn
 
 __all__ = ["GEGLUFFN"]
@@ -50,6 +50,7 @@ class GEGLUFFN(nn.Module):
         dtype=None,
     ):
         super().__init__()
+        check_device(device)
         hidden, intermediate, activation, small_batch_rows = check_layer_args(hidden, intermediate, activation,
                                                                               small_batch_rows)
         if dtype is not None and dtype not in GEGLU_DTYPES:

@@ -29,7 +29,8 @@ from torch import Tensor
 
 from .. import _checks
 from ..kernels import geglu as kg
-from ._common import RecordedLaunches, check_tensor, eager_function, on_rows, op_or_eager, warp_device
+from ._common import (RecordedLaunches, check_tensor, eager_function, first_order_backward, on_rows, op_or_eager,
+                      warp_device)
 
 __all__ = ["geglu_ffn", "geglu_ffn_forward", "geglu_ffn_backward", "GEGLU_DTYPES", "DEFAULT_SMALL_BATCH_ROWS"]
 
@@ -181,13 +182,15 @@ def _backward(ctx, dout, _duv_unused, backward_op=geglu_ffn_backward):
     )
 
 
-geglu_ffn_forward.register_autograd(_backward, setup_context=_setup_context)
+# how errors name the op (first-order only: see first_order_backward)
+LABEL = "GEGLUFFN (warpkan::geglu_ffn_forward)"
+geglu_ffn_forward.register_autograd(first_order_backward(LABEL, _backward), setup_context=_setup_context)
 
 # The eager route: the same implementations and formula in one autograd.Function, without the custom-op
 # dispatch (tens to hundreds of microseconds of host time a call on the GPU machine, about the layer's whole
 # GPU time at small batch; see eager_function). Traced code sees the registered ops.
 _EagerGEGLU = eager_function("_EagerGEGLU", _forward_impl, _setup_context,
-                             lambda ctx, dout, duv: _backward(ctx, dout, duv, _backward_impl))
+                             lambda ctx, dout, duv: _backward(ctx, dout, duv, _backward_impl), label=LABEL)
 
 
 def geglu_ffn(
@@ -218,5 +221,5 @@ def geglu_ffn(
     if b_o is not None:
         check_tensor("b_o", b_o, shape=(n_hidden,), dtypes=GEGLU_DTYPES, like=x)
     small_batch_rows = _checks.non_negative_int("small_batch_rows", small_batch_rows)
-    op = op_or_eager(geglu_ffn_forward, _EagerGEGLU)
+    op = op_or_eager(geglu_ffn_forward, _EagerGEGLU, x)
     return on_rows(x, n_hidden, lambda x2: op(x2, w_uv, b_uv, w_o, b_o, activation, small_batch_rows)[0])

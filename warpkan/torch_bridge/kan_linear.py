@@ -9,7 +9,7 @@ from torch import nn
 
 from ..kernels import bspline as kb
 from ..reference.bspline import b_splines
-from ._common import autocast_dtype, check_tensor
+from ._common import Float32Or64Module, autocast_dtype, check_device, check_tensor
 from .bspline_ops import STRATEGIES, apply_checked, check_precision
 
 __all__ = ["KANLinear"]
@@ -24,7 +24,7 @@ def _kernel_layout_parameter(shape_kernel: tuple, permutation: tuple, device, dt
     return nn.Parameter(storage.contiguous() if contiguous else storage)
 
 
-class KANLinear(nn.Module):
+class KANLinear(Float32Or64Module):
     """y = base_weight @ silu(x) + sum_i spline_scaler[o, i] * spline_{o,i}(x_i), for x of shape (..., in).
 
     Parameters and buffers follow efficient-kan's ``KANLinear`` (names and shapes), so its checkpoints load
@@ -39,8 +39,14 @@ class KANLinear(nn.Module):
     kernels use the matrix form; after :meth:`update_grid` they run the general de Boor path. Cost per edge is
     O(k) either way, independent of ``grid_size``.
 
-    Under bf16/fp16 autocast the layer takes fp32 inputs and parameters (fp32 accumulation) and returns the
-    autocast dtype. ``deterministic=True`` makes every gradient bitwise reproducible from run to run.
+    dtypes: the layer computes in float32 or float64. Under bf16/fp16 autocast it takes fp32 inputs and
+    parameters (fp32 accumulation) and returns the autocast dtype; ``.half()``, ``.bfloat16()`` and other
+    conversions to a 16-bit dtype are refused with a TypeError (the layer is left unchanged).
+    ``deterministic=True`` makes every gradient bitwise reproducible from run to run.
+
+    Gradients are first order: ``create_graph=True`` (higher-order derivatives, e.g. a physics-informed
+    residual) raises, as do the ``torch.func`` transforms (fold a vmapped dimension into x's leading ones).
+    Built with ``device="meta"``, the layer infers output shapes on meta inputs.
     ``strategy`` picks the computation ("stencil", "gemm" or "auto"; see :func:`warpkan.torch_bridge.bspline_kan`).
 
     ``precision`` sets the gemm strategy's contractions: "fp32" (exact fp32), "tf32" (TF32 tensor cores),
@@ -103,6 +109,7 @@ class KANLinear(nn.Module):
         dtype=None,
     ):
         super().__init__()
+        check_device(device)
         in_features, out_features, grid_size, spline_order, (lo, hi) = kb.check_layer_args(
             in_features, out_features, grid_size, spline_order, grid_range)
         self.in_features = in_features

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ..kernels import poly as kp
-from ._common import autocast_dtype, check_tensor, on_rows
+from ._common import FLOAT_DTYPES, Float32Or64Module, autocast_dtype, check_device, check_tensor, on_rows
 from .poly_ops import PRECISIONS, STRATEGIES, poly_apply
 
 __all__ = ["PolyKANLinear", "ChebyKANLinear"]
@@ -14,7 +14,7 @@ __all__ = ["PolyKANLinear", "ChebyKANLinear"]
 DEFAULT_LUT_SIZE = 4096
 
 
-class PolyKANLinear(nn.Module):
+class PolyKANLinear(Float32Or64Module):
     """``y[..., o] = sum_i sum_{d=0..degree} coeffs[i, o, d] P_d(tanh x[..., i]) (+ bias[o])`` for x (..., in).
 
     ``basis``: ``chebyshev`` (first kind), ``legendre``, ``hermite``, ``gegenbauer`` (parameter ``alpha``),
@@ -39,8 +39,13 @@ class PolyKANLinear(nn.Module):
     only; explicit opt-ins with the error bounds documented in ``warpkan.torch_bridge.poly_ops``); the fused
     kernels ignore it.
 
-    Under bf16/fp16 autocast the layer computes in fp32 and returns the autocast dtype. NaN in one row of x makes that row of
-    the output NaN; as under autograd, it also makes the coefficient gradients of that input NaN.
+    dtypes: the layer computes in float32 or float64. Under bf16/fp16 autocast it computes in fp32 and returns
+    the autocast dtype; ``.half()``, ``.bfloat16()`` and other conversions to a 16-bit dtype are refused with a
+    TypeError (the layer is left unchanged). NaN in one row of x makes that row of the output NaN; as under
+    autograd, it also makes the coefficient gradients of that input NaN.
+
+    Gradients are first order: ``create_graph=True`` raises, as do the ``torch.func`` transforms. Built with
+    ``device="meta"``, the layer infers output shapes on meta inputs.
 
     Args:
         in_features: number of inputs (a positive int).
@@ -76,12 +81,16 @@ class PolyKANLinear(nn.Module):
         dtype=None,
     ):
         super().__init__()
+        check_device(device)
         in_features, out_features, degree, mode, lut_size, alpha, beta = kp.check_layer_args(
             in_features, out_features, degree, basis, mode, lut_size, alpha, beta)
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        dtype = dtype or torch.get_default_dtype()
+        if dtype not in FLOAT_DTYPES:
+            raise TypeError(f"dtype must be float32 or float64 (use autocast for bf16/fp16), got {dtype}")
         self.strategy, self.precision = strategy, precision
         self.in_features, self.out_features, self.degree = in_features, out_features, degree
         self.basis, self.mode, self.lut_size = basis, mode, lut_size

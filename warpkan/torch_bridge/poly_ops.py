@@ -60,8 +60,8 @@ from torch import Tensor
 
 from .. import _checks
 from ..kernels import poly as kp
-from ._common import (RecordedLaunches, TorchWorkspace, check_tensor, eager_function, matmul_precision, on_rows,
-                      op_or_eager, to_warp, warp_device, warp_stream)
+from ._common import (RecordedLaunches, TorchWorkspace, check_tensor, eager_function, first_order_backward,
+                      matmul_precision, on_rows, op_or_eager, to_warp, warp_device, warp_stream)
 
 __all__ = ["poly_kan", "poly_forward", "poly_backward", "choose_strategy", "BF16_ERROR_BOUND"]
 
@@ -384,11 +384,13 @@ def _backward(ctx, dy, backward_op=poly_backward):
     )
 
 
-poly_forward.register_autograd(_backward, setup_context=_setup_context)
+# how errors name the op (first-order only: see first_order_backward)
+LABEL = "PolyKANLinear/ChebyKANLinear (warpkan::poly_forward)"
+poly_forward.register_autograd(first_order_backward(LABEL, _backward), setup_context=_setup_context)
 
 
 _EagerPoly = eager_function("_EagerPoly", _forward_impl, _setup_context,
-                            lambda ctx, dy: _backward(ctx, dy, _backward_impl))
+                            lambda ctx, dy: _backward(ctx, dy, _backward_impl), label=LABEL)
 
 
 # PolyKANLinear's coeffs read [in, out, D + 1] and are stored in the kernel layout [in, D + 1, out]: its route
@@ -396,13 +398,13 @@ _EagerPoly = eager_function("_EagerPoly", _forward_impl, _setup_context,
 # outside is a node of its own; see eager_function)
 _SWAP_LAST = (lambda t: t.permute(0, 2, 1), lambda g: g.permute(0, 2, 1))
 _EagerPolyLayer = eager_function("_EagerPolyLayer", _forward_impl, _setup_context,
-                                 lambda ctx, dy: _backward(ctx, dy, _backward_impl), {1: _SWAP_LAST})
+                                 lambda ctx, dy: _backward(ctx, dy, _backward_impl), {1: _SWAP_LAST}, LABEL)
 
 
 def poly_apply(x, coeffs, bias, basis, lut_size, alpha, beta, strategy, precision="fp32", layer_layout=False):
     """:func:`poly_forward` with autograd on x [N, in]: the registered op under tracing, the eager route
     otherwise. ``layer_layout``: coeffs come as PolyKANLinear exposes them, [in, out, D + 1]."""
-    return op_or_eager(poly_forward, _EagerPolyLayer if layer_layout else _EagerPoly)(
+    return op_or_eager(poly_forward, _EagerPolyLayer if layer_layout else _EagerPoly, x)(
         x, coeffs, bias, basis, lut_size, alpha, beta, strategy, precision)
 
 

@@ -9,7 +9,7 @@ from torch import nn
 
 from .. import _checks
 from ..kernels import rational as kr
-from ._common import check_tensor
+from ._common import check_device, check_tensor
 from .rational_ops import IO_DTYPES, apply_checked
 
 __all__ = ["GroupRational", "GRKANLinear", "KATMLP"]
@@ -24,7 +24,12 @@ class GroupRational(nn.Module):
     ``variant`` "A": ``Q = 1 + sum_j |b_j| |x|^(j+1)`` (KAT's kernels); "B": ``Q = 1 + |sum_j b_j x^(j+1)|``
     (FlashKAT's paper). ``init`` ("identity", "swish", "gelu") loads coefficients fitted here to the exact
     activation under that variant. fp32, bf16 and fp16 inputs are computed with fp32 arithmetic and fp32
-    gradient sums; ``deterministic=True`` makes the coefficient gradients bitwise reproducible.
+    gradient sums; ``deterministic=True`` makes the coefficient gradients bitwise reproducible. The kernels take
+    fp16/bf16 natively, so ``.half()`` / ``.to(torch.bfloat16)`` are allowed (unlike the spline and polynomial
+    layers, which compute in float32/float64 only).
+
+    Gradients are first order: ``create_graph=True`` raises, as do the ``torch.func`` transforms. Built with
+    ``device="meta"``, the layer infers output shapes on meta inputs.
 
     Args:
         num_features: number of channels C, the last dimension of x (a positive int).
@@ -51,6 +56,7 @@ class GroupRational(nn.Module):
         dtype=None,
     ):
         super().__init__()
+        check_device(device)
         num_features, num_groups, order, variant, init = kr.check_layer_args(num_features, num_groups, order, variant,
                                                                               init)
         self.num_features = num_features
@@ -75,7 +81,11 @@ class GroupRational(nn.Module):
         self.init = init
 
     def gain(self) -> float:
-        """E[F(x)^2] for x ~ N(0, 1) under the current coefficients of group 0."""
+        """E[F(x)^2] for x ~ N(0, 1) under the current coefficients of group 0 (on the meta device, which holds
+        no values, under the ``init`` coefficients)."""
+        if self.weight_denominator.is_meta:
+            numerator, denominator = kr.init_coefficients(self.init, self.order, self.variant)
+            return kr.second_moment(list(numerator), list(denominator), self.variant)
         return kr.second_moment(
             self.weight_numerator[0].detach().double().cpu().tolist(),
             self.weight_denominator[0].detach().double().cpu().tolist(),

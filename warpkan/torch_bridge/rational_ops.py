@@ -20,7 +20,8 @@ from torch import Tensor
 
 from .. import _checks
 from ..kernels import rational as kr
-from ._common import WP_DTYPES, RecordedLaunches, check_tensor, eager_function, on_rows, op_or_eager, warp_device
+from ._common import (WP_DTYPES, RecordedLaunches, check_tensor, eager_function, first_order_backward, on_rows,
+                      op_or_eager, warp_device)
 
 __all__ = ["group_rational", "group_rational_forward", "group_rational_backward"]
 
@@ -168,11 +169,14 @@ def _backward(ctx, dy, backward_fn=None):
     )
 
 
-group_rational_forward.register_autograd(_backward, setup_context=_setup_context)
+# how errors name the op (first-order only: see first_order_backward)
+LABEL = "GroupRational (warpkan::group_rational_forward)"
+group_rational_forward.register_autograd(first_order_backward(LABEL, _backward), setup_context=_setup_context)
 
 
 _EagerGroupRational = eager_function(
-    "_EagerGroupRational", _forward_impl, _setup_context, lambda ctx, dy: _backward(ctx, dy, _backward_impl))
+    "_EagerGroupRational", _forward_impl, _setup_context, lambda ctx, dy: _backward(ctx, dy, _backward_impl),
+    label=LABEL)
 
 
 def group_rational(
@@ -215,6 +219,6 @@ def apply_checked(x: Tensor, weight_numerator: Tensor, weight_denominator: Tenso
                   deterministic: bool) -> Tensor:
     """:func:`group_rational` on arguments already checked (``GroupRational`` checks its weights and
     configuration once, at construction, and x per call): a small layer's eager step is host-bound."""
-    op = op_or_eager(group_rational_forward, _EagerGroupRational)
+    op = op_or_eager(group_rational_forward, _EagerGroupRational, x)
     return on_rows(x, x.shape[-1],
                    lambda x2: op(x2, weight_numerator, weight_denominator, num_groups, variant, deterministic))

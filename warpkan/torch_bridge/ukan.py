@@ -9,9 +9,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import ukan as ku
-from ._common import autocast_dtype, check_tensor, on_rows
+from ._common import (Float32Or64Module, autocast_dtype, check_device, check_tensor, on_rows, refuse_transforms,
+                      use_registered_op)
 from .kan_linear import KANLinear, _base_path
-from .ukan_ops import group_range, positional_encoding, range_layer, spline_layer, ukan_pairs
+from .ukan_ops import LABEL, group_range, positional_encoding, range_layer, spline_layer, ukan_pairs
 
 __all__ = ["UKANLinear"]
 
@@ -25,7 +26,7 @@ _DEFAULT_TABLE_GROUPS = 16
 # 260 coefficients dense 6.7 ms vs sparse 5.5: the crossover is near 200 for both; 128 keeps a margin.
 DENSE_MAX_COEFFICIENTS = 128
 
-class UKANLinear(nn.Module):
+class UKANLinear(Float32Or64Module):
     """y = base_weight @ silu(x) + sum_i spline_scaler[o, i] * spline_{o,i}(x_i) on an unbounded uniform grid.
 
     Knots lie at every multiple of ``grid_delta`` (h), from -inf to +inf; no input normalisation and no grid
@@ -61,7 +62,12 @@ class UKANLinear(nn.Module):
     Inputs with |x| / h beyond 2^39 are evaluated at that limit (finite, zero spline slope); NaN gives a
     zero spline term. Gradients are bitwise reproducible (stable sort, no floating-point atomics).
 
-    Under bf16/fp16 autocast the layer computes in fp32 and returns the autocast dtype.
+    dtypes: the layer computes in float32 or float64. Under bf16/fp16 autocast it computes in fp32 and returns
+    the autocast dtype; ``.half()``, ``.bfloat16()`` and other conversions to a 16-bit dtype are refused with a
+    TypeError (the layer is left unchanged).
+
+    Gradients are first order: ``create_graph=True`` raises, as do the ``torch.func`` transforms. Built with
+    ``device="meta"``, the layer infers output shapes on meta inputs (then with a nominal table).
 
     Args:
         in_features: number of inputs (a positive int).
@@ -95,6 +101,7 @@ class UKANLinear(nn.Module):
         dtype=None,
     ):
         super().__init__()
+        check_device(device)
         (in_features, out_features, spline_order, grid_delta, pe_dim, embed_dim, hidden_dim,
          table_groups) = ku.check_layer_args(in_features, out_features, spline_order, grid_delta, pe_dim, embed_dim,
                                              hidden_dim, table_groups)
@@ -240,6 +247,12 @@ class UKANLinear(nn.Module):
 
     def _forward_rows(self, x2):
         K = self.spline_order + 1
+        if not use_registered_op(x2):
+            refuse_transforms(LABEL)  # before the first Warp launch (group_range, ukan_pairs)
+        if self.table_groups is None and x2.is_meta:
+            # shapes only: no values to size the table from, and y's shape does not depend on it
+            group_lo, span = group_range(x2, self.grid_delta, self.spline_order)
+            return self._range_forward(x2, group_lo, span, 2)
         if self.table_groups is None:
             self._refuse_capture()
             group_lo, span = group_range(x2.detach(), self.grid_delta, self.spline_order)

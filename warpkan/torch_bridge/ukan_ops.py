@@ -30,11 +30,21 @@ spline_scaler as the layer exposes them ([out, in]) and make the op's transposed
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
 from ..kernels import ukan as ku
-from ._common import TRANSPOSED, RecordedLaunches, eager_function, op_or_eager, to_warp, warp_stream
+from ._common import (TRANSPOSED, RecordedLaunches, eager_function, first_order_backward, forward_mode_message,
+                      op_or_eager, refuse_transforms, to_warp, use_registered_op, warp_stream)
+
+# how errors name the layer and its ops (first-order only: see first_order_backward)
+LABEL = "UKANLinear (warpkan::ukan_pairs, ukan_group_range, ukan_range_table, ukan_range_spline, ukan_spline)"
+SPLINE_LABEL = "UKANLinear (warpkan::ukan_spline)"
+RANGE_TABLE_LABEL = "UKANLinear (warpkan::ukan_range_table)"
+RANGE_SPLINE_LABEL = "UKANLinear (warpkan::ukan_range_spline)"
+RANGE_LAYER_LABEL = "UKANLinear (warpkan::ukan_range_table + ukan_range_spline)"
 
 __all__ = ["ukan_pairs", "ukan_spline", "ukan_spline_backward", "ukan_range_spline", "ukan_range_spline_backward",
            "group_range", "group_range_op", "ukan_range_table", "range_layer", "spline_layer",
@@ -228,13 +238,13 @@ def _backward(ctx, dy, backward_op=ukan_spline_backward):
     )
 
 
-ukan_spline.register_autograd(_backward, setup_context=_setup_context)
+ukan_spline.register_autograd(first_order_backward(SPLINE_LABEL, _backward), setup_context=_setup_context)
 
 # The eager route (see eager_function): the op's implementations in one autograd.Function, with base_weight
 # and spline_scaler taken as UKANLinear exposes them, [out, in]
 _EagerSpline = eager_function("_EagerSpline", _spline_forward_impl, _setup_context,
                               lambda ctx, dy: _backward(ctx, dy, _spline_backward_impl),
-                              {8: TRANSPOSED, 9: TRANSPOSED})
+                              {8: TRANSPOSED, 9: TRANSPOSED}, SPLINE_LABEL)
 
 
 def spline_layer(x: Tensor, sorted_elem: Tensor, window: Tensor, local_u: Tensor, pair_feature: Tensor,
@@ -242,7 +252,7 @@ def spline_layer(x: Tensor, sorted_elem: Tensor, window: Tensor, local_u: Tensor
                  grid_delta: float, spline_order: int, use_base: bool) -> Tensor:
     """:func:`ukan_spline` with base_weight / spline_scaler [out, in] (as UKANLinear exposes them): the
     registered op under tracing, the eager route otherwise."""
-    return op_or_eager(ukan_spline, _EagerSpline)(x, sorted_elem, window, local_u, pair_feature, row_start, row_stop,
+    return op_or_eager(ukan_spline, _EagerSpline, x)(x, sorted_elem, window, local_u, pair_feature, row_start, row_stop,
                                                   table, base_weight, spline_scaler, grid_delta, spline_order, use_base)
 
 
@@ -277,7 +287,7 @@ def group_range_op(x: Tensor, grid_delta: float, spline_order: int) -> tuple[Ten
 
 def group_range(x: Tensor, grid_delta: float, spline_order: int) -> tuple[Tensor, Tensor]:
     """:func:`group_range_op`, without the custom-op dispatch in eager mode (it has no gradient)."""
-    if torch.compiler.is_compiling():
+    if use_registered_op(x):
         return group_range_op(x, grid_delta, spline_order)
     return _group_range_impl(x, grid_delta, spline_order)
 
@@ -374,8 +384,9 @@ def _range_table_backward_with(backward):
     return range_table_backward
 
 
-ukan_range_table.register_autograd(_range_table_backward_with(ukan_range_table_backward),
-                                   setup_context=_range_table_setup_context)
+ukan_range_table.register_autograd(
+    first_order_backward(RANGE_TABLE_LABEL, _range_table_backward_with(ukan_range_table_backward)),
+    setup_context=_range_table_setup_context)
 
 
 def _range_chunk(n_rows: int, width: int, itemsize: int) -> int:
@@ -529,8 +540,9 @@ def _range_input_grads(ctx, dx, d_base, d_scaler, d_table, need_x, need_params):
     )
 
 
-ukan_range_spline.register_autograd(_range_backward_with(ukan_range_spline_backward),
-                                    setup_context=_range_setup_context)
+ukan_range_spline.register_autograd(
+    first_order_backward(RANGE_SPLINE_LABEL, _range_backward_with(ukan_range_spline_backward)),
+    setup_context=_range_setup_context)
 
 
 class _EagerRangeLayer(torch.autograd.Function):
@@ -559,6 +571,11 @@ class _EagerRangeLayer(torch.autograd.Function):
         return y
 
     @staticmethod
+    def jvp(ctx, *tangents):
+        raise NotImplementedError(forward_mode_message(RANGE_LAYER_LABEL))
+
+    @staticmethod
+    @functools.partial(first_order_backward, RANGE_LAYER_LABEL)
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         x, group_lo, table, base_weight_t, scaler_t, embedding, w_hidden, b_hidden, w_out = ctx.saved_tensors
@@ -595,11 +612,12 @@ def range_layer(x: Tensor, group_lo: Tensor, rows_per_feature: int, pe_dim: int,
     """y [N, out] of the dense-range path: the CG-MLP table on each feature's rows_per_feature groups from
     group_lo - 1 (:func:`ukan_range_table`), then the spline on it (:func:`ukan_range_spline`); base_weight and
     spline_scaler [out, in]. Under tracing, those two registered ops; eagerly, one autograd node running the
-    same implementations."""
-    if torch.compiler.is_compiling():
+    same implementations (refused under torch.func transforms)."""
+    if use_registered_op(x):
         table = ukan_range_table(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out)
         return ukan_range_spline(x, group_lo, table, base_weight.t(), spline_scaler.t(), grid_delta, spline_order,
                                  use_base)
+    refuse_transforms(RANGE_LAYER_LABEL)
     return _EagerRangeLayer.apply(x, group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
                                   base_weight, spline_scaler, grid_delta, spline_order, use_base)
 
