@@ -57,9 +57,10 @@ class KANLinear:
         self.dtype = dtype
         np_dtype = _NP_DTYPES[dtype]
         rng = np.random.default_rng(seed)
-        lo, hi = grid_range
+        lo, hi = kb.check_grid_range(grid_range)
         h = (hi - lo) / grid_size
-        knots = np.arange(-spline_order, grid_size + spline_order + 1) * h + lo
+        knots = (np.arange(-spline_order, grid_size + spline_order + 1) * h + lo).astype(np_dtype)
+        kb.check_grid(knots[None], f"the knots of grid_range={tuple(grid_range)} in {np_dtype.__name__}")
         bound = 1.0 / math.sqrt(in_features)  # kaiming_uniform(a=sqrt(5)) of nn.Linear
         self.grid = wp.array(np.tile(knots, (in_features, 1)).astype(np_dtype), dtype=dtype, device=self.device)
         self.base_weight_t = self._param(rng.uniform(-bound, bound, (in_features, out_features)) * use_base)
@@ -120,11 +121,13 @@ class KANLinear:
             if tuple(np.shape(state[key])) != shape:
                 raise ValueError(f"{key} must have shape {shape}, got {tuple(np.shape(state[key]))}")
         np_dtype = _NP_DTYPES[self.dtype]
+        grid = np.ascontiguousarray(state["grid"], dtype=np_dtype)
+        kb.check_grid(grid)  # before anything is assigned: a refused state leaves the layer as it was
         self.base_weight_t.assign(np.ascontiguousarray(np.asarray(state["base_weight"]).T, dtype=np_dtype))
         self.coef.assign(np.ascontiguousarray(np.asarray(state["spline_weight"]).transpose(1, 2, 0), dtype=np_dtype))
         self.scaler_t.assign(np.ascontiguousarray(np.asarray(state["spline_scaler"]).T, dtype=np_dtype))
-        grid = np.ascontiguousarray(state["grid"], dtype=np_dtype)
         self.grid.assign(grid)
+        # the matrix-form fast path only where every row is uniform to the rounding of the layer's dtype
         self.uniform = kb.grid_is_uniform(grid)
 
     def config(self) -> dict:

@@ -48,9 +48,11 @@ written in full by the kernels (no zero fills); forward: 2 launches + 1 GEMM per
 
 from __future__ import annotations
 
+import weakref
 
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ..kernels import bspline as kb
 from ..kernels import bspline_tiled as kbt
@@ -434,7 +436,9 @@ def bspline_kan(
 
     grid [in, G+2k+1]; base_weight [out, in] or None for no base path; spline_weight [out, in, G+k];
     spline_scaler [out, in]. ``uniform`` says the knots of every input are equally spaced (the matrix-form
-    fast path); pass False after ``update_grid``. Inputs outside the grid get a zero spline term.
+    fast path); pass False after ``update_grid``. Inputs outside the grid get a zero spline term. ValueError
+    for knots that are not finite and strictly increasing, and for ``uniform=True`` with knots that are not
+    uniform to the rounding of their dtype (:func:`check_knots`: read once per grid tensor and version).
 
     ``strategy``: "stencil" evaluates each edge locally in Warp (cost independent of G); "gemm" expands the
     bases of row chunks in Warp and contracts them with cuBLAS (fast for short bases); "auto" picks by shape
@@ -456,11 +460,41 @@ def bspline_kan(
     check_tensor("spline_scaler", spline_scaler, shape=(n_out, n_in), like=x)
     if base_weight is not None:
         check_tensor("base_weight", base_weight, shape=(n_out, n_in), like=x)
+    check_knots(grid, uniform)
     check_precision(precision, x.dtype)
     if precision == "auto" and autocast_dtype(x.device) == torch.bfloat16:
         precision = "bf16"  # torch's matmul rule is read inside the op, at run time (torch.compile cannot trace it)
     return apply_checked(x, grid, base_weight, spline_weight, spline_scaler, spline_order, uniform, deterministic,
                          strategy, precision)
+
+
+# grid tensors whose knots were checked: id -> (weak reference, version counter, uniform to its dtype's rounding)
+_checked_grids: dict = {}
+
+
+def check_knots(grid: Tensor, uniform: bool) -> None:
+    """ValueError unless every row of ``grid`` is finite and strictly increasing, and (``uniform``) uniform to
+    the rounding of its dtype (:func:`warpkan.kernels.bspline.grid_is_uniform`: the matrix form evaluates
+    the spline on exactly uniform knots). The knots are read to the host once per tensor and in-place
+    version; not under tracing or CUDA-graph capture, which cannot read them."""
+    if (torch.compiler.is_compiling() or grid.device.type == "meta"
+            or isinstance(grid, FakeTensor)
+            or (grid.is_cuda and torch.cuda.is_current_stream_capturing())):
+        return
+    key = id(grid)
+    version = None if grid.is_inference() else grid._version  # inference tensors keep no version: read each call
+    entry = _checked_grids.get(key)
+    if entry is None or entry[0]() is not grid or version is None or entry[1] != version:
+        host = grid.detach().cpu().numpy()
+        kb.check_grid(host)
+        entry = (weakref.ref(grid), version, kb.grid_is_uniform(host))
+        if version is not None:
+            if len(_checked_grids) > 1024:
+                _checked_grids.clear()
+            _checked_grids[key] = entry
+    if uniform and not entry[2]:
+        raise ValueError("uniform=True needs knots uniform to the rounding of grid's dtype (see "
+                         "warpkan.kernels.bspline.grid_is_uniform); pass uniform=False for this grid")
 
 
 def apply_checked(x: Tensor, grid: Tensor, base_weight: Tensor | None, spline_weight: Tensor, spline_scaler: Tensor,

@@ -35,9 +35,14 @@ class KANLinear(nn.Module):
     - ``grid`` buffer [in, G + 2k + 1]: the knots of each input.
 
     Inputs outside ``[grid[:, 0], grid[:, -1])`` get a zero spline term (as in efficient-kan and pykan); the
-    base path still applies. While the grid is uniform (at construction, or when a loaded grid is), the
-    kernels use the matrix form; after :meth:`update_grid` they run the general de Boor path. Cost per edge is
-    O(k) either way, independent of ``grid_size``.
+    base path still applies. While the grid is uniform to the rounding of the layer's dtype (at construction,
+    or when a loaded grid is: :func:`warpkan.kernels.bspline.grid_is_uniform`), the kernels use the matrix
+    form; otherwise (after :meth:`update_grid`, or a knot moved by more than that rounding) they run the
+    general de Boor path. Cost per edge is O(k) either way, independent of ``grid_size``. Converting a layer
+    with a uniform grid to a wider dtype (``.double()``) re-spaces its knots exactly in that dtype (they move
+    by the narrower dtype's rounding at most), so it keeps the matrix form; ``load_state_dict`` keeps the
+    knots it is given. ``grid_range`` must be two finite numbers lo < hi; a loaded grid must be finite and
+    strictly increasing along each row.
 
     Under bf16/fp16 autocast the layer takes fp32 inputs and parameters (fp32 accumulation) and returns the
     autocast dtype. ``deterministic=True`` makes every gradient bitwise reproducible from run to run.
@@ -84,9 +89,7 @@ class KANLinear(nn.Module):
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if not isinstance(spline_order, int) or not 1 <= spline_order <= kb.MAX_SPLINE_ORDER:
             raise ValueError(f"spline_order must be an int in [1, {kb.MAX_SPLINE_ORDER}], got {spline_order!r}")
-        lo, hi = float(grid_range[0]), float(grid_range[1])
-        if not hi > lo:
-            raise ValueError(f"grid_range must be increasing, got {tuple(grid_range)}")
+        lo, hi = kb.check_grid_range(grid_range)
         self.in_features = in_features
         self.out_features = out_features
         self.grid_size = grid_size
@@ -110,6 +113,8 @@ class KANLinear(nn.Module):
 
         h = (hi - lo) / grid_size
         knots = torch.arange(-spline_order, grid_size + spline_order + 1, device=device, dtype=dtype) * h + lo
+        if knots.device.type != "meta":
+            kb.check_grid(knots.unsqueeze(0).cpu().numpy(), f"the knots of grid_range={tuple(grid_range)} in {dtype}")
         self.register_buffer("grid", knots.expand(in_features, -1).contiguous())
         n_coef = grid_size + spline_order
         layout = dict(device=device, dtype=dtype, contiguous=contiguous_parameters)
@@ -174,11 +179,20 @@ class KANLinear(nn.Module):
         """Refit the knots to the distribution of x (efficient-kan's rule: a ``grid_eps`` blend of the
         sample quantiles and a uniform grid over the data range) and refit ``spline_weight`` by least squares
         so the layer's spline output on x is preserved. The fit targets the unscaled spline, so
-        ``spline_scaler`` is applied once (efficient-kan applies it twice here)."""
+        ``spline_scaler`` is applied once (efficient-kan applies it twice here).
+
+        Rows of x holding NaN or Inf are left out of the refit. ValueError, with the layer unchanged, when
+        fewer than 2 rows are left, or when the refit would not give finite, strictly increasing knots and
+        finite weights (a data range that overflows the dtype; ``margin=0`` with a constant input)."""
         check_tensor("x", x, ndim_min=1, last_dim=self.in_features, dtypes=())
+        margin = float(margin)
+        if not (math.isfinite(margin) and margin >= 0):
+            raise ValueError(f"margin must be a finite number >= 0, got {margin!r}")
         x = x.reshape(-1, self.in_features).to(self.grid.dtype)
+        x = x[torch.isfinite(x).all(dim=1)]
         if x.shape[0] < 2:
-            raise ValueError(f"update_grid needs at least 2 samples, got {x.shape[0]}")
+            raise ValueError(f"update_grid needs at least 2 rows of finite values (rows with NaN or Inf are left "
+                             f"out), got {x.shape[0]}")
         k, G = self.spline_order, self.grid_size
         bases = b_splines(x, self.grid, k).permute(1, 0, 2)  # [in, batch, G + k]
         target = torch.bmm(bases, self.spline_weight.permute(1, 2, 0))  # [in, batch, out], unscaled spline
@@ -191,12 +205,17 @@ class KANLinear(nn.Module):
         )
         grid = self.grid_eps * grid_uniform + (1 - self.grid_eps) * grid_adaptive
         steps = torch.arange(1, k + 1, device=x.device, dtype=x.dtype).unsqueeze(1)
-        grid = torch.cat([grid[:1] - uniform_step * steps.flip(0), grid, grid[-1:] + uniform_step * steps], dim=0)
-        self.grid.copy_(grid.T)
-        new_bases = b_splines(x, self.grid, k).permute(1, 0, 2)
+        grid = torch.cat([grid[:1] - uniform_step * steps.flip(0), grid, grid[-1:] + uniform_step * steps], dim=0).T
+        grid_host = grid.cpu().numpy()
+        kb.check_grid(grid_host, "the refitted grid (is x's range within the dtype, and margin > 0 for a "
+                                 "constant input?)")
+        new_bases = b_splines(x, grid, k).permute(1, 0, 2)
         solution = torch.linalg.lstsq(new_bases, target).solution  # [in, G + k, out]
+        if not bool(torch.isfinite(solution).all()):
+            raise ValueError("update_grid: the least-squares refit of spline_weight is not finite for this x")
+        self.grid.copy_(grid)
         self.spline_weight.copy_(solution.permute(2, 0, 1))
-        self._grid_uniform = kb.grid_is_uniform(self.grid.detach().cpu().numpy())
+        self._grid_uniform = kb.grid_is_uniform(grid_host)
 
     def regularization_loss(self, regularize_activation: float = 1.0, regularize_entropy: float = 1.0):
         """efficient-kan's L1 + entropy regulariser on the mean |spline_weight| of each edge."""
@@ -206,10 +225,44 @@ class KANLinear(nn.Module):
         entropy = -torch.sum(p * p.log())
         return regularize_activation * activation + regularize_entropy * entropy
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-        # the fast path is valid only for equally spaced knots: decide from what was loaded
-        self._grid_uniform = kb.grid_is_uniform(self.grid.detach().cpu().numpy())
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        grid = state_dict.get(prefix + "grid")
+        if isinstance(grid, torch.Tensor) and grid.shape == self.grid.shape and grid.device.type != "meta":
+            try:
+                kb.check_grid(grid.detach().cpu().double().numpy(), prefix + "grid")
+            except ValueError as error:  # not loaded: the layer keeps its knots
+                error_msgs.append(str(error))
+                state_dict = {key: value for key, value in state_dict.items() if key != prefix + "grid"}
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        # the loaded knots as they are: the matrix form where they are uniform to the layer dtype's rounding
+        self._choose_grid_path()
+
+    def _apply(self, fn, recurse=True):
+        dtype = self.grid.dtype
+        module = super()._apply(fn, recurse)
+        if self.grid.dtype != dtype:
+            # A uniform grid widened (float32 -> float64) is uniform to float32's rounding only: its knots are
+            # re-spaced exactly (they move by float32 rounding at most), so the matrix form stays exact.
+            widened = (self._grid_uniform and self.grid.is_floating_point() and dtype.is_floating_point
+                       and torch.finfo(self.grid.dtype).eps < torch.finfo(dtype).eps)
+            self._choose_grid_path(widened_from=dtype if widened else None)
+        return module
+
+    @torch.no_grad()
+    def _choose_grid_path(self, widened_from: torch.dtype | None = None) -> None:
+        """Decide the matrix-form fast path from the knots: taken only where every row is uniform to the
+        rounding of the layer's dtype (:func:`warpkan.kernels.bspline.grid_is_uniform`); ``widened_from``: the
+        dtype the knots were uniform in before a conversion, where they are re-spaced exactly."""
+        if self.grid.device.type == "meta":
+            return
+        grid = self.grid.detach().cpu().numpy()
+        uniform = kb.grid_is_uniform(grid)
+        if not uniform and widened_from is not None and kb.grid_is_uniform(grid, torch.finfo(widened_from).eps):
+            self.grid.copy_(torch.from_numpy(kb.uniform_knots(grid)))
+            uniform = True
+        self._grid_uniform = uniform
 
     def extra_repr(self) -> str:
         return (
