@@ -123,9 +123,10 @@ class KANLinear(nn.Module):
         if enable_standalone_scale_spline:
             self.spline_scaler = _kernel_layout_parameter((in_features, out_features), (1, 0), **layout)
         else:
+            # efficient-kan's forward uses spline_weight unscaled in this mode (scale_spline only scales the
+            # initial spline_weight): the kernels' scaler is ones
             self.register_buffer(
-                "spline_scaler", torch.full((out_features, in_features), float(scale_spline), device=device, dtype=dtype),
-                persistent=False,
+                "spline_scaler", torch.ones((out_features, in_features), device=device, dtype=dtype), persistent=False,
             )
         self._grid_uniform = True
         self.reset_parameters()
@@ -140,7 +141,11 @@ class KANLinear(nn.Module):
             param.copy_(values)
 
         drawn(self.base_weight, lambda t: nn.init.kaiming_uniform_(t, a=math.sqrt(5) * self.scale_base))
-        drawn(self.spline_weight, lambda t: t.uniform_(-0.5, 0.5).mul_(self.scale_noise / self.grid_size))
+        # without a standalone scaler, efficient-kan scales the initial spline_weight by scale_spline instead
+        spline_scale = self.scale_noise / self.grid_size
+        if not self.enable_standalone_scale_spline:
+            spline_scale *= self.scale_spline
+        drawn(self.spline_weight, lambda t: t.uniform_(-0.5, 0.5).mul_(spline_scale))
         if self.enable_standalone_scale_spline:
             drawn(self.spline_scaler, lambda t: nn.init.kaiming_uniform_(t, a=math.sqrt(5) * self.scale_spline))
         if not self.use_base:

@@ -1,0 +1,287 @@
+"""KANLinear as a drop-in for efficient-kan's: bad grids refused, non-finite rows ignored by update_grid,
+efficient-kan's scale_spline and base_activation semantics, the matrix-form fast path only on grids uniform
+to their dtype's rounding, every torch optimiser and utility on the default parameters, and layers that copy
+and pickle. Forward and gradients are compared with the float64 pure-torch reference."""
+
+import copy
+import io
+import math
+import pickle
+
+import numpy as np
+import pytest
+import torch
+import warp as wp
+
+import warpkan
+from warpkan.kernels import bspline as kb
+from warpkan.reference.bspline import kan_linear
+from warpkan.reference.efficient_kan import EfficientKANLinear
+from warpkan.torch_bridge import KANLinear, UKANLinear, bspline_kan
+
+TOL64 = dict(rtol=1e-10, atol=1e-11)  # float64 kernels against the float64 reference (as in test_bspline)
+
+
+def _torch_device(device):
+    return torch.device("cuda" if device == "cuda" else "cpu")
+
+
+def _grads(layer, x, dy, params):
+    x = x.detach().clone().requires_grad_()
+    y = layer(x)
+    grads = torch.autograd.grad(y, [x, *params], dy)
+    return y.detach(), grads
+
+
+def _reference_step(layer, x, dy, activation=torch.nn.functional.silu, use_base=True):
+    """The float64 reference's output and gradients (x, base_weight, spline_weight, spline_scaler) at the
+    layer's own knots and parameters."""
+    params = [p.detach().double().clone().requires_grad_() for p in
+              (layer.base_weight, layer.spline_weight, layer.spline_scaler)]
+    x = x.detach().double().clone().requires_grad_()
+    y = kan_linear(x, layer.grid.double(), *params, layer.spline_order, use_base=use_base, base_activation=activation)
+    grads = torch.autograd.grad(y, [x, *params], dy.double())
+    return y.detach(), grads
+
+
+def _spread(n_rows, n_in, device, dtype=torch.float64, seed=0, scale=1.3):
+    gen = torch.Generator().manual_seed(seed)
+    return (scale * torch.randn(n_rows, n_in, generator=gen, dtype=torch.float64)).to(device=device, dtype=dtype)
+
+
+# ------------------------------------------------------------------------------------ 1. update_grid, NaN / Inf
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_update_grid_ignores_non_finite_rows(device, bad):
+    tdev = _torch_device(device)
+    torch.manual_seed(0)
+    layer = KANLinear(3, 4, grid_size=6, dtype=torch.float64).to(tdev)
+    twin = KANLinear(3, 4, grid_size=6, dtype=torch.float64).to(tdev)
+    twin.load_state_dict(layer.state_dict())
+    x = (0.5 * torch.randn(400, 3, dtype=torch.float64) + 0.2).to(tdev)
+    dirty = x.clone()
+    dirty[17, 1] = bad
+    dirty[200] = bad
+    keep = torch.ones(400, dtype=torch.bool, device=tdev)
+    keep[[17, 200]] = False
+    layer.update_grid(dirty)
+    twin.update_grid(x[keep])
+    assert torch.isfinite(layer.grid).all()
+    assert torch.equal(layer.grid, twin.grid)
+    torch.testing.assert_close(layer.spline_weight, twin.spline_weight, **TOL64)
+    # the spline term is still there for later inputs, and exact
+    dy = torch.randn(400, 4, dtype=torch.float64, device=tdev)
+    y, grads = _grads(layer, x, dy, [layer.base_weight, layer.spline_weight, layer.spline_scaler])
+    y_ref, grads_ref = _reference_step(layer, x, dy)
+    torch.testing.assert_close(y, y_ref, **TOL64)
+    for g, g_ref in zip(grads, grads_ref):
+        torch.testing.assert_close(g, g_ref, **TOL64)
+    spline_only = y - torch.nn.functional.linear(torch.nn.functional.silu(x), layer.base_weight)
+    assert spline_only.abs().max() > 1e-3
+
+
+def test_update_grid_refuses_without_two_finite_rows_and_keeps_the_layer():
+    layer = KANLinear(2, 3, grid_size=4, dtype=torch.float64)
+    state = copy.deepcopy(layer.state_dict())
+    nan = float("nan")
+    for x, margin, match in (
+        (torch.full((5, 2), nan, dtype=torch.float64), 0.01, "at least 2 rows of finite values"),
+        (torch.tensor([[0.1, 0.2], [nan, 0.3], [0.4, float("inf")]], dtype=torch.float64), 0.01, "got 1"),
+        (torch.tensor([[1e308, 0.0], [-1e308, 0.5], [0.0, 0.1]], dtype=torch.float64), 0.01, "refitted grid"),
+        (torch.full((6, 2), 0.5, dtype=torch.float64), 0.0, "refitted grid"),  # no spread and no margin
+    ):
+        with pytest.raises(ValueError, match=match):
+            layer.update_grid(x, margin=margin)
+        for key, value in layer.state_dict().items():
+            assert torch.equal(value, state[key]), key
+    with pytest.raises(ValueError, match="margin"):
+        layer.update_grid(torch.randn(5, 2, dtype=torch.float64), margin=float("nan"))
+    assert layer._grid_uniform
+
+
+# ------------------------------------------------------------------------------------ 2. grid ranges and knots
+BAD_RANGES = [(1.0, -1.0), (0.5, 0.5), (float("nan"), 1.0), (0.0, float("inf")), (-float("inf"), 0.0),
+              (0.0,), (-1.0, 0.0, 1.0), "ab", 3.0]
+
+
+@pytest.mark.parametrize("grid_range", BAD_RANGES, ids=repr)
+def test_bad_grid_range_is_refused_by_every_layer(grid_range):
+    with pytest.raises(ValueError, match="grid_range"):
+        KANLinear(3, 2, grid_range=grid_range)
+    with pytest.raises(ValueError, match="grid_range"):
+        warpkan.KANLinear(3, 2, grid_range=grid_range, device="cpu")
+
+
+def test_grid_range_beyond_the_dtype_is_refused():
+    # finite numbers whose knots overflow (or collapse in) the layer's dtype
+    with pytest.raises(ValueError, match="knots of grid_range"):
+        KANLinear(3, 2, grid_range=(0.0, 1e39), dtype=torch.float32)
+    with pytest.raises(ValueError, match="knots of grid_range"):
+        KANLinear(3, 2, grid_range=(-1e308, 1e308), dtype=torch.float64)
+    with pytest.raises(ValueError, match="knots of grid_range"):
+        warpkan.KANLinear(3, 2, grid_range=(1.0, 1.0 + 1e-12), device="cpu")  # float32 knots collapse
+    KANLinear(3, 2, grid_range=(1.0, 1.0 + 1e-12), dtype=torch.float64)  # float64 resolves them
+
+
+def test_functional_op_refuses_bad_knots(device):
+    tdev = _torch_device(device)
+    layer = KANLinear(3, 2, grid_size=4, dtype=torch.float64).to(tdev)
+    x = torch.randn(5, 3, dtype=torch.float64, device=tdev)
+    params = (layer.base_weight, layer.spline_weight, layer.spline_scaler)
+    for bad in (layer.grid.flip(1), layer.grid * float("nan"), layer.grid.clone().fill_(0.5)):
+        with pytest.raises(ValueError, match="finite and strictly increasing"):
+            bspline_kan(x, bad.contiguous(), *params, 3, True)
+    perturbed = layer.grid.clone()
+    perturbed[1, 5] += 1e-9 * 0.5
+    with pytest.raises(ValueError, match="uniform=True needs knots uniform"):
+        bspline_kan(x, perturbed, *params, 3, True)
+    bspline_kan(x, perturbed, *params, 3, False)
+    # the check follows in-place changes of the same tensor
+    grid = layer.grid.clone()
+    bspline_kan(x, grid, *params, 3, True)
+    grid[0, 3] += 0.01
+    with pytest.raises(ValueError, match="uniform=True needs knots uniform"):
+        bspline_kan(x, grid, *params, 3, True)
+
+
+def test_bad_loaded_grid_is_refused_and_not_loaded():
+    layer = KANLinear(3, 2, grid_size=4, dtype=torch.float64)
+    state = layer.state_dict()
+    knots = state["grid"].clone()
+    bad = dict(state, grid=knots.flip(1))
+    with pytest.raises(RuntimeError, match="finite and strictly increasing"):
+        layer.load_state_dict(bad)
+    assert torch.equal(layer.grid, knots) and layer._grid_uniform
+    native = warpkan.KANLinear(3, 2, grid_size=4, device="cpu")
+    native_state = native.state_dict()
+    with pytest.raises(ValueError, match="finite and strictly increasing"):
+        native.load_state_dict(dict(native_state, grid=np.full_like(native_state["grid"], np.nan)))
+    assert np.array_equal(native.grid.numpy(), native_state["grid"])
+
+
+# ------------------------------------------------------------------------------------ 3. scale_spline
+def test_scale_spline_without_standalone_scaler_matches_efficient_kan(device):
+    """efficient-kan with enable_standalone_scale_spline=False uses scale_spline only to scale the initial
+    spline_weight; its forward uses spline_weight unscaled. Its checkpoint must give its outputs here."""
+    tdev = _torch_device(device)
+    torch.manual_seed(2)
+    config = dict(grid_size=6, spline_order=3, scale_spline=2.0, enable_standalone_scale_spline=False)
+    peer = EfficientKANLinear(5, 4, **config).double().to(tdev)
+    ours = KANLinear(5, 4, **config, dtype=torch.float64).to(tdev)
+    ours.load_state_dict(peer.state_dict())
+    x = _spread(37, 5, tdev)
+    dy = torch.randn(37, 4, dtype=torch.float64, device=tdev)
+    y, grads = _grads(ours, x, dy, [ours.base_weight, ours.spline_weight])
+    y_peer, grads_peer = _grads(peer, x, dy, [peer.base_weight, peer.spline_weight])
+    torch.testing.assert_close(y, y_peer, **TOL64)
+    for g, g_ref in zip(grads, grads_peer):
+        torch.testing.assert_close(g, g_ref, **TOL64)
+    assert "spline_scaler" not in ours.state_dict()
+
+
+def test_scale_spline_scales_initial_spline_weight_without_standalone_scaler():
+    layers = []
+    for scale in (1.0, 2.5):
+        torch.manual_seed(7)
+        layers.append(KANLinear(4, 3, scale_spline=scale, enable_standalone_scale_spline=False,
+                                dtype=torch.float64))
+    torch.testing.assert_close(layers[1].spline_weight, 2.5 * layers[0].spline_weight, rtol=1e-15, atol=0)
+    assert torch.equal(layers[1].spline_scaler, torch.ones(3, 4, dtype=torch.float64))
+
+
+# ------------------------------------------------------------------------------------ 6. near-uniform grids
+def _layer_with_grid(grid_size, dtype, device, shift, strategy="auto", seed=3):
+    torch.manual_seed(seed)
+    layer = KANLinear(5, 4, grid_size=grid_size, dtype=dtype, strategy=strategy).to(device)
+    state = layer.state_dict()
+    grid = state["grid"].clone()
+    h = (grid[0, -1] - grid[0, 0]) / (grid.shape[1] - 1)
+    grid[2, grid.shape[1] // 2] += shift * h
+    layer.load_state_dict(dict(state, grid=grid))
+    return layer
+
+
+@pytest.mark.parametrize("shift", [1e-5, 1e-7, 1e-9, 1e-12])
+@pytest.mark.parametrize("strategy", ["stencil", "gemm"])
+def test_near_uniform_grid_float64_matches_reference(device, shift, strategy):
+    tdev = _torch_device(device)
+    layer = _layer_with_grid(7, torch.float64, tdev, shift, strategy)
+    assert not layer._grid_uniform  # a knot off by more than float64 rounding: the general path
+    x = _spread(53, 5, tdev)
+    x[:, 2] = torch.linspace(-1.5, 1.5, 53, dtype=torch.float64, device=tdev)  # around the moved knot
+    dy = torch.randn(53, 4, dtype=torch.float64, device=tdev)
+    y, grads = _grads(layer, x, dy, [layer.base_weight, layer.spline_weight, layer.spline_scaler])
+    y_ref, grads_ref = _reference_step(layer, x, dy)
+    torch.testing.assert_close(y, y_ref, **TOL64)
+    for name, g, g_ref in zip(("x", "base_weight", "spline_weight", "spline_scaler"), grads, grads_ref):
+        torch.testing.assert_close(g, g_ref, **TOL64, msg=lambda m: f"d{name}: {m}")
+
+
+@pytest.mark.parametrize("shift", [1e-5, 1e-6])
+def test_near_uniform_grid_float32_within_reference_error(device, shift):
+    """In float32 a knot moved by 1e-6 h is within the knots' own rounding (the fast path); 1e-5 h is not
+    (the general path). Either way the error stays at the float32 reference's level."""
+    tdev = _torch_device(device)
+    layer = _layer_with_grid(7, torch.float32, tdev, shift)
+    assert layer._grid_uniform == (shift == 1e-6)
+    x = _spread(257, 5, tdev)
+    x[:, 2] = torch.linspace(-1.5, 1.5, 257, dtype=torch.float64, device=tdev)
+    dy = torch.randn(257, 4, dtype=torch.float64, device=tdev)
+    y, grads = _grads(layer, x.float(), dy.float(), [layer.base_weight, layer.spline_weight, layer.spline_scaler])
+    y64, grads64 = _reference_step(layer, x, dy)
+    ref32 = KANLinear(5, 4, grid_size=7, dtype=torch.float32).to(tdev)
+    ref32.load_state_dict(layer.state_dict())
+    params32 = [p.detach().clone().requires_grad_() for p in (layer.base_weight, layer.spline_weight,
+                                                               layer.spline_scaler)]
+    x32 = x.float().requires_grad_()
+    y32 = kan_linear(x32, layer.grid, *params32, 3)
+    grads32 = torch.autograd.grad(y32, [x32, *params32], dy.float())
+    for ours, ref, exact in zip((y, *grads), (y32, *grads32), (y64, *grads64)):
+        err = (ours.double() - exact).abs().max().item()
+        ref_err = (ref.double() - exact).abs().max().item()
+        assert err <= 8 * ref_err + 1e-6 * exact.abs().max().item(), (err, ref_err)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("grid_range,grid_size,order", [((-1, 1), 5, 3), ((-3.7, 11.3), 37, 2), ((1e3, 1e3 + 0.7), 9, 5),
+                                                        ((-1e-3, 2e-3), 300, 1)])
+def test_exactly_uniform_grids_take_the_fast_path(dtype, grid_range, grid_size, order):
+    layer = KANLinear(3, 2, grid_size=grid_size, spline_order=order, grid_range=grid_range, dtype=dtype)
+    assert layer._grid_uniform
+    again = KANLinear(3, 2, grid_size=grid_size, spline_order=order, grid_range=grid_range, dtype=dtype)
+    again.load_state_dict(layer.state_dict())
+    assert again._grid_uniform
+    native = warpkan.KANLinear(3, 2, grid_size=grid_size, spline_order=order, grid_range=grid_range, device="cpu",
+                               dtype=wp.float64 if dtype == torch.float64 else wp.float32)
+    assert native.uniform
+    native.load_state_dict(native.state_dict())
+    assert native.uniform
+    other = torch.float64 if dtype == torch.float32 else torch.float32
+    converted = copy.deepcopy(layer).to(other)
+    assert converted._grid_uniform and kb.grid_is_uniform(converted.grid.numpy())
+
+
+def test_efficient_kan_checkpoint_and_conversions_keep_the_fast_path(device):
+    tdev = _torch_device(device)
+    torch.manual_seed(1)
+    peer = EfficientKANLinear(5, 4, grid_size=5)
+    layer = KANLinear(5, 4, grid_size=5)
+    layer.load_state_dict(peer.state_dict())
+    assert layer._grid_uniform
+    # float32 -> float64: the knots are re-spaced exactly (they move by float32 rounding), so the fast path
+    # matches the float64 reference at the layer's own knots
+    layer = layer.double().to(tdev)
+    assert layer._grid_uniform
+    x = _spread(41, 5, tdev)
+    dy = torch.randn(41, 4, dtype=torch.float64, device=tdev)
+    y, grads = _grads(layer, x, dy, [layer.base_weight, layer.spline_weight, layer.spline_scaler])
+    y_ref, grads_ref = _reference_step(layer, x, dy)
+    torch.testing.assert_close(y, y_ref, **TOL64)
+    for g, g_ref in zip(grads, grads_ref):
+        torch.testing.assert_close(g, g_ref, **TOL64)
+    torch.testing.assert_close(layer.grid, peer.grid.double().to(tdev), rtol=0, atol=4e-7)
+    # a float32 grid loaded into a float64 layer is kept as it is: the general path, exact at those knots
+    wide = KANLinear(5, 4, grid_size=5, dtype=torch.float64).to(tdev)
+    wide.load_state_dict({k: v.double() for k, v in peer.state_dict().items()})
+    assert not wide._grid_uniform
+    y, _ = _grads(wide, x, dy, [wide.spline_weight])
+    torch.testing.assert_close(y, _reference_step(wide, x, dy)[0], **TOL64)
