@@ -242,8 +242,8 @@ def test_near_uniform_grid_float32_within_reference_error(device, shift):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("grid_range,grid_size,order", [((-1, 1), 5, 3), ((-3.7, 11.3), 37, 2), ((1e3, 1e3 + 0.7), 9, 5),
-                                                        ((-1e-3, 2e-3), 300, 1)])
+@pytest.mark.parametrize("grid_range,grid_size,order", [((-1, 1), 5, 3), ((-3.7, 11.3), 37, 2),
+                                                        ((1e3, 1e3 + 0.7), 9, 5), ((-1e-3, 2e-3), 300, 1)])
 def test_exactly_uniform_grids_take_the_fast_path(dtype, grid_range, grid_size, order):
     layer = KANLinear(3, 2, grid_size=grid_size, spline_order=order, grid_range=grid_range, dtype=dtype)
     assert layer._grid_uniform
@@ -285,3 +285,139 @@ def test_efficient_kan_checkpoint_and_conversions_keep_the_fast_path(device):
     assert not wide._grid_uniform
     y, _ = _grads(wide, x, dy, [wide.spline_weight])
     torch.testing.assert_close(y, _reference_step(wide, x, dy)[0], **TOL64)
+
+
+# ------------------------------------------------------------------------------------ 5. base activations
+class _Swish(torch.nn.Module):
+    """A module of one's own, with a parameter of its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.beta = torch.nn.Parameter(torch.tensor(1.3))
+
+    def forward(self, x):
+        return x * torch.sigmoid(self.beta.to(x.dtype) * x)
+
+
+ACTIVATIONS = {
+    "Identity": torch.nn.Identity, "GELU": torch.nn.GELU, "ReLU": torch.nn.ReLU, "Tanh": torch.nn.Tanh,
+    "SiLU": torch.nn.SiLU, "GELU-tanh-instance": torch.nn.GELU(approximate="tanh"), "SiLU-instance": torch.nn.SiLU(),
+    "custom": _Swish, "silu-string": "silu",
+}
+
+
+def _activation_case(name, dtype, device, strategy, shape=(29, 7, 5, 7)):
+    n_rows, n_in, n_out, grid_size = shape
+    torch.manual_seed(11)
+    layer = KANLinear(n_in, n_out, grid_size=grid_size, base_activation=copy.deepcopy(ACTIVATIONS[name]),
+                      strategy=strategy, dtype=dtype).to(device)
+    x = _spread(n_rows, n_in, device, dtype=torch.float64, seed=4)
+    dy = torch.randn(n_rows, n_out, dtype=torch.float64, device=device)
+    return layer, x, dy
+
+
+def _activation_reference(layer, x, dy):
+    """float64 reference output and gradients (x, base_weight, spline_weight, spline_scaler, then the
+    activation's own parameters)."""
+    act = copy.deepcopy(layer.base_activation).double()
+    act_params = list(act.parameters())
+    params = [p.detach().double().clone().requires_grad_() for p in
+              (layer.base_weight, layer.spline_weight, layer.spline_scaler)]
+    x = x.detach().double().clone().requires_grad_()
+    y = kan_linear(x, layer.grid.double(), *params, layer.spline_order, base_activation=act)
+    return y.detach(), torch.autograd.grad(y, [x, *params, *act_params], dy.double())
+
+
+@pytest.mark.parametrize("name", list(ACTIVATIONS))
+@pytest.mark.parametrize("strategy", ["stencil", "gemm"])
+def test_base_activation_float64_matches_reference(device, name, strategy):
+    tdev = _torch_device(device)
+    layer, x, dy = _activation_case(name, torch.float64, tdev, strategy)
+    params = [layer.base_weight, layer.spline_weight, layer.spline_scaler, *layer.base_activation.parameters()]
+    y, grads = _grads(layer, x, dy, params)
+    y_ref, grads_ref = _activation_reference(layer, x, dy)
+    torch.testing.assert_close(y, y_ref, **TOL64)
+    assert len(grads) == len(grads_ref)
+    for g, g_ref in zip(grads, grads_ref):
+        torch.testing.assert_close(g, g_ref, **TOL64)
+    # N-D input: the same rows
+    y3 = layer(x.view(29, 7).unsqueeze(0).expand(2, -1, -1))
+    torch.testing.assert_close(y3[1], y, **TOL64)
+
+
+@pytest.mark.parametrize("name", ["Identity", "GELU", "ReLU", "Tanh", "SiLU", "custom"])
+def test_base_activation_float32_at_reference_error(device, name):
+    tdev = _torch_device(device)
+    layer, x, dy = _activation_case(name, torch.float32, tdev, "auto", shape=(257, 13, 11, 9))
+    params = [layer.base_weight, layer.spline_weight, layer.spline_scaler, *layer.base_activation.parameters()]
+    ours = _grads(layer, x.float(), dy.float(), params)
+    exact = _activation_reference(layer, x, dy)
+    # the reference's own float32 error
+    act32 = copy.deepcopy(layer.base_activation)
+    params32 = [p.detach().clone().requires_grad_() for p in (layer.base_weight, layer.spline_weight,
+                                                               layer.spline_scaler)]
+    x32 = x.float().requires_grad_()
+    y32 = kan_linear(x32, layer.grid, *params32, 3, base_activation=act32)
+    ref32 = (y32, torch.autograd.grad(y32, [x32, *params32, *act32.parameters()], dy.float()))
+    for got, ref, want in zip((ours[0], *ours[1]), (ref32[0], *ref32[1]), (exact[0], *exact[1])):
+        err = (got.double() - want).abs().max().item()
+        ref_err = (ref.double() - want).abs().max().item()
+        assert err <= 8 * ref_err + 1e-6 * want.abs().max().item(), (err, ref_err)
+
+
+def test_base_activation_trains_like_efficient_kan():
+    """efficient-kan's own test trains with base_activation=torch.nn.Identity: the same checkpoint gives the
+    same outputs and the same Adam steps."""
+    torch.manual_seed(5)
+    peer = EfficientKANLinear(4, 3, base_activation=torch.nn.Identity).double()
+    ours = KANLinear(4, 3, base_activation=torch.nn.Identity, dtype=torch.float64)
+    ours.load_state_dict(peer.state_dict())
+    x = _spread(64, 4, "cpu", scale=0.6)
+    target = torch.sin(x).sum(1, keepdim=True).expand(-1, 3)
+    losses = []
+    for model in (peer, ours):
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+        trace = []
+        for _ in range(20):
+            optimizer.zero_grad()
+            loss = (model(x) - target).square().mean()
+            loss.backward()
+            optimizer.step()
+            trace.append(loss.item())
+        losses.append(trace)
+    assert losses[1][-1] < 0.5 * losses[1][0]
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-9)
+
+
+def test_bad_base_activation_is_refused():
+    for bad in (torch.tanh, "relu", 3, torch.nn.functional.silu):
+        with pytest.raises(ValueError, match="base_activation must be an nn.Module class or instance"):
+            KANLinear(3, 2, base_activation=bad)
+    assert KANLinear(3, 2, base_activation=None).base_activation is None
+
+
+@pytest.mark.parametrize("name", ["Identity", "GELU", "custom", "SiLU"])
+def test_ukan_base_activation_matches_reference(device, name):
+    from warpkan.reference import ukan as ru
+
+    tdev = _torch_device(device)
+    torch.manual_seed(3)
+    layer = UKANLinear(3, 2, grid_delta=0.25, pe_dim=4, embed_dim=3, hidden_dim=6,
+                       base_activation=copy.deepcopy(ACTIVATIONS[name]), device=tdev, dtype=torch.float64)
+    x = _spread(50, 3, tdev)
+    x[0, 0] = 1e3  # one outlier: the sparse path too
+    for rows in (x[1:], x):
+        act = copy.deepcopy(layer.base_activation)
+        y = layer(rows)
+        y_ref = ru.ukan_linear(rows, layer.grid_delta, layer.spline_order, layer.pe_dim, layer.feature_embedding,
+                               layer.cg_hidden.weight, layer.cg_hidden.bias, layer.cg_out.weight, layer.cg_out.bias,
+                               layer.spline_scaler, layer.base_weight, base_activation=act)
+        torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-12)
+        params = list(layer.parameters())
+        grads = torch.autograd.grad(y.sum(), params)
+        grads_ref = torch.autograd.grad(y_ref.sum(), params, allow_unused=True)
+        for (n, p), g, g_ref in zip(layer.named_parameters(), grads, grads_ref):
+            if g_ref is None:  # the reference's copy of the activation holds its parameters
+                continue
+            torch.testing.assert_close(g, g_ref, rtol=1e-10, atol=1e-12, msg=lambda m: f"{n}: {m}")
+    assert layer.to_kan(-1.0, 1.0).base_activation is not layer.base_activation

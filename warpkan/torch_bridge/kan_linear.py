@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import bspline as kb
@@ -12,7 +13,7 @@ from ..reference.bspline import b_splines
 from ._common import autocast_dtype, check_tensor
 from .bspline_ops import STRATEGIES, apply_checked, check_precision
 
-__all__ = ["KANLinear"]
+__all__ = ["KANLinear", "base_activation_module"]
 
 
 def _kernel_layout_parameter(shape_kernel: tuple, permutation: tuple, device, dtype, contiguous: bool) -> nn.Parameter:
@@ -25,7 +26,12 @@ def _kernel_layout_parameter(shape_kernel: tuple, permutation: tuple, device, dt
 
 
 class KANLinear(nn.Module):
-    """y = base_weight @ silu(x) + sum_i spline_scaler[o, i] * spline_{o,i}(x_i), for x of shape (..., in).
+    """y = base_weight @ act(x) + sum_i spline_scaler[o, i] * spline_{o,i}(x_i), for x of shape (..., in).
+
+    ``base_activation`` (``act``), as in efficient-kan: an ``nn.Module`` class or instance (``nn.SiLU``, the
+    default, ``nn.GELU``, ``nn.Identity``, ``nn.ReLU``, ``nn.Tanh``, a module of one's own), or None for no
+    base path. The kernels fuse SiLU; any other activation runs in torch, ``F.linear(act(x), base_weight)``,
+    added to the kernels' spline term (and its parameters, if any, are the layer's).
 
     Parameters and buffers follow efficient-kan's ``KANLinear`` (names and shapes), so its checkpoints load
     with ``load_state_dict`` and give the same outputs:
@@ -103,13 +109,12 @@ class KANLinear(nn.Module):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         self.strategy = strategy
-        self.use_base = _base_path(base_activation)
-        self.base_activation = torch.nn.SiLU() if self.use_base else None
         dtype = dtype or torch.get_default_dtype()
         if dtype not in (torch.float32, torch.float64):
             raise TypeError(f"dtype must be float32 or float64, got {dtype}")
         check_precision(precision, dtype)
         self.precision = precision
+        self.base_activation = base_activation_module(base_activation, device, dtype)
 
         h = (hi - lo) / grid_size
         knots = torch.arange(-spline_order, grid_size + spline_order + 1, device=device, dtype=dtype) * h + lo
@@ -152,6 +157,11 @@ class KANLinear(nn.Module):
             self.base_weight.zero_()
 
     @property
+    def use_base(self) -> bool:
+        """Whether the layer has a base path (``base_activation`` is not None)."""
+        return self.base_activation is not None
+
+    @property
     def scaled_spline_weight(self) -> torch.Tensor:
         return self.spline_weight * self.spline_scaler.unsqueeze(-1)
 
@@ -174,10 +184,15 @@ class KANLinear(nn.Module):
         if self.grid.dtype == torch.float64:
             precision = "fp32"  # float64 computes in float64
         # the parameters and the configuration were checked at construction, x by forward
-        return apply_checked(
-            x, self.grid, self.base_weight if self.use_base else None, self.spline_weight, self.spline_scaler,
+        activation = self.base_activation
+        fused = fuses_base(activation)
+        y = apply_checked(
+            x, self.grid, self.base_weight if fused else None, self.spline_weight, self.spline_scaler,
             self.spline_order, self._grid_uniform, self.deterministic, self.strategy, precision,
         )
+        if activation is None or fused:
+            return y
+        return y + F.linear(activation(x), self.base_weight)
 
     @torch.no_grad()
     def update_grid(self, x: torch.Tensor, margin: float = 0.01):
@@ -272,16 +287,38 @@ class KANLinear(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, grid_size={self.grid_size}, "
-            f"spline_order={self.spline_order}, base={'silu' if self.use_base else 'none'}, "
+            f"spline_order={self.spline_order}, base={base_repr(self.base_activation)}, "
             f"uniform_grid={self._grid_uniform}, deterministic={self.deterministic}, strategy={self.strategy!r}, "
             f"precision={self.precision!r}"
         )
 
 
-def _base_path(base_activation) -> bool:
-    """The kernels fuse SiLU; other base activations are refused rather than silently replaced."""
+def base_activation_module(base_activation, device=None, dtype=None) -> nn.Module | None:
+    """The base path's activation as efficient-kan takes it: an ``nn.Module`` class (instantiated with no
+    arguments, as efficient-kan does, its parameters if any then put on ``device`` in ``dtype``) or instance
+    (``nn.SiLU``, ``nn.GELU``, ``nn.Identity``, ``nn.ReLU``, ``nn.Tanh``, one of the user's own...), or
+    ``"silu"``; ``None`` means no base path."""
     if base_activation is None:
-        return False
-    if base_activation in (torch.nn.SiLU, "silu") or isinstance(base_activation, torch.nn.SiLU):
-        return True
-    raise ValueError(f"base_activation must be torch.nn.SiLU, 'silu' or None (no base path), got {base_activation!r}")
+        return None
+    if isinstance(base_activation, str) and base_activation.lower() == "silu":
+        return nn.SiLU()
+    if isinstance(base_activation, type) and issubclass(base_activation, nn.Module):
+        return base_activation().to(device=device, dtype=dtype)
+    if not isinstance(base_activation, nn.Module):
+        raise ValueError(
+            "base_activation must be an nn.Module class or instance (nn.SiLU, nn.GELU, nn.Identity, ...), 'silu' or "
+            f"None (no base path), got {base_activation!r}"
+        )
+    return base_activation
+
+
+def fuses_base(activation: nn.Module | None) -> bool:
+    """Whether the kernels compute the base path: they fuse SiLU (exactly ``nn.SiLU``); any other activation
+    runs in torch, ``F.linear(activation(x), base_weight)``, added to the kernels' spline term."""
+    return type(activation) is nn.SiLU
+
+
+def base_repr(activation: nn.Module | None) -> str:
+    if activation is None:
+        return "none"
+    return type(activation).__name__ + (" (fused)" if fuses_base(activation) else "")

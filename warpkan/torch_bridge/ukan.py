@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -11,7 +12,7 @@ from torch import nn
 from ..kernels import bspline as kb
 from ..kernels import ukan as ku
 from ._common import autocast_dtype, check_tensor, on_rows
-from .kan_linear import KANLinear, _base_path
+from .kan_linear import KANLinear, base_activation_module, base_repr, fuses_base
 from .ukan_ops import check_grid_delta, group_range, positional_encoding, range_layer, spline_layer, ukan_pairs
 
 __all__ = ["UKANLinear"]
@@ -27,7 +28,10 @@ _DEFAULT_TABLE_GROUPS = 16
 DENSE_MAX_COEFFICIENTS = 128
 
 class UKANLinear(nn.Module):
-    """y = base_weight @ silu(x) + sum_i spline_scaler[o, i] * spline_{o,i}(x_i) on an unbounded uniform grid.
+    """y = base_weight @ act(x) + sum_i spline_scaler[o, i] * spline_{o,i}(x_i) on an unbounded uniform grid.
+
+    ``base_activation`` (``act``) as in :class:`KANLinear`: "silu" (the default, fused into the kernels), any
+    ``nn.Module`` class or instance (run in torch), or None for no base path.
 
     Knots lie at every multiple of ``grid_delta`` (h), from -inf to +inf; no input normalisation and no grid
     range. With K = k + 1, the cells are grouped K at a time: x falls in cell ``c = floor(x / h)``, group
@@ -102,7 +106,7 @@ class UKANLinear(nn.Module):
         self.grid_delta = check_grid_delta(grid_delta)
         self.pe_dim, self.embed_dim, self.hidden_dim = pe_dim, embed_dim, hidden_dim
         self.table_groups = table_groups
-        self.use_base = _base_path(base_activation)
+        self.base_activation = base_activation_module(base_activation, device, dtype)
         K = spline_order + 1
         factory = {"device": device, "dtype": dtype}
         self.feature_embedding = nn.Parameter(torch.empty(in_features, embed_dim, **factory))
@@ -190,7 +194,7 @@ class UKANLinear(nn.Module):
         self._last_range_span = span
         return range_layer(x2, group_lo, rows_per_feature, self.pe_dim, self.feature_embedding, self.cg_hidden.weight,
                            self.cg_hidden.bias, self.cg_out.weight, self.cg_out.bias, self.base_weight,
-                           self.spline_scaler, self.grid_delta, self.spline_order, self.use_base)
+                           self.spline_scaler, self.grid_delta, self.spline_order, fuses_base(self.base_activation))
 
     @torch.no_grad()
     def table_overflow(self, x: torch.Tensor | None = None) -> int:
@@ -228,8 +232,17 @@ class UKANLinear(nn.Module):
             raise TypeError(f"x must have the layer's dtype {dtype} (use autocast for bf16/fp16), got {x.dtype}")
         return self._forward(x)
 
+    @property
+    def use_base(self) -> bool:
+        """Whether the layer has a base path (``base_activation`` is not None)."""
+        return self.base_activation is not None
+
     def _forward(self, x):
-        return on_rows(x, self.in_features, self._forward_rows)
+        y = on_rows(x, self.in_features, self._forward_rows)
+        activation = self.base_activation
+        if activation is None or fuses_base(activation):
+            return y
+        return y + F.linear(activation(x), self.base_weight)
 
     def _forward_rows(self, x2):
         K = self.spline_order + 1
@@ -249,7 +262,7 @@ class UKANLinear(nn.Module):
         self._last_range_x = None
         return spline_layer(
             x2, sorted_elem, window, local_u, pair_feature, row_start, row_stop, table,
-            self.base_weight, self.spline_scaler, self.grid_delta, self.spline_order, self.use_base,
+            self.base_weight, self.spline_scaler, self.grid_delta, self.spline_order, fuses_base(self.base_activation),
         )
 
     # ---------------------------------------------------------------- regulariser (paper App. A.2)
@@ -301,7 +314,7 @@ class UKANLinear(nn.Module):
         param = self.spline_scaler
         kan = KANLinear(
             self.in_features, self.out_features, grid_size=grid_size, spline_order=k,
-            grid_range=(cell_lo * h, (cell_hi + 1) * h), base_activation=nn.SiLU if self.use_base else None,
+            grid_range=(cell_lo * h, (cell_hi + 1) * h), base_activation=copy.deepcopy(self.base_activation),
             device=param.device, dtype=param.dtype,
         )
         # knot j of the KAN is t_j = (cell_lo - k + j) h; KAN basis b' is this layer's B_{b' + cell_lo - k},
@@ -327,6 +340,6 @@ class UKANLinear(nn.Module):
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, spline_order={self.spline_order}, "
             f"grid_delta={self.grid_delta}, pe_dim={self.pe_dim}, embed_dim={self.embed_dim}, "
-            f"hidden_dim={self.hidden_dim}, base={'silu' if self.use_base else 'none'}, "
+            f"hidden_dim={self.hidden_dim}, base={base_repr(self.base_activation)}, "
             f"table_groups={self.table_groups}"
         )
