@@ -421,3 +421,106 @@ def test_ukan_base_activation_matches_reference(device, name):
                 continue
             torch.testing.assert_close(g, g_ref, rtol=1e-10, atol=1e-12, msg=lambda m: f"{n}: {m}")
     assert layer.to_kan(-1.0, 1.0).base_activation is not layer.base_activation
+
+
+# ------------------------------------------------------------------------------------ 4. parameter layout
+def _layers(device, dtype=torch.float64):
+    """(name, layer, n_in) for every torch layer with its default parameters."""
+    from warpkan.torch_bridge import GEGLUFFN, KATMLP, ChebyKANLinear, GRKANLinear, GroupRational, PolyKANLinear
+
+    factory = dict(device=device, dtype=dtype)
+    torch.manual_seed(0)
+    return [
+        ("KANLinear-gemm", KANLinear(5, 3, grid_size=4, strategy="gemm", **factory), 5),
+        ("KANLinear-stencil", KANLinear(5, 3, grid_size=4, strategy="stencil", **factory), 5),
+        ("KANLinear-no-scaler", KANLinear(5, 3, enable_standalone_scale_spline=False, **factory), 5),
+        ("KANLinear-gelu", KANLinear(5, 3, base_activation=torch.nn.GELU, **factory), 5),
+        ("UKANLinear", UKANLinear(5, 3, grid_delta=0.25, pe_dim=4, embed_dim=3, hidden_dim=6, **factory), 5),
+        ("PolyKANLinear", PolyKANLinear(5, 3, 4, mode="exact", bias=True, **factory), 5),
+        ("ChebyKANLinear", ChebyKANLinear(5, 3, 4, mode="exact", **factory), 5),
+        ("GroupRational", GroupRational(8, 2, **factory), 8),
+        ("GRKANLinear", GRKANLinear(8, 3, num_groups=2, **factory), 8),
+        ("KATMLP", KATMLP(8, 12, 3, num_groups=2, **factory), 8),
+        ("GEGLUFFN", GEGLUFFN(8, 12, bias=True, **factory), 8),
+    ]
+
+
+def _regression(n_in, device, dtype=torch.float64, rows=64):
+    x = _spread(rows, n_in, device, dtype=dtype, seed=1, scale=0.6)
+    return x, torch.tanh(x[:, :1] - 0.5 * x[:, 1:2])
+
+
+@pytest.mark.parametrize("index", range(11))
+def test_lbfgs_and_parameter_vectors_on_default_parameters(device, index):
+    name, layer, n_in = _layers(_torch_device(device))[index]
+    for p in layer.parameters():
+        assert p.is_contiguous(), name
+    x, target = _regression(n_in, _torch_device(device))
+    loss_of = lambda: (layer(x)[:, :1] - target).square().mean()  # noqa: E731
+    optimizer = torch.optim.LBFGS(layer.parameters(), lr=1, max_iter=4, line_search_fn="strong_wolfe")
+
+    def closure():
+        optimizer.zero_grad()
+        loss = loss_of()
+        loss.backward()
+        return loss
+
+    losses = [optimizer.step(closure).item() for _ in range(4)] + [loss_of().item()]
+    assert all(b <= a for a, b in zip(losses, losses[1:])), (name, losses)
+    assert losses[-1] < losses[0], (name, losses)
+    # parameters_to_vector / vector_to_parameters round trip
+    vector = torch.nn.utils.parameters_to_vector(layer.parameters())
+    y = layer(x).detach()
+    torch.nn.utils.vector_to_parameters(torch.zeros_like(vector), layer.parameters())
+    assert all(not p.detach().any() for p in layer.parameters())
+    torch.nn.utils.vector_to_parameters(vector, layer.parameters())
+    assert torch.equal(torch.nn.utils.parameters_to_vector(layer.parameters()), vector)
+    assert torch.equal(layer(x), y)
+    # the other optimisers and utilities on the same parameters
+    for make in (lambda ps: torch.optim.Adam(ps, lr=1e-3), lambda ps: torch.optim.SGD(ps, lr=1e-3, momentum=0.9)):
+        optimizer = make(layer.parameters())
+        for _ in range(2):
+            optimizer.zero_grad()
+            loss_of().backward()
+            torch.nn.utils.clip_grad_norm_(layer.parameters(), 1.0)
+            optimizer.step()
+    for p in layer.parameters():
+        assert p.grad.stride() == p.stride(), name
+
+
+@pytest.mark.parametrize("make", [
+    lambda c: KANLinear(5, 3, grid_size=4, strategy="gemm", contiguous_parameters=c, dtype=torch.float64),
+    lambda c: KANLinear(5, 3, grid_size=60, strategy="stencil", contiguous_parameters=c, dtype=torch.float64),
+    lambda c: UKANLinear(5, 3, grid_delta=0.25, pe_dim=4, embed_dim=3, hidden_dim=6, contiguous_parameters=c,
+                         dtype=torch.float64),
+    lambda c: warpkan.torch_bridge.PolyKANLinear(5, 3, 4, bias=True, contiguous_parameters=c, dtype=torch.float64),
+], ids=["KANLinear-gemm", "KANLinear-stencil", "UKANLinear", "PolyKANLinear"])
+def test_contiguous_parameters_only_changes_storage(make):
+    """contiguous_parameters=False stores the parameters as views of the kernels' layout: the same initial
+    values, outputs and gradients as the default."""
+    torch.manual_seed(4)
+    plain = make(True)
+    torch.manual_seed(4)
+    views = make(False)
+    assert all(p.is_contiguous() for p in plain.parameters())
+    assert not all(p.is_contiguous() for p in views.parameters())
+    for a, b in zip(plain.parameters(), views.parameters()):
+        assert torch.equal(a, b)
+    x, _ = _regression(5, "cpu", rows=37)
+    x[0, 0] = 30.0  # UKAN: the sparse path too
+    y_plain, y_views = plain(x), views(x)
+    torch.testing.assert_close(y_plain, y_views, rtol=0, atol=0)
+    y_plain.square().sum().backward()
+    y_views.square().sum().backward()
+    for a, b in zip(plain.parameters(), views.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
+        assert a.grad.stride() == a.stride() and b.grad.stride() == b.stride()
+
+
+def test_gemm_step_copies_no_parameter(eager_step_ops):
+    """The gemm strategy reads the default (public-layout) parameters and writes their gradients in place:
+    a training step runs no copy, and AccumulateGrad takes the gradients as they are."""
+    layer = KANLinear(5, 3, grid_size=4, strategy="gemm")
+    names = eager_step_ops(layer, torch.rand(7, 5, requires_grad=True), torch.ones(7, 3))
+    assert not names & {"aten::copy_", "aten::clone", "aten::contiguous"}, names
+

@@ -67,7 +67,7 @@ class KANLinear:
         self.scaler_t = self._param(rng.uniform(-bound, bound, (in_features, out_features)))
         noise = (rng.uniform(-0.5, 0.5, (in_features, grid_size + spline_order, out_features))) * scale_noise / grid_size
         self.coef = self._param(noise)
-        self.uniform = True
+        self.uniform = kb.grid_is_uniform(knots[None])
 
     def _param(self, values) -> wp.array:
         return wp.array(np.ascontiguousarray(values, dtype=_NP_DTYPES[self.dtype]), dtype=self.dtype,

@@ -186,7 +186,8 @@ class EagerRoute:
         return self.forward_impl(*self.op_inputs(inputs))
 
 
-def eager_function(name: str, forward_impl, setup_context, backward, layouts: dict | None = None) -> EagerRoute:
+def eager_function(name: str, forward_impl, setup_context, backward, layouts: dict | None = None,
+                   prepare=None) -> EagerRoute:
     """The eager route of a custom op: an ``autograd.Function`` that runs the op's own implementation
     (``forward_impl(*inputs)``) and autograd formula (``setup_context(ctx, inputs, output)``,
     ``backward(ctx, *grads)``) without the custom-op dispatch. A ``torch.library.custom_op`` call (schema
@@ -198,12 +199,18 @@ def eager_function(name: str, forward_impl, setup_context, backward, layouts: di
     ``layouts`` {input index: (to_op, to_public)}: the route takes those inputs in their public layout (a
     parameter as the module exposes it) and makes the op's view of them inside the Function, ``to_op(t)``;
     their gradients go back through ``to_public``. Views made outside the Function would be autograd nodes of
-    their own (TBackward, PermuteBackward), each 10-20 us of a step's host time on the GPU machine."""
+    their own (TBackward, PermuteBackward), each 10-20 us of a step's host time on the GPU machine.
+
+    ``prepare(op_inputs) -> op_inputs``: run on the op's inputs before the implementation when a node is built,
+    so that what it makes (a contiguous copy of a parameter the implementation would copy itself) is also what
+    the backward is given, made once a step."""
     layouts = layouts or {}
     route = None  # set below, once the Function exists
 
     def forward(ctx, *inputs):
         inputs = route.op_inputs(inputs)
+        if prepare is not None:
+            inputs = prepare(inputs)
         output = forward_impl(*inputs)
         setup_context(ctx, inputs, output)
         return output

@@ -16,13 +16,21 @@ from .bspline_ops import STRATEGIES, apply_checked, check_precision
 __all__ = ["KANLinear", "base_activation_module"]
 
 
-def _kernel_layout_parameter(shape_kernel: tuple, permutation: tuple, device, dtype, contiguous: bool) -> nn.Parameter:
-    """A parameter that reads as efficient-kan's shape but is stored in the kernel's layout (output index
-    innermost, the coalesced one), so the kernels use it without a copy. ``permutation`` maps the kernel
-    layout to the public shape. With ``contiguous`` it is stored in the public shape instead (for FSDP2,
-    which refuses non-contiguous parameters); the op then copies it into the kernel layout on each call."""
+def layout_parameter(shape_kernel: tuple, permutation: tuple, device, dtype, contiguous: bool) -> nn.Parameter:
+    """A parameter of the public shape (``shape_kernel`` permuted by ``permutation``): contiguous, or (not
+    ``contiguous``) a view of storage in the kernels' layout (output index innermost, the coalesced one).
+    See ``KANLinear``'s ``contiguous_parameters``."""
     storage = torch.empty(shape_kernel, device=device, dtype=dtype).permute(*permutation)
     return nn.Parameter(storage.contiguous() if contiguous else storage)
+
+
+@torch.no_grad()
+def init_public(param: torch.Tensor, init) -> None:
+    """``init`` (an in-place initialiser) drawn on a contiguous tensor of ``param``'s shape and copied in: the
+    values do not depend on how the parameter is stored (torch fills a tensor in memory order)."""
+    values = torch.empty(param.shape, device=param.device, dtype=param.dtype)
+    init(values)
+    param.copy_(values)
 
 
 class KANLinear(nn.Module):
@@ -60,9 +68,13 @@ class KANLinear(nn.Module):
     ``torch.get_float32_matmul_precision()`` "highest" (torch's default) -> fp32, "high" -> tf32,
     "medium" -> bf16. Error bounds: :mod:`warpkan.torch_bridge.bspline_ops`. float64 layers always compute
     in float64; the stencil strategy always in the layer's dtype.
-    ``contiguous_parameters=True`` stores the parameters contiguously in their public shapes, as FSDP2
-    (``fully_shard``) requires; by default they are views of the kernels' layout, which saves a copy of the
-    coefficient table on every call.
+    ``contiguous_parameters`` (default True) stores the parameters contiguously in their public shapes, which
+    every torch optimiser and utility takes (``torch.optim.LBFGS``, ``parameters_to_vector``, FSDP2's
+    ``fully_shard``). The gemm strategy reads and writes them in place; the stencil strategy copies them into
+    the kernels' layout (output index innermost) in each forward and backward pass, and its gradients back.
+    ``contiguous_parameters=False`` stores them as views of the kernels' layout instead, which saves those
+    copies (``scripts/param_layout_cost.py`` measures them) but which LBFGS, ``parameters_to_vector`` and FSDP2
+    refuse.
 
     Unlike efficient-kan, the initial ``spline_weight`` is drawn directly as small uniform noise instead of a
     least-squares fit of noise, which would be an O(G^3) solve at large ``grid_size``; the distribution of the
@@ -84,7 +96,7 @@ class KANLinear(nn.Module):
         grid_range=(-1, 1),
         deterministic: bool = False,
         strategy: str = "auto",
-        contiguous_parameters: bool = False,
+        contiguous_parameters: bool = True,
         precision: str = "auto",
         device=None,
         dtype=None,
@@ -118,41 +130,38 @@ class KANLinear(nn.Module):
 
         h = (hi - lo) / grid_size
         knots = torch.arange(-spline_order, grid_size + spline_order + 1, device=device, dtype=dtype) * h + lo
+        uniform = True  # on the meta device, as built
         if knots.device.type != "meta":
-            kb.check_grid(knots.unsqueeze(0).cpu().numpy(), f"the knots of grid_range={tuple(grid_range)} in {dtype}")
+            host = knots.unsqueeze(0).cpu().numpy()
+            kb.check_grid(host, f"the knots of grid_range={tuple(grid_range)} in {dtype}")
+            uniform = kb.grid_is_uniform(host)
         self.register_buffer("grid", knots.expand(in_features, -1).contiguous())
         n_coef = grid_size + spline_order
         layout = dict(device=device, dtype=dtype, contiguous=contiguous_parameters)
-        self.base_weight = _kernel_layout_parameter((in_features, out_features), (1, 0), **layout)
-        self.spline_weight = _kernel_layout_parameter((in_features, n_coef, out_features), (2, 0, 1), **layout)
+        self.base_weight = layout_parameter((in_features, out_features), (1, 0), **layout)
+        self.spline_weight = layout_parameter((in_features, n_coef, out_features), (2, 0, 1), **layout)
         if enable_standalone_scale_spline:
-            self.spline_scaler = _kernel_layout_parameter((in_features, out_features), (1, 0), **layout)
+            self.spline_scaler = layout_parameter((in_features, out_features), (1, 0), **layout)
         else:
             # efficient-kan's forward uses spline_weight unscaled in this mode (scale_spline only scales the
             # initial spline_weight): the kernels' scaler is ones
             self.register_buffer(
                 "spline_scaler", torch.ones((out_features, in_features), device=device, dtype=dtype), persistent=False,
             )
-        self._grid_uniform = True
+        self._grid_uniform = uniform
         self.reset_parameters()
 
     @torch.no_grad()
     def reset_parameters(self):
-        # values are drawn in the public (contiguous) shape and copied in, so the initial parameters do not
-        # depend on how they are stored (see contiguous_parameters)
-        def drawn(param, init):
-            values = torch.empty(param.shape, device=param.device, dtype=param.dtype)
-            init(values)
-            param.copy_(values)
-
-        drawn(self.base_weight, lambda t: nn.init.kaiming_uniform_(t, a=math.sqrt(5) * self.scale_base))
+        # drawn in the public shape: the initial values do not depend on contiguous_parameters
+        init_public(self.base_weight, lambda t: nn.init.kaiming_uniform_(t, a=math.sqrt(5) * self.scale_base))
         # without a standalone scaler, efficient-kan scales the initial spline_weight by scale_spline instead
         spline_scale = self.scale_noise / self.grid_size
         if not self.enable_standalone_scale_spline:
             spline_scale *= self.scale_spline
-        drawn(self.spline_weight, lambda t: t.uniform_(-0.5, 0.5).mul_(spline_scale))
+        init_public(self.spline_weight, lambda t: t.uniform_(-0.5, 0.5).mul_(spline_scale))
         if self.enable_standalone_scale_spline:
-            drawn(self.spline_scaler, lambda t: nn.init.kaiming_uniform_(t, a=math.sqrt(5) * self.scale_spline))
+            init_public(self.spline_scaler, lambda t: nn.init.kaiming_uniform_(t, a=math.sqrt(5) * self.scale_spline))
         if not self.use_base:
             self.base_weight.zero_()
 

@@ -12,7 +12,7 @@ from torch import nn
 from ..kernels import bspline as kb
 from ..kernels import ukan as ku
 from ._common import autocast_dtype, check_tensor, on_rows
-from .kan_linear import KANLinear, base_activation_module, base_repr, fuses_base
+from .kan_linear import KANLinear, base_activation_module, base_repr, fuses_base, init_public, layout_parameter
 from .ukan_ops import check_grid_delta, group_range, positional_encoding, range_layer, spline_layer, ukan_pairs
 
 __all__ = ["UKANLinear"]
@@ -66,6 +66,10 @@ class UKANLinear(nn.Module):
     Inputs with |x| / h beyond 2^39 are evaluated at that limit (finite, zero spline slope); NaN gives a
     zero spline term. Gradients are bitwise reproducible (stable sort, no floating-point atomics).
 
+    ``base_weight`` and ``spline_scaler`` [out, in] are stored contiguously (every torch optimiser and utility
+    takes them: LBFGS, ``parameters_to_vector``, FSDP2) and copied into the kernels' [in, out] layout once a
+    step; ``contiguous_parameters=False`` stores them as views of that layout, as ``KANLinear``'s.
+
     Under bf16/fp16 autocast the layer computes in fp32 and returns the autocast dtype.
     """
 
@@ -80,6 +84,7 @@ class UKANLinear(nn.Module):
         hidden_dim: int = 32,
         base_activation="silu",
         table_groups: int | None = None,
+        contiguous_parameters: bool = True,
         device=None,
         dtype=None,
     ):
@@ -112,9 +117,10 @@ class UKANLinear(nn.Module):
         self.feature_embedding = nn.Parameter(torch.empty(in_features, embed_dim, **factory))
         self.cg_hidden = nn.Linear(pe_dim + embed_dim, hidden_dim, **factory)
         self.cg_out = nn.Linear(hidden_dim, out_features * K, **factory)
-        # [out, in] views of [in, out] storage: the kernels read them without a copy (output index innermost)
-        self.base_weight = nn.Parameter(torch.empty(in_features, out_features, **factory).t())
-        self.spline_scaler = nn.Parameter(torch.empty(in_features, out_features, **factory).t())
+        # [out, in], contiguous or (contiguous_parameters=False) views of the kernels' [in, out] layout
+        self.base_weight = layout_parameter((in_features, out_features), (1, 0), device, dtype, contiguous_parameters)
+        self.spline_scaler = layout_parameter((in_features, out_features), (1, 0), device, dtype,
+                                              contiguous_parameters)
         # the kernels read the table as [P, K, out]: cg_out's rows (o, m) taken in (m, o) order
         order_km = torch.arange(out_features * K, device=device).view(out_features, K).t().reshape(-1)
         self.register_buffer("_rows_km", order_km, persistent=False)
@@ -129,8 +135,8 @@ class UKANLinear(nn.Module):
         nn.init.normal_(self.feature_embedding)
         self.cg_hidden.reset_parameters()
         self.cg_out.reset_parameters()
-        nn.init.kaiming_uniform_(self.base_weight, a=math.sqrt(5))
-        nn.init.kaiming_uniform_(self.spline_scaler, a=math.sqrt(5))
+        for param in (self.base_weight, self.spline_scaler):  # the same values whatever contiguous_parameters
+            init_public(param, lambda t: nn.init.kaiming_uniform_(t, a=math.sqrt(5)))
         if not self.use_base:
             self.base_weight.zero_()
 
@@ -321,7 +327,7 @@ class UKANLinear(nn.Module):
         # whose coefficient is C_flat[b' + cell_lo - k - 1]
         knots = (torch.arange(grid_size + 2 * k + 1, dtype=torch.float64) + (cell_lo - k)) * h
         kan.grid.copy_(knots.to(param.device, param.dtype).expand(self.in_features, -1))
-        kan._grid_uniform = True
+        kan._choose_grid_path()
         flat_lo = cell_lo - k - 1
         group_lo, group_hi = flat_lo // K, (cell_hi - 1) // K
         groups = torch.arange(group_lo, group_hi + 1, device=param.device, dtype=torch.int64)
