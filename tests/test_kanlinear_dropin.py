@@ -524,3 +524,101 @@ def test_gemm_step_copies_no_parameter(eager_step_ops):
     names = eager_step_ops(layer, torch.rand(7, 5, requires_grad=True), torch.ones(7, 3))
     assert not names & {"aten::copy_", "aten::clone", "aten::contiguous"}, names
 
+
+# ------------------------------------------------------------------------------------ 7. copy and pickle
+def _trained(layer, x):
+    """A forward and backward pass first: whatever a layer caches on its way is in place."""
+    layer(x).square().mean().backward()
+    return layer
+
+
+@pytest.mark.parametrize("index", range(11))
+def test_deepcopy_and_pickle_round_trip(device, index):
+    tdev = _torch_device(device)
+    name, layer, n_in = _layers(tdev)[index]
+    x, _ = _regression(n_in, tdev, rows=33)
+    if name == "UKANLinear":
+        x[0, 0] = 40.0  # the sparse path, which keeps its last table
+    _trained(layer, x)
+    y = layer(x).detach()
+    buffer = io.BytesIO()
+    torch.save(layer, buffer)
+    buffer.seek(0)
+    copies = [copy.deepcopy(layer), pickle.loads(pickle.dumps(layer)), torch.load(buffer, weights_only=False)]
+    for twin in copies:
+        assert type(twin) is type(layer)
+        torch.testing.assert_close(twin(x), y, rtol=0, atol=0)
+        for (n, p), (n2, q) in zip(layer.named_parameters(), twin.named_parameters()):
+            assert n == n2 and torch.equal(p, q) and p.data_ptr() != q.data_ptr(), (name, n)
+            assert p.stride() == q.stride()
+        for (n, b), (_, c) in zip(layer.named_buffers(), twin.named_buffers()):
+            assert torch.equal(b, c), (name, n)
+        # independent: training the copy leaves the original as it was
+        with torch.no_grad():
+            for q in twin.parameters():
+                q.add_(0.25)
+        torch.testing.assert_close(layer(x), y, rtol=0, atol=0)
+        _trained(twin, x)
+    if isinstance(layer, KANLinear):
+        assert all(twin._grid_uniform == layer._grid_uniform for twin in copies)
+
+
+def test_whole_model_save_and_load(tmp_path):
+    from warpkan.torch_bridge import GRKANLinear, PolyKANLinear
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(KANLinear(4, 8, base_activation=torch.nn.GELU), UKANLinear(8, 6, pe_dim=4),
+                                PolyKANLinear(6, 8, 3), GRKANLinear(8, 2, num_groups=2))
+    x = torch.rand(17, 4) * 2 - 1
+    model[0].update_grid(x)
+    _trained(model, x)
+    torch.save(model, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
+    assert not loaded[0]._grid_uniform
+    ema = copy.deepcopy(model)  # an EMA copy, updated from the model's parameters
+    with torch.no_grad():
+        for e, p in zip(ema.parameters(), model.parameters()):
+            e.mul_(0.9).add_(p, alpha=0.1)
+    torch.testing.assert_close(ema(x), model(x), rtol=1e-6, atol=1e-6)
+
+
+NATIVE = [
+    lambda d: warpkan.KANLinear(3, 4, grid_size=5, device=d),
+    lambda d: warpkan.UKANLinear(3, 4, pe_dim=4, embed_dim=3, hidden_dim=6, device=d),
+    lambda d: warpkan.PolyKANLinear(3, 4, 3, bias=True, device=d),
+    lambda d: warpkan.GroupRational(4, 2, device=d),
+    lambda d: warpkan.GRKANLinear(4, 3, num_groups=2, device=d),
+]
+
+
+@pytest.mark.parametrize("index", range(len(NATIVE)))
+def test_native_layers_copy_and_pickle(device, index):
+    layer = NATIVE[index](device)
+    n_in = 4 if index >= 3 else 3
+    rng = np.random.default_rng(0)
+    x = wp.array(rng.uniform(-1, 1, (9, n_in)).astype(np.float32), device=device)
+    tape = wp.Tape()
+    with tape:
+        y = layer(x)
+    tape.backward(grads={y: wp.ones_like(y)})
+    if index == 0:  # a non-uniform grid: the copies keep the general path
+        grid = layer.state_dict()["grid"]
+        grid[:, 5] += 0.01
+        layer.load_state_dict(dict(layer.state_dict(), grid=grid))
+        assert not layer.uniform
+    want = layer(x).numpy()
+    for twin in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
+        np.testing.assert_array_equal(twin(x).numpy(), want)
+        assert twin.device == layer.device
+        for p, q in zip(layer.parameters(), twin.parameters()):
+            assert p.ptr != q.ptr and q.requires_grad
+            np.testing.assert_array_equal(p.numpy(), q.numpy())
+            np.testing.assert_array_equal(p.grad.numpy(), q.grad.numpy())
+        for q in twin.parameters():
+            q.assign(q.numpy() + 0.5)
+        np.testing.assert_array_equal(layer(x).numpy(), want)
+        if index == 0:
+            assert twin.uniform == layer.uniform
+    network = warpkan.KANNetwork([layer])
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(network))(x).numpy(), want)

@@ -9,6 +9,7 @@ import numpy as np
 import warp as wp
 
 from ..kernels import bspline as kb
+from ._state import WarpState
 from ._tape import active_tape, new_output, record_backward
 
 __all__ = ["KANLinear"]
@@ -16,7 +17,7 @@ __all__ = ["KANLinear"]
 _NP_DTYPES = {wp.float32: np.float32, wp.float64: np.float64}
 
 
-class KANLinear:
+class KANLinear(WarpState):
     """y[n, o] = sum_i base_weight[o, i] silu(x[n, i]) + spline_scaler[o, i] spline_{o,i}(x[n, i]).
 
     Call it on a ``wp.array2d`` x [N, in]; it returns y [N, out]. Under an active ``wp.Tape`` the output

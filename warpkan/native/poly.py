@@ -7,6 +7,7 @@ import numpy as np
 import warp as wp
 
 from ..kernels import poly as kp
+from ._state import WarpState
 from ._tape import active_tape, new_output, record_backward
 
 __all__ = ["PolyKANLinear", "ChebyKANLinear"]
@@ -16,7 +17,7 @@ DEFAULT_LUT_SIZE = 4096
 _MODES = ("exact", "lut")
 
 
-class PolyKANLinear:
+class PolyKANLinear(WarpState):
     """``y[n, o] = sum_i sum_{d=0..degree} coeffs[i, d, o] P_d(tanh x[n, i]) (+ bias[o])``.
 
     Call it on a ``wp.array2d`` x [N, in]; it returns y [N, out]. Under an active ``wp.Tape`` the output

@@ -238,6 +238,13 @@ class UKANLinear(nn.Module):
             raise TypeError(f"x must have the layer's dtype {dtype} (use autocast for bf16/fp16), got {x.dtype}")
         return self._forward(x)
 
+    def __getstate__(self):
+        # what the last forward left for table_overflow() and regularization_loss() (tensors of its graph,
+        # which deepcopy refuses) is not the layer's state: copies and pickles start without it, as a new layer
+        state = dict(self.__dict__)
+        state.update(_last=None, _last_range_x=None, _last_range_span=None)
+        return state
+
     @property
     def use_base(self) -> bool:
         """Whether the layer has a base path (``base_activation`` is not None)."""
