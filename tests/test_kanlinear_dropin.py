@@ -622,3 +622,19 @@ def test_native_layers_copy_and_pickle(device, index):
             assert twin.uniform == layer.uniform
     network = warpkan.KANNetwork([layer])
     np.testing.assert_array_equal(pickle.loads(pickle.dumps(network))(x).numpy(), want)
+
+
+@pytest.mark.parametrize("shift", [1e-5, 1e-9])
+def test_native_near_uniform_grid_float64_matches_reference(device, shift):
+    layer = warpkan.KANLinear(4, 3, grid_size=6, device=device, dtype=wp.float64, seed=2)
+    state = layer.state_dict()
+    grid = state["grid"].copy()
+    grid[1, 6] += shift * (grid[0, 1] - grid[0, 0])
+    layer.load_state_dict(dict(state, grid=grid))
+    assert not layer.uniform
+    x = _spread(41, 4, "cpu")
+    x[:, 1] = torch.linspace(-1.2, 1.2, 41, dtype=torch.float64)
+    y = layer(wp.array(x.numpy(), dtype=wp.float64, device=device)).numpy()
+    want = kan_linear(x, torch.from_numpy(grid), *(torch.from_numpy(state[k]) for k in
+                                                   ("base_weight", "spline_weight", "spline_scaler")), 3)
+    torch.testing.assert_close(torch.from_numpy(y), want, **TOL64)

@@ -284,10 +284,10 @@ class KANLinear(nn.Module):
         """Decide the matrix-form fast path from the knots: taken only where every row is uniform to the
         rounding of the layer's dtype (:func:`warpkan.kernels.bspline.grid_is_uniform`); ``widened_from``: the
         dtype the knots were uniform in before a conversion, where they are re-spaced exactly."""
-        if self.grid.device.type == "meta":
+        if self.grid.device.type == "meta" or not self.grid.is_floating_point():
             return
-        grid = self.grid.detach().cpu().numpy()
-        uniform = kb.grid_is_uniform(grid)
+        grid = self.grid.detach().double().cpu().numpy()  # numpy has no bfloat16: the rule gets the dtype's eps
+        uniform = kb.grid_is_uniform(grid, torch.finfo(self.grid.dtype).eps)
         if not uniform and widened_from is not None and kb.grid_is_uniform(grid, torch.finfo(widened_from).eps):
             self.grid.copy_(torch.from_numpy(kb.uniform_knots(grid)))
             uniform = True
