@@ -13,7 +13,7 @@ from ..reference.bspline import b_splines
 from ._common import autocast_dtype, check_tensor
 from .bspline_ops import STRATEGIES, apply_checked, check_precision
 
-__all__ = ["KANLinear", "base_activation_module"]
+__all__ = ["KANLinear"]
 
 
 def layout_parameter(shape_kernel: tuple, permutation: tuple, device, dtype, contiguous: bool) -> nn.Parameter:
@@ -70,11 +70,11 @@ class KANLinear(nn.Module):
     in float64; the stencil strategy always in the layer's dtype.
     ``contiguous_parameters`` (default True) stores the parameters contiguously in their public shapes, which
     every torch optimiser and utility takes (``torch.optim.LBFGS``, ``parameters_to_vector``, FSDP2's
-    ``fully_shard``). The gemm strategy reads and writes them in place; the stencil strategy copies them into
-    the kernels' layout (output index innermost) in each forward and backward pass, and its gradients back.
-    ``contiguous_parameters=False`` stores them as views of the kernels' layout instead, which saves those
-    copies (``scripts/param_layout_cost.py`` measures them) but which LBFGS, ``parameters_to_vector`` and FSDP2
-    refuse.
+    ``fully_shard``). The gemm strategy reads them and writes their gradients in place; the stencil strategy
+    copies them into the kernels' layout (output index innermost) once a training step, and their gradients
+    back. ``contiguous_parameters=False`` stores them as views of the kernels' layout instead, which saves
+    those copies (``scripts/param_layout_cost.py`` measures them) but which LBFGS, ``parameters_to_vector``
+    and FSDP2 refuse.
 
     Unlike efficient-kan, the initial ``spline_weight`` is drawn directly as small uniform noise instead of a
     least-squares fit of noise, which would be an O(G^3) solve at large ``grid_size``; the distribution of the
