@@ -11,12 +11,13 @@ import warp as wp
 from ..kernels import bspline as kb
 from ._common import NP_DTYPES as _NP_DTYPES
 from ._common import check_device, check_dtype, layer_input
+from ._state import WarpState
 from ._tape import active_tape, new_output, record_backward
 
 __all__ = ["KANLinear"]
 
 
-class KANLinear:
+class KANLinear(WarpState):
     """y[n, o] = sum_i base_weight[o, i] silu(x[n, i]) + spline_scaler[o, i] spline_{o,i}(x[n, i]).
 
     Call it on a ``wp.array2d`` x [N, in]; it returns y [N, out]. Under an active ``wp.Tape`` the output
@@ -68,14 +69,15 @@ class KANLinear:
         np_dtype = _NP_DTYPES[dtype]
         rng = np.random.default_rng(seed)
         h = (hi - lo) / grid_size
-        knots = np.arange(-spline_order, grid_size + spline_order + 1) * h + lo
+        knots = (np.arange(-spline_order, grid_size + spline_order + 1) * h + lo).astype(np_dtype)
+        kb.check_grid(knots[None], f"the knots of grid_range={tuple(grid_range)} in {np_dtype.__name__}")
         bound = 1.0 / math.sqrt(in_features)  # kaiming_uniform(a=sqrt(5)) of nn.Linear
         self.grid = wp.array(np.tile(knots, (in_features, 1)).astype(np_dtype), dtype=dtype, device=self.device)
         self.base_weight_t = self._param(rng.uniform(-bound, bound, (in_features, out_features)) * use_base)
         self.scaler_t = self._param(rng.uniform(-bound, bound, (in_features, out_features)))
         noise = (rng.uniform(-0.5, 0.5, (in_features, grid_size + spline_order, out_features))) * scale_noise / grid_size
         self.coef = self._param(noise)
-        self.uniform = True
+        self.uniform = kb.grid_is_uniform(knots[None])
 
     def _param(self, values) -> wp.array:
         return wp.array(np.ascontiguousarray(values, dtype=_NP_DTYPES[self.dtype]), dtype=self.dtype,
@@ -129,11 +131,13 @@ class KANLinear:
             if tuple(np.shape(state[key])) != shape:
                 raise ValueError(f"{key} must have shape {shape}, got {tuple(np.shape(state[key]))}")
         np_dtype = _NP_DTYPES[self.dtype]
+        grid = np.ascontiguousarray(state["grid"], dtype=np_dtype)
+        kb.check_grid(grid)  # before anything is assigned: a refused state leaves the layer as it was
         self.base_weight_t.assign(np.ascontiguousarray(np.asarray(state["base_weight"]).T, dtype=np_dtype))
         self.coef.assign(np.ascontiguousarray(np.asarray(state["spline_weight"]).transpose(1, 2, 0), dtype=np_dtype))
         self.scaler_t.assign(np.ascontiguousarray(np.asarray(state["spline_scaler"]).T, dtype=np_dtype))
-        grid = np.ascontiguousarray(state["grid"], dtype=np_dtype)
         self.grid.assign(grid)
+        # the matrix-form fast path only where every row is uniform to the rounding of the layer's dtype
         self.uniform = kb.grid_is_uniform(grid)
 
     def config(self) -> dict:

@@ -9,6 +9,7 @@ import warp as wp
 from ..kernels import poly as kp
 from ._common import NP_DTYPES as _NP_DTYPES
 from ._common import check_device, check_dtype, layer_input
+from ._state import WarpState
 from ._tape import active_tape, new_output, record_backward
 
 __all__ = ["PolyKANLinear", "ChebyKANLinear"]
@@ -16,7 +17,7 @@ __all__ = ["PolyKANLinear", "ChebyKANLinear"]
 DEFAULT_LUT_SIZE = 4096
 
 
-class PolyKANLinear:
+class PolyKANLinear(WarpState):
     """``y[n, o] = sum_i sum_{d=0..degree} coeffs[i, d, o] P_d(tanh x[n, i]) (+ bias[o])``.
 
     Call it on a ``wp.array2d`` x [N, in]; it returns y [N, out]. Under an active ``wp.Tape`` the output

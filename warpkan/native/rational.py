@@ -14,11 +14,12 @@ from ..kernels import rational as kr
 from .. import _checks
 from ._common import NP_DTYPES as _NP_DTYPES
 from ._common import check_device, check_dtype, layer_input
+from ._state import WarpState
 from ._tape import active_tape, new_output, record_backward
 
 __all__ = ["GroupRational", "GRKANLinear"]
 
-class GroupRational:
+class GroupRational(WarpState):
     """``y = F_g(x)`` for x [N, num_features] (see ``warpkan.torch_bridge.GroupRational`` for the maths, the
     variants and the inits). ``weight_numerator`` [1 or G, m + 1] and ``weight_denominator`` [G, n] are
     ``wp.array``s with ``requires_grad=True``; :meth:`state_dict` uses the torch layer's (and KAT's) names.
@@ -156,7 +157,7 @@ def _linear_kernels(scalar_name: str):
     return forward, backward_input, backward_weight
 
 
-class GRKANLinear:
+class GRKANLinear(WarpState):
     """GR-KAN layer ``y = F(x) W^T + bias`` on ``wp.array2d`` x [N, in_features], with KAT's variance-preserving
     init of W (``N(0, 1 / (in_features E[F(x)^2]))``, x ~ N(0, 1)). Differentiable under ``wp.Tape``.
 

@@ -33,11 +33,12 @@ def spline_output(x, grid, spline_weight, spline_scaler, spline_order):
     return F.linear(bases.reshape(x.shape[0], -1), scaled.reshape(scaled.shape[0], -1))
 
 
-def kan_linear(x, grid, base_weight, spline_weight, spline_scaler, spline_order, use_base=True):
-    """efficient-kan's KANLinear forward for x (..., in) with parameters in efficient-kan's layout."""
+def kan_linear(x, grid, base_weight, spline_weight, spline_scaler, spline_order, use_base=True, base_activation=F.silu):
+    """efficient-kan's KANLinear forward for x (..., in) with parameters in efficient-kan's layout;
+    ``base_activation``: any callable on tensors (an activation module included), SiLU by default."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     out = spline_output(x2, grid, spline_weight, spline_scaler, spline_order)
     if use_base:
-        out = out + F.linear(F.silu(x2), base_weight)
+        out = out + F.linear(base_activation(x2), base_weight)
     return out.reshape(*lead, out.shape[-1])

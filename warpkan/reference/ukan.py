@@ -47,9 +47,10 @@ def cg_mlp(features: torch.Tensor, w1, b1, w2, b2) -> torch.Tensor:
 
 
 def ukan_linear(x, grid_delta, spline_order, pe_dim, feature_embedding, w1, b1, w2, b2, spline_scaler,
-                base_weight=None):
+                base_weight=None, base_activation=F.silu):
     """UKANLinear forward for x (..., in). feature_embedding [in, E]; CG-MLP weights w1 [H, pe + E], b1 [H],
-    w2 [out * K, H], b2 [out * K]; spline_scaler [out, in]; base_weight [out, in] or None."""
+    w2 [out * K, H], b2 [out * K]; spline_scaler [out, in]; base_weight [out, in] or None; base_activation:
+    any callable on tensors, SiLU by default."""
     K = spline_order + 1
     n_out, n_in = spline_scaler.shape
     lead = x.shape[:-1]
@@ -72,5 +73,5 @@ def ukan_linear(x, grid_delta, spline_order, pe_dim, feature_embedding, w1, b1, 
     spline = torch.where(valid.unsqueeze(-1), spline, torch.zeros_like(spline))
     y = torch.einsum("nio,oi->no", spline, spline_scaler)
     if base_weight is not None:
-        y = y + F.linear(F.silu(x2), base_weight)
+        y = y + F.linear(base_activation(x2), base_weight)
     return y.reshape(*lead, n_out)

@@ -269,7 +269,7 @@ class EagerRoute:
 
 
 def eager_function(name: str, forward_impl, setup_context, backward, layouts: dict | None = None,
-                   label: str | None = None) -> EagerRoute:
+                   label: str | None = None, prepare=None) -> EagerRoute:
     """The eager route of a custom op: an ``autograd.Function`` that runs the op's own implementation
     (``forward_impl(*inputs)``) and autograd formula (``setup_context(ctx, inputs, output)``,
     ``backward(ctx, *grads)``) without the custom-op dispatch. A ``torch.library.custom_op`` call (schema
@@ -284,13 +284,19 @@ def eager_function(name: str, forward_impl, setup_context, backward, layouts: di
     their own (TBackward, PermuteBackward), each 10-20 us of a step's host time on the GPU machine.
 
     ``label`` names the layer and op in errors. The backward is first-order only (:func:`first_order_backward`:
-    ``create_graph=True`` raises), and forward-mode AD raises too."""
+    ``create_graph=True`` raises), and forward-mode AD raises too.
+
+    ``prepare(op_inputs) -> op_inputs``: run on the op's inputs before the implementation when a node is built,
+    so that what it makes (a contiguous copy of a parameter the implementation would copy itself) is also what
+    the backward is given, made once a step."""
     layouts = layouts or {}
     label = label or name
     route = None  # set below, once the Function exists
 
     def forward(ctx, *inputs):
         inputs = route.op_inputs(inputs)
+        if prepare is not None:
+            inputs = prepare(inputs)
         output = forward_impl(*inputs)
         setup_context(ctx, inputs, output)
         return output

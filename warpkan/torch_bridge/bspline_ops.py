@@ -48,9 +48,11 @@ written in full by the kernels (no zero fills); forward: 2 launches + 1 GEMM per
 
 from __future__ import annotations
 
+import weakref
 
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ..kernels import bspline as kb
 from ..kernels import bspline_tiled as kbt
@@ -205,7 +207,8 @@ def _gemm_backward(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uni
     n_rows, n_in = x.shape
     n_coef, n_out = coef.shape[1], coef.shape[2]
     width = kb.dense_width(n_in, n_coef, use_base)
-    dx, d_base, d_scaler, d_coef = _grad_buffers(x, base_weight_t, coef, need_x, need_params, torch.empty)
+    # the parameter gradients in the parameters' own strides: the split kernel writes them in place
+    dx, d_base, d_scaler, d_coef = _grad_buffers(x, base_weight_t, scaler_t, coef, need_x, need_params)
     if n_rows == 0 or width == 0 or n_out == 0:
         for grad in (dx, d_base, d_scaler, d_coef):
             grad.zero_()
@@ -262,10 +265,12 @@ def _forward_impl(
     ``deterministic`` only affects the backward pass; it is an argument here so autograd can see it.
     ``precision`` applies to the gemm strategy (module docstring).
     """
-    x, grid, base_weight_t, scaler_t, coef = (t.contiguous() for t in (x, grid, base_weight_t, scaler_t, coef))
+    x, grid = x.contiguous(), grid.contiguous()
     if _resolve(strategy, x, coef, spline_order) == "gemm":
+        # the weight-combining kernel reads the parameters in any strides (no copy of a public-layout table)
         precision = resolve_precision(precision, x.dtype, x.device)
         return _gemm_forward(x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, precision)
+    base_weight_t, scaler_t, coef = (t.contiguous() for t in (base_weight_t, scaler_t, coef))
     y = x.new_empty((x.shape[0], coef.shape[2]))
     if (kbt.forward_plan(x.is_cuda, _io_scalar(x), coef.shape[1], spline_order)
             and x.shape[0] and x.shape[1] and coef.shape[2]):
@@ -304,20 +309,36 @@ def _backward_impl(
     need_params: bool,
     precision: str = "auto",
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Gradients (dx, d_base_weight_t, d_scaler_t, d_coef); the ones not asked for come back empty."""
-    dy, x, grid, base_weight_t, scaler_t, coef = (
-        t.contiguous() for t in (dy, x, grid, base_weight_t, scaler_t, coef)
-    )
+    """Gradients (dx, d_base_weight_t, d_scaler_t, d_coef), the parameters' in the parameters' own strides
+    (a public-layout parameter's gradient is then taken by AccumulateGrad without a copy); the ones not asked
+    for come back empty."""
+    dy, x, grid = dy.contiguous(), x.contiguous(), grid.contiguous()
     if _resolve(strategy, x, coef, spline_order) == "gemm":
         precision = resolve_precision(precision, x.dtype, x.device)
         return _gemm_backward(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, need_x,
                               need_params, precision)
+    grads = _stencil_backward(dy, x, grid, *(t.contiguous() for t in (base_weight_t, scaler_t, coef)), spline_order,
+                              uniform, use_base, deterministic, need_x, need_params)
+    return grads[:1] + tuple(_strided_like(g, t) for g, t in zip(grads[1:], (base_weight_t, scaler_t, coef)))
+
+
+def _strided_like(grad: Tensor, like: Tensor) -> Tensor:
+    """``grad`` (contiguous) in the strides ``torch.empty_like(like)`` has: copied only where they differ."""
+    if grad.numel() == 0 or like.is_contiguous():
+        return grad
+    out = torch.empty_like(like)
+    return grad if out.stride() == grad.stride() else out.copy_(grad)
+
+
+def _stencil_backward(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, deterministic,
+                      need_x, need_params):
+    """The stencil strategy's gradients, on contiguous arguments (contiguous gradients)."""
     n_rows, n_in, n_coef, n_out = x.shape[0], x.shape[1], coef.shape[1], coef.shape[2]
     plan = kbt.backward_plan(x.is_cuda, _io_scalar(x), n_coef, spline_order)
     if (plan is not None and kbt.backward_takes(n_out, need_params, deterministic, need_x, plan.banded)
             and n_rows and n_in and n_out):
         # the tiled pass sets the gradients (its first launch zeroes what it adds into): no fill launches
-        dx, d_base, d_scaler, d_coef = _grad_buffers(x, base_weight_t, coef, need_x, need_params, torch.empty)
+        dx, d_base, d_scaler, d_coef = _grad_buffers(x, base_weight_t, scaler_t, coef, need_x, need_params)
         coef_pad = x.new_empty(kbt.coef_pad_shape(coef.shape, spline_order))
         partial_coef = partial_params = None
         if deterministic:
@@ -327,7 +348,7 @@ def _backward_impl(
                                   d_scaler, d_coef, partial_coef, partial_params),
                 spline_order, uniform, use_base, deterministic)
         return dx, d_base, d_scaler, d_coef
-    dx, d_base, d_scaler, d_coef = _grad_buffers(x, base_weight_t, coef, need_x, need_params, torch.zeros)
+    dx, d_base, d_scaler, d_coef = _grad_buffers(x, base_weight_t, scaler_t, coef, need_x, need_params, zero=True)
     stream = warp_stream(x.device)
     kb.launch_backward(
         to_warp(dy), to_warp(x), to_warp(grid), to_warp(base_weight_t), to_warp(scaler_t), to_warp(coef),
@@ -343,16 +364,15 @@ def _backward_impl(
     return dx, d_base, d_scaler, d_coef
 
 
-def _grad_buffers(x, base_weight_t, coef, need_x, need_params, alloc):
-    def make(shape, needed):
-        return alloc(shape if needed else (0,), dtype=x.dtype, device=x.device)
+def _grad_buffers(x, base_weight_t, scaler_t, coef, need_x, need_params, zero=False):
+    """(dx, d_base_weight_t, d_scaler_t, d_coef) buffers: each in the strides ``empty_like`` gives its tensor,
+    or empty where not needed; zero-filled with ``zero``."""
+    def make(t, needed):
+        if not needed:
+            return x.new_empty((0,))
+        return torch.zeros_like(t) if zero else torch.empty_like(t)
 
-    return (
-        make(x.shape, need_x),
-        make(base_weight_t.shape, need_params),
-        make(base_weight_t.shape, need_params),
-        make(coef.shape, need_params),
-    )
+    return make(x, need_x), make(base_weight_t, need_params), make(scaler_t, need_params), make(coef, need_params)
 
 
 bspline_backward = torch.library.custom_op("warpkan::bspline_backward", _backward_impl, mutates_args=())
@@ -361,7 +381,7 @@ bspline_backward = torch.library.custom_op("warpkan::bspline_backward", _backwar
 @bspline_backward.register_fake
 def _(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, deterministic, strategy, need_x,
       need_params, precision="auto"):
-    return _grad_buffers(x, base_weight_t, coef, need_x, need_params, torch.empty)
+    return _grad_buffers(x.contiguous(), base_weight_t, scaler_t, coef, need_x, need_params)
 
 
 def _setup_context(ctx, inputs, output):
@@ -415,11 +435,24 @@ def _eager_backward(ctx, dy):
 # In eager mode each custom-op call cost about 0.3 ms of host time on the GPU machine (torch 2.11, mostly
 # inside torch's custom-op wrapper), which dominated small layers. The eager route takes the parameters in
 # their public layout ([out, in], [out, in, G + k]) and makes the kernel-layout views inside (see
-# eager_function). KANLinear stores them in the kernel layout, so the gradients mapped back match their
-# strides and are taken as they are.
+# eager_function). The gemm strategy reads them and writes their gradients in the parameters' own strides, so
+# AccumulateGrad takes the gradients as they are; the stencil strategy reads a contiguous kernel-layout copy
+# of a public-layout parameter (made once a step, _stencil_operands), and AccumulateGrad copies its gradient
+# back (none of these copies for KANLinear(contiguous_parameters=False), whose storage is the kernel layout).
 _PUBLIC_LAYOUTS = {2: TRANSPOSED, 3: TRANSPOSED, 4: (lambda t: t.permute(1, 2, 0), lambda g: g.permute(2, 0, 1))}
+
+
+def _stencil_operands(inputs: tuple) -> tuple:
+    """The stencil strategy reads the parameters in the kernels' layout: made contiguous once, for the forward
+    and the backward pass (the gemm strategy reads them in any strides)."""
+    x, grid, base_weight_t, scaler_t, coef, spline_order, *config = inputs
+    if _resolve(config[3], x, coef, spline_order) == "gemm":
+        return inputs
+    return (x, grid, base_weight_t.contiguous(), scaler_t.contiguous(), coef.contiguous(), spline_order, *config)
+
+
 _EagerBSpline = eager_function("_EagerBSpline", _forward_impl, _setup_context, _eager_backward, _PUBLIC_LAYOUTS,
-                               LABEL)
+                               LABEL, prepare=_stencil_operands)
 
 
 def bspline_kan(
@@ -438,7 +471,9 @@ def bspline_kan(
 
     grid [in, G+2k+1]; base_weight [out, in] or None for no base path; spline_weight [out, in, G+k];
     spline_scaler [out, in]. ``uniform`` says the knots of every input are equally spaced (the matrix-form
-    fast path); pass False after ``update_grid``. Inputs outside the grid get a zero spline term.
+    fast path); pass False after ``update_grid``. Inputs outside the grid get a zero spline term. ValueError
+    for knots that are not finite and strictly increasing, and for ``uniform=True`` with knots that are not
+    uniform to the rounding of their dtype (:func:`check_knots`: read once per grid tensor and version).
 
     ``strategy``: "stencil" evaluates each edge locally in Warp (cost independent of G); "gemm" expands the
     bases of row chunks in Warp and contracts them with cuBLAS (fast for short bases); "auto" picks by shape
@@ -460,11 +495,41 @@ def bspline_kan(
     check_tensor("spline_scaler", spline_scaler, shape=(n_out, n_in), like=x)
     if base_weight is not None:
         check_tensor("base_weight", base_weight, shape=(n_out, n_in), like=x)
+    check_knots(grid, uniform)
     check_precision(precision, x.dtype)
     if precision == "auto" and autocast_dtype(x.device) == torch.bfloat16:
         precision = "bf16"  # torch's matmul rule is read inside the op, at run time (torch.compile cannot trace it)
     return apply_checked(x, grid, base_weight, spline_weight, spline_scaler, spline_order, uniform, deterministic,
                          strategy, precision)
+
+
+# grid tensors whose knots were checked: id -> (weak reference, version counter, uniform to its dtype's rounding)
+_checked_grids: dict = {}
+
+
+def check_knots(grid: Tensor, uniform: bool) -> None:
+    """ValueError unless every row of ``grid`` is finite and strictly increasing, and (``uniform``) uniform to
+    the rounding of its dtype (:func:`warpkan.kernels.bspline.grid_is_uniform`: the matrix form evaluates
+    the spline on exactly uniform knots). The knots are read to the host once per tensor and in-place
+    version; not under tracing or CUDA-graph capture, which cannot read them."""
+    if (torch.compiler.is_compiling() or grid.device.type == "meta"
+            or isinstance(grid, FakeTensor)
+            or (grid.is_cuda and torch.cuda.is_current_stream_capturing())):
+        return
+    key = id(grid)
+    version = None if grid.is_inference() else grid._version  # inference tensors keep no version: read each call
+    entry = _checked_grids.get(key)
+    if entry is None or entry[0]() is not grid or version is None or entry[1] != version:
+        host = grid.detach().cpu().numpy()
+        kb.check_grid(host)
+        entry = (weakref.ref(grid), version, kb.grid_is_uniform(host))
+        if version is not None:
+            if len(_checked_grids) > 1024:
+                _checked_grids.clear()
+            _checked_grids[key] = entry
+    if uniform and not entry[2]:
+        raise ValueError("uniform=True needs knots uniform to the rounding of grid's dtype (see "
+                         "warpkan.kernels.bspline.grid_is_uniform); pass uniform=False for this grid")
 
 
 def apply_checked(x: Tensor, grid: Tensor, base_weight: Tensor | None, spline_weight: Tensor, spline_scaler: Tensor,

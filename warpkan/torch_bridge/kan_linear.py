@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import bspline as kb
@@ -15,17 +16,30 @@ from .bspline_ops import STRATEGIES, apply_checked, check_precision
 __all__ = ["KANLinear"]
 
 
-def _kernel_layout_parameter(shape_kernel: tuple, permutation: tuple, device, dtype, contiguous: bool) -> nn.Parameter:
-    """A parameter that reads as efficient-kan's shape but is stored in the kernel's layout (output index
-    innermost, the coalesced one), so the kernels use it without a copy. ``permutation`` maps the kernel
-    layout to the public shape. With ``contiguous`` it is stored in the public shape instead (for FSDP2,
-    which refuses non-contiguous parameters); the op then copies it into the kernel layout on each call."""
+def layout_parameter(shape_kernel: tuple, permutation: tuple, device, dtype, contiguous: bool) -> nn.Parameter:
+    """A parameter of the public shape (``shape_kernel`` permuted by ``permutation``): contiguous, or (not
+    ``contiguous``) a view of storage in the kernels' layout (output index innermost, the coalesced one).
+    See ``KANLinear``'s ``contiguous_parameters``."""
     storage = torch.empty(shape_kernel, device=device, dtype=dtype).permute(*permutation)
     return nn.Parameter(storage.contiguous() if contiguous else storage)
 
 
+@torch.no_grad()
+def init_public(param: torch.Tensor, init) -> None:
+    """``init`` (an in-place initialiser) drawn on a contiguous tensor of ``param``'s shape and copied in: the
+    values do not depend on how the parameter is stored (torch fills a tensor in memory order)."""
+    values = torch.empty(param.shape, device=param.device, dtype=param.dtype)
+    init(values)
+    param.copy_(values)
+
+
 class KANLinear(Float32Or64Module):
-    """y = base_weight @ silu(x) + sum_i spline_scaler[o, i] * spline_{o,i}(x_i), for x of shape (..., in).
+    """y = base_weight @ act(x) + sum_i spline_scaler[o, i] * spline_{o,i}(x_i), for x of shape (..., in).
+
+    ``base_activation`` (``act``), as in efficient-kan: an ``nn.Module`` class or instance (``nn.SiLU``, the
+    default, ``nn.GELU``, ``nn.Identity``, ``nn.ReLU``, ``nn.Tanh``, a module of one's own), or None for no
+    base path. The kernels fuse SiLU; any other activation runs in torch, ``F.linear(act(x), base_weight)``,
+    added to the kernels' spline term (and its parameters, if any, are the layer's).
 
     Parameters and buffers follow efficient-kan's ``KANLinear`` (names and shapes), so its checkpoints load
     with ``load_state_dict`` and give the same outputs:
@@ -35,9 +49,14 @@ class KANLinear(Float32Or64Module):
     - ``grid`` buffer [in, G + 2k + 1]: the knots of each input.
 
     Inputs outside ``[grid[:, 0], grid[:, -1])`` get a zero spline term (as in efficient-kan and pykan); the
-    base path still applies. While the grid is uniform (at construction, or when a loaded grid is), the
-    kernels use the matrix form; after :meth:`update_grid` they run the general de Boor path. Cost per edge is
-    O(k) either way, independent of ``grid_size``.
+    base path still applies. While the grid is uniform to the rounding of the layer's dtype (at construction,
+    or when a loaded grid is: :func:`warpkan.kernels.bspline.grid_is_uniform`), the kernels use the matrix
+    form; otherwise (after :meth:`update_grid`, or a knot moved by more than that rounding) they run the
+    general de Boor path. Cost per edge is O(k) either way, independent of ``grid_size``. Converting a layer
+    with a uniform grid to a wider dtype (``.double()``) re-spaces its knots exactly in that dtype (they move
+    by the narrower dtype's rounding at most), so it keeps the matrix form; ``load_state_dict`` keeps the
+    knots it is given. ``grid_range`` must be two finite numbers lo < hi; a loaded grid must be finite and
+    strictly increasing along each row.
 
     dtypes: the layer computes in float32 or float64. Under bf16/fp16 autocast it takes fp32 inputs and
     parameters (fp32 accumulation) and returns the autocast dtype; ``.half()``, ``.bfloat16()`` and other
@@ -55,9 +74,13 @@ class KANLinear(Float32Or64Module):
     ``torch.get_float32_matmul_precision()`` "highest" (torch's default) -> fp32, "high" -> tf32,
     "medium" -> bf16. Error bounds: :mod:`warpkan.torch_bridge.bspline_ops`. float64 layers always compute
     in float64; the stencil strategy always in the layer's dtype.
-    ``contiguous_parameters=True`` stores the parameters contiguously in their public shapes, as FSDP2
-    (``fully_shard``) requires; by default they are views of the kernels' layout, which saves a copy of the
-    coefficient table on every call.
+    ``contiguous_parameters`` (default True) stores the parameters contiguously in their public shapes, which
+    every torch optimiser and utility takes (``torch.optim.LBFGS``, ``parameters_to_vector``, FSDP2's
+    ``fully_shard``). The gemm strategy reads them and writes their gradients in place; the stencil strategy
+    copies them into the kernels' layout (output index innermost) once a training step, and their gradients
+    back. ``contiguous_parameters=False`` stores them as views of the kernels' layout instead, which saves
+    those copies (``scripts/param_layout_cost.py`` measures them) but which LBFGS, ``parameters_to_vector``
+    and FSDP2 refuse.
 
     Unlike efficient-kan, the initial ``spline_weight`` is drawn directly as small uniform noise instead of a
     least-squares fit of noise, which would be an O(G^3) solve at large ``grid_size``; the distribution of the
@@ -103,7 +126,7 @@ class KANLinear(Float32Or64Module):
         grid_range=(-1, 1),
         deterministic: bool = False,
         strategy: str = "auto",
-        contiguous_parameters: bool = False,
+        contiguous_parameters: bool = True,
         precision: str = "auto",
         device=None,
         dtype=None,
@@ -125,46 +148,54 @@ class KANLinear(Float32Or64Module):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         self.strategy = strategy
-        self.use_base = _base_path(base_activation)
-        self.base_activation = torch.nn.SiLU() if self.use_base else None
         dtype = dtype or torch.get_default_dtype()
         if dtype not in (torch.float32, torch.float64):
             raise TypeError(f"dtype must be float32 or float64, got {dtype}")
         check_precision(precision, dtype)
         self.precision = precision
+        self.base_activation = base_activation_module(base_activation, device, dtype)
 
         h = (hi - lo) / grid_size
         knots = torch.arange(-spline_order, grid_size + spline_order + 1, device=device, dtype=dtype) * h + lo
+        uniform = True  # on the meta device, as built
+        if knots.device.type != "meta":
+            host = knots.unsqueeze(0).cpu().numpy()
+            kb.check_grid(host, f"the knots of grid_range={tuple(grid_range)} in {dtype}")
+            uniform = kb.grid_is_uniform(host)
         self.register_buffer("grid", knots.expand(in_features, -1).contiguous())
         n_coef = grid_size + spline_order
         layout = dict(device=device, dtype=dtype, contiguous=contiguous_parameters)
-        self.base_weight = _kernel_layout_parameter((in_features, out_features), (1, 0), **layout)
-        self.spline_weight = _kernel_layout_parameter((in_features, n_coef, out_features), (2, 0, 1), **layout)
+        self.base_weight = layout_parameter((in_features, out_features), (1, 0), **layout)
+        self.spline_weight = layout_parameter((in_features, n_coef, out_features), (2, 0, 1), **layout)
         if enable_standalone_scale_spline:
-            self.spline_scaler = _kernel_layout_parameter((in_features, out_features), (1, 0), **layout)
+            self.spline_scaler = layout_parameter((in_features, out_features), (1, 0), **layout)
         else:
+            # efficient-kan's forward uses spline_weight unscaled in this mode (scale_spline only scales the
+            # initial spline_weight): the kernels' scaler is ones
             self.register_buffer(
-                "spline_scaler", torch.full((out_features, in_features), float(scale_spline), device=device, dtype=dtype),
-                persistent=False,
+                "spline_scaler", torch.ones((out_features, in_features), device=device, dtype=dtype), persistent=False,
             )
-        self._grid_uniform = True
+        self._grid_uniform = uniform
         self.reset_parameters()
 
     @torch.no_grad()
     def reset_parameters(self):
-        # values are drawn in the public (contiguous) shape and copied in, so the initial parameters do not
-        # depend on how they are stored (see contiguous_parameters)
-        def drawn(param, init):
-            values = torch.empty(param.shape, device=param.device, dtype=param.dtype)
-            init(values)
-            param.copy_(values)
-
-        drawn(self.base_weight, lambda t: nn.init.kaiming_uniform_(t, a=math.sqrt(5) * self.scale_base))
-        drawn(self.spline_weight, lambda t: t.uniform_(-0.5, 0.5).mul_(self.scale_noise / self.grid_size))
+        # drawn in the public shape: the initial values do not depend on contiguous_parameters
+        init_public(self.base_weight, lambda t: nn.init.kaiming_uniform_(t, a=math.sqrt(5) * self.scale_base))
+        # without a standalone scaler, efficient-kan scales the initial spline_weight by scale_spline instead
+        spline_scale = self.scale_noise / self.grid_size
+        if not self.enable_standalone_scale_spline:
+            spline_scale *= self.scale_spline
+        init_public(self.spline_weight, lambda t: t.uniform_(-0.5, 0.5).mul_(spline_scale))
         if self.enable_standalone_scale_spline:
-            drawn(self.spline_scaler, lambda t: nn.init.kaiming_uniform_(t, a=math.sqrt(5) * self.scale_spline))
+            init_public(self.spline_scaler, lambda t: nn.init.kaiming_uniform_(t, a=math.sqrt(5) * self.scale_spline))
         if not self.use_base:
             self.base_weight.zero_()
+
+    @property
+    def use_base(self) -> bool:
+        """Whether the layer has a base path (``base_activation`` is not None)."""
+        return self.base_activation is not None
 
     @property
     def scaled_spline_weight(self) -> torch.Tensor:
@@ -192,21 +223,35 @@ class KANLinear(Float32Or64Module):
         if self.grid.dtype == torch.float64:
             precision = "fp32"  # float64 computes in float64
         # the parameters and the configuration were checked at construction, x by forward
-        return apply_checked(
-            x, self.grid, self.base_weight if self.use_base else None, self.spline_weight, self.spline_scaler,
+        activation = self.base_activation
+        fused = fuses_base(activation)
+        y = apply_checked(
+            x, self.grid, self.base_weight if fused else None, self.spline_weight, self.spline_scaler,
             self.spline_order, self._grid_uniform, self.deterministic, self.strategy, precision,
         )
+        if activation is None or fused:
+            return y
+        return y + F.linear(activation(x), self.base_weight)
 
     @torch.no_grad()
     def update_grid(self, x: torch.Tensor, margin: float = 0.01):
         """Refit the knots to the distribution of x (efficient-kan's rule: a ``grid_eps`` blend of the
         sample quantiles and a uniform grid over the data range) and refit ``spline_weight`` by least squares
         so the layer's spline output on x is preserved. The fit targets the unscaled spline, so
-        ``spline_scaler`` is applied once (efficient-kan applies it twice here)."""
+        ``spline_scaler`` is applied once (efficient-kan applies it twice here).
+
+        Rows of x holding NaN or Inf are left out of the refit. ValueError, with the layer unchanged, when
+        fewer than 2 rows are left, or when the refit would not give finite, strictly increasing knots and
+        finite weights (a data range that overflows the dtype; ``margin=0`` with a constant input)."""
         check_tensor("x", x, ndim_min=1, last_dim=self.in_features, dtypes=())
+        margin = float(margin)
+        if not (math.isfinite(margin) and margin >= 0):
+            raise ValueError(f"margin must be a finite number >= 0, got {margin!r}")
         x = x.reshape(-1, self.in_features).to(self.grid.dtype)
+        x = x[torch.isfinite(x).all(dim=1)]
         if x.shape[0] < 2:
-            raise ValueError(f"update_grid needs at least 2 samples, got {x.shape[0]}")
+            raise ValueError(f"update_grid needs at least 2 rows of finite values (rows with NaN or Inf are left "
+                             f"out), got {x.shape[0]}")
         k, G = self.spline_order, self.grid_size
         bases = b_splines(x, self.grid, k).permute(1, 0, 2)  # [in, batch, G + k]
         target = torch.bmm(bases, self.spline_weight.permute(1, 2, 0))  # [in, batch, out], unscaled spline
@@ -219,12 +264,17 @@ class KANLinear(Float32Or64Module):
         )
         grid = self.grid_eps * grid_uniform + (1 - self.grid_eps) * grid_adaptive
         steps = torch.arange(1, k + 1, device=x.device, dtype=x.dtype).unsqueeze(1)
-        grid = torch.cat([grid[:1] - uniform_step * steps.flip(0), grid, grid[-1:] + uniform_step * steps], dim=0)
-        self.grid.copy_(grid.T)
-        new_bases = b_splines(x, self.grid, k).permute(1, 0, 2)
+        grid = torch.cat([grid[:1] - uniform_step * steps.flip(0), grid, grid[-1:] + uniform_step * steps], dim=0).T
+        grid_host = grid.cpu().numpy()
+        kb.check_grid(grid_host, "the refitted grid (is x's range within the dtype, and margin > 0 for a "
+                                 "constant input?)")
+        new_bases = b_splines(x, grid, k).permute(1, 0, 2)
         solution = torch.linalg.lstsq(new_bases, target).solution  # [in, G + k, out]
+        if not bool(torch.isfinite(solution).all()):
+            raise ValueError("update_grid: the least-squares refit of spline_weight is not finite for this x")
+        self.grid.copy_(grid)
         self.spline_weight.copy_(solution.permute(2, 0, 1))
-        self._grid_uniform = kb.grid_is_uniform(self.grid.detach().cpu().numpy())
+        self._grid_uniform = kb.grid_is_uniform(grid_host)
 
     def regularization_loss(self, regularize_activation: float = 1.0, regularize_entropy: float = 1.0):
         """efficient-kan's L1 + entropy regulariser on the mean |spline_weight| of each edge."""
@@ -234,24 +284,80 @@ class KANLinear(Float32Or64Module):
         entropy = -torch.sum(p * p.log())
         return regularize_activation * activation + regularize_entropy * entropy
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-        # the fast path is valid only for equally spaced knots: decide from what was loaded
-        self._grid_uniform = kb.grid_is_uniform(self.grid.detach().cpu().numpy())
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        grid = state_dict.get(prefix + "grid")
+        if isinstance(grid, torch.Tensor) and grid.shape == self.grid.shape and grid.device.type != "meta":
+            try:
+                kb.check_grid(grid.detach().cpu().double().numpy(), prefix + "grid")
+            except ValueError as error:  # not loaded: the layer keeps its knots
+                error_msgs.append(str(error))
+                state_dict = {key: value for key, value in state_dict.items() if key != prefix + "grid"}
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        # the loaded knots as they are: the matrix form where they are uniform to the layer dtype's rounding
+        self._choose_grid_path()
+
+    def _apply(self, fn, recurse=True):
+        dtype = self.grid.dtype
+        module = super()._apply(fn, recurse)
+        if self.grid.dtype != dtype:
+            # A uniform grid widened (float32 -> float64) is uniform to float32's rounding only: its knots are
+            # re-spaced exactly (they move by float32 rounding at most), so the matrix form stays exact.
+            widened = (self._grid_uniform and self.grid.is_floating_point() and dtype.is_floating_point
+                       and torch.finfo(self.grid.dtype).eps < torch.finfo(dtype).eps)
+            self._choose_grid_path(widened_from=dtype if widened else None)
+        return module
+
+    @torch.no_grad()
+    def _choose_grid_path(self, widened_from: torch.dtype | None = None) -> None:
+        """Decide the matrix-form fast path from the knots: taken only where every row is uniform to the
+        rounding of the layer's dtype (:func:`warpkan.kernels.bspline.grid_is_uniform`); ``widened_from``: the
+        dtype the knots were uniform in before a conversion, where they are re-spaced exactly."""
+        if self.grid.device.type == "meta" or not self.grid.is_floating_point():
+            return
+        grid = self.grid.detach().double().cpu().numpy()  # numpy has no bfloat16: the rule gets the dtype's eps
+        uniform = kb.grid_is_uniform(grid, torch.finfo(self.grid.dtype).eps)
+        if not uniform and widened_from is not None and kb.grid_is_uniform(grid, torch.finfo(widened_from).eps):
+            self.grid.copy_(torch.from_numpy(kb.uniform_knots(grid)))
+            uniform = True
+        self._grid_uniform = uniform
 
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, grid_size={self.grid_size}, "
-            f"spline_order={self.spline_order}, base={'silu' if self.use_base else 'none'}, "
+            f"spline_order={self.spline_order}, base={base_repr(self.base_activation)}, "
             f"uniform_grid={self._grid_uniform}, deterministic={self.deterministic}, strategy={self.strategy!r}, "
             f"precision={self.precision!r}"
         )
 
 
-def _base_path(base_activation) -> bool:
-    """The kernels fuse SiLU; other base activations are refused rather than silently replaced."""
+def base_activation_module(base_activation, device=None, dtype=None) -> nn.Module | None:
+    """The base path's activation as efficient-kan takes it: an ``nn.Module`` class (instantiated with no
+    arguments, as efficient-kan does, its parameters if any then put on ``device`` in ``dtype``) or instance
+    (``nn.SiLU``, ``nn.GELU``, ``nn.Identity``, ``nn.ReLU``, ``nn.Tanh``, one of the user's own...), or
+    ``"silu"``; ``None`` means no base path."""
     if base_activation is None:
-        return False
-    if base_activation in (torch.nn.SiLU, "silu") or isinstance(base_activation, torch.nn.SiLU):
-        return True
-    raise ValueError(f"base_activation must be torch.nn.SiLU, 'silu' or None (no base path), got {base_activation!r}")
+        return None
+    if isinstance(base_activation, str) and base_activation.lower() == "silu":
+        return nn.SiLU()
+    if isinstance(base_activation, type) and issubclass(base_activation, nn.Module):
+        return base_activation().to(device=device, dtype=dtype)
+    if not isinstance(base_activation, nn.Module):
+        raise ValueError(
+            "base_activation must be an nn.Module class or instance (nn.SiLU, nn.GELU, nn.Identity, ...), 'silu' or "
+            f"None (no base path), got {base_activation!r}"
+        )
+    return base_activation
+
+
+def fuses_base(activation: nn.Module | None) -> bool:
+    """Whether the kernels compute the base path: they fuse SiLU (exactly ``nn.SiLU``); any other activation
+    runs in torch, ``F.linear(activation(x), base_weight)``, added to the kernels' spline term."""
+    return type(activation) is nn.SiLU
+
+
+def base_repr(activation: nn.Module | None) -> str:
+    if activation is None:
+        return "none"
+    return type(activation).__name__ + (" (fused)" if fuses_base(activation) else "")

@@ -7,6 +7,7 @@ from torch import nn
 
 from ..kernels import poly as kp
 from ._common import FLOAT_DTYPES, Float32Or64Module, autocast_dtype, check_device, check_tensor, on_rows
+from .kan_linear import init_public, layout_parameter
 from .poly_ops import PRECISIONS, STRATEGIES, poly_apply
 
 __all__ = ["PolyKANLinear", "ChebyKANLinear"]
@@ -27,8 +28,11 @@ class PolyKANLinear(Float32Or64Module):
     ``h^2 d^2 (d^2 - 1) / 24``, e.g. 4.0e-5 at degree 8 and 3.3e-3 at degree 24 with the default 4096 points.
     ``warpkan.kernels.poly.lut_error_bound`` gives it for every basis.
 
-    ``coeffs`` reads as ChebyKAN's ``cheby_coeffs`` shape [in, out, degree + 1] but is stored as
-    [in, degree + 1, out] (output index innermost, the coalesced one), so the kernels use it without a copy.
+    ``coeffs`` has ChebyKAN's ``cheby_coeffs`` shape [in, out, degree + 1], stored contiguously (every torch
+    optimiser and utility takes it: LBFGS, ``parameters_to_vector``, FSDP2); each step copies it into the
+    kernels' layout [in, degree + 1, out] (output index innermost, the coalesced one) once, and its gradient
+    back. ``contiguous_parameters=False`` stores it as a view of that layout instead, which saves the copies
+    (``scripts/param_layout_cost.py``) but which LBFGS, ``parameters_to_vector`` and FSDP2 refuse.
     A state dict of ChebyKAN's ``ChebyKANLayer`` (``cheby_coeffs``, ``arange``) loads through a load hook and,
     in exact mode, gives the same outputs (to rounding: ``cos(d acos t)`` and the recurrence differ there).
 
@@ -60,6 +64,8 @@ class PolyKANLinear(Float32Or64Module):
         beta: the jacobi parameter (> -1), a finite number; ignored by the other bases.
         strategy: ``"fused"``, ``"gemm"`` or ``"auto"`` (above).
         precision: ``"fp32"``, ``"tf32"`` or ``"bf16"``: the gemm strategy's contractions (above).
+        contiguous_parameters: store the parameters contiguously in their public shapes (the default; every
+            torch optimiser and utility takes them), or as views of the kernels' layout (False).
         device: the device of the parameters (torch's default when None).
         dtype: the parameters' dtype, float32 or float64 (torch's default dtype when None).
     """
@@ -77,6 +83,7 @@ class PolyKANLinear(Float32Or64Module):
         beta: float = 1.0,
         strategy: str = "auto",
         precision: str = "fp32",
+        contiguous_parameters: bool = True,
         device=None,
         dtype=None,
     ):
@@ -95,15 +102,16 @@ class PolyKANLinear(Float32Or64Module):
         self.in_features, self.out_features, self.degree = in_features, out_features, degree
         self.basis, self.mode, self.lut_size = basis, mode, lut_size
         self.alpha, self.beta = alpha, beta
-        storage = torch.empty((in_features, degree + 1, out_features), device=device, dtype=dtype)
-        self.coeffs = nn.Parameter(storage.permute(0, 2, 1))
+        self.coeffs = layout_parameter((in_features, degree + 1, out_features), (0, 2, 1), device, dtype,
+                                       contiguous_parameters)
         self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype)) if bias else None
         self.reset_parameters()
         self.register_load_state_dict_pre_hook(_load_chebykan_state)
 
     def reset_parameters(self) -> None:
         # ChebyKAN's initialisation
-        nn.init.normal_(self.coeffs, mean=0.0, std=1.0 / (self.in_features * (self.degree + 1)))
+        std = 1.0 / (self.in_features * (self.degree + 1))
+        init_public(self.coeffs, lambda t: nn.init.normal_(t, mean=0.0, std=std))  # whatever contiguous_parameters
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
@@ -153,15 +161,18 @@ class ChebyKANLinear(PolyKANLinear):
         bias: add a learned bias [out] (zero at initialisation).
         strategy: ``"fused"``, ``"gemm"`` or ``"auto"`` (see :class:`PolyKANLinear`).
         precision: ``"fp32"``, ``"tf32"`` or ``"bf16"`` (see :class:`PolyKANLinear`).
+        contiguous_parameters: store the parameters contiguously in their public shapes (the default; every
+            torch optimiser and utility takes them), or as views of the kernels' layout (False).
         device: the device of the parameters (torch's default when None).
         dtype: the parameters' dtype, float32 or float64 (torch's default dtype when None).
     """
 
     def __init__(self, in_features: int, out_features: int, degree: int, mode: str = "lut",
                  lut_size: int = DEFAULT_LUT_SIZE, bias: bool = False, strategy: str = "auto",
-                 precision: str = "fp32", device=None, dtype=None):
+                 precision: str = "fp32", contiguous_parameters: bool = True, device=None, dtype=None):
         super().__init__(in_features, out_features, degree, basis="chebyshev", mode=mode, lut_size=lut_size,
-                         bias=bias, strategy=strategy, precision=precision, device=device, dtype=dtype)
+                         bias=bias, strategy=strategy, precision=precision,
+                         contiguous_parameters=contiguous_parameters, device=device, dtype=dtype)
 
 
 def _load_chebykan_state(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,

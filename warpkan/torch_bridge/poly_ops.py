@@ -393,12 +393,14 @@ _EagerPoly = eager_function("_EagerPoly", _forward_impl, _setup_context,
                             lambda ctx, dy: _backward(ctx, dy, _backward_impl), label=LABEL)
 
 
-# PolyKANLinear's coeffs read [in, out, D + 1] and are stored in the kernel layout [in, D + 1, out]: its route
-# takes them as the module exposes them and makes the kernel view inside the autograd node (a permute made
-# outside is a node of its own; see eager_function)
+# PolyKANLinear's coeffs read [in, out, D + 1]: its route takes them as the module exposes them and makes the
+# kernel layout [in, D + 1, out] inside the autograd node (a permute made outside is a node of its own; see
+# eager_function), once for the forward and the backward: a view of kernel-layout storage, or a copy of a
+# contiguous parameter
 _SWAP_LAST = (lambda t: t.permute(0, 2, 1), lambda g: g.permute(0, 2, 1))
 _EagerPolyLayer = eager_function("_EagerPolyLayer", _forward_impl, _setup_context,
-                                 lambda ctx, dy: _backward(ctx, dy, _backward_impl), {1: _SWAP_LAST}, LABEL)
+                                 lambda ctx, dy: _backward(ctx, dy, _backward_impl), {1: _SWAP_LAST}, LABEL,
+                                 prepare=lambda inputs: (inputs[0], inputs[1].contiguous(), *inputs[2:]))
 
 
 def poly_apply(x, coeffs, bias, basis, lut_size, alpha, beta, strategy, precision="fp32", layer_layout=False):

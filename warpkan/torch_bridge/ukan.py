@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -11,7 +12,7 @@ from torch import nn
 from ..kernels import ukan as ku
 from ._common import (Float32Or64Module, autocast_dtype, check_device, check_tensor, on_rows, refuse_transforms,
                       use_registered_op)
-from .kan_linear import KANLinear, _base_path
+from .kan_linear import KANLinear, base_activation_module, base_repr, fuses_base, init_public, layout_parameter
 from .ukan_ops import LABEL, group_range, positional_encoding, range_layer, spline_layer, ukan_pairs
 
 __all__ = ["UKANLinear"]
@@ -27,7 +28,10 @@ _DEFAULT_TABLE_GROUPS = 16
 DENSE_MAX_COEFFICIENTS = 128
 
 class UKANLinear(Float32Or64Module):
-    """y = base_weight @ silu(x) + sum_i spline_scaler[o, i] * spline_{o,i}(x_i) on an unbounded uniform grid.
+    """y = base_weight @ act(x) + sum_i spline_scaler[o, i] * spline_{o,i}(x_i) on an unbounded uniform grid.
+
+    ``base_activation`` (``act``) as in :class:`KANLinear`: "silu" (the default, fused into the kernels), any
+    ``nn.Module`` class or instance (run in torch), or None for no base path.
 
     Knots lie at every multiple of ``grid_delta`` (h), from -inf to +inf; no input normalisation and no grid
     range. With K = k + 1, the cells are grouped K at a time: x falls in cell ``c = floor(x / h)``, group
@@ -62,6 +66,10 @@ class UKANLinear(Float32Or64Module):
     Inputs with |x| / h beyond 2^39 are evaluated at that limit (finite, zero spline slope); NaN gives a
     zero spline term. Gradients are bitwise reproducible (stable sort, no floating-point atomics).
 
+    ``base_weight`` and ``spline_scaler`` [out, in] are stored contiguously (every torch optimiser and utility
+    takes them: LBFGS, ``parameters_to_vector``, FSDP2) and copied into the kernels' [in, out] layout once a
+    step; ``contiguous_parameters=False`` stores them as views of that layout, as ``KANLinear``'s.
+
     dtypes: the layer computes in float32 or float64. Under bf16/fp16 autocast it computes in fp32 and returns
     the autocast dtype; ``.half()``, ``.bfloat16()`` and other conversions to a 16-bit dtype are refused with a
     TypeError (the layer is left unchanged).
@@ -78,10 +86,12 @@ class UKANLinear(Float32Or64Module):
         embed_dim: width of the learned embedding of the feature index, a non-negative int
             (``pe_dim + embed_dim`` must be positive: it is the CG-MLP's input width).
         hidden_dim: the CG-MLP's hidden width (a positive int).
-        base_activation: ``"silu"`` or ``torch.nn.SiLU`` for the base path ``base_weight @ silu(x)``, or None
-            for no base path.
+        base_activation: the base path's activation (above): ``"silu"`` (fused), an ``nn.Module`` class or
+            instance (run in torch), or None for no base path.
         table_groups: None for the exact, data-sized table (one integer read back per forward), or a
             positive int R for the fixed-size table (nothing read back; see above).
+        contiguous_parameters: store the parameters contiguously in their public shapes (the default; every
+            torch optimiser and utility takes them), or as views of the kernels' layout (False).
         device: the device of the parameters (torch's default when None).
         dtype: ``torch.float32`` or ``torch.float64`` (torch's default dtype when None).
     """
@@ -97,6 +107,7 @@ class UKANLinear(Float32Or64Module):
         hidden_dim: int = 32,
         base_activation="silu",
         table_groups: int | None = None,
+        contiguous_parameters: bool = True,
         device=None,
         dtype=None,
     ):
@@ -113,15 +124,16 @@ class UKANLinear(Float32Or64Module):
         self.grid_delta = grid_delta
         self.pe_dim, self.embed_dim, self.hidden_dim = pe_dim, embed_dim, hidden_dim
         self.table_groups = table_groups
-        self.use_base = _base_path(base_activation)
+        self.base_activation = base_activation_module(base_activation, device, dtype)
         K = spline_order + 1
         factory = {"device": device, "dtype": dtype}
         self.feature_embedding = nn.Parameter(torch.empty(in_features, embed_dim, **factory))
         self.cg_hidden = nn.Linear(pe_dim + embed_dim, hidden_dim, **factory)
         self.cg_out = nn.Linear(hidden_dim, out_features * K, **factory)
-        # [out, in] views of [in, out] storage: the kernels read them without a copy (output index innermost)
-        self.base_weight = nn.Parameter(torch.empty(in_features, out_features, **factory).t())
-        self.spline_scaler = nn.Parameter(torch.empty(in_features, out_features, **factory).t())
+        # [out, in], contiguous or (contiguous_parameters=False) views of the kernels' [in, out] layout
+        self.base_weight = layout_parameter((in_features, out_features), (1, 0), device, dtype, contiguous_parameters)
+        self.spline_scaler = layout_parameter((in_features, out_features), (1, 0), device, dtype,
+                                              contiguous_parameters)
         # the kernels read the table as [P, K, out]: cg_out's rows (o, m) taken in (m, o) order
         order_km = torch.arange(out_features * K, device=device).view(out_features, K).t().reshape(-1)
         self.register_buffer("_rows_km", order_km, persistent=False)
@@ -136,8 +148,8 @@ class UKANLinear(Float32Or64Module):
         nn.init.normal_(self.feature_embedding)
         self.cg_hidden.reset_parameters()
         self.cg_out.reset_parameters()
-        nn.init.kaiming_uniform_(self.base_weight, a=math.sqrt(5))
-        nn.init.kaiming_uniform_(self.spline_scaler, a=math.sqrt(5))
+        for param in (self.base_weight, self.spline_scaler):  # the same values whatever contiguous_parameters
+            init_public(param, lambda t: nn.init.kaiming_uniform_(t, a=math.sqrt(5)))
         if not self.use_base:
             self.base_weight.zero_()
 
@@ -201,7 +213,7 @@ class UKANLinear(Float32Or64Module):
         self._last_range_span = span
         return range_layer(x2, group_lo, rows_per_feature, self.pe_dim, self.feature_embedding, self.cg_hidden.weight,
                            self.cg_hidden.bias, self.cg_out.weight, self.cg_out.bias, self.base_weight,
-                           self.spline_scaler, self.grid_delta, self.spline_order, self.use_base)
+                           self.spline_scaler, self.grid_delta, self.spline_order, fuses_base(self.base_activation))
 
     @torch.no_grad()
     def table_overflow(self, x: torch.Tensor | None = None) -> int:
@@ -242,8 +254,24 @@ class UKANLinear(Float32Or64Module):
             raise TypeError(f"x must have the layer's dtype {dtype} (use autocast for bf16/fp16), got {x.dtype}")
         return self._forward(x)
 
+    def __getstate__(self):
+        # what the last forward left for table_overflow() and regularization_loss() (tensors of its graph,
+        # which deepcopy refuses) is not the layer's state: copies and pickles start without it, as a new layer
+        state = dict(self.__dict__)
+        state.update(_last=None, _last_range_x=None, _last_range_span=None)
+        return state
+
+    @property
+    def use_base(self) -> bool:
+        """Whether the layer has a base path (``base_activation`` is not None)."""
+        return self.base_activation is not None
+
     def _forward(self, x):
-        return on_rows(x, self.in_features, self._forward_rows)
+        y = on_rows(x, self.in_features, self._forward_rows)
+        activation = self.base_activation
+        if activation is None or fuses_base(activation):
+            return y
+        return y + F.linear(activation(x), self.base_weight)
 
     def _forward_rows(self, x2):
         K = self.spline_order + 1
@@ -269,7 +297,7 @@ class UKANLinear(Float32Or64Module):
         self._last_range_x = None
         return spline_layer(
             x2, sorted_elem, window, local_u, pair_feature, row_start, row_stop, table,
-            self.base_weight, self.spline_scaler, self.grid_delta, self.spline_order, self.use_base,
+            self.base_weight, self.spline_scaler, self.grid_delta, self.spline_order, fuses_base(self.base_activation),
         )
 
     # ---------------------------------------------------------------- regulariser (paper App. A.2)
@@ -321,14 +349,14 @@ class UKANLinear(Float32Or64Module):
         param = self.spline_scaler
         kan = KANLinear(
             self.in_features, self.out_features, grid_size=grid_size, spline_order=k,
-            grid_range=(cell_lo * h, (cell_hi + 1) * h), base_activation=nn.SiLU if self.use_base else None,
+            grid_range=(cell_lo * h, (cell_hi + 1) * h), base_activation=copy.deepcopy(self.base_activation),
             device=param.device, dtype=param.dtype,
         )
         # knot j of the KAN is t_j = (cell_lo - k + j) h; KAN basis b' is this layer's B_{b' + cell_lo - k},
         # whose coefficient is C_flat[b' + cell_lo - k - 1]
         knots = (torch.arange(grid_size + 2 * k + 1, dtype=torch.float64) + (cell_lo - k)) * h
         kan.grid.copy_(knots.to(param.device, param.dtype).expand(self.in_features, -1))
-        kan._grid_uniform = True
+        kan._choose_grid_path()
         flat_lo = cell_lo - k - 1
         group_lo, group_hi = flat_lo // K, (cell_hi - 1) // K
         groups = torch.arange(group_lo, group_hi + 1, device=param.device, dtype=torch.int64)
@@ -347,6 +375,6 @@ class UKANLinear(Float32Or64Module):
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, spline_order={self.spline_order}, "
             f"grid_delta={self.grid_delta}, pe_dim={self.pe_dim}, embed_dim={self.embed_dim}, "
-            f"hidden_dim={self.hidden_dim}, base={'silu' if self.use_base else 'none'}, "
+            f"hidden_dim={self.hidden_dim}, base={base_repr(self.base_activation)}, "
             f"table_groups={self.table_groups}"
         )

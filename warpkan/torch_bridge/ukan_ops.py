@@ -244,7 +244,8 @@ ukan_spline.register_autograd(first_order_backward(SPLINE_LABEL, _backward), set
 # and spline_scaler taken as UKANLinear exposes them, [out, in]
 _EagerSpline = eager_function("_EagerSpline", _spline_forward_impl, _setup_context,
                               lambda ctx, dy: _backward(ctx, dy, _spline_backward_impl),
-                              {8: TRANSPOSED, 9: TRANSPOSED}, SPLINE_LABEL)
+                              {8: TRANSPOSED, 9: TRANSPOSED}, SPLINE_LABEL, prepare=lambda inputs: (
+                                  *inputs[:8], inputs[8].contiguous(), inputs[9].contiguous(), *inputs[10:]))
 
 
 def spline_layer(x: Tensor, sorted_elem: Tensor, window: Tensor, local_u: Tensor, pair_feature: Tensor,
@@ -560,8 +561,9 @@ class _EagerRangeLayer(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
                 base_weight, spline_scaler, grid_delta, spline_order, use_base):
-        # [out, in] parameters: their [in, out] views made here, not as autograd nodes of their own
-        base_weight_t, scaler_t = base_weight.t(), spline_scaler.t()
+        # [out, in] parameters: their [in, out] operands made here, not as autograd nodes of their own (a view
+        # of kernel-layout storage, or one copy of a contiguous parameter, for the forward and the backward)
+        base_weight_t, scaler_t = base_weight.t().contiguous(), spline_scaler.t().contiguous()
         table, *rows = _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out,
                                          b_out, keep_rows=True)
         y = _range_forward_impl(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base)
