@@ -640,3 +640,27 @@ def test_native_near_uniform_grid_float64_matches_reference(device, shift):
     want = kan_linear(x, torch.from_numpy(grid), *(torch.from_numpy(state[k]) for k in
                                                    ("base_weight", "spline_weight", "spline_scaler")), 3)
     torch.testing.assert_close(torch.from_numpy(y), want, **TOL64)
+
+
+# ------------------------------------------------------------------------------------ regulariser on zero edges
+@pytest.mark.parametrize("zeroed", ["one_edge", "all_edges"])
+def test_regularization_loss_is_finite_with_zero_edges(zeroed):
+    """efficient-kan's formula p * log(p) gives NaN for an edge whose spline weights are all zero (as after
+    pruning); the limit 0 log 0 = 0 is taken instead, and the gradients stay finite."""
+    torch.manual_seed(0)
+    layer = KANLinear(3, 2, grid_size=4, dtype=torch.float64)
+    with torch.no_grad():
+        if zeroed == "one_edge":
+            layer.spline_weight[1, 2].zero_()
+        else:
+            layer.spline_weight.zero_()
+    loss = layer.regularization_loss()
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert torch.isfinite(layer.spline_weight.grad).all()
+    l1 = layer.spline_weight.detach().abs().mean(-1)
+    if zeroed == "one_edge":  # the other edges' terms are efficient-kan's
+        p = l1[l1 > 0] / l1.sum()
+        assert torch.allclose(loss, l1.sum() - (p * p.log()).sum(), rtol=1e-14, atol=0)
+    else:
+        assert loss.item() == 0.0

@@ -33,6 +33,21 @@ def init_public(param: torch.Tensor, init) -> None:
     param.copy_(values)
 
 
+def l1_entropy_loss(l1: torch.Tensor, regularize_activation: float, regularize_entropy: float) -> torch.Tensor:
+    """efficient-kan's regulariser on the per-edge magnitudes ``l1`` [out, in]:
+    ``regularize_activation * sum l1 + regularize_entropy * entropy(l1 / sum l1)``. An edge of magnitude 0
+    adds 0 to the entropy (the limit of p log p), and all-zero magnitudes give 0: finite values and gradients
+    where efficient-kan's ``p * p.log()`` gives NaN (an edge whose spline weights are all zero, as after pruning
+    or an ``update_grid`` on data outside the old grid)."""
+    activation = l1.sum()
+    tiny = torch.finfo(l1.dtype).tiny
+    p = l1 / activation.clamp_min(tiny)
+    entropy = -torch.sum(p * torch.log(p.clamp_min(tiny)))
+    # no magnitude at all: no distribution, entropy 0 (torch.where sends its gradient only to the branch taken)
+    entropy = torch.where(activation > 0, entropy, torch.zeros_like(entropy))
+    return regularize_activation * activation + regularize_entropy * entropy
+
+
 class KANLinear(Float32Or64Module):
     """y = base_weight @ act(x) + sum_i spline_scaler[o, i] * spline_{o,i}(x_i), for x of shape (..., in).
 
@@ -278,11 +293,7 @@ class KANLinear(Float32Or64Module):
 
     def regularization_loss(self, regularize_activation: float = 1.0, regularize_entropy: float = 1.0):
         """efficient-kan's L1 + entropy regulariser on the mean |spline_weight| of each edge."""
-        l1_fake = self.spline_weight.abs().mean(-1)
-        activation = l1_fake.sum()
-        p = l1_fake / activation
-        entropy = -torch.sum(p * p.log())
-        return regularize_activation * activation + regularize_entropy * entropy
+        return l1_entropy_loss(self.spline_weight.abs().mean(-1), regularize_activation, regularize_entropy)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):

@@ -12,7 +12,7 @@ from torch import nn
 from ..kernels import ukan as ku
 from ._common import (Float32Or64Module, autocast_dtype, check_device, check_tensor, on_rows, refuse_transforms,
                       use_registered_op)
-from .kan_linear import KANLinear, base_activation_module, base_repr, fuses_base, init_public, layout_parameter
+from .kan_linear import KANLinear, base_activation_module, l1_entropy_loss, base_repr, fuses_base, init_public, layout_parameter
 from .ukan_ops import LABEL, group_range, positional_encoding, range_layer, spline_layer, ukan_pairs
 
 __all__ = ["UKANLinear"]
@@ -327,10 +327,7 @@ class UKANLinear(Float32Or64Module):
         sums = table.new_zeros(self.in_features, self.out_features).index_add(0, pair_feature, per_row)
         counts = table.new_zeros(self.in_features).index_add(0, pair_feature, used).clamp_min(1)
         l1 = (sums / (counts.unsqueeze(-1) * K)).t() * self.spline_scaler.abs()  # [out, in]
-        activation = l1.sum()
-        p = l1 / activation
-        entropy = -torch.sum(p * torch.log(p.clamp_min(torch.finfo(p.dtype).tiny)))
-        return regularize_activation * activation + regularize_entropy * entropy
+        return l1_entropy_loss(l1, regularize_activation, regularize_entropy)
 
     # ---------------------------------------------------------------- inference conversion (App. A.3)
     @torch.no_grad()
