@@ -42,8 +42,11 @@ from types import SimpleNamespace
 
 import warp as wp
 
+from ._warp_output import start_warp
 from .kernels import bspline as _kb
 from .kernels import poly as _kp
+
+start_warp()
 
 __all__ = ["bspline_funcs", "poly_funcs", "rational_funcs"]
 

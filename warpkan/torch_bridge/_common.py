@@ -12,6 +12,8 @@ from collections import OrderedDict
 import torch
 import warp as wp
 
+from .._warp_output import start_warp
+
 _streams: dict[tuple[int, int], wp.Stream] = {}
 _devices: dict[str, wp.Device] = {}
 _ready = False
@@ -20,7 +22,7 @@ _ready = False
 def ensure_warp() -> None:
     global _ready
     if not _ready:
-        wp.init()
+        start_warp()
         _ready = True
 
 
