@@ -28,10 +28,6 @@ _verbose = os.environ.get(VERBOSE_ENV, "").strip().lower() not in ("", "0", "fal
 _started = False
 
 
-def is_verbose() -> bool:
-    return _verbose
-
-
 def _apply_level() -> None:
     import warp as wp
 
