@@ -10,6 +10,7 @@ prints the total and checks that the loss went down.
 The warpkan ops launch their Warp kernels on torch's current stream, so the gradients that DDP's
 all-reduce hooks (or FSDP2's reduce-scatter) read are ordered after the kernels that wrote them.
 
+    python examples/train_distributed.py [--quick]                                      # 1 process
     torchrun --nproc_per_node=2 examples/train_distributed.py --backend gloo            # 2 CPU processes
     torchrun --nproc_per_node=2 examples/train_distributed.py --backend nccl            # 2 GPUs
     torchrun --nproc_per_node=2 examples/train_distributed.py --backend nccl --fsdp     # FSDP2
@@ -29,8 +30,13 @@ import torch.distributed as dist
 from torch import nn
 
 
+QUICK = {"steps": 40, "warmup": 5, "batch": 512}  # --quick: a short run; the loss must still go down
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help=f"a short run: {', '.join(f'--{k} {v}' for k, v in QUICK.items())} unless given")
     parser.add_argument("--backend", choices=("gloo", "nccl"), default=None,
                         help="process-group backend: nccl puts rank r on cuda:LOCAL_RANK, gloo runs on the CPU "
                              "(default: nccl when CUDA is available, else gloo)")
@@ -52,6 +58,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="rank 0 writes the trained model's full state_dict (on the CPU) to this file")
     parser.add_argument("--no-check", action="store_true", help="don't fail when the loss did not go down")
     args = parser.parse_args(argv)
+    if args.quick:  # the quick values as defaults, so that options given explicitly still win
+        parser.set_defaults(**QUICK)
+        args = parser.parse_args(argv)
     if args.steps < 1 or args.batch < 1 or args.warmup < 0:
         parser.error("--steps and --batch must be positive and --warmup non-negative")
     if args.warmup >= args.steps:
@@ -153,7 +162,11 @@ def main(argv=None) -> int:
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-    dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+    device_id = device if device.type == "cuda" else None
+    if "RANK" in os.environ:  # started by torchrun (or another launcher that sets the env:// variables)
+        dist.init_process_group(backend, device_id=device_id)
+    else:  # plain `python examples/train_distributed.py`: one process, which needs no rendezvous
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, device_id=device_id)
     status = _run(args, backend, rank, world, device)
     # every rank reaches this point before any tears its connections down: a rank that exits while a peer
     # is still talking to it can abort that peer at exit. (On an exception there is no barrier: the peers
@@ -164,9 +177,6 @@ def main(argv=None) -> int:
 
 
 def _run(args, backend, rank, world, device) -> int:
-    import warp as wp
-
-    wp.config.quiet = True
     dtype = getattr(torch, args.dtype)
     widths = [int(w) for w in args.widths.split(",")]
     if widths[0] != 2 or widths[-1] != 1:

@@ -20,7 +20,6 @@ from warpkan.kernels import bspline as kb  # noqa: E402
 from warpkan.torch_bridge import KANLinear  # noqa: E402
 from warpkan.torch_bridge import bspline_ops  # noqa: E402
 
-wp.config.quiet = True
 CASES = [(65536, 256, 256, 8), (8192, 512, 512, 5), (128, 40, 256, 8), (128, 40, 256, 5)]
 SETTINGS = {"fp32": ("highest", None), "tf32": ("high", None), "bf16": ("highest", torch.bfloat16)}
 

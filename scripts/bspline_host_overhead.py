@@ -80,7 +80,6 @@ def main():
     parser.add_argument("--repeat", type=int, default=2000)
     parser.add_argument("--strategy", default="auto", choices=("auto", "gemm", "stencil"))
     args = parser.parse_args()
-    wp.config.quiet = True
     torch.set_num_threads(1)
     print(f"strategy={args.strategy} warp {wp.__version__} torch {torch.__version__} (CPU, kernels skipped)")
     print("| case (N, in, out, G) | pass | host us/call (subtracted ops excluded) | GEMM/fill/alloc CPU us (subtracted) | "

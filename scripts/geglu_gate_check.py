@@ -13,7 +13,6 @@ from warpkan.kernels import geglu as kg
 from warpkan.kernels._common import dense_vector_view
 from warpkan.torch_bridge import geglu_ffn
 from warpkan.reference.geglu import torch_baseline
-wp.config.quiet = True
 dev = "cuda"; dt = torch.float16; H, I = 4096, 12288
 code = kg.activation_code("gelu")
 w = wp.from_torch

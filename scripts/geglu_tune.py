@@ -83,7 +83,6 @@ def main():
     w_u, w_v = w_uv[:inter], w_uv[inter:]
     weight_bytes = 3 * hidden * inter * 2
     t0 = time.time()
-    wp.config.quiet = True
 
     # compile the variants in parallel up front
     sweep = {nt: [cfg + (kg.resident_warps_per_sm(nt, 90, cfg + (32,)),) for cfg in CANDIDATES[nt]]

@@ -13,9 +13,6 @@ import pstats
 import time
 
 import torch
-import warp as wp
-
-wp.config.quiet = True
 
 
 def make(name, n):

@@ -141,7 +141,6 @@ def main():
     parser.add_argument("--mode", default="lut", choices=("lut", "exact"))
     parser.add_argument("--strategy", default="fused", choices=("fused", "gemm", "auto"))
     args = parser.parse_args()
-    wp.config.quiet = True
     torch.set_num_threads(1)
     print(f"mode={args.mode} strategy={args.strategy} warp {wp.__version__} torch {torch.__version__} (CPU, kernels skipped)")
     print("| case | pass | host us/call (fills excluded) | allocs+fills CPU us (subtracted) | wp.launch | recorded launches | "

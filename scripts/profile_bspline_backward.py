@@ -10,9 +10,6 @@ import argparse
 import torch
 import warp as wp
 
-wp.config.quiet = True
-wp.init()
-
 from warpkan.bench.timing import time_fn  # noqa: E402
 from warpkan.kernels import bspline as kb  # noqa: E402
 from warpkan.torch_bridge._common import TorchWorkspace  # noqa: E402

@@ -15,11 +15,8 @@ import os
 import sys
 
 import torch
-import warp as wp
 
 from warpkan.bench.timing import graphed, time_fn
-
-wp.config.quiet = True
 
 
 def step_fn(layer, x, dy):

@@ -17,8 +17,9 @@ import tempfile
 
 import warp as wp
 
-wp.config.quiet = True
-wp.init()
+from warpkan._warp_output import start_warp  # noqa: E402
+
+start_warp()
 
 from warpkan.kernels import rational as kr  # noqa: E402
 

@@ -16,8 +16,9 @@ import sys
 import torch
 import warp as wp
 
-wp.config.quiet = True
-wp.init()
+from warpkan._warp_output import start_warp  # noqa: E402
+
+start_warp()
 
 from warpkan.bench.timing import time_fn  # noqa: E402
 from warpkan.kernels import rational as kr  # noqa: E402

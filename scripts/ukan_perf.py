@@ -12,9 +12,6 @@ import os
 import sys
 
 import torch
-import warp as wp
-
-wp.config.quiet = True
 
 from warpkan.bench.timing import peak_memory, time_fn  # noqa: E402
 from warpkan.torch_bridge import KANLinear, UKANLinear  # noqa: E402

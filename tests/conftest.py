@@ -1,10 +1,14 @@
 import os
+from pathlib import Path
 
 import pytest
 import warp as wp
 
-wp.config.quiet = True
-wp.init()
+from warpkan._warp_output import start_warp
+
+start_warp()
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def _devices():
@@ -42,3 +46,23 @@ def eager_step_ops():
         return {event.key for event in prof.key_averages()}
 
     return ops
+
+
+@pytest.fixture
+def child_env():
+    """``child_env(**variables)``: this process's environment for a child Python, with the repository root
+    first on PYTHONPATH (so the child imports this checkout's warpkan, installed or not), and the given
+    variables set (a value of None removes the variable)."""
+
+    def make(**variables):
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+        for name, value in variables.items():
+            if value is None:
+                env.pop(name, None)
+            else:
+                env[name] = value
+        return env
+
+    return make
+

@@ -45,7 +45,26 @@ def test_precompile_cuda_compiles_tiled_modules(capsys):
     assert "warpkan_bspline_tiled_k1_uniform_float32_c48_bwd_banded" in out
 
 
-def test_bench_quick_writes_json_and_markdown(tmp_path):
+# column names of the comparisons with GPU ceilings and of the CUDA-only measurements
+GPU_ONLY_COLUMN_WORDS = ("HBM", "peak FLOP", "SIMT", "TB_s", "TB/s", "graphed", "peak_MiB", "memory", "target")
+
+
+def _check_cpu_results(rows: list[dict], markdown: str) -> None:
+    """A CPU run's rows hold what was measured there: positive times, the backward timed wherever a step is,
+    no empty values and no GPU-only columns."""
+    for row in rows:
+        for key, value in row.items():
+            assert value is not None, (key, row)
+            assert not any(word in key for word in GPU_ONLY_COLUMN_WORDS), (key, row)
+            if key.endswith("_ms"):
+                assert isinstance(value, float) and value > 0, (key, row)
+        if "total_ms" in row and "fwd_ms" in row:
+            assert "bwd_ms" in row, row
+    header = markdown.split("\n")[2]
+    assert not any(word in header for word in GPU_ONLY_COLUMN_WORDS), header
+
+
+def test_bench_quick_writes_json_and_markdown(tmp_path, capsys):
     assert main(["bench", "bspline", "--device", "cpu", "--quick", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "bspline.json").read_text())
     impls = {row["impl"] for row in data["rows"]}
@@ -55,8 +74,25 @@ def test_bench_quick_writes_json_and_markdown(tmp_path):
         if row["impl"] == "inkan" and "note" in row:
             assert row["note"].startswith(("not installed", "skipped")), row
         else:
-            assert row.get("total_ms", 0) > 0, row
-    assert "| case | impl |" in (tmp_path / "bspline.md").read_text()
+            assert row.get("total_ms", 0) > 0 and row.get("bwd_ms", 0) > 0, row
+    markdown = (tmp_path / "bspline.md").read_text()
+    assert "| case | impl |" in markdown
+    _check_cpu_results(data["rows"], markdown)
+    # the quick cases are not the ones the plot draws: no file, and no line saying one was written
+    assert not (tmp_path / "bspline.png").exists()
+    assert "plot written" not in capsys.readouterr().out
+
+
+def test_bench_plot_is_reported_only_when_written(tmp_path, capsys):
+    from warpkan import bench
+
+    bench._load("bspline")
+    rows = [{"case": f"N={2**17} 32->32 G={g} k=3", "impl": "warpkan", "total_ms": 1.0 + g / 1024} for g in (64, 1024)]
+    bench._plot("bspline", rows, str(tmp_path / "drawn.png"))
+    bench._plot("bspline", rows[:0], str(tmp_path / "empty.png"))
+    out = capsys.readouterr().out
+    assert (tmp_path / "drawn.png").stat().st_size > 1000 and not (tmp_path / "empty.png").exists()
+    assert out.count("plot written") == 1 and str(tmp_path / "drawn.png") in out
 
 
 @pytest.mark.parametrize("family", [f for f in families() if f != "bspline"])
@@ -66,6 +102,7 @@ def test_every_benchmark_family_runs_quick_on_cpu(tmp_path, family):
     assert rows
     timed = [row for row in rows if any(key.endswith("_ms") and isinstance(value, float) for key, value in row.items())]
     assert timed, f"no timed rows in {family}"
+    _check_cpu_results(rows, (tmp_path / f"{family}.md").read_text())
 
 
 def test_demo_trains_and_writes_png(tmp_path, capsys):
@@ -91,3 +128,84 @@ def test_training_step_clears_gradients_first():
     step()
     for before, after in zip(first, [layer.weight.grad, layer.bias.grad, x.grad]):
         torch.testing.assert_close(after, before, rtol=0, atol=0)
+
+
+def _subparsers(parser):
+    import argparse
+
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices
+
+
+def test_every_option_has_help_and_the_help_is_plain_text():
+    from warpkan.cli import build_parser
+
+    parser = build_parser()
+    commands = _subparsers(parser)
+    assert set(commands) == {"demo", "info", "precompile", "bench"}
+    for name, command in [("warpkan", parser), *commands.items()]:
+        text = command.format_help()
+        assert "``" not in text and ":func:" not in text, name
+        for action in command._actions:
+            assert action.help, f"{name} {action.option_strings or action.dest} has no help"
+    assert "UKAN" in commands["demo"].format_help() and "UKAN" in parser.format_help()
+    assert "B-spline" in commands["precompile"].format_help()  # what it compiles
+
+
+def _one_line_error(capsys, argv, status=1):
+    assert main(argv) == status
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.out + captured.err
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", ["demo", "bench"])
+def test_cuda_device_without_a_gpu_is_a_one_line_error(tmp_path, capsys, monkeypatch, command):
+    import warp as wp
+
+    monkeypatch.setattr(wp, "is_cuda_available", lambda: False)
+    out = tmp_path / "out"
+    line = _one_line_error(capsys, [command, "--device", "cuda", "--out", str(out)])
+    assert line.startswith(f"warpkan {command}: error: --device cuda:") and "no CUDA device" in line
+    assert not out.exists()
+
+
+def test_cuda_device_with_a_cpu_only_torch_is_a_one_line_error(tmp_path, capsys, monkeypatch):
+    import warp as wp
+
+    monkeypatch.setattr(wp, "is_cuda_available", lambda: True)
+    monkeypatch.setattr(wp, "get_cuda_device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    line = _one_line_error(capsys, ["demo", "--device", "cuda", "--out", str(tmp_path / "out")])
+    assert "torch.cuda.is_available() is False" in line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda0", "cpu:0"])
+def test_unknown_device_is_a_usage_error(capsys, device):
+    assert "expected cpu, cuda or cuda:N" in _one_line_error(capsys, ["precompile", "--device", device], status=2)
+
+
+def test_unknown_benchmark_family_is_a_usage_error(capsys):
+    assert "unknown benchmark family nope" in _one_line_error(capsys, ["bench", "nope", "--device", "cpu"], status=2)
+
+
+@pytest.mark.parametrize("command", ["demo", "bench"])
+def test_without_torch_demo_and_bench_say_how_to_install_it(tmp_path, child_env, command):
+    """A process where ``import torch`` fails, as where torch is not installed."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    code = ("import sys; sys.modules['torch'] = None\n"  # makes `import torch` raise ImportError
+            "from warpkan.cli import main\n"
+            f"sys.exit(main([{command!r}, '--device', 'cpu', '--out', {str(out)!r}]))")
+    done = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f'warpkan {command}: error: this command needs torch, not installed here: pip install "warpkan[torch]"']
+    assert "Traceback" not in done.stdout + done.stderr
+    assert not out.exists() and list(tmp_path.iterdir()) == []

@@ -1,10 +1,13 @@
 """warpkan: Kolmogorov-Arnold Network layers with NVIDIA Warp kernels.
 
 ``import warpkan`` imports Warp and numpy only. The Warp-native layers below are loaded on first use; the
-PyTorch layers live in :mod:`warpkan.torch_bridge` (which needs torch).
+PyTorch layers live in :mod:`warpkan.torch_bridge` (which needs torch). Warp's banner and per-module load
+lines are hidden unless ``WARPKAN_VERBOSE=1`` is set (:mod:`warpkan._warp_output`).
 """
 
 from importlib import import_module
+
+from . import _warp_output  # noqa: F401 (sets Warp's log level)
 
 __version__ = "0.1.0"
 

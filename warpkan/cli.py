@@ -1,24 +1,74 @@
-"""The ``warpkan`` command line: ``demo``, ``info``, ``precompile`` and ``bench``."""
+"""The warpkan command line: demo, info, precompile and bench."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
+
+from . import _warp_output
+
+TORCH_HINT = 'pip install "warpkan[torch]"'
+
+
+class CommandError(Exception):
+    """A problem the command reports in one line (exit status 1, or 2 for a bad argument)."""
+
+    def __init__(self, message: str, status: int = 1):
+        super().__init__(message)
+        self.status = status
+
+
+def _require(modules: list[str]) -> None:
+    """Fail in one line, before the command does anything, when a module it needs is not installed."""
+    import importlib
+
+    missing = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if not missing:
+        return
+    names = " and ".join(missing)
+    installs = " ".join('"warpkan[torch]"' if name == "torch" else name for name in missing)
+    raise CommandError(f"this command needs {names}, not installed here: pip install {installs}")
+
+
+def _check_device(device: str, torch_needed: bool) -> str:
+    """``device`` if Warp (and torch, for the commands that use it) can run on it, else a one-line error."""
+    import warp as wp
+
+    match = re.fullmatch(r"cpu|cuda(?::(\d+))?", device)
+    if match is None:
+        raise CommandError(f"--device {device}: expected cpu, cuda or cuda:N", status=2)
+    if device == "cpu":
+        return device
+    index = int(match.group(1) or 0)
+    if not wp.is_cuda_available():
+        raise CommandError(f"--device {device}: Warp finds no CUDA device on this machine (use --device cpu)")
+    if index >= wp.get_cuda_device_count():
+        raise CommandError(f"--device {device}: there are {wp.get_cuda_device_count()} CUDA devices")
+    if torch_needed:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise CommandError(f"--device {device}: this torch ({torch.__version__}) has no CUDA support "
+                               "(torch.cuda.is_available() is False; use --device cpu)")
+    return device
 
 
 def _default_device() -> str:
     import warp as wp
 
-    wp.init()
     return "cuda" if wp.is_cuda_available() else "cpu"
 
 
 def cmd_info(args) -> int:
     import warp as wp
 
-    wp.config.quiet = True
-    wp.init()
     import warpkan
 
     print(f"warpkan {warpkan.__version__}")
@@ -29,7 +79,7 @@ def cmd_info(args) -> int:
         cuda = f"cuda {torch.version.cuda}, available={torch.cuda.is_available()}"
         print(f"torch   {torch.__version__} ({cuda})")
     except ImportError:
-        print("torch   not installed (pip install 'warpkan[torch]' for the PyTorch layers)")
+        print(f"torch   not installed ({TORCH_HINT} for the PyTorch layers)")
     print("devices:")
     for device in wp.get_devices():
         print(f"  {device.alias:8s} {device.name}")
@@ -38,11 +88,15 @@ def cmd_info(args) -> int:
 
 
 def _parse_config(text: str) -> dict:
-    """'in=32,out=32,grid=64,order=3,uniform=1' -> dict of ints."""
+    """'in=32,out=32,grid=64,order=3' -> dict of ints."""
     config = {}
     for item in text.split(","):
         key, _, value = item.partition("=")
-        config[key.strip()] = int(value)
+        try:
+            config[key.strip()] = int(value)
+        except ValueError:
+            raise CommandError(f"--config {text}: expected key=integer pairs, e.g. in=32,out=32,grid=64,order=3",
+                               status=2) from None
     return config
 
 
@@ -54,8 +108,7 @@ def cmd_precompile(args) -> int:
     from .kernels import bspline as kb
     from .kernels import bspline_tiled as kbt
 
-    wp.init()
-    devices = args.device or [_default_device()]
+    devices = [_check_device(device, torch_needed=False) for device in args.device] if args.device else [_default_device()]
     orders = sorted({_parse_config(c).get("order", 3) for c in args.config} if args.config else set(args.orders))
     for device in devices:
         for order in orders:
@@ -77,54 +130,97 @@ def cmd_precompile(args) -> int:
 def cmd_bench(args) -> int:
     from . import bench
 
-    device = args.device or _default_device()
+    unknown = [name for name in args.family if name not in bench.families()]
+    if unknown:
+        raise CommandError(f"unknown benchmark family {', '.join(unknown)}; known: {', '.join(bench.families())}",
+                           status=2)
+    _require(["torch"])
+    device = _check_device(args.device, torch_needed=True) if args.device else _default_device()
     bench.run(args.family or None, device=device, quick=args.quick, out_dir=args.out)
     print(f"\nresults written to {os.path.abspath(args.out)}")
     return 0
 
 
 def cmd_demo(args) -> int:
+    _require(["torch", "tqdm", "matplotlib"])
+    device = _check_device(args.device, torch_needed=True) if args.device else _default_device()
     from .demo import run_demo
 
-    return run_demo(device=args.device or _default_device(), steps=args.steps, out_dir=args.out, seed=args.seed)
+    return run_demo(device=device, steps=args.steps, out_dir=args.out, seed=args.seed)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .bench import families
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--verbose", action="store_true",
+                        help="show Warp's start-up banner and its module-load lines (as WARPKAN_VERBOSE=1 does)")
+
+    parser = argparse.ArgumentParser(prog="warpkan", description="Kolmogorov-Arnold Network layers with NVIDIA Warp "
+                                     "kernels: a demo, environment information, kernel precompilation, benchmarks.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help="one of:")
+
+    demo = sub.add_parser("demo", parents=[common], help="train a B-spline KAN, a UKAN and an MLP on exp(sin(pi x) + y^2)",
+                          description="Train a B-spline KAN, an unbounded-grid UKAN and an MLP of similar size on "
+                          "f(x, y) = exp(sin(pi x) + y^2); print an RMSE table and write a PNG of the learned surfaces.")
+    demo.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when present, else cpu)")
+    demo.add_argument("--steps", type=_positive, default=1500, help="Adam steps per model (default: 1500)")
+    demo.add_argument("--seed", type=int, default=0, help="random seed of the data and the models (default: 0)")
+    demo.add_argument("--out", default="demo-output",
+                      help="folder for demo_surfaces.png, created when the plot is written (default: demo-output)")
+    demo.set_defaults(fn=cmd_demo)
+
+    info = sub.add_parser("info", parents=[common], help="versions, devices and the kernel cache",
+                          description="Print the versions of warpkan, Warp and torch, the devices Warp sees and "
+                          "Warp's kernel-cache folder.")
+    info.set_defaults(fn=cmd_info)
+
+    pre = sub.add_parser("precompile", parents=[common], help="compile the B-spline KAN (KANLinear) kernels ahead of time",
+                         description="Compile the kernels of the B-spline KAN layers (KANLinear, torch and Warp-native) "
+                         "into Warp's kernel cache, so that the first training step does not wait for them. Other "
+                         "layer families compile on first use.")
+    pre.add_argument("--device", action="append",
+                     help="cpu, cuda or cuda:N to compile for (repeatable; default: cuda when present, else cpu)")
+    pre.add_argument("--config", action="append",
+                     help="a layer configuration whose spline order to compile, e.g. in=32,out=32,grid=64,order=3 "
+                     "(repeatable; overrides --orders)")
+    pre.add_argument("--orders", type=int, nargs="+", default=[1, 2, 3, 4, 5], metavar="K",
+                     help="spline orders to compile (default: 1 2 3 4 5)")
+    pre.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "float64"],
+                     help="parameter dtypes to compile for (default: float32)")
+    pre.add_argument("--uniform-only", action="store_true",
+                     help="skip the non-uniform-grid kernels (used after update_grid)")
+    pre.set_defaults(fn=cmd_precompile)
+
+    bench = sub.add_parser("bench", parents=[common], help="benchmarks against peer implementations: JSON and markdown",
+                           description="Time warpkan's layers against peer implementations and write, per family, "
+                           "FAMILY.json, FAMILY.md (a markdown table) and, where a family draws one, FAMILY.png.")
+    bench.add_argument("family", nargs="*", metavar="FAMILY",
+                       help=f"families to run, from: {', '.join(families())} (default: all)")
+    bench.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when present, else cpu)")
+    bench.add_argument("--quick", action="store_true", help="small shapes and few repeats (a smoke run)")
+    bench.add_argument("--out", default="bench-results", help="folder for the results (default: bench-results)")
+    bench.set_defaults(fn=cmd_bench)
+    return parser
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="warpkan", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    demo = sub.add_parser("demo", help="train a B-spline KAN and an MLP on exp(sin(pi x) + y^2)")
-    demo.add_argument("--device", help="cpu or cuda (default: cuda when present)")
-    demo.add_argument("--steps", type=int, default=1500)
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--out", default="demo-output")
-    demo.set_defaults(fn=cmd_demo)
-
-    info = sub.add_parser("info", help="versions, devices and the kernel cache")
-    info.set_defaults(fn=cmd_info)
-
-    pre = sub.add_parser("precompile", help="compile kernels ahead of time")
-    pre.add_argument("--device", action="append", help="device to compile for (repeatable; default: cuda if present)")
-    pre.add_argument("--config", action="append", help="layer configuration, e.g. in=32,out=32,grid=64,order=3")
-    pre.add_argument("--orders", type=int, nargs="+", default=[1, 2, 3, 4, 5])
-    pre.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "float64"])
-    pre.add_argument("--uniform-only", action="store_true", help="skip the non-uniform (after update_grid) path")
-    pre.set_defaults(fn=cmd_precompile)
-
-    from .bench import families
-
-    bench = sub.add_parser("bench", help="benchmarks: JSON + markdown table")
-    bench.add_argument("family", nargs="*", choices=families() + [[]], help="families (default: all)")
-    bench.add_argument("--device", help="cpu or cuda (default: cuda when present)")
-    bench.add_argument("--quick", action="store_true", help="small shapes, few repeats")
-    bench.add_argument("--out", default="bench-results")
-    bench.set_defaults(fn=cmd_bench)
-
-    args = parser.parse_args(argv)
-    import warp as wp
-
-    wp.config.quiet = True  # the banner and per-module load lines would drown the command's own output
-    return args.fn(args)
+    args = build_parser().parse_args(argv)
+    if args.verbose:
+        _warp_output.set_verbose(True)
+    _warp_output.start_warp()  # every command uses Warp
+    try:
+        return args.fn(args)
+    except CommandError as error:
+        print(f"warpkan {args.command}: error: {error}", file=sys.stderr)
+        return error.status
 
 
 if __name__ == "__main__":

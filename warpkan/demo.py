@@ -103,7 +103,7 @@ def _plot(models, dev, out_dir) -> str:
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("x")
         ax.set_ylabel("y")
-    fig.colorbar(image, ax=axes, shrink=0.8)
+    fig.colorbar(image, ax=axes, shrink=0.8, label="f(x, y)")
     path = os.path.join(out_dir, "demo_surfaces.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -43,9 +43,12 @@ from types import SimpleNamespace
 import warp as wp
 
 from . import _checks
+from ._warp_output import start_warp
 from .kernels import bspline as _kb
 from .kernels import poly as _kp
 from .kernels import rational as _kr
+
+start_warp()
 
 __all__ = ["bspline_funcs", "poly_funcs", "rational_funcs"]
 

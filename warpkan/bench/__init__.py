@@ -2,8 +2,9 @@
 
 A family registers a function with :func:`register`; it returns a list of result rows (plain dicts). The
 runner writes ``<out>/<family>.json`` and ``<out>/<family>.md`` (a markdown table of the rows), and
-``<out>/<family>.png`` where the family also registers a plot with :func:`register_plot` and matplotlib is
-installed.
+``<out>/<family>.png`` where the family also registers a plot with :func:`register_plot`, matplotlib is
+installed and the rows hold what the plot draws. A row holds what was measured: keys whose value is None
+are left out, and the columns that compare with GPU ceilings appear in CUDA runs only.
 Timing helpers live in :mod:`warpkan.bench.timing`. Torch is imported by the family modules, not here.
 """
 
@@ -39,7 +40,8 @@ def register(family: str):
 
 
 def register_plot(family: str):
-    """``fn(rows, path)`` draws the family's rows into the PNG at ``path``."""
+    """``fn(rows, path) -> bool`` draws the family's rows into the PNG at ``path``; False when the rows have
+    nothing it draws (no file written)."""
 
     def wrap(fn):
         _PLOTS[family] = fn
@@ -84,14 +86,14 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def run(family_names: list[str] | None, device: str, quick: bool, out_dir: str) -> dict[str, list[dict]]:
-    os.makedirs(out_dir, exist_ok=True)
     results = {}
     for family in family_names or families():
         fn = _load(family)
-        rows = fn(device=device, quick=quick)
+        rows = [{key: value for key, value in row.items() if value is not None} for row in fn(device=device, quick=quick)]
         results[family] = rows
         meta = {"family": family, "device": device, "quick": quick, "host": platform.node()}
         meta.update(_environment(device))
+        os.makedirs(out_dir, exist_ok=True)
         with open(os.path.join(out_dir, f"{family}.json"), "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=2)
         table = markdown_table(rows)
@@ -111,8 +113,10 @@ def _plot(family: str, rows: list[dict], path: str) -> None:
     except ImportError:
         print(f"(no plot for {family}: matplotlib is not installed)")
         return
-    _PLOTS[family](rows, path)
-    print(f"plot written to {path}")
+    if _PLOTS[family](rows, path):
+        print(f"plot written to {path}")
+    else:
+        print(f"(no plot for {family}: these cases include none of the ones it draws)")
 
 
 def _environment(device: str) -> dict:

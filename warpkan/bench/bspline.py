@@ -13,9 +13,9 @@ import contextlib
 import torch
 
 from . import register, register_plot
-from .timing import HARDWARE, peak_memory, time_fn, training_step
+from .timing import HARDWARE, backward_only, peak_memory, time_fn, training_step
 
-# (N, in, out, grid_size, order): DESIGN.md's peer table, then the grid-size-independence extremes
+# (N, in, out, grid_size, order): the cases the peers were measured at, then the grid-size-independence extremes
 FULL_CASES = [
     (2**16, 32, 32, 64, 1),
     (2**16, 32, 32, 64, 3),
@@ -84,7 +84,9 @@ IMPLS = ["warpkan", "warpkan stencil", "warpkan stencil deterministic", "warpkan
          "nn.Linear"]
 
 
-def _measure(layer, x, device, quick, graph=False):
+def _measure(layer, x, device, quick, graph=False) -> dict:
+    """fwd_ms, bwd_ms, total_ms (one training step) and peak_MiB; a CUDA-graph replay (``graph``) times the
+    forward and the step only."""
     def forward():
         with torch.no_grad():
             layer(x)
@@ -95,10 +97,12 @@ def _measure(layer, x, device, quick, graph=False):
     if graph:
         from .timing import graphed
 
-        return time_fn(graphed(forward), device, repeat=repeat), time_fn(graphed(train_step), device, repeat=repeat), None
-    fwd = time_fn(forward, device, warmup=2, repeat=repeat)
-    total = time_fn(train_step, device, warmup=2, repeat=repeat)
-    return fwd, total, peak_memory(train_step, device)
+        return {"fwd_ms": time_fn(graphed(forward), device, repeat=repeat),
+                "total_ms": time_fn(graphed(train_step), device, repeat=repeat)}
+    return {"fwd_ms": time_fn(forward, device, warmup=2, repeat=repeat),
+            "bwd_ms": time_fn(backward_only(layer, [x], dy), device, warmup=2, repeat=repeat),
+            "total_ms": time_fn(train_step, device, warmup=2, repeat=repeat),
+            "peak_MiB": peak_memory(train_step, device)}
 
 
 def _flops(impl: str, n_rows: int, n_in: int, n_out: int, n_coef: int) -> float | None:
@@ -127,12 +131,13 @@ def _setting_rows(case, x, n_in, n_out, grid_size, order, device, quick):
                 layer = _make(impl, n_in, n_out, grid_size, order, device)
                 try:
                     with context():
-                        fwd, total, peak = _measure(layer, x, device, quick, graph=graph)
+                        times = _measure(layer, x, device, quick, graph=graph)
                 except RuntimeError as error:  # a path that cannot be captured: say so, keep the run going
                     row["note"] = f"not capturable: {str(error).splitlines()[0][:120]}"
                     results.append(row)
                     continue
-                row.update(fwd_ms=fwd, bwd_ms=total - fwd, total_ms=total, peak_MiB=peak)
+                row.update(times)
+                total = times["total_ms"]
                 flops = _flops(impl, x.shape[0], n_in, n_out, grid_size + order)
                 if flops:
                     row["TFLOP/s"] = flops / (total * 1e-3) / 1e12
@@ -144,7 +149,7 @@ def _setting_rows(case, x, n_in, n_out, grid_size, order, device, quick):
                 if "total_ms" not in row or "total_ms" not in linear:
                     continue
                 row["x nn.Linear"] = row["total_ms"] / linear["total_ms"]
-                if row["peak_MiB"] is not None and linear["peak_MiB"] is not None:
+                if row.get("peak_MiB") is not None and linear.get("peak_MiB") is not None:
                     row["memory target met"] = row["peak_MiB"] <= 2 * linear["peak_MiB"] + 256
             rows.extend(results)
     return rows
@@ -167,8 +172,9 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
                     row["note"] = layer or "skipped: infeasible at this G or order"
                     results.append(row)
                     continue
-                fwd, total, peak = _measure(layer, x, device, quick)
-                row.update(fwd_ms=fwd, bwd_ms=total - fwd, total_ms=total, peak_MiB=peak)
+                times = _measure(layer, x, device, quick)
+                row.update(times)
+                total = times["total_ms"]
                 if impl == "nn.Linear":
                     linear_total = total
                 # minimum traffic: x, y, dy, dx once, and each parameter read and its gradient written once
@@ -178,8 +184,10 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
                 flops = _flops(impl, n_rows, n_in, n_out, grid_size + order)
                 if flops:
                     row["TFLOP/s"] = flops / (total * 1e-3) / 1e12
-                    row["% peak FLOP/s"] = 100 * flops / (total * 1e-3) / HARDWARE["fp32_simt_flops"]
-                row["% HBM"] = 100 * bytes_moved / (total * 1e-3) / HARDWARE["hbm_bytes_per_s"]
+                if device.startswith("cuda"):  # fractions of the GPU's ceilings
+                    if flops:
+                        row["% peak FLOP/s"] = 100 * flops / (total * 1e-3) / HARDWARE["fp32_simt_flops"]
+                    row["% HBM"] = 100 * bytes_moved / (total * 1e-3) / HARDWARE["hbm_bytes_per_s"]
                 del layer
             except torch.OutOfMemoryError:
                 row["note"] = "out of memory"
@@ -223,8 +231,9 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
 
 
 @register_plot("bspline")
-def plot(rows: list[dict], path: str) -> None:
-    """fwd+bwd time against grid size at (N=2^17, 32->32, k=3): the grid-size-independence picture."""
+def plot(rows: list[dict], path: str) -> bool:
+    """fwd+bwd time against grid size at (N=2^17, 32->32, k=3): the grid-size-independence picture (the
+    full run's cases; a quick run has none)."""
     import matplotlib.pyplot as plt
 
     series: dict[str, list[tuple[int, float]]] = {}
@@ -235,7 +244,7 @@ def plot(rows: list[dict], path: str) -> None:
         grid_size = int(case.split("G=")[1].split()[0])
         series.setdefault(row["impl"].split(" (auto")[0], []).append((grid_size, row["total_ms"]))
     if not series:
-        return
+        return False
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, points in sorted(series.items()):
         points.sort()
@@ -250,3 +259,4 @@ def plot(rows: list[dict], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True

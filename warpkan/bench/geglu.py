@@ -6,7 +6,8 @@ At small batch the layer is bound by reading its three weight matrices (3 * hidd
 bytes = 302 MB), so every row reports the weight-streaming bandwidth of its forward pass, and that as a
 fraction of two ceilings: the read probe measured in the same run (a Warp kernel that only reads w_uv then
 w_o with 16-byte loads, two launches like the forward; 4.45 TB/s on the H200, 4.58 TB/s as one launch over
-one buffer) and the device-to-device copy rate (DESIGN.md: 4.3-4.8 TB/s on the H200, read + write).
+one buffer) and the device-to-device copy rate (4.3-4.8 TB/s measured on the H200, read + write). The
+percentages of the copy rate are H100 / H200 figures, left out of CPU runs.
 
 Implementations:
 
@@ -23,13 +24,13 @@ from __future__ import annotations
 import torch
 
 from . import register
-from .timing import HARDWARE, peak_memory, time_fn
+from .timing import HARDWARE, backward_only, peak_memory, time_fn
 
 FULL_SHAPE = (4096, 12288)
 FULL_BATCHES = [4, 8, 16, 32, 64, 128, 1024, 8192]
 QUICK_SHAPE = (64, 192)
 QUICK_BATCHES = [4, 32]
-COPY_RATE_HIGH = 4.8e12  # the best device-to-device copy rate measured (DESIGN.md); HARDWARE has the low end
+COPY_RATE_HIGH = 4.8e12  # the best device-to-device copy rate measured on the H200; HARDWARE has the low end
 ACTIVATION = "gelu"
 
 
@@ -107,11 +108,18 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
     rows = []
     probe_ms = _read_probe(layer, device, repeat)
     probe_rate = weight_bytes / (probe_ms * 1e-3)
+    cuda = device.startswith("cuda")
+
+    def copy_rate_columns(rate):
+        if not cuda:
+            return {}
+        return {"pct_of_copy_4.3TB_s": 100 * rate / HARDWARE["hbm_bytes_per_s"],
+                "pct_of_copy_4.8TB_s": 100 * rate / COPY_RATE_HIGH}
+
     rows.append({
         "case": f"{hidden}/{inter} fp16 weights", "impl": "read probe (Warp, 16-byte loads, w_uv then w_o)",
         "fwd_ms": probe_ms, "fwd_weight_GB_s": probe_rate / 1e9, "pct_of_read_probe": 100.0,
-        "pct_of_copy_4.3TB_s": 100 * probe_rate / HARDWARE["hbm_bytes_per_s"],
-        "pct_of_copy_4.8TB_s": 100 * probe_rate / COPY_RATE_HIGH,
+        **copy_rate_columns(probe_rate),
     })
     for batch in batches:
         case = f"N={batch} {hidden}/{inter} fp16"
@@ -129,19 +137,22 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
                 fn(x_train).backward(dy)
 
             fwd = time_fn(forward, device, warmup=3, repeat=repeat)
+            bwd = time_fn(backward_only(fn, [x_train], dy, params=[layer.w_uv, layer.w_o]), device, warmup=2,
+                          repeat=max(5, repeat // 5))
             total = time_fn(train_step, device, warmup=2, repeat=max(5, repeat // 5))
             layer.zero_grad(set_to_none=True)
-            timed.append((name, fwd, total, peak_memory(train_step, device)))
+            timed.append((name, fwd, bwd, total, peak_memory(train_step, device)))
             layer.zero_grad(set_to_none=True)
             if device.startswith("cuda"):
                 try:
                     replay = _graphed(fn, x)
-                    timed.append((f"{name} (CUDA graph)", time_fn(replay, device, warmup=3, repeat=repeat), None, None))
+                    timed.append((f"{name} (CUDA graph)", time_fn(replay, device, warmup=3, repeat=repeat), None, None,
+                                  None))
                 except Exception as exc:  # report, do not hide: a failed capture is a finding
                     rows.append({"case": case, "impl": f"{name} (CUDA graph)", "note": f"capture failed: {exc}"})
-        baseline = {name: fwd for name, fwd, _, _ in timed if name.startswith("torch baseline")}
-        baseline_total = {name: total for name, _, total, _ in timed if name.startswith("torch baseline")}
-        for name, fwd, total, peak in timed:
+        baseline = {name: fwd for name, fwd, _, _, _ in timed if name.startswith("torch baseline")}
+        baseline_total = {name: total for name, _, _, total, _ in timed if name.startswith("torch baseline")}
+        for name, fwd, bwd, total, peak in timed:
             graphed = name.endswith("(CUDA graph)")
             peer_fwd = baseline.get(
                 "torch baseline (F.linear x2 + gelu + mul + F.linear)" + (" (CUDA graph)" if graphed else "")
@@ -152,14 +163,13 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
                 "case": case,
                 "impl": name,
                 "fwd_ms": fwd,
-                "bwd_ms": None if total is None else total - fwd,
+                "bwd_ms": bwd,
                 "total_ms": total,
                 "fwd_speedup_vs_baseline": None if peer_fwd is None else peer_fwd / fwd,
                 "total_speedup_vs_baseline": None if total is None or peer_total is None else peer_total / total,
                 "fwd_weight_GB_s": bandwidth / 1e9,
                 "pct_of_read_probe": 100 * bandwidth / probe_rate,
-                "pct_of_copy_4.3TB_s": 100 * bandwidth / HARDWARE["hbm_bytes_per_s"],
-                "pct_of_copy_4.8TB_s": 100 * bandwidth / COPY_RATE_HIGH,
+                **copy_rate_columns(bandwidth),
                 "fwd_TFLOP_s": 2 * batch * weight_bytes / dtype.itemsize / (fwd * 1e-3) / 1e12,
                 "peak_MiB": peak,
             })

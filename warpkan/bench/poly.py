@@ -16,12 +16,12 @@ import torch
 from torch import nn
 
 from . import register
-from .timing import HARDWARE, graphed, peak_memory, time_fn, training_step
+from .timing import HARDWARE, backward_only, graphed, peak_memory, time_fn, training_step
 
 # (B, in, out, degree): PolyKAN's three configurations, then a large one
 FULL_CASES = [(128, 40, 256, 8), (64, 256, 512, 15), (32, 512, 1024, 24), (4096, 512, 512, 8)]
 QUICK_CASES = [(64, 16, 32, 8)]
-# fwd+bwd targets on the GPU machine (ms), from the issue
+# fwd+bwd targets on the GPU (ms), shown in CUDA runs
 TARGET_MS = {(128, 40, 256, 8): 0.10, (64, 256, 512, 15): 0.10, (32, 512, 1024, 24): 0.10, (4096, 512, 512, 8): 0.25}
 SPEECH_WIDTHS, SPEECH_DEGREE, SPEECH_BATCH = (40, 256, 256, 12), 8, 128
 QUICK_SPEECH_WIDTHS, QUICK_SPEECH_BATCH = (40, 32, 12), 16  # --quick: a CPU smoke run
@@ -69,7 +69,8 @@ LAYER_IMPLS = {
 }
 
 
-def _measure(model, x, n_out, device, quick):
+def _measure(model, x, n_out, device, quick) -> dict:
+    """fwd_ms, bwd_ms, total_ms (one training step) and, on cuda, peak_MiB and graphed_total_ms (or a note)."""
     dy = torch.randn(x.shape[0], n_out, device=device)
 
     def forward():
@@ -79,16 +80,16 @@ def _measure(model, x, n_out, device, quick):
     train_step = training_step(model, x, dy)
 
     repeat = 5 if quick else 50
-    fwd = time_fn(forward, device, warmup=3, repeat=repeat)
-    total = time_fn(train_step, device, warmup=3, repeat=repeat)
-    peak = peak_memory(train_step, device)
-    graph_total, graph_note = None, None
+    times = {"fwd_ms": time_fn(forward, device, warmup=3, repeat=repeat),
+             "bwd_ms": time_fn(backward_only(model, [x], dy), device, warmup=3, repeat=repeat),
+             "total_ms": time_fn(train_step, device, warmup=3, repeat=repeat),
+             "peak_MiB": peak_memory(train_step, device)}
     if device.startswith("cuda"):  # the same step replayed from a CUDA graph: no host overhead
         try:
-            graph_total = time_fn(graphed(train_step), device, warmup=3, repeat=repeat)
+            times["graphed_total_ms"] = time_fn(graphed(train_step), device, warmup=3, repeat=repeat)
         except Exception as exc:  # report, do not hide: a failed capture is a finding
-            graph_note = f"CUDA graph capture failed: {type(exc).__name__}: {str(exc)[:120]}"
-    return fwd, total, peak, graph_total, graph_note
+            times["note"] = f"CUDA graph capture failed: {type(exc).__name__}: {str(exc)[:120]}"
+    return times
 
 
 def _rows_for(case, factories, x, n_out, flops_fwd, device, quick, target=None):
@@ -98,13 +99,11 @@ def _rows_for(case, factories, x, n_out, flops_fwd, device, quick, target=None):
         row = {"case": case, "impl": impl}
         try:
             model = factory().to(device)
-            fwd, total, peak, graph_total, graph_note = _measure(model, x, n_out, device, quick)
-            row.update(fwd_ms=fwd, bwd_ms=total - fwd, total_ms=total, graphed_total_ms=graph_total, peak_MiB=peak)
-            if graph_note:
-                row["note"] = graph_note
+            row.update(_measure(model, x, n_out, device, quick))
             # forward + backward is three contractions of the forward's size (y, dx, d coeffs)
-            row["TFLOP/s"] = 3 * flops_fwd / (total * 1e-3) / 1e12
-            row["% fp32 SIMT"] = 100 * row["TFLOP/s"] * 1e12 / HARDWARE["fp32_simt_flops"]
+            row["TFLOP/s"] = 3 * flops_fwd / (row["total_ms"] * 1e-3) / 1e12
+            if device.startswith("cuda"):
+                row["% fp32 SIMT"] = 100 * row["TFLOP/s"] * 1e12 / HARDWARE["fp32_simt_flops"]
             del model
         except torch.OutOfMemoryError:
             row["note"] = "out of memory"
@@ -119,7 +118,7 @@ def _rows_for(case, factories, x, n_out, flops_fwd, device, quick, target=None):
             row["x best torch"] = row["total_ms"] / best_torch
         if best_torch_graphed and row.get("graphed_total_ms"):  # graphed against graphed
             row["graphed x best torch graphed"] = row["graphed_total_ms"] / best_torch_graphed
-        if target is not None and row["impl"].startswith("warpkan"):
+        if target is not None and row["impl"].startswith("warpkan") and device.startswith("cuda"):
             row["target_ms"] = target
     return rows
 

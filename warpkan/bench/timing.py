@@ -6,10 +6,16 @@ import statistics
 import time
 
 import torch
+import torch._functorch.config
 
-__all__ = ["time_fn", "peak_memory", "graphed", "training_step", "HARDWARE"]
+# backward_only replays one recorded graph (retain_graph=True); compiled peers donate their saved buffers by
+# default, which forbids that.
+torch._functorch.config.donated_buffer = False
 
-# Ceilings measured on the GPU machine (DESIGN.md): used for roofline columns.
+__all__ = ["time_fn", "peak_memory", "graphed", "training_step", "backward_only", "HARDWARE"]
+
+# Ceilings of the H100 / H200 GPUs (measured there with warp-lang 1.19 and torch 2.11 where not the datasheet's):
+# used for the roofline columns of CUDA runs only.
 HARDWARE = {
     "hbm_bytes_per_s": 4.3e12,  # device-to-device copy, read + write
     "fp32_simt_flops": 60e12,  # H100/H200 SXM fp32 non-tensor peak (datasheet, ~67 TFLOP/s)
@@ -93,3 +99,22 @@ def training_step(model, x: torch.Tensor, dy: torch.Tensor):
         model(x).backward(dy)
 
     return step
+
+
+def backward_only(fn, inputs: list, dy: torch.Tensor, params=None):
+    """The backward pass alone, to time with :func:`time_fn`: ``fn(*inputs)`` runs once here, and each call
+    of the returned function replays its graph (``torch.autograd.grad(y, ..., retain_graph=True)``) for the
+    inputs that require grad and ``params`` (default: ``fn``'s parameters when it is a module), writing fresh
+    gradients as a step after ``zero_grad()`` does. The forward is not in the timing, so the backward's time
+    is measured, not taken as the difference of two separately timed medians (which can come out negative
+    where the host's time varies)."""
+    y = fn(*inputs)
+    if params is None:
+        params = fn.parameters() if isinstance(fn, torch.nn.Module) else ()
+    wrt = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    wrt += [p for p in params if p.requires_grad]
+
+    def backward():
+        torch.autograd.grad(y, wrt, dy, retain_graph=True)
+
+    return backward

@@ -1,7 +1,7 @@
 """UKAN benchmark: warpkan's UKANLinear (CG-MLP on the touched (feature, group) pairs only) against the UKAN
 paper's approach (the CG-MLP run for every sample and input, materialising per-sample coefficients; pure
 torch, the float64 reference run in float32) and warpkan's KANLinear on the equivalent bounded grid (same
-knot spacing over the data range), plus nn.Linear, in one run. Targets (issue): UKAN fwd+bwd <= 1.5x
+knot spacing over the data range), plus nn.Linear, in one run. Targets: UKAN fwd+bwd <= 1.5x
 KANLinear and peak memory <= 1.2x KANLinear."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from . import register
-from .timing import peak_memory, time_fn, training_step
+from .timing import backward_only, peak_memory, time_fn, training_step
 
 # (N, in, out, G): G cells of the equivalent KAN grid over the data range [-1, 1), so h = 2 / G
 FULL_CASES = [(1024, 32, 32, 32), (65536, 32, 32, 32), (8192, 256, 256, 32), (65536, 32, 32, 256)]
@@ -48,7 +48,7 @@ def _make(impl, n_in, n_out, grid_size, device):
     return layer if impl.startswith("warpkan") else _PaperUKAN(layer)
 
 
-def _measure(layer, x, dy, device, quick):
+def _measure(layer, x, dy, device, quick) -> dict:
     def forward():
         with torch.no_grad():
             layer(x)
@@ -56,9 +56,10 @@ def _measure(layer, x, dy, device, quick):
     train_step = training_step(layer, x, dy)
 
     repeat = 5 if quick else 20
-    fwd = time_fn(forward, device, warmup=2, repeat=repeat)
-    total = time_fn(train_step, device, warmup=2, repeat=repeat)
-    return fwd, total, peak_memory(train_step, device)
+    return {"fwd_ms": time_fn(forward, device, warmup=2, repeat=repeat),
+            "bwd_ms": time_fn(backward_only(layer, [x], dy), device, warmup=2, repeat=repeat),
+            "total_ms": time_fn(train_step, device, warmup=2, repeat=repeat),
+            "peak_MiB": peak_memory(train_step, device)}
 
 
 @register("ukan")
@@ -74,8 +75,7 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
             row = {"case": case, "impl": impl}
             try:
                 layer = _make(impl, n_in, n_out, grid_size, device)
-                fwd, total, peak = _measure(layer, x, dy, device, quick)
-                row.update(fwd_ms=fwd, bwd_ms=total - fwd, total_ms=total, peak_MiB=peak)
+                row.update(_measure(layer, x, dy, device, quick))
                 if impl.startswith("warpkan UKANLinear"):  # which path; rows the data needed, of the capacity
                     if layer._last is None:
                         row["table rows"] = "dense range"

@@ -15,6 +15,8 @@ import torch
 import warp as wp
 from torch import nn
 
+from .._warp_output import start_warp
+
 _streams: dict[tuple[int, int], wp.Stream] = {}
 _devices: dict[str, wp.Device] = {}
 _ready = False
@@ -23,7 +25,7 @@ _ready = False
 def ensure_warp() -> None:
     global _ready
     if not _ready:
-        wp.init()
+        start_warp()
         _ready = True
 
 
