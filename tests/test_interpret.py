@@ -245,7 +245,11 @@ def test_prune_keeps_surviving_edges_and_outputs(family):
     x = torch.randn(400, 4, dtype=F64)
     scores = importance(model, x)
     node_th = float(scores.node[1].sort().values[2])  # prune the three weakest hidden nodes
-    pruned = prune(model, x, node_threshold=node_th, edge_threshold=0.05)
+    # edges are pruned on the scores of the node-pruned network (as pykan does): a threshold at the median of
+    # those removes some edges and keeps others, whatever the random initial values
+    node_pruned = prune(model, x, node_threshold=node_th, edge_threshold=0.0)
+    edge_th = float(torch.cat([e.flatten() for e in importance(node_pruned, x).edge]).median())
+    pruned = prune(model, x, node_threshold=node_th, edge_threshold=edge_th)
     assert [type(layer) for layer in pruned] == [type(first), type(second)]
     kept = (scores.node[1] > node_th).nonzero().flatten()
     assert pruned[0].out_features == 3 == kept.numel() and pruned[1].in_features == 3

@@ -150,10 +150,13 @@ def cmd_demo(args) -> int:
 
 
 def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
+    """An option's positive int, by the layers' rule (warpkan._checks); argparse reports the error."""
+    from . import _checks
+
+    try:
+        return _checks.positive_int("the value", int(text))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
