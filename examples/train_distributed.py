@@ -72,16 +72,15 @@ def target_function(xy: torch.Tensor) -> torch.Tensor:
     return torch.exp(torch.sin(math.pi * xy[:, :1]) + xy[:, 1:2] ** 2)
 
 
-def build_model(widths, grid_size: int, spline_order: int, device, dtype, seed: int,
-                contiguous_parameters: bool = False) -> nn.Sequential:
+def build_model(widths, grid_size: int, spline_order: int, device, dtype, seed: int) -> nn.Sequential:
     """The same initial parameters on every rank (seeded), so FSDP2 shards agree and DDP's start-up
-    broadcast from rank 0 changes nothing. FSDP2 needs contiguous parameters."""
+    broadcast from rank 0 changes nothing. The layers' parameters are contiguous (their default), as FSDP2
+    requires."""
     from warpkan.torch_bridge import KANLinear
 
     torch.manual_seed(seed)
     return nn.Sequential(*(
-        KANLinear(n_in, n_out, grid_size=grid_size, spline_order=spline_order, device=device, dtype=dtype,
-                  contiguous_parameters=contiguous_parameters)
+        KANLinear(n_in, n_out, grid_size=grid_size, spline_order=spline_order, device=device, dtype=dtype)
         for n_in, n_out in zip(widths[:-1], widths[1:])
     ))
 
@@ -185,8 +184,7 @@ def _run(args, backend, rank, world, device) -> int:
     def log(message):
         print(f"[rank {rank}/{world}] {message}", flush=True)
 
-    model = build_model(widths, args.grid_size, args.spline_order, device, dtype, args.seed,
-                        contiguous_parameters=args.fsdp)
+    model = build_model(widths, args.grid_size, args.spline_order, device, dtype, args.seed)
     if args.fsdp:
         # FSDP2 warns whenever a wrapped module returns a view (KANLinear reshapes its 2-D result back to the
         # input's leading shape); the warning is about in-place ops on that output, which this loop never does.
