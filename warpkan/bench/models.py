@@ -275,6 +275,14 @@ def _warp_build(cases: list[_Case], device: str) -> dict:
             "first_step_s": time.perf_counter() - start}
 
 
+def _progress(row: dict) -> str:
+    """One line per configuration as it finishes (a full run takes minutes)."""
+    what = f"{row['model']} | {row['impl']} | {row['precision']} {row['mode']}"
+    if "step_ms" in row:
+        return f"{what}: {row['step_ms']:.3g} ms a step, first step {row['first_step_s']:.3g} s"
+    return f"{what}: {row['note']}"
+
+
 def _mark_fastest(rows: list[dict]) -> None:
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
@@ -341,6 +349,7 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
                     if impl in differences:
                         row["Δ logits"] = differences[impl]
                     rows.append(row)
+                    print(_progress(row), flush=True)
                     if device.startswith("cuda"):
                         torch.cuda.empty_cache()
     _mark_fastest(rows)
