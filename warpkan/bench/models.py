@@ -88,6 +88,19 @@ def _with_peer_rationals(model: nn.Module, fn) -> nn.Module:
     return model
 
 
+class _TorchPolyNet(nn.Module):
+    """The torch forms' twin of :class:`warpkan.models.PolyKANNet`: the polynomial benchmark's torch layers
+    through ``widths``. Its forward is this module's code, so that a whole-model compile traces one graph
+    (compiling a bare ``nn.Sequential`` makes Dynamo compile each layer's frame on its own)."""
+
+    def __init__(self, widths, degree, form):
+        super().__init__()
+        self.layers = nn.Sequential(*[_TorchPolyLayer(a, b, degree, form) for a, b in zip(widths[:-1], widths[1:])])
+
+    def forward(self, x):
+        return self.layers(x)
+
+
 def flashkat_unavailable(device: str) -> str | None:
     """Why FlashKAT's rational cannot run here, or None when it can."""
     path = os.environ.get("WARPKAN_KAT_PATH")
@@ -153,8 +166,7 @@ def _cases(device: str, quick: bool) -> list[_Case]:
     )
 
     def torch_poly(form):
-        pairs = list(zip(speech_widths[:-1], speech_widths[1:]))
-        return lambda: nn.Sequential(*[_TorchPolyLayer(a, b, degree, form) for a, b in pairs])
+        return lambda: _TorchPolyNet(speech_widths, degree, form)
 
     speech = _Case(
         "Speech Commands net", small_batch, (speech_widths[0],), speech_widths[-1],
@@ -178,13 +190,12 @@ def _cases(device: str, quick: bool) -> list[_Case]:
 def _load_into(model: nn.Module, twin: nn.Module) -> nn.Module:
     """``twin``'s parameters in the warpkan ``model`` (the torch polynomial forms name theirs
     ``cheby_coeffs``, in PolyKANLinear's public [in, out, D + 1] layout; the others share the names)."""
-    state = twin.state_dict()
-    if any(key.endswith("cheby_coeffs") for key in state):
+    if isinstance(twin, _TorchPolyNet):
         with torch.no_grad():
-            for layer, peer in zip(model.layers, twin):
+            for layer, peer in zip(model.layers, twin.layers):
                 layer.coeffs.copy_(peer.cheby_coeffs)
-        return model
-    model.load_state_dict(state)
+    else:
+        model.load_state_dict(twin.state_dict())
     return model
 
 
