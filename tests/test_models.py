@@ -230,6 +230,26 @@ def test_bench_target_rows(quick_rows):
             assert row["met"] in ("yes", "no") and row["measured"].endswith("ms")
 
 
+def test_bench_profiles_both_sides_of_each_missed_target(quick_rows):
+    from warpkan.bench.models import TARGETS
+
+    rows, _ = quick_rows
+    profiled = {(r["model"], r["impl"].removeprefix("profile: ")): r for r in rows if r["impl"].startswith("profile: ")}
+    targets = [r for r in rows if r["impl"] == "target"]
+    expected = set()
+    for row, (model, ours, theirs, *_rest) in zip(targets, TARGETS):
+        if row["met"] == "no":
+            compared = row["measured"].split(": ", 1)[1].split(", ")
+            for side, prefix in zip(compared, (ours, theirs)):
+                impl = side.rsplit(" ", 3)[0]  # "<impl> <mode> <ms> ms"
+                assert impl.startswith(prefix)
+                expected.add((model, impl))
+    assert set(profiled) == expected
+    for row in profiled.values():
+        shares = row["where the time goes"].split("; ")
+        assert 1 <= len(shares) <= 6 and all(share.endswith("%)") for share in shares), row
+
+
 def test_flashkat_unavailable_says_why(monkeypatch, tmp_path):
     from warpkan.bench.models import flashkat_unavailable
 

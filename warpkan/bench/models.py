@@ -22,7 +22,9 @@ cached on disk) and loaded: that time is its own row, and the first-step columns
 process pays.
 
 For each (model, implementation) the fastest of the four modes is marked, and the issue's targets (bf16
-autocast, the best mode of each) are rows at the end. The twins that compute the same function as a
+autocast, the best mode of each) are rows at the end. For each target missed, both configurations it compares
+are profiled (torch.profiler, one step): the GPU kernels that take the time, and the share of the step the
+GPU was busy at all (the rest is the host's: Python, autograd, launches). The twins that compute the same function as a
 warpkan model (FlashKAT's rational, efficient-kan's formula, the torch polynomial forms) load their
 parameters into the warpkan model once, and the largest difference of the fp32 logits, relative to the
 largest logit, is in the ``Δ logits`` column: the comparison is of one function, not of two models.
@@ -234,22 +236,31 @@ def _training_step(model, optimizer, x, labels, device, precision):
     return step
 
 
-def _measure(case: _Case, impl: str, precision: str, mode: str, device: str, settings: dict) -> dict:
-    row = {"model": case.name, "impl": impl, "precision": precision, "mode": mode, "batch": case.batch}
-    counters = torch._dynamo.utils.counters
-    torch._dynamo.reset()  # no compiled code or cache entries carried over from another configuration
-    counters.clear()
+def _prepared_step(case: _Case, impl: str, precision: str, mode: str, device: str, settings: dict):
+    """(model, step): the implementation built from seed 0 (compiled in ``mode`` "compile"), with its AdamW
+    and the batch, Dynamo's caches and counters cleared first so nothing carries over from another
+    configuration."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     torch.manual_seed(0)
     model = case.impls[impl]().to(device)
-    row["params_M"] = sum(p.numel() for p in model.parameters()) / 1e6
     if mode == "compile":
         _compile(model, settings["backend"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     x, labels = case.inputs(device)
-    step = _training_step(model, optimizer, x, labels, device, precision)
-    # compiled models may donate their saved activations to the backward (torch's default); the rational
-    # family turns that off globally for its retain_graph replays, which no training step does
-    with torch._functorch.config.patch(donated_buffer=True):
+    return model, _training_step(model, optimizer, x, labels, device, precision)
+
+
+# compiled models may donate their saved activations to the backward (torch's default); the rational family
+# turns that off globally for its retain_graph replays, which no training step does
+_DONATED_BUFFERS = dict(donated_buffer=True)
+
+
+def _measure(case: _Case, impl: str, precision: str, mode: str, device: str, settings: dict) -> dict:
+    row = {"model": case.name, "impl": impl, "precision": precision, "mode": mode, "batch": case.batch}
+    model, step = _prepared_step(case, impl, precision, mode, device, settings)
+    row["params_M"] = sum(p.numel() for p in model.parameters()) / 1e6
+    with torch._functorch.config.patch(**_DONATED_BUFFERS):
         _synchronize(device)
         start = time.perf_counter()
         step()
@@ -262,8 +273,53 @@ def _measure(case: _Case, impl: str, precision: str, mode: str, device: str, set
     if peak is not None:
         row["peak_MiB"] = peak
     if mode == "compile":
+        counters = torch._dynamo.utils.counters
         row["graphs"] = counters["stats"]["unique_graphs"]
         row["graph breaks"] = sum(counters["graph_break"].values())
+    return row
+
+
+def _short_name(name: str) -> str:
+    """A kernel's or an op's name without its template arguments, signature and namespaces."""
+    name = name.removeprefix("void ")
+    for stop in "<(":
+        name = name.split(stop, 1)[0]
+    return name.rsplit("::", 1)[-1][:48] if not name.startswith(("aten::", "warpkan::")) else name[:48]
+
+
+def _profile(case: _Case, measured: dict, device: str, settings: dict) -> dict:
+    """Where one training step of a measured configuration spends its time, by torch.profiler: on cuda the
+    GPU kernels (grouped by name, the top ones with their share) and how much of the step time the GPU was
+    busy (a step far from 100% is bound by the host: Python, autograd, launches); on the CPU the ops' self
+    times."""
+    impl, precision, mode = measured["impl"], measured["precision"], measured["mode"]
+    row = {"model": case.name, "impl": f"profile: {impl}", "precision": precision, "mode": mode}
+    _, step = _prepared_step(case, impl, precision, mode, device, settings)
+    cuda = device.startswith("cuda")
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with torch._functorch.config.patch(**_DONATED_BUFFERS):
+        for _ in range(3):  # compiled, autotuned, allocated
+            step()
+        _synchronize(device)
+        with torch.profiler.profile(activities=activities) as prof:
+            step()
+            _synchronize(device)
+    times: dict[str, float] = {}
+    for event in prof.key_averages():
+        if cuda and event.device_type == torch.autograd.DeviceType.CUDA:
+            key, us = _short_name(event.key), event.self_device_time_total
+        elif not cuda and event.device_type == torch.autograd.DeviceType.CPU:
+            key, us = _short_name(event.key), event.self_cpu_time_total
+        else:
+            continue
+        times[key] = times.get(key, 0.0) + us
+    total_ms = sum(times.values()) / 1e3
+    top = sorted(times.items(), key=lambda item: -item[1])[:6]
+    if cuda:
+        row["GPU kernels ms"] = total_ms
+        row["GPU busy %"] = 100 * total_ms / measured["step_ms"]
+    row["where the time goes"] = "; ".join(f"{name} {us / 1e3:.3g} ms ({100 * us / 1e3 / total_ms:.0f}%)"
+                                           for name, us in top)
     return row
 
 
@@ -311,7 +367,8 @@ def _best(rows, model, impl_prefix, mode):
     return min(found, key=lambda r: r["step_ms"]) if found else None
 
 
-def _target_rows(rows: list[dict]) -> list[dict]:
+def _targets(rows: list[dict]) -> list[tuple[dict, list[dict]]]:
+    """(target row, the measured rows it compares) for each of :data:`TARGETS`."""
     out = []
     for model, ours, theirs, mode, bound, sense in TARGETS:
         which = f"{mode}, bf16 autocast" if mode else "bf16 autocast, best mode of each"
@@ -319,8 +376,8 @@ def _target_rows(rows: list[dict]) -> list[dict]:
             target = f"{ours} >= {bound}x the throughput of {theirs} ({which})"
         else:
             target = f"{ours} step time <= {bound}x that of {theirs} ({which})"
-        row = {"model": model, "impl": "target", "target": target}
         a, b = _best(rows, model, ours, mode), _best(rows, model, theirs, mode)
+        row = {"model": model, "impl": "target", "target": target}
         if a is None or b is None:
             row["met"] = "not measured"
         else:
@@ -329,7 +386,7 @@ def _target_rows(rows: list[dict]) -> list[dict]:
             row["measured"] = (f"{ratio:.2f}x: {a['impl']} {a['mode']} {a['step_ms']:.3g} ms, "
                                f"{b['impl']} {b['mode']} {b['step_ms']:.3g} ms")
             row["met"] = "yes" if met else "no"
-        out.append(row)
+        out.append((row, [r for r in (a, b) if r is not None]))
     return out
 
 
@@ -356,7 +413,7 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
                                "note": "out of memory"}
                     except Exception as exc:  # noqa: BLE001 - a peer that fails in a mode is a row, not the end of the run
                         row = {"model": case.name, "impl": impl, "precision": precision, "mode": mode,
-                               "note": f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"}
+                               "note": f"failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"}
                     if impl in differences:
                         row["Δ logits"] = differences[impl]
                     rows.append(row)
@@ -364,4 +421,23 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
                     if device.startswith("cuda"):
                         torch.cuda.empty_cache()
     _mark_fastest(rows)
-    return rows + _target_rows(rows)
+    targets = _targets(rows)
+    return rows + [row for row, _ in targets] + _missed_target_profiles(cases, targets, device, settings)
+
+
+def _missed_target_profiles(cases, targets, device, settings) -> list[dict]:
+    """A profile of each configuration that a missed target compares (once each)."""
+    by_name = {case.name: case for case in cases}
+    profiled, out = set(), []
+    for target, compared in targets:
+        if target["met"] != "no":
+            continue
+        for measured in compared:
+            key = (measured["model"], measured["impl"], measured["precision"], measured["mode"])
+            if key in profiled:
+                continue
+            profiled.add(key)
+            out.append(_profile(by_name[measured["model"]], measured, device, settings))
+            print(f"{out[-1]['model']} | {out[-1]['impl']} | {measured['precision']} {measured['mode']}: profiled",
+                  flush=True)
+    return out
