@@ -437,7 +437,12 @@ def _missed_target_profiles(cases, targets, device, settings) -> list[dict]:
             if key in profiled:
                 continue
             profiled.add(key)
-            out.append(_profile(by_name[measured["model"]], measured, device, settings))
+            try:
+                out.append(_profile(by_name[measured["model"]], measured, device, settings))
+            except Exception as exc:  # noqa: BLE001 - the measured rows stand without it
+                out.append({"model": measured["model"], "impl": f"profile: {measured['impl']}",
+                            "precision": measured["precision"], "mode": measured["mode"],
+                            "note": f"profile failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"})
             print(f"{out[-1]['model']} | {out[-1]['impl']} | {measured['precision']} {measured['mode']}: profiled",
                   flush=True)
     return out
