@@ -15,7 +15,7 @@ bundled pure-torch re-implementation of efficient-kan's ``KANLinear``
 
 Compiling: :class:`VisionTransformer` and :class:`MLPMixer` keep their repeated blocks in ``.blocks``.
 ``for block in model.blocks: block.compile()`` compiles one block's graph and reuses it for the others
-(PyTorch's regional compilation), which takes a fraction of a whole-model ``torch.compile``'s first step.
+(PyTorch's regional compilation) instead of compiling the whole network as one graph.
 The UKAN layers here use a fixed-size coefficient table (``table_groups``, see
 :class:`~warpkan.torch_bridge.UKANLinear`), so they compile and capture.
 

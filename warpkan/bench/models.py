@@ -46,7 +46,7 @@ from .poly import _TorchPolyLayer
 from .rational import _triton_peers
 from .timing import peak_memory, time_fn
 
-FULL = dict(repeat=10, warmup=2, backend="inductor")
+FULL = dict(repeat=20, warmup=3, backend="inductor")
 QUICK = dict(repeat=2, warmup=0, backend="aot_eager")
 PRECISIONS = ("fp32", "bf16 autocast")
 MODES = ("eager", "compile")
@@ -280,11 +280,15 @@ def _measure(case: _Case, impl: str, precision: str, mode: str, device: str, set
 
 
 def _short_name(name: str) -> str:
-    """A kernel's or an op's name without its template arguments, signature and namespaces."""
-    name = name.removeprefix("void ")
+    """A kernel's name without its return type, template arguments, signature, namespaces and Warp's closure
+    prefixes (``make_kernels__locals__``), at most 48 characters; op names (``aten::mm``) as they are."""
+    if name.startswith(("aten::", "warpkan::")):
+        return name[:48]
+    short = name.removeprefix("void ").replace("(anonymous namespace)::", "")
     for stop in "<(":
-        name = name.split(stop, 1)[0]
-    return name.rsplit("::", 1)[-1][:48] if not name.startswith(("aten::", "warpkan::")) else name[:48]
+        short = short.split(stop, 1)[0]
+    short = short.rsplit("::", 1)[-1].rsplit("__locals__", 1)[-1].strip()
+    return (short or name)[:48]
 
 
 def _profile(case: _Case, measured: dict, device: str, settings: dict) -> dict:
@@ -305,8 +309,14 @@ def _profile(case: _Case, measured: dict, device: str, settings: dict) -> dict:
             step()
             _synchronize(device)
     times: dict[str, float] = {}
-    for event in prof.key_averages():
+    events = prof.key_averages()
+    # a record_function range (the optimizer's step, a compiled region) is on the GPU timeline too, spanning
+    # the kernels it launched: only kernels count
+    host_ranges = {e.key for e in events if e.device_type == torch.autograd.DeviceType.CPU}
+    for event in events:
         if cuda and event.device_type == torch.autograd.DeviceType.CUDA:
+            if event.key in host_ranges or getattr(event, "is_user_annotation", False):
+                continue
             key, us = _short_name(event.key), event.self_device_time_total
         elif not cuda and event.device_type == torch.autograd.DeviceType.CPU:
             key, us = _short_name(event.key), event.self_cpu_time_total
