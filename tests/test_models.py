@@ -160,7 +160,8 @@ def test_vision_transformer_refuses_bad_arguments(bad, match):
     (models.MLPMixer, dict(token_mixing="conv"), "token_mixing"), (models.MLPMixer, dict(image_size=10), "patch_size"),
     (models.MLPMixer, dict(channel_expansion=0.01), "channel_expansion"),
     (models.FeedForward, dict(widths=(4,)), "widths"), (models.FeedForward, dict(kind="gelu"), "kind"),
-    (models.FeedForward, dict(widths=(4, 0)), r"widths\[1\]"), (models.PolyKANNet, dict(widths=(3, 2.0)), r"widths\[1\]"),
+    (models.FeedForward, dict(widths=(4, 0)), r"widths\[1\]"),
+    (models.PolyKANNet, dict(widths=(3, 2.0)), r"widths\[1\]"),
 ])
 def test_other_models_refuse_bad_arguments(cls, bad, match):
     args = dict(TINY_MIXER) if cls is models.MLPMixer else {}

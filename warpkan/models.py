@@ -151,7 +151,8 @@ class VisionTransformer(nn.Module):
         heads = _checks.positive_int("heads", heads)
         _checks.divides("heads", heads, "dim", dim)
         depth = _checks.positive_int("depth", depth)
-        hidden = _checks.positive_int("int(dim * mlp_ratio)", int(dim * _checks.positive_number("mlp_ratio", mlp_ratio)))
+        mlp_ratio = _checks.positive_number("mlp_ratio", mlp_ratio)
+        hidden = _checks.positive_int("int(dim * mlp_ratio)", int(dim * mlp_ratio))
         ffn = _checks.one_of("ffn", ffn, ("grkan", "gelu"))
         self.image_size, self.patch_size, self.ffn = image_size, patch_size, ffn
         self.patch_embed = nn.Conv2d(_checks.positive_int("in_channels", in_channels), dim, patch_size, patch_size)

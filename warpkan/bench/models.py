@@ -22,12 +22,13 @@ cached on disk) and loaded: that time is its own row, and the first-step columns
 process pays.
 
 For each (model, implementation) the fastest of the four modes is marked, and the issue's targets (bf16
-autocast, the best mode of each) are rows at the end. For each target missed, both configurations it compares
-are profiled (torch.profiler, one step): the GPU kernels that take the time, and the share of the step the
-GPU was busy at all (the rest is the host's: Python, autograd, launches). The twins that compute the same function as a
-warpkan model (FlashKAT's rational, efficient-kan's formula, the torch polynomial forms) load their
-parameters into the warpkan model once, and the largest difference of the fp32 logits, relative to the
-largest logit, is in the ``Δ logits`` column: the comparison is of one function, not of two models.
+autocast, the best mode of each) are rows at the end. For each target missed, both configurations it
+compares are profiled (torch.profiler, one step): the GPU kernels that take the time, and the share of the
+step the GPU was busy at all (the rest is the host's: Python, autograd, launches). The twins that compute
+the same function as a warpkan model (FlashKAT's rational, efficient-kan's formula, the torch polynomial
+forms) load their parameters into the warpkan model once, and the largest difference of the fp32 logits,
+relative to the largest logit, is in the ``Δ logits`` column: the comparison is of one function, not of two
+models.
 """
 
 from __future__ import annotations
@@ -352,6 +353,10 @@ def _warp_build(cases: list[_Case], device: str) -> dict:
             "first_step_s": time.perf_counter() - start}
 
 
+def _first_line(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"
+
+
 def _progress(row: dict) -> str:
     """One line per configuration as it finishes (a full run takes minutes)."""
     what = f"{row['model']} | {row['impl']} | {row['precision']} {row['mode']}"
@@ -421,9 +426,9 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
                     except torch.OutOfMemoryError:
                         row = {"model": case.name, "impl": impl, "precision": precision, "mode": mode,
                                "note": "out of memory"}
-                    except Exception as exc:  # noqa: BLE001 - a peer that fails in a mode is a row, not the end of the run
+                    except Exception as exc:  # noqa: BLE001 - a failure in one mode is a row, not the end of the run
                         row = {"model": case.name, "impl": impl, "precision": precision, "mode": mode,
-                               "note": f"failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"}
+                               "note": f"failed: {_first_line(exc)}"}
                     if impl in differences:
                         row["Δ logits"] = differences[impl]
                     rows.append(row)
@@ -452,7 +457,7 @@ def _missed_target_profiles(cases, targets, device, settings) -> list[dict]:
             except Exception as exc:  # noqa: BLE001 - the measured rows stand without it
                 out.append({"model": measured["model"], "impl": f"profile: {measured['impl']}",
                             "precision": measured["precision"], "mode": measured["mode"],
-                            "note": f"profile failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"})
+                            "note": f"profile failed: {_first_line(exc)}"})
             print(f"{out[-1]['model']} | {out[-1]['impl']} | {measured['precision']} {measured['mode']}: profiled",
                   flush=True)
     return out
