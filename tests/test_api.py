@@ -62,6 +62,20 @@ def test_torch_bridge_all_is_locked():
         assert getattr(tb, name) is not None, name
 
 
+EXPECTED_MODELS = {"FeedForward", "VisionTransformer", "MLPMixer", "PolyKANNet", "LAYER_KINDS"}
+
+
+def test_models_all_is_locked():
+    import pytest
+
+    pytest.importorskip("torch")
+    import warpkan.models as models
+
+    assert set(models.__all__) == EXPECTED_MODELS
+    for name in models.__all__:
+        assert getattr(models, name) is not None, name
+
+
 def test_import_warpkan_does_not_import_torch():
     code = "import sys, warpkan; import warpkan.kernels.bspline; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -91,11 +105,20 @@ def _layer_classes():
                                                      "GroupRational", "GRKANLinear", "KATMLP", "GEGLUFFN")]
 
 
+def _model_classes():
+    import pytest
+
+    pytest.importorskip("torch")
+    import warpkan.models as models
+
+    return [getattr(models, name) for name in ("FeedForward", "VisionTransformer", "MLPMixer", "PolyKANNet")]
+
+
 def test_layers_document_every_argument_and_their_call():
     import inspect
 
     missing = []
-    for cls in _layer_classes():
+    for cls in _layer_classes() + _model_classes():
         where = f"{cls.__module__}.{cls.__name__}"
         params = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
         undocumented = set(params) - _documented_args(cls)

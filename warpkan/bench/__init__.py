@@ -22,6 +22,7 @@ __all__ = ["register", "register_plot", "families", "run", "markdown_table"]
 _FAMILY_MODULES = {
     "bspline": "warpkan.bench.bspline",
     "geglu": "warpkan.bench.geglu",
+    "models": "warpkan.bench.models",
     "native": "warpkan.bench.native",
     "poly": "warpkan.bench.poly",
     "rational": "warpkan.bench.rational",

@@ -1,0 +1,463 @@
+"""Whole models, trained: ``warpkan bench models``. The reference models of :mod:`warpkan.models` against
+their twins, in one run, on synthetic inputs of the right shapes (no downloads):
+
+| model | warpkan | twins |
+|---|---|---|
+| KAT-Tiny (ViT-Tiny shape, 224², B=128) | ``GRKANLinear`` FFN (``KATMLP``) | the same ViT with a GELU MLP; the same KAT with FlashKAT's Triton rational (``WARPKAN_KAT_PATH``) |
+| KAN-Mixer (UKAN paper's CIFAR Mixer, 32², B=128) | ``KANLinear`` (G=5, k=3) / ``UKANLinear`` token mixing | MLP token mixing; efficient-kan's formula |
+| Speech Commands net (PolyKAN, 40-256-256-12, degree 8, B=128) | ``PolyKANLinear`` Fourier / Chebyshev, LUT / exact | the torch cos/sin+einsum (Fourier) and acos/cos (Chebyshev, ChebyKAN's) forms |
+| MNIST 784-32-10 (B=128) | ``KANLinear`` / ``UKANLinear`` | efficient-kan's formula; an MLP |
+
+Each model trains in four modes: fp32 and bf16 autocast, eager and compiled. A step is what a training loop
+runs: forward, cross-entropy loss, backward, ``AdamW.step()``, ``zero_grad(set_to_none=True)``; the
+columns are its median time (CUDA events around each of ``repeat`` back-to-back steps after warm-up,
+:func:`warpkan.bench.timing.time_fn`), the samples/s it gives, the first step's wall time (compilation
+included) and, on cuda, the peak memory a step allocates above the model and optimiser state
+(:func:`warpkan.bench.timing.peak_memory`). Compiled: the blocks of the ViT and the Mixer one by one (one
+block's graph compiled and reused by the others, as :mod:`warpkan.models` advises), the small networks
+whole; ``--quick`` compiles with the ``aot_eager`` backend (Dynamo and AOTAutograd trace the graph, nothing
+is generated), the full run with inductor. Before the first measured step, every warpkan model runs one
+untimed step in fp32 and one in bf16 so that the Warp kernels it launches are built (once per machine,
+cached on disk) and loaded: that time is its own row, and the first-step columns are what each later
+process pays.
+
+For each (model, implementation) the fastest of the four modes is marked, and the issue's targets (bf16
+autocast, the best mode of each) are rows at the end. For each target missed, both configurations it
+compares are profiled (torch.profiler, one step): the GPU kernels that take the time, and the share of the
+step the GPU was busy at all (the rest is the host's: Python, autograd, launches). The twins that compute
+the same function as a warpkan model (FlashKAT's rational, efficient-kan's formula, the torch polynomial
+forms) load their parameters into the warpkan model once, and the largest difference of the fp32 logits,
+relative to the largest logit, is in the ``Δ logits`` column: the comparison is of one function, not of two
+models.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch._dynamo
+import torch._functorch.config
+from torch import nn
+from torch.nn import functional as F
+
+from . import register
+from .poly import _TorchPolyLayer
+from .rational import _triton_peers
+from .timing import peak_memory, time_fn
+
+FULL = dict(repeat=20, warmup=3, backend="inductor")
+QUICK = dict(repeat=2, warmup=0, backend="aot_eager")
+PRECISIONS = ("fp32", "bf16 autocast")
+MODES = ("eager", "compile")
+
+# the issue's targets, on the bf16 autocast rows, the best mode of each implementation (mode None) or one
+# mode: (model, warpkan impl, other impl, mode, bound, sense). sense "speedup": other's step time over
+# warpkan's must be >= bound; "slowdown": warpkan's step time over the other's must be <= bound.
+TARGETS = [
+    ("KAT-Tiny", "warpkan GRKANLinear (KAT)", "FlashKAT Triton rational", None, 1.3, "speedup"),
+    ("KAT-Tiny", "warpkan GRKANLinear (KAT)", "GELU MLP (ViT)", None, 1.15, "slowdown"),
+    ("KAN-Mixer", "warpkan KANLinear", "efficient-kan formula", None, 5.0, "speedup"),
+    ("KAN-Mixer", "warpkan KANLinear", "MLP token mixing", None, 3.0, "slowdown"),
+    ("Speech Commands net", "warpkan fourier", "torch cos/sin+einsum (fourier)", None, 1.4, "speedup"),
+    ("Speech Commands net", "warpkan chebyshev", "torch acos/cos (chebyshev)", None, 1.4, "speedup"),
+    ("MNIST 784-32-10", "warpkan KANLinear", "efficient-kan formula", "eager", 3.0, "speedup"),
+]
+
+
+class _PeerRational(nn.Module):
+    """A :class:`~warpkan.torch_bridge.GroupRational`'s parameters (same names, so state dicts match) run
+    through a peer's kernel ``fn(x, weight_numerator, weight_denominator, num_groups)``."""
+
+    def __init__(self, rational, fn):
+        super().__init__()
+        self.weight_numerator = rational.weight_numerator
+        self.weight_denominator = rational.weight_denominator
+        self.num_groups = rational.num_groups
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x, self.weight_numerator, self.weight_denominator, self.num_groups)
+
+
+def _with_peer_rationals(model: nn.Module, fn) -> nn.Module:
+    from ..torch_bridge import GroupRational
+
+    swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+             if isinstance(child, GroupRational)]
+    for parent, name, child in swaps:
+        setattr(parent, name, _PeerRational(child, fn))
+    return model
+
+
+class _TorchPolyNet(nn.Module):
+    """The torch forms' twin of :class:`warpkan.models.PolyKANNet`: the polynomial benchmark's torch layers
+    through ``widths``. Its forward is this module's code, so that a whole-model compile traces one graph
+    (compiling a bare ``nn.Sequential`` makes Dynamo compile each layer's frame on its own)."""
+
+    def __init__(self, widths, degree, form):
+        super().__init__()
+        self.layers = nn.Sequential(*[_TorchPolyLayer(a, b, degree, form) for a, b in zip(widths[:-1], widths[1:])])
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+def flashkat_unavailable(device: str) -> str | None:
+    """Why FlashKAT's rational cannot run here, or None when it can."""
+    path = os.environ.get("WARPKAN_KAT_PATH")
+    if not path:
+        return "not run: WARPKAN_KAT_PATH unset"
+    if not device.startswith("cuda"):
+        return "not run: FlashKAT's kernels are Triton (cuda only)"
+    if "FlashKAT Triton" not in _triton_peers():
+        return f"not run: rational_kat.kernels.flash_rational_triton did not import from WARPKAN_KAT_PATH={path}"
+    return None
+
+
+class _Case:
+    """One model: its implementations (name -> builder), the batch, the input shape (without the batch) and
+    the number of classes.
+    ``same_function`` maps a twin that computes the warpkan model's function to a builder of that warpkan
+    model (the twin's state dict is loaded into it)."""
+
+    def __init__(self, name, batch, shape, classes, impls, same_function=None, unavailable=None, pixels=False):
+        self.name, self.batch, self.shape, self.classes = name, batch, shape, classes
+        self.impls, self.same_function, self.unavailable = impls, same_function or {}, unavailable or {}
+        self.pixels = pixels
+
+    def inputs(self, device):
+        """(x, labels): x ~ N(0, 1), or uniform in [0, 1] for ``pixels``; labels uniform over the classes."""
+        generator = torch.Generator(device="cpu").manual_seed(0)
+        if self.pixels:
+            x = torch.rand((self.batch, *self.shape), generator=generator)
+        else:
+            x = torch.randn((self.batch, *self.shape), generator=generator)
+        labels = torch.randint(0, self.classes, (self.batch,), generator=generator)
+        return x.to(device), labels.to(device)
+
+
+def _cases(device: str, quick: bool) -> list[_Case]:
+    from ..models import FeedForward, MLPMixer, PolyKANNet, VisionTransformer
+
+    vit = dict(image_size=32, patch_size=8, dim=32, depth=2, heads=2, num_classes=10) if quick else {}
+    mixer = dict(image_size=16, patch_size=4, dim=32, depth=2) if quick else {}
+    speech_widths, degree = ((40, 32, 12) if quick else (40, 256, 256, 12)), 8
+    batch = 2 if quick else 128
+    small_batch = 16 if quick else 128
+    image, classes = vit.get("image_size", 224), vit.get("num_classes", 1000)
+    mixer_image = mixer.get("image_size", 32)
+
+    flash_note = flashkat_unavailable(device)
+    kat = _Case(
+        "KAT-Tiny", batch, (3, image, image), classes,
+        {"warpkan GRKANLinear (KAT)": lambda: VisionTransformer(ffn="grkan", **vit),
+         "GELU MLP (ViT)": lambda: VisionTransformer(ffn="gelu", **vit),
+         "FlashKAT Triton rational": lambda: _with_peer_rationals(VisionTransformer(ffn="grkan", **vit),
+                                                                  _triton_peers()["FlashKAT Triton"])},
+        same_function={"FlashKAT Triton rational": lambda: VisionTransformer(ffn="grkan", **vit)},
+        unavailable={"FlashKAT Triton rational": flash_note} if flash_note else {},
+    )
+    kan_mixer = _Case(
+        "KAN-Mixer", batch, (3, mixer_image, mixer_image), 10,
+        {"warpkan KANLinear": lambda: MLPMixer(token_mixing="kan", **mixer),
+         "warpkan UKANLinear": lambda: MLPMixer(token_mixing="ukan", **mixer),
+         "efficient-kan formula": lambda: MLPMixer(token_mixing="efficient-kan", **mixer),
+         "MLP token mixing": lambda: MLPMixer(token_mixing="mlp", **mixer)},
+        same_function={"efficient-kan formula": lambda: MLPMixer(token_mixing="kan", **mixer)},
+    )
+
+    def torch_poly(form):
+        return lambda: _TorchPolyNet(speech_widths, degree, form)
+
+    speech = _Case(
+        "Speech Commands net", small_batch, (speech_widths[0],), speech_widths[-1],
+        {f"warpkan {basis} {mode}": (lambda basis=basis, mode=mode: PolyKANNet(speech_widths, degree, basis, mode))
+         for basis in ("fourier", "chebyshev") for mode in ("lut", "exact")}
+        | {"torch cos/sin+einsum (fourier)": torch_poly("fourier"), "torch acos/cos (chebyshev)": torch_poly("acos")},
+        same_function={"torch cos/sin+einsum (fourier)": lambda: PolyKANNet(speech_widths, degree, "fourier", "exact"),
+                       "torch acos/cos (chebyshev)": lambda: PolyKANNet(speech_widths, degree, "chebyshev", "exact")},
+    )
+    mnist = _Case(
+        "MNIST 784-32-10", small_batch, (784,), 10,
+        {"warpkan KANLinear": lambda: FeedForward((784, 32, 10), "kan"),
+         "warpkan UKANLinear": lambda: FeedForward((784, 32, 10), "ukan"),
+         "efficient-kan formula": lambda: FeedForward((784, 32, 10), "efficient-kan"),
+         "MLP": lambda: FeedForward((784, 32, 10), "mlp")},
+        same_function={"efficient-kan formula": lambda: FeedForward((784, 32, 10), "kan")}, pixels=True,
+    )
+    return [kat, kan_mixer, speech, mnist]
+
+
+def _load_into(model: nn.Module, twin: nn.Module) -> nn.Module:
+    """``twin``'s parameters in the warpkan ``model`` (the torch polynomial forms name theirs
+    ``cheby_coeffs``, in PolyKANLinear's public [in, out, D + 1] layout; the others share the names)."""
+    if isinstance(twin, _TorchPolyNet):
+        with torch.no_grad():
+            for layer, peer in zip(model.layers, twin.layers):
+                layer.coeffs.copy_(peer.cheby_coeffs)
+    else:
+        model.load_state_dict(twin.state_dict())
+    return model
+
+
+def _logits_difference(case: _Case, impl: str, device: str) -> float:
+    """max |twin logits - warpkan logits| / max |warpkan logits|, fp32, eager, the twin's parameters in both."""
+    torch.manual_seed(0)
+    twin = case.impls[impl]().to(device)
+    warp_model = _load_into(case.same_function[impl]().to(device), twin)
+    x, _ = case.inputs(device)
+    with torch.no_grad():
+        ours, theirs = warp_model(x), twin(x)
+    return ((theirs - ours).abs().max() / ours.abs().max()).item()
+
+
+def _compile(model: nn.Module, backend: str) -> None:
+    """In place: each block of a model with ``.blocks`` (one graph, reused), else the whole model."""
+    for module in getattr(model, "blocks", None) or [model]:
+        module.compile(backend=backend)
+
+
+def _synchronize(device):
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _training_step(model, optimizer, x, labels, device, precision):
+    autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision != "fp32")
+
+    def step():
+        with autocast:
+            loss = F.cross_entropy(model(x), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _prepared_step(case: _Case, impl: str, precision: str, mode: str, device: str, settings: dict):
+    """(model, step): the implementation built from seed 0 (compiled in ``mode`` "compile"), with its AdamW
+    and the batch, Dynamo's caches and counters cleared first so nothing carries over from another
+    configuration."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    torch.manual_seed(0)
+    model = case.impls[impl]().to(device)
+    if mode == "compile":
+        _compile(model, settings["backend"])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x, labels = case.inputs(device)
+    return model, _training_step(model, optimizer, x, labels, device, precision)
+
+
+# compiled models may donate their saved activations to the backward (torch's default); the rational family
+# turns that off globally for its retain_graph replays, which no training step does
+_DONATED_BUFFERS = dict(donated_buffer=True)
+
+
+def _measure(case: _Case, impl: str, precision: str, mode: str, device: str, settings: dict) -> dict:
+    row = {"model": case.name, "impl": impl, "precision": precision, "mode": mode, "batch": case.batch}
+    model, step = _prepared_step(case, impl, precision, mode, device, settings)
+    row["params_M"] = sum(p.numel() for p in model.parameters()) / 1e6
+    with torch._functorch.config.patch(**_DONATED_BUFFERS):
+        _synchronize(device)
+        start = time.perf_counter()
+        step()
+        _synchronize(device)
+        row["first_step_s"] = time.perf_counter() - start
+        ms = time_fn(step, device, warmup=settings["warmup"], repeat=settings["repeat"])
+        peak = peak_memory(step, device)
+    row["step_ms"] = ms
+    row["samples/s"] = case.batch / (ms * 1e-3)
+    if peak is not None:
+        row["peak_MiB"] = peak
+    if mode == "compile":
+        counters = torch._dynamo.utils.counters
+        row["graphs"] = counters["stats"]["unique_graphs"]
+        row["graph breaks"] = sum(counters["graph_break"].values())
+    return row
+
+
+def _short_name(name: str) -> str:
+    """A kernel's name without its return type, template arguments, signature, namespaces and Warp's closure
+    prefixes (``make_kernels__locals__``), at most 48 characters; op names (``aten::mm``) as they are."""
+    if name.startswith(("aten::", "warpkan::")):
+        return name[:48]
+    short = name.removeprefix("void ").replace("(anonymous namespace)::", "")
+    for stop in "<(":
+        short = short.split(stop, 1)[0]
+    short = short.rsplit("::", 1)[-1].rsplit("__locals__", 1)[-1].strip()
+    return (short or name)[:48]
+
+
+def _profile(case: _Case, measured: dict, device: str, settings: dict) -> dict:
+    """Where one training step of a measured configuration spends its time, by torch.profiler: on cuda the
+    GPU kernels (grouped by name, the top ones with their share) and how much of the step time the GPU was
+    busy (a step far from 100% is bound by the host: Python, autograd, launches); on the CPU the ops' self
+    times."""
+    impl, precision, mode = measured["impl"], measured["precision"], measured["mode"]
+    row = {"model": case.name, "impl": f"profile: {impl}", "precision": precision, "mode": mode}
+    _, step = _prepared_step(case, impl, precision, mode, device, settings)
+    cuda = device.startswith("cuda")
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with torch._functorch.config.patch(**_DONATED_BUFFERS):
+        for _ in range(3):  # compiled, autotuned, allocated
+            step()
+        _synchronize(device)
+        with torch.profiler.profile(activities=activities) as prof:
+            step()
+            _synchronize(device)
+    times: dict[str, float] = {}
+    events = prof.key_averages()
+    # a record_function range (the optimizer's step, a compiled region) is on the GPU timeline too, spanning
+    # the kernels it launched: only kernels count
+    host_ranges = {e.key for e in events if e.device_type == torch.autograd.DeviceType.CPU}
+    for event in events:
+        if cuda and event.device_type == torch.autograd.DeviceType.CUDA:
+            if event.key in host_ranges or getattr(event, "is_user_annotation", False):
+                continue
+            key, us = _short_name(event.key), event.self_device_time_total
+        elif not cuda and event.device_type == torch.autograd.DeviceType.CPU:
+            key, us = _short_name(event.key), event.self_cpu_time_total
+        else:
+            continue
+        times[key] = times.get(key, 0.0) + us
+    total_ms = sum(times.values()) / 1e3
+    top = sorted(times.items(), key=lambda item: -item[1])[:6]
+    if cuda:
+        row["GPU kernels ms"] = total_ms
+        row["GPU busy %"] = 100 * total_ms / measured["step_ms"]
+    row["where the time goes"] = "; ".join(f"{name} {us / 1e3:.3g} ms ({100 * us / 1e3 / total_ms:.0f}%)"
+                                           for name, us in top)
+    return row
+
+
+def _warp_build(cases: list[_Case], device: str) -> dict:
+    """One untimed fp32 and one bf16 eager step of every warpkan model at its bench shape: the Warp kernels
+    those steps launch are built (or loaded from the kernel cache)."""
+    start = time.perf_counter()
+    for case in cases:
+        for impl, build in case.impls.items():
+            if not impl.startswith("warpkan"):
+                continue
+            torch.manual_seed(0)
+            model = build().to(device)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            x, labels = case.inputs(device)
+            for precision in PRECISIONS:
+                _training_step(model, optimizer, x, labels, device, precision)()
+            _synchronize(device)
+    return {"model": "all", "impl": "Warp kernels of every warpkan model built or loaded (once per machine)",
+            "first_step_s": time.perf_counter() - start}
+
+
+def _first_line(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"
+
+
+def _progress(row: dict) -> str:
+    """One line per configuration as it finishes (a full run takes minutes)."""
+    what = f"{row['model']} | {row['impl']} | {row['precision']} {row['mode']}"
+    if "step_ms" in row:
+        return f"{what}: {row['step_ms']:.3g} ms a step, first step {row['first_step_s']:.3g} s"
+    return f"{what}: {row['note']}"
+
+
+def _mark_fastest(rows: list[dict]) -> None:
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        if "step_ms" in row:
+            groups.setdefault((row["model"], row["impl"]), []).append(row)
+    for group in groups.values():
+        best = min(group, key=lambda r: r["step_ms"])
+        best["fastest"] = "yes"
+
+
+def _best(rows, model, impl_prefix, mode):
+    """The fastest bf16 autocast row of ``model`` whose impl starts with ``impl_prefix`` (in ``mode``, or any)."""
+    found = [r for r in rows if r["model"] == model and r["impl"].startswith(impl_prefix) and "step_ms" in r
+             and r["precision"] == "bf16 autocast" and (mode is None or r["mode"] == mode)]
+    return min(found, key=lambda r: r["step_ms"]) if found else None
+
+
+def _targets(rows: list[dict]) -> list[tuple[dict, list[dict]]]:
+    """(target row, the measured rows it compares) for each of :data:`TARGETS`."""
+    out = []
+    for model, ours, theirs, mode, bound, sense in TARGETS:
+        which = f"{mode}, bf16 autocast" if mode else "bf16 autocast, best mode of each"
+        if sense == "speedup":
+            target = f"{ours} >= {bound}x the throughput of {theirs} ({which})"
+        else:
+            target = f"{ours} step time <= {bound}x that of {theirs} ({which})"
+        a, b = _best(rows, model, ours, mode), _best(rows, model, theirs, mode)
+        row = {"model": model, "impl": "target", "target": target}
+        if a is None or b is None:
+            row["met"] = "not measured"
+        else:
+            ratio = b["step_ms"] / a["step_ms"] if sense == "speedup" else a["step_ms"] / b["step_ms"]
+            met = ratio >= bound if sense == "speedup" else ratio <= bound
+            row["measured"] = (f"{ratio:.2f}x: {a['impl']} {a['mode']} {a['step_ms']:.3g} ms, "
+                               f"{b['impl']} {b['mode']} {b['step_ms']:.3g} ms")
+            row["met"] = "yes" if met else "no"
+        out.append((row, [r for r in (a, b) if r is not None]))
+    return out
+
+
+@register("models")
+def run(device: str = "cuda", quick: bool = False) -> list[dict]:
+    settings = QUICK if quick else FULL
+    cases = _cases(device, quick)
+    rows = [_warp_build(cases, device)]
+    for case in cases:
+        differences = {}
+        for impl in case.impls:
+            note = case.unavailable.get(impl)
+            if note:
+                rows.append({"model": case.name, "impl": impl, "note": note})
+                continue
+            if impl in case.same_function:
+                differences[impl] = _logits_difference(case, impl, device)
+            for precision in PRECISIONS:
+                for mode in MODES:
+                    try:
+                        row = _measure(case, impl, precision, mode, device, settings)
+                    except torch.OutOfMemoryError:
+                        row = {"model": case.name, "impl": impl, "precision": precision, "mode": mode,
+                               "note": "out of memory"}
+                    except Exception as exc:  # noqa: BLE001 - a failure in one mode is a row, not the end of the run
+                        row = {"model": case.name, "impl": impl, "precision": precision, "mode": mode,
+                               "note": f"failed: {_first_line(exc)}"}
+                    if impl in differences:
+                        row["Δ logits"] = differences[impl]
+                    rows.append(row)
+                    print(_progress(row), flush=True)
+                    if device.startswith("cuda"):
+                        torch.cuda.empty_cache()
+    _mark_fastest(rows)
+    targets = _targets(rows)
+    return rows + [row for row, _ in targets] + _missed_target_profiles(cases, targets, device, settings)
+
+
+def _missed_target_profiles(cases, targets, device, settings) -> list[dict]:
+    """A profile of each configuration that a missed target compares (once each)."""
+    by_name = {case.name: case for case in cases}
+    profiled, out = set(), []
+    for target, compared in targets:
+        if target["met"] != "no":
+            continue
+        for measured in compared:
+            key = (measured["model"], measured["impl"], measured["precision"], measured["mode"])
+            if key in profiled:
+                continue
+            profiled.add(key)
+            try:
+                out.append(_profile(by_name[measured["model"]], measured, device, settings))
+            except Exception as exc:  # noqa: BLE001 - the measured rows stand without it
+                out.append({"model": measured["model"], "impl": f"profile: {measured['impl']}",
+                            "precision": measured["precision"], "mode": measured["mode"],
+                            "note": f"profile failed: {_first_line(exc)}"})
+            print(f"{out[-1]['model']} | {out[-1]['impl']} | {measured['precision']} {measured['mode']}: profiled",
+                  flush=True)
+    return out
