@@ -436,8 +436,15 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
                     if device.startswith("cuda"):
                         torch.cuda.empty_cache()
     _mark_fastest(rows)
+    if not device.startswith("cuda"):
+        return rows  # the targets are GPU figures: a CPU table holds what was measured, nothing compared with them
+    return rows + target_rows_and_profiles(rows, cases, device, settings)
+
+
+def target_rows_and_profiles(rows: list[dict], cases, device: str, settings) -> list[dict]:
+    """The target rows of the measured ``rows`` and a profile of each configuration a missed target compares."""
     targets = _targets(rows)
-    return rows + [row for row, _ in targets] + _missed_target_profiles(cases, targets, device, settings)
+    return [row for row, _ in targets] + _missed_target_profiles(cases, targets, device, settings)
 
 
 def _missed_target_profiles(cases, targets, device, settings) -> list[dict]:
