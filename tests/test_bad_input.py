@@ -415,3 +415,14 @@ def test_native_wrong_device(name):
     layer = _native_layer(name)
     with pytest.raises(ValueError, match="x must be on the layer's device cpu"):
         layer(wp.zeros((2, 4), dtype=wp.float64, device="cuda"))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: warpkan.GroupRational(8, num_groups=2, order=(0, 3), init="identity", device="cpu"),
+    lambda: __import__("warpkan.torch_bridge", fromlist=["GroupRational"]).GroupRational(
+        8, num_groups=2, order=(0, 3), init="identity"),
+], ids=["native", "torch"])
+def test_identity_init_needs_a_numerator_of_degree_one(make):
+    """F(x) = x cannot be a constant numerator: refused by name instead of a tensor-size error."""
+    with pytest.raises(ValueError, match=r"init='identity'.*m >= 1"):
+        make()

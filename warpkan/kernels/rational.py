@@ -1049,6 +1049,8 @@ def init_coefficients(init: str, order: tuple, variant: str) -> "tuple[list[floa
     table = _init_table()
     key = f"{variant}_{m}_{n}"
     if init == "identity":
+        if m < 1:
+            raise ValueError(f"init='identity' (F(x) = x) needs a numerator of degree m >= 1, got order {(m, n)}")
         return [0.0, 1.0] + [0.0] * (m - 1), [0.0] * n
     if key not in table:
         fitted = sorted({k.split("_", 1)[1].replace("_", ", ") for k in table})
