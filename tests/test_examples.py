@@ -21,6 +21,7 @@ OUTPUTS = {
     "pinn_logistic.py": ["pinn_logistic.png"],
     "symbolic_regression.py": ["symbolic_regression.png"],
     "train_distributed.py": [],
+    "train_mixer.py": ["train_mixer.png"],
     "ukan_moons.py": ["ukan_moons.png"],
     "ukan_regression.py": ["ukan_regression.png"],
     "ukan_unbounded.py": ["ukan_unbounded.png"],
