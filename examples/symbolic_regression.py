@@ -1,17 +1,24 @@
 """Symbolic regression with a KAN: recover f(x, y) = exp(sin(pi x) + y^2) as a formula.
 
-1. train a [2, 5, 1] KANLinear network on samples of f (L-BFGS, knots refitted to the data a few times);
-2. prune it with ``warpkan.interpret.prune``: f is one outer function of one sum, exp(g(x) + k(y)), so the
-   hidden layer is pruned down to one node, the least important node at a time (its importance score as the
-   node threshold), training a few rounds after each removal;
-3. ``auto_symbolic`` fits every edge to the function library (sin, x^2 and exp are expected) and returns a
-   SymbolicKAN, whose constants are then fine-tuned by L-BFGS;
+1. train a [2, 5, 1] KANLinear network on samples of f with pykan's sparsity penalty (``lamb`` times the sum of
+   the edges' scales, each the standard deviation of phi_{o,i} over the batch over that of its input (+ 0.1),
+   plus twice the entropy of the scales over each node's edges): Adam first, whose small steps give the penalty
+   time to empty the hidden nodes the function does not need, then L-BFGS (alone, with or without the penalty,
+   L-BFGS settles for some seeds in a minimum that spreads f over several hidden nodes with non-monotonic outer
+   functions, which the penalty does not leave); the knots are refitted to each layer's inputs a few times
+   early on;
+2. prune with pykan's default thresholds (``warpkan.interpret.prune``): f is one outer function of one sum,
+   exp(g(x) + k(y)), so one hidden node should be left; while more are, another round of regularised L-BFGS and
+   another prune;
+3. train the pruned network without the penalty; ``auto_symbolic`` fits every edge to the function library (sin,
+   x^2 and exp are expected; of fits whose R^2 differ by less than ``--r2-tolerance`` the simplest is taken) and
+   returns a SymbolicKAN, whose constants are then fine-tuned by L-BFGS;
 4. print the recovered formula (``formula``) and check it: its RMSE against f on held-out points must be at
-   most 1e-2 (non-zero exit otherwise).
+   most 1e-2 and no edge may be left numeric (non-zero exit otherwise).
 
 It saves a pykan-style plot of the trained and the pruned networks (``--out``).
 
-    python examples/symbolic_regression.py [--quick] [--out symbolic_regression.png] [--device cpu|cuda]
+    python examples/symbolic_regression.py [--quick] [--seed 1] [--out symbolic_regression.png] [--device cpu|cuda]
 """
 
 import argparse
@@ -29,57 +36,117 @@ import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from warpkan.interpret import auto_symbolic, formula, importance, plot_network, prune  # noqa: E402
-from warpkan.torch_bridge import KANLinear  # noqa: E402
+from warpkan.torch_bridge import KANLinear, bspline_kan  # noqa: E402
 
 
 def target(x: torch.Tensor) -> torch.Tensor:
     return torch.exp(torch.sin(math.pi * x[:, :1]) + x[:, 1:2] ** 2)
 
 
-def fit(model, x, y, rounds, desc, grid_updates=()):
-    """L-BFGS on the mean squared error, 10 iterations a round; knots refitted to each layer's inputs before
-    the rounds in ``grid_updates`` (KANLinear layers only). Returns the final loss."""
+def edge_values(layer: KANLinear, h: torch.Tensor) -> torch.Tensor:
+    """[N, out, in]: phi_{o,i}(h[:, i]) for every edge of ``layer``, differentiable in the parameters and in h. The
+    layer's kernel (``bspline_kan``) runs once, on a layer of out * in outputs whose output (o, i) keeps the one
+    edge (o, i); summed over i it is the layer's output."""
+    n_out, n_in = layer.out_features, layer.in_features
+    eye = torch.eye(n_in, dtype=h.dtype, device=h.device)
+
+    def one_edge_per_output(p):  # [out, in, ...] -> [out * in, in, ...], p[o, i] at ((o, i), i), zero elsewhere
+        mask = eye.reshape(1, n_in, n_in, *([1] * (p.dim() - 2)))
+        return (p.unsqueeze(1) * mask).reshape(n_out * n_in, n_in, *p.shape[2:])
+
+    base = one_edge_per_output(layer.base_weight) if layer.use_base else None
+    y = bspline_kan(h, layer.grid, base, one_edge_per_output(layer.spline_weight),
+                    one_edge_per_output(layer.spline_scaler), layer.spline_order, uniform=False,
+                    deterministic=layer.deterministic, strategy=layer.strategy, precision=layer.precision)
+    return y.view(-1, n_out, n_in)
+
+
+def penalised_forward(model, x, entropy: float = 2.0):
+    """(model(x), pykan's sparsity penalty): for every layer, the L1 norm of its edges' scales (the standard
+    deviation of phi_{o,i} over the batch over that of input i, + 0.1; pykan's ``acts_scale_spline``) plus
+    ``entropy`` times the mean entropy of the scales, normalised, over each output's edges and over each input's
+    edges (pykan 0.2.8's ``reg`` with its defaults lamb_l1 = 1, lamb_entropy = 2)."""
+    h, penalty = x, 0.0
+    for layer in model:
+        edges = edge_values(layer, h)
+        scale = edges.std(0) / (h.std(0) + 0.1)  # [out, in]
+        rows = scale / (scale.sum(1, keepdim=True) + 1)
+        cols = scale / (scale.sum(0, keepdim=True) + 1)
+        spread = -(rows * torch.log2(rows + 1e-4)).sum(1).mean() - (cols * torch.log2(cols + 1e-4)).sum(0).mean()
+        penalty = penalty + scale.sum() + entropy * spread
+        h = edges.sum(-1)
+    return h, penalty
+
+
+def update_grids(model, x):
+    """Refit every KANLinear's knots to the inputs it sees."""
+    with torch.no_grad():
+        h = x
+        for layer in model:
+            if isinstance(layer, KANLinear):
+                layer.update_grid(h)
+            h = layer(h)
+
+
+def fit(model, x, y, steps, desc, lamb=0.0, grid_updates=(), adam=False):
+    """Minimise the mean squared error (+ ``lamb`` times the sparsity penalty) by ``steps`` Adam steps (learning
+    rate 1e-2) or ``steps`` L-BFGS rounds of at most 20 iterations; knots refitted to each layer's inputs
+    before the steps in ``grid_updates`` (KANLinear layers only). Returns the final mean squared error."""
+    def loss_fn():
+        if lamb:
+            out, penalty = penalised_forward(model, x)
+            return torch.nn.functional.mse_loss(out, y) + lamb * penalty
+        return torch.nn.functional.mse_loss(model(x), y)
+
     def closure():
         opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss = loss_fn()
         loss.backward()
         return loss
 
     opt = None
-    bar = tqdm(range(rounds), desc=desc, leave=False)
+    bar = tqdm(range(steps), desc=desc, leave=False, mininterval=0.5)
     for step in bar:
         if step in grid_updates:
-            with torch.no_grad():
-                h = x
-                for layer in model:
-                    if isinstance(layer, KANLinear):
-                        layer.update_grid(h)
-                    h = layer(h)
+            update_grids(model, x)
             opt = None
-        if opt is None:  # (re)started after a grid update: the old curvature pairs no longer apply
-            opt = torch.optim.LBFGS(model.parameters(), lr=1, max_iter=10, history_size=10,
-                                    line_search_fn="strong_wolfe")
+        if opt is None:  # (re)started after a grid update: the old moments or curvature pairs no longer apply
+            opt = (torch.optim.Adam(model.parameters(), lr=1e-2) if adam else
+                   torch.optim.LBFGS(model.parameters(), lr=1, max_iter=20, history_size=10,
+                                     line_search_fn="strong_wolfe"))
         loss = opt.step(closure)
-        bar.set_postfix(loss=f"{loss.item():.2e}")
+        if not adam or step % 50 == 0:
+            bar.set_postfix(loss=f"{loss.item():.2e}")
     with torch.no_grad():
         return torch.nn.functional.mse_loss(model(x), y).item()
 
 
+def widths(model):
+    return [model[0].in_features] + [layer.out_features for layer in model]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer samples and rounds (a smoke run)")
+    parser.add_argument("--quick", action="store_true", help="fewer samples and steps (a smoke run)")
     parser.add_argument("--samples", type=int, default=None, help="training samples (default 2000, quick 1000)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", default="symbolic_regression.png")
+    parser.add_argument("--lamb", type=float, default=1e-2, help="sparsity penalty of the Adam steps (L-BFGS: a third)")
     parser.add_argument("--r2-threshold", type=float, default=0.9, help="auto_symbolic's R^2 threshold")
+    parser.add_argument("--r2-tolerance", type=float, default=1e-4,
+                        help="auto_symbolic's r2_tolerance: of fits within it of each other, the simplest")
     parser.add_argument("--max-rmse", type=float, default=1e-2, help="held-out RMSE the formula must reach")
     args = parser.parse_args()
     samples = args.samples or (1000 if args.quick else 2000)
-    rounds = (6, 3, 10, 10) if args.quick else (10, 4, 20, 20)
+    # Adam steps, regularised L-BFGS rounds (each prune round too), L-BFGS rounds of the pruned network and of the
+    # formula's constants
+    steps = (1000, 30, 20, 20) if args.quick else (2000, 50, 40, 40)
     start = time.perf_counter()
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # a tiny network: more threads only add synchronisation (a lot on a busy machine)
     x = torch.rand(samples, 2, device=device) * 2 - 1
     x_test = torch.rand(2000, 2, device=device) * 2 - 1
     y, y_test = target(x), target(x_test)
@@ -87,32 +154,36 @@ def main():
     # contiguous parameters: torch's L-BFGS flattens every gradient with view(-1)
     options = dict(grid_size=5, spline_order=3, contiguous_parameters=True, device=device)
     model = torch.nn.Sequential(KANLinear(2, 5, **options), KANLinear(5, 1, **options))
-    loss = fit(model, x, y, rounds[0], "train [2, 5, 1]", grid_updates=(0, 2, 4))
-    scores = importance(model, x)
-    hidden = scores.node[1]
-    print(f"[2, 5, 1] KAN: train MSE {loss:.2e}; hidden-node importance {np.round(hidden.cpu().numpy(), 3).tolist()}")
+    fit(model, x, y, steps[0], "train [2, 5, 1], Adam + sparsity", lamb=args.lamb, adam=True,
+        grid_updates=range(0, steps[0] // 2, steps[0] // 10))
+    loss = fit(model, x, y, steps[1], "train [2, 5, 1], L-BFGS + sparsity", lamb=args.lamb / 3,
+               grid_updates=range(0, steps[1] // 2, 5))
+    hidden = importance(model, x).node[1]
+    print(f"[2, 5, 1] KAN: train MSE {loss:.2e}; hidden-node importance {[round(float(v), 3) for v in hidden]}")
 
-    # one weakest hidden node at a time (``prune`` with the lowest score as the node threshold), a few rounds of
-    # training after each removal so the function moves onto the nodes that stay
-    pruned = model
-    while pruned[0].out_features > 1:
-        weakest = float(importance(pruned, x).node[1].min())
-        pruned = prune(pruned, x, node_threshold=weakest)
-        loss = fit(pruned, x, y, rounds[1], f"train [2, {pruned[0].out_features}, 1]", grid_updates=(0, 1))
-    widths = [pruned[0].in_features] + [layer.out_features for layer in pruned]
-    loss = fit(pruned, x, y, rounds[2], f"train {widths}", grid_updates=(0, 2, 4))
+    # pykan's default thresholds (node 1e-2, edge 3e-2); while more than one hidden node is left, the penalty
+    # gets another round to empty the weaker ones
+    pruned = prune(model, x)
+    for _ in range(3):
+        if pruned[0].out_features == 1:
+            break
+        print(f"  pruned to {widths(pruned)}: another round with the penalty")
+        fit(pruned, x, y, steps[1], f"train {widths(pruned)}, L-BFGS + sparsity", lamb=args.lamb / 3,
+            grid_updates=range(0, steps[1] // 2, 5))
+        pruned = prune(pruned, x)
+    loss = fit(pruned, x, y, steps[2], f"train {widths(pruned)}", grid_updates=range(0, steps[2] // 2, 5))
     with torch.no_grad():
         kan_rmse = torch.sqrt(torch.mean((pruned(x_test) - y_test) ** 2)).item()
-    print(f"pruned to {widths}: train MSE {loss:.2e}, held-out RMSE {kan_rmse:.2e}")
+    print(f"pruned to {widths(pruned)}: train MSE {loss:.2e}, held-out RMSE {kan_rmse:.2e}")
 
-    symbolic = auto_symbolic(pruned, x, r2_threshold=args.r2_threshold)
+    symbolic = auto_symbolic(pruned, x, r2_threshold=args.r2_threshold, r2_tolerance=args.r2_tolerance)
     for index, layer in enumerate(symbolic.layers):
         for o, i, edge in layer.fixed_edges():
             print(f"  layer {index} edge ({o}, {i}): {edge.name:8s} R^2 = {edge.r2:.6f}")
         left = layer.numeric_live_edges().sum().item()
         if left:
             print(f"  layer {index}: {left} edges stay numeric (no formula reached R^2 {args.r2_threshold})")
-    loss = fit(symbolic, x, y, rounds[3], "fine-tune the formula's constants")
+    loss = fit(symbolic, x, y, steps[3], "fine-tune the formula's constants")
     expression = formula(symbolic, variables=["x", "y"], digits=4)[0]
     print(f"recovered formula: f(x, y) = {expression}")
 
@@ -128,7 +199,8 @@ def main():
     print(f"formula's RMSE on {len(xt)} held-out points: {rmse:.2e} (target: at most {args.max_rmse:g})")
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 5))
-    for ax, (net, name) in zip(axes, ((model, "trained [2, 5, 1]"), (symbolic, "pruned, symbolic (red)"))):
+    panels = ((model, "trained [2, 5, 1], sparsity penalty"), (symbolic, "pruned, symbolic (red)"))
+    for ax, (net, name) in zip(axes, panels):
         diagram = plot_network(net, x, in_vars=["x", "y"], out_vars=["f"], width=5)
         diagram.canvas.draw()
         ax.imshow(np.asarray(diagram.canvas.buffer_rgba()))

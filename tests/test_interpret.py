@@ -334,6 +334,38 @@ def test_fit_function_recovers_known_parameters(name, params):
         assert fit.b == 1.0 if name != "exp" else fit.c == 0.0
 
 
+@pytest.mark.parametrize("spread", [0.01, 0.125, 1.0, 40.0])
+def test_fit_function_ranges_are_relative_to_the_spread_of_x(spread):
+    # the same curves on inputs of any spread and offset: b_range bounds b for x mapped onto [-1, 1], so
+    # exp(3 t) and sin(4 t + 1) are found at every spread (with b = 3 / spread, 4 / spread: 300 for 0.01)
+    t = np.linspace(-1, 1, 400)
+    x = 3 * spread + spread * t
+    for name, (a, b, c, d), scale in (("exp", (1.3, 3.0, 0.0, 0.01), 1e-6), ("sin", (0.7, 4.0, 1.0, -0.2), 1e-6)):
+        y = a * SYMBOLIC_LIB[name].numpy(b * t + c) + d
+        fit = fit_function(x, y, SYMBOLIC_LIB[name])
+        assert fit.r2 > 1 - 1e-10, (name, fit)
+        np.testing.assert_allclose(fit.a * SYMBOLIC_LIB[name].numpy(fit.b * x + fit.c) + fit.d, y, atol=scale)
+        assert abs(fit.b * spread - b) < 1e-5 * b
+    # so the exponential (complexity 2) is found and ranks above the tanh imitating it (complexity 3)
+    fits = suggest_symbolic(_symbolic_layer([(0, 0, "exp", (1.3, 3.0 / spread, -9.0, 0.0))], _layer("kan", 1, 1)),
+                            0, 0, torch.tensor(x, dtype=F64).unsqueeze(1))
+    assert fits[0].name == "exp" and fits[0].r2 > 1 - 1e-10
+
+
+@pytest.mark.parametrize("name, params", [("sin", (-1.5, -2.0, 2.5 + 2 * math.pi, 0.3)), ("sin", (1.0, 3.0, -3.0, 0.0)),
+                                          ("tanh", (1.2, -2.5, 0.4, 0.1)), ("gaussian", (1.0, -1.7, 0.2, 0.0))])
+def test_fit_function_normalises_symmetric_functions(name, params):
+    # sin: b > 0 and |c| <= pi / 2 (a sin(u) = -a sin(u - pi), 2 pi periodic); tanh and the gaussian: b > 0
+    x = np.linspace(-1, 1, 400)
+    a, b, c, d = params
+    y = a * SYMBOLIC_LIB[name].numpy(b * x + c) + d
+    fit = fit_function(x, y, SYMBOLIC_LIB[name])
+    assert fit.r2 > 1 - 1e-10 and fit.b > 0
+    if name == "sin":
+        assert abs(fit.c) <= math.pi / 2
+    np.testing.assert_allclose(fit.a * SYMBOLIC_LIB[name].numpy(fit.b * x + fit.c) + fit.d, y, atol=1e-6)
+
+
 def _symbolic_layer(fixed, layer=None):
     layer = layer or _layer("kan", 3, 2)
     fits = [(o, i, SymbolicFit(name, *p, r2=1.0, complexity=SYMBOLIC_LIB[name].complexity, score=0.0))
@@ -370,13 +402,19 @@ def test_suggest_symbolic_on_a_layer_edge():
         layer.spline_weight[1, 2].zero_()
         layer.base_weight[1, 2] = 0.8
     lib = ["x", "x^2", "tanh", "sin"]
-    fits = suggest_symbolic(layer, 1, 2, lib=lib, weight_simple=0.0, n=500)  # on the grid interval [-1, 1]
+    # on the grid interval [-1, 1]; ranked by R^2 alone
+    fits = suggest_symbolic(layer, 1, 2, lib=lib, weight_simple=0.0, r2_tolerance=0.0, n=500)
     t = np.linspace(-1, 1, 500)
     values = 0.8 * t / (1 + np.exp(-t))
     expected = {name: fit_function(t, values, SYMBOLIC_LIB[name], weight_simple=0.0) for name in lib}
     assert [fit.name for fit in fits] == sorted(lib, key=lambda name: -expected[name].r2)
     for fit in fits:
         assert abs(fit.r2 - expected[fit.name].r2) < 1e-9
+    # silu on [-1, 1] is nearly a parabola: a cosine with a ~ -30 fits it slightly better, within the default
+    # r2_tolerance, so the parabola (3 free constants, the cosine's 4) leads; the rest keep their order
+    assert fits[0].name == "sin" and abs(fits[0].a) > 10
+    default = suggest_symbolic(layer, 1, 2, lib=lib, weight_simple=0.0, n=500)
+    assert [fit.name for fit in default] == ["x^2"] + [fit.name for fit in fits if fit.name != "x^2"]
     with pytest.raises(ValueError, match="o must be"):
         suggest_symbolic(layer, 2, 0)
     with pytest.raises(ValueError, match="unknown function"):
@@ -409,6 +447,33 @@ def test_auto_symbolic_and_formula():
     rounded = formula(recovered, digits=3)[0]
     assert all(len(f"{float(f):.10g}".replace("-", "").replace(".", "").lstrip("0").rstrip("0")) <= 3
                for f in rounded.atoms(sympy.Float))
+
+
+def test_r2_tolerance_prefers_the_simpler_function():
+    # an edge that is a parabola up to a small quartic term: sin (a cos(b x) + d with small b, huge a) and the
+    # gaussian fit it a little better than x^2 does; within r2_tolerance of each other x^2 is the simpler one
+    x = torch.linspace(-1, 1, 400, dtype=F64).unsqueeze(1)
+    y = x**2 - 0.02 * x**4
+    layer = KANLinear(1, 1, grid_size=10, base_activation=None, dtype=F64)
+    with torch.no_grad():
+        layer.spline_scaler.fill_(1.0)
+        basis = b_splines(x, layer.grid, 3)[:, 0]
+        layer.spline_weight.copy_(torch.linalg.lstsq(basis, y).solution.reshape(1, 1, -1))
+        assert (layer(x) - y).abs().max() < 1e-5
+    by_r2 = suggest_symbolic(layer, 0, 0, x, r2_tolerance=0.0)
+    assert by_r2[0].name in ("sin", "gaussian") and abs(by_r2[0].a) > 5
+    parabola = next(fit for fit in by_r2 if fit.name == "x^2")
+    assert 1e-6 < by_r2[0].r2 - parabola.r2 < 1e-4
+    simplest = suggest_symbolic(layer, 0, 0, x)
+    assert simplest[0] == parabola and simplest[1:] == [fit for fit in by_r2 if fit is not parabola]
+    names = {tol: [fit.name for _, _, fit in auto_symbolic(layer, x, r2_tolerance=tol).layers[0].fixed_edges()]
+             for tol in (0.0, 1e-4)}
+    assert names == {0.0: [by_r2[0].name], 1e-4: ["x^2"]}
+    # a tolerance below the gap keeps the best R^2
+    assert suggest_symbolic(layer, 0, 0, x, r2_tolerance=1e-7)[0].name == by_r2[0].name
+    for bad in (-1e-3, float("nan"), "0.1", True):
+        with pytest.raises(ValueError, match="r2_tolerance"):
+            auto_symbolic(layer, x, r2_tolerance=bad)
 
 
 def test_symbolic_kan_fine_tunes_with_lbfgs():

@@ -3,8 +3,14 @@
 Each edge is fitted by least squares to ``a f(b x + c) + d`` for every function f of a library. For a given
 (b, c) the best a and d are a linear least-squares problem, so only (b, c) is searched: a coarse grid of
 (b, c) ranks starting points by R^2 and ``scipy.optimize.least_squares`` refines the best few (the residual
-solves for a and d at each (b, c)). Candidates are ranked as pykan ranks them: by
-``weight_simple * complexity + (1 - weight_simple) * log2(1 + 1e-5 - R^2)``.
+solves for a and d at each (b, c)), both on the edge's inputs mapped onto [-1, 1], so that the (b, c) ranges
+do not depend on the spread of a hidden node's activations. Candidates are ranked as pykan ranks them: by
+``weight_simple * complexity + (1 - weight_simple) * log2(1 + 1e-5 - R^2)``; then the simplest candidate whose
+R^2 is within ``r2_tolerance`` of the top-ranked one takes the lead (lowest complexity, then fewest free
+constants). The second rule matters because the four-constant functions reach the three-constant ones as
+limits: ``a cos(b x) + d`` with b -> 0 (and a ~ 1/b^2) becomes a parabola, ``a tanh(b x + c) + d`` with
+c -> -inf an exponential, so on an edge that is a parabola up to small errors the cosine's extra freedom fits
+the errors and wins on R^2 alone, with huge constants.
 
 :func:`auto_symbolic` returns a :class:`SymbolicKAN`: the network with the edges whose best fit reaches the
 R^2 threshold replaced by their formulas (trainable ``a, b, c, d``; the other edges stay numeric), a torch
@@ -41,7 +47,9 @@ class SymbolicFunction:
     """A library function f for the fits ``a f(b x + c) + d``: its numpy form (the fits), torch form (the
     :class:`SymbolicKAN` forward), sympy form (:func:`formula`) and complexity (pykan's ranking).
     ``normalize`` optionally maps fitted (a, b, c, d) to an equal function with simpler constants (for
-    example b = 1 for powers), for readable formulas."""
+    example b = 1 for powers), for readable formulas. ``constants``: how many of (a, b, c, d) are free
+    (fewer where f's symmetries absorb some: 3 for ``a (x + c)^2 + d``, 2 for ``a x + d``); among fits of
+    equal complexity within ``r2_tolerance`` of each other, fewer constants win."""
 
     name: str
     numpy: Callable
@@ -49,6 +57,7 @@ class SymbolicFunction:
     sympy: Callable
     complexity: float
     normalize: Callable | None = None
+    constants: int = 4
 
 
 def _power(p: float, parity: int):
@@ -81,6 +90,26 @@ def _linear(a, b, c, d):
     return a * b, 1.0, 0.0, a * c + d
 
 
+def _sine(a, b, c, d):
+    """a sin(b x + c) = -a sin(-b x - c) = -a sin(b x + c - pi): b > 0 and |c| <= pi / 2."""
+    if b < 0:
+        a, b, c = -a, -b, -c
+    c = math.remainder(c, 2 * math.pi)  # in [-pi, pi]
+    if abs(c) > math.pi / 2:
+        a, c = -a, c - math.copysign(math.pi, c)
+    return a, b, c, d
+
+
+def _odd(a, b, c, d):
+    """f(-u) = -f(u): b > 0."""
+    return (-a, -b, -c, d) if b < 0 else (a, b, c, d)
+
+
+def _even(a, b, c, d):
+    """f(-u) = f(u): b > 0."""
+    return (a, -b, -c, d) if b < 0 else (a, b, c, d)
+
+
 def _sp(name: str):
     return lambda u: getattr(_sympy(), name)(u)
 
@@ -88,18 +117,18 @@ def _sp(name: str):
 SYMBOLIC_LIB: dict[str, SymbolicFunction] = {
     f.name: f
     for f in (
-        SymbolicFunction("x", lambda u: u, lambda u: u, lambda u: u, 1, _linear),
-        SymbolicFunction("x^2", lambda u: u**2, lambda u: u**2, lambda u: u**2, 2, _power(2, 1)),
-        SymbolicFunction("x^3", lambda u: u**3, lambda u: u**3, lambda u: u**3, 3, _power(3, -1)),
-        SymbolicFunction("exp", np.exp, torch.exp, _sp("exp"), 2, _exp_shift),
-        SymbolicFunction("log", np.log, torch.log, _sp("log"), 2, _log_scale),
-        SymbolicFunction("sin", np.sin, torch.sin, _sp("sin"), 2),
-        SymbolicFunction("tanh", np.tanh, torch.tanh, _sp("tanh"), 3),
-        SymbolicFunction("sqrt", np.sqrt, torch.sqrt, _sp("sqrt"), 2, _power(0.5, 0)),
-        SymbolicFunction("1/x", lambda u: 1 / u, lambda u: 1 / u, lambda u: 1 / u, 2, _power(-1, -1)),
-        SymbolicFunction("abs", np.abs, torch.abs, _sp("Abs"), 3, _power(1, 1)),
+        SymbolicFunction("x", lambda u: u, lambda u: u, lambda u: u, 1, _linear, 2),
+        SymbolicFunction("x^2", lambda u: u**2, lambda u: u**2, lambda u: u**2, 2, _power(2, 1), 3),
+        SymbolicFunction("x^3", lambda u: u**3, lambda u: u**3, lambda u: u**3, 3, _power(3, -1), 3),
+        SymbolicFunction("exp", np.exp, torch.exp, _sp("exp"), 2, _exp_shift, 3),
+        SymbolicFunction("log", np.log, torch.log, _sp("log"), 2, _log_scale, 3),
+        SymbolicFunction("sin", np.sin, torch.sin, _sp("sin"), 2, _sine),
+        SymbolicFunction("tanh", np.tanh, torch.tanh, _sp("tanh"), 3, _odd),
+        SymbolicFunction("sqrt", np.sqrt, torch.sqrt, _sp("sqrt"), 2, _power(0.5, 0), 3),
+        SymbolicFunction("1/x", lambda u: 1 / u, lambda u: 1 / u, lambda u: 1 / u, 2, _power(-1, -1), 3),
+        SymbolicFunction("abs", np.abs, torch.abs, _sp("Abs"), 3, _power(1, 1), 3),
         SymbolicFunction("gaussian", lambda u: np.exp(-(u**2)), lambda u: torch.exp(-(u**2)),
-                         lambda u: _sympy().exp(-(u**2)), 3),
+                         lambda u: _sympy().exp(-(u**2)), 3, _even),
     )
 }
 """The default library: pykan's functions and complexities for x, x^2, x^3, exp, log, sin, tanh, sqrt, 1/x, abs and
@@ -154,7 +183,13 @@ def _affine_fit(values: np.ndarray, y: np.ndarray) -> tuple[float, float, np.nda
 def fit_function(x: np.ndarray, y: np.ndarray, function: SymbolicFunction, b_range=(-10.0, 10.0),
                  c_range=(-10.0, 10.0), grid: int = 51, starts: int = 3,
                  weight_simple: float = 0.8) -> SymbolicFit:
-    """Least-squares fit of y ~ a f(b x + c) + d on 1-D float arrays (finite pairs only)."""
+    """Least-squares fit of y ~ a f(b x + c) + d on 1-D float arrays (finite pairs only).
+
+    The search runs on x mapped onto [-1, 1] (by its smallest and largest values), where ``b_range`` and
+    ``c_range`` bound the starting points; the result is mapped back. So the ranges are relative to the spread of
+    x: an edge of a hidden node whose activations span 0.2 needs a b five times larger than on [-1, 1], which
+    fixed ranges would miss (``a exp(12 x)`` on [-0.125, 0.125] would then be fitted far better by a tanh with
+    huge constants, ``a tanh(b x + c)`` with c -> -inf being an exponential)."""
     from scipy.optimize import least_squares
 
     x = np.asarray(x, dtype=np.float64)
@@ -163,6 +198,12 @@ def fit_function(x: np.ndarray, y: np.ndarray, function: SymbolicFunction, b_ran
     x, y = x[finite], y[finite]
     if x.size == 0:
         raise ValueError("an edge needs at least one finite point to be fitted")
+    # x = centre + half t with t in [-1, 1]; b x + c = (b half) t + (c + b centre)
+    lo, hi = float(x.min()), float(x.max())
+    centre, half = (lo + hi) / 2, (hi - lo) / 2
+    if not (math.isfinite(half) and half > 0):
+        centre, half = 0.0, 1.0
+    x = (x - centre) / half
     ss_tot = float(np.sum((y - y.mean()) ** 2))
     scale = math.sqrt(ss_tot / x.size) + abs(float(y.mean())) + 1.0
 
@@ -196,7 +237,9 @@ def fit_function(x: np.ndarray, y: np.ndarray, function: SymbolicFunction, b_ran
     for b0, c0 in candidates:
         if evaluate(b0, c0) is None:
             continue
-        solution = least_squares(residual, np.array([b0, c0]), method="trf", x_scale="jac")
+        # unit x_scale: on t in [-1, 1], b and c have like scales; scaling by the Jacobian would send a constant
+        # that the residual does not depend on (exp's c, absorbed by a) on long walks that end far from the fit
+        solution = least_squares(residual, np.array([b0, c0]), method="trf")
         b, c = (float(v) for v in solution.x)
         values = evaluate(b, c)
         if values is None:
@@ -208,6 +251,7 @@ def fit_function(x: np.ndarray, y: np.ndarray, function: SymbolicFunction, b_ran
     if best is None:
         return SymbolicFit(function.name, 0.0, 1.0, 0.0, float(y.mean()), -math.inf, function.complexity, math.inf)
     ss_res, a, b, c, d = best
+    b, c = b / half, c - b * centre / half  # back from t to x
     if ss_tot > 0:
         r2 = 1.0 - ss_res / ss_tot
     else:  # a constant edge: every candidate that reproduces it is exact
@@ -218,27 +262,50 @@ def fit_function(x: np.ndarray, y: np.ndarray, function: SymbolicFunction, b_ran
                        _score(r2, function.complexity, weight_simple))
 
 
-def _rank(x: np.ndarray, y: np.ndarray, functions, weight_simple, b_range, c_range) -> list[SymbolicFit]:
+def _rank(x: np.ndarray, y: np.ndarray, functions, weight_simple, b_range, c_range,
+          r2_tolerance: float = 0.0) -> list[SymbolicFit]:
     fits = [fit_function(x, y, f, b_range, c_range, weight_simple=weight_simple) for f in functions]
-    return sorted(fits, key=lambda fit: (fit.score, -fit.r2))
+    return _simplest_first(sorted(fits, key=lambda fit: (fit.score, -fit.r2)), functions, r2_tolerance)
+
+
+def _simplest_first(fits: list[SymbolicFit], functions, r2_tolerance: float) -> list[SymbolicFit]:
+    """``fits`` (ranked) with the simplest fit whose R^2 is within ``r2_tolerance`` of the top-ranked one moved to
+    the front: lowest complexity, then fewest free constants, then the ranking's order."""
+    if not fits or r2_tolerance <= 0 or not math.isfinite(fits[0].r2):
+        return fits
+    constants = {f.name: f.constants for f in functions}
+    close = [fit for fit in fits if fit.r2 >= fits[0].r2 - r2_tolerance]
+    simplest = min(close, key=lambda fit: (fit.complexity, constants.get(fit.name, 4)))
+    return [simplest] + [fit for fit in fits if fit is not simplest]
+
+
+def _check_tolerance(r2_tolerance) -> float:
+    if isinstance(r2_tolerance, bool) or not isinstance(r2_tolerance, (int, float)) or not r2_tolerance >= 0:
+        raise ValueError(f"r2_tolerance must be a number >= 0, got {r2_tolerance!r}")
+    return float(r2_tolerance)
 
 
 def suggest_symbolic(layer, o: int, i: int, x: Tensor | None = None, *, x_range=None, n: int = 1000, lib=None,
-                     weight_simple: float = 0.8, b_range=(-10.0, 10.0), c_range=(-10.0, 10.0)) -> list[SymbolicFit]:
+                     weight_simple: float = 0.8, b_range=(-10.0, 10.0), c_range=(-10.0, 10.0),
+                     r2_tolerance: float = 1e-4) -> list[SymbolicFit]:
     """Fit edge ``phi_{o,i}`` of ``layer`` to every library function as ``a f(b x + c) + d`` and return the
     candidates, best first, each with its R^2 (pykan's ranking, which trades R^2 for simplicity by
-    ``weight_simple``; 0 ranks by R^2 alone).
+    ``weight_simple``; 0 ranks by R^2 alone). Then the simplest candidate (lowest complexity, then fewest free
+    constants: see :class:`SymbolicFunction`) whose R^2 is at most ``r2_tolerance`` below the top-ranked one's
+    is moved to the front (0: pykan's ranking unchanged): fits that the data cannot tell apart go to the
+    simpler function, not to a cosine with huge constants imitating a parabola.
 
     The edge is evaluated at the data ``x`` (..., in) of the layer's inputs, or at ``n`` points of
     ``x_range`` (see :func:`warpkan.interpret.edge_functions`). ``lib``: names in :data:`SYMBOLIC_LIB` or
     :class:`SymbolicFunction` objects (default: the whole library). (b, c) starting points are searched in
-    ``b_range`` x ``c_range``.
+    ``b_range`` x ``c_range`` for the edge's inputs mapped onto [-1, 1] (see :func:`fit_function`).
     """
     from .edges import edge_functions
 
     layer = _single_layer(layer)
     _check_edge_index(layer, o, i)
     functions = _library(lib)
+    r2_tolerance = _check_tolerance(r2_tolerance)
     if isinstance(layer, SymbolicLayer):
         values = edge_functions(layer, x, x_range=x_range, n=n)
         xs, ys = values.x[:, i], values.y[:, o, i]
@@ -251,20 +318,22 @@ def suggest_symbolic(layer, o: int, i: int, x: Tensor | None = None, *, x_range=
             bounds = None if default is None else default[i : i + 1]
         values = edge_functions(single, points, x_range=bounds, n=n)
         xs, ys = values.x[:, 0], values.y[:, 0, 0]
-    return _rank(_numpy(xs), _numpy(ys), functions, weight_simple, b_range, c_range)
+    return _rank(_numpy(xs), _numpy(ys), functions, weight_simple, b_range, c_range, r2_tolerance)
 
 
 def auto_symbolic(model, x: Tensor, *, r2_threshold: float = 0.9, lib=None, weight_simple: float = 0.8,
-                  b_range=(-10.0, 10.0), c_range=(-10.0, 10.0), verbose: bool = False) -> "SymbolicKAN":
+                  b_range=(-10.0, 10.0), c_range=(-10.0, 10.0), r2_tolerance: float = 1e-4,
+                  verbose: bool = False) -> "SymbolicKAN":
     """pykan's ``auto_symbolic``: for every live numeric edge of ``model``, the best library fit (as
-    :func:`suggest_symbolic` ranks them) on the edge's inputs and values over the data ``x`` [..., in]; edges
-    whose best fit reaches ``r2_threshold`` are fixed to it. Identically zero edges (pruned ones) are left
-    out. Returns a :class:`SymbolicKAN` (``model`` itself is not changed); on a ``SymbolicKAN`` the edges
-    already fixed are kept and the numeric ones are fitted."""
+    :func:`suggest_symbolic` ranks them, ``r2_tolerance`` included) on the edge's inputs and values over the
+    data ``x`` [..., in]; edges whose best fit reaches ``r2_threshold`` are fixed to it. Identically zero edges
+    (pruned ones) are left out. Returns a :class:`SymbolicKAN` (``model`` itself is not changed); on a
+    ``SymbolicKAN`` the edges already fixed are kept and the numeric ones are fitted."""
     layers = [layer if isinstance(layer, SymbolicLayer) else SymbolicLayer(layer)
               for layer in _layers.network_layers(model)]
     _layers.check_chain(layers)
     functions = _library(lib)
+    r2_tolerance = _check_tolerance(r2_tolerance)
     by_name = {f.name: f for f in functions}
     activations = _check_data(x, layers[0])
     new_layers = []
@@ -276,7 +345,7 @@ def auto_symbolic(model, x: Tensor, *, r2_threshold: float = 0.9, lib=None, weig
         xs = _numpy(activations)
         ys = _numpy(values)
         for o, i in numeric.nonzero().tolist():
-            fits = _rank(xs[:, i], ys[:, o, i], functions, weight_simple, b_range, c_range)
+            fits = _rank(xs[:, i], ys[:, o, i], functions, weight_simple, b_range, c_range, r2_tolerance)
             best = fits[0]
             if verbose:
                 print(f"layer {index} edge ({o}, {i}): {best.name} r2={best.r2:.6f}"
