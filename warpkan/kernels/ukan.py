@@ -63,7 +63,6 @@ capture and ``torch.compile`` with static shapes.
 import functools
 from dataclasses import dataclass
 
-import numpy as np
 import warp as wp
 
 from ._common import SCALARS, on_stream, scalar_name

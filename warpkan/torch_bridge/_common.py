@@ -430,6 +430,15 @@ LOW_PRECISION_POLICY = (
 )
 
 
+def layer_dtype(dtype) -> torch.dtype:
+    """The ``dtype`` argument of a :class:`Float32Or64Module` layer: torch's default dtype when None, else
+    float32 or float64 (TypeError otherwise, with the autocast policy for 16-bit compute)."""
+    dtype = dtype or torch.get_default_dtype()
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"dtype must be float32 or float64, got {dtype}. {LOW_PRECISION_POLICY}")
+    return dtype
+
+
 class Float32Or64Module(nn.Module):
     """Base of the layers that compute in float32 or float64 only (their kernels and LUTs have no fp16/bf16
     form): a conversion to another floating dtype (``.half()``, ``.bfloat16()``, ``.to(torch.float16)``,

@@ -10,7 +10,7 @@ from torch import nn
 
 from ..kernels import bspline as kb
 from ..reference.bspline import b_splines
-from ._common import Float32Or64Module, autocast_dtype, check_device, check_tensor
+from ._common import Float32Or64Module, autocast_dtype, check_device, check_tensor, layer_dtype
 from .bspline_ops import STRATEGIES, apply_checked, check_precision
 
 __all__ = ["KANLinear"]
@@ -163,9 +163,7 @@ class KANLinear(Float32Or64Module):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         self.strategy = strategy
-        dtype = dtype or torch.get_default_dtype()
-        if dtype not in (torch.float32, torch.float64):
-            raise TypeError(f"dtype must be float32 or float64, got {dtype}")
+        dtype = layer_dtype(dtype)
         check_precision(precision, dtype)
         self.precision = precision
         self.base_activation = base_activation_module(base_activation, device, dtype)

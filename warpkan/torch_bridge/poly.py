@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ..kernels import poly as kp
-from ._common import FLOAT_DTYPES, Float32Or64Module, autocast_dtype, check_device, check_tensor, on_rows
+from ._common import Float32Or64Module, autocast_dtype, check_device, check_tensor, layer_dtype, on_rows
 from .kan_linear import init_public, layout_parameter
 from .poly_ops import PRECISIONS, STRATEGIES, poly_apply
 
@@ -95,9 +95,7 @@ class PolyKANLinear(Float32Or64Module):
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-        dtype = dtype or torch.get_default_dtype()
-        if dtype not in FLOAT_DTYPES:
-            raise TypeError(f"dtype must be float32 or float64 (use autocast for bf16/fp16), got {dtype}")
+        dtype = layer_dtype(dtype)
         self.strategy, self.precision = strategy, precision
         self.in_features, self.out_features, self.degree = in_features, out_features, degree
         self.basis, self.mode, self.lut_size = basis, mode, lut_size

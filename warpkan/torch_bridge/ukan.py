@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import ukan as ku
-from ._common import (Float32Or64Module, autocast_dtype, check_device, check_tensor, on_rows, refuse_transforms,
-                      use_registered_op)
+from ._common import (Float32Or64Module, autocast_dtype, check_device, check_tensor, layer_dtype, on_rows,
+                      refuse_transforms, use_registered_op)
 from .kan_linear import KANLinear, base_activation_module, l1_entropy_loss, base_repr, fuses_base, init_public, layout_parameter
 from .ukan_ops import LABEL, group_range, positional_encoding, range_layer, spline_layer, ukan_pairs
 
@@ -116,9 +116,7 @@ class UKANLinear(Float32Or64Module):
         (in_features, out_features, spline_order, grid_delta, pe_dim, embed_dim, hidden_dim,
          table_groups) = ku.check_layer_args(in_features, out_features, spline_order, grid_delta, pe_dim, embed_dim,
                                              hidden_dim, table_groups)
-        dtype = dtype or torch.get_default_dtype()
-        if dtype not in (torch.float32, torch.float64):
-            raise TypeError(f"dtype must be float32 or float64, got {dtype}")
+        dtype = layer_dtype(dtype)
         self.in_features, self.out_features = in_features, out_features
         self.spline_order = spline_order
         self.grid_delta = grid_delta
