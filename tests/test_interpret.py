@@ -38,8 +38,14 @@ def _layer(family, n_in, n_out, dtype=F64, device="cpu", seed=0):
         layer.update_grid(torch.randn(400, n_in, dtype=dtype, device=dev) * 0.7)
         assert not layer._grid_uniform
         return layer
+    if family == "kan-prelu":  # an activation run in torch beside the kernels, with a parameter of its own
+        return KANLinear(n_in, n_out, grid_size=6, spline_order=3,
+                         base_activation=torch.nn.PReLU(init=0.3).to(device=dev, dtype=dtype), dtype=dtype, device=dev)
     if family == "ukan":
         return UKANLinear(n_in, n_out, grid_delta=0.25, hidden_dim=8, dtype=dtype, device=dev)
+    if family == "ukan-tanh":
+        return UKANLinear(n_in, n_out, grid_delta=0.25, hidden_dim=8, base_activation=torch.nn.Tanh, dtype=dtype,
+                          device=dev)
     if family == "cheby":
         layer = ChebyKANLinear(n_in, n_out, degree=5, mode="exact", bias=True, dtype=dtype, device=dev)
     elif family == "legendre-lut":
@@ -60,7 +66,7 @@ def _reference_edge(layer, o, i, t):
     """phi_{o,i}(t) of a float64 layer, from the formulas, one edge at a time."""
     if isinstance(layer, KANLinear):
         spline = b_splines(t.unsqueeze(1), layer.grid[i : i + 1], layer.spline_order)[:, 0] @ layer.spline_weight[o, i]
-        base = layer.base_weight[o, i] * F.silu(t) if layer.use_base else 0.0
+        base = layer.base_weight[o, i] * layer.base_activation(t) if layer.use_base else 0.0
         return base + layer.spline_scaler[o, i] * spline
     if isinstance(layer, UKANLinear):
         K = layer.spline_order + 1
@@ -69,7 +75,8 @@ def _reference_edge(layer, o, i, t):
                            layer.feature_embedding[i : i + 1], layer.cg_hidden.weight, layer.cg_hidden.bias,
                            layer.cg_out.weight[rows], layer.cg_out.bias[rows],
                            layer.spline_scaler[o : o + 1, i : i + 1],
-                           layer.base_weight[o : o + 1, i : i + 1] if layer.use_base else None)[:, 0]
+                           layer.base_weight[o : o + 1, i : i + 1] if layer.use_base else None,
+                           layer.base_activation)[:, 0]
     if isinstance(layer, PolyKANLinear):
         return basis_values(torch.tanh(t), layer.basis, layer.degree, layer.alpha, layer.beta) @ layer.coeffs[i, o]
     if isinstance(layer, GRKANLinear):
@@ -81,7 +88,8 @@ def _reference_edge(layer, o, i, t):
     raise AssertionError(type(layer))
 
 
-@pytest.mark.parametrize("family", ["kan", "kan-nobase", "kan-nonuniform", "ukan", "cheby", "grkan"])
+@pytest.mark.parametrize("family", ["kan", "kan-nobase", "kan-nonuniform", "kan-prelu", "ukan", "ukan-tanh",
+                                    "cheby", "grkan"])
 def test_edge_functions_match_a_float64_reference_per_edge(family, device):
     layer = _layer(family, 4, 3, device=device)
     x = torch.rand(97, 4, dtype=F64, device=_torch_device(device)) * 2.4 - 1.2
@@ -95,7 +103,8 @@ def test_edge_functions_match_a_float64_reference_per_edge(family, device):
                                            atol=1e-11, msg=f"edge ({o}, {i})")
 
 
-@pytest.mark.parametrize("family", ["kan", "kan-nonuniform", "ukan", "cheby", "legendre-lut", "grkan"])
+@pytest.mark.parametrize("family", ["kan", "kan-nonuniform", "kan-prelu", "ukan", "ukan-tanh", "cheby",
+                                    "legendre-lut", "grkan"])
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 def test_edges_sum_to_the_layer_output(family, dtype, device):
     """The edges are the layer's own: summed over the inputs, plus the bias, they give its forward."""
@@ -237,7 +246,7 @@ def test_prune_matches_pykan(float64_default, tmp_path):
     assert any((~_layers.live_edges(layer)).any() for layer in ours)  # some edges were pruned
 
 
-@pytest.mark.parametrize("family", ["kan", "ukan", "cheby", "grkan"])
+@pytest.mark.parametrize("family", ["kan", "kan-prelu", "ukan", "ukan-tanh", "cheby", "grkan"])
 def test_prune_keeps_surviving_edges_and_outputs(family):
     torch.manual_seed(1)
     first, second = _layer(family, 4, 6, seed=1), _layer(family, 6, 2, seed=2)

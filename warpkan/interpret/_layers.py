@@ -202,7 +202,7 @@ def like(layer, in_features: int, out_features: int, **changes):
         config = dict(grid_size=layer.grid_size, spline_order=layer.spline_order, scale_noise=layer.scale_noise,
                       scale_base=layer.scale_base, scale_spline=layer.scale_spline,
                       enable_standalone_scale_spline=layer.enable_standalone_scale_spline,
-                      base_activation=nn.SiLU if layer.use_base else None, grid_eps=layer.grid_eps,
+                      base_activation=copy.deepcopy(layer.base_activation), grid_eps=layer.grid_eps,
                       deterministic=layer.deterministic, strategy=layer.strategy,
                       contiguous_parameters=_contiguous_parameters(layer), precision=layer.precision)
     elif isinstance(layer, ChebyKANLinear):
@@ -215,7 +215,7 @@ def like(layer, in_features: int, out_features: int, **changes):
     elif isinstance(layer, UKANLinear):
         config = dict(spline_order=layer.spline_order, grid_delta=layer.grid_delta, pe_dim=layer.pe_dim,
                       embed_dim=layer.embed_dim, hidden_dim=layer.hidden_dim,
-                      base_activation="silu" if layer.use_base else None, table_groups=layer.table_groups)
+                      base_activation=copy.deepcopy(layer.base_activation), table_groups=layer.table_groups)
     elif isinstance(layer, GRKANLinear):
         rational = layer.rational
         config = dict(num_groups=rational.num_groups, order=rational.order, variant=rational.variant,
@@ -278,5 +278,7 @@ def subset(layer, inputs, outputs):
             sliced["linear.bias"] = state["linear.bias"][outputs]
     else:
         check_edge_layer("layer", layer)
+    # a base activation's own parameters (nn.PReLU, say) are per layer, not per edge: kept as they are
+    sliced.update({key: value for key, value in state.items() if key.startswith("base_activation.")})
     new.load_state_dict(sliced, strict=True)
     return new

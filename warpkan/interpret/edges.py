@@ -29,6 +29,7 @@ from .. import _checks
 from ..kernels import bspline as kb
 from ..torch_bridge import GRKANLinear, KANLinear, PolyKANLinear, UKANLinear
 from ..torch_bridge._common import matmul_precision, to_warp, warp_stream
+from ..torch_bridge.kan_linear import fuses_base
 from ..torch_bridge.poly_ops import _expand as poly_expand
 from . import _layers
 
@@ -133,7 +134,8 @@ def _bspline_edges(layer: KANLinear, x: Tensor) -> Tensor:
     n_rows, n_in = x.shape
     n_out, k = layer.out_features, layer.spline_order
     n_coef = layer.grid_size + k
-    uniform, use_base = layer._grid_uniform, layer.use_base
+    # the kernels' SiLU base rows where the layer fuses its base path, as its forward does
+    uniform, use_base = layer._grid_uniform, fuses_base(layer.base_activation)
     if n_rows == 0:
         return x.new_empty((0, n_out, n_in))
     width = kb.dense_width(n_in, n_coef, use_base)
@@ -153,7 +155,11 @@ def _bspline_edges(layer: KANLinear, x: Tensor) -> Tensor:
     if use_base:  # the SiLU row of each input as one more basis function, its weight the base weight
         basis = torch.cat([basis_t[:n_in].view(n_in, 1, n_rows), basis], dim=1)
         coefficients = torch.cat([weight[:n_in].view(n_in, 1, n_out), coefficients], dim=1)
-    return _per_edge(basis, coefficients)
+    values = _per_edge(basis, coefficients)
+    if layer.use_base and not use_base:  # any other activation runs in torch, as in the layer's forward
+        activation = layer.base_activation(x).detach()  # [n, in]
+        values = values + activation.unsqueeze(1) * layer.base_weight.detach().unsqueeze(0)
+    return values
 
 
 def _ukan_edges(layer: UKANLinear, x: Tensor) -> Tensor:

@@ -1,8 +1,8 @@
 """PyTorch layers and ops backed by warpkan's Warp kernels (``torch.library`` custom ops)."""
 
-from ._common import ensure_warp
+from .._warp_output import start_warp
 
-ensure_warp()
+start_warp()
 
 from .bspline_ops import bspline_backward, bspline_forward, bspline_kan, choose_strategy  # noqa: E402
 from .geglu import GEGLUFFN  # noqa: E402

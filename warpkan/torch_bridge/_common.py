@@ -19,21 +19,13 @@ from .._warp_output import start_warp
 
 _streams: dict[tuple[int, int], wp.Stream] = {}
 _devices: dict[str, wp.Device] = {}
-_ready = False
-
-
-def ensure_warp() -> None:
-    global _ready
-    if not _ready:
-        start_warp()
-        _ready = True
 
 
 def warp_device(device: torch.device) -> wp.Device:
     key = str(device)
     found = _devices.get(key)
     if found is None:
-        ensure_warp()
+        start_warp()
         found = _devices[key] = wp.device_from_torch(device)
     return found
 
@@ -48,7 +40,7 @@ def warp_stream(device: torch.device) -> wp.Stream | None:
     key = (index, torch._C._cuda_getCurrentRawStream(index))
     found = _streams.get(key)
     if found is None:
-        ensure_warp()
+        start_warp()
         found = _streams[key] = wp.stream_from_torch(torch.cuda.current_stream(index))
     return found
 
