@@ -309,9 +309,10 @@ def test_refine_matches_pykan_grid_extension(float64_default, tmp_path):
         assert layer._grid_uniform == False  # noqa: E712
 
 
-@pytest.mark.parametrize("nonuniform", [False, True])
-def test_refine_preserves_the_function(nonuniform):
-    layer = _layer("kan-nonuniform" if nonuniform else "kan", 3, 2)
+@pytest.mark.parametrize("family", ["kan", "kan-nonuniform", "kan-prelu"])
+def test_refine_preserves_the_function(family):
+    nonuniform = family == "kan-nonuniform"
+    layer = _layer(family, 3, 2)
     lo, hi = layer.grid[:, 3], layer.grid[:, -4]
     t = torch.rand(500, 3, dtype=F64) * (hi - lo) + lo
     with torch.no_grad():

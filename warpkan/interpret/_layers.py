@@ -230,6 +230,15 @@ def like(layer, in_features: int, out_features: int, **changes):
     return new
 
 
+def activation_state(layer) -> dict:
+    """The state of ``layer``'s base activation module (nn.PReLU's weight, say): per layer, not per edge, so a
+    layer made from it (a subset of its edges, a finer grid) keeps it as it is."""
+    activation = getattr(layer, "base_activation", None)
+    if not isinstance(activation, nn.Module):
+        return {}
+    return {f"base_activation.{key}": value for key, value in activation.state_dict().items()}
+
+
 @torch.no_grad()
 def subset(layer, inputs, outputs):
     """A layer of the same class computing exactly the edges (o, i) of ``layer`` with o in ``outputs`` and i in
@@ -278,7 +287,6 @@ def subset(layer, inputs, outputs):
             sliced["linear.bias"] = state["linear.bias"][outputs]
     else:
         check_edge_layer("layer", layer)
-    # a base activation's own parameters (nn.PReLU, say) are per layer, not per edge: kept as they are
-    sliced.update({key: value for key, value in state.items() if key.startswith("base_activation.")})
+    sliced.update(activation_state(layer))
     new.load_state_dict(sliced, strict=True)
     return new

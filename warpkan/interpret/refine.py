@@ -101,5 +101,6 @@ def _refine_layer(layer: KANLinear, new_grid_size: int, x: Tensor | None) -> KAN
              "spline_weight": coef.permute(2, 0, 1).to(dtype)}
     if layer.enable_standalone_scale_spline:
         state["spline_scaler"] = layer.spline_scaler.detach()
+    state.update(_layers.activation_state(layer))
     new.load_state_dict(state, strict=True)
     return new
