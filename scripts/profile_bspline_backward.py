@@ -25,11 +25,13 @@ def main():
                         help="force the banded backward's table class (48 or 80 rows) for every band count")
     args = parser.parse_args()
     if args.band_table is not None:
-        from warpkan.kernels import bspline_tiled as kbt
+        from warpkan.kernels.edge import tiled as kbt
 
         kbt.BANDED_CAPACITIES = {"float32": ((args.band_table, 10**6),)}
     if args.entries_per_chunk is not None:
-        kb._ENTRIES_PER_CHUNK = args.entries_per_chunk
+        from warpkan.kernels.edge import launch as edge_launch
+
+        edge_launch.ENTRIES_PER_CHUNK = args.entries_per_chunk
     for case in args.cases.split(","):
         n_rows, n_in, n_out, grid_size, order = (int(v) for v in case.split(":"))
         h = 2.0 / grid_size
@@ -44,12 +46,14 @@ def main():
         dx, dwb, ds, dc = (torch.zeros_like(t) for t in (x, wb, s, coef))
         stream = wp.stream_from_torch(torch.cuda.current_stream())
         ws = TorchWorkspace(torch.device("cuda"))  # what the torch bridge passes
-        variant = kb.get_variant(order, True)
+        family = kb.family_of(order, True, "float32")
         n_buckets = knots.shape[1] + 1
 
         def bucketing():
+            from warpkan.kernels.edge.launch import sort_entries
+
             with wp.ScopedStream(stream, sync_enter=False):
-                kb._sort_entries(variant, ws, w(x), w(knots), n_buckets)
+                sort_entries(family, kb.frame_of(w(knots)), ws, w(x), n_buckets)
 
         def backward(**grads):
             return lambda: kb.launch_backward(*args_, workspace=ws, stream=stream, **grads)

@@ -7,7 +7,7 @@ import warp as wp
 
 import warpkan
 from warpkan.kernels import bspline as kb
-from warpkan.kernels import bspline_tiled as kbt
+from warpkan.kernels.edge import tiled as kbt
 from warpkan.reference.bspline import b_splines, kan_linear
 from warpkan.reference.efficient_kan import EfficientKANLinear
 from warpkan.torch_bridge import KANLinear, bspline_backward, bspline_forward, bspline_kan
@@ -15,6 +15,23 @@ from warpkan.torch_bridge import KANLinear, bspline_backward, bspline_forward, b
 # Tolerances per dtype: float64 kernels agree with the reference to rounding; float32 results are held to a
 # small multiple of the error the float32 reference itself makes against float64 (see _check_fp32).
 TOL64 = dict(rtol=1e-10, atol=1e-11)
+
+def _family(order, scalar="float32", uniform=True):
+    return kb.family_of(order, uniform, scalar)
+
+
+def _plan(which, is_cuda, scalar, n_coef, order):
+    """A tiled table plan of the B-spline family (plans depend on K and the padding, not the grid kind)."""
+    return getattr(kbt, which)(_family(order, scalar), is_cuda, n_coef)
+
+
+def _tiled_backward(dy, arrays, order, uniform, use_base, grads, **kwargs):
+    x, grid, wb, ss, coef = arrays
+    dx, dwb, dss, dcoef = grads
+    return kbt.launch_tiled_backward(_family(order, wp.types.type_repr(x.dtype), uniform), kb.frame_of(grid), dy, x,
+                                     wb, ss, coef, use_base, dx=dx, d_base_weight_t=dwb, d_scaler_t=dss,
+                                     d_coef=dcoef, **kwargs)
+
 
 
 def _grid(n_in, grid_size, order, lo=-1.0, hi=1.0, dtype=torch.float64, perturb=0.0, seed=0):
@@ -216,8 +233,8 @@ def test_tiled_and_per_thread_kernels_cuda_float64(shape, tiled, deterministic):
         runs = [grads]
         if tiled:  # overwrite mode (what the torch op runs): NaN-filled buffers, set rather than added into
             stale = [torch.full_like(g, float("nan")) for g in grads]
-            kbt.launch_tiled_backward(wp.from_torch(cuda(dy)), *arrays, order, uniform, use_base,
-                                      *map(wp.from_torch, stale), deterministic=deterministic, overwrite=True)
+            _tiled_backward(wp.from_torch(cuda(dy)), arrays, order, uniform, use_base,
+                            list(map(wp.from_torch, stale)), deterministic=deterministic, overwrite=True)
             runs.append(stale)
         refs = [y_ref, dx_ref, dwb_ref if use_base else torch.zeros(n_out, n_in, dtype=torch.float64), dsw_ref, dss_ref]
         for run in runs:
@@ -248,9 +265,9 @@ def test_banded_backward_cuda_float64(shape):
     and every gradient, with NaN and off-grid rows (band 0 adds their base term), accumulated and in
     overwrite mode into NaN-filled buffers; deterministic calls take the bucketed kernels."""
     n_rows, n_in, n_out, grid_size, order, uniform, use_base, capacity, n_bands = shape
-    plan = kbt.backward_plan(True, "float32", grid_size + order, order)
+    plan = _plan("backward_plan", True, "float32", grid_size + order, order)
     assert plan is not None and (plan.capacity, plan.n_bands) == (capacity, n_bands) and plan.banded
-    assert kbt.backward_plan(True, "float64", grid_size + order, order) is None
+    assert _plan("backward_plan", True, "float64", grid_size + order, order) is None
     gen = torch.Generator().manual_seed(n_rows)
     grid = _grid(n_in, grid_size, order, perturb=0.0 if uniform else 0.3)
     x = 0.7 * torch.randn(n_rows, n_in, generator=gen, dtype=torch.float64)
@@ -272,7 +289,7 @@ def test_banded_backward_cuda_float64(shape):
     arrays = [wp.from_torch(cuda(t)) for t in (x, grid, wb.T, ss.T, sw.permute(1, 2, 0))]
     shapes = ((n_rows, n_in), (n_in, n_out), (n_in, n_out), (n_in, grid_size + order, n_out))
     # the forward pass on bands of its longer tables where they reach, else the per-thread kernel
-    forward = kbt.forward_plan(True, "float32", grid_size + order, order)
+    forward = _plan("forward_plan", True, "float32", grid_size + order, order)
     y = torch.empty(n_rows, n_out, dtype=torch.float32, device="cuda")
     kb.launch_forward(*arrays, wp.from_torch(y), order, uniform, use_base, tiled=forward is not None)
     y = y.cpu()
@@ -283,8 +300,8 @@ def test_banded_backward_cuda_float64(shape):
     kb.launch_backward(wp.from_torch(cuda(dy)), *arrays, order, uniform, use_base, *map(wp.from_torch, added),
                        tiled=True)
     stale = [torch.full(s, float("nan"), dtype=torch.float32, device="cuda") for s in shapes]
-    kbt.launch_tiled_backward(wp.from_torch(cuda(dy)), *arrays, order, uniform, use_base, *map(wp.from_torch, stale),
-                              overwrite=True)
+    _tiled_backward(wp.from_torch(cuda(dy)), arrays, order, uniform, use_base, list(map(wp.from_torch, stale)),
+                    overwrite=True)
     bucketed = [torch.zeros(s, dtype=torch.float32, device="cuda") for s in shapes]
     kb.launch_backward(wp.from_torch(cuda(dy)), *arrays, order, uniform, use_base, *map(wp.from_torch, bucketed),
                        deterministic=True)
@@ -309,31 +326,31 @@ def test_tiled_launchers_refuse_the_cpu():
     w = wp.zeros((2, 3), dtype=wp.float32, device="cpu")
     y = wp.zeros((4, 3), dtype=wp.float32, device="cpu")
     with pytest.raises(ValueError, match="CUDA devices only"):
-        kbt.launch_tiled_forward(x, grid, w, w, coef, y, 3, True)
+        kbt.launch_tiled_forward(_family(3), kb.frame_of(grid), x, w, w, coef, None, y)
     with pytest.raises(ValueError, match="CUDA devices only"):
-        kbt.launch_tiled_backward(y, x, grid, w, w, coef, 3, True, d_base_weight_t=w, d_scaler_t=w, d_coef=coef)
+        _tiled_backward(y, [x, grid, w, w, coef], 3, True, True, [None, w, w, coef])
 
 
 def test_table_plans():
     """Which tables the tiled passes take (no GPU needed: a plan is arithmetic)."""
-    assert kbt.forward_plan(True, "float32", 64 + 3, 3) == kbt.TablePlan(80, 1, 70)  # G + 2k cells
-    assert kbt.forward_plan(True, "float32", 256 + 3, 3) == kbt.TablePlan(144, 2, 141)  # 262 cells
-    assert kbt.forward_plan(True, "float32", 276 + 3, 3) == kbt.TablePlan(144, 2, 141)  # 282 cells
-    assert kbt.forward_plan(True, "float32", 277 + 3, 3) is None
-    assert kbt.forward_plan(True, "float64", 256 + 3, 3) is None
-    whole = kbt.backward_plan(True, "float32", 64 + 3, 3)
+    assert _plan("forward_plan", True, "float32", 64 + 3, 3) == kbt.TablePlan(80, 1, 70)  # G + 2k cells
+    assert _plan("forward_plan", True, "float32", 256 + 3, 3) == kbt.TablePlan(144, 2, 141)  # 262 cells
+    assert _plan("forward_plan", True, "float32", 276 + 3, 3) == kbt.TablePlan(144, 2, 141)  # 282 cells
+    assert _plan("forward_plan", True, "float32", 277 + 3, 3) is None
+    assert _plan("forward_plan", True, "float64", 256 + 3, 3) is None
+    whole = _plan("backward_plan", True, "float32", 64 + 3, 3)
     assert (whole.capacity, whole.n_bands, whole.banded) == (80, 1, False)
-    banded = kbt.backward_plan(True, "float32", 256 + 3, 3)
+    banded = _plan("backward_plan", True, "float32", 256 + 3, 3)
     assert (banded.capacity, banded.n_bands, banded.band_cells) == (48, 6, 45)  # 262 cells
-    banded = kbt.backward_plan(True, "float32", 355 + 3, 3)
+    banded = _plan("backward_plan", True, "float32", 355 + 3, 3)
     assert (banded.capacity, banded.n_bands, banded.band_cells) == (80, 5, 77)  # 361 cells: 9 bands of 45
-    assert kbt.backward_plan(True, "float32", 2305 + 3, 3) is None  # 31 bands of 77: the bucketed kernels
-    assert kbt.backward_plan(True, "float32", 600 + 5, 5) == kbt.TablePlan(48, 15, 43)
+    assert _plan("backward_plan", True, "float32", 2305 + 3, 3) is None  # 31 bands of 77: the bucketed kernels
+    assert _plan("backward_plan", True, "float32", 600 + 5, 5) == kbt.TablePlan(48, 15, 43)
     # the 80-row banded table with its records and row queues fits 48 KiB up to k = 3 (ptxas: 49292 bytes at k = 4)
-    assert [kbt.banded_backward_fits(80, k, "float32") for k in range(1, 6)] == [True, True, True, False, False]
-    assert all(kbt.banded_backward_fits(48, k, "float32") for k in range(1, 6))
-    assert kbt.backward_plan(False, "float32", 256 + 3, 3) is None
-    assert kbt.backward_plan(True, "float64", 256 + 3, 3) is None
+    assert [kbt.banded_backward_fits(_family(k), 80) for k in range(1, 6)] == [True, True, True, False, False]
+    assert all(kbt.banded_backward_fits(_family(k), 48) for k in range(1, 6))
+    assert _plan("backward_plan", False, "float32", 256 + 3, 3) is None
+    assert _plan("backward_plan", True, "float64", 256 + 3, 3) is None
     assert kbt.backward_takes(32, True, True, True, banded=False)
     assert not kbt.backward_takes(32, True, True, False, banded=True)
     assert kbt.backward_takes(64, True, False, True, banded=True)

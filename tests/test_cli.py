@@ -18,31 +18,35 @@ def test_info(capsys):
 
 def test_precompile_cpu(capsys):
     assert main(["precompile", "--device", "cpu", "--orders", "2", "--uniform-only"]) == 0
-    assert "warpkan_bspline_k2_uniform_float32" in capsys.readouterr().out
+    assert "warpkan_edge_bspline_uniform_k2_float32" in capsys.readouterr().out
 
 
 def test_precompile_lists_every_tiled_module():
     """The CUDA precompile covers the warp-tiled kernels the launchers pick: each whole-table capacity's
     forward and backward, and the banded forward and backward tables (checked without a GPU: the list)."""
-    from warpkan.kernels import bspline_tiled as kbt
+    from warpkan.kernels.bspline import family_of
+    from warpkan.kernels.edge import registry
+    from warpkan.kernels.edge import tiled as kbt
 
-    names = kbt.tiled_modules(3, True, "float32")
-    launched = {kbt.tiled_kernels(3, True, "float32", cap).forward.module.name for cap in kbt.CAPACITIES["float32"]}
-    launched |= {kbt.tiled_kernels(3, True, "float32", cap).backward.module.name for cap in kbt.CAPACITIES["float32"]}
-    launched |= {kbt._forward_kernel(3, True, "float32", cap, True).module.name
+    family = family_of(3, True, "float32")
+    names = kbt.tiled_modules(family)
+    launched = {kbt.tiled_kernels(family, cap).forward.module.name for cap in kbt.CAPACITIES["float32"]}
+    launched |= {kbt.tiled_kernels(family, cap).backward.module.name for cap in kbt.CAPACITIES["float32"]}
+    launched |= {kbt._forward_kernel(family, cap, True).module.name
                  for cap, _ in kbt.FORWARD_BANDED_CAPACITIES["float32"]}
-    launched |= {kbt._backward_kernel(3, True, "float32", cap, True).module.name
+    launched |= {kbt._backward_kernel(family, cap, True).module.name
                  for cap, _ in kbt.BANDED_CAPACITIES["float32"]}
     assert len(set(names)) == len(names) and set(names) == launched
+    assert set(names) <= set(registry.family_modules(family, is_cuda=True))
     # k = 5: the 80-row banded backward does not fit shared memory, so it is not built
-    assert not any(name.endswith("c80_bwd_banded") for name in kbt.tiled_modules(5, True, "float32"))
+    assert not any(name.endswith("c80_bwd_banded") for name in kbt.tiled_modules(family_of(5, True, "float32")))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the warp-tiled kernels are CUDA-only")
 def test_precompile_cuda_compiles_tiled_modules(capsys):
     assert main(["precompile", "--device", "cuda", "--orders", "1", "--uniform-only"]) == 0
     out = capsys.readouterr().out
-    assert "warpkan_bspline_tiled_k1_uniform_float32_c48_bwd_banded" in out
+    assert "warpkan_edge_bspline_uniform_k1_float32_tiled_c48_bwd_banded" in out
 
 
 # column names of the comparisons with GPU ceilings and of the CUDA-only measurements

@@ -105,25 +105,29 @@ def cmd_precompile(args) -> int:
 
     import warp as wp
 
-    from .kernels import bspline as kb
-    from .kernels import bspline_tiled as kbt
+    from .kernels.edge import registry
 
     devices = [_check_device(device, torch_needed=False) for device in args.device] if args.device else [_default_device()]
     orders = sorted({_parse_config(c).get("order", 3) for c in args.config} if args.config else set(args.orders))
+    names = args.family or registry.family_names()
+    unknown = [name for name in names if name not in registry.family_names()]
+    if unknown:
+        raise CommandError(f"unknown family {', '.join(unknown)}; known: {', '.join(registry.family_names())}", status=2)
     for device in devices:
-        for order in orders:
-            for uniform in (True, False) if not args.uniform_only else (True,):
-                for scalar in args.dtype:
-                    variant = kb.get_variant(order, uniform, scalar)
-                    # every module the layer can launch: the stencil kernels, the row-block backward and the
-                    # dense-basis (gemm) kernels of each basis dtype, and on CUDA the warp-tiled kernels
-                    modules = variant.modules
-                    if wp.get_device(device).is_cuda:
-                        modules += kbt.tiled_modules(order, uniform, scalar)
-                    for module in modules:
-                        start = time.perf_counter()
-                        wp.load_module(module, device=device)
-                        print(f"{module:45s} on {device}: {time.perf_counter() - start:6.2f} s", flush=True)
+        is_cuda = wp.get_device(device).is_cuda
+        for name in names:
+            for family in registry.families(name):
+                key = registry.key_of(family)
+                if key.get("order", orders[0]) not in orders or key.get("scalar_name") not in args.dtype:
+                    continue
+                if args.uniform_only and key.get("uniform") is False:
+                    continue
+                # every module a layer of this key can launch: the stencil kernels and their combine, the
+                # dense-basis kernels of each basis dtype, and on CUDA the warp-tiled kernels
+                for module in registry.family_modules(family, is_cuda):
+                    start = time.perf_counter()
+                    wp.load_module(module, device=device)
+                    print(f"{module:45s} on {device}: {time.perf_counter() - start:6.2f} s", flush=True)
     return 0
 
 
@@ -185,17 +189,19 @@ def build_parser() -> argparse.ArgumentParser:
                           "Warp's kernel-cache folder.")
     info.set_defaults(fn=cmd_info)
 
-    pre = sub.add_parser("precompile", parents=[common], help="compile the B-spline KAN (KANLinear) kernels ahead of time",
-                         description="Compile the kernels of the B-spline KAN layers (KANLinear, torch and Warp-native) "
-                         "into Warp's kernel cache, so that the first training step does not wait for them. Other "
-                         "layer families compile on first use.")
+    pre = sub.add_parser("precompile", parents=[common], help="compile the KAN edge kernels ahead of time",
+                         description="Compile the edge-engine kernels of the KAN layer families (every registered "
+                         "compile key: B-spline KANLinear, UKAN, polynomial; torch and Warp-native) into Warp's kernel "
+                         "cache, so that the first training step does not wait for them.")
+    pre.add_argument("--family", action="append",
+                     help="an edge family to compile (repeatable; default: every registered one)")
     pre.add_argument("--device", action="append",
                      help="cpu, cuda or cuda:N to compile for (repeatable; default: cuda when present, else cpu)")
     pre.add_argument("--config", action="append",
                      help="a layer configuration whose spline order to compile, e.g. in=32,out=32,grid=64,order=3 "
                      "(repeatable; overrides --orders)")
     pre.add_argument("--orders", type=int, nargs="+", default=[1, 2, 3, 4, 5], metavar="K",
-                     help="spline orders to compile (default: 1 2 3 4 5)")
+                     help="spline orders (or polynomial degrees) to compile (default: 1 2 3 4 5)")
     pre.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "float64"],
                      help="parameter dtypes to compile for (default: float32)")
     pre.add_argument("--uniform-only", action="store_true",

@@ -47,6 +47,7 @@ from ._warp_output import start_warp
 from .kernels import bspline as _kb
 from .kernels import poly as _kp
 from .kernels import rational as _kr
+from .kernels.edge.bspline_family import uniform_basis_funcs
 
 start_warp()
 
@@ -79,9 +80,9 @@ def bspline_funcs(order: int = 3, scalar=wp.float32) -> SimpleNamespace:
     k = order
     K = order + 1
     two_k = 2 * order  # a Python constant: Warp cannot type the literal product `2 * k` of a closure int
-    shared = _kb.basis_funcs(order, "float64" if scalar == wp.float64 else "float32")
-    M = shared.basis_matrix
-    uniform_basis, uniform_basis_grad = shared.uniform_basis, shared.uniform_basis_grad
+    scalar_key = "float64" if scalar == wp.float64 else "float32"
+    M = wp.types.matrix(shape=(K, K), dtype=scalar)(*[scalar(v) for row in _kb.uniform_basis_matrix(order) for v in row])
+    powers_basis, powers_basis_du, _ = uniform_basis_funcs(order, scalar_key)
     zero = scalar(0.0)
     one = scalar(1.0)
 
@@ -100,11 +101,12 @@ def bspline_funcs(order: int = 3, scalar=wp.float32) -> SimpleNamespace:
 
     @wp.func
     def basis(u: scalar):
-        return uniform_basis(u, M)
+        return powers_basis(u)
 
     @wp.func
     def basis_dx(u: scalar, inv_h: scalar):
-        return uniform_basis_grad(u, inv_h, M)
+        b, db = powers_basis_du(u)
+        return db * inv_h
 
     @wp.func
     def spline(x: scalar, lo: scalar, h: scalar, grid_size: int, coef: wp.array2d(dtype=scalar), row: int):

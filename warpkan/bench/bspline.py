@@ -206,16 +206,18 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
             if warp_total and "total_ms" in row and row["impl"].startswith(("efficient", "inkan")):
                 row["speed-up of warpkan"] = row["total_ms"] / warp_total
         if not quick or device.startswith("cuda"):
-            from ..kernels.bspline_tiled import backward_plan, forward_plan, tiled_applies
+            from ..kernels.bspline import family_of
+            from ..kernels.edge.tiled import backward_plan, forward_plan, tiled_applies
             from ..torch_bridge import choose_strategy
 
             cuda = device.startswith("cuda")
-            tiled = tiled_applies(cuda, "float32", grid_size + order, order)
+            family = family_of(order, True, "float32")
+            tiled = tiled_applies(family, cuda, grid_size + order)
             auto = choose_strategy(n_rows, n_in, n_out, grid_size + order, tiled)
             kernels = ""
             if auto == "stencil" and not tiled:  # longer grids: the tiled passes in bands where they reach
-                plans = {"fwd": forward_plan(cuda, "float32", grid_size + order, order),
-                         "bwd": backward_plan(cuda, "float32", grid_size + order, order)}
+                plans = {"fwd": forward_plan(family, cuda, grid_size + order),
+                         "bwd": backward_plan(family, cuda, grid_size + order)}
                 banded = [f"{name} {plan.n_bands} bands" for name, plan in plans.items() if plan is not None]
                 kernels = f", warp-tiled {' / '.join(banded)}" if banded else ""
             elif auto == "stencil":

@@ -67,7 +67,10 @@ import warp as wp
 
 from ._common import SCALARS, on_stream, scalar_name
 from .. import _checks
-from .bspline import MAX_SPLINE_ORDER, basis_funcs, combine_rows_kernel, row_chunks, silu_func
+from .edge.bspline_family import MAX_SPLINE_ORDER, uniform_basis_funcs, uniform_basis_matrix
+from .edge.family import silu_func
+from .edge.launch import row_chunks
+from .edge.stencil import combine_rows_kernel
 
 __all__ = [
     "check_layer_args",
@@ -186,8 +189,10 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
     scalar = SCALARS[scalar_name]
     K = order + 1
     OT = _OUT_TILE
-    shared = basis_funcs(order, scalar_name)  # the matrix-form basis pieces of the B-spline kernels
-    vecK, matK = shared.vec, shared.mat
+    vecK = wp.types.vector(length=K, dtype=scalar)
+    matK = wp.types.matrix(shape=(K, K), dtype=scalar)
+    powers_basis, powers_basis_du, _powers_basis_du2 = uniform_basis_funcs(order, scalar_name)
+    silu_and_grads = silu_func(scalar_name)
     vec2K = wp.types.vector(length=2 * K, dtype=scalar)
     vecOT = wp.types.vector(length=OT, dtype=scalar)
     module = f"warpkan_ukan_k{order}_{scalar_name}"
@@ -205,9 +210,20 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
     span_cap = wp.int64(2**30)
 
     # ------------------------------------------------------------------ per-element maths (@wp.func)
-    silu_and_grad = shared.silu_and_grad
-    basis = shared.uniform_basis  # (u, M) -> the K bases
-    basis_grad = shared.uniform_basis_grad  # (u, du/dx, M) -> their x-derivatives
+    # the B-spline family's matrix-form bases (the kernels still pass M, unused, as an argument)
+    @wp.func
+    def basis(u: scalar, basis_matrix: matK):
+        return powers_basis(u)
+
+    @wp.func
+    def basis_grad(u: scalar, du_dx: scalar, basis_matrix: matK):
+        b, db = powers_basis_du(u)
+        return db * du_dx
+
+    @wp.func
+    def silu_and_grad(x: scalar):
+        act, dact, d2act = silu_and_grads(x)
+        return act, dact
 
     @wp.func
     def locate(x: scalar, h: wp.float64):
@@ -781,7 +797,7 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
             base = d_weights[i * width + width - 1, o]
         d_base_weight_t[i, o] = base
 
-    basis_matrix = shared.basis_matrix
+    basis_matrix = matK(*[scalar(v) for row in uniform_basis_matrix(order) for v in row])
     return UKANVariant(
         order=order,
         scalar=scalar,
@@ -1130,7 +1146,12 @@ def get_dense_variant(scalar_name: str = "float32") -> DenseVariant:
     kernel = functools.partial(wp.kernel, enable_backward=False, module=f"warpkan_ukan_mlp_{scalar_name}")
     zero = scalar(0.0)
     one = scalar(1.0)
-    silu_and_grad = silu_func(scalar_name)
+    silu_and_grads = silu_func(scalar_name)
+
+    @wp.func
+    def silu_and_grad(x: scalar):
+        act, dact, d2act = silu_and_grads(x)
+        return act, dact
 
     @kernel
     def features(

@@ -63,6 +63,17 @@ def raw_view(t: torch.Tensor | None) -> wp.array | None:
                     copy=False)
 
 
+def _array_args(packed) -> list:
+    """The packed Warp arrays in one packed kernel argument: itself, or (a struct, such as an edge family's
+    frame) the arrays among its fields, nested structs included. ctypes hands back nested fields as views of
+    the packed argument, so re-pointing one re-points the argument."""
+    if not isinstance(packed, ctypes.Structure):
+        return []
+    if hasattr(packed, "data") and hasattr(packed, "strides"):
+        return [packed]
+    return [arg for name, _ in packed._fields_ for arg in _array_args(getattr(packed, name))]
+
+
 class RecordedLaunches:
     """Warp launches recorded once per signature and replayed on torch's current stream.
 
@@ -90,8 +101,7 @@ class RecordedLaunches:
         live = [p for p in ptrs if p]
         if len(set(live)) != len(live):
             return None
-        args = [p for cmd in cmds for p in cmd.params[1:]
-                if isinstance(p, ctypes.Structure) and hasattr(p, "data") and hasattr(p, "strides")]
+        args = [arg for cmd in cmds for p in cmd.params[1:] for arg in _array_args(p)]
         slots = [[arg for arg in args if ptr and arg.data == ptr] for ptr in ptrs]
         if sum(len(found) for found in slots) != sum(1 for arg in args if arg.data):
             return None

@@ -7,7 +7,7 @@ Two strategies compute the same map:
 
 - ``stencil``: Warp kernels that evaluate each edge's k + 1 bases locally; cost independent of G. On CUDA,
   for grids within their shared-memory capacity (G + 3k <= 96 rows in float32), the warp-tiled kernels of
-  ``warpkan.kernels.bspline_tiled``; float32 grids up to a few times longer run them on bands of cells (the
+  ``warpkan.kernels.edge.tiled``; float32 grids up to a few times longer run them on bands of cells (the
   forward up to G + 2k <= 282 cells at k = 3, the backward up to 2310: ``forward_plan``, ``backward_plan``);
   else the per-thread kernels of ``warpkan.kernels.bspline``.
 - ``gemm`` (dense basis): a Warp kernel writes the transposed dense basis of a chunk of rows,
@@ -55,7 +55,7 @@ from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ..kernels import bspline as kb
-from ..kernels import bspline_tiled as kbt
+from ..kernels.edge import tiled as edge_tiled
 from ..kernels._common import IO_SCALAR_NAMES
 from ._common import (TRANSPOSED, WP_DTYPES, RecordedLaunches, TorchWorkspace, autocast_dtype, check_tensor,
                       eager_function, first_order_backward, matmul_precision, on_rows, op_or_eager, to_warp,
@@ -121,7 +121,9 @@ def _io_scalar(x: Tensor) -> str | None:
 
 def _tiled(x: Tensor, coef: Tensor, spline_order: int) -> bool:
     """The stencil strategy runs the warp-tiled kernels on one table (CUDA, grid within their capacity)."""
-    return kbt.tiled_applies(x.is_cuda, _io_scalar(x), coef.shape[1], spline_order)
+    scalar = _io_scalar(x)
+    return scalar in ("float32", "float64") and edge_tiled.tiled_applies(kb.family_of(spline_order, True, scalar),
+                                                                         x.is_cuda, coef.shape[1])
 
 
 def _resolve(strategy: str, x: Tensor, coef: Tensor, spline_order: int) -> str:
@@ -133,14 +135,14 @@ def _resolve(strategy: str, x: Tensor, coef: Tensor, spline_order: int) -> str:
 # Adapters with the tensors first, for RecordedLaunches (the scratch is allocated by the op, so a replay
 # re-points every array argument at the call's tensors).
 def _tiled_forward(x, grid, base_weight_t, scaler_t, coef, coef_pad, y, spline_order, uniform, use_base, record=False):
-    return kbt.launch_tiled_forward(x, grid, base_weight_t, scaler_t, coef, y, spline_order, uniform, use_base,
-                                    coef_pad=coef_pad, record=record)
+    return edge_tiled.launch_tiled_forward(kb.family_of(spline_order, uniform, x), kb.frame_of(grid), x, base_weight_t,
+                                           scaler_t, coef, None, y, use_base, coef_pad=coef_pad, record=record)
 
 
 def _tiled_backward(dy, x, grid, base_weight_t, scaler_t, coef, coef_pad, dx, d_base, d_scaler, d_coef, partial_coef,
                     partial_params, spline_order, uniform, use_base, deterministic, record=False):
-    return kbt.launch_tiled_backward(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base,
-                                     dx=dx, d_base_weight_t=d_base, d_scaler_t=d_scaler, d_coef=d_coef,
+    return edge_tiled.launch_tiled_backward(kb.family_of(spline_order, uniform, x), kb.frame_of(grid), dy, x,
+                                            base_weight_t, scaler_t, coef, use_base, dx=dx, d_base_weight_t=d_base, d_scaler_t=d_scaler, d_coef=d_coef,
                                      deterministic=deterministic, coef_pad=coef_pad, partial_coef=partial_coef,
                                      partial_params=partial_params, overwrite=True, record=record)
 
@@ -272,9 +274,10 @@ def _forward_impl(
         return _gemm_forward(x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, precision)
     base_weight_t, scaler_t, coef = (t.contiguous() for t in (base_weight_t, scaler_t, coef))
     y = x.new_empty((x.shape[0], coef.shape[2]))
-    if (kbt.forward_plan(x.is_cuda, _io_scalar(x), coef.shape[1], spline_order)
+    family = kb.family_of(spline_order, uniform, _io_scalar(x))
+    if (edge_tiled.forward_plan(family, x.is_cuda, coef.shape[1])
             and x.shape[0] and x.shape[1] and coef.shape[2]):
-        coef_pad = x.new_empty(kbt.coef_pad_shape(coef.shape, spline_order))
+        coef_pad = x.new_empty(edge_tiled.coef_pad_shape(family, coef.shape))
         _launch(_tiled_forward, (x, grid, base_weight_t, scaler_t, coef, coef_pad, y), spline_order, uniform, use_base)
         return y
     kb.launch_forward(
@@ -334,15 +337,16 @@ def _stencil_backward(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, 
                       need_x, need_params):
     """The stencil strategy's gradients, on contiguous arguments (contiguous gradients)."""
     n_rows, n_in, n_coef, n_out = x.shape[0], x.shape[1], coef.shape[1], coef.shape[2]
-    plan = kbt.backward_plan(x.is_cuda, _io_scalar(x), n_coef, spline_order)
-    if (plan is not None and kbt.backward_takes(n_out, need_params, deterministic, need_x, plan.banded)
+    family = kb.family_of(spline_order, uniform, _io_scalar(x))
+    plan = edge_tiled.backward_plan(family, x.is_cuda, n_coef)
+    if (plan is not None and edge_tiled.backward_takes(n_out, need_params, deterministic, need_x, plan.banded)
             and n_rows and n_in and n_out):
         # the tiled pass sets the gradients (its first launch zeroes what it adds into): no fill launches
         dx, d_base, d_scaler, d_coef = _grad_buffers(x, base_weight_t, scaler_t, coef, need_x, need_params)
-        coef_pad = x.new_empty(kbt.coef_pad_shape(coef.shape, spline_order))
+        coef_pad = x.new_empty(edge_tiled.coef_pad_shape(family, coef.shape))
         partial_coef = partial_params = None
         if deterministic:
-            coef_shape, params_shape = kbt.partial_shapes(n_rows, n_in, n_coef, n_out)
+            coef_shape, params_shape = edge_tiled.partial_shapes(n_rows, n_in, n_coef, n_out)
             partial_coef, partial_params = x.new_empty(coef_shape), x.new_empty(params_shape)
         _launch(_tiled_backward, (dy, x, grid, base_weight_t, scaler_t, coef, coef_pad, dx if need_x else None, d_base,
                                   d_scaler, d_coef, partial_coef, partial_params),

@@ -1,7 +1,7 @@
-"""Warp-tiled B-spline KAN kernels (CUDA): one warp per (rows, outputs) tile, lanes over the outputs.
+"""The engine's warp-tiled CUDA kernels: one warp per (rows, outputs) tile, lanes over the outputs.
 
-The layout of every array is the one of :mod:`warpkan.kernels.bspline`. These kernels compute the same
-maps as its stencil kernels, organised for the GPU:
+The layout of every array is the one of :mod:`.stencil`; these kernels compute the same maps for any edge
+family (written below for the B-spline, where the slot is the cell and ``first = -k``), organised for the GPU:
 
 - **Basis evaluated once per (n, i).** Lane ``l`` of a warp evaluates the k + 1 bases (and their
   derivatives, silu and silu') of row ``n0 + l`` of input ``i`` and stages them in shared memory; the warp
@@ -40,13 +40,15 @@ from dataclasses import dataclass
 
 import warp as wp
 
-from . import bspline as kb
-from ._common import SCALARS, on_stream, scalar_name
+from .._common import on_stream
+from .._runtime import launch, workspace_for
+from ._values import edge_values
+from .family import EdgeFamily
 
 __all__ = ["TiledKernels", "TablePlan", "CAPACITIES", "BANDED_CAPACITIES", "FORWARD_BANDED_CAPACITIES",
            "FORWARD_WARPS", "tiled_capacity", "tiled_applies", "forward_plan", "backward_plan", "backward_takes",
            "banded_backward_fits",
-           "tiled_kernels", "tiled_modules", "launch_tiled_forward",
+           "tiled_kernels", "tiled_modules", "planned_modules", "launch_tiled_forward",
            "launch_tiled_backward", "backward_rows_per_chunk", "coef_pad_shape", "partial_shapes"]
 
 LANES = 32
@@ -100,72 +102,76 @@ class TiledKernels:
     combine: wp.Kernel
 
 
-def tiled_capacity(n_coef: int, order: int, scalar: str = "float32") -> int | None:
-    """The smallest table capacity holding G + 3k rows (n_coef = G + k), or None when the grid is too long
-    for the tiled kernels."""
-    need = n_coef + 2 * order
-    for cap in sorted(CAPACITIES[scalar]):
+def tiled_capacity(family: EdgeFamily, n_coef: int) -> int | None:
+    """The smallest table capacity holding the padded table (B-spline: G + 3k rows), or None when it is too
+    long for one table."""
+    need = family.padded_rows(n_coef)
+    for cap in sorted(CAPACITIES.get(family.scalar_name, {})):
         if need <= cap:
             return cap
     return None
 
 
-def tiled_applies(is_cuda: bool, scalar: str, n_coef: int, order: int) -> bool:
-    """Whether the tiled kernels can run a layer: a CUDA device and G + 3k within :data:`CAPACITIES`."""
-    return is_cuda and scalar in CAPACITIES and tiled_capacity(n_coef, order, scalar) is not None
+def tiled_applies(family: EdgeFamily, is_cuda: bool, n_coef: int) -> bool:
+    """Whether the tiled kernels can run a layer on one table: a CUDA device and the padded table within
+    :data:`CAPACITIES`."""
+    return is_cuda and tiled_capacity(family, n_coef) is not None
 
 
 @dataclass(frozen=True)
 class TablePlan:
-    """The coefficient tables of a tiled pass: one of ``capacity`` rows holding the whole padded grid, or
-    ``n_bands`` of them, each holding the rows of ``band_cells`` cells."""
+    """The coefficient tables of a tiled pass: one of ``capacity`` rows holding the whole padded table, or
+    ``n_bands`` of them, each holding the rows of ``band_cells`` slots."""
 
     capacity: int
     n_bands: int  # 1: one table holds the whole grid
-    band_cells: int  # cells a band holds
+    band_cells: int  # slots a band holds
 
     @property
     def banded(self) -> bool:
         return self.n_bands > 1
 
 
-def banded_backward_fits(capacity: int, order: int, scalar: str) -> bool:
+def banded_backward_fits(family: EdgeFamily, capacity: int) -> bool:
     """Whether the banded backward's static shared memory (see _BACKWARD_OP and _BAND_QUEUE) fits a block at
-    this capacity and order: the band table, one accumulation table, record row and base sum a warp, and the
-    warp's row queue, besides Warp's own 1 KiB."""
+    this capacity: the band table, one accumulation table, record row and base sum a warp, and the warp's row
+    queue, besides Warp's own 1 KiB."""
+    scalar = family.scalar_name
     size = 4 if scalar == "float32" else 8
     warps = CAPACITIES[scalar][capacity]
-    record = _record_width(2 * (order + 1) + 4, scalar)
+    record = _record_width(2 * family.n_bases + 4, scalar)
     used = (1 + warps) * capacity * LANES * size + warps * LANES * (record + 1) * size + warps * (2 * LANES + 1) * 4
     return used + _WARP_STATIC_SMEM <= _STATIC_SMEM_LIMIT
 
 
-def _plan(banded_capacities: dict, is_cuda: bool, scalar: str, n_coef: int, order: int,
-          fits=lambda capacity, order, scalar: True) -> TablePlan | None:
-    n_cells = n_coef + order
-    if tiled_applies(is_cuda, scalar, n_coef, order):
-        return TablePlan(tiled_capacity(n_coef, order, scalar), 1, n_cells)
-    for capacity, most_bands in banded_capacities.get(scalar, ()) if is_cuda else ():
-        if not fits(capacity, order, scalar):
+def _plan(family: EdgeFamily, banded_capacities: dict, is_cuda: bool, n_coef: int,
+          fits=lambda family, capacity: True) -> TablePlan | None:
+    n_slots = family.n_slots(n_coef)
+    if tiled_applies(family, is_cuda, n_coef):
+        return TablePlan(tiled_capacity(family, n_coef), 1, n_slots)
+    for capacity, most_bands in banded_capacities.get(family.scalar_name, ()) if is_cuda else ():
+        if not fits(family, capacity):
             continue
-        band_cells = capacity - order
-        n_bands = -(-n_cells // band_cells)
+        band_cells = capacity - (family.n_bases - 1)
+        if band_cells <= 0:
+            continue
+        n_bands = -(-n_slots // band_cells)
         if n_bands <= most_bands:
             return TablePlan(capacity, n_bands, band_cells)
     return None
 
 
-def forward_plan(is_cuda: bool, scalar: str, n_coef: int, order: int) -> TablePlan | None:
+def forward_plan(family: EdgeFamily, is_cuda: bool, n_coef: int) -> TablePlan | None:
     """How the tiled forward pass runs a layer: on one table when :func:`tiled_applies`, else (float32) on
     bands of :data:`FORWARD_BANDED_CAPACITIES`; None when neither serves (the per-thread kernel does)."""
-    return _plan(FORWARD_BANDED_CAPACITIES, is_cuda, scalar, n_coef, order)
+    return _plan(family, FORWARD_BANDED_CAPACITIES, is_cuda, n_coef)
 
 
-def backward_plan(is_cuda: bool, scalar: str, n_coef: int, order: int) -> TablePlan | None:
-    """How the tiled backward pass runs a layer (n_coef = G + k; the cells are G + 2k): on one table when
-    :func:`tiled_applies`, else (float32) on bands of one of the tables of :data:`BANDED_CAPACITIES`, a band
-    holding capacity - k cells; None when neither serves (the bucketed kernels do)."""
-    return _plan(BANDED_CAPACITIES, is_cuda, scalar, n_coef, order, banded_backward_fits)
+def backward_plan(family: EdgeFamily, is_cuda: bool, n_coef: int) -> TablePlan | None:
+    """How the tiled backward pass runs a layer: on one table when :func:`tiled_applies`, else (float32) on
+    bands of one of the tables of :data:`BANDED_CAPACITIES`, a band holding capacity - K + 1 slots; None when
+    neither serves (the bucketed kernels do)."""
+    return _plan(family, BANDED_CAPACITIES, is_cuda, n_coef, banded_backward_fits)
 
 
 def backward_takes(n_out: int, all_params: bool, deterministic: bool, want_dx: bool, banded: bool = False) -> bool:
@@ -302,9 +308,9 @@ _BACKWARD_OP = """
         const @T@ s = *(const @T@*)((const char*)scaler_t.data + (size_t)i * scaler_t.strides[0] + (size_t)oc * scaler_t.strides[1]);
         @T@ d_s = ((@T@)0);
         // the coefficients j whose padded row j + k lies in the band (neighbouring bands share k rows: both add)
-        const int j_end = min(n_coef, c0 - (@K@ - 1) + local_rows);
-        for (int j = max(0, c0 - (@K@ - 1)); j < j_end; ++j) {
-            const @T@ a = table[(j + @K@ - 1 - c0) * @LANES@ + lane];
+        const int j_end = min(n_coef, c0 - @PAD@ + local_rows);
+        for (int j = max(0, c0 - @PAD@); j < j_end; ++j) {
+            const @T@ a = table[(j + @PAD@ - c0) * @LANES@ + lane];
             const @T@ cf = *(const @T@*)((const char*)coef.data + (size_t)i * coef.strides[0] + (size_t)j * coef.strides[1] + (size_t)oc * coef.strides[2]);
             d_s += cf * a;
             @T@* dc = deterministic
@@ -511,7 +517,8 @@ _BAND_QUEUE = """
 """
 
 
-def _render(snippet: str, scalar: str, order: int, rw: int, capacity: int, warps: int, banded: bool = False) -> str:
+def _render(snippet: str, family: EdgeFamily, rw: int, capacity: int, warps: int, banded: bool = False) -> str:
+    scalar = family.scalar_name
     is_float = scalar == "float32"
     subs = {
         "@T@": "float" if is_float else "double",
@@ -520,7 +527,8 @@ def _render(snippet: str, scalar: str, order: int, rw: int, capacity: int, warps
         "@VW@": "4" if is_float else "2",
         "@TO_T@": "__int_as_float" if is_float else "(double)",
         "@FROM_T@": "__float_as_int" if is_float else "(int)",
-        "@K@": str(order + 1),
+        "@K@": str(family.n_bases),
+        "@PAD@": str(-family.first),
         "@RW@": str(rw),
         "@LANES@": str(LANES),
         "@CAP@": str(capacity),
@@ -550,26 +558,35 @@ def _record_width(values: int, scalar: str) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def tiled_kernels(order: int, uniform: bool, scalar: str, capacity: int) -> TiledKernels:
-    """The tiled kernels of one (order, grid kind, scalar type, table capacity). Warp compiles a module per
-    block size, so the forward (with the two small helpers) and the backward have a module each."""
+def tiled_kernels(family: EdgeFamily, capacity: int) -> TiledKernels:
+    """The whole-table tiled kernels of one family at one table capacity. Warp compiles a module per block
+    size, so the forward (with the two small helpers) and the backward have a module each."""
+    scalar = family.scalar_name
     if capacity not in CAPACITIES[scalar]:
         raise ValueError(f"capacity must be one of {sorted(CAPACITIES[scalar])}, got {capacity}")
-    bw_warps = CAPACITIES[scalar][capacity]
-    T = SCALARS[scalar]
-    K = order + 1
-    module = _module_name(order, uniform, scalar, capacity)
-    fw_kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
-    zero = T(0.0)
+    module = _module_name(family, capacity)
+    pad_coef, combine = _helper_kernels(family, module)
+    forward = _forward_kernel(family, capacity, False)
+    backward = _backward_kernel(family, capacity, False)
+    return TiledKernels((module, module + "_bwd"), capacity, CAPACITIES[scalar][capacity], pad_coef, forward, backward,
+                        combine)
 
-    @fw_kernel
+
+def _helper_kernels(family: EdgeFamily, module: str) -> tuple:
+    """(pad_coef, combine) in ``module``."""
+    T = family.scalar
+    first = family.first
+    zero = T(0.0)
+    kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
+
+    @kernel
     def pad_coef(coef: wp.array3d(dtype=T), scaler_t: wp.array2d(dtype=T), zero_grads: int, coef_pad: wp.array3d(dtype=T),
                  dx: wp.array2d(dtype=T), d_base_weight_t: wp.array2d(dtype=T), d_scaler_t: wp.array2d(dtype=T),
                  d_coef: wp.array3d(dtype=T)):
-        # zero_grads (the backward's overwrite mode): 1 zeroes the parameter gradients, 2 dx too; it saves the
-        # caller a fill launch per gradient
+        # coef_pad[i, r, o] = s[i, o] C[i, r + first, o], zero outside the table. zero_grads (the backward's
+        # overwrite mode): 1 zeroes the parameter gradients, 2 dx too; it saves a fill launch per gradient
         i, r, o = wp.tid()
-        j = r - (K - 1)
+        j = r + first
         value = zero
         inside = j >= 0 and j < coef.shape[1]
         if inside:
@@ -588,7 +605,7 @@ def tiled_kernels(order: int, uniform: bool, scalar: str, capacity: int) -> Tile
                 row = e // n_in
                 dx[row, e - row * n_in] = zero
 
-    @fw_kernel
+    @kernel
     def combine(partial_coef: wp.array4d(dtype=T), partial_params: wp.array4d(dtype=T), use_base: int,
                 d_base_weight_t: wp.array2d(dtype=T), d_scaler_t: wp.array2d(dtype=T), d_coef: wp.array3d(dtype=T)):
         # fixed chunk order: bitwise reproducible. Rows j < n_coef are coefficients, row n_coef the scaler
@@ -610,33 +627,30 @@ def tiled_kernels(order: int, uniform: bool, scalar: str, capacity: int) -> Tile
             if use_base:
                 d_base_weight_t[i, o] = d_base_weight_t[i, o] + acc_b
 
-    forward = _forward_kernel(order, uniform, scalar, capacity, False)
-    backward = _backward_kernel(order, uniform, scalar, capacity, False)
-    return TiledKernels((module, module + "_bwd"), capacity, bw_warps, pad_coef, forward, backward, combine)
+    return pad_coef, combine
 
 
-def _module_name(order: int, uniform: bool, scalar: str, capacity: int) -> str:
-    return f"warpkan_bspline_tiled_k{order}_{'uniform' if uniform else 'general'}_{scalar}_c{capacity}"
+def _module_name(family: EdgeFamily, capacity: int) -> str:
+    return f"warpkan_edge_{family.key}_tiled_c{capacity}"
 
 
-def _kernel_types(order: int, uniform: bool, scalar: str) -> tuple:
-    """(stencil variant, shared basis funcs, scalar, K = k + 1, vector of K, K x K matrix, vector of LANES)
-    that the tiled kernels of one (order, grid kind, scalar type) are written in."""
-    variant = kb.get_variant(order, uniform, scalar)
-    shared = kb.basis_funcs(order, scalar)
-    T = SCALARS[scalar]
-    return variant, shared, T, order + 1, shared.vec, shared.mat, wp.types.vector(length=LANES, dtype=T)
+def _native(fn, snippet: str, family: EdgeFamily, kind: str, capacity: int, width: int, warps: int, banded: bool):
+    """``fn`` as a native function with a name unique to (family, kind, capacity)."""
+    fn.__name__ = fn.__qualname__ = f"tiled_{fn.__name__}_{kind}_{family.key}_c{capacity}"
+    return wp.func_native(_render(snippet, family, width, capacity, warps, banded))(fn)
 
 
 @functools.lru_cache(maxsize=None)
-def _forward_kernel(order: int, uniform: bool, scalar: str, capacity: int, banded: bool) -> wp.Kernel:
-    """The tiled forward pass of one (order, grid kind, scalar type, table capacity), whole-grid (in the
-    capacity's module, with the helpers) or banded (see :func:`forward_plan`, a module of its own)."""
-    variant, shared, T, K, vecK, matK, vecL = _kernel_types(order, uniform, scalar)
-    basis_at, silu_and_grad = variant.basis_at, shared.silu_and_grad
-    module = _module_name(order, uniform, scalar, capacity) + ("_fwd_banded" if banded else "")
+def _forward_kernel(family: EdgeFamily, capacity: int, banded: bool) -> wp.Kernel:
+    """The tiled forward pass of one family at one table capacity, whole-table (in the capacity's module,
+    with the helpers) or banded (see :func:`forward_plan`, a module of its own)."""
+    T, Frame, vecK = family.scalar, family.Frame, family.vec
+    vecL = wp.types.vector(length=LANES, dtype=T)
+    values = edge_values(family)
+    bases_at, silu = values.bases_at, values.silu
+    module = _module_name(family, capacity) + ("_fwd_banded" if banded else "")
     zero = T(0.0)
-    width = _record_width(K + 2, scalar)
+    width = _record_width(family.n_bases + 2, family.scalar_name)
 
     def forward_step(y_acc: vecL, process: int, step: int, cell: int, b: vecK, act: T, coef_pad: wp.array3d(dtype=T),
                      base_weight_t: wp.array2d(dtype=T), i: int, c0: int, band_cells: int, next_i: int, next_c0: int,
@@ -646,33 +660,35 @@ def _forward_kernel(order: int, uniform: bool, scalar: str, capacity: int, bande
     def store_rows(y_acc: vecL, y: wp.array2d(dtype=T), n0: int, o: int): ...
 
     kind = "banded" if banded else "whole"
-    for fn in (forward_step, store_rows):
-        fn.__name__ = fn.__qualname__ = f"tiled_{fn.__name__}_{kind}_k{order}_{scalar}_c{capacity}"
-    forward_step = wp.func_native(_render(_FORWARD_STEP, scalar, order, width, capacity, FORWARD_WARPS, banded))(forward_step)
-    store_rows = wp.func_native(_render(_STORE_ROWS, scalar, order, width, capacity, FORWARD_WARPS))(store_rows)
+    forward_step = _native(forward_step, _FORWARD_STEP, family, kind, capacity, width, FORWARD_WARPS, banded)
+    store_rows = _native(store_rows, _STORE_ROWS, family, kind, capacity, width, FORWARD_WARPS, False)
 
     @functools.partial(wp.kernel, enable_backward=False, module=module)
-    def forward(x: wp.array2d(dtype=T), grid: wp.array2d(dtype=T), base_weight_t: wp.array2d(dtype=T),
-                coef_pad: wp.array3d(dtype=T), basis_matrix: matK, use_base: int, n_tiles: int, n_bands: int,
-                band_cells: int, y: wp.array2d(dtype=T)):
+    def forward(x: wp.array2d(dtype=T), frame: Frame, base_weight_t: wp.array2d(dtype=T), coef_pad: wp.array3d(dtype=T),
+                bias: wp.array(dtype=T), use_base: int, has_bias: int, n_tiles: int, n_bands: int, band_cells: int,
+                y: wp.array2d(dtype=T)):
         # block = (FORWARD_WARPS x 32 rows, 32 outputs); warp w takes rows n0 .. n0 + 31, lane the output. A
-        # step is one (input, band) table: band b holds the cells [b band_cells, (b + 1) band_cells) (one
-        # band, all cells, when not banded)
+        # step is one (input, band) table: band b holds the slots [b band_cells, (b + 1) band_cells) (one
+        # band, all slots, when not banded)
         row_group, warp, lane, o0 = block_warp_lane(wp.tid(), FORWARD_WARPS, n_tiles)
         n0 = (row_group * FORWARD_WARPS + warp) * LANES
         n_rows = x.shape[0]
         n = wp.min(n0 + lane, n_rows - 1)
         y_acc = vecL()
+        if has_bias:
+            bias_o = bias[wp.min(o0 + lane, y.shape[1] - 1)]
+            for r in range(LANES):
+                y_acc[r] = bias_o
         none = vecK()
         # the first step's table
         y_acc = forward_step(y_acc, 0, -1, 0, none, zero, coef_pad, base_weight_t, 0, 0, band_cells, 0, 0, o0, lane)
         step = int(0)
         for i in range(x.shape[1]):
             xv = x[n, i]
-            valid, cell, b = basis_at(grid, i, xv, basis_matrix)
+            valid, cell, b = bases_at(frame, i, xv)
             act = zero
             if use_base:
-                act, dact = silu_and_grad(xv)
+                act, dact, d2act = silu(xv)
             if wp.static(banded):
                 for band in range(n_bands):
                     c0 = band * band_cells
@@ -691,18 +707,17 @@ def _forward_kernel(order: int, uniform: bool, scalar: str, capacity: int, bande
 
     return forward
 
-
 @functools.lru_cache(maxsize=None)
-def _backward_kernel(order: int, uniform: bool, scalar: str, capacity: int, banded: bool) -> wp.Kernel:
-    """The tiled backward pass of one (order, grid kind, scalar type, table capacity), whole-grid or banded
-    (see :func:`backward_plan`), in a module of its own."""
-    warps = CAPACITIES[scalar][capacity]
-    variant, shared, T, K, vecK, matK, vecL = _kernel_types(order, uniform, scalar)
-    basis_and_grad_at, cell_at, silu_and_grad = variant.basis_and_grad_at, variant.cell_at, shared.silu_and_grad
-    module = _module_name(order, uniform, scalar, capacity) + "_bwd"
-    zero = T(0.0)
+def _backward_kernel(family: EdgeFamily, capacity: int, banded: bool) -> wp.Kernel:
+    """The tiled backward pass of one family at one table capacity, whole-table or banded (see
+    :func:`backward_plan`), in a module of its own."""
+    warps = CAPACITIES[family.scalar_name][capacity]
+    T, Frame, vecK = family.scalar, family.Frame, family.vec
+    vecL = wp.types.vector(length=LANES, dtype=T)
+    values = edge_values(family)
+    module = _module_name(family, capacity) + "_bwd"
     # a record: bases, their derivatives, silu, silu', cell (and, banded, the row's lane)
-    width = _record_width(2 * K + (4 if banded else 3), scalar)
+    width = _record_width(2 * family.n_bases + (4 if banded else 3), family.scalar_name)
 
     def backward_op(op: int, matched: int, row_offset: int, cell: int, c0: int, b: vecK, db: vecK, act: T, dact: T, g_now: vecL,
                     dy: wp.array2d(dtype=T), coef_pad: wp.array3d(dtype=T), coef: wp.array3d(dtype=T),
@@ -717,30 +732,82 @@ def _backward_kernel(order: int, uniform: bool, scalar: str, capacity: int, band
         return 0
 
     kind = "banded" if banded else "whole"
-    for fn in (backward_op, band_queue):
-        fn.__name__ = fn.__qualname__ = f"tiled_{fn.__name__}_{kind}_k{order}_{scalar}_c{capacity}"
-    backward_op = wp.func_native(_render(_BACKWARD_OP, scalar, order, width, capacity, warps, banded))(backward_op)
-    band_queue = wp.func_native(_render(_BAND_QUEUE, scalar, order, width, capacity, warps, banded))(band_queue)
+    backward_op = _native(backward_op, _BACKWARD_OP, family, kind, capacity, width, warps, banded)
+    band_queue = _native(band_queue, _BAND_QUEUE, family, kind, capacity, width, warps, banded)
+    kernel = functools.partial(wp.kernel, enable_backward=False, module=module + ("_banded" if banded else ""))
+    if banded:
+        return _banded_backward(family, kernel, values, backward_op, band_queue, warps, Frame, T, vecK, vecL)
+    return _whole_backward(family, kernel, values, backward_op, warps, Frame, T, vecK, vecL)
 
-    @functools.partial(wp.kernel, enable_backward=False, module=module + ("_banded" if banded else ""))
-    def backward(dy: wp.array2d(dtype=T), x: wp.array2d(dtype=T), grid: wp.array2d(dtype=T),
-                 base_weight_t: wp.array2d(dtype=T), scaler_t: wp.array2d(dtype=T), coef: wp.array3d(dtype=T),
-                 coef_pad: wp.array3d(dtype=T), basis_matrix: matK, use_base: int, n_tiles: int,
-                 rows_per_chunk: int, n_bands: int, band_cells: int, want_dx: int, dx_write: int, deterministic: int,
-                 dx: wp.array2d(dtype=T), d_base_weight_t: wp.array2d(dtype=T), d_scaler_t: wp.array2d(dtype=T),
-                 d_coef: wp.array3d(dtype=T), partial_coef: wp.array4d(dtype=T),
+
+def _whole_backward(family, kernel, values, backward_op, warps, Frame, T, vecK, vecL):
+    bases_dx_at, silu = values.bases_dx_at, values.silu
+    zero = T(0.0)
+
+    @kernel
+    def backward(dy: wp.array2d(dtype=T), x: wp.array2d(dtype=T), frame: Frame, base_weight_t: wp.array2d(dtype=T),
+                 scaler_t: wp.array2d(dtype=T), coef: wp.array3d(dtype=T), coef_pad: wp.array3d(dtype=T), use_base: int,
+                 n_tiles: int, rows_per_chunk: int, n_bands: int, band_cells: int, want_dx: int, dx_write: int,
+                 deterministic: int, dx: wp.array2d(dtype=T), d_base_weight_t: wp.array2d(dtype=T),
+                 d_scaler_t: wp.array2d(dtype=T), d_coef: wp.array3d(dtype=T), partial_coef: wp.array4d(dtype=T),
                  partial_params: wp.array4d(dtype=T)):
-        # block = (chunk group, input, band, output tile), laid out so that the blocks that run together share
-        # their rows of dy and x; warp w takes chunk group * warps + w. Band b holds the cells
-        # [b band_cells, (b + 1) band_cells) (one band, all cells, when not banded).
+        # block = (chunk group, input, output tile), laid out so that the blocks that run together share their
+        # rows of dy and x; warp w takes chunk group * warps + w
         rest, warp, lane, o0 = block_warp_lane(wp.tid(), warps, n_tiles)
         o = o0 + lane
         n_in = x.shape[1]
-        band_group = rest
-        c0 = int(0)
-        if wp.static(banded):
-            band_group = rest // n_bands
-            c0 = (rest - band_group * n_bands) * band_cells
+        chunk_group = rest // n_in
+        i = rest - chunk_group * n_in
+        chunk = chunk_group * warps + warp
+        n_rows = x.shape[0]
+        n_start = chunk * rows_per_chunk
+        n_end = wp.min(n_start + rows_per_chunk, n_rows)
+        none = vecK()
+        g = vecL()
+        # op 0 loads the table (and the first step's dy; each op 1 step returns the next one's); x is read a
+        # step ahead
+        g = backward_op(0, 0, 0, 0, 0, none, none, zero, zero, g, dy, coef_pad, coef, base_weight_t, scaler_t, i,
+                        o, lane, n_start, n_end, chunk, want_dx, dx_write, deterministic, dx, d_base_weight_t,
+                        d_scaler_t, d_coef, partial_coef, partial_params)
+        x_next = x[wp.min(n_start + lane, n_rows - 1), i]
+        for n0 in range(n_start, n_end, LANES):
+            n = n0 + lane
+            xv = x_next
+            x_next = x[wp.min(n + LANES, n_rows - 1), i]
+            valid, cell, b, db = bases_dx_at(frame, i, xv)
+            act = zero
+            dact = zero
+            if use_base and n < n_end:  # a row past the chunk has g = 0, and 0 * silu(NaN) must not reach the sum
+                act, dact, d2act = silu(xv)
+            g = backward_op(1, 1, 0, cell, 0, b, db, act, dact, g, dy, coef_pad, coef, base_weight_t, scaler_t,
+                            i, o, lane, n0, n_end, chunk, want_dx, dx_write, deterministic, dx, d_base_weight_t,
+                            d_scaler_t, d_coef, partial_coef, partial_params)
+        backward_op(2, 0, 0, 0, 0, none, none, zero, zero, g, dy, coef_pad, coef, base_weight_t, scaler_t, i, o, lane,
+                    n_start, n_end, chunk, want_dx, dx_write, deterministic, dx, d_base_weight_t, d_scaler_t,
+                    d_coef, partial_coef, partial_params)
+
+    return backward
+
+
+def _banded_backward(family, kernel, values, backward_op, band_queue, warps, Frame, T, vecK, vecL):
+    bases_dx_at, slot_at, silu = values.bases_dx_at, values.slot_at, values.silu
+    zero = T(0.0)
+
+    @kernel
+    def backward(dy: wp.array2d(dtype=T), x: wp.array2d(dtype=T), frame: Frame, base_weight_t: wp.array2d(dtype=T),
+                 scaler_t: wp.array2d(dtype=T), coef: wp.array3d(dtype=T), coef_pad: wp.array3d(dtype=T), use_base: int,
+                 n_tiles: int, rows_per_chunk: int, n_bands: int, band_cells: int, want_dx: int, dx_write: int,
+                 deterministic: int, dx: wp.array2d(dtype=T), d_base_weight_t: wp.array2d(dtype=T),
+                 d_scaler_t: wp.array2d(dtype=T), d_coef: wp.array3d(dtype=T), partial_coef: wp.array4d(dtype=T),
+                 partial_params: wp.array4d(dtype=T)):
+        # block = (chunk group, input, band, output tile). Band b holds the slots [b band_cells, (b + 1)
+        # band_cells). A warp scans its chunk's rows for the band's (slot only), queues them, and walks the
+        # queue 32 rows at a time; one more scan step past the end walks what is left.
+        rest, warp, lane, o0 = block_warp_lane(wp.tid(), warps, n_tiles)
+        o = o0 + lane
+        n_in = x.shape[1]
+        band_group = rest // n_bands
+        c0 = (rest - band_group * n_bands) * band_cells
         chunk_group = band_group // n_in
         i = band_group - chunk_group * n_in
         chunk = chunk_group * warps + warp
@@ -749,51 +816,32 @@ def _backward_kernel(order: int, uniform: bool, scalar: str, capacity: int, band
         n_end = wp.min(n_start + rows_per_chunk, n_rows)
         none = vecK()
         g = vecL()
-        # op 0 loads the band's rows (and, not banded, the first step's dy; each op 1 step returns the next
-        # one's); x is read a step ahead
         g = backward_op(0, 0, 0, 0, c0, none, none, zero, zero, g, dy, coef_pad, coef, base_weight_t, scaler_t, i,
                         o, lane, n_start, n_end, chunk, want_dx, dx_write, deterministic, dx, d_base_weight_t,
                         d_scaler_t, d_coef, partial_coef, partial_params)
-        if wp.static(banded):
-            # scan the chunk's rows for the band's (cell only), queue them, and walk the queue 32 rows at a
-            # time; one more scan step past the end walks what is left
-            queued = band_queue(0, 0, 0, lane)
-            x_next = x[wp.min(n_start + lane, n_rows - 1), i]
-            for n0 in range(n_start, n_end + LANES, LANES):
-                n = n0 + lane
-                xv = x_next
-                x_next = x[wp.min(n + LANES, n_rows - 1), i]  # in flight during this step, as below
-                valid, cell = cell_at(grid, i, xv)
-                # off-grid rows (cell 0, zero bases) fall in band 0, which adds their base term
-                matched = n < n_end and cell >= c0 and cell < c0 + band_cells
-                queued = band_queue(1, wp.where(matched, 1, 0), n - n_start, lane)
-                if queued >= LANES or (n0 >= n_end and queued > 0):
-                    offset = band_queue(2, 0, 0, lane)
-                    live = offset >= 0
-                    xq = x[n_start + wp.max(offset, 0), i]
-                    valid, cell, b, db = basis_and_grad_at(grid, i, xq, basis_matrix)
-                    act = zero
-                    dact = zero
-                    if use_base and live:
-                        act, dact = silu_and_grad(xq)
-                    g = backward_op(1, wp.where(live, 1, 0), offset, cell, c0, b, db, act, dact, g, dy, coef_pad,
-                                    coef, base_weight_t, scaler_t, i, o, lane, n_start, n_end, chunk, want_dx,
-                                    dx_write, deterministic, dx, d_base_weight_t, d_scaler_t, d_coef, partial_coef,
-                                    partial_params)
-        else:
-            x_next = x[wp.min(n_start + lane, n_rows - 1), i]
-            for n0 in range(n_start, n_end, LANES):
-                n = n0 + lane
-                xv = x_next
-                x_next = x[wp.min(n + LANES, n_rows - 1), i]
-                valid, cell, b, db = basis_and_grad_at(grid, i, xv, basis_matrix)
+        queued = band_queue(0, 0, 0, lane)
+        x_next = x[wp.min(n_start + lane, n_rows - 1), i]
+        for n0 in range(n_start, n_end + LANES, LANES):
+            n = n0 + lane
+            xv = x_next
+            x_next = x[wp.min(n + LANES, n_rows - 1), i]  # in flight during this step
+            valid, cell = slot_at(frame, i, xv)
+            # invalid rows (slot 0, zero bases) fall in band 0, which adds their base term
+            matched = n < n_end and cell >= c0 and cell < c0 + band_cells
+            queued = band_queue(1, wp.where(matched, 1, 0), n - n_start, lane)
+            if queued >= LANES or (n0 >= n_end and queued > 0):
+                offset = band_queue(2, 0, 0, lane)
+                live = offset >= 0
+                xq = x[n_start + wp.max(offset, 0), i]
+                valid, cell, b, db = bases_dx_at(frame, i, xq)
                 act = zero
                 dact = zero
-                if use_base and n < n_end:  # a row past the chunk has g = 0, and 0 * silu(NaN) must not reach the sum
-                    act, dact = silu_and_grad(xv)
-                g = backward_op(1, 1, 0, cell, c0, b, db, act, dact, g, dy, coef_pad, coef, base_weight_t, scaler_t,
-                                i, o, lane, n0, n_end, chunk, want_dx, dx_write, deterministic, dx, d_base_weight_t,
-                                d_scaler_t, d_coef, partial_coef, partial_params)
+                if use_base and live:
+                    act, dact, d2act = silu(xq)
+                g = backward_op(1, wp.where(live, 1, 0), offset, cell, c0, b, db, act, dact, g, dy, coef_pad,
+                                coef, base_weight_t, scaler_t, i, o, lane, n_start, n_end, chunk, want_dx,
+                                dx_write, deterministic, dx, d_base_weight_t, d_scaler_t, d_coef, partial_coef,
+                                partial_params)
         backward_op(2, 0, 0, 0, c0, none, none, zero, zero, g, dy, coef_pad, coef, base_weight_t, scaler_t, i, o, lane,
                     n_start, n_end, chunk, want_dx, dx_write, deterministic, dx, d_base_weight_t, d_scaler_t,
                     d_coef, partial_coef, partial_params)
@@ -801,54 +849,64 @@ def _backward_kernel(order: int, uniform: bool, scalar: str, capacity: int, band
     return backward
 
 
-def tiled_modules(order: int, uniform: bool, scalar: str) -> tuple:
-    """The Warp modules of every tiled kernel a layer of this (order, grid kind, scalar type) may launch on
-    CUDA: each whole-table capacity's forward (with the helpers) and backward, and the banded ones. Builds
-    their kernels, so that ``wp.load_module`` finds them (``warpkan precompile``)."""
+def tiled_modules(family: EdgeFamily) -> tuple:
+    """The Warp modules of every tiled kernel a layer of this family may launch on CUDA: each whole-table
+    capacity's forward (with the helpers) and backward, and the banded ones. Builds their kernels, so that
+    ``wp.load_module`` finds them (``warpkan precompile``)."""
+    scalar = family.scalar_name
     names = []
     for capacity in CAPACITIES.get(scalar, {}):
-        names += tiled_kernels(order, uniform, scalar, capacity).modules
+        names += tiled_kernels(family, capacity).modules
     for capacity in sorted({capacity for capacity, _bands in FORWARD_BANDED_CAPACITIES.get(scalar, ())}):
-        names.append(_forward_kernel(order, uniform, scalar, capacity, True).module.name)
+        names.append(_forward_kernel(family, capacity, True).module.name)
     for capacity in sorted({capacity for capacity, _bands in BANDED_CAPACITIES.get(scalar, ())
-                            if banded_backward_fits(capacity, order, scalar)}):
-        names.append(_backward_kernel(order, uniform, scalar, capacity, True).module.name)
+                            if banded_backward_fits(family, capacity)}):
+        names.append(_backward_kernel(family, capacity, True).module.name)
     return tuple(names)
+
+
+def planned_modules(family: EdgeFamily, n_coef: int) -> tuple:
+    """The tiled modules one layer with ``n_coef`` coefficients per input launches on CUDA (forward and
+    backward plans), building their kernels."""
+    names = []
+    plan = forward_plan(family, True, n_coef)
+    if plan is not None:
+        names.append(_forward_kernel(family, plan.capacity, plan.banded).module.name)
+        names.append(_pad_kernel(family, plan).module.name)
+    plan = backward_plan(family, True, n_coef)
+    if plan is not None:
+        names.append(_backward_kernel(family, plan.capacity, plan.banded).module.name)
+        names.append(_pad_kernel(family, plan).module.name)
+    return tuple(dict.fromkeys(names))
 
 
 def _tiles(n_out: int) -> int:
     return -(-n_out // LANES)
 
 
-def _planned(plan_of, pass_name: str, coef, order: int, uniform: bool) -> tuple:
-    """(scalar name, table plan, coefficient-padding kernel) of a tiled pass over ``coef``; raises when the
-    pass cannot run it (not CUDA, or a grid past its plans)."""
-    scalar = scalar_name(coef, "coef")
+def _planned(family: EdgeFamily, plan_of, pass_name: str, coef) -> tuple:
+    """(table plan, coefficient-padding kernel) of a tiled pass over ``coef``; raises when the pass cannot run
+    it (not CUDA, or a table past its plans)."""
     if not coef.device.is_cuda:
-        raise ValueError("the tiled B-spline kernels run on CUDA devices only")
-    plan = plan_of(True, scalar, coef.shape[1], order)
+        raise ValueError("the tiled edge kernels run on CUDA devices only")
+    plan = plan_of(family, True, coef.shape[1])
     if plan is None:
-        raise ValueError(f"grid too long for the tiled {pass_name} pass in {scalar}: G + 3k = "
-                         f"{coef.shape[1] + 2 * order} rows")
-    return scalar, plan, _pad_kernel(order, uniform, scalar, plan)
+        raise ValueError(f"table too long for the tiled {pass_name} pass in {family.scalar_name}: "
+                         f"{family.padded_rows(coef.shape[1])} padded rows")
+    return plan, _pad_kernel(family, plan)
 
 
-def _pad_kernel(order: int, uniform: bool, scalar: str, plan: TablePlan) -> wp.Kernel:
-    """The coefficient-padding kernel (the same in every capacity's module: a banded forward table, which has
-    none, takes the smallest's)."""
-    capacity = plan.capacity if plan.capacity in CAPACITIES[scalar] else min(CAPACITIES[scalar])
-    return tiled_kernels(order, uniform, scalar, capacity).pad_coef
+def _pad_kernel(family: EdgeFamily, plan: TablePlan) -> wp.Kernel:
+    """The coefficient-padding kernel (the same in every capacity's module: a banded table, which has none,
+    takes the smallest's)."""
+    capacity = plan.capacity if plan.capacity in CAPACITIES[family.scalar_name] else min(CAPACITIES[family.scalar_name])
+    return tiled_kernels(family, capacity).pad_coef
 
 
-def _launch(kernel, dim, inputs, outputs, device, stream, record: bool, block_dim: int = 256):
-    return wp.launch(kernel, dim=dim, inputs=inputs, outputs=outputs, device=device, stream=stream,
-                     block_dim=block_dim, record_tape=False, record_cmd=record)
-
-
-def coef_pad_shape(coef_shape, order: int) -> tuple:
-    """Shape of the scaled, padded coefficient table [in, G + 3k, out] for coef [in, G + k, out]."""
+def coef_pad_shape(family: EdgeFamily, coef_shape) -> tuple:
+    """Shape of the scaled, padded coefficient table for coef [in, n_coef, out]."""
     n_in, n_coef, n_out = coef_shape
-    return (n_in, n_coef + 2 * order, n_out)
+    return (n_in, family.padded_rows(n_coef), n_out)
 
 
 def partial_shapes(n_rows: int, n_in: int, n_coef: int, n_out: int) -> tuple:
@@ -857,34 +915,31 @@ def partial_shapes(n_rows: int, n_in: int, n_coef: int, n_out: int) -> tuple:
     return (n_chunks, n_in, n_coef, n_out), (n_chunks, 2, n_in, n_out)
 
 
-def launch_tiled_forward(x, grid, base_weight_t, scaler_t, coef, y, order: int, uniform: bool, use_base: bool = True,
+def launch_tiled_forward(family: EdgeFamily, frame, x, base_weight_t, scaler_t, coef, bias, y, use_base: bool = True,
                          stream=None, workspace=None, coef_pad=None, record: bool = False):
-    """:func:`warpkan.kernels.bspline.launch_forward` on the tiled kernels (CUDA, a grid within
-    :func:`forward_plan`). Overwrites y. ``coef_pad`` (:func:`coef_pad_shape`) is scratch, taken from
-    ``workspace`` when not given. ``record=True`` runs nothing and returns the recorded launches."""
-    kb._check_shapes(x, grid, base_weight_t, scaler_t, coef, order)
-    scalar, plan, pad_coef = _planned(forward_plan, "forward", coef, order, uniform)
-    forward = _forward_kernel(order, uniform, scalar, plan.capacity, plan.banded)
+    """The edge forward on the tiled kernels (CUDA, a table within :func:`forward_plan`). Overwrites y.
+    ``bias`` [out] or None. ``coef_pad`` (:func:`coef_pad_shape`) is scratch, taken from ``workspace`` when not
+    given. ``record=True`` runs nothing and returns the recorded launches."""
+    plan, pad_coef = _planned(family, forward_plan, "forward", coef)
+    forward = _forward_kernel(family, plan.capacity, plan.banded)
     n_rows, n_out = x.shape[0], coef.shape[2]
-    cmds = []
-    if n_rows == 0 or n_out == 0 or x.shape[1] == 0:
-        if x.shape[1] == 0 and n_rows and n_out:
-            if record:
-                raise ValueError("nothing to record for a layer without inputs")
-            y.zero_()
-        return cmds if record else None
+    if n_rows == 0 or n_out == 0:
+        return [] if record else None
     if coef_pad is None:
-        coef_pad = (workspace or kb._workspace(x.device, stream)).get("tiled_coef_pad", coef_pad_shape(coef.shape, order),
-                                                                     coef.dtype)
+        coef_pad = (workspace or workspace_for(x.device, stream)).get("tiled_coef_pad",
+                                                                       coef_pad_shape(family, coef.shape), coef.dtype)
+    cmds = []
     with on_stream(None if record else stream):
-        cmds.append(_launch(pad_coef, tuple(coef_pad.shape), [coef, scaler_t, 0], [coef_pad, None, None, None, None],
-                            x.device, stream, record))
+        cmds += launch(pad_coef, tuple(coef_pad.shape), [coef, scaler_t, 0], [coef_pad, None, None, None, None],
+                       x.device, stream, True) if record else []
+        if not record:
+            launch(pad_coef, tuple(coef_pad.shape), [coef, scaler_t, 0], [coef_pad, None, None, None, None],
+                   x.device, stream)
         n_tiles = _tiles(n_out)
         block = FORWARD_WARPS * LANES
-        cmds.append(_launch(forward, -(-n_rows // block) * n_tiles * block,
-                            [x, grid, base_weight_t, coef_pad, kb.get_variant(order, uniform, scalar).basis_matrix,
-                             int(use_base), n_tiles, plan.n_bands, plan.band_cells], [y], x.device, stream, record,
-                            block))
+        args = ([x, frame, base_weight_t, coef_pad, bias, int(use_base), int(bias is not None), n_tiles, plan.n_bands,
+                 plan.band_cells], [y])
+        cmds += launch(forward, -(-n_rows // block) * n_tiles * block, *args, x.device, stream, record, block) or []
     return cmds if record else None
 
 
@@ -897,20 +952,19 @@ def backward_rows_per_chunk(n_rows: int, n_in: int, n_out: int, n_bands: int = 1
     return min(rows, -(-n_rows // LANES) * LANES)
 
 
-def launch_tiled_backward(dy, x, grid, base_weight_t, scaler_t, coef, order: int, uniform: bool, use_base: bool = True,
+def launch_tiled_backward(family: EdgeFamily, frame, dy, x, base_weight_t, scaler_t, coef, use_base: bool = True,
                           dx=None, d_base_weight_t=None, d_scaler_t=None, d_coef=None, deterministic: bool = False,
                           stream=None, workspace=None, coef_pad=None, partial_coef=None, partial_params=None,
                           overwrite: bool = False, record: bool = False):
     """Accumulate (+=) dx (when given) and all three parameter gradients (required) of the tiled forward,
     in one pass; ``overwrite=True`` sets them instead (no zero-filled buffers needed). ``deterministic``:
     per-chunk partials added in a fixed order (dx is then exact too when out <= 32; with more outputs its
-    per-tile parts are added by atomics and it is refused). Scratch
-    (``coef_pad``, and the partials of :func:`partial_shapes` when deterministic) is taken from ``workspace``
-    when not given. ``record=True`` runs nothing and returns the recorded launches."""
-    kb._check_shapes(x, grid, base_weight_t, scaler_t, coef, order)
-    scalar, plan, pad_coef = _planned(backward_plan, "backward", coef, order, uniform)
-    backward = _backward_kernel(order, uniform, scalar, plan.capacity, plan.banded)
-    warps = CAPACITIES[scalar][plan.capacity]
+    per-tile parts are added by atomics and it is refused). Scratch (``coef_pad``, and the partials of
+    :func:`partial_shapes` when deterministic) is taken from ``workspace`` when not given. ``record=True``
+    runs nothing and returns the recorded launches."""
+    plan, pad_coef = _planned(family, backward_plan, "backward", coef)
+    backward = _backward_kernel(family, plan.capacity, plan.banded)
+    warps = CAPACITIES[family.scalar_name][plan.capacity]
     n_rows, n_in = x.shape
     n_coef, n_out = coef.shape[1], coef.shape[2]
     if d_coef is None or d_base_weight_t is None or d_scaler_t is None:
@@ -924,16 +978,15 @@ def launch_tiled_backward(dy, x, grid, base_weight_t, scaler_t, coef, order: int
                 if grad is not None:
                     grad.zero_()
         return [] if record else None
-    if tuple(dy.shape) != (n_rows, n_out):
-        raise ValueError(f"dy must have shape {(n_rows, n_out)}, got {tuple(dy.shape)}")
     if not backward_takes(n_out, True, deterministic, dx is not None, plan.banded):
-        raise ValueError("the tiled backward pass is deterministic on one table (G + 3k within CAPACITIES) only, "
-                         "and with dx for at most 32 outputs")
+        raise ValueError("the tiled backward pass is deterministic on one table only, and with dx for at most "
+                         "32 outputs")
     n_tiles = _tiles(n_out)
-    T = SCALARS[scalar_name(x)]
+    T = family.scalar
     if coef_pad is None or (deterministic and (partial_coef is None or partial_params is None)):
-        ws = workspace or kb._workspace(x.device, stream)
-        coef_pad = coef_pad if coef_pad is not None else ws.get("tiled_coef_pad", coef_pad_shape(coef.shape, order), T)
+        ws = workspace or workspace_for(x.device, stream)
+        if coef_pad is None:
+            coef_pad = ws.get("tiled_coef_pad", coef_pad_shape(family, coef.shape), T)
         if deterministic:
             coef_shape, params_shape = partial_shapes(n_rows, n_in, n_coef, n_out)
             partial_coef = partial_coef if partial_coef is not None else ws.get("tiled_partial_coef", coef_shape, T)
@@ -941,24 +994,22 @@ def launch_tiled_backward(dy, x, grid, base_weight_t, scaler_t, coef, order: int
                               else ws.get("tiled_partial_params", params_shape, T))
     rows_per_chunk = backward_rows_per_chunk(n_rows, n_in, n_out, plan.n_bands)
     n_chunks = -(-n_rows // rows_per_chunk)
+    # dx: added by atomics across output tiles; with one tile, set (overwrite) or added in place
+    dx_write = 1 if n_tiles > 1 else (2 if overwrite else 0)
+    zero_grads = (2 if dx is not None and n_tiles > 1 else 1) if overwrite else 0
+    steps = [(pad_coef, tuple(coef_pad.shape), [coef, scaler_t, zero_grads],
+              [coef_pad, dx, d_base_weight_t, d_scaler_t, d_coef], 256),
+             # dx and the partials may be None (null arrays): the kernel does not touch what it was not asked for
+             (backward, -(-n_chunks // warps) * n_in * plan.n_bands * n_tiles * warps * LANES,
+              [dy, x, frame, base_weight_t, scaler_t, coef, coef_pad, int(use_base), n_tiles, rows_per_chunk,
+               plan.n_bands, plan.band_cells, int(dx is not None), dx_write, int(deterministic)],
+              [dx, d_base_weight_t, d_scaler_t, d_coef, partial_coef if deterministic else None,
+               partial_params if deterministic else None], warps * LANES)]
+    if deterministic:  # one table (backward_takes): its capacity's module has the combine
+        steps.append((tiled_kernels(family, plan.capacity).combine, (n_in, n_coef + 1, n_out),
+                      [partial_coef, partial_params, int(use_base)], [d_base_weight_t, d_scaler_t, d_coef], 256))
     cmds = []
     with on_stream(None if record else stream):
-        # dx: added by atomics across output tiles; with one tile, set (overwrite) or added in place
-        dx_write = 1 if n_tiles > 1 else (2 if overwrite else 0)
-        zero_grads = (2 if dx is not None and n_tiles > 1 else 1) if overwrite else 0
-        cmds.append(_launch(pad_coef, tuple(coef_pad.shape), [coef, scaler_t, zero_grads],
-                            [coef_pad, dx, d_base_weight_t, d_scaler_t, d_coef], x.device, stream, record))
-        # dx and the partials may be None (null arrays): the kernel does not touch what it was not asked for
-        cmds.append(_launch(backward, -(-n_chunks // warps) * n_in * plan.n_bands * n_tiles * warps * LANES,
-                            [dy, x, grid, base_weight_t, scaler_t, coef, coef_pad,
-                             kb.get_variant(order, uniform, scalar).basis_matrix, int(use_base), n_tiles,
-                             rows_per_chunk, plan.n_bands, plan.band_cells, int(dx is not None), dx_write,
-                             int(deterministic)],
-                            [dx, d_base_weight_t, d_scaler_t, d_coef, partial_coef if deterministic else None,
-                             partial_params if deterministic else None],
-                            x.device, stream, record, warps * LANES))
-        if deterministic:  # one table (backward_takes): its capacity's module has the combine
-            combine = tiled_kernels(order, uniform, scalar, plan.capacity).combine
-            cmds.append(_launch(combine, (n_in, n_coef + 1, n_out), [partial_coef, partial_params, int(use_base)],
-                                [d_base_weight_t, d_scaler_t, d_coef], x.device, stream, record))
+        for kernel, dim, inputs, outputs, block in steps:
+            cmds += launch(kernel, dim, inputs, outputs, x.device, stream, record, block) or []
     return cmds if record else None

@@ -1,0 +1,161 @@
+"""The engine's dense-basis kernels: the basis written out for a GEMM (cuBLAS through the host framework).
+
+The dense basis of a chunk of rows is written transposed, ``basis_t`` [width, rows], width = (in if the base
+path is fused) + in n_coef: row i holds silu(x[:, i]) and row (base) + i n_coef + j holds B_j(x[:, i]).
+Consecutive threads take consecutive rows n of one input (tiles of ``ROW_TILE`` rows, inputs next), so every
+store of a warp covers consecutive addresses of one basis row; every entry, zeros included, is written (no
+fill). ``y = basis_t^T W`` with ``W = [base_weight_t; coef * scaler]`` [width, out] is then one GEMM.
+
+The basis dtype is the scalar type or (float32 layers) bfloat16: a module per (family, basis dtype).
+"""
+
+
+import functools
+from dataclasses import dataclass
+
+import warp as wp
+
+from ._values import edge_values
+from .family import EdgeFamily
+
+__all__ = ["DenseKernels", "dense_kernels", "ROW_TILE", "dense_dim", "dense_width"]
+
+ROW_TILE = 32  # consecutive rows of one input per warp
+
+
+@dataclass(frozen=True)
+class DenseKernels:
+    module: str
+    expand_basis: wp.Kernel
+    combine_weights: wp.Kernel
+    contract_basis_grad: wp.Kernel
+    split_param_grads: wp.Kernel
+
+
+def dense_dim(n_rows: int, n_in: int) -> int:
+    """Threads of the row-tiled dense-basis kernels for x [rows, in]."""
+    return -(-n_rows // ROW_TILE) * ROW_TILE * n_in
+
+
+def dense_width(n_in: int, n_coef: int, use_base: bool) -> int:
+    """Contraction length: the silu rows (when the base path is fused) and the n_coef basis rows of every input."""
+    return (n_in if use_base else 0) + n_in * n_coef
+
+
+@wp.func
+def dense_entry(tid: int, n_in: int):
+    """(row, input) of thread tid in the dense-basis kernels."""
+    tile_size = ROW_TILE * n_in
+    tile = tid // tile_size
+    rest = tid - tile * tile_size
+    i = rest // ROW_TILE
+    return tile * ROW_TILE + rest - i * ROW_TILE, i
+
+
+@functools.lru_cache(maxsize=None)
+def dense_kernels(family: EdgeFamily, basis_name: str) -> DenseKernels:
+    if basis_name not in (family.scalar_name, "bfloat16") or (basis_name == "bfloat16"
+                                                              and family.scalar_name != "float32"):
+        raise TypeError(f"the dense basis must be {family.scalar_name} or (for float32) bfloat16, got {basis_name}")
+    basis_type = family.scalar if basis_name == family.scalar_name else wp.bfloat16
+    module = f"warpkan_edge_{family.key}_dense_{basis_name}"
+    kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
+    expand_basis, contract_basis_grad = _basis_kernels(family, basis_type, kernel)
+    combine_weights, split_param_grads = _weight_kernels(family, basis_type, kernel)
+    return DenseKernels(module, expand_basis, combine_weights, contract_basis_grad, split_param_grads)
+
+
+def _basis_kernels(family: EdgeFamily, basis_type, kernel):
+    scalar, Frame, K, first = family.scalar, family.Frame, family.n_bases, family.first
+    values = edge_values(family)
+    bases_at, bases_dx_at, silu = values.bases_at, values.bases_dx_at, values.silu
+    zero = scalar(0.0)
+
+    @kernel
+    def expand_basis(x: wp.array2d(dtype=scalar), frame: Frame, use_base: int, n_coef: int,
+                     basis_t: wp.array2d(dtype=basis_type)):
+        n, i = dense_entry(wp.tid(), x.shape[1])
+        if n >= x.shape[0]:
+            return
+        xv = x[n, i]
+        row = i * n_coef
+        if use_base:
+            act, dact, d2act = silu(xv)
+            basis_t[i, n] = basis_type(act)
+            row = row + x.shape[1]
+        valid, slot, b = bases_at(frame, i, xv)
+        start = slot + first  # coefficient of b[0]; b is all zero when invalid
+        # the same trip count in every thread of a warp, so each store is one coalesced row segment
+        # (per-thread loop bounds around the slot diverge and measured 2.5x slower on the H200)
+        for j in range(n_coef):
+            value = zero
+            for m in range(K):
+                if j - start == m:
+                    value = b[m]
+            basis_t[row + j, n] = basis_type(value)
+
+    @kernel
+    def contract_basis_grad(x: wp.array2d(dtype=scalar), frame: Frame, use_base: int, n_coef: int,
+                            d_basis_t: wp.array2d(dtype=basis_type), dx: wp.array2d(dtype=scalar)):
+        # dx[n, i] = d_basis_t[i, n] silu'(x) + sum_m d_basis_t[row(slot + first + m), n] dB_m/dx (overwrites)
+        n, i = dense_entry(wp.tid(), x.shape[1])
+        if n >= x.shape[0]:
+            return
+        xv = x[n, i]
+        acc = zero
+        row = i * n_coef
+        if use_base:
+            act, dact, d2act = silu(xv)
+            acc = scalar(d_basis_t[i, n]) * dact
+            row = row + x.shape[1]
+        valid, slot, b, db = bases_dx_at(frame, i, xv)
+        if valid:
+            for m in range(K):
+                j = slot + first + m
+                if j >= 0 and j < n_coef:
+                    acc = acc + db[m] * scalar(d_basis_t[row + j, n])
+        dx[n, i] = acc
+
+    return expand_basis, contract_basis_grad
+
+
+def _weight_kernels(family: EdgeFamily, basis_type, kernel):
+    scalar = family.scalar
+    zero = scalar(0.0)
+
+    @kernel
+    def combine_weights(base_weight_t: wp.array2d(dtype=scalar), scaler_t: wp.array2d(dtype=scalar),
+                        coef: wp.array3d(dtype=scalar), use_base: int, weight: wp.array2d(dtype=basis_type)):
+        # weight = [base_weight_t; coef * scaler_t] in the basis dtype: one pass over the parameters
+        i, o = wp.tid()
+        n_coef = coef.shape[1]
+        row = i * n_coef
+        if use_base:
+            weight[i, o] = basis_type(base_weight_t[i, o])
+            row = row + coef.shape[0]
+        s = scaler_t[i, o]
+        for j in range(n_coef):
+            weight[row + j, o] = basis_type(coef[i, j, o] * s)
+
+    @kernel
+    def split_param_grads(d_weight: wp.array2d(dtype=scalar), scaler_t: wp.array2d(dtype=scalar),
+                          coef: wp.array3d(dtype=scalar), use_base: int, d_base_weight_t: wp.array2d(dtype=scalar),
+                          d_scaler_t: wp.array2d(dtype=scalar), d_coef: wp.array3d(dtype=scalar)):
+        # the gradient of weight = [base_weight_t; coef * scaler_t], split into its parameters (overwrites)
+        i, o = wp.tid()
+        n_coef = coef.shape[1]
+        row = i * n_coef
+        if use_base:
+            d_base_weight_t[i, o] = d_weight[i, o]
+            row = row + coef.shape[0]
+        else:
+            d_base_weight_t[i, o] = zero
+        s = scaler_t[i, o]
+        acc = zero
+        for j in range(n_coef):
+            g = d_weight[row + j, o]
+            d_coef[i, j, o] = g * s
+            acc = acc + g * coef[i, j, o]
+        d_scaler_t[i, o] = acc
+
+    return combine_weights, split_param_grads

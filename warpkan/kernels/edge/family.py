@@ -1,0 +1,104 @@
+"""What an edge family is: the two ``@wp.func``s the engine's kernels are written in, and its compile key.
+
+Every edge family computes ``y[n, o] = sum_i sum_m B_m(x[n, i]) C[i, slot(x[n, i]) + first + m, o]``
+(plus the engine's optional SiLU base path, spline scaler and bias). A family supplies
+
+- ``Frame``: a ``@wp.struct`` of its runtime parameters (a knot array, a lookup table, ...), built on the
+  host by the family's launcher and passed to every kernel;
+- ``locate(frame, i, x) -> (valid, slot, u, du_dx, d2u_dx2)``: whether input ``i``'s value x has a spline
+  term, the slot (``slot + first + m`` is the coefficient index of basis ``m``; slots are >= 0, and 0 when
+  invalid), the local coordinate ``u`` and the chain-rule factors of the map x -> u;
+- ``basis(frame, i, slot, u) -> b``, ``basis_du(...) -> (b, db/du)``, ``basis_du2(...) -> (b, db/du,
+  d2b/du2)``: the ``K`` bases of the slot and their u-derivatives, as ``vec`` values.
+
+The kernels never see anything else of a family: they form ``dB/dx = du_dx db/du`` and ``d2B/dx2 =
+du_dx^2 d2b/du2 + d2u_dx2 db/du`` themselves (:func:`basis_dx`, :func:`basis_dx2`).
+
+Compile key. ``key`` is the only compile-time identity of a family: it names the Warp modules of its kernels
+(order, scalar type, table capacity and the like go in it); every other quantity is a kernel argument.
+"""
+
+
+import functools
+from dataclasses import dataclass
+
+import warp as wp
+
+from .._common import SCALARS
+
+__all__ = ["EdgeFamily", "basis_dx", "basis_dx2", "silu_func"]
+
+
+@dataclass(frozen=True, eq=False)
+class EdgeFamily:
+    """One edge family at one compile key (see the module docstring)."""
+
+    key: str  # compile key: unique, safe in a module name, e.g. "bspline_uniform_k3_float32"
+    scalar_name: str  # "float32" or "float64": the type of x, the coefficients and every sum
+    n_bases: int  # K: bases per edge
+    first: int  # coefficient index of basis 0 at slot s is s + first (B-spline: -(K - 1); else 0)
+    Frame: type  # @wp.struct of the runtime parameters
+    locate: object  # @wp.func (frame, i, x) -> (valid, slot, u, du_dx, d2u_dx2)
+    basis: object  # @wp.func (frame, i, slot, u) -> vec
+    basis_du: object  # @wp.func (frame, i, slot, u) -> (vec, vec)
+    basis_du2: object  # @wp.func (frame, i, slot, u) -> (vec, vec, vec)
+
+    @property
+    def scalar(self):
+        return SCALARS[self.scalar_name]
+
+    @property
+    def vec(self):
+        return wp.types.vector(length=self.n_bases, dtype=self.scalar)
+
+    def n_slots(self, n_coef: int) -> int:
+        """Slots of a table of ``n_coef`` coefficients per input: the slot s reaches the coefficients
+        s + first .. s + first + K - 1, and every coefficient is reached by some slot."""
+        return n_coef - 2 * self.first + 1 - self.n_bases
+
+    def padded_rows(self, n_coef: int) -> int:
+        """Rows of the zero-padded table in which slot s reads rows s .. s + K - 1 without a bound check."""
+        return self.n_slots(n_coef) + self.n_bases - 1
+
+
+@functools.lru_cache(maxsize=None)
+def basis_dx(family: EdgeFamily):
+    """``@wp.func (frame, i, slot, u, du_dx) -> (b, dB/dx)``: the bases and their x-derivatives."""
+    basis_du = family.basis_du
+
+    @wp.func
+    def bases_and_dx(frame: family.Frame, i: int, slot: int, u: family.scalar, du_dx: family.scalar):
+        b, db = basis_du(frame, i, slot, u)
+        return b, db * du_dx
+
+    return bases_and_dx
+
+
+@functools.lru_cache(maxsize=None)
+def basis_dx2(family: EdgeFamily):
+    """``@wp.func (frame, i, slot, u, du_dx, d2u_dx2) -> (b, dB/dx, d2B/dx2)`` by the chain rule."""
+    basis_du2 = family.basis_du2
+
+    @wp.func
+    def bases_and_dx2(frame: family.Frame, i: int, slot: int, u: family.scalar, du_dx: family.scalar,
+                      d2u_dx2: family.scalar):
+        b, db, d2b = basis_du2(frame, i, slot, u)
+        return b, db * du_dx, d2b * (du_dx * du_dx) + db * d2u_dx2
+
+    return bases_and_dx2
+
+
+@functools.lru_cache(maxsize=None)
+def silu_func(scalar_name: str = "float32"):
+    """``@wp.func`` x -> (silu(x), silu'(x), silu''(x)) in the scalar type: the base path of the KAN layers."""
+    scalar = SCALARS[scalar_name]
+    one = scalar(1.0)
+    two = scalar(2.0)
+
+    @wp.func
+    def silu_and_grads(x: scalar):
+        sig = one / (one + wp.exp(-x))
+        dsig = sig * (one - sig)
+        return x * sig, sig * (one + x * (one - sig)), dsig * (two + x * (one - two * sig))
+
+    return silu_and_grads

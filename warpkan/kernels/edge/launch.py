@@ -1,0 +1,206 @@
+"""Launchers of the engine's kernels on ``wp.array``s, for any edge family: the forward, the backward (every
+strategy), and the dense-basis pieces. A family's own launcher checks its arrays and builds its frame; these
+pick the kernels (tiled where a plan applies on CUDA, the stencil kernels elsewhere)."""
+
+import warp as wp
+
+from .._common import lane_group_width, on_stream, vec4_aligned
+from .._runtime import launch, workspace_for
+from . import tiled as tiled_pass
+from .dense import dense_dim, dense_kernels
+from .family import EdgeFamily
+from .stencil import BLOCK_DIM, ENTRIES_PER_CHUNK, FORWARD_ROWS, OUT_TILE, ROW_LANES, stencil_kernels
+
+__all__ = ["launch_forward", "launch_backward", "row_chunks", "take_tiled_forward", "launch_expand_basis",
+           "launch_contract_basis_grad", "launch_combine_weights", "launch_split_param_grads", "sort_entries"]
+
+_TARGET_PARTIAL_THREADS = 1 << 19  # parallelism aimed at by the row-chunked reductions
+
+
+def _block(device) -> int:
+    return BLOCK_DIM if device.is_cuda else 1
+
+
+def take_tiled_forward(family: EdgeFamily, tiled: "bool | None", x, coef) -> bool:
+    """Whether the forward pass runs the tiled kernels (on one table, or on bands of a longer one)."""
+    applies = tiled_pass.forward_plan(family, x.device.is_cuda, coef.shape[1]) is not None
+    if tiled is None:
+        return applies
+    if tiled and not applies:
+        raise ValueError("tiled=True needs a CUDA device and a table within the tiled forward's capacity, on one "
+                         f"table or (float32) on bands ({family.padded_rows(coef.shape[1])} padded rows)")
+    return bool(tiled)
+
+
+def launch_forward(family: EdgeFamily, frame, x, base_weight_t, scaler_t, coef, y, bias=None, use_base: bool = True,
+                   stream=None, tiled: "bool | None" = None, workspace=None) -> None:
+    """y[n, o] = sum_i base_weight_t[i, o] silu(x[n, i]) + scaler_t[i, o] spline_io(x[n, i]) (+ bias[o]).
+    Overwrites y. ``tiled`` as in :func:`take_tiled_forward` (None: wherever a plan applies)."""
+    n_rows, n_out = x.shape[0], coef.shape[2]
+    if n_rows == 0 or n_out == 0:
+        return
+    use_tiled = take_tiled_forward(family, tiled, x, coef)
+    if use_tiled and x.shape[1] > 0:
+        tiled_pass.launch_tiled_forward(family, frame, x, base_weight_t, scaler_t, coef, bias, y, use_base,
+                                        stream=stream, workspace=workspace)
+        return
+    kernels = stencil_kernels(family)
+    launch(kernels.forward, -(-n_rows // FORWARD_ROWS) * -(-n_out // OUT_TILE),
+           [x, frame, base_weight_t, scaler_t, coef, bias, int(use_base), int(bias is not None),
+            int(vec4_aligned(base_weight_t, scaler_t, coef))], [y], x.device, stream, block_dim=_block(x.device))
+
+
+def row_chunks(n_rows: int, n_in: int, n_out: int) -> tuple[int, int]:
+    """(n_chunks, rows_per_chunk) for the row reductions: a function of the shapes alone, so that the
+    summation order, and so the result, is the same on every run."""
+    pairs = max(n_in * n_out, 1)
+    n_chunks = max(1, min(-(-_TARGET_PARTIAL_THREADS // pairs), -(-n_rows // 32)))
+    rows_per_chunk = -(-n_rows // n_chunks)
+    n_chunks = -(-n_rows // rows_per_chunk)
+    return n_chunks, rows_per_chunk
+
+
+def _tiled_backward_plan(family, tiled, x, coef, all_params, deterministic, want_dx) -> bool:
+    plan = tiled_pass.backward_plan(family, x.device.is_cuda, coef.shape[1])
+    if tiled and plan is None:
+        raise ValueError("tiled=True needs a CUDA device and a table within the tiled backward pass's reach "
+                         f"({family.padded_rows(coef.shape[1])} padded rows)")
+    takes = plan is not None and tiled_pass.backward_takes(coef.shape[2], all_params, deterministic, want_dx,
+                                                           plan.banded)
+    if tiled and not takes:
+        raise ValueError("tiled=True needs all three parameter gradients (and, when deterministic, one table and, "
+                         "with dx, at most 32 outputs)")
+    return takes and tiled is not False
+
+
+def launch_backward(family: EdgeFamily, frame, dy, x, base_weight_t, scaler_t, coef, use_base: bool = True, dx=None,
+                    d_base_weight_t=None, d_scaler_t=None, d_coef=None, deterministic: bool = False, stream=None,
+                    workspace=None, tiled: "bool | None" = None) -> None:
+    """Accumulate (+=) the gradients of :func:`launch_forward` into whichever of dx, d_base_weight_t,
+    d_scaler_t, d_coef are given (``d_base_weight_t`` and ``d_scaler_t`` go together). The tiled pass when a
+    plan applies and all three parameter gradients are asked for; else the bucketed single pass (not
+    deterministic), or the atomic-free kernels (``deterministic=True``, or a partial request)."""
+    all_params = d_coef is not None and d_base_weight_t is not None and d_scaler_t is not None
+    if (d_base_weight_t is None) != (d_scaler_t is None):
+        raise ValueError("d_base_weight_t and d_scaler_t must be given together")
+    if _tiled_backward_plan(family, tiled, x, coef, all_params, deterministic, dx is not None):
+        tiled_pass.launch_tiled_backward(family, frame, dy, x, base_weight_t, scaler_t, coef, use_base, dx=dx,
+                                         d_base_weight_t=d_base_weight_t, d_scaler_t=d_scaler_t, d_coef=d_coef,
+                                         deterministic=deterministic, stream=stream, workspace=workspace)
+        return
+    n_rows, n_in = x.shape
+    n_out = coef.shape[2]
+    if n_rows == 0 or n_in == 0 or n_out == 0:
+        return
+    ws = workspace or workspace_for(x.device, stream)
+    with on_stream(stream):
+        if all_params and not deterministic:
+            _bucketed_backward(family, frame, ws, dy, x, base_weight_t, scaler_t, coef, use_base, dx,
+                               d_base_weight_t, d_scaler_t, d_coef, stream)
+            return
+        _deterministic_backward(family, frame, ws, dy, x, base_weight_t, scaler_t, coef, use_base, dx,
+                                d_base_weight_t, d_scaler_t, d_coef, stream)
+
+
+def _bucketed_backward(family, frame, ws, dy, x, base_weight_t, scaler_t, coef, use_base, dx, d_base_weight_t,
+                       d_scaler_t, d_coef, stream) -> None:
+    kernels = stencil_kernels(family)
+    device = x.device
+    n_rows, n_in = x.shape
+    n_out = coef.shape[2]
+    n_buckets = family.n_slots(coef.shape[1]) + 1  # the slots, plus the invalid bucket 0
+    rows, sorted_keys = sort_entries(family, frame, ws, x, n_buckets, stream)
+    n_entries = n_rows * n_in
+    n_tiles = -(-n_out // OUT_TILE)
+    threads = -(-n_entries // ENTRIES_PER_CHUNK) * n_tiles
+    if device.is_cuda:
+        threads = -(-threads // 32) * 32  # whole warps: every lane reaches the shuffles
+    launch(kernels.backward_bucketed, threads,
+           [dy, x, frame, base_weight_t, scaler_t, coef, sorted_keys, rows, n_entries, n_buckets, ENTRIES_PER_CHUNK,
+            int(use_base), int(dx is not None), lane_group_width(n_tiles, device.is_cuda),
+            int(vec4_aligned(dy, base_weight_t, scaler_t, coef))],
+           [dx, d_base_weight_t, d_scaler_t, d_coef], device, stream, block_dim=_block(device))
+
+
+def _deterministic_backward(family, frame, ws, dy, x, base_weight_t, scaler_t, coef, use_base, dx, d_base_weight_t,
+                            d_scaler_t, d_coef, stream) -> None:
+    kernels = stencil_kernels(family)
+    device = x.device
+    n_rows, n_in = x.shape
+    n_coef, n_out = coef.shape[1], coef.shape[2]
+    block = _block(device)
+    if dx is not None:
+        lanes = ROW_LANES if device.is_cuda else 1
+        launch(kernels.backward_x, (n_rows, lanes), [dy, x, frame, base_weight_t, scaler_t, coef, int(use_base), lanes],
+               [dx], device, stream, block_dim=block)
+    if d_base_weight_t is not None:
+        n_chunks, rows_per_chunk = row_chunks(n_rows, n_in, n_out)
+        partial_base = ws.get("partial_base", (n_chunks, n_in, n_out), family.scalar)
+        partial_scaler = ws.get("partial_scaler", (n_chunks, n_in, n_out), family.scalar)
+        launch(kernels.backward_rows, n_chunks * n_in * n_out, [dy, x, frame, coef, rows_per_chunk],
+               [partial_base, partial_scaler], device, stream, block_dim=block)
+        launch(kernels.combine_rows, (n_in, n_out), [partial_base, partial_scaler, int(use_base)],
+               [d_base_weight_t, d_scaler_t], device, stream, block_dim=block)
+    if d_coef is not None:
+        n_buckets = family.n_slots(n_coef) + 1
+        rows, keys = sort_entries(family, frame, ws, x, n_buckets, stream)
+        n_keys = n_in * n_buckets
+        offsets = ws.get("offsets", (n_keys + 1,), wp.int32)
+        launch(kernels.bucket_offsets, n_keys + 1, [keys, n_rows * n_in], [offsets], device, stream, block_dim=block)
+        launch(kernels.backward_coef, n_in * n_coef * n_out, [dy, x, frame, scaler_t, rows, offsets, n_buckets],
+               [d_coef], device, stream, block_dim=block)
+
+
+def sort_entries(family: EdgeFamily, frame, ws, x, n_buckets: int, stream=None):
+    """Sort the (n, i) entries by key i * n_buckets + bucket: returns (rows, sorted_keys), rows[e] being the row
+    of the e-th entry in key order. The sort is stable, so rows stay ascending inside a bucket and the grouping
+    is the same on every run."""
+    n_rows, n_in = x.shape
+    n_keys = n_in * n_buckets
+    n_entries = n_rows * n_in
+    if n_keys >= 2**31 - 1 or n_entries >= 2**31:
+        raise ValueError(f"too large for int32 bucketing: {n_entries} entries, {n_keys} buckets")
+    keys = ws.get("keys", (2 * n_entries,), wp.int32)
+    rows = ws.get("rows", (2 * n_entries,), wp.int32)
+    launch(stencil_kernels(family).bucket_keys, (n_in, n_rows), [x, frame, n_buckets], [keys, rows], x.device,
+           stream, block_dim=_block(x.device))
+    ws.sort_pairs(keys, rows, n_entries, max(1, int(n_keys - 1).bit_length()))
+    return rows, keys
+
+
+def _dense(family: EdgeFamily, basis_dtype):
+    name = "bfloat16" if basis_dtype == wp.bfloat16 else wp.types.type_repr(basis_dtype)
+    return dense_kernels(family, {"float32": "float32", "float64": "float64"}.get(name, name))
+
+
+def launch_combine_weights(family: EdgeFamily, base_weight_t, scaler_t, coef, weight, use_base: bool = True,
+                           stream=None, record: bool = False):
+    """weight [dense_width, out] = [base_weight_t; coef * scaler_t] (the base rows only when ``use_base``), in
+    weight's dtype. Overwrites weight."""
+    return launch(_dense(family, weight.dtype).combine_weights, tuple(scaler_t.shape),
+                  [base_weight_t, scaler_t, coef, int(use_base), weight], (), coef.device, stream, record)
+
+
+def launch_expand_basis(family: EdgeFamily, frame, x, n_coef: int, basis_t, use_base: bool = True, stream=None,
+                        record: bool = False):
+    """basis_t [dense_width, rows] = the transposed dense basis of x [rows, in] (see :mod:`.dense`), zeros
+    included (no fill needed), in basis_t's dtype."""
+    return launch(_dense(family, basis_t.dtype).expand_basis, dense_dim(*x.shape),
+                  [x, frame, int(use_base), n_coef, basis_t], (), x.device, stream, record)
+
+
+def launch_contract_basis_grad(family: EdgeFamily, frame, x, n_coef: int, d_basis_t, dx, use_base: bool = True,
+                               stream=None, record: bool = False):
+    """dx[n, i] = d_basis_t[i, n] silu'(x[n, i]) (when ``use_base``) + sum_j d_basis_t[row_ij, n] dB_j/dx over
+    the K non-zero bases. Overwrites dx."""
+    return launch(_dense(family, d_basis_t.dtype).contract_basis_grad, dense_dim(*x.shape),
+                  [x, frame, int(use_base), n_coef, d_basis_t, dx], (), x.device, stream, record)
+
+
+def launch_split_param_grads(family: EdgeFamily, d_weight, scaler_t, coef, d_base_weight_t, d_scaler_t, d_coef,
+                             use_base: bool = True, stream=None, record: bool = False):
+    """The gradient d_weight [dense_width, out] of the combined weight, split into d_base_weight_t (zero
+    without the base path), d_coef = d_w * scaler_t and d_scaler_t = sum_j d_w * coef. Overwrites all three."""
+    return launch(_dense(family, d_weight.dtype).split_param_grads, tuple(scaler_t.shape),
+                  [d_weight, scaler_t, coef, int(use_base), d_base_weight_t, d_scaler_t, d_coef], (), coef.device,
+                  stream, record)

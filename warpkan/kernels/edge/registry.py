@@ -1,0 +1,92 @@
+"""The compile keys of every edge family, and the Warp modules each builds: what ``warpkan precompile`` walks.
+
+A family's compile key holds only what must be compile-time (its order or degree, the scalar type, the grid
+kind); everything else is a kernel argument. For one key, the modules are:
+
+- ``warpkan_edge_<key>``: every stencil kernel (one block size: one build);
+- ``warpkan_edge_combine_rows_<scalar>``: the fixed-order combine of row-chunked sums, shared by all keys;
+- ``warpkan_edge_<key>_dense_<basis dtype>``: the dense-basis (GEMM) kernels, per basis dtype;
+- on CUDA, the tiled kernels: ``..._tiled_c<capacity>`` (forward and helpers) and ``..._c<capacity>_bwd``, and
+  the banded tables of longer grids.
+
+One layer configuration (a key and a table size) builds at most six of them: :func:`layer_modules`.
+"""
+
+import warp as wp
+
+from . import tiled
+from .dense import dense_kernels
+from .family import EdgeFamily
+from .stencil import combine_rows_kernel, stencil_kernels
+
+__all__ = ["FAMILY_BUILDERS", "register", "families", "family_names", "key_of", "family_modules", "layer_modules"]
+
+# name -> (builder(**key) -> EdgeFamily, [every key as a dict]); filled by the family modules
+FAMILY_BUILDERS: dict = {}
+
+
+def register(name: str, builder, keys) -> None:
+    """Declare an edge family: ``builder(**key)`` makes the family of one compile key, ``keys`` lists them all."""
+    FAMILY_BUILDERS[name] = (builder, list(keys))
+
+
+def family_names() -> list[str]:
+    _load_builtin()
+    return list(FAMILY_BUILDERS)
+
+
+_KEYS: dict = {}  # family -> its compile key as a dict
+
+
+def key_of(family: EdgeFamily) -> dict:
+    """The compile key (as a dict of the builder's arguments) a registered family was built from."""
+    return _KEYS[family.key]
+
+
+def families(name: "str | None" = None, **match) -> list[EdgeFamily]:
+    """Every registered family (of one name, and whose key has the given values)."""
+    _load_builtin()
+    out = []
+    for family_name, (builder, keys) in FAMILY_BUILDERS.items():
+        if name is not None and family_name != name:
+            continue
+        for key in keys:
+            if all(key.get(k, v) == v for k, v in match.items()):
+                family = builder(**key)
+                _KEYS[family.key] = key
+                out.append(family)
+    return out
+
+
+def _dense_names(family: EdgeFamily) -> list[str]:
+    return [family.scalar_name] + (["bfloat16"] if family.scalar_name == "float32" else [])
+
+
+def family_modules(family: EdgeFamily, is_cuda: bool) -> tuple:
+    """Every module a layer of this key may launch (any table size, every basis dtype), its kernels built."""
+    names = [stencil_kernels(family).module, combine_rows_kernel(family.scalar_name).module.name]
+    names += [dense_kernels(family, basis).module for basis in _dense_names(family)]
+    if is_cuda:
+        names += tiled.tiled_modules(family)
+    return tuple(names)
+
+
+def layer_modules(family: EdgeFamily, n_coef: int, is_cuda: bool, basis_dtype: "str | None" = None) -> tuple:
+    """The modules one layer configuration (a key and ``n_coef`` coefficients per input) builds: the stencil
+    kernels and their combine, the dense-basis kernels of its basis dtype (the scalar type unless given), and on
+    CUDA the tiled kernels its table plans pick."""
+    names = [stencil_kernels(family).module, combine_rows_kernel(family.scalar_name).module.name,
+             dense_kernels(family, basis_dtype or family.scalar_name).module]
+    if is_cuda:
+        names += tiled.planned_modules(family, n_coef)
+    return tuple(dict.fromkeys(names))
+
+
+def _load_builtin() -> None:
+    from . import bspline_family  # noqa: F401  (registers itself)
+
+
+def load(names, device) -> None:
+    """Build (and load) the named modules on ``device``."""
+    for name in names:
+        wp.load_module(name, device=device)

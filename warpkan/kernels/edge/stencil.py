@@ -1,0 +1,422 @@
+"""The engine's per-thread ("stencil") kernels: every device, every family, every table size.
+
+Layout (the innermost index is the one consecutive threads walk, so it is the coalesced one): ``x`` [N, in],
+``base_weight_t`` and ``scaler_t`` [in, out], ``coef`` [in, n_coef, out], ``bias`` [out], ``y`` [N, out].
+
+- forward: one thread per (``FORWARD_ROWS`` rows, ``OUT_TILE`` outputs); the bases of (n, i) are evaluated once
+  per 4 outputs, the rows' load chains (x -> slot -> C) are independent. No atomics.
+- backward, x: one warp per row (lanes over outputs, a shuffle reduction per (n, i)); fixed order.
+- backward, base weight / scaler: row-chunk partials added by a fixed-order combine.
+- backward, coefficients: the (n, i) entries bucketed by (input, slot) with a stable sort; either one pass over
+  the sorted entries that forms every gradient with one atomic per coefficient per slot run
+  (``backward_bucketed``), or (deterministic) one thread per coefficient gathering the buckets that touch it.
+
+All of a family's stencil kernels live in one Warp module and launch with one block size, so a layer compiles
+it once.
+"""
+
+
+import functools
+from dataclasses import dataclass
+
+import warp as wp
+
+from .._common import SCALARS, lane_sum, load4_funcs
+from ._values import edge_values
+from .family import EdgeFamily
+
+__all__ = ["StencilKernels", "stencil_kernels", "combine_rows_kernel", "FORWARD_ROWS", "OUT_TILE", "BLOCK_DIM", "ENTRIES_PER_CHUNK"]
+
+OUT_TILE = 4
+FORWARD_ROWS = 2
+ENTRIES_PER_CHUNK = 256
+BLOCK_DIM = 128  # every stencil kernel (Warp builds a module once per block size)
+ROW_LANES = 32  # lanes per row of the dx kernel (one warp)
+
+
+@dataclass(frozen=True)
+class StencilKernels:
+    module: str
+    forward: wp.Kernel
+    backward_x: wp.Kernel
+    backward_rows: wp.Kernel
+    combine_rows: wp.Kernel
+    bucket_keys: wp.Kernel
+    bucket_offsets: wp.Kernel
+    backward_coef: wp.Kernel
+    backward_bucketed: wp.Kernel
+
+
+def module_name(family: EdgeFamily) -> str:
+    return f"warpkan_edge_{family.key}"
+
+
+@functools.lru_cache(maxsize=None)
+def stencil_kernels(family: EdgeFamily) -> StencilKernels:
+    module = module_name(family)
+    kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
+    forward = _forward(family, kernel)
+    backward_x = _backward_x(family, kernel)
+    backward_rows, combine_rows = _backward_rows(family, kernel)
+    bucket_keys, bucket_offsets, backward_coef = _backward_coef(family, kernel)
+    backward_bucketed = _backward_bucketed(family, kernel)
+    return StencilKernels(module, forward, backward_x, backward_rows, combine_rows, bucket_keys, bucket_offsets,
+                          backward_coef, backward_bucketed)
+
+
+@functools.lru_cache(maxsize=None)
+def _tile_funcs(family: EdgeFamily):
+    """(slot_rows, tile_dot): the K coefficient rows of a slot for 4 outputs, and their dot with a basis."""
+    scalar, vec, K, first = family.scalar, family.vec, family.n_bases, family.first
+    matKO = wp.types.matrix(shape=(K, OUT_TILE), dtype=scalar)
+    vecO = wp.types.vector(length=OUT_TILE, dtype=scalar)
+    load4_2d, load4_3d = load4_funcs(family.scalar_name)
+    zero = scalar(0.0)
+
+    @wp.func
+    def slot_rows(coef: wp.array3d(dtype=scalar), i: int, slot: int, o0: int, aligned: int):
+        """[C[i, slot+first+m, o0 + c]] for m < K, c < 4, without branches: a row whose index is outside
+        [0, n_coef) comes back zero (outputs past the end read the last one)."""
+        n_coef = coef.shape[1]
+        rows = matKO()
+        for m in range(K):
+            j = slot + first + m
+            row = load4_3d(coef, i, wp.clamp(j, 0, n_coef - 1), o0, aligned)
+            for c in range(OUT_TILE):
+                rows[m, c] = wp.where(j >= 0 and j < n_coef, row[c], zero)
+        return rows
+
+    @wp.func
+    def tile_dot(b: vec, rows: matKO):
+        acc = vecO()
+        for m in range(K):
+            for c in range(OUT_TILE):
+                acc[c] = acc[c] + b[m] * rows[m, c]
+        return acc
+
+    return slot_rows, tile_dot, matKO, vecO, load4_2d
+
+
+def _forward(family: EdgeFamily, kernel):
+    scalar, Frame = family.scalar, family.Frame
+    values = edge_values(family)
+    bases_at, silu = values.bases_at, values.silu
+    slot_rows, tile_dot, matKO, vecO, load4_2d = _tile_funcs(family)
+    matRO = wp.types.matrix(shape=(FORWARD_ROWS, OUT_TILE), dtype=scalar)
+    zero = scalar(0.0)
+
+    @kernel
+    def forward(x: wp.array2d(dtype=scalar), frame: Frame, base_weight_t: wp.array2d(dtype=scalar),
+                scaler_t: wp.array2d(dtype=scalar), coef: wp.array3d(dtype=scalar), bias: wp.array(dtype=scalar),
+                use_base: int, has_bias: int, aligned: int, y: wp.array2d(dtype=scalar)):
+        # consecutive threads take consecutive output tiles of the same rows: a warp's loads of w_b, s and C
+        # are contiguous (one 16-byte load each when aligned)
+        tid = wp.tid()
+        n_rows = x.shape[0]
+        n_out = y.shape[1]
+        n_tiles = (n_out + OUT_TILE - 1) // OUT_TILE
+        group = tid // n_tiles
+        o0 = (tid - group * n_tiles) * OUT_TILE
+        n0 = group * FORWARD_ROWS
+        acc = matRO()
+        for i in range(x.shape[1]):
+            w_base = load4_2d(base_weight_t, i, o0, aligned)
+            s = load4_2d(scaler_t, i, o0, aligned)
+            for r in range(FORWARD_ROWS):
+                xv = x[wp.min(n0 + r, n_rows - 1), i]
+                valid, slot, b = bases_at(frame, i, xv)
+                spline = tile_dot(b, slot_rows(coef, i, slot, o0, aligned))
+                act, dact, d2act = silu(xv)
+                if use_base == 0:
+                    act = zero
+                for c in range(OUT_TILE):
+                    acc[r, c] = acc[r, c] + s[c] * spline[c] + w_base[c] * act
+        for r in range(FORWARD_ROWS):
+            for c in range(OUT_TILE):
+                if n0 + r < n_rows and o0 + c < n_out:
+                    v = acc[r, c]
+                    if has_bias:
+                        v = v + bias[o0 + c]
+                    y[n0 + r, o0 + c] = v
+
+    return forward
+
+
+def _backward_x(family: EdgeFamily, kernel):
+    scalar, Frame = family.scalar, family.Frame
+    values = edge_values(family)
+    bases_dx_at, coef_dot, silu = values.bases_dx_at, values.coef_dot, values.silu
+    reduce_lanes = lane_sum(scalar)
+    zero = scalar(0.0)
+
+    @kernel
+    def backward_x(dy: wp.array2d(dtype=scalar), x: wp.array2d(dtype=scalar), frame: Frame,
+                   base_weight_t: wp.array2d(dtype=scalar), scaler_t: wp.array2d(dtype=scalar),
+                   coef: wp.array3d(dtype=scalar), use_base: int, lanes: int, dx: wp.array2d(dtype=scalar)):
+        # dx[n, i] += sum_o dy[n, o] (w_b[i, o] silu'(x) + s[i, o] sum_m B'_m C[i, slot+first+m, o]); the lanes
+        # of a row take consecutive outputs (coalesced), one shuffle reduction per (n, i), fixed order
+        n, lane = wp.tid()
+        n_out = dy.shape[1]
+        for i in range(x.shape[1]):
+            xv = x[n, i]
+            valid, slot, b, db = bases_dx_at(frame, i, xv)
+            act = zero
+            dact = zero
+            if use_base:
+                act, dact, d2act = silu(xv)
+            acc = zero
+            for o in range(lane, n_out, lanes):
+                g = zero
+                if use_base:
+                    g = base_weight_t[i, o] * dact
+                if valid:
+                    g = g + scaler_t[i, o] * coef_dot(coef, i, slot, o, db)
+                acc = acc + dy[n, o] * g
+            total = reduce_lanes(acc, lanes)
+            if lane == 0:
+                dx[n, i] = dx[n, i] + total
+
+    return backward_x
+
+
+def _backward_rows(family: EdgeFamily, kernel):
+    scalar, Frame = family.scalar, family.Frame
+    values = edge_values(family)
+    bases_at, coef_dot, silu = values.bases_at, values.coef_dot, values.silu
+    zero = scalar(0.0)
+
+    @kernel
+    def backward_rows(dy: wp.array2d(dtype=scalar), x: wp.array2d(dtype=scalar), frame: Frame,
+                      coef: wp.array3d(dtype=scalar), rows_per_chunk: int, partial_base: wp.array3d(dtype=scalar),
+                      partial_scaler: wp.array3d(dtype=scalar)):
+        # partial[chunk, i, o] = sum over the chunk's rows of dy[n, o] silu(x[n, i]) (resp. spline(x[n, i]))
+        tid = wp.tid()
+        n_out = dy.shape[1]
+        n_in = x.shape[1]
+        o = tid % n_out
+        rest = tid // n_out
+        i = rest % n_in
+        chunk = rest // n_in
+        start = chunk * rows_per_chunk
+        stop = wp.min(start + rows_per_chunk, x.shape[0])
+        acc_base = zero
+        acc_scaler = zero
+        for n in range(start, stop):
+            xv = x[n, i]
+            g = dy[n, o]
+            act, dact, d2act = silu(xv)
+            acc_base = acc_base + g * act
+            valid, slot, b = bases_at(frame, i, xv)
+            if valid:
+                acc_scaler = acc_scaler + g * coef_dot(coef, i, slot, o, b)
+        partial_base[chunk, i, o] = acc_base
+        partial_scaler[chunk, i, o] = acc_scaler
+
+    return backward_rows, combine_rows_kernel(family.scalar_name)
+
+
+@functools.lru_cache(maxsize=None)
+def combine_rows_kernel(scalar_name: str = "float32") -> wp.Kernel:
+    """The fixed-order combine of row-chunked reductions: d_base[i, o] += sum_chunk partial_base[chunk, i, o]
+    (when use_base) and d_scaler[i, o] += sum_chunk partial_scaler[chunk, i, o]. One small module per scalar
+    type, shared by every family (and the UKAN pair kernels)."""
+    scalar = SCALARS[scalar_name]
+    zero = scalar(0.0)
+
+    @wp.kernel(enable_backward=False, module=f"warpkan_edge_combine_rows_{scalar_name}")
+    def combine_rows(partial_base: wp.array3d(dtype=scalar), partial_scaler: wp.array3d(dtype=scalar),
+                     use_base: int, d_base_weight_t: wp.array2d(dtype=scalar), d_scaler_t: wp.array2d(dtype=scalar)):
+        i, o = wp.tid()
+        acc_base = zero
+        acc_scaler = zero
+        for chunk in range(partial_base.shape[0]):  # fixed order: deterministic
+            acc_base = acc_base + partial_base[chunk, i, o]
+            acc_scaler = acc_scaler + partial_scaler[chunk, i, o]
+        if use_base:
+            d_base_weight_t[i, o] = d_base_weight_t[i, o] + acc_base
+        d_scaler_t[i, o] = d_scaler_t[i, o] + acc_scaler
+
+    return combine_rows
+
+
+def _backward_coef(family: EdgeFamily, kernel):
+    scalar, Frame, K, first = family.scalar, family.Frame, family.n_bases, family.first
+    values = edge_values(family)
+    bases_at, slot_at = values.bases_at, values.slot_at
+    zero = scalar(0.0)
+
+    @kernel
+    def bucket_keys(x: wp.array2d(dtype=scalar), frame: Frame, n_buckets: int, keys: wp.array(dtype=wp.int32),
+                    rows: wp.array(dtype=wp.int32)):
+        # entry e = i * N + n; key = i * n_buckets + bucket (slot + 1, 0 when invalid); a stable sort keeps n
+        # ascending per key
+        i, n = wp.tid()
+        e = i * x.shape[0] + n
+        valid, slot = slot_at(frame, i, x[n, i])
+        keys[e] = i * n_buckets + wp.where(valid == 1, slot + 1, 0)
+        rows[e] = n
+
+    @kernel
+    def bucket_offsets(sorted_keys: wp.array(dtype=wp.int32), n_entries: int, offsets: wp.array(dtype=wp.int32)):
+        # offsets[k] = first position whose key is >= k (binary search: no atomics on popular buckets)
+        k = wp.tid()
+        lo = int(0)
+        hi = n_entries
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if sorted_keys[mid] < k:
+                lo = mid + 1
+            else:
+                hi = mid
+        offsets[k] = lo
+
+    @kernel
+    def backward_coef(dy: wp.array2d(dtype=scalar), x: wp.array2d(dtype=scalar), frame: Frame,
+                      scaler_t: wp.array2d(dtype=scalar), rows: wp.array(dtype=wp.int32),
+                      offsets: wp.array(dtype=wp.int32), n_buckets: int, d_coef: wp.array3d(dtype=scalar)):
+        # d_coef[i, j, o] += s[i, o] sum_m sum_{n in slot j - first - m} dy[n, o] b_m(x[n, i])
+        tid = wp.tid()
+        n_out = d_coef.shape[2]
+        n_coef = d_coef.shape[1]
+        o = tid % n_out
+        rest = tid // n_out
+        j = rest % n_coef
+        i = rest // n_coef
+        acc = zero
+        for m in range(K):
+            slot = j - first - m
+            if slot >= 0 and slot + 1 < n_buckets:
+                key = i * n_buckets + slot + 1
+                for e in range(offsets[key], offsets[key + 1]):
+                    n = rows[e]
+                    valid, s_, b = bases_at(frame, i, x[n, i])
+                    acc = acc + dy[n, o] * b[m]
+        d_coef[i, j, o] = d_coef[i, j, o] + scaler_t[i, o] * acc
+
+    return bucket_keys, bucket_offsets, backward_coef
+
+
+def _backward_bucketed(family: EdgeFamily, kernel):
+    scalar, Frame, K, first = family.scalar, family.Frame, family.n_bases, family.first
+    values = edge_values(family)
+    bases_dx_at, silu = values.bases_dx_at, values.silu
+    slot_rows, tile_dot, matKO, vecO, load4_2d = _tile_funcs(family)
+    reduce_lanes = lane_sum(scalar)
+    zero = scalar(0.0)
+    one = scalar(1.0)
+
+    @wp.func
+    def flush_slot(acc: matKO, s: vecO, rows_c: matKO, acc_scaler: vecO, i: int, slot: int, o0: int,
+                   d_coef: wp.array3d(dtype=scalar)):
+        """Add a slot run's sums to d_coef (one atomic per coefficient) and fold sum_m C * sum into d_scaler's."""
+        n_out = d_coef.shape[2]
+        n_coef = d_coef.shape[1]
+        for m in range(K):
+            j = slot + first + m
+            if j >= 0 and j < n_coef:
+                for c in range(OUT_TILE):
+                    if o0 + c < n_out:
+                        wp.atomic_add(d_coef, i, j, o0 + c, s[c] * acc[m, c])
+                    acc_scaler[c] = acc_scaler[c] + rows_c[m, c] * acc[m, c]
+        return acc_scaler
+
+    @wp.func
+    def flush_input(acc_base: vecO, acc_scaler: vecO, i: int, o0: int, use_base: int,
+                    d_base_weight_t: wp.array2d(dtype=scalar), d_scaler_t: wp.array2d(dtype=scalar)):
+        for c in range(OUT_TILE):
+            if o0 + c < d_scaler_t.shape[1]:
+                if use_base != 0:
+                    wp.atomic_add(d_base_weight_t, i, o0 + c, acc_base[c])
+                wp.atomic_add(d_scaler_t, i, o0 + c, acc_scaler[c])
+
+    @kernel
+    def backward_bucketed(dy: wp.array2d(dtype=scalar), x: wp.array2d(dtype=scalar), frame: Frame,
+                          base_weight_t: wp.array2d(dtype=scalar), scaler_t: wp.array2d(dtype=scalar),
+                          coef: wp.array3d(dtype=scalar), sorted_keys: wp.array(dtype=wp.int32),
+                          rows: wp.array(dtype=wp.int32), n_entries: int, n_buckets: int, entries_per_chunk: int,
+                          use_base: int, want_dx: int, lanes: int, aligned: int, dx: wp.array2d(dtype=scalar),
+                          d_base_weight_t: wp.array2d(dtype=scalar), d_scaler_t: wp.array2d(dtype=scalar),
+                          d_coef: wp.array3d(dtype=scalar)):
+        # Every gradient in one pass over the (n, i) entries sorted by (input, slot). One thread per (chunk of
+        # entries, tile of 4 outputs); the tiles of one chunk are consecutive threads walking the same entries
+        # (x broadcast, dy contiguous). w_b, s (per input) and the slot's K coefficient rows are loaded when
+        # the key changes. Per entry a thread adds dy * B_m into K x 4 register sums for the current slot
+        # (flushed with one atomic per coefficient when the slot changes) and dy * silu for the input, and
+        # forms its tile's share of dx[n, i], which the `lanes` threads of the entry add by shuffles (the only
+        # add to dx[n, i] when they cover every output: reproducible). The loop runs a fixed number of steps
+        # so that every lane reaches the shuffle (launch dims are whole warps).
+        tid = wp.tid()
+        n_out = dy.shape[1]
+        n_tiles = (n_out + OUT_TILE - 1) // OUT_TILE
+        chunk = tid // n_tiles
+        tile = tid - chunk * n_tiles
+        o0 = tile * OUT_TILE
+        out_mask = vecO()
+        for c in range(OUT_TILE):
+            out_mask[c] = wp.where(o0 + c < n_out, one, zero)
+        start = chunk * entries_per_chunk
+        stop = wp.min(start + entries_per_chunk, n_entries)
+        current = int(-1)
+        i_cur = int(-1)
+        slot_cur = int(-1)
+        w_base = vecO()
+        s = vecO()
+        rows_c = matKO()
+        acc = matKO()
+        acc_base = vecO()
+        acc_scaler = vecO()
+        for step in range(entries_per_chunk + 1):
+            e = start + step
+            live = e < stop
+            key = int(-1)
+            n = int(0)
+            xv = zero
+            g = vecO()
+            i_next = int(-1)
+            if live:
+                key = sorted_keys[e]
+                i_next = i_cur
+                if key != current:
+                    i_next = key // n_buckets
+                n = rows[e]
+                xv = x[n, i_next]
+                g = wp.cw_mul(load4_2d(dy, n, o0, aligned), out_mask)
+            if key != current:
+                if current >= 0:
+                    if slot_cur >= 0:
+                        acc_scaler = flush_slot(acc, s, rows_c, acc_scaler, i_cur, slot_cur, o0, d_coef)
+                    if i_next != i_cur:
+                        flush_input(acc_base, acc_scaler, i_cur, o0, use_base, d_base_weight_t, d_scaler_t)
+                        acc_base = vecO()
+                        acc_scaler = vecO()
+                    acc = matKO()
+                current = key
+                if key >= 0:
+                    if i_next != i_cur:
+                        i_cur = i_next
+                        w_base = load4_2d(base_weight_t, i_cur, o0, aligned)
+                        s = load4_2d(scaler_t, i_cur, o0, aligned)
+                    slot_cur = key - i_cur * n_buckets - 1  # bucket 0 (invalid) -> -1
+                    rows_c = slot_rows(coef, i_cur, slot_cur, o0, aligned)
+            part = zero
+            if live:
+                valid, slot, b, db = bases_dx_at(frame, i_cur, xv)
+                act, dact, d2act = silu(xv)
+                if use_base == 0:
+                    act = zero
+                    dact = zero
+                for c in range(OUT_TILE):
+                    acc_base[c] = acc_base[c] + g[c] * act
+                    spline_grad = zero
+                    for m in range(K):
+                        acc[m, c] = acc[m, c] + g[c] * b[m]
+                        spline_grad = spline_grad + db[m] * rows_c[m, c]
+                    part = part + g[c] * (s[c] * spline_grad + w_base[c] * dact)
+            if want_dx != 0:
+                # a fire-and-forget atomic: no load of dx on the critical path; the only add to dx[n, i] when
+                # one lane group covers every output (lanes == n_tiles), so dx stays reproducible
+                total = reduce_lanes(part, lanes)
+                if live and tile % lanes == 0:
+                    wp.atomic_add(dx, n, i_cur, total)
+
+    return backward_bucketed
