@@ -47,6 +47,7 @@ from .. import _checks
 from ._common import dense_vector_view, dense_vector_width, vector_io
 from ._dependent_launch import (DEPENDENTS_SNIPPET, WAIT_SNIPPET, DependentLaunch, allow_dependents,
                                 wait_for_previous_grid)
+from ._runtime import launch
 
 __all__ = [
     "check_layer_args",
@@ -440,17 +441,8 @@ def launch_activation(
     if n_rows == 0 or n_inter == 0:
         return [] if record else None
     variant, (uv_vec, h_vec) = _gate_variant_and_views(io_name, n_inter, (uv, h))
-    cmd = wp.launch(
-        variant.activation_forward,
-        dim=(n_rows, n_inter // variant.vec),
-        inputs=[uv_vec, activation_code(activation)],
-        outputs=[h_vec],
-        device=uv.device,
-        stream=stream,
-        record_tape=False,
-        record_cmd=record,
-    )
-    return [cmd] if record else None
+    return launch(variant.activation_forward, (n_rows, n_inter // variant.vec), [uv_vec, activation_code(activation)],
+                  [h_vec], device=uv.device, stream=stream, record=record)
 
 
 def launch_activation_backward(
@@ -473,17 +465,9 @@ def launch_activation_backward(
     if n_rows == 0 or n_inter == 0:
         return [] if record else None
     variant, (dh_vec, uv_vec, duv_vec, h_vec) = _gate_variant_and_views(io_name, n_inter, (dh, uv, duv, h))
-    cmd = wp.launch(
-        variant.activation_backward,
-        dim=(n_rows, n_inter // variant.vec),
-        inputs=[dh_vec, uv_vec, activation_code(activation)],
-        outputs=[duv_vec, h_vec],
-        device=uv.device,
-        stream=stream,
-        record_tape=False,
-        record_cmd=record,
-    )
-    return [cmd] if record else None
+    return launch(variant.activation_backward, (n_rows, n_inter // variant.vec),
+                  [dh_vec, uv_vec, activation_code(activation)], [duv_vec, h_vec], device=uv.device, stream=stream,
+                  record=record)
 
 
 def launch_small_forward(
@@ -522,31 +506,13 @@ def launch_small_forward(
     # a bias-less launch still needs an array argument of the right type; the kernels do not read it
     b_uv_arg = b_uv if b_uv is not None else _empty_vector(io_name, device)
     b_o_arg = b_o if b_o is not None else _empty_vector(io_name, device)
-    up = wp.launch_tiled(
-        variant.up_projection,
-        dim=[-(-n_inter // cols)],
-        inputs=[x, w_uv, b_uv_arg, int(b_uv is not None), n_rows, code],
-        outputs=[uv, h],
-        device=device,
-        stream=stream,
-        block_dim=variant.up_block_dim,
-        record_tape=False,
-        record_cmd=record,
-    )
+    cmds = launch(variant.up_projection, [-(-n_inter // cols)], [x, w_uv, b_uv_arg, int(b_uv is not None), n_rows, code],
+                  [uv, h], device=device, stream=stream, record=record, block_dim=variant.up_block_dim, tiled=True)
     if n_hidden == 0:
-        return [up] if record else None
-    down = wp.launch_tiled(
-        variant.down_projection,
-        dim=[-(-n_hidden // cols)],
-        inputs=[h, w_o, b_o_arg, int(b_o is not None), n_rows],
-        outputs=[out],
-        device=device,
-        stream=stream,
-        block_dim=variant.down_block_dim,
-        record_tape=False,
-        record_cmd=record,
-    )
-    return [up, down] if record else None
+        return cmds
+    down = launch(variant.down_projection, [-(-n_hidden // cols)], [h, w_o, b_o_arg, int(b_o is not None), n_rows],
+                  [out], device=device, stream=stream, record=record, block_dim=variant.down_block_dim, tiled=True)
+    return cmds + down if record else None
 
 
 # ------------------------------------------------------------------------ tensor-core weight streaming
@@ -1059,32 +1025,25 @@ def launch_tc_forward(
     code = activation_code(activation)
     b_uv_arg = b_uv if b_uv is not None else _empty_vector(io_name, device)
     b_o_arg = b_o if b_o is not None else _empty_vector(io_name, device)
-    # recorded, then launched on ``stream`` below (plainly or as dependents)
-    common = {"device": device, "record_tape": False, "record_cmd": True}
+    # always recorded, then launched on ``stream`` below (plainly or as dependents, which wrap a record)
+    def recorded(kernel, dim, inputs, outputs, block_dim=256):
+        return launch(kernel, dim, inputs, outputs, device=device, record=True, block_dim=block_dim)[0]
 
     def projection(act, weight, plan, partial):
         # one warp a block: each warp's copy ring is its own (no block barrier) and fills the static limit
-        return wp.launch(
-            variant.projection, dim=plan.n_warps * 32,
-            inputs=[act, weight, n_rows, plan.n_groups, plan.n_chunks, plan.n_warps], outputs=[partial],
-            block_dim=32, **common,
-        )
+        return recorded(variant.projection, plan.n_warps * 32,
+                        [act, weight, n_rows, plan.n_groups, plan.n_chunks, plan.n_warps], [partial], block_dim=32)
 
     def schedule(plan):
         return [plan.n_chunks, plan.n_warps, plan.n_groups * plan.n_chunks]
 
     cmds = [
         projection(x, w_uv, plan_up, partial_up),
-        wp.launch(
-            variant.gate_combine, dim=(n_rows, n_inter),
-            inputs=[partial_up, b_uv_arg, int(b_uv is not None), code, *schedule(plan_up)], outputs=[uv, h],
-            **common,
-        ),
+        recorded(variant.gate_combine, (n_rows, n_inter),
+                 [partial_up, b_uv_arg, int(b_uv is not None), code, *schedule(plan_up)], [uv, h]),
         projection(h, w_o, plan_down, partial_down),
-        wp.launch(
-            variant.out_combine, dim=(n_rows, n_hidden),
-            inputs=[partial_down, b_o_arg, int(b_o is not None), *schedule(plan_down)], outputs=[out], **common,
-        ),
+        recorded(variant.out_combine, (n_rows, n_hidden),
+                 [partial_down, b_o_arg, int(b_o is not None), *schedule(plan_down)], [out]),
     ]
     if dependent:
         cmds[1:] = [DependentLaunch(cmd) for cmd in cmds[1:]]
@@ -1148,8 +1107,5 @@ def launch_read_probe(data: "wp.array2d", out: "wp.array1d", block_dim: int = 25
     multiple of ``block_dim``; pick a multiple of the SM count in blocks) and writes a checksum per thread."""
     if not data.is_contiguous:
         raise ValueError("data must be contiguous")
-    cmd = wp.launch(
-        _probe_kernel(), dim=out.shape[0], inputs=[data], outputs=[out], device=data.device, stream=stream,
-        block_dim=block_dim, record_tape=False, record_cmd=record,
-    )
-    return [cmd] if record else None
+    return launch(_probe_kernel(), out.shape[0], [data], [out], device=data.device, stream=stream, record=record,
+                  block_dim=block_dim)

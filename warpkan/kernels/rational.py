@@ -46,6 +46,7 @@ import warp as wp
 
 from .. import _checks
 from ._common import IO_SCALAR_NAMES, dense_vector_view, dense_vector_width, vector_io
+from ._runtime import FlatWorkspace, launch, split_rows, workspace_for
 
 __all__ = [
     "VARIANTS",
@@ -188,9 +189,7 @@ def layout(n_rows: int, vectors_per_group: int, num_groups: int, target_blocks: 
     tile_width = -(-vectors_per_group // tiles)
     by_target = max(1, target_blocks // (num_groups * tiles))
     by_size = -(-(n_rows * tile_width) // _MIN_ITEMS_PER_BLOCK)
-    chunks = max(1, min(by_target, by_size))
-    rows_per_chunk = max(1, -(-n_rows // chunks))
-    chunks = max(1, -(-n_rows // rows_per_chunk))
+    chunks, rows_per_chunk = split_rows(n_rows, min(by_target, by_size))
     return RationalLayout(vectors_per_group, tile_width, tiles, chunks, rows_per_chunk, num_groups)
 
 
@@ -874,47 +873,13 @@ def launch_forward(
         raise ValueError(f"y must have the shape and dtype of x {tuple(x.shape)}, got {tuple(y.shape)}")
     xv = dense_vector_view(x, kernels.io_vector, _ARRAYS)
     yv = dense_vector_view(y, kernels.io_vector, _ARRAYS)
-    cmd = wp.launch_tiled(
+    return launch(
         kernels.forward,
-        dim=[lay.num_blocks],
-        inputs=[xv, a, b, lay.vectors_per_group, lay.tile_width, lay.chunks, lay.rows_per_chunk, lay.blocks_per_group],
-        outputs=[yv],
-        block_dim=BLOCK_DIM,
-        device=x.device,
-        stream=stream,
-        record_tape=False,
-        record_cmd=record,
+        [lay.num_blocks],
+        [xv, a, b, lay.vectors_per_group, lay.tile_width, lay.chunks, lay.rows_per_chunk, lay.blocks_per_group],
+        [yv],
+        device=x.device, stream=stream, record=record, block_dim=BLOCK_DIM, tiled=True,
     )
-    return [cmd] if record else None
-
-
-class _Workspace:
-    """fp64 partial buffers of the backward, grown on demand, one per (device, stream)."""
-
-    def __init__(self):
-        self.buffers: dict = {}
-
-    def partials(self, device, rows: int, cols: int, dtype) -> "wp.array":
-        key = (str(device), dtype)
-        buf = self.buffers.get(key)
-        if buf is None or buf.size < rows * cols:
-            buf = wp.empty(max(rows * cols, 1), dtype=dtype, device=device)
-            self.buffers[key] = buf
-        return buf[: rows * cols].reshape((rows, cols))
-
-
-_workspaces: dict = {}
-
-
-def _workspace(device, stream) -> _Workspace:
-    key = (str(device), stream.cuda_stream if stream is not None else 0)
-    if key not in _workspaces:
-        _workspaces[key] = _Workspace()
-    return _workspaces[key]
-
-
-def clear_workspaces() -> None:
-    _workspaces.clear()
 
 
 def launch_backward(
@@ -943,9 +908,10 @@ def launch_backward(
     ``deterministic`` is accepted for symmetry with the other families: the coefficient gradients are always
     reduced in a fixed order (fp64 block partials and a combine pass), so they are always bitwise
     reproducible, at the cost of one small extra launch. ``workspace``: an object with
-    ``get(name, shape, dtype) -> wp.array`` for the fp64 partials (the torch bridge passes torch's caching
-    allocator, which stays legal under CUDA-graph capture); Warp buffers kept per (device, stream) otherwise.
-    ``partials``: the fp64 buffer itself (at least :func:`backward_partials_size` values), instead.
+    ``get(name, shape, dtype) -> wp.array`` for the fp64 partials (a ``_runtime.Workspace``; the torch
+    bridge's allocates from torch's caching allocator, which stays legal under CUDA-graph capture);
+    ``_runtime.workspace_for(device, stream)`` otherwise. ``partials``: the fp64 buffer itself (at least
+    :func:`backward_partials_size` values, read through a ``_runtime.FlatWorkspace``), instead.
     ``record=True``: nothing runs; the launches come back as a list of ``wp.Launch``."""
     kernels, lay = _prepare(x, num_groups, a, b, variant, vec, (dy, dx), BACKWARD_VECTOR_BYTES, "backward")
     if tuple(dy.shape) != tuple(x.shape) or dy.dtype != x.dtype:
@@ -967,42 +933,30 @@ def launch_backward(
     k = kernels.grad_vector._length_
     rows, cols = (lay.num_blocks, k) if need_params else (1, 1)  # (1, 1): unused
     if partials is not None:
-        if partials.size < rows * cols or partials.dtype != wp.float64:
-            raise ValueError(f"partials must be a float64 array of at least {rows * cols} values")
-        partials = wp.array(ptr=partials.ptr, dtype=wp.float64, shape=(rows, cols), device=partials.device, copy=False)
-    elif workspace is not None:
-        partials = workspace.get("rational_partials", (rows, cols), wp.float64)
-    else:
-        partials = _workspace(x.device, stream).partials(x.device, rows, cols, wp.float64)
-    cmds = []
-    cmds.append(wp.launch_tiled(
+        workspace = FlatWorkspace(partials)
+    elif workspace is None:
+        workspace = workspace_for(x.device, stream)
+    partials = workspace.get("rational_partials", (rows, cols), wp.float64)
+    options = {"device": x.device, "stream": stream, "record": record, "block_dim": BLOCK_DIM, "tiled": True}
+    cmds = launch(
         kernels.backward,
-        dim=[lay.num_blocks],
-        inputs=[
+        [lay.num_blocks],
+        [
             dyv, xv, a, b,
             lay.vectors_per_group, lay.tile_width, lay.chunks, lay.rows_per_chunk, lay.blocks_per_group,
             int(dx is not None), int(accumulate_dx), int(need_params),
         ],
-        outputs=[dxv, partials],
-        block_dim=BLOCK_DIM,
-        device=x.device,
-        stream=stream,
-        record_tape=False,
-        record_cmd=record,
-    ))
+        [dxv, partials],
+        **options,
+    )
     if need_params:
-        cmds.append(wp.launch_tiled(
-            kernels.combine,
-            dim=[a.shape[0] * a.shape[1] + b.shape[0] * b.shape[1]],
-            inputs=[partials, lay.blocks_per_group, int(accumulate_params)],
-            outputs=[da, db],
-            block_dim=BLOCK_DIM,
-            device=x.device,
-            stream=stream,
-            record_tape=False,
-            record_cmd=record,
-        ))
-    return cmds if record else None
+        # not the shared plain combine (_runtime.combine_chunks_kernel): one block per coefficient sums
+        # its strided block partials with a tree, and writes da and db in their own scalar type
+        combined = launch(kernels.combine, [a.shape[0] * a.shape[1] + b.shape[0] * b.shape[1]],
+                          [partials, lay.blocks_per_group, int(accumulate_params)], [da, db], **options)
+        if record:
+            cmds += combined
+    return cmds
 
 
 def backward_partials_size(n_rows: int, n_channels: int, num_groups: int, num_order: int, den_order: int,

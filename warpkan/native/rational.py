@@ -11,6 +11,7 @@ import numpy as np
 import warp as wp
 
 from ..kernels import rational as kr
+from ..kernels._runtime import launch
 from .. import _checks
 from ._common import NP_DTYPES as _NP_DTYPES
 from ._common import check_device, check_dtype, layer_input
@@ -222,17 +223,15 @@ class GRKANLinear(WarpState):
         forward, backward_input, backward_weight = _linear_kernels("float64" if self.dtype == wp.float64 else "float32")
         use_bias = self.bias is not None
         bias = self.bias if use_bias else self.weight.flatten()
-        wp.launch(forward, dim=(h.shape[0], self.out_features), inputs=[h, self.weight, bias, int(use_bias)],
-                  outputs=[y], device=self.device, record_tape=False)
+        launch(forward, (h.shape[0], self.out_features), [h, self.weight, bias, int(use_bias)], [y],
+               device=self.device)
 
         def backward():
             if h.grad is not None:
-                wp.launch(backward_input, dim=(h.shape[0], self.in_features), inputs=[y.grad, self.weight],
-                          outputs=[h.grad], device=self.device, record_tape=False)
-            wp.launch(backward_weight, dim=(self.out_features, self.in_features),
-                      inputs=[y.grad, h, int(use_bias)],
-                      outputs=[self.weight.grad, self.bias.grad if use_bias else self.weight.grad.flatten()],
-                      device=self.device, record_tape=False)
+                launch(backward_input, (h.shape[0], self.in_features), [y.grad, self.weight], [h.grad],
+                       device=self.device)
+            launch(backward_weight, (self.out_features, self.in_features), [y.grad, h, int(use_bias)],
+                   [self.weight.grad, self.bias.grad if use_bias else self.weight.grad.flatten()], device=self.device)
 
         record_backward(tape, backward, [h, y, self.weight, self.bias])
         return y
