@@ -304,18 +304,15 @@ def test_torch_compile_fullgraph(device):
 # ---------------------------------------------------------------------- exact mode: dense-range and sparse paths
 @pytest.mark.parametrize("order,base", [(3, "silu"), (1, None), (2, "silu")])
 def test_dense_range_path_matches_reference_and_sparse_path(device, order, base, monkeypatch):
-    # the dense-range path (every group between each feature's lowest and highest) forced on a wide batch,
-    # in several row chunks, with knots, group boundaries and a NaN: equal to the reference and to the
-    # sparse touched-pair path
-    import warpkan.torch_bridge.ukan_ops as ops
-
+    # the dense-range path (every group between each feature's lowest and highest: the edge engine's UKAN
+    # family) forced on a wide batch, with knots, group boundaries and a NaN: equal to the reference and to
+    # the sparse touched-pair path
     layer = make_layer(4, 3, device, order=order, base=base)
     x = torch.randn(41, 4, dtype=torch.float64, device=device) * 2
     x[:12, 1] = torch.arange(-6, 6, dtype=torch.float64, device=device) * H  # knots, boundaries
     x[5, 2] = float("nan")
     dy = torch.randn(41, 3, dtype=torch.float64, device=device)
     dy[5] = 0  # the NaN row's base term would carry NaN into every parameter gradient
-    monkeypatch.setattr(ops, "RANGE_CHUNK_BYTES", 4 * 4 * 60 * 8)  # a few rows per chunk
     layer.dense_max_coefficients = 10**6
     y, grads = forward_and_grads(layer, layer, x, dy)
     assert layer._last is None and layer._last_range_x is not None  # took the dense-range path

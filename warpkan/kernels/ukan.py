@@ -68,6 +68,7 @@ import warp as wp
 from ._common import SCALARS, on_stream, scalar_name
 from .. import _checks
 from .edge.bspline_family import MAX_SPLINE_ORDER, uniform_basis_funcs, uniform_basis_matrix
+from .edge.ukan_family import CELL_LIMIT, ukan_locate_func
 from .edge.family import silu_func
 from .edge.launch import row_chunks
 from .edge.stencil import combine_rows_kernel
@@ -93,16 +94,11 @@ __all__ = [
     "PE_BASE",
     "table_chunk",
     "launch_group_range",
-    "launch_range_expand",
-    "launch_range_contract",
-    "launch_range_weights",
-    "launch_range_param_grads",
     "launch_range_mlp_forward",
     "launch_range_mlp_backward",
     "range_mlp_partial_shape",
 ]
 
-CELL_LIMIT = float(2**39)  # |x / h| is clamped here: |g| < 2^39, so keys and g - 1 fit comfortably in int64
 _GROUP_BIAS = 2**40  # g + bias > 0 for every clamped g (and g - 1)
 _FEATURE_STRIDE = 2**41  # key = i * stride + g + bias
 PE_BASE = 10000.0  # sinusoidal encoding frequencies: PE_BASE^(-2j / pe_dim)
@@ -170,10 +166,6 @@ class UKANVariant:
     range_init: wp.Kernel
     range_partial: wp.Kernel
     range_finalize: wp.Kernel
-    range_expand: wp.Kernel
-    range_contract: wp.Kernel
-    range_weights: wp.Kernel
-    range_param_grads: wp.Kernel
     basis_matrix: object
     module: str
 
@@ -199,13 +191,8 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
     kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
     row_block_kernel = functools.partial(wp.kernel, enable_backward=False, module=module + "_rowblock")
     zero = scalar(0.0)
-    limit = wp.float64(CELL_LIMIT)
     stride = wp.int64(_FEATURE_STRIDE)
     bias = wp.int64(_GROUP_BIAS)
-    # separate constants per type: converting the int constant K inside a kernel (wp.int64(K)) retypes it
-    # for the rest of the function in Warp 1.19
-    K64 = wp.int64(K)
-    KF = wp.float64(K)
     no_group = wp.int64(2**62)  # above every clamped group: "no valid input yet" in the range search
     span_cap = wp.int64(2**30)
 
@@ -225,32 +212,7 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
         act, dact, d2act = silu_and_grads(x)
         return act, dact
 
-    @wp.func
-    def locate(x: scalar, h: wp.float64):
-        """(valid, g, r, u, sloped): group, offset and local coordinate of x on the unbounded grid; sloped is
-        0 for inputs clamped to the cell limit (zero spline derivative)."""
-        s = wp.float64(x) / h
-        sloped = int(1)
-        if wp.isnan(s):
-            return int(0), wp.int64(0), int(0), zero, int(0)
-        if s > limit:
-            s = limit
-            sloped = 0
-        if s < -limit:
-            s = -limit
-            sloped = 0
-        cf = wp.floor(s)
-        u = scalar(s - cf)
-        c = wp.int64(cf)
-        g = wp.int64(wp.floor(cf / KF))  # exact: |c| <= 2^39 and c / K is >= 1/K from an integer
-        r = int(c - g * K64)
-        if r < 0:  # guards only; the float division above already rounds correctly
-            r = r + K
-            g = g - wp.int64(1)
-        if r >= K:
-            r = r - K
-            g = g + wp.int64(1)
-        return int(1), g, r, u, sloped
+    locate = ukan_locate_func(order, scalar_name)  # (x, h) -> (valid, g, r, u, sloped): the edge family's
 
     # window codes: w >= 0 a window start; -1 no spline term (NaN, past the capacity); w <= -2 the window
     # -2 - w of an input clamped to the cell limit (zero spline derivative)
@@ -654,149 +616,6 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
         span = wp.min(hi - lo + wp.int64(1), span_cap)
         wp.atomic_max(span_max, 0, int(span))
 
-    @wp.func
-    def range_window(x: scalar, h: wp.float64, lo: wp.int64, n_coef: int):
-        """(valid, start, u, sloped): the first of the K coefficients of x among its feature's n_coef (local
-        index (g - lo) K + r); invalid for NaN (and, defensively, for a window outside the range)."""
-        valid, g, r, u, sloped = locate(x, h)
-        start = int(0)
-        if valid:
-            offset = g - lo
-            if offset < wp.int64(0) or offset * K64 + wp.int64(r + K) > wp.int64(n_coef):
-                valid = 0
-            else:
-                start = int(offset) * K + r
-        return valid, start, u, sloped
-
-    @wp.func
-    def range_entry(tid: int, n_rows: int, n_in: int):
-        """(row, input, in range) of thread tid in the dense-basis kernels: a warp takes _ROW_BLOCK consecutive
-        rows of one input, so the transposed basis [in W, rows] is read and written coalesced."""
-        tile_size = _ROW_BLOCK * n_in
-        tile = tid // tile_size
-        rest = tid - tile * tile_size
-        i = rest // _ROW_BLOCK
-        n = tile * _ROW_BLOCK + rest - i * _ROW_BLOCK
-        return n, i, n < n_rows
-
-    @kernel
-    def range_expand(
-        x: wp.array2d(dtype=scalar),
-        group_lo: wp.array(dtype=wp.int64),
-        h: wp.float64,
-        basis_matrix: matK,
-        use_base: int,
-        basis_t: wp.array2d(dtype=scalar),
-    ):
-        # basis_t[i W + t, n] (W = basis_t.shape[0] / in): the W - 1 spline bases of x[n, i] on its feature's
-        # coefficients, zeros included (no fill), and silu(x) (or 0) in column W - 1
-        n, i, inside = range_entry(wp.tid(), x.shape[0], x.shape[1])
-        if not inside:
-            return
-        width = basis_t.shape[0] // x.shape[1]
-        n_coef = width - 1
-        xv = x[n, i]
-        valid, start, u, sloped = range_window(xv, h, group_lo[i], n_coef)
-        b = vecK()
-        if valid:
-            b = basis(u, basis_matrix)
-        else:
-            start = -2 * K  # no coefficient matches
-        row = i * width
-        for t in range(n_coef):
-            m = t - start
-            v = zero
-            if m >= 0 and m < K:
-                v = b[m]
-            basis_t[row + t, n] = v
-        base = zero
-        if use_base:
-            act, dact = silu_and_grad(xv)
-            base = act
-        basis_t[row + n_coef, n] = base
-
-    @kernel
-    def range_contract(
-        x: wp.array2d(dtype=scalar),
-        group_lo: wp.array(dtype=wp.int64),
-        h: wp.float64,
-        inv_h: scalar,
-        basis_matrix: matK,
-        use_base: int,
-        d_basis_t: wp.array2d(dtype=scalar),
-        dx: wp.array2d(dtype=scalar),
-    ):
-        # dx[n, i] = sum_m d_basis_t[i W + start + m, n] b'_m(x) (+ d_basis_t[i W + W - 1, n] silu'(x));
-        # written, not accumulated: every element of dx is visited once
-        n, i, inside = range_entry(wp.tid(), x.shape[0], x.shape[1])
-        if not inside:
-            return
-        width = d_basis_t.shape[0] // x.shape[1]
-        n_coef = width - 1
-        xv = x[n, i]
-        valid, start, u, sloped = range_window(xv, h, group_lo[i], n_coef)
-        acc = zero
-        row = i * width
-        if valid and sloped:
-            db = basis_grad(u, inv_h, basis_matrix)
-            for m in range(K):
-                acc = acc + db[m] * d_basis_t[row + start + m, n]
-        if use_base:
-            act, dact = silu_and_grad(xv)
-            acc = acc + d_basis_t[row + n_coef, n] * dact
-        dx[n, i] = acc
-
-    @kernel
-    def range_weights(
-        table: wp.array2d(dtype=scalar),
-        scaler_t: wp.array2d(dtype=scalar),
-        base_weight_t: wp.array2d(dtype=scalar),
-        use_base: int,
-        weights: wp.array2d(dtype=scalar),
-    ):
-        # weights[i W + t, o]: s[i, o] times coefficient t of feature i (row i Rt + t // K of the CG-MLP output,
-        # column o K + t % K), and the base weight (or 0) in the last column, which no spline window reaches
-        i, t, o = wp.tid()
-        width = weights.shape[0] // scaler_t.shape[0]
-        rows_per_feature = width // K
-        v = zero
-        if t < width - 1:
-            j = t // K
-            v = scaler_t[i, o] * table[i * rows_per_feature + j, o * K + t - j * K]
-        elif use_base:
-            v = base_weight_t[i, o]
-        weights[i * width + t, o] = v
-
-    @kernel
-    def range_param_grads(
-        d_weights: wp.array2d(dtype=scalar),
-        table: wp.array2d(dtype=scalar),
-        scaler_t: wp.array2d(dtype=scalar),
-        use_base: int,
-        d_table: wp.array2d(dtype=scalar),
-        d_scaler_t: wp.array2d(dtype=scalar),
-        d_base_weight_t: wp.array2d(dtype=scalar),
-    ):
-        # the chain rule through range_weights, one thread per (i, o) summing its coefficients in order
-        i, o = wp.tid()
-        width = d_weights.shape[0] // scaler_t.shape[0]
-        rows_per_feature = width // K
-        s = scaler_t[i, o]
-        acc = zero
-        for t in range(width - 1):
-            j = t // K
-            row = i * rows_per_feature + j
-            col = o * K + t - j * K
-            dw = d_weights[i * width + t, o]
-            d_table[row, col] = s * dw
-            acc = acc + dw * table[row, col]
-        d_table[i * rows_per_feature + rows_per_feature - 1, o * K + K - 1] = zero  # the unused coefficient
-        d_scaler_t[i, o] = acc
-        base = zero
-        if use_base:
-            base = d_weights[i * width + width - 1, o]
-        d_base_weight_t[i, o] = base
-
     basis_matrix = matK(*[scalar(v) for row in uniform_basis_matrix(order) for v in row])
     return UKANVariant(
         order=order,
@@ -813,10 +632,6 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
         range_init=range_init,
         range_partial=range_partial,
         range_finalize=range_finalize,
-        range_expand=range_expand,
-        range_contract=range_contract,
-        range_weights=range_weights,
-        range_param_grads=range_param_grads,
         basis_matrix=basis_matrix,
         module=module,
     )
@@ -1065,61 +880,6 @@ def launch_group_range(x, group_lo, group_hi, span_max, grid_delta, order, strea
                             device, stream, record)
         cmds += _launch(variant.range_finalize, n_in, [group_lo, group_hi, span_max], device, stream, record)
     return cmds
-
-
-def _range_dim(n_rows: int, n_in: int) -> int:
-    return -(-n_rows // _ROW_BLOCK) * _ROW_BLOCK * n_in
-
-
-def launch_range_expand(x, group_lo, basis_t, grid_delta, order, use_base=True, stream=None, record=False):
-    """basis_t [in W, rows] = the transposed dense basis of x [rows, in] on each feature's contiguous groups:
-    row i W + t holds B_t(x[:, i]) for the feature's coefficient t (local flat index (g - group_lo[i]) K + r
-    + m, i.e. coefficients from group group_lo[i] - 1 on), zeros included, and row i W + W - 1 holds silu(x)
-    (0 without base): that slot is the last group's last coefficient, which no window reaches."""
-    variant = get_variant(order, scalar_name(x))
-    n_rows, n_in = x.shape
-    if n_rows == 0 or n_in == 0:
-        return []
-    return _launch(variant.range_expand, _range_dim(n_rows, n_in),
-                   [x, group_lo, wp.float64(_check_h(grid_delta)), variant.basis_matrix, int(use_base), basis_t],
-                   x.device, stream, record)
-
-
-def launch_range_contract(x, group_lo, d_basis_t, dx, grid_delta, order, use_base=True, stream=None, record=False):
-    """dx[n, i] = sum_t d_basis_t[i W + t, n] d basis_t / dx: the x-derivative of :func:`launch_range_expand`'s
-    entries (base column included) contracted with their gradient. Overwrites dx."""
-    variant = get_variant(order, scalar_name(x))
-    n_rows, n_in = x.shape
-    if n_rows == 0 or n_in == 0:
-        return []
-    h = _check_h(grid_delta)
-    return _launch(variant.range_contract, _range_dim(n_rows, n_in),
-                   [x, group_lo, wp.float64(h), variant.scalar(1.0 / h), variant.basis_matrix, int(use_base),
-                    d_basis_t, dx], x.device, stream, record)
-
-
-def launch_range_weights(table, scaler_t, base_weight_t, weights, order, use_base=True, stream=None, record=False):
-    """weights [in W, out] (W = Rt K) for :func:`launch_range_expand`'s basis from the CG-MLP output
-    ``table`` [in Rt, out K] ((o, m) column order): the scaled coefficients and the base weight."""
-    variant = get_variant(order, scalar_name(table, "table"))
-    n_in, n_out = scaler_t.shape
-    if weights.size == 0:
-        return []
-    dim = (n_in, weights.shape[0] // n_in, n_out)
-    return _launch(variant.range_weights, dim, [table, scaler_t, base_weight_t, int(use_base), weights],
-                   table.device, stream, record)
-
-
-def launch_range_param_grads(d_weights, table, scaler_t, d_table, d_scaler_t, d_base_weight_t, order, use_base=True,
-                             stream=None, record=False):
-    """Gradients of :func:`launch_range_weights` from d_weights [in W, out]; overwrites d_table, d_scaler_t
-    and d_base_weight_t (fixed-order sums: deterministic)."""
-    variant = get_variant(order, scalar_name(table, "table"))
-    if d_scaler_t.size == 0:
-        return []
-    return _launch(variant.range_param_grads, tuple(d_scaler_t.shape),
-                   [d_weights, table, scaler_t, int(use_base), d_table, d_scaler_t, d_base_weight_t],
-                   table.device, stream, record)
 
 
 # ---------------------------------------------------------------------- 2. CG-MLP in Warp (native layer)

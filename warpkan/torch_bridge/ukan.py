@@ -20,12 +20,12 @@ __all__ = ["UKANLinear"]
 
 # the table capacity per feature when table_groups is None (then grown to the exact need when exceeded)
 _DEFAULT_TABLE_GROUPS = 16
-# The dense-range path (a B-spline GEMM on each feature's contiguous range of groups) is taken when the
-# widest feature needs at most this many coefficients per input (its base slot included); wider spans
-# (outliers, very fine grids) take the sparse touched-pair path, whose cost does not grow with the span.
-# H200, fp32 fwd+bwd: (N=8192, 256->256) 96 coefficients dense 8.6 ms vs sparse 22.7; (N=65536, 32->32)
-# 260 coefficients dense 6.7 ms vs sparse 5.5: the crossover is near 200 for both; 128 keeps a margin.
-DENSE_MAX_COEFFICIENTS = 128
+# The dense-range path (the edge engine's UKAN family on each feature's contiguous range of groups: a
+# B-spline on that piece of the unbounded grid, on the warp-tiled kernels on CUDA) is taken when the widest
+# feature needs at most this many coefficients per input; wider spans (outliers, very fine grids) take the
+# sparse touched-pair path, whose cost does not grow with the span. 280 is about what the float32 tiled
+# passes reach (the forward on two bands of its 144-row table: 282 slots).
+DENSE_MAX_COEFFICIENTS = 280
 
 class UKANLinear(Float32Or64Module):
     """y = base_weight @ act(x) + sum_i spline_scaler[o, i] * spline_{o,i}(x_i) on an unbounded uniform grid.
@@ -44,9 +44,8 @@ class UKANLinear(Float32Or64Module):
     (the same map; on both, run-to-run bitwise reproducible: no floating-point atomics):
 
     - **dense range**: per feature, every group from its lowest touched one - 1 on (a B-spline on that
-      contiguous piece of the unbounded grid): the bases of a chunk of rows are expanded densely (Warp) and
-      contracted with cuBLAS, as KANLinear's gemm strategy, with the SiLU base in the one coefficient slot no
-      window reaches. Taken while the widest feature needs at most ``dense_max_coefficients``
+      contiguous piece of the unbounded grid), on the edge engine's kernels as KANLinear's stencil strategy
+      (warp-tiled on CUDA). Taken while the widest feature needs at most ``dense_max_coefficients``
       (:data:`DENSE_MAX_COEFFICIENTS`) coefficients per input.
     - **sparse pairs**: only the distinct (feature, group) pairs the batch touches and their g - 1
       neighbours (a sort of the elements by pair), its cost independent of the span: for outliers and very

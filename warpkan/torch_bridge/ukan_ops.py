@@ -19,7 +19,9 @@ The dense-range path (see ``warpkan.kernels.ukan``) has three more (and their ba
 - ``warpkan::ukan_range_table`` (backward ``warpkan::ukan_range_table_backward``): the CG-MLP itself on
   every feature's contiguous groups, in Warp (its input rows formed on the device, fixed-order gradient sums);
 - ``warpkan::ukan_range_spline`` (backward ``warpkan::ukan_range_spline_backward``): the spline on the
-  CG-MLP output ``[in * Rt, out * K]`` as it comes ((o, m) columns), by dense-basis GEMMs in row chunks.
+  CG-MLP output ``[in * Rt, K * out]`` ((m, o) columns: the CG-MLP's output rows are permuted so), which is the
+  edge engine's coefficient table ``[in, Rt K, out]`` as it lies: the UKAN edge family
+  (:mod:`warpkan.kernels.edge.ukan_family`) on the engine's kernels (warp-tiled on CUDA where the table fits).
 
 Their Warp launches are recorded once per (pointers, shapes) signature and replayed (the B-spline ops'
 launch cache), so a small layer pays about 5 us per launch. Eager calls skip the custom-op dispatch: the
@@ -36,6 +38,8 @@ import torch
 from torch import Tensor
 
 from ..kernels import ukan as ku
+from ..kernels.edge.ukan_family import ukan_family, ukan_frame_of
+from .edge_driver import edge_backward, edge_forward
 from ._common import (TRANSPOSED, RecordedLaunches, eager_function, first_order_backward, forward_mode_message,
                       op_or_eager, refuse_transforms, to_warp, use_registered_op, warp_stream)
 
@@ -258,9 +262,6 @@ def spline_layer(x: Tensor, sorted_elem: Tensor, window: Tensor, local_u: Tensor
 
 
 # ---------------------------------------------------------------------- dense-range path
-# Scratch for one chunk of the transposed dense basis (reused for its gradient in the backward): rows go in
-# chunks so that no O(N * in * W) tensor exists, and none is kept for the backward pass.
-RANGE_CHUNK_BYTES = 128 * 2**20
 
 # Recorded Warp launches of the dense-range path (see RecordedLaunches): re-pointed at each call's tensors,
 # replayed on torch's current stream.
@@ -390,39 +391,46 @@ ukan_range_table.register_autograd(
     setup_context=_range_table_setup_context)
 
 
-def _range_chunk(n_rows: int, width: int, itemsize: int) -> int:
-    """Rows per chunk: at most RANGE_CHUNK_BYTES of basis, a multiple of 64 rows when more than 64 fit."""
-    rows = max(1, RANGE_CHUNK_BYTES // max(1, width * itemsize))
-    if rows > 64:
-        rows -= rows % 64
-    return min(rows, max(n_rows, 1))
+def coefficient_major(w_out: Tensor, b_out: Tensor, spline_order: int) -> tuple[Tensor, Tensor]:
+    """The CG-MLP's output layer with its rows in (m, o) order instead of (o, m): the range table it makes is
+    then the engine's coefficient table [in, Rt K, out] as it lies (a copy of the small layer, not of the
+    table)."""
+    K = spline_order + 1
+    return (w_out.view(-1, K, w_out.shape[1]).transpose(0, 1).reshape(w_out.shape),
+            b_out.view(-1, K).t().reshape(b_out.shape))
 
 
-def _range_weights(table, scaler_t, base_weight_t, spline_order, use_base, width):
-    weights = table.new_empty((scaler_t.shape[0] * width, scaler_t.shape[1]))
-    _launch(ku.launch_range_weights, (table, scaler_t, base_weight_t, weights), spline_order, use_base)
-    return weights
+def output_major(d_w_out: Tensor, d_b_out: Tensor, spline_order: int) -> tuple[Tensor, Tensor]:
+    """The inverse of :func:`coefficient_major`, for the gradients."""
+    K = spline_order + 1
+    return (d_w_out.view(K, -1, d_w_out.shape[1]).transpose(0, 1).reshape(d_w_out.shape),
+            d_b_out.view(K, -1).t().reshape(d_b_out.shape))
+
+
+def _range_family(x: Tensor, spline_order: int):
+    return ukan_family(spline_order, "float64" if x.dtype == torch.float64 else "float32")
+
+
+def _range_frame(group_lo, h: float, n_groups: int, scalar: str):
+    return ukan_frame_of(group_lo, h, n_groups, scalar)
+
+
+def _range_args(x, group_lo, table, grid_delta, spline_order):
+    """(family, frame maker, frame tensors, frame config, coef) of the engine's view of a range table:
+    table [in Rt, K out] in (m, o) column order is coef [in, Rt K, out] as it lies."""
+    n_in = x.shape[1]
+    n_out = table.shape[1] // (spline_order + 1)
+    coef = table.view(n_in, -1, n_out)
+    family = _range_family(x, spline_order)
+    n_groups = table.shape[0] // n_in
+    return family, _range_frame, (group_lo,), (float(grid_delta), n_groups, family.scalar_name), coef
 
 
 def _range_forward_impl(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base):
     x, group_lo, table, base_weight_t, scaler_t = (
         t.contiguous() for t in (x, group_lo, table, base_weight_t, scaler_t))
-    n_rows, n_in = x.shape
-    n_out = scaler_t.shape[1]
-    if n_rows == 0 or n_in == 0 or n_out == 0:
-        return x.new_zeros((n_rows, n_out))
-    width = table.shape[0] // n_in * (spline_order + 1)  # coefficients per input; the last holds the base
-    weights = _range_weights(table, scaler_t, base_weight_t, spline_order, use_base, width)
-    y = x.new_empty((n_rows, n_out))
-    chunk = _range_chunk(n_rows, n_in * width, x.element_size())
-    scratch = x.new_empty((chunk * n_in * width,))
-    config = (grid_delta, spline_order, use_base)
-    for start in range(0, n_rows, chunk):
-        stop = min(start + chunk, n_rows)
-        basis_t = scratch[: n_in * width * (stop - start)].view(n_in * width, stop - start)
-        _launch(ku.launch_range_expand, (x[start:stop], group_lo, basis_t), *config)
-        torch.mm(basis_t.t(), weights, out=y[start:stop])
-    return y
+    family, make_frame, frame_tensors, frame_config, coef = _range_args(x, group_lo, table, grid_delta, spline_order)
+    return edge_forward(family, make_frame, frame_tensors, frame_config, x, base_weight_t, scaler_t, coef, use_base)
 
 
 @torch.library.custom_op("warpkan::ukan_range_spline", mutates_args=())
@@ -436,11 +444,10 @@ def ukan_range_spline(
     spline_order: int,
     use_base: bool,
 ) -> Tensor:
-    """y [N, out] from x [N, in] on a dense per-feature table: ``table`` [in * Rt, out * K] is the CG-MLP
-    output for the groups group_lo[i] - 1 .. group_lo[i] + Rt - 2 of every feature i, in (o, m) column
-    order, and must cover every group x touches (``group_range``). The bases of a chunk of rows are expanded
-    densely (Warp; SiLU in the one coefficient slot no window reaches) and multiplied by the scaled
-    coefficients and base weight with cuBLAS."""
+    """y [N, out] from x [N, in] on a dense per-feature table: ``table`` [in * Rt, K * out] is the CG-MLP
+    output for the groups group_lo[i] - 1 .. group_lo[i] + Rt - 2 of every feature i, in (m, o) column
+    order, and must cover every group x touches (``group_range``). The edge engine's forward on it (the UKAN
+    family; the SiLU base path fused)."""
     return _range_forward_impl(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base)
 
 
@@ -453,37 +460,10 @@ def _range_backward_impl(dy, x, group_lo, table, base_weight_t, scaler_t, grid_d
                          need_x, need_params):
     dy, x, group_lo, table, base_weight_t, scaler_t = (
         t.contiguous() for t in (dy, x, group_lo, table, base_weight_t, scaler_t))
-    n_rows, n_in = x.shape
-    n_out = scaler_t.shape[1]
-    dx, d_base, d_scaler, d_table = _grad_buffers(x, base_weight_t, table, need_x, need_params, torch.empty)
-    if n_rows == 0 or n_in == 0 or n_out == 0:
-        for grad in (dx, d_base, d_scaler, d_table):
-            grad.zero_()
-        return dx, d_base, d_scaler, d_table
-    width = table.shape[0] // n_in * (spline_order + 1)
-    config = (grid_delta, spline_order, use_base)
-    weights = _range_weights(table, scaler_t, base_weight_t, spline_order, use_base, width) if need_x else None
-    d_weights = x.new_empty((n_in * width, n_out)) if need_params else None
-    chunk = _range_chunk(n_rows, n_in * width, x.element_size())
-    # the basis gradient reuses the basis's scratch (stream order: the d_weights GEMM has read the basis
-    # before the d_basis GEMM overwrites it)
-    scratch = x.new_empty((chunk * n_in * width,))
-    for start in range(0, n_rows, chunk):
-        stop = min(start + chunk, n_rows)
-        part = scratch[: n_in * width * (stop - start)].view(n_in * width, stop - start)
-        if need_params:
-            _launch(ku.launch_range_expand, (x[start:stop], group_lo, part), *config)
-            if start == 0:
-                torch.mm(part, dy[start:stop], out=d_weights)
-            else:
-                d_weights.addmm_(part, dy[start:stop])
-        if need_x:
-            torch.mm(weights, dy[start:stop].t(), out=part)
-            _launch(ku.launch_range_contract, (x[start:stop], group_lo, part, dx[start:stop]), *config)
-    if need_params:
-        _launch(ku.launch_range_param_grads, (d_weights, table, scaler_t, d_table, d_scaler, d_base), spline_order,
-                use_base)
-    return dx, d_base, d_scaler, d_table
+    family, make_frame, frame_tensors, frame_config, coef = _range_args(x, group_lo, table, grid_delta, spline_order)
+    dx, d_base, d_scaler, d_coef = edge_backward(family, make_frame, frame_tensors, frame_config, dy, x, base_weight_t,
+                                                 scaler_t, coef, use_base, False, need_x, need_params)
+    return dx, d_base, d_scaler, d_coef.view(table.shape) if need_params else d_coef
 
 
 @torch.library.custom_op("warpkan::ukan_range_spline_backward", mutates_args=())
@@ -564,6 +544,7 @@ class _EagerRangeLayer(torch.autograd.Function):
         # [out, in] parameters: their [in, out] operands made here, not as autograd nodes of their own (a view
         # of kernel-layout storage, or one copy of a contiguous parameter, for the forward and the backward)
         base_weight_t, scaler_t = base_weight.t().contiguous(), spline_scaler.t().contiguous()
+        w_out, b_out = coefficient_major(w_out, b_out, spline_order)
         table, *rows = _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out,
                                          b_out, keep_rows=True)
         y = _range_forward_impl(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base)
@@ -602,6 +583,7 @@ class _EagerRangeLayer(torch.autograd.Function):
         if need_mlp:
             mlp_grads = _range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b_hidden, w_out,
                                                    rows=rows)
+            mlp_grads = (*mlp_grads[:3], *output_major(*mlp_grads[3:], spline_order))
             for index, grad in zip(range(4, 9), mlp_grads):
                 if need[index]:
                     grads[index] = grad
@@ -616,6 +598,7 @@ def range_layer(x: Tensor, group_lo: Tensor, rows_per_feature: int, pe_dim: int,
     spline_scaler [out, in]. Under tracing, those two registered ops; eagerly, one autograd node running the
     same implementations (refused under torch.func transforms)."""
     if use_registered_op(x):
+        w_out, b_out = coefficient_major(w_out, b_out, spline_order)
         table = ukan_range_table(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out)
         return ukan_range_spline(x, group_lo, table, base_weight.t(), spline_scaler.t(), grid_delta, spline_order,
                                  use_base)

@@ -6,6 +6,7 @@ import warp as wp
 
 from .._common import lane_group_width, on_stream, vec4_aligned
 from .._runtime import launch, workspace_for
+from .._runtime import row_chunks as runtime_row_chunks
 from . import tiled as tiled_pass
 from .dense import dense_dim, dense_kernels
 from .family import EdgeFamily
@@ -51,13 +52,9 @@ def launch_forward(family: EdgeFamily, frame, x, base_weight_t, scaler_t, coef, 
 
 
 def row_chunks(n_rows: int, n_in: int, n_out: int) -> tuple[int, int]:
-    """(n_chunks, rows_per_chunk) for the row reductions: a function of the shapes alone, so that the
-    summation order, and so the result, is the same on every run."""
-    pairs = max(n_in * n_out, 1)
-    n_chunks = max(1, min(-(-_TARGET_PARTIAL_THREADS // pairs), -(-n_rows // 32)))
-    rows_per_chunk = -(-n_rows // n_chunks)
-    n_chunks = -(-n_rows // rows_per_chunk)
-    return n_chunks, rows_per_chunk
+    """(n_chunks, rows_per_chunk) of the base-weight / scaler row reductions: one thread per (input, output)
+    a chunk, about 2^19 threads, at least 32 rows a chunk (a function of the shapes alone: deterministic)."""
+    return runtime_row_chunks(n_rows, n_in * n_out, _TARGET_PARTIAL_THREADS, 32)
 
 
 def _tiled_backward_plan(family, tiled, x, coef, all_params, deterministic, want_dx) -> bool:

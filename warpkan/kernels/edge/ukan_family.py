@@ -1,0 +1,148 @@
+"""The UKAN edge family: a uniform B-spline on the unbounded grid of knot spacing ``h``, read through each
+feature's window of its generated coefficient table (the dense-range path of :mod:`warpkan.kernels.ukan`).
+
+x falls in cell ``c = floor(x / h)``, group ``g = floor(c / K)``, offset ``r = c - g K`` (K = k + 1). The CG-MLP
+generated the coefficients of the groups ``group_lo[i] - 1 ..`` of feature i; coefficient ``t`` of the table
+row of feature i is that of group ``group_lo[i] - 1 + t // K``. The cell's K coefficients are the window
+``[C_{g-1}; C_g][r : r + K]``, i.e. the table coefficients ``(g - group_lo[i]) K + r + m``: the slot is
+``(g - group_lo[i]) K + r`` and ``first = 0``. A table of ``Rt`` groups serves ``g <= group_lo[i] + Rt - 2``. The bases are the uniform B-spline's
+(:func:`.bspline_family.uniform_basis_funcs`) with ``u = x / h - c``.
+
+Inputs with ``|x| / h`` beyond ``CELL_LIMIT`` are evaluated at that limit with a zero slope (``du_dx = 0``);
+NaN, and (defensively) a window outside the feature's table, are invalid: a zero spline term.
+"""
+
+import functools
+
+import warp as wp
+
+from .._common import SCALARS
+from .bspline_family import MAX_SPLINE_ORDER, uniform_basis_funcs
+from .family import EdgeFamily
+
+__all__ = ["CELL_LIMIT", "ukan_family", "ukan_frame_of", "ukan_locate_func"]
+
+CELL_LIMIT = float(2**39)  # |x / h| is clamped here: |g| < 2^39, so keys and g - 1 fit comfortably in int64
+
+
+@functools.lru_cache(maxsize=None)
+def ukan_frame(scalar_name: str):
+    """The runtime parameters of a UKAN range table: each feature's lowest touched group, h, and the groups
+    the table holds per feature."""
+
+    @wp.struct
+    class UKANFrame:
+        group_lo: wp.array(dtype=wp.int64)
+        h: wp.float64
+        n_groups: int  # Rt: the table holds C_{lo-1} .. C_{lo+Rt-2} of each feature
+
+    return UKANFrame
+
+
+@functools.lru_cache(maxsize=None)
+def ukan_locate_func(order: int, scalar_name: str):
+    """``@wp.func (x, h) -> (valid, g, r, u, sloped)``: the group, offset and local coordinate of x on the
+    unbounded grid (float64 arithmetic); sloped is 0 for inputs clamped to the cell limit."""
+    scalar = SCALARS[scalar_name]
+    K = order + 1
+    limit = wp.float64(CELL_LIMIT)
+    # separate constants per type: converting the int constant K inside a function (wp.int64(K)) retypes it
+    # for the rest of the function in Warp 1.19
+    K64 = wp.int64(K)
+    KF = wp.float64(K)
+    zero = scalar(0.0)
+
+    @wp.func
+    def unbounded_cell(x: scalar, h: wp.float64):
+        s = wp.float64(x) / h
+        sloped = int(1)
+        if wp.isnan(s):
+            return int(0), wp.int64(0), int(0), zero, int(0)
+        if s > limit:
+            s = limit
+            sloped = 0
+        if s < -limit:
+            s = -limit
+            sloped = 0
+        cf = wp.floor(s)
+        u = scalar(s - cf)
+        c = wp.int64(cf)
+        g = wp.int64(wp.floor(cf / KF))  # exact: |c| <= 2^39 and c / K is >= 1/K from an integer
+        r = int(c - g * K64)
+        if r < 0:  # guards only; the float division above already rounds correctly
+            r = r + K
+            g = g - wp.int64(1)
+        if r >= K:
+            r = r - K
+            g = g + wp.int64(1)
+        return int(1), g, r, u, sloped
+
+    return unbounded_cell
+
+
+def _ukan_family(order: int, scalar_name: str) -> EdgeFamily:
+    scalar = SCALARS[scalar_name]
+    K = order + 1
+    K64 = wp.int64(K)
+    Frame = ukan_frame(scalar_name)
+    unbounded_cell = ukan_locate_func(order, scalar_name)
+    powers_basis, powers_basis_du, powers_basis_du2 = uniform_basis_funcs(order, scalar_name)
+    zero = scalar(0.0)
+
+    @wp.func
+    def locate(frame: Frame, i: int, x: scalar):
+        valid, g, r, u, sloped = unbounded_cell(x, frame.h)
+        slot = int(0)
+        if valid:
+            # the window of group g reads C_{g-1} and C_g: both in the table while g <= lo + Rt - 2
+            offset = g - frame.group_lo[i]
+            if offset < wp.int64(0) or offset > wp.int64(frame.n_groups - 2):
+                valid = 0
+            else:
+                slot = int(offset) * K + r
+        du_dx = wp.where(sloped == 1, scalar(wp.float64(1.0) / frame.h), zero)
+        return valid, slot, wp.where(valid == 1, u, zero), du_dx, zero
+
+    @wp.func
+    def basis(frame: Frame, i: int, slot: int, u: scalar):
+        return powers_basis(u)
+
+    @wp.func
+    def basis_du(frame: Frame, i: int, slot: int, u: scalar):
+        return powers_basis_du(u)
+
+    @wp.func
+    def basis_du2(frame: Frame, i: int, slot: int, u: scalar):
+        return powers_basis_du2(u)
+
+    return EdgeFamily(f"ukan_range_k{order}_{scalar_name}", scalar_name, K, 0, Frame, locate, basis, basis_du,
+                      basis_du2)
+
+
+@functools.lru_cache(maxsize=None)
+def ukan_family(order: int, scalar_name: str = "float32") -> EdgeFamily:
+    """The UKAN edge family of one (order, scalar type)."""
+    if not 1 <= order <= MAX_SPLINE_ORDER:
+        raise ValueError(f"spline_order must be in [1, {MAX_SPLINE_ORDER}], got {order}")
+    if scalar_name not in SCALARS:
+        raise TypeError(f"scalar type must be one of {sorted(SCALARS)}, got {scalar_name}")
+    return _ukan_family(order, scalar_name)
+
+
+def ukan_frame_of(group_lo: "wp.array", h: float, n_groups: int, scalar_name: str):
+    """The frame value of a range table of ``n_groups`` groups per feature, ``group_lo - 1 ..``."""
+    frame = ukan_frame(scalar_name)()
+    frame.group_lo = group_lo
+    frame.h = float(h)
+    frame.n_groups = int(n_groups)
+    return frame
+
+
+def _register() -> None:
+    from . import registry
+
+    registry.register("ukan", ukan_family, [dict(order=order, scalar_name=scalar)
+                                            for order in range(1, MAX_SPLINE_ORDER + 1) for scalar in SCALARS])
+
+
+_register()
