@@ -56,10 +56,10 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from ..kernels import bspline as kb
 from ..kernels.edge import tiled as edge_tiled
+from .edge_driver import edge_backward, edge_forward
 from ..kernels._common import IO_SCALAR_NAMES
-from ._common import (TRANSPOSED, WP_DTYPES, RecordedLaunches, TorchWorkspace, autocast_dtype, check_tensor,
-                      eager_function, first_order_backward, matmul_precision, on_rows, op_or_eager, to_warp,
-                      warp_stream)
+from ._common import (TRANSPOSED, WP_DTYPES, RecordedLaunches, autocast_dtype, check_tensor,
+                      eager_function, first_order_backward, matmul_precision, on_rows, op_or_eager)
 
 __all__ = ["bspline_kan", "bspline_forward", "bspline_backward", "choose_strategy", "resolve_precision",
            "STRATEGIES", "PRECISIONS", "PRECISION_UNIT_ROUNDOFF"]
@@ -130,21 +130,6 @@ def _resolve(strategy: str, x: Tensor, coef: Tensor, spline_order: int) -> str:
     if strategy == "auto":
         return choose_strategy(x.shape[0], x.shape[1], coef.shape[2], coef.shape[1], _tiled(x, coef, spline_order))
     return strategy
-
-
-# Adapters with the tensors first, for RecordedLaunches (the scratch is allocated by the op, so a replay
-# re-points every array argument at the call's tensors).
-def _tiled_forward(x, grid, base_weight_t, scaler_t, coef, coef_pad, y, spline_order, uniform, use_base, record=False):
-    return edge_tiled.launch_tiled_forward(kb.family_of(spline_order, uniform, x), kb.frame_of(grid), x, base_weight_t,
-                                           scaler_t, coef, None, y, use_base, coef_pad=coef_pad, record=record)
-
-
-def _tiled_backward(dy, x, grid, base_weight_t, scaler_t, coef, coef_pad, dx, d_base, d_scaler, d_coef, partial_coef,
-                    partial_params, spline_order, uniform, use_base, deterministic, record=False):
-    return edge_tiled.launch_tiled_backward(kb.family_of(spline_order, uniform, x), kb.frame_of(grid), dy, x,
-                                            base_weight_t, scaler_t, coef, use_base, dx=dx, d_base_weight_t=d_base, d_scaler_t=d_scaler, d_coef=d_coef,
-                                     deterministic=deterministic, coef_pad=coef_pad, partial_coef=partial_coef,
-                                     partial_params=partial_params, overwrite=True, record=record)
 
 
 # Recorded Warp launches (see RecordedLaunches): re-pointed at each call's tensors, replayed on torch's stream.
@@ -273,18 +258,12 @@ def _forward_impl(
         precision = resolve_precision(precision, x.dtype, x.device)
         return _gemm_forward(x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, precision)
     base_weight_t, scaler_t, coef = (t.contiguous() for t in (base_weight_t, scaler_t, coef))
-    y = x.new_empty((x.shape[0], coef.shape[2]))
-    family = kb.family_of(spline_order, uniform, _io_scalar(x))
-    if (edge_tiled.forward_plan(family, x.is_cuda, coef.shape[1])
-            and x.shape[0] and x.shape[1] and coef.shape[2]):
-        coef_pad = x.new_empty(edge_tiled.coef_pad_shape(family, coef.shape))
-        _launch(_tiled_forward, (x, grid, base_weight_t, scaler_t, coef, coef_pad, y), spline_order, uniform, use_base)
-        return y
-    kb.launch_forward(
-        to_warp(x), to_warp(grid), to_warp(base_weight_t), to_warp(scaler_t), to_warp(coef), to_warp(y),
-        spline_order, uniform, use_base, stream=warp_stream(x.device), workspace=TorchWorkspace(x.device),
-    )
-    return y
+    return edge_forward(kb.family_of(spline_order, uniform, _io_scalar(x)), _bspline_frame, (grid,), (), x,
+                        base_weight_t, scaler_t, coef, use_base)
+
+
+def _bspline_frame(grid):
+    return kb.frame_of(grid)
 
 
 bspline_forward = torch.library.custom_op("warpkan::bspline_forward", _forward_impl, mutates_args=())
@@ -336,36 +315,8 @@ def _strided_like(grad: Tensor, like: Tensor) -> Tensor:
 def _stencil_backward(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, deterministic,
                       need_x, need_params):
     """The stencil strategy's gradients, on contiguous arguments (contiguous gradients)."""
-    n_rows, n_in, n_coef, n_out = x.shape[0], x.shape[1], coef.shape[1], coef.shape[2]
-    family = kb.family_of(spline_order, uniform, _io_scalar(x))
-    plan = edge_tiled.backward_plan(family, x.is_cuda, n_coef)
-    if (plan is not None and edge_tiled.backward_takes(n_out, need_params, deterministic, need_x, plan.banded)
-            and n_rows and n_in and n_out):
-        # the tiled pass sets the gradients (its first launch zeroes what it adds into): no fill launches
-        dx, d_base, d_scaler, d_coef = _grad_buffers(x, base_weight_t, scaler_t, coef, need_x, need_params)
-        coef_pad = x.new_empty(edge_tiled.coef_pad_shape(family, coef.shape))
-        partial_coef = partial_params = None
-        if deterministic:
-            coef_shape, params_shape = edge_tiled.partial_shapes(n_rows, n_in, n_coef, n_out)
-            partial_coef, partial_params = x.new_empty(coef_shape), x.new_empty(params_shape)
-        _launch(_tiled_backward, (dy, x, grid, base_weight_t, scaler_t, coef, coef_pad, dx if need_x else None, d_base,
-                                  d_scaler, d_coef, partial_coef, partial_params),
-                spline_order, uniform, use_base, deterministic)
-        return dx, d_base, d_scaler, d_coef
-    dx, d_base, d_scaler, d_coef = _grad_buffers(x, base_weight_t, scaler_t, coef, need_x, need_params, zero=True)
-    stream = warp_stream(x.device)
-    kb.launch_backward(
-        to_warp(dy), to_warp(x), to_warp(grid), to_warp(base_weight_t), to_warp(scaler_t), to_warp(coef),
-        spline_order, uniform, use_base,
-        dx=to_warp(dx) if need_x else None,
-        d_base_weight_t=to_warp(d_base) if need_params else None,
-        d_scaler_t=to_warp(d_scaler) if need_params else None,
-        d_coef=to_warp(d_coef) if need_params else None,
-        deterministic=deterministic,
-        stream=stream,
-        workspace=TorchWorkspace(x.device),
-    )
-    return dx, d_base, d_scaler, d_coef
+    return edge_backward(kb.family_of(spline_order, uniform, _io_scalar(x)), _bspline_frame, (grid,), (), dy, x,
+                         base_weight_t, scaler_t, coef, use_base, deterministic, need_x, need_params)
 
 
 def _grad_buffers(x, base_weight_t, scaler_t, coef, need_x, need_params, zero=False):
