@@ -215,7 +215,8 @@ def like(layer, in_features: int, out_features: int, **changes):
     elif isinstance(layer, UKANLinear):
         config = dict(spline_order=layer.spline_order, grid_delta=layer.grid_delta, pe_dim=layer.pe_dim,
                       embed_dim=layer.embed_dim, hidden_dim=layer.hidden_dim,
-                      base_activation=copy.deepcopy(layer.base_activation), table_groups=layer.table_groups)
+                      base_activation=copy.deepcopy(layer.base_activation), table_groups=layer.table_groups,
+                      deterministic=layer.deterministic)
     elif isinstance(layer, GRKANLinear):
         rational = layer.rational
         config = dict(num_groups=rational.num_groups, order=rational.order, variant=rational.variant,

@@ -41,7 +41,7 @@ class UKANLinear(Float32Or64Module):
     ``[C_{g-1}; C_g][r : r + K]`` with ``r = c mod K``.
 
     The CG-MLP runs only on a table of (feature, group) rows, never per sample. Two paths compute the spline
-    (the same map; on both, run-to-run bitwise reproducible: no floating-point atomics):
+    (the same map):
 
     - **dense range**: per feature, every group from its lowest touched one - 1 on (a B-spline on that
       contiguous piece of the unbounded grid), on the edge engine's kernels as KANLinear's stencil strategy
@@ -63,7 +63,9 @@ class UKANLinear(Float32Or64Module):
       uses about R + 1), and the elements of the pairs past it get a zero spline term. Like off-grid inputs
       of a bounded KAN; :meth:`table_overflow` tells (it reads a count back, so call it off the hot path).
     Inputs with |x| / h beyond 2^39 are evaluated at that limit (finite, zero spline slope); NaN gives a
-    zero spline term. Gradients are bitwise reproducible (stable sort, no floating-point atomics).
+    zero spline term. Gradients of the sparse path are bitwise reproducible (stable sort, no floating-point
+    atomics); the dense-range path's backward adds by atomics on CUDA, as KANLinear's, unless
+    ``deterministic=True`` (then fixed-order sums: bitwise reproducible run to run).
 
     ``base_weight`` and ``spline_scaler`` [out, in] are stored contiguously (every torch optimiser and utility
     takes them: LBFGS, ``parameters_to_vector``, FSDP2) and copied into the kernels' [in, out] layout once a
@@ -87,6 +89,8 @@ class UKANLinear(Float32Or64Module):
         hidden_dim: the CG-MLP's hidden width (a positive int).
         base_activation: the base path's activation (above): ``"silu"`` (fused), an ``nn.Module`` class or
             instance (run in torch), or None for no base path.
+        deterministic: bitwise-reproducible gradients on every path (the dense-range backward then takes the
+            engine's atomic-free kernels, as ``KANLinear(deterministic=True)``).
         table_groups: None for the exact, data-sized table (one integer read back per forward), or a
             positive int R for the fixed-size table (nothing read back; see above).
         contiguous_parameters: store the parameters contiguously in their public shapes (the default; every
@@ -107,6 +111,7 @@ class UKANLinear(Float32Or64Module):
         base_activation="silu",
         table_groups: int | None = None,
         contiguous_parameters: bool = True,
+        deterministic: bool = False,
         device=None,
         dtype=None,
     ):
@@ -121,6 +126,7 @@ class UKANLinear(Float32Or64Module):
         self.grid_delta = grid_delta
         self.pe_dim, self.embed_dim, self.hidden_dim = pe_dim, embed_dim, hidden_dim
         self.table_groups = table_groups
+        self.deterministic = bool(deterministic)
         self.base_activation = base_activation_module(base_activation, device, dtype)
         K = spline_order + 1
         factory = {"device": device, "dtype": dtype}
@@ -210,7 +216,8 @@ class UKANLinear(Float32Or64Module):
         self._last_range_span = span
         return range_layer(x2, group_lo, rows_per_feature, self.pe_dim, self.feature_embedding, self.cg_hidden.weight,
                            self.cg_hidden.bias, self.cg_out.weight, self.cg_out.bias, self.base_weight,
-                           self.spline_scaler, self.grid_delta, self.spline_order, fuses_base(self.base_activation))
+                           self.spline_scaler, self.grid_delta, self.spline_order, fuses_base(self.base_activation),
+                           self.deterministic)
 
     @torch.no_grad()
     def table_overflow(self, x: torch.Tensor | None = None) -> int:
@@ -370,5 +377,5 @@ class UKANLinear(Float32Or64Module):
             f"in_features={self.in_features}, out_features={self.out_features}, spline_order={self.spline_order}, "
             f"grid_delta={self.grid_delta}, pe_dim={self.pe_dim}, embed_dim={self.embed_dim}, "
             f"hidden_dim={self.hidden_dim}, base={base_repr(self.base_activation)}, "
-            f"table_groups={self.table_groups}"
+            f"table_groups={self.table_groups}" + (", deterministic=True" if self.deterministic else "")
         )

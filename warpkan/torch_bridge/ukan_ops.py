@@ -443,26 +443,27 @@ def ukan_range_spline(
     grid_delta: float,
     spline_order: int,
     use_base: bool,
+    deterministic: bool = False,
 ) -> Tensor:
     """y [N, out] from x [N, in] on a dense per-feature table: ``table`` [in * Rt, K * out] is the CG-MLP
     output for the groups group_lo[i] - 1 .. group_lo[i] + Rt - 2 of every feature i, in (m, o) column
     order, and must cover every group x touches (``group_range``). The edge engine's forward on it (the UKAN
-    family; the SiLU base path fused)."""
+    family; the SiLU base path fused). ``deterministic`` selects the backward's atomic-free kernels."""
     return _range_forward_impl(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base)
 
 
 @ukan_range_spline.register_fake
-def _(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base):
+def _(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base, deterministic=False):
     return x.new_empty((x.shape[0], scaler_t.shape[1]))
 
 
 def _range_backward_impl(dy, x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base,
-                         need_x, need_params):
+                         deterministic, need_x, need_params):
     dy, x, group_lo, table, base_weight_t, scaler_t = (
         t.contiguous() for t in (dy, x, group_lo, table, base_weight_t, scaler_t))
     family, make_frame, frame_tensors, frame_config, coef = _range_args(x, group_lo, table, grid_delta, spline_order)
     dx, d_base, d_scaler, d_coef = edge_backward(family, make_frame, frame_tensors, frame_config, dy, x, base_weight_t,
-                                                 scaler_t, coef, use_base, False, need_x, need_params)
+                                                 scaler_t, coef, use_base, deterministic, need_x, need_params)
     return dx, d_base, d_scaler, d_coef.view(table.shape) if need_params else d_coef
 
 
@@ -477,24 +478,26 @@ def ukan_range_spline_backward(
     grid_delta: float,
     spline_order: int,
     use_base: bool,
+    deterministic: bool,
     need_x: bool,
     need_params: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dx, d_base_weight_t, d_scaler_t, d_table) of :func:`ukan_range_spline`; the ones not asked for come
-    back empty. The bases are expanded again chunk by chunk (nothing O(N * in * W) was kept)."""
+    back empty (the edge engine's backward: atomic-free with ``deterministic``)."""
     return _range_backward_impl(dy, x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base,
-                                need_x, need_params)
+                                deterministic, need_x, need_params)
 
 
 @ukan_range_spline_backward.register_fake
-def _(dy, x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base, need_x, need_params):
+def _(dy, x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base, deterministic, need_x,
+      need_params):
     return _grad_buffers(x, base_weight_t, table, need_x, need_params, torch.empty)
 
 
 def _range_setup_context(ctx, inputs, output):
-    x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base = inputs
+    x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base, deterministic = inputs
     ctx.save_for_backward(x, group_lo, table, base_weight_t, scaler_t)
-    ctx.config = (grid_delta, spline_order, use_base)
+    ctx.config = (grid_delta, spline_order, use_base, deterministic)
 
 
 def _range_backward_with(backward):
@@ -502,7 +505,7 @@ def _range_backward_with(backward):
         need_x = ctx.needs_input_grad[0]
         need_params = any(ctx.needs_input_grad[2:5])
         if not (need_x or need_params):
-            return (None,) * 8
+            return (None,) * 9
         grads = backward(dy.contiguous(), *ctx.saved_tensors, *ctx.config, need_x, need_params)
         return _range_input_grads(ctx, *grads, need_x, need_params)
 
@@ -517,7 +520,7 @@ def _range_input_grads(ctx, dx, d_base, d_scaler, d_table, need_x, need_params):
         d_table if need_params and ctx.needs_input_grad[2] else None,
         d_base if need_params and use_base and ctx.needs_input_grad[3] else None,
         d_scaler if need_params and ctx.needs_input_grad[4] else None,
-        None, None, None,
+        None, None, None, None,
     )
 
 
@@ -540,7 +543,7 @@ class _EagerRangeLayer(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
-                base_weight, spline_scaler, grid_delta, spline_order, use_base):
+                base_weight, spline_scaler, grid_delta, spline_order, use_base, deterministic):
         # [out, in] parameters: their [in, out] operands made here, not as autograd nodes of their own (a view
         # of kernel-layout storage, or one copy of a contiguous parameter, for the forward and the backward)
         base_weight_t, scaler_t = base_weight.t().contiguous(), spline_scaler.t().contiguous()
@@ -549,7 +552,7 @@ class _EagerRangeLayer(torch.autograd.Function):
                                          b_out, keep_rows=True)
         y = _range_forward_impl(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base)
         ctx.save_for_backward(x, group_lo, table, base_weight_t, scaler_t, embedding, w_hidden, b_hidden, w_out)
-        ctx.config = (pe_dim, grid_delta, spline_order, use_base)
+        ctx.config = (pe_dim, grid_delta, spline_order, use_base, deterministic)
         ctx.rows = rows
         return y
 
@@ -562,18 +565,18 @@ class _EagerRangeLayer(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         x, group_lo, table, base_weight_t, scaler_t, embedding, w_hidden, b_hidden, w_out = ctx.saved_tensors
-        pe_dim, grid_delta, spline_order, use_base = ctx.config
+        pe_dim, grid_delta, spline_order, use_base, deterministic = ctx.config
         need = ctx.needs_input_grad
         need_mlp = any(need[4:9])
         need_x, need_params = need[0], need_mlp or need[9] or need[10]
         # a second backward of a retained graph recomputes the rows
         rows, ctx.rows = ctx.rows, None
-        grads = [None] * 14
+        grads = [None] * 15
         if not (need_x or need_params):
             return tuple(grads)
         dx, d_base, d_scaler, d_table = _range_backward_impl(dy, x, group_lo, table, base_weight_t, scaler_t,
-                                                             grid_delta, spline_order, use_base, need_x,
-                                                             need_params)
+                                                             grid_delta, spline_order, use_base, deterministic,
+                                                             need_x, need_params)
         if need_x:
             grads[0] = dx
         if need[9] and use_base:
@@ -592,7 +595,8 @@ class _EagerRangeLayer(torch.autograd.Function):
 
 def range_layer(x: Tensor, group_lo: Tensor, rows_per_feature: int, pe_dim: int, embedding: Tensor,
                 w_hidden: Tensor, b_hidden: Tensor, w_out: Tensor, b_out: Tensor, base_weight: Tensor,
-                spline_scaler: Tensor, grid_delta: float, spline_order: int, use_base: bool) -> Tensor:
+                spline_scaler: Tensor, grid_delta: float, spline_order: int, use_base: bool,
+                deterministic: bool = False) -> Tensor:
     """y [N, out] of the dense-range path: the CG-MLP table on each feature's rows_per_feature groups from
     group_lo - 1 (:func:`ukan_range_table`), then the spline on it (:func:`ukan_range_spline`); base_weight and
     spline_scaler [out, in]. Under tracing, those two registered ops; eagerly, one autograd node running the
@@ -601,10 +605,10 @@ def range_layer(x: Tensor, group_lo: Tensor, rows_per_feature: int, pe_dim: int,
         w_out, b_out = coefficient_major(w_out, b_out, spline_order)
         table = ukan_range_table(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out)
         return ukan_range_spline(x, group_lo, table, base_weight.t(), spline_scaler.t(), grid_delta, spline_order,
-                                 use_base)
+                                 use_base, deterministic)
     refuse_transforms(RANGE_LAYER_LABEL)
     return _EagerRangeLayer.apply(x, group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
-                                  base_weight, spline_scaler, grid_delta, spline_order, use_base)
+                                  base_weight, spline_scaler, grid_delta, spline_order, use_base, deterministic)
 
 
 def positional_encoding(group: Tensor, pe_dim: int, dtype: torch.dtype) -> Tensor:
