@@ -42,6 +42,7 @@ class EdgeFamily:
     basis: object  # @wp.func (frame, i, slot, u) -> vec
     basis_du: object  # @wp.func (frame, i, slot, u) -> (vec, vec)
     basis_du2: object  # @wp.func (frame, i, slot, u) -> (vec, vec, vec)
+    single_slot: bool = False  # one slot per input (all of its coefficients in one window: polynomial bases)
 
     @property
     def scalar(self):
@@ -53,7 +54,10 @@ class EdgeFamily:
 
     def n_slots(self, n_coef: int) -> int:
         """Slots of a table of ``n_coef`` coefficients per input: the slot s reaches the coefficients
-        s + first .. s + first + K - 1, and every coefficient is reached by some slot."""
+        s + first .. s + first + K - 1, and every coefficient is reached by some slot (one slot when the
+        family evaluates every coefficient of an input at once)."""
+        if self.single_slot:
+            return 1
         return n_coef - 2 * self.first + 1 - self.n_bases
 
     def padded_rows(self, n_coef: int) -> int:

@@ -83,7 +83,7 @@ def layer_modules(family: EdgeFamily, n_coef: int, is_cuda: bool, basis_dtype: "
 
 
 def _load_builtin() -> None:
-    from . import bspline_family, ukan_family  # noqa: F401  (they register themselves)
+    from . import bspline_family, poly_family, ukan_family  # noqa: F401  (they register themselves)
 
 
 def load(names, device) -> None:

@@ -102,20 +102,36 @@ class TiledKernels:
     combine: wp.Kernel
 
 
-def tiled_capacity(family: EdgeFamily, n_coef: int) -> int | None:
-    """The smallest table capacity holding the padded table (B-spline: G + 3k rows), or None when it is too
-    long for one table."""
+def table_fits(family: EdgeFamily, capacity: int, backward: bool) -> bool:
+    """Whether a whole-table pass's static shared memory fits a block at this capacity (see _FORWARD_STEP and
+    _BACKWARD_OP): the forward's two row buffers and the records of its FORWARD_WARPS warps; the backward's
+    coefficient rows, one accumulation table, record row and base sum a warp. The records grow with K."""
+    scalar = family.scalar_name
+    size = 4 if scalar == "float32" else 8
+    if backward:
+        warps = CAPACITIES[scalar][capacity]
+        record = _record_width(2 * family.n_bases + 3, scalar)
+        used = (1 + warps) * capacity * LANES * size + warps * LANES * (record + 1) * size
+    else:
+        record = _record_width(family.n_bases + 2, scalar)
+        used = 2 * capacity * LANES * size + FORWARD_WARPS * LANES * record * size
+    return used + _WARP_STATIC_SMEM <= _STATIC_SMEM_LIMIT
+
+
+def tiled_capacity(family: EdgeFamily, n_coef: int, backward: bool = False) -> int | None:
+    """The smallest table capacity holding the padded table (B-spline: G + 3k rows) whose pass fits shared
+    memory, or None when there is none."""
     need = family.padded_rows(n_coef)
     for cap in sorted(CAPACITIES.get(family.scalar_name, {})):
-        if need <= cap:
+        if need <= cap and table_fits(family, cap, backward):
             return cap
     return None
 
 
-def tiled_applies(family: EdgeFamily, is_cuda: bool, n_coef: int) -> bool:
+def tiled_applies(family: EdgeFamily, is_cuda: bool, n_coef: int, backward: bool = False) -> bool:
     """Whether the tiled kernels can run a layer on one table: a CUDA device and the padded table within
-    :data:`CAPACITIES`."""
-    return is_cuda and tiled_capacity(family, n_coef) is not None
+    :data:`CAPACITIES` (and shared memory)."""
+    return is_cuda and tiled_capacity(family, n_coef, backward) is not None
 
 
 @dataclass(frozen=True)
@@ -144,11 +160,13 @@ def banded_backward_fits(family: EdgeFamily, capacity: int) -> bool:
     return used + _WARP_STATIC_SMEM <= _STATIC_SMEM_LIMIT
 
 
-def _plan(family: EdgeFamily, banded_capacities: dict, is_cuda: bool, n_coef: int,
+def _plan(family: EdgeFamily, banded_capacities: dict, is_cuda: bool, n_coef: int, backward: bool,
           fits=lambda family, capacity: True) -> TablePlan | None:
     n_slots = family.n_slots(n_coef)
-    if tiled_applies(family, is_cuda, n_coef):
-        return TablePlan(tiled_capacity(family, n_coef), 1, n_slots)
+    if tiled_applies(family, is_cuda, n_coef, backward):
+        return TablePlan(tiled_capacity(family, n_coef, backward), 1, n_slots)
+    if family.single_slot:  # one slot: no band can split it
+        return None
     for capacity, most_bands in banded_capacities.get(family.scalar_name, ()) if is_cuda else ():
         if not fits(family, capacity):
             continue
@@ -164,14 +182,15 @@ def _plan(family: EdgeFamily, banded_capacities: dict, is_cuda: bool, n_coef: in
 def forward_plan(family: EdgeFamily, is_cuda: bool, n_coef: int) -> TablePlan | None:
     """How the tiled forward pass runs a layer: on one table when :func:`tiled_applies`, else (float32) on
     bands of :data:`FORWARD_BANDED_CAPACITIES`; None when neither serves (the per-thread kernel does)."""
-    return _plan(family, FORWARD_BANDED_CAPACITIES, is_cuda, n_coef)
+    return _plan(family, FORWARD_BANDED_CAPACITIES, is_cuda, n_coef, False,
+                 lambda family, capacity: table_fits(family, capacity, False))
 
 
 def backward_plan(family: EdgeFamily, is_cuda: bool, n_coef: int) -> TablePlan | None:
     """How the tiled backward pass runs a layer: on one table when :func:`tiled_applies`, else (float32) on
     bands of one of the tables of :data:`BANDED_CAPACITIES`, a band holding capacity - K + 1 slots; None when
     neither serves (the bucketed kernels do)."""
-    return _plan(family, BANDED_CAPACITIES, is_cuda, n_coef, banded_backward_fits)
+    return _plan(family, BANDED_CAPACITIES, is_cuda, n_coef, True, banded_backward_fits)
 
 
 def backward_takes(n_out: int, all_params: bool, deterministic: bool, want_dx: bool, banded: bool = False) -> bool:
