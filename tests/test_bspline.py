@@ -376,7 +376,7 @@ def test_tiled_refusals_cuda():
 
 def test_gemm_strategy_chunks_rows(device, monkeypatch):
     """Rows are processed in chunks of the dense basis; results do not depend on the chunking."""
-    from warpkan.torch_bridge import bspline_ops
+    from warpkan.torch_bridge import edge_driver
 
     order, n_in, n_out, grid_size = 2, 5, 4, 6
     tdev = _torch_device(device)
@@ -385,7 +385,7 @@ def test_gemm_strategy_chunks_rows(device, monkeypatch):
     params = _params(n_out, n_in, grid_size + order, device=tdev)
     dy = torch.randn(103, n_out, dtype=torch.float64).to(tdev)
     whole = _fwd_bwd(lambda x, *p: bspline_kan(x, grid, *p, order, True, strategy="gemm"), x, params, dy)
-    monkeypatch.setattr(bspline_ops, "GEMM_CHUNK_BYTES", 8 * n_in * (grid_size + order) * 10)  # 10 rows
+    monkeypatch.setattr(edge_driver, "GEMM_CHUNK_BYTES", 8 * n_in * (grid_size + order) * 10)  # 10 rows
     chunked = _fwd_bwd(lambda x, *p: bspline_kan(x, grid, *p, order, True, strategy="gemm"), x, params, dy)
     torch.testing.assert_close(chunked[0], whole[0], **TOL64)
     for a, b in zip(chunked[1], whole[1]):

@@ -3,42 +3,18 @@
 The ops take the kernel layout (see that module); :func:`bspline_kan` takes efficient-kan's layout and
 (..., in) inputs, and is what ``KANLinear`` calls.
 
-Two strategies compute the same map:
+Two strategies compute the same map, as for every edge family (:mod:`warpkan.torch_bridge.edge_driver`, which
+has their description, the ``precision`` rule of the gemm strategy and its error bound):
 
-- ``stencil``: Warp kernels that evaluate each edge's k + 1 bases locally; cost independent of G. On CUDA,
-  for grids within their shared-memory capacity (G + 3k <= 96 rows in float32), the warp-tiled kernels of
+- ``stencil``: the edge engine's kernels evaluate each edge's k + 1 bases locally; cost independent of G. On
+  CUDA, for grids within their shared-memory capacity (G + 3k <= 96 rows in float32), the warp-tiled kernels of
   ``warpkan.kernels.edge.tiled``; float32 grids up to a few times longer run them on bands of cells (the
   forward up to G + 2k <= 282 cells at k = 3, the backward up to 2310: ``forward_plan``, ``backward_plan``);
-  else the per-thread kernels of ``warpkan.kernels.bspline``.
-- ``gemm`` (dense basis): a Warp kernel writes the transposed dense basis of a chunk of rows,
-  ``A^T`` [width, rows] with width = in (silu rows of the base path) + in (G + k), and cuBLAS (through
-  torch) does the contractions with the combined weight ``W = [base_weight_t; coef * scaler_t]``:
-  ``y = A W``, ``dW = A^T dy``, ``dA^T = W dy^T``; a Warp kernel folds ``dA`` into dx and another splits
-  ``dW`` into the three parameter gradients. Rows go in chunks of at most ``GEMM_CHUNK_BYTES`` of basis
-  (and basis gradient): no O(N in G) tensor exists, and none is kept for the backward pass.
+  else the per-thread kernels of ``warpkan.kernels.edge.stencil``.
+- ``gemm`` (dense basis): the engine writes the transposed dense basis of a chunk of rows and cuBLAS does the
+  contractions with the combined weight ``W = [base_weight_t; coef * scaler_t]``.
 
-``precision`` (the gemm strategy's contractions; the stencil kernels always compute in the I/O dtype, and
-float64 layers always take "fp32", i.e. their own dtype):
-
-- ``"fp32"``: full-precision cuBLAS (TF32 off for these GEMMs whatever torch's setting).
-- ``"tf32"``: TF32 tensor cores (operands rounded to a 10-bit mantissa inside cuBLAS, fp32 accumulation).
-- ``"bf16"``: the basis is written as bfloat16 by the expansion kernel, the combined weight and ``dy`` are
-  cast once per call, bf16 tensor cores multiply with fp32 accumulation; results and gradients are fp32.
-- ``"auto"`` (resolved by :func:`resolve_precision`): bf16 under bf16 autocast, else torch's own rule for
-  float32 matmuls, ``torch.get_float32_matmul_precision()``: "highest" -> fp32, "high" -> tf32,
-  "medium" -> bf16 (as nn.Linear under the same setting).
-
-Error bound of a contraction C = A B of length K (A the basis, B the weight or dy), elementwise, with u the
-unit roundoff of the operands' rounding (u = 2^-24 fp32; 2^-10 tf32, whose conversion inside cuBLAS may
-truncate; 2^-8 bf16, rounded to nearest; :data:`PRECISION_UNIT_ROUNDOFF`):
-
-    |C_computed - C| <= (2 u + K 2^-24) (|A| |B|)
-
-(each operand is off by at most u relative, their product by 2u + u^2; the fp32 sum of K terms errs by at
-most K 2^-24 of the sum of magnitudes), plus u |C| under bf16, whose GEMMs round their results to bf16 once
-(as under autocast; the basis gradient stays bf16, halving its traffic). So (3 u + K 2^-24) (|A| |B|) holds
-for every precision. The input gradient adds the fp32 contraction with dB/dx on top.
-``tests/test_bspline.py`` checks y and every gradient against the float64 reference with this bound.
+``tests/test_bspline.py`` checks y and every gradient against the float64 reference with the gemm error bound.
 
 Host overhead. Each Warp launch is recorded once per (shapes, dtypes) signature and replayed, re-pointed at
 the call's tensors by one ctypes store per tensor (no Warp view, no argument packing); gradient buffers are
@@ -56,21 +32,15 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from ..kernels import bspline as kb
 from ..kernels.edge import tiled as edge_tiled
-from .edge_driver import edge_backward, edge_forward
+from .edge_driver import (PRECISION_UNIT_ROUNDOFF, PRECISIONS, STRATEGIES, check_precision, edge_backward,
+                          edge_forward, gemm_backward, gemm_forward, resolve_precision)
 from ..kernels._common import IO_SCALAR_NAMES
 from ._common import (TRANSPOSED, WP_DTYPES, RecordedLaunches, autocast_dtype, check_tensor,
-                      eager_function, first_order_backward, matmul_precision, on_rows, op_or_eager)
+                      eager_function, first_order_backward, on_rows, op_or_eager)
 
 __all__ = ["bspline_kan", "bspline_forward", "bspline_backward", "choose_strategy", "resolve_precision",
            "STRATEGIES", "PRECISIONS", "PRECISION_UNIT_ROUNDOFF"]
 
-STRATEGIES = ("auto", "stencil", "gemm")
-PRECISIONS = ("auto", "fp32", "tf32", "bf16")
-# Relative rounding of each GEMM operand under each precision (see the module docstring's error bound).
-PRECISION_UNIT_ROUNDOFF = {"fp32": 2.0**-24, "tf32": 2.0**-10, "bf16": 2.0**-8}
-# Scratch for one chunk of the dense basis (and its gradient) in the "gemm" strategy: rows are processed in
-# chunks so that no O(N * in * G) tensor exists, and none is kept for the backward pass.
-GEMM_CHUNK_BYTES = 128 * 2**20
 # Up to this many coefficients per input the dense basis (zeros included) is cheaper to multiply on cuBLAS
 # than to gather per edge with the per-thread stencil kernels (the CPU, and grids past the tiled kernels'
 # capacity); beyond it the stencil kernels, whose cost does not grow with G, win. Measured on an H200 with
@@ -83,7 +53,6 @@ GEMM_MAX_COEFFICIENTS = 48
 # vs 8.5; 512->512 G=5 18.6 vs 2.9; (128, 40->256, G=5) 0.23 vs 0.05 (the tiled grid is too small to fill
 # the GPU).
 TILED_GEMM_MAX_COEFFICIENTS = 16
-_FLOAT32_MATMUL_RULE = {"highest": "fp32", "high": "tf32", "medium": "bf16"}
 
 
 def choose_strategy(n_rows: int, n_in: int, n_out: int, n_coef: int, tiled_stencil: bool = False) -> str:
@@ -91,26 +60,6 @@ def choose_strategy(n_rows: int, n_in: int, n_out: int, n_coef: int, tiled_stenc
     (see :func:`warpkan.kernels.bspline.tiled_applies`)."""
     limit = TILED_GEMM_MAX_COEFFICIENTS if tiled_stencil else GEMM_MAX_COEFFICIENTS
     return "gemm" if n_coef <= limit else "stencil"
-
-
-def check_precision(precision: str, dtype: torch.dtype) -> None:
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    if dtype == torch.float64 and precision in ("tf32", "bf16"):
-        raise ValueError(f"precision={precision!r} needs float32 x and parameters, got float64")
-
-
-def resolve_precision(precision: str, dtype: torch.dtype, device: torch.device) -> str:
-    """The precision "auto" resolves to (see the module docstring): "bf16" under bf16 autocast, else torch's
-    float32 matmul rule; float64 always resolves to "fp32" (its own dtype)."""
-    check_precision(precision, dtype)
-    if dtype == torch.float64:
-        return "fp32"
-    if precision != "auto":
-        return precision
-    if autocast_dtype(device) == torch.bfloat16:
-        return "bf16"
-    return _FLOAT32_MATMUL_RULE[torch.get_float32_matmul_precision()]
 
 
 def _io_scalar(x: Tensor) -> str | None:
@@ -136,102 +85,15 @@ def _resolve(strategy: str, x: Tensor, coef: Tensor, spline_order: int) -> str:
 _launch = RecordedLaunches()
 
 
-def _mm(a: Tensor, b: Tensor, out: Tensor) -> None:
-    """out = a @ b. bfloat16 operands: a bf16 GEMM (tensor cores, float32 accumulation, the result rounded
-    to bf16 once, as under autocast; the same roundings in float32 arithmetic on the CPU), written into out
-    (float32 or bfloat16)."""
-    if a.dtype != torch.bfloat16:
-        torch.mm(a, b, out=out)
-    elif out.dtype == torch.bfloat16:
-        torch.mm(a, b, out=out) if a.is_cuda else out.copy_(torch.mm(a.float(), b.float()))
-    else:
-        out.copy_(torch.mm(a, b) if a.is_cuda else torch.mm(a.float(), b.float()).bfloat16())
-
-
-def _mm_add(c: Tensor, a: Tensor, b: Tensor) -> None:
-    """c += a @ b (see :func:`_mm`)."""
-    if a.dtype != torch.bfloat16:
-        c.addmm_(a, b)
-    else:
-        c.add_(torch.mm(a, b) if a.is_cuda else torch.mm(a.float(), b.float()).bfloat16())
-
-
-def _chunk_rows(n_rows: int, width: int, bytes_per_entry: int) -> int:
-    """Rows per chunk of the dense basis: at most GEMM_CHUNK_BYTES of scratch, a multiple of 64 rows (aligned
-    leading dimensions for the tensor-core GEMMs) when more than 64 fit."""
-    rows = max(1, GEMM_CHUNK_BYTES // max(1, width * bytes_per_entry))
-    if rows > 64:
-        rows -= rows % 64
-    return min(rows, max(n_rows, 1))
-
-
 def _gemm_forward(x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, precision):
-    n_rows, n_in = x.shape
-    n_coef, n_out = coef.shape[1], coef.shape[2]
-    width = kb.dense_width(n_in, n_coef, use_base)
-    y = x.new_empty((n_rows, n_out))
-    if n_rows == 0 or n_out == 0:
-        return y
-    if width == 0:
-        return y.zero_()
-    basis_dtype = torch.bfloat16 if precision == "bf16" else x.dtype
-    config = (spline_order, uniform, use_base)
-    weight = x.new_empty((width, n_out), dtype=basis_dtype)
-    _launch(kb.launch_combine_weights, (base_weight_t, scaler_t, coef, weight), *config)
-    chunk = _chunk_rows(n_rows, width, weight.element_size())
-    scratch = x.new_empty((chunk * width,), dtype=basis_dtype)
-    with matmul_precision(precision, x.device):
-        for start in range(0, n_rows, chunk):
-            stop = min(start + chunk, n_rows)
-            basis_t = scratch[: width * (stop - start)].view(width, stop - start)
-            _launch(kb.launch_expand_basis, (x[start:stop], grid, basis_t), *config)
-            _mm(basis_t.t(), weight, out=y[start:stop])
-    return y
+    return gemm_forward(kb.family_of(spline_order, uniform, _io_scalar(x)), _bspline_frame, (grid,), (), x,
+                        base_weight_t, scaler_t, coef, use_base, precision)
 
 
 def _gemm_backward(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, need_x,
                    need_params, precision):
-    n_rows, n_in = x.shape
-    n_coef, n_out = coef.shape[1], coef.shape[2]
-    width = kb.dense_width(n_in, n_coef, use_base)
-    # the parameter gradients in the parameters' own strides: the split kernel writes them in place
-    dx, d_base, d_scaler, d_coef = _grad_buffers(x, base_weight_t, scaler_t, coef, need_x, need_params)
-    if n_rows == 0 or width == 0 or n_out == 0:
-        for grad in (dx, d_base, d_scaler, d_coef):
-            grad.zero_()
-        return dx, d_base, d_scaler, d_coef
-    bf16 = precision == "bf16"
-    basis_dtype = torch.bfloat16 if bf16 else x.dtype
-    config = (spline_order, uniform, use_base)
-    dy_mm = dy.to(basis_dtype)
-    weight = None
-    if need_x:
-        weight = x.new_empty((width, n_out), dtype=basis_dtype)
-        _launch(kb.launch_combine_weights, (base_weight_t, scaler_t, coef, weight), *config)
-    d_weight = x.new_empty((width, n_out)) if need_params else None
-    # the basis gradient (in the basis dtype) reuses the basis's scratch: in stream order the d_weight GEMM
-    # has read the basis before the dA GEMM overwrites it
-    chunk = _chunk_rows(n_rows, width, 2 if bf16 else x.element_size())
-    scratch = x.new_empty((chunk * width,), dtype=basis_dtype)
-    with matmul_precision(precision, x.device):
-        for start in range(0, n_rows, chunk):
-            stop = min(start + chunk, n_rows)
-            rows = stop - start
-            x_part = x[start:stop]
-            if need_params:
-                basis_t = scratch[: width * rows].view(width, rows)
-                _launch(kb.launch_expand_basis, (x_part, grid, basis_t), *config)
-                if start == 0:
-                    _mm(basis_t, dy_mm[start:stop], out=d_weight)
-                else:
-                    _mm_add(d_weight, basis_t, dy_mm[start:stop])
-            if need_x:
-                d_basis_t = scratch[: width * rows].view(width, rows)
-                _mm(weight, dy_mm[start:stop].t(), out=d_basis_t)
-                _launch(kb.launch_contract_basis_grad, (x_part, grid, d_basis_t, dx[start:stop]), *config)
-    if need_params:
-        _launch(kb.launch_split_param_grads, (d_weight, scaler_t, coef, d_base, d_scaler, d_coef), *config)
-    return dx, d_base, d_scaler, d_coef
+    return gemm_backward(kb.family_of(spline_order, uniform, _io_scalar(x)), _bspline_frame, (grid,), (), dy, x,
+                         base_weight_t, scaler_t, coef, use_base, precision, need_x, need_params)
 
 
 def _forward_impl(

@@ -1,9 +1,40 @@
-"""The torch side of the edge engine, for every edge family: the engine's forward and backward on torch tensors.
+"""The torch side of the edge engine, for every edge family (B-spline, UKAN, polynomial): the two strategies
+on torch tensors, and the one precision rule of their GEMMs.
 
 A family's op hands over its family, a frame maker and the tensors the frame holds; this module picks the
-kernels (the warp-tiled ones where a table plan applies on CUDA, recorded once per signature and replayed;
-the per-thread ones elsewhere, on torch's stream with scratch from torch's allocator) and allocates the
-outputs. Every tensor argument must be contiguous.
+kernels and allocates the outputs. Every tensor argument must be contiguous.
+
+- ``stencil`` (:func:`edge_forward`, :func:`edge_backward`): the engine's kernels evaluate each edge's K
+  bases locally; the warp-tiled ones where a table plan applies on CUDA (recorded once per signature and
+  replayed), the per-thread ones elsewhere (on torch's stream, scratch from torch's allocator).
+- ``gemm`` (:func:`gemm_forward`, :func:`gemm_backward`): the engine writes the transposed dense basis of a
+  chunk of rows, ``A^T`` [width, rows] with width = in (silu rows of a fused base path) + in n_coef, and cuBLAS
+  (through torch) does the contractions with the combined weight ``W = [base_weight_t; coef * scaler_t]`` (the
+  coefficients themselves for an unscaled family): ``y = A W (+ bias)``, ``dW = A^T dy``, ``dA^T = W dy^T``; the
+  engine folds ``dA`` into dx and splits ``dW`` into the parameter gradients. Rows go in chunks of at most
+  ``GEMM_CHUNK_BYTES`` of basis: no O(N in n_coef) tensor exists, and none is kept for the backward pass.
+
+``precision`` (the gemm strategy's contractions; the stencil kernels always compute in the I/O dtype, and
+float64 layers always take "fp32", i.e. their own dtype):
+
+- ``"fp32"``: full-precision cuBLAS (TF32 off for these GEMMs whatever torch's setting).
+- ``"tf32"``: TF32 tensor cores (operands rounded to a 10-bit mantissa inside cuBLAS, fp32 accumulation).
+- ``"bf16"``: the basis is written as bfloat16 by the expansion kernel, the weight and ``dy`` are cast once per
+  call, bf16 tensor cores multiply with fp32 accumulation; results and gradients are fp32.
+- ``"auto"`` (resolved by :func:`resolve_precision`): bf16 under bf16 autocast, else torch's own rule for
+  float32 matmuls, ``torch.get_float32_matmul_precision()``: "highest" -> fp32, "high" -> tf32,
+  "medium" -> bf16 (as nn.Linear under the same setting).
+
+Error bound of a contraction C = A B of length K (A the basis, B the weight or dy), elementwise, with u the
+unit roundoff of the operands' rounding (u = 2^-24 fp32; 2^-10 tf32, whose conversion inside cuBLAS may
+truncate; 2^-8 bf16, rounded to nearest; :data:`PRECISION_UNIT_ROUNDOFF`):
+
+    |C_computed - C| <= (2 u + K 2^-24) (|A| |B|)
+
+(each operand is off by at most u relative, their product by 2u + u^2; the fp32 sum of K terms errs by at
+most K 2^-24 of the sum of magnitudes), plus u |C| under bf16, whose GEMMs round their results to bf16 once
+(as under autocast; the basis gradient stays bf16, halving its traffic). So (3 u + K 2^-24) (|A| |B|) holds
+for every precision. The input gradient adds the fp32 contraction with dB/dx on top.
 """
 
 import torch
@@ -11,9 +42,45 @@ from torch import Tensor
 
 from ..kernels.edge import launch as edge
 from ..kernels.edge import tiled as edge_tiled
-from ._common import RecordedLaunches, TorchWorkspace, to_warp, warp_stream
+from ..kernels.edge.dense import dense_width
+from ._common import RecordedLaunches, TorchWorkspace, autocast_dtype, matmul_precision, to_warp, warp_stream
 
-__all__ = ["edge_forward", "edge_backward"]
+__all__ = ["STRATEGIES", "PRECISIONS", "PRECISION_UNIT_ROUNDOFF", "check_strategy", "check_precision",
+           "resolve_precision", "edge_forward", "edge_backward", "gemm_forward", "gemm_backward"]
+
+STRATEGIES = ("auto", "stencil", "gemm")
+PRECISIONS = ("auto", "fp32", "tf32", "bf16")
+# Relative rounding of each GEMM operand under each precision (see the module docstring's error bound).
+PRECISION_UNIT_ROUNDOFF = {"fp32": 2.0**-24, "tf32": 2.0**-10, "bf16": 2.0**-8}
+# Scratch for one chunk of the dense basis (and its gradient) in the "gemm" strategy.
+GEMM_CHUNK_BYTES = 128 * 2**20
+_FLOAT32_MATMUL_RULE = {"highest": "fp32", "high": "tf32", "medium": "bf16"}
+
+
+def check_strategy(strategy: str) -> str:
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    return strategy
+
+
+def check_precision(precision: str, dtype: torch.dtype) -> None:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if dtype == torch.float64 and precision in ("tf32", "bf16"):
+        raise ValueError(f"precision={precision!r} needs float32 x and parameters, got float64")
+
+
+def resolve_precision(precision: str, dtype: torch.dtype, device: torch.device) -> str:
+    """The precision "auto" resolves to (see the module docstring): "bf16" under bf16 autocast, else torch's
+    float32 matmul rule; float64 always resolves to "fp32" (its own dtype)."""
+    check_precision(precision, dtype)
+    if dtype == torch.float64:
+        return "fp32"
+    if precision != "auto":
+        return precision
+    if autocast_dtype(device) == torch.bfloat16:
+        return "bf16"
+    return _FLOAT32_MATMUL_RULE[torch.get_float32_matmul_precision()]
 
 _launch = RecordedLaunches()
 
@@ -107,4 +174,151 @@ def edge_backward(family, make_frame, frame_tensors: tuple, frame_config: tuple,
                          d_scaler_t=to_warp(d_scaler) if need_params else None,
                          d_coef=to_warp(d_coef) if need_params else None, deterministic=deterministic,
                          stream=warp_stream(x.device), workspace=TorchWorkspace(x.device), tiled=False)
+    return dx, d_base, d_scaler, d_coef
+
+
+# ---------------------------------------------------------------------------------------------- gemm strategy
+def _mm(a: Tensor, b: Tensor, out: Tensor) -> None:
+    """out = a @ b. bfloat16 operands: a bf16 GEMM (tensor cores, float32 accumulation, the result rounded
+    to bf16 once, as under autocast; the same roundings in float32 arithmetic on the CPU), written into out
+    (float32 or bfloat16)."""
+    if a.dtype != torch.bfloat16:
+        torch.mm(a, b, out=out)
+    elif out.dtype == torch.bfloat16:
+        torch.mm(a, b, out=out) if a.is_cuda else out.copy_(torch.mm(a.float(), b.float()))
+    else:
+        out.copy_(torch.mm(a, b) if a.is_cuda else torch.mm(a.float(), b.float()).bfloat16())
+
+
+def _mm_add(c: Tensor, a: Tensor, b: Tensor) -> None:
+    """c += a @ b (see :func:`_mm`)."""
+    if a.dtype != torch.bfloat16:
+        c.addmm_(a, b)
+    else:
+        c.add_(torch.mm(a, b) if a.is_cuda else torch.mm(a.float(), b.float()).bfloat16())
+
+
+def _chunk_rows(n_rows: int, width: int, bytes_per_entry: int) -> int:
+    """Rows per chunk of the dense basis: at most GEMM_CHUNK_BYTES of scratch, a multiple of 64 rows (aligned
+    leading dimensions for the tensor-core GEMMs) when more than 64 fit."""
+    rows = max(1, GEMM_CHUNK_BYTES // max(1, width * bytes_per_entry))
+    if rows > 64:
+        rows -= rows % 64
+    return min(rows, max(n_rows, 1))
+
+
+def _expand(x, *rest, family, make_frame, n_frame, frame_config, n_coef, use_base, record=False):
+    frame_views, (basis_t,) = rest[:n_frame], rest[n_frame:]
+    return edge.launch_expand_basis(family, make_frame(*frame_views, *frame_config), x, n_coef, basis_t, use_base,
+                                    record=record)
+
+
+def _contract(x, *rest, family, make_frame, n_frame, frame_config, n_coef, use_base, record=False):
+    frame_views, (d_basis_t, dx) = rest[:n_frame], rest[n_frame:]
+    return edge.launch_contract_basis_grad(family, make_frame(*frame_views, *frame_config), x, n_coef, d_basis_t, dx,
+                                           use_base, record=record)
+
+
+def _combine(base_weight_t, scaler_t, coef, weight, family, use_base, record=False):
+    return edge.launch_combine_weights(family, base_weight_t, scaler_t, coef, weight, use_base, record=record)
+
+
+def _split(d_weight, scaler_t, coef, d_base, d_scaler, d_coef, family, use_base, record=False):
+    return edge.launch_split_param_grads(family, d_weight, scaler_t, coef, d_base, d_scaler, d_coef, use_base,
+                                         record=record)
+
+
+_EXPAND, _CONTRACT, _COMBINE, _SPLIT = (_recorded(f) for f in (_expand, _contract, _combine, _split))
+
+
+def _frame_config(family, make_frame, frame_tensors, frame_config, n_coef, use_base) -> tuple:
+    return (("family", family), ("make_frame", make_frame), ("n_frame", len(frame_tensors)),
+            ("frame_config", frame_config), ("n_coef", n_coef), ("use_base", use_base))
+
+
+def _gemm_weight(family, base_weight_t, scaler_t, coef, use_base, basis_dtype) -> Tensor:
+    """W [width, out] in the basis dtype: [base_weight_t; coef * scaler_t] by one kernel (scaled families), or
+    the coefficients [in n_coef, out] themselves (a view, or one conversion; scaler_t None)."""
+    if scaler_t is None:
+        weight = coef.reshape(-1, coef.shape[2])
+        return weight if weight.dtype == basis_dtype else weight.to(basis_dtype)
+    width = dense_width(coef.shape[0], coef.shape[1], use_base)
+    weight = coef.new_empty((width, coef.shape[2]), dtype=basis_dtype)
+    _launch(_COMBINE, (base_weight_t, scaler_t, coef, weight), (("family", family), ("use_base", use_base)))
+    return weight
+
+
+def gemm_forward(family, make_frame, frame_tensors: tuple, frame_config: tuple, x: Tensor, base_weight_t, scaler_t,
+                 coef: Tensor, use_base: bool, precision: str, bias: "Tensor | None" = None) -> Tensor:
+    """y [N, out] by the gemm strategy; ``precision`` resolved (not "auto"). ``scaler_t`` None: an unscaled
+    family without a base path (the polynomial one), whose weight is the coefficient table itself."""
+    n_rows, n_in = x.shape
+    n_coef, n_out = coef.shape[1], coef.shape[2]
+    width = dense_width(n_in, n_coef, use_base)
+    y = x.new_empty((n_rows, n_out))
+    if n_rows == 0 or n_out == 0:
+        return y
+    if width == 0:
+        return y.copy_(bias.expand(n_rows, n_out)) if bias is not None else y.zero_()
+    basis_dtype = torch.bfloat16 if precision == "bf16" else x.dtype
+    weight = _gemm_weight(family, base_weight_t, scaler_t, coef, use_base, basis_dtype)
+    chunk = _chunk_rows(n_rows, width, weight.element_size())
+    scratch = x.new_empty((chunk * width,), dtype=basis_dtype)
+    config = _frame_config(family, make_frame, frame_tensors, frame_config, n_coef, use_base)
+    with matmul_precision(precision, x.device):
+        for start in range(0, n_rows, chunk):
+            stop = min(start + chunk, n_rows)
+            basis_t = scratch[: width * (stop - start)].view(width, stop - start)
+            _launch(_EXPAND, (x[start:stop], *frame_tensors, basis_t), config)
+            if bias is not None and basis_dtype == x.dtype:
+                torch.addmm(bias, basis_t.t(), weight, out=y[start:stop])
+            else:
+                _mm(basis_t.t(), weight, out=y[start:stop])
+    return y.add_(bias) if bias is not None and basis_dtype != x.dtype else y
+
+
+def gemm_backward(family, make_frame, frame_tensors: tuple, frame_config: tuple, dy: Tensor, x: Tensor, base_weight_t,
+                  scaler_t, coef: Tensor, use_base: bool, precision: str, need_x: bool, need_params: bool) -> tuple:
+    """(dx, d_base_weight_t, d_scaler_t, d_coef) of :func:`gemm_forward`, each written by its last op (no
+    zero fills); those not asked for (and, unscaled, the base and scaler ones) come back empty."""
+    n_rows, n_in = x.shape
+    n_coef, n_out = coef.shape[1], coef.shape[2]
+    width = dense_width(n_in, n_coef, use_base)
+    scaled = scaler_t is not None
+    empty = x.new_empty((0,))
+    dx = torch.empty_like(x) if need_x else empty
+    d_coef = torch.empty_like(coef) if need_params else empty
+    d_base = torch.empty_like(base_weight_t) if need_params and scaled else empty
+    d_scaler = torch.empty_like(scaler_t) if need_params and scaled else empty
+    if n_rows == 0 or width == 0 or n_out == 0:
+        for grad in (dx, d_base, d_scaler, d_coef):
+            grad.zero_()
+        return dx, d_base, d_scaler, d_coef
+    bf16 = precision == "bf16"
+    basis_dtype = torch.bfloat16 if bf16 else x.dtype
+    dy_mm = dy.to(basis_dtype)
+    weight = _gemm_weight(family, base_weight_t, scaler_t, coef, use_base, basis_dtype) if need_x else None
+    # unscaled, the weight's gradient is the coefficients' (in their layout): written in place
+    d_weight = (x.new_empty((width, n_out)) if scaled else d_coef.view(width, n_out)) if need_params else None
+    # the basis gradient reuses the basis's scratch: in stream order the d_weight GEMM has read the basis before
+    # the dA GEMM overwrites it
+    chunk = _chunk_rows(n_rows, width, 2 if bf16 else x.element_size())
+    scratch = x.new_empty((chunk * width,), dtype=basis_dtype)
+    config = _frame_config(family, make_frame, frame_tensors, frame_config, n_coef, use_base)
+    with matmul_precision(precision, x.device):
+        for start in range(0, n_rows, chunk):
+            stop = min(start + chunk, n_rows)
+            part = scratch[: width * (stop - start)].view(width, stop - start)
+            if need_params:
+                _launch(_EXPAND, (x[start:stop], *frame_tensors, part), config)
+                if start == 0:
+                    _mm(part, dy_mm[start:stop], out=d_weight)
+                else:
+                    _mm_add(d_weight, part, dy_mm[start:stop])
+            if need_x:
+                _mm(weight, dy_mm[start:stop].t(), out=part)
+                _launch(_CONTRACT, (x[start:stop], *frame_tensors, part, dx[start:stop]), config)
+    if need_params and scaled:
+        _launch(_SPLIT, (d_weight, scaler_t, coef, d_base, d_scaler, d_coef), (("family", family),
+                                                                                ("use_base", use_base)))
     return dx, d_base, d_scaler, d_coef
