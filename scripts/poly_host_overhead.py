@@ -139,7 +139,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=2000)
     parser.add_argument("--mode", default="lut", choices=("lut", "exact"))
-    parser.add_argument("--strategy", default="fused", choices=("fused", "gemm", "auto"))
+    parser.add_argument("--strategy", default="stencil", choices=("stencil", "gemm", "auto"))
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"mode={args.mode} strategy={args.strategy} warp {wp.__version__} torch {torch.__version__} (CPU, kernels skipped)")

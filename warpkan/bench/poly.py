@@ -47,15 +47,15 @@ class _TorchPolyLayer(nn.Module):
         return torch.einsum("bid,iod->bo", b, self.cheby_coeffs)
 
 
-def _warp_layer(n_in, n_out, degree, mode, basis="chebyshev", strategy="auto", precision="fp32"):
+def _warp_layer(n_in, n_out, degree, mode, basis="chebyshev", strategy="auto", precision="auto"):
     from ..torch_bridge import PolyKANLinear
 
     return PolyKANLinear(n_in, n_out, degree, basis=basis, mode=mode, strategy=strategy, precision=precision)
 
 
 LAYER_IMPLS = {
-    "warpkan lut fused": lambda *a: _warp_layer(*a, "lut", strategy="fused"),
-    "warpkan exact fused": lambda *a: _warp_layer(*a, "exact", strategy="fused"),
+    "warpkan lut stencil": lambda *a: _warp_layer(*a, "lut", strategy="stencil"),
+    "warpkan exact stencil": lambda *a: _warp_layer(*a, "exact", strategy="stencil"),
     "warpkan lut gemm": lambda *a: _warp_layer(*a, "lut", strategy="gemm"),
     "warpkan exact gemm": lambda *a: _warp_layer(*a, "exact", strategy="gemm"),
     # explicit opt-ins to tensor cores (error bounds in warpkan.torch_bridge.poly_ops); not fp32 rows

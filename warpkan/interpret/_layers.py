@@ -207,11 +207,11 @@ def like(layer, in_features: int, out_features: int, **changes):
                       contiguous_parameters=_contiguous_parameters(layer), precision=layer.precision)
     elif isinstance(layer, ChebyKANLinear):
         config = dict(degree=layer.degree, mode=layer.mode, lut_size=layer.lut_size, bias=layer.bias is not None,
-                      strategy=layer.strategy, precision=layer.precision)
+                      strategy=layer.strategy, precision=layer.precision, deterministic=layer.deterministic)
     elif isinstance(layer, PolyKANLinear):
         config = dict(degree=layer.degree, basis=layer.basis, mode=layer.mode, lut_size=layer.lut_size,
                       bias=layer.bias is not None, alpha=layer.alpha, beta=layer.beta, strategy=layer.strategy,
-                      precision=layer.precision)
+                      precision=layer.precision, deterministic=layer.deterministic)
     elif isinstance(layer, UKANLinear):
         config = dict(spline_order=layer.spline_order, grid_delta=layer.grid_delta, pe_dim=layer.pe_dim,
                       embed_dim=layer.embed_dim, hidden_dim=layer.hidden_dim,

@@ -36,12 +36,12 @@ class PolyKANLinear(Float32Or64Module):
     A state dict of ChebyKAN's ``ChebyKANLayer`` (``cheby_coeffs``, ``arange``) loads through a load hook and,
     in exact mode, gives the same outputs (to rounding: ``cos(d acos t)`` and the recurrence differ there).
 
-    ``strategy``: ``"fused"`` (register-tiled Warp kernels, every gradient bitwise reproducible run to run:
-    fixed-order reductions, no atomics), ``"gemm"`` (a Warp kernel writes the dense basis and cuBLAS
+    ``strategy``: ``"stencil"`` (the edge engine's kernels: warp-tiled on CUDA where the degree fits, per-thread
+    elsewhere; their backward adds by atomics on CUDA), ``"gemm"`` (the engine writes the dense basis and cuBLAS
     contracts it: large batches) or ``"auto"`` (by FLOP count, ``warpkan.torch_bridge.poly_ops.choose_strategy``).
-    ``precision="tf32"`` or ``"bf16"`` lets the GEMM strategy use TF32 or bf16 tensor cores (float32 layers
-    only; explicit opt-ins with the error bounds documented in ``warpkan.torch_bridge.poly_ops``); the fused
-    kernels ignore it.
+    ``precision`` is the gemm strategy's, with KANLinear's rule (``warpkan.torch_bridge.edge_driver``): "auto"
+    follows bf16 autocast and torch's float32 matmul setting, "fp32", "tf32" and "bf16" force one (tf32 and bf16
+    for float32 layers only); the stencil kernels ignore it.
 
     dtypes: the layer computes in float32 or float64. Under bf16/fp16 autocast it computes in fp32 and returns
     the autocast dtype; ``.half()``, ``.bfloat16()`` and other conversions to a 16-bit dtype are refused with a
@@ -62,8 +62,10 @@ class PolyKANLinear(Float32Or64Module):
         alpha: the gegenbauer (> -1/2, != 0) and jacobi (> -1) parameter, a finite number; ignored by the
             other bases.
         beta: the jacobi parameter (> -1), a finite number; ignored by the other bases.
-        strategy: ``"fused"``, ``"gemm"`` or ``"auto"`` (above).
-        precision: ``"fp32"``, ``"tf32"`` or ``"bf16"``: the gemm strategy's contractions (above).
+        strategy: ``"stencil"``, ``"gemm"`` or ``"auto"`` (above).
+        precision: ``"auto"``, ``"fp32"``, ``"tf32"`` or ``"bf16"``: the gemm strategy's contractions (above).
+        deterministic: the stencil strategy's backward without atomics (bitwise reproducible run to run; the
+            gemm strategy's cuBLAS contractions are reproducible on one device already).
         contiguous_parameters: store the parameters contiguously in their public shapes (the default; every
             torch optimiser and utility takes them), or as views of the kernels' layout (False).
         device: the device of the parameters (torch's default when None).
@@ -82,7 +84,8 @@ class PolyKANLinear(Float32Or64Module):
         alpha: float = 1.0,
         beta: float = 1.0,
         strategy: str = "auto",
-        precision: str = "fp32",
+        precision: str = "auto",
+        deterministic: bool = False,
         contiguous_parameters: bool = True,
         device=None,
         dtype=None,
@@ -96,7 +99,7 @@ class PolyKANLinear(Float32Or64Module):
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         dtype = layer_dtype(dtype)
-        self.strategy, self.precision = strategy, precision
+        self.strategy, self.precision, self.deterministic = strategy, precision, bool(deterministic)
         self.in_features, self.out_features, self.degree = in_features, out_features, degree
         self.basis, self.mode, self.lut_size = basis, mode, lut_size
         self.alpha, self.beta = alpha, beta
@@ -135,7 +138,7 @@ class PolyKANLinear(Float32Or64Module):
         lut_size = self.lut_size if self.mode == "lut" else 0
         return on_rows(x, self.in_features, lambda x2: poly_apply(
             x2, self.coeffs, self.bias, self.basis, lut_size, self.alpha, self.beta, self.strategy, self.precision,
-            layer_layout=True))
+            self.deterministic, layer_layout=True))
 
     def extra_repr(self) -> str:
         extra = f", alpha={self.alpha}" if kp.BASES[self.basis].uses_alpha else ""
@@ -143,7 +146,8 @@ class PolyKANLinear(Float32Or64Module):
         lut = f", lut_size={self.lut_size}" if self.mode == "lut" else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, degree={self.degree}, "
                 f"basis={self.basis!r}{extra}, mode={self.mode!r}{lut}, bias={self.bias is not None}, "
-                f"strategy={self.strategy!r}" + (f", precision={self.precision!r}" if self.precision != "fp32" else ""))
+                f"strategy={self.strategy!r}" + (f", precision={self.precision!r}" if self.precision != "auto" else "")
+                + (", deterministic=True" if self.deterministic else ""))
 
 
 class ChebyKANLinear(PolyKANLinear):
@@ -157,8 +161,9 @@ class ChebyKANLinear(PolyKANLinear):
         mode: ``"lut"`` (interpolated tables) or ``"exact"`` (the recurrence).
         lut_size: points of each table on [-1, 1] in ``"lut"`` mode, an int >= 2.
         bias: add a learned bias [out] (zero at initialisation).
-        strategy: ``"fused"``, ``"gemm"`` or ``"auto"`` (see :class:`PolyKANLinear`).
-        precision: ``"fp32"``, ``"tf32"`` or ``"bf16"`` (see :class:`PolyKANLinear`).
+        strategy: ``"stencil"``, ``"gemm"`` or ``"auto"`` (see :class:`PolyKANLinear`).
+        precision: ``"auto"``, ``"fp32"``, ``"tf32"`` or ``"bf16"`` (see :class:`PolyKANLinear`).
+        deterministic: bitwise-reproducible gradients (see :class:`PolyKANLinear`).
         contiguous_parameters: store the parameters contiguously in their public shapes (the default; every
             torch optimiser and utility takes them), or as views of the kernels' layout (False).
         device: the device of the parameters (torch's default when None).
@@ -167,9 +172,10 @@ class ChebyKANLinear(PolyKANLinear):
 
     def __init__(self, in_features: int, out_features: int, degree: int, mode: str = "lut",
                  lut_size: int = DEFAULT_LUT_SIZE, bias: bool = False, strategy: str = "auto",
-                 precision: str = "fp32", contiguous_parameters: bool = True, device=None, dtype=None):
+                 precision: str = "auto", deterministic: bool = False, contiguous_parameters: bool = True,
+                 device=None, dtype=None):
         super().__init__(in_features, out_features, degree, basis="chebyshev", mode=mode, lut_size=lut_size,
-                         bias=bias, strategy=strategy, precision=precision,
+                         bias=bias, strategy=strategy, precision=precision, deterministic=deterministic,
                          contiguous_parameters=contiguous_parameters, device=device, dtype=dtype)
 
 

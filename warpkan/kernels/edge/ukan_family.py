@@ -83,7 +83,6 @@ def ukan_locate_func(order: int, scalar_name: str):
 def _ukan_family(order: int, scalar_name: str) -> EdgeFamily:
     scalar = SCALARS[scalar_name]
     K = order + 1
-    K64 = wp.int64(K)
     Frame = ukan_frame(scalar_name)
     unbounded_cell = ukan_locate_func(order, scalar_name)
     powers_basis, powers_basis_du, powers_basis_du2 = uniform_basis_funcs(order, scalar_name)
