@@ -30,7 +30,7 @@ from ..kernels import bspline as kb
 from ..torch_bridge import GRKANLinear, KANLinear, PolyKANLinear, UKANLinear
 from ..torch_bridge._common import matmul_precision, to_warp, warp_stream
 from ..torch_bridge.kan_linear import fuses_base
-from ..torch_bridge.poly_ops import _expand as poly_expand
+from ..torch_bridge.poly_ops import dense_basis as poly_dense_basis
 from . import _layers
 
 __all__ = ["EdgeFunctions", "edge_functions"]
@@ -172,8 +172,7 @@ def _poly_edges(layer: PolyKANLinear, x: Tensor) -> Tensor:
     n_rows, n_in = x.shape
     n_basis = layer.degree + 1
     lut_size = layer.lut_size if layer.mode == "lut" else 0
-    dense = poly_expand(x, x.dtype, layer.basis, lut_size, layer.alpha, layer.beta, n_basis, False)
-    basis = dense.view(n_rows, n_in, n_basis).permute(1, 2, 0)  # [in, D + 1, n]
+    basis = poly_dense_basis(x, layer.basis, lut_size, layer.alpha, layer.beta, n_basis).view(n_in, n_basis, n_rows)
     coefficients = layer.coeffs.detach().permute(0, 2, 1)  # [in, D + 1, out]
     return _per_edge(basis, coefficients)
 

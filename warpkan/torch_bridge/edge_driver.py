@@ -46,7 +46,7 @@ from ..kernels.edge.dense import dense_width
 from ._common import RecordedLaunches, TorchWorkspace, autocast_dtype, matmul_precision, to_warp, warp_stream
 
 __all__ = ["STRATEGIES", "PRECISIONS", "PRECISION_UNIT_ROUNDOFF", "check_strategy", "check_precision",
-           "resolve_precision", "edge_forward", "edge_backward", "gemm_forward", "gemm_backward"]
+           "resolve_precision", "edge_forward", "edge_backward", "gemm_forward", "gemm_backward", "expand_basis"]
 
 STRATEGIES = ("auto", "stencil", "gemm")
 PRECISIONS = ("auto", "fp32", "tf32", "bf16")
@@ -246,6 +246,18 @@ def _gemm_weight(family, base_weight_t, scaler_t, coef, use_base, basis_dtype) -
     weight = coef.new_empty((width, coef.shape[2]), dtype=basis_dtype)
     _launch(_COMBINE, (base_weight_t, scaler_t, coef, weight), (("family", family), ("use_base", use_base)))
     return weight
+
+
+def expand_basis(family, make_frame, frame_tensors: tuple, frame_config: tuple, x: Tensor, n_coef: int,
+                 use_base: bool = False) -> Tensor:
+    """The transposed dense basis [width, N] of x [N, in] in x's dtype (see :mod:`.dense` of the engine): what
+    the gemm strategy contracts, for callers that inspect the bases themselves."""
+    x = x.contiguous()
+    basis_t = x.new_empty((dense_width(x.shape[1], n_coef, use_base), x.shape[0]))
+    if basis_t.numel():
+        _launch(_EXPAND, (x, *frame_tensors, basis_t),
+                _frame_config(family, make_frame, frame_tensors, frame_config, n_coef, use_base))
+    return basis_t
 
 
 def gemm_forward(family, make_frame, frame_tensors: tuple, frame_config: tuple, x: Tensor, base_weight_t, scaler_t,

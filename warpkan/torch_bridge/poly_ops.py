@@ -33,7 +33,7 @@ from .. import _checks
 from ..kernels import poly as kp
 from ._common import (check_tensor, eager_function, first_order_backward, on_rows, op_or_eager, warp_device)
 from .edge_driver import (PRECISIONS, STRATEGIES, check_precision, check_strategy, edge_backward, edge_forward,
-                          gemm_backward, gemm_forward, resolve_precision)
+                          expand_basis, gemm_backward, gemm_forward, resolve_precision)
 
 __all__ = ["poly_kan", "poly_forward", "poly_backward", "choose_strategy", "BF16_ERROR_BOUND", "STRATEGIES",
            "PRECISIONS"]
@@ -105,7 +105,15 @@ def _unit_scaler(x: Tensor, n_in: int, n_out: int) -> Tensor:
 
 def _engine_args(x, coeffs, basis, lut_size, alpha, beta) -> tuple:
     """(family, frame maker, frame tensors, frame config) of the layer on the edge engine."""
-    n_basis = coeffs.shape[1]
+    return _engine_args_of(x, coeffs.shape[1], basis, lut_size, alpha, beta)
+
+
+def dense_basis(x: Tensor, basis: str, lut_size: int, alpha: float, beta: float, n_basis: int) -> Tensor:
+    """[in (D + 1), N]: P_d(tanh x[:, i]) in row i (D + 1) + d, by the engine's dense-basis kernel."""
+    return expand_basis(*_engine_args_of(x, n_basis, basis, lut_size, alpha, beta), x, n_basis)
+
+
+def _engine_args_of(x, n_basis, basis, lut_size, alpha, beta) -> tuple:
     family = kp.family_of(n_basis, basis, lut_size > 0, _scalar(x))
     if lut_size:
         return family, _lut_frame, _tables(x, basis, n_basis, lut_size, alpha, beta), (family, n_basis)
