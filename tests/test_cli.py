@@ -22,24 +22,27 @@ def test_precompile_cpu(capsys):
 
 
 def test_precompile_lists_every_tiled_module():
-    """The CUDA precompile covers the warp-tiled kernels the launchers pick: each whole-table capacity's
-    forward and backward, and the banded forward and backward tables (checked without a GPU: the list)."""
+    """The CUDA precompile covers the warp-tiled kernels the launchers pick: for every table size, the modules
+    the table plans of the forward and backward passes launch (whole tables and bands) are among those the
+    registry lists, and a pass whose shared memory does not fit is neither planned nor listed (checked without
+    a GPU: the lists)."""
     from warpkan.kernels.bspline import family_of
     from warpkan.kernels.edge import registry
     from warpkan.kernels.edge import tiled as kbt
+    from warpkan.kernels.edge.poly_family import poly_family
 
-    family = family_of(3, True, "float32")
-    names = kbt.tiled_modules(family)
-    launched = {kbt.tiled_kernels(family, cap).forward.module.name for cap in kbt.CAPACITIES["float32"]}
-    launched |= {kbt.tiled_kernels(family, cap).backward.module.name for cap in kbt.CAPACITIES["float32"]}
-    launched |= {kbt._forward_kernel(family, cap, True).module.name
-                 for cap, _ in kbt.FORWARD_BANDED_CAPACITIES["float32"]}
-    launched |= {kbt._backward_kernel(family, cap, True).module.name
-                 for cap, _ in kbt.BANDED_CAPACITIES["float32"]}
-    assert len(set(names)) == len(names) and set(names) == launched
-    assert set(names) <= set(registry.family_modules(family, is_cuda=True))
+    for family in (family_of(3, True, "float32"), family_of(5, True, "float32"), family_of(2, False, "float64"),
+                   poly_family("chebyshev", 12, "float64"), poly_family("lut", 32, "float32")):
+        names = kbt.tiled_modules(family)
+        assert len(set(names)) == len(names)
+        assert set(names) <= set(registry.family_modules(family, is_cuda=True))
+        for n_coef in (1, 4, 12, 40, 67, 90, 150, 259, 400, 2000):
+            assert set(kbt.planned_modules(family, n_coef)) <= set(names), (family.key, n_coef)
     # k = 5: the 80-row banded backward does not fit shared memory, so it is not built
     assert not any(name.endswith("c80_bwd_banded") for name in kbt.tiled_modules(family_of(5, True, "float32")))
+    # float64, 12 bases: the 48-row forward does not fit (2 x 48 x 32 x 8 + 8 x 32 x 14 x 8 bytes), the backward does
+    poly = kbt.tiled_modules(poly_family("chebyshev", 12, "float64"))
+    assert not any(name.endswith("_tiled_c48") for name in poly) and any(name.endswith("_tiled_c48_bwd") for name in poly)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the warp-tiled kernels are CUDA-only")

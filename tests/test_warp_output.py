@@ -40,7 +40,7 @@ def test_layers_are_quiet_by_default(child_env, code):
 def test_warpkan_verbose_shows_warps_output(child_env, code):
     out, err = _run(["-c", code], child_env(WARPKAN_VERBOSE="1"))
     assert BANNER in out
-    assert "Module warpkan_bspline_k3_uniform_float32" in out and " took " in out
+    assert "Module warpkan_edge_bspline_uniform_k3_float32" in out and " took " in out
     if not wp.is_cuda_available():  # Warp's native library says so on a machine without a driver
         assert NO_DRIVER in err
 
@@ -54,7 +54,7 @@ def test_a_programs_own_log_level_is_kept(child_env):
 def test_command_line_is_quiet_unless_verbose(child_env):
     command = ["-m", "warpkan.cli", "precompile", "--device", "cpu", "--orders", "3", "--uniform-only"]
     out, err = _run(command, child_env(WARPKAN_VERBOSE=None))
-    assert "warpkan_bspline_k3_uniform_float32 " in out  # the command's own lines
+    assert "warpkan_edge_bspline_uniform_k3_float32 " in out  # the command's own lines
     assert BANNER not in out and "Module " not in out and err == "", out + err
     out, err = _run(command + ["--verbose"], child_env(WARPKAN_VERBOSE=None))
-    assert BANNER in out and "Module warpkan_bspline_k3_uniform_float32" in out
+    assert BANNER in out and "Module warpkan_edge_bspline_uniform_k3_float32" in out

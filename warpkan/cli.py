@@ -118,7 +118,7 @@ def cmd_precompile(args) -> int:
         for name in names:
             for family in registry.families(name):
                 key = registry.key_of(family)
-                if key.get("order", orders[0]) not in orders or key.get("scalar_name") not in args.dtype:
+                if not registry.key_matches(key, orders) or key.get("scalar_name") not in args.dtype:
                     continue
                 if args.uniform_only and key.get("uniform") is False:
                     continue

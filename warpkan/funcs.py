@@ -38,6 +38,7 @@ Float64 versions (``scalar=wp.float64``) exist for checking derivatives by finit
 """
 
 import functools
+import math
 from types import SimpleNamespace
 
 import warp as wp
@@ -48,6 +49,7 @@ from .kernels import bspline as _kb
 from .kernels import poly as _kp
 from .kernels import rational as _kr
 from .kernels.edge.bspline_family import uniform_basis_funcs
+from .kernels.edge.poly_family import THREE_TERM
 
 start_warp()
 
@@ -180,7 +182,7 @@ def poly_funcs(basis: str = "chebyshev", degree: int = 3, scalar=wp.float32, alp
     _check_scalar(scalar)
     if degree + 1 > wp.config.max_unroll:
         raise ValueError(f"degree must be at most {wp.config.max_unroll - 1} (unrolled loops keep Warp's adjoint exact), got {degree}")
-    start, advance, value, grad = _kp.BASES[basis].make(scalar)
+    start, advance, value, grad = _recurrence_state(basis, scalar)
     D1 = degree + 1
     a_const = scalar(alpha)
     b_const = scalar(beta)
@@ -203,6 +205,83 @@ def poly_funcs(basis: str = "chebyshev", degree: int = 3, scalar=wp.float32, alp
 
     return SimpleNamespace(basis=basis, degree=degree, scalar=scalar, start=start, advance=advance, value=value,
                            grad=grad, series=series)
+
+
+# The polynomial bases as a stepped state of scalars and vec4 (state = (P_{d-1}, P_d, P'_{d-1}, P'_d)): Warp's
+# adjoint of these is plain code, which the tape-differentiable building blocks need; the engine's polynomial
+# families (warpkan.kernels.edge.poly_family) evaluate every degree at once and share the coefficients.
+def _three_term_state(make_coeffs):
+    """A basis with ``P_0 = 1`` and ``P_{d+1} = (A_d t + B_d) P_d - C_d P_{d-1}`` as a stepped state;
+    ``make_coeffs(scalar)`` returns a ``@wp.func (d, alpha, beta) -> (A_d, B_d, C_d)``."""
+
+    def make(scalar):
+        vec4 = wp.types.vector(length=4, dtype=scalar)
+        coeffs = make_coeffs(scalar)
+        zero = scalar(0.0)
+        one = scalar(1.0)
+
+        # state = (P_{d-1}, P_d, P'_{d-1}, P'_d)
+        @wp.func
+        def start(t: scalar, alpha: scalar, beta: scalar):
+            return vec4(zero, one, zero, zero)
+
+        @wp.func
+        def advance(d: int, t: scalar, s: vec4, alpha: scalar, beta: scalar):
+            a, b, c = coeffs(d, alpha, beta)
+            m = a * t + b
+            # derivative of the recurrence: P'_{d+1} = m P'_d + A_d P_d - C_d P'_{d-1}
+            return vec4(s[1], m * s[1] - c * s[0], s[3], m * s[3] + a * s[1] - c * s[2])
+
+        @wp.func
+        def value(d: int, s: vec4):
+            return s[1]
+
+        @wp.func
+        def grad(d: int, s: vec4):
+            return s[3]
+
+        return start, advance, value, grad
+
+    return make
+
+
+def _fourier_state(scalar):
+    vec4 = wp.types.vector(length=4, dtype=scalar)
+    pi = scalar(math.pi)
+
+    # state = (cos k pi t, sin k pi t, cos pi t, sin pi t) with k = (d + 1) // 2
+    @wp.func
+    def start(t: scalar, alpha: scalar, beta: scalar):
+        return vec4(scalar(1.0), scalar(0.0), wp.cos(pi * t), wp.sin(pi * t))
+
+    @wp.func
+    def advance(d: int, t: scalar, s: vec4, alpha: scalar, beta: scalar):
+        if d % 2 == 1:  # P_d = cos k pi t, P_{d+1} = sin k pi t: same k
+            return s
+        # rotate by pi t: k -> k + 1
+        return vec4(s[0] * s[2] - s[1] * s[3], s[1] * s[2] + s[0] * s[3], s[2], s[3])
+
+    @wp.func
+    def value(d: int, s: vec4):
+        if d > 0 and d % 2 == 0:
+            return s[1]
+        return s[0]
+
+    @wp.func
+    def grad(d: int, s: vec4):
+        k = scalar((d + 1) // 2) * pi
+        if d > 0 and d % 2 == 0:
+            return k * s[0]
+        return -k * s[1]
+
+    return start, advance, value, grad
+
+
+@functools.lru_cache(maxsize=None)
+def _recurrence_state(basis: str, scalar):
+    if basis == "fourier":
+        return _fourier_state(scalar)
+    return _three_term_state(THREE_TERM[basis])(scalar)
 
 
 @functools.lru_cache(maxsize=None)

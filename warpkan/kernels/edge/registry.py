@@ -19,7 +19,8 @@ from .dense import dense_kernels
 from .family import EdgeFamily
 from .stencil import combine_rows_kernel, stencil_kernels
 
-__all__ = ["FAMILY_BUILDERS", "register", "families", "family_names", "key_of", "family_modules", "layer_modules"]
+__all__ = ["FAMILY_BUILDERS", "register", "families", "family_names", "key_of", "key_matches", "family_modules",
+           "layer_modules"]
 
 # name -> (builder(**key) -> EdgeFamily, [every key as a dict]); filled by the family modules
 FAMILY_BUILDERS: dict = {}
@@ -41,6 +42,18 @@ _KEYS: dict = {}  # family -> its compile key as a dict
 def key_of(family: EdgeFamily) -> dict:
     """The compile key (as a dict of the builder's arguments) a registered family was built from."""
     return _KEYS[family.key]
+
+
+def key_matches(key: dict, orders) -> bool:
+    """Whether a compile key serves one of ``orders``: a spline order, or a polynomial degree (whose capacity
+    holds it)."""
+    if "order" in key:
+        return key["order"] in orders
+    if "capacity" in key:
+        from .poly_family import capacity_for
+
+        return key["capacity"] in {capacity_for(degree + 1) for degree in orders}
+    return True
 
 
 def families(name: "str | None" = None, **match) -> list[EdgeFamily]:

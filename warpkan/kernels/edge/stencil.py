@@ -296,14 +296,14 @@ def _backward_coef(family: EdgeFamily, kernel):
     return bucket_keys, bucket_offsets, backward_coef
 
 
-def _backward_bucketed(family: EdgeFamily, kernel):
+@functools.lru_cache(maxsize=None)
+def _bucketed_funcs(family: EdgeFamily):
+    """(flush_slot, flush_input, add_entry): the pieces of the bucketed backward's walk."""
     scalar, Frame, K, first = family.scalar, family.Frame, family.n_bases, family.first
     values = edge_values(family)
     bases_dx_at, silu = values.bases_dx_at, values.silu
     slot_rows, tile_dot, matKO, vecO, load4_2d = _tile_funcs(family)
-    reduce_lanes = lane_sum(scalar)
     zero = scalar(0.0)
-    one = scalar(1.0)
 
     @wp.func
     def flush_slot(acc: matKO, s: vecO, rows_c: matKO, acc_scaler: vecO, i: int, slot: int, o0: int,
@@ -328,6 +328,37 @@ def _backward_bucketed(family: EdgeFamily, kernel):
                 if use_base != 0:
                     wp.atomic_add(d_base_weight_t, i, o0 + c, acc_base[c])
                 wp.atomic_add(d_scaler_t, i, o0 + c, acc_scaler[c])
+
+    @wp.func
+    def add_entry(frame: Frame, i: int, xv: scalar, g: vecO, use_base: int, s: vecO, w_base: vecO, rows_c: matKO,
+                  acc: matKO, acc_base: vecO):
+        """One entry's dy * B_m and dy * silu added to the slot's and the input's sums, and its tile's share of
+        dx[n, i] = sum_o dy (w_b silu' + s sum_m B'_m C): (acc, acc_base, part)."""
+        valid, slot, b, db = bases_dx_at(frame, i, xv)
+        act, dact, d2act = silu(xv)
+        if use_base == 0:
+            act = zero
+            dact = zero
+        part = zero
+        for c in range(OUT_TILE):
+            acc_base[c] = acc_base[c] + g[c] * act
+            spline_grad = zero
+            for m in range(K):
+                acc[m, c] = acc[m, c] + g[c] * b[m]
+                spline_grad = spline_grad + db[m] * rows_c[m, c]
+            part = part + g[c] * (s[c] * spline_grad + w_base[c] * dact)
+        return acc, acc_base, part
+
+    return flush_slot, flush_input, add_entry
+
+
+def _backward_bucketed(family: EdgeFamily, kernel):
+    scalar, Frame = family.scalar, family.Frame
+    slot_rows, tile_dot, matKO, vecO, load4_2d = _tile_funcs(family)
+    flush_slot, flush_input, add_entry = _bucketed_funcs(family)
+    reduce_lanes = lane_sum(scalar)
+    zero = scalar(0.0)
+    one = scalar(1.0)
 
     @kernel
     def backward_bucketed(dy: wp.array2d(dtype=scalar), x: wp.array2d(dtype=scalar), frame: Frame,
@@ -400,18 +431,7 @@ def _backward_bucketed(family: EdgeFamily, kernel):
                     rows_c = slot_rows(coef, i_cur, slot_cur, o0, aligned)
             part = zero
             if live:
-                valid, slot, b, db = bases_dx_at(frame, i_cur, xv)
-                act, dact, d2act = silu(xv)
-                if use_base == 0:
-                    act = zero
-                    dact = zero
-                for c in range(OUT_TILE):
-                    acc_base[c] = acc_base[c] + g[c] * act
-                    spline_grad = zero
-                    for m in range(K):
-                        acc[m, c] = acc[m, c] + g[c] * b[m]
-                        spline_grad = spline_grad + db[m] * rows_c[m, c]
-                    part = part + g[c] * (s[c] * spline_grad + w_base[c] * dact)
+                acc, acc_base, part = add_entry(frame, i_cur, xv, g, use_base, s, w_base, rows_c, acc, acc_base)
             if want_dx != 0:
                 # a fire-and-forget atomic: no load of dx on the critical path; the only add to dx[n, i] when
                 # one lane group covers every output (lanes == n_tiles), so dx stays reproducible

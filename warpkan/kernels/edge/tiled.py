@@ -579,20 +579,23 @@ def _record_width(values: int, scalar: str) -> int:
 @functools.lru_cache(maxsize=None)
 def tiled_kernels(family: EdgeFamily, capacity: int) -> TiledKernels:
     """The whole-table tiled kernels of one family at one table capacity. Warp compiles a module per block
-    size, so the forward (with the two small helpers) and the backward have a module each."""
+    size, so the forward, the backward and the two small helpers have a module each (and a pass whose shared
+    memory does not fit this capacity is never built: :func:`table_fits`)."""
     scalar = family.scalar_name
     if capacity not in CAPACITIES[scalar]:
         raise ValueError(f"capacity must be one of {sorted(CAPACITIES[scalar])}, got {capacity}")
-    module = _module_name(family, capacity)
-    pad_coef, combine = _helper_kernels(family, module)
+    pad_coef, combine = helper_kernels(family)
     forward = _forward_kernel(family, capacity, False)
     backward = _backward_kernel(family, capacity, False)
-    return TiledKernels((module, module + "_bwd"), capacity, CAPACITIES[scalar][capacity], pad_coef, forward, backward,
-                        combine)
+    return TiledKernels((pad_coef.module.name, forward.module.name, backward.module.name), capacity,
+                        CAPACITIES[scalar][capacity], pad_coef, forward, backward, combine)
 
 
-def _helper_kernels(family: EdgeFamily, module: str) -> tuple:
-    """(pad_coef, combine) in ``module``."""
+@functools.lru_cache(maxsize=None)
+def helper_kernels(family: EdgeFamily) -> tuple:
+    """(pad_coef, combine): the padded-table builder and the deterministic combine, in a module of their own
+    (shared by every capacity of the family)."""
+    module = f"warpkan_edge_{family.key}_tiled_helpers"
     T = family.scalar
     first = family.first
     zero = T(0.0)
@@ -869,15 +872,22 @@ def _banded_backward(family, kernel, values, backward_op, band_queue, warps, Fra
 
 
 def tiled_modules(family: EdgeFamily) -> tuple:
-    """The Warp modules of every tiled kernel a layer of this family may launch on CUDA: each whole-table
-    capacity's forward (with the helpers) and backward, and the banded ones. Builds their kernels, so that
-    ``wp.load_module`` finds them (``warpkan precompile``)."""
+    """The Warp modules of every tiled kernel a layer of this family may launch on CUDA: the helpers, each
+    whole-table capacity's forward and backward where their shared memory fits, and the banded ones. Builds
+    their kernels, so that ``wp.load_module`` finds them (``warpkan precompile``)."""
     scalar = family.scalar_name
-    names = []
+    names = [helper_kernels(family)[0].module.name]
     for capacity in CAPACITIES.get(scalar, {}):
-        names += tiled_kernels(family, capacity).modules
-    for capacity in sorted({capacity for capacity, _bands in FORWARD_BANDED_CAPACITIES.get(scalar, ())}):
-        names.append(_forward_kernel(family, capacity, True).module.name)
+        if table_fits(family, capacity, False):
+            names.append(_forward_kernel(family, capacity, False).module.name)
+        if table_fits(family, capacity, True):
+            names.append(_backward_kernel(family, capacity, False).module.name)
+    if family.single_slot:  # no bands
+        return tuple(names)
+    for capacity in sorted({capacity for capacity, _bands in FORWARD_BANDED_CAPACITIES.get(scalar, ())
+                            if table_fits(family, capacity, False)}):
+        # a table that needs one band of this capacity runs its whole-table kernel
+        names += [_forward_kernel(family, capacity, False).module.name, _forward_kernel(family, capacity, True).module.name]
     for capacity in sorted({capacity for capacity, _bands in BANDED_CAPACITIES.get(scalar, ())
                             if banded_backward_fits(family, capacity)}):
         names.append(_backward_kernel(family, capacity, True).module.name)
@@ -916,10 +926,8 @@ def _planned(family: EdgeFamily, plan_of, pass_name: str, coef) -> tuple:
 
 
 def _pad_kernel(family: EdgeFamily, plan: TablePlan) -> wp.Kernel:
-    """The coefficient-padding kernel (the same in every capacity's module: a banded table, which has none,
-    takes the smallest's)."""
-    capacity = plan.capacity if plan.capacity in CAPACITIES[family.scalar_name] else min(CAPACITIES[family.scalar_name])
-    return tiled_kernels(family, capacity).pad_coef
+    """The coefficient-padding kernel (one for every table of the family)."""
+    return helper_kernels(family)[0]
 
 
 def coef_pad_shape(family: EdgeFamily, coef_shape) -> tuple:
@@ -1025,7 +1033,7 @@ def launch_tiled_backward(family: EdgeFamily, frame, dy, x, base_weight_t, scale
               [dx, d_base_weight_t, d_scaler_t, d_coef, partial_coef if deterministic else None,
                partial_params if deterministic else None], warps * LANES)]
     if deterministic:  # one table (backward_takes): its capacity's module has the combine
-        steps.append((tiled_kernels(family, plan.capacity).combine, (n_in, n_coef + 1, n_out),
+        steps.append((helper_kernels(family)[1], (n_in, n_coef + 1, n_out),
                       [partial_coef, partial_params, int(use_base)], [d_base_weight_t, d_scaler_t, d_coef], 256))
     cmds = []
     with on_stream(None if record else stream):
