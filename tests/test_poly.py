@@ -216,6 +216,7 @@ def test_gemm_strategy_matches_stencil(device, monkeypatch):
     assert poly_ops.choose_strategy(32, 512, 25, 1024) == "gemm"
     assert poly_ops.choose_strategy(64, 256, 16, 512) == "gemm"
     assert poly_ops.choose_strategy(128, 40, 9, 256) == "stencil"
+    assert poly_ops.choose_strategy(128, 40, 9, 256, is_cuda=True) == "gemm"  # GPU time: gemm at every shape
 
 
 @pytest.mark.parametrize("precision,unit_roundoff", [("bf16", 2.0**-9), ("tf32", 2.0**-10)])

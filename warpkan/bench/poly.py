@@ -135,7 +135,7 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
         flops = 2 * n_rows * n_in * (degree + 1) * n_out
         factories = {name: (lambda b=builder: b(n_in, n_out, degree)) for name, builder in LAYER_IMPLS.items()}
         case_rows = _rows_for(case, factories, x, n_out, flops, device, quick, TARGET_MS.get((n_rows, n_in, n_out, degree)))
-        picked = choose_strategy(n_rows, n_in, degree + 1, n_out)
+        picked = choose_strategy(n_rows, n_in, degree + 1, n_out, device.startswith("cuda"))
         for row in case_rows:
             if row["impl"].startswith("warpkan") and row["impl"].endswith(picked):  # the fp32 rows
                 row["impl"] += " (auto)"

@@ -12,7 +12,7 @@ has their description, the ``precision`` rule of the gemm strategy and its error
 - ``gemm``: the engine writes the transposed dense basis of a chunk of rows and cuBLAS contracts it with the
   coefficient table itself ([in (D + 1), out] as it lies: no copy in fp32).
 
-``auto`` picks by the forward's FLOP count (:func:`choose_strategy`). The bias is added by the forward's last
+``auto`` takes the gemm strategy on CUDA, and off CUDA picks by the forward's FLOP count (:func:`choose_strategy`). The bias is added by the forward's last
 op and its gradient is ``dy.sum(0)``.
 
 Host overhead. A small layer is bound by the host. Eager calls go through :class:`_EagerPoly`, an
@@ -39,21 +39,24 @@ __all__ = ["poly_kan", "poly_forward", "poly_backward", "choose_strategy", "BF16
            "PRECISIONS"]
 
 BF16_ERROR_BOUND = "(2**-8 + K * 2**-24) * (|A| @ |B|) for a contraction A @ B of length K"
-# Forward FLOPs (2 N in (D + 1) out) from which "auto" takes the gemm strategy. Measured on the H200 with the
-# layer's previous register-tiled kernels (scripts/poly_speed.py, fp32, exact): CUDA-graphed fwd+bwd, the GEMM
-# strategy was faster at every shape of the sweep; eager, each step is bound by the host, so below this size
-# the stencil path's fewer launches win.
+# Forward FLOPs (2 N in (D + 1) out) from which "auto" takes the gemm strategy off CUDA. On CUDA "auto" always
+# takes it: replayed from a CUDA graph (GPU time alone) it was the faster strategy at every PolyKAN configuration
+# (H100, `warpkan bench poly`, fwd+bwd: 0.035 against 0.24 ms at (128, 40, 256, 8), 0.076 against 1.9 at
+# (64, 256, 512, 15)): the engine's tiled kernels give a warp 32 rows, too few blocks for small batches, and
+# their records grow with the degree. Eager, the smallest layer is bound by the host either way (0.32-0.55 ms).
 GEMM_MIN_FLOPS = 2**27
 
 
-def choose_strategy(n_rows: int, n_in: int, n_basis: int, n_out: int) -> str:
-    """The strategy "auto" resolves to for a shape."""
+def choose_strategy(n_rows: int, n_in: int, n_basis: int, n_out: int, is_cuda: bool = False) -> str:
+    """The strategy "auto" resolves to for a shape (on CUDA: always "gemm")."""
+    if is_cuda:
+        return "gemm"
     return "gemm" if 2 * n_rows * n_in * n_basis * n_out >= GEMM_MIN_FLOPS else "stencil"
 
 
 def _resolve(strategy: str, x: Tensor, coeffs: Tensor) -> str:
     if strategy == "auto":
-        return choose_strategy(x.shape[0], x.shape[1], coeffs.shape[1], coeffs.shape[2])
+        return choose_strategy(x.shape[0], x.shape[1], coeffs.shape[1], coeffs.shape[2], x.is_cuda)
     return strategy
 
 
