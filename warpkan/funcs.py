@@ -84,7 +84,7 @@ def bspline_funcs(order: int = 3, scalar=wp.float32) -> SimpleNamespace:
     two_k = 2 * order  # a Python constant: Warp cannot type the literal product `2 * k` of a closure int
     scalar_key = "float64" if scalar == wp.float64 else "float32"
     M = wp.types.matrix(shape=(K, K), dtype=scalar)(*[scalar(v) for row in _kb.uniform_basis_matrix(order) for v in row])
-    powers_basis, powers_basis_du, _ = uniform_basis_funcs(order, scalar_key)
+    powers_basis, powers_basis_du = uniform_basis_funcs(order, scalar_key)[:2]
     zero = scalar(0.0)
     one = scalar(1.0)
 

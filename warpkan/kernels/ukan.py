@@ -183,7 +183,7 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
     OT = _OUT_TILE
     vecK = wp.types.vector(length=K, dtype=scalar)
     matK = wp.types.matrix(shape=(K, K), dtype=scalar)
-    powers_basis, powers_basis_du, _powers_basis_du2 = uniform_basis_funcs(order, scalar_name)
+    powers_basis, powers_basis_du = uniform_basis_funcs(order, scalar_name)[:2]
     silu_and_grads = silu_func(scalar_name)
     vec2K = wp.types.vector(length=2 * K, dtype=scalar)
     vecOT = wp.types.vector(length=OT, dtype=scalar)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import warp as wp
 
-from .family import EdgeFamily, basis_dx, basis_dx2, silu_func
+from .family import EdgeFamily, basis_dx, basis_dx2, basis_dx_order, silu_func, silu_order_func
 
 __all__ = ["EdgeValues", "edge_values"]
 
@@ -19,6 +19,8 @@ class EdgeValues:
     bases_dx2_at: object  # (frame, i, x) -> (valid, slot, b, dB/dx, d2B/dx2)
     coef_dot: object  # (coef, i, slot, o, v) -> sum_m v_m C[i, slot + first + m, o] over existing coefficients
     silu: object  # x -> (silu, silu', silu'')
+    bases_order_at: object  # (frame, i, x, order) -> (valid, slot, d^order B / dx^order), order 0..3
+    silu_order: object  # (x, order) -> d^order silu / dx^order
 
 
 @functools.lru_cache(maxsize=None)
@@ -27,6 +29,7 @@ def edge_values(family: EdgeFamily) -> EdgeValues:
     K, first = family.n_bases, family.first
     locate, basis = family.locate, family.basis
     with_dx, with_dx2 = basis_dx(family), basis_dx2(family)
+    of_order = basis_dx_order(family) if family.basis_du3 is not None else None
     zero = scalar(0.0)
 
     @wp.func
@@ -71,4 +74,15 @@ def edge_values(family: EdgeFamily) -> EdgeValues:
                 acc = acc + v[m] * coef[i, j, o]
         return acc
 
-    return EdgeValues(slot_at, bases_at, bases_dx_at, bases_dx2_at, coef_dot, silu_func(family.scalar_name))
+    bases_order_at = None
+    if of_order is not None:
+        @wp.func
+        def bases_order_at(frame: Frame, i: int, x: scalar, order: int):
+            valid, slot, u, du_dx, d2u_dx2 = locate(frame, i, x)
+            b = vec()
+            if valid:
+                b = of_order(frame, i, slot, u, du_dx, d2u_dx2, order)
+            return valid, slot, b
+
+    return EdgeValues(slot_at, bases_at, bases_dx_at, bases_dx2_at, coef_dot, silu_func(family.scalar_name),
+                      bases_order_at, silu_order_func(family.scalar_name))

@@ -21,7 +21,7 @@ from fractions import Fraction
 import warp as wp
 
 from .._common import SCALARS
-from .family import EdgeFamily
+from .family import EdgeFamily, linear_u_dx3
 
 __all__ = ["MAX_SPLINE_ORDER", "uniform_basis_matrix", "bspline_family"]
 
@@ -73,8 +73,8 @@ def bspline_frame(scalar_name: str):
 
 @functools.lru_cache(maxsize=None)
 def uniform_basis_funcs(order: int, scalar_name: str):
-    """(basis, basis_du, basis_du2) of the uniform matrix form, ``(u) -> ...``: shared with the UKAN family,
-    whose unbounded grid is uniform too."""
+    """(basis, basis_du, basis_du2, basis_du3) of the uniform matrix form, ``(u) -> ...``: shared with the UKAN
+    family, whose unbounded grid is uniform too."""
     scalar = SCALARS[scalar_name]
     K = order + 1
     vecK = wp.types.vector(length=K, dtype=scalar)
@@ -113,13 +113,24 @@ def uniform_basis_funcs(order: int, scalar_name: str):
         b, db = powers_basis_du(u)
         return b, db, d2b
 
-    return powers_basis, powers_basis_du, powers_basis_du2
+    @wp.func
+    def powers_basis_du3(u: scalar):
+        d3b = vecK()
+        power = one
+        for p in range(3, K):
+            for m in range(K):
+                d3b[m] = d3b[m] + scalar(p * (p - 1) * (p - 2)) * M[p, m] * power
+            power = power * u
+        b, db, d2b = powers_basis_du2(u)
+        return b, db, d2b, d3b
+
+    return powers_basis, powers_basis_du, powers_basis_du2, powers_basis_du3
 
 
 def _uniform_family(order: int, scalar_name: str) -> EdgeFamily:
     scalar = SCALARS[scalar_name]
     Frame = bspline_frame(scalar_name)
-    powers_basis, powers_basis_du, powers_basis_du2 = uniform_basis_funcs(order, scalar_name)
+    powers_basis, powers_basis_du, powers_basis_du2, powers_basis_du3 = uniform_basis_funcs(order, scalar_name)
     zero = scalar(0.0)
 
     @wp.func
@@ -145,8 +156,12 @@ def _uniform_family(order: int, scalar_name: str) -> EdgeFamily:
     def basis_du2(frame: Frame, i: int, slot: int, u: scalar):
         return powers_basis_du2(u)
 
+    @wp.func
+    def basis_du3(frame: Frame, i: int, slot: int, u: scalar):
+        return powers_basis_du3(u)
+
     return EdgeFamily(f"bspline_uniform_k{order}_{scalar_name}", scalar_name, order + 1, -order, Frame, locate,
-                      basis, basis_du, basis_du2)
+                      basis, basis_du, basis_du2, basis_du3=basis_du3, u_dx3=linear_u_dx3(scalar_name))
 
 
 def _general_family(order: int, scalar_name: str) -> EdgeFamily:
@@ -245,8 +260,18 @@ def _general_family(order: int, scalar_name: str) -> EdgeFamily:
             d2b = raise_derivative(frame, i, slot, lower_d, K - 1)
         return b, db, d2b
 
+    @wp.func
+    def basis_du3(frame: Frame, i: int, slot: int, u: scalar):
+        b, db, d2b = basis_du2(frame, i, slot, u)
+        d3b = vecK()
+        if K > 3:
+            lower_d2 = raise_derivative(frame, i, slot, triangle(frame, i, slot, u, K - 4), K - 3)
+            lower_d = raise_derivative(frame, i, slot, lower_d2, K - 2)
+            d3b = raise_derivative(frame, i, slot, lower_d, K - 1)
+        return b, db, d2b, d3b
+
     return EdgeFamily(f"bspline_general_k{order}_{scalar_name}", scalar_name, K, -order, Frame, locate, basis,
-                      basis_du, basis_du2)
+                      basis_du, basis_du2, basis_du3=basis_du3, u_dx3=linear_u_dx3(scalar_name))
 
 
 @functools.lru_cache(maxsize=None)

@@ -68,22 +68,29 @@ def dense_kernels(family: EdgeFamily, basis_name: str) -> DenseKernels:
 def _basis_kernels(family: EdgeFamily, basis_type, kernel):
     scalar, Frame, K, first = family.scalar, family.Frame, family.n_bases, family.first
     values = edge_values(family)
-    bases_at, bases_dx_at, silu = values.bases_at, values.bases_dx_at, values.silu
+    bases_at, bases_dx_at = values.bases_at, values.bases_dx_at
+    bases_order_at, silu_order = values.bases_order_at, values.silu_order
     zero = scalar(0.0)
 
     @kernel
-    def expand_basis(x: wp.array2d(dtype=scalar), frame: Frame, use_base: int, n_coef: int,
+    def expand_basis(x: wp.array2d(dtype=scalar), frame: Frame, use_base: int, n_coef: int, order: int,
                      basis_t: wp.array2d(dtype=basis_type)):
+        # order > 0: the order-th x-derivative of every entry (the higher-order derivatives of the torch layers)
         n, i = dense_entry(wp.tid(), x.shape[1])
         if n >= x.shape[0]:
             return
         xv = x[n, i]
         row = i * n_coef
         if use_base:
-            act, dact, d2act = silu(xv)
-            basis_t[i, n] = basis_type(act)
+            basis_t[i, n] = basis_type(silu_order(xv, order))
             row = row + x.shape[1]
-        valid, slot, b = bases_at(frame, i, xv)
+        valid = int(0)
+        slot = int(0)
+        b = family.vec()
+        if order == 0:
+            valid, slot, b = bases_at(frame, i, xv)
+        else:
+            valid, slot, b = bases_order_at(frame, i, xv, order)
         start = slot + first  # coefficient of b[0]; b is all zero when invalid
         # the same trip count in every thread of a warp, so each store is one coalesced row segment
         # (per-thread loop bounds around the slot diverge and measured 2.5x slower on the H200)
@@ -95,9 +102,10 @@ def _basis_kernels(family: EdgeFamily, basis_type, kernel):
             basis_t[row + j, n] = basis_type(value)
 
     @kernel
-    def contract_basis_grad(x: wp.array2d(dtype=scalar), frame: Frame, use_base: int, n_coef: int,
+    def contract_basis_grad(x: wp.array2d(dtype=scalar), frame: Frame, use_base: int, n_coef: int, order: int,
                             d_basis_t: wp.array2d(dtype=basis_type), dx: wp.array2d(dtype=scalar)):
-        # dx[n, i] = d_basis_t[i, n] silu'(x) + sum_m d_basis_t[row(slot + first + m), n] dB_m/dx (overwrites)
+        # dx[n, i] = d_basis_t[i, n] silu^(order)(x) + sum_m d_basis_t[row(slot + first + m), n] d^order B_m/dx^order
+        # (overwrites); order 1 is the gradient of expand_basis' order 0
         n, i = dense_entry(wp.tid(), x.shape[1])
         if n >= x.shape[0]:
             return
@@ -105,10 +113,15 @@ def _basis_kernels(family: EdgeFamily, basis_type, kernel):
         acc = zero
         row = i * n_coef
         if use_base:
-            act, dact, d2act = silu(xv)
-            acc = scalar(d_basis_t[i, n]) * dact
+            acc = scalar(d_basis_t[i, n]) * silu_order(xv, order)
             row = row + x.shape[1]
-        valid, slot, b, db = bases_dx_at(frame, i, xv)
+        valid = int(0)
+        slot = int(0)
+        db = family.vec()
+        if order == 1:
+            valid, slot, b, db = bases_dx_at(frame, i, xv)
+        else:
+            valid, slot, db = bases_order_at(frame, i, xv, order)
         if valid:
             for m in range(K):
                 j = slot + first + m

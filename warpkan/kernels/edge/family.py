@@ -26,7 +26,8 @@ import warp as wp
 
 from .._common import SCALARS
 
-__all__ = ["EdgeFamily", "basis_dx", "basis_dx2", "silu_func"]
+__all__ = ["EdgeFamily", "basis_dx", "basis_dx2", "basis_dx_order", "silu_func", "silu_order_func",
+           "linear_u_dx3"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -43,6 +44,8 @@ class EdgeFamily:
     basis_du: object  # @wp.func (frame, i, slot, u) -> (vec, vec)
     basis_du2: object  # @wp.func (frame, i, slot, u) -> (vec, vec, vec)
     single_slot: bool = False  # one slot per input (all of its coefficients in one window: polynomial bases)
+    basis_du3: object = None  # @wp.func (frame, i, slot, u) -> (vec, vec, vec, vec): up to d3b/du3
+    u_dx3: object = None  # @wp.func (u, du_dx, d2u_dx2) -> d3u/dx3 of the map x -> u
 
     @property
     def scalar(self):
@@ -93,6 +96,29 @@ def basis_dx2(family: EdgeFamily):
 
 
 @functools.lru_cache(maxsize=None)
+def basis_dx_order(family: EdgeFamily):
+    """``@wp.func (frame, i, slot, u, du_dx, d2u_dx2, order) -> d^order B / dx^order`` for order 0..3 (the
+    higher-order derivatives of the torch layers), by the chain rule up to the third order:
+    ``B^(3) = u'^3 b^(3) + 3 u' u'' b'' + u^(3) b'``."""
+    basis_du3, u_dx3 = family.basis_du3, family.u_dx3
+    scalar = family.scalar
+
+    @wp.func
+    def bases_of_order(frame: family.Frame, i: int, slot: int, u: scalar, du_dx: scalar, d2u_dx2: scalar, order: int):
+        b, db, d2b, d3b = basis_du3(frame, i, slot, u)
+        if order == 0:
+            return b
+        if order == 1:
+            return db * du_dx
+        if order == 2:
+            return d2b * (du_dx * du_dx) + db * d2u_dx2
+        d3u = u_dx3(u, du_dx, d2u_dx2)
+        return d3b * (du_dx * du_dx * du_dx) + d2b * (scalar(3.0) * du_dx * d2u_dx2) + db * d3u
+
+    return bases_of_order
+
+
+@functools.lru_cache(maxsize=None)
 def silu_func(scalar_name: str = "float32"):
     """``@wp.func`` x -> (silu(x), silu'(x), silu''(x)) in the scalar type: the base path of the KAN layers."""
     scalar = SCALARS[scalar_name]
@@ -106,3 +132,40 @@ def silu_func(scalar_name: str = "float32"):
         return x * sig, sig * (one + x * (one - sig)), dsig * (two + x * (one - two * sig))
 
     return silu_and_grads
+
+
+@functools.lru_cache(maxsize=None)
+def silu_order_func(scalar_name: str = "float32"):
+    """``@wp.func (x, order) -> d^order silu / dx^order`` for order 0..3."""
+    scalar = SCALARS[scalar_name]
+    one = scalar(1.0)
+    two = scalar(2.0)
+    six = scalar(6.0)
+
+    @wp.func
+    def silu_of_order(x: scalar, order: int):
+        sig = one / (one + wp.exp(-x))
+        s1 = sig * (one - sig)  # sigma'
+        if order == 0:
+            return x * sig
+        if order == 1:
+            return sig * (one + x * (one - sig))
+        s2 = s1 * (one - two * sig)  # sigma''
+        if order == 2:
+            return two * s1 + x * s2
+        s3 = s1 * (one - six * s1)  # third derivative of sigma: sigma' (1 - 6 sigma')
+        return scalar(3.0) * s2 + x * s3
+
+    return silu_of_order
+
+
+@functools.lru_cache(maxsize=None)
+def linear_u_dx3(scalar_name: str = "float32"):
+    """``u_dx3`` of a family whose u is affine in x (B-spline, UKAN): zero."""
+    scalar = SCALARS[scalar_name]
+
+    @wp.func
+    def zero_third(u: scalar, du_dx: scalar, d2u_dx2: scalar):
+        return scalar(0.0)
+
+    return zero_third

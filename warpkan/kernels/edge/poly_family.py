@@ -140,6 +140,18 @@ def _tanh_locate(Frame, scalar_name: str):
     return locate
 
 
+@functools.lru_cache(maxsize=None)
+def _tanh_u_dx3(scalar_name: str):
+    """d3 tanh / dx3 = (1 - t^2) (6 t^2 - 2), from t = u and du/dx = 1 - t^2."""
+    scalar = SCALARS[scalar_name]
+
+    @wp.func
+    def third(u: scalar, du_dx: scalar, d2u_dx2: scalar):
+        return du_dx * (scalar(6.0) * u * u - scalar(2.0))
+
+    return third
+
+
 # ------------------------------------------------------------------------------ exact bases
 def _three_term_funcs(basis: str, K: int, scalar_name: str, Frame):
     scalar = SCALARS[scalar_name]
@@ -148,13 +160,15 @@ def _three_term_funcs(basis: str, K: int, scalar_name: str, Frame):
     zero = scalar(0.0)
     one = scalar(1.0)
     two = scalar(2.0)
+    three = scalar(3.0)
 
     @wp.func
-    def bases_du2(frame: Frame, i: int, slot: int, t: scalar):
-        """P, P', P'' by the recurrence and its derivatives; zero past n_basis."""
+    def bases_du3(frame: Frame, i: int, slot: int, t: scalar):
+        """P and its first three derivatives by the recurrence and its derivatives; zero past n_basis."""
         b = vec()
         db = vec()
         d2b = vec()
+        d3b = vec()
         b[0] = one
         for d in range(K - 1):
             if d + 1 < frame.n_basis:
@@ -163,16 +177,24 @@ def _three_term_funcs(basis: str, K: int, scalar_name: str, Frame):
                 b_prev = zero
                 db_prev = zero
                 d2b_prev = zero
+                d3b_prev = zero
                 if d > 0:
                     b_prev = b[d - 1]
                     db_prev = db[d - 1]
                     d2b_prev = d2b[d - 1]
+                    d3b_prev = d3b[d - 1]
                 b[d + 1] = m * b[d] - c * b_prev
                 db[d + 1] = m * db[d] + a * b[d] - c * db_prev
                 d2b[d + 1] = m * d2b[d] + two * a * db[d] - c * d2b_prev
+                d3b[d + 1] = m * d3b[d] + three * a * d2b[d] - c * d3b_prev
+        return b, db, d2b, d3b
+
+    @wp.func
+    def bases_du2(frame: Frame, i: int, slot: int, t: scalar):
+        b, db, d2b, d3b = bases_du3(frame, i, slot, t)
         return b, db, d2b
 
-    return vec, bases_du2
+    return vec, bases_du2, bases_du3
 
 
 def _fourier_funcs(K: int, scalar_name: str, Frame):
@@ -182,11 +204,12 @@ def _fourier_funcs(K: int, scalar_name: str, Frame):
     one = scalar(1.0)
 
     @wp.func
-    def bases_du2(frame: Frame, i: int, slot: int, t: scalar):
-        """1, cos(k pi t), sin(k pi t), ... and their t-derivatives; zero past n_basis."""
+    def bases_du3(frame: Frame, i: int, slot: int, t: scalar):
+        """1, cos(k pi t), sin(k pi t), ... and their t-derivatives up to the third; zero past n_basis."""
         b = vec()
         db = vec()
         d2b = vec()
+        d3b = vec()
         b[0] = one
         for d in range(1, K):
             if d < frame.n_basis:
@@ -197,22 +220,29 @@ def _fourier_funcs(K: int, scalar_name: str, Frame):
                     b[d] = c
                     db[d] = -w * s
                     d2b[d] = -w * w * c
+                    d3b[d] = w * w * w * s
                 else:
                     b[d] = s
                     db[d] = w * c
                     d2b[d] = -w * w * s
+                    d3b[d] = -w * w * w * c
+        return b, db, d2b, d3b
+
+    @wp.func
+    def bases_du2(frame: Frame, i: int, slot: int, t: scalar):
+        b, db, d2b, d3b = bases_du3(frame, i, slot, t)
         return b, db, d2b
 
-    return vec, bases_du2
+    return vec, bases_du2, bases_du3
 
 
 def _exact_family(basis: str, K: int, scalar_name: str) -> EdgeFamily:
     Frame = exact_frame(scalar_name)
     scalar = SCALARS[scalar_name]
     if basis == "fourier":
-        vec, bases_du2 = _fourier_funcs(K, scalar_name, Frame)
+        vec, bases_du2, bases_du3 = _fourier_funcs(K, scalar_name, Frame)
     else:
-        vec, bases_du2 = _three_term_funcs(basis, K, scalar_name, Frame)
+        vec, bases_du2, bases_du3 = _three_term_funcs(basis, K, scalar_name, Frame)
 
     @wp.func
     def basis_fn(frame: Frame, i: int, slot: int, u: scalar):
@@ -225,7 +255,8 @@ def _exact_family(basis: str, K: int, scalar_name: str) -> EdgeFamily:
         return b, db
 
     return EdgeFamily(f"poly_{basis}_c{K}_{scalar_name}", scalar_name, K, 0, Frame, _tanh_locate(Frame, scalar_name),
-                      basis_fn, basis_du, bases_du2, single_slot=True)
+                      basis_fn, basis_du, bases_du2, single_slot=True, basis_du3=bases_du3,
+                      u_dx3=_tanh_u_dx3(scalar_name))
 
 
 # ------------------------------------------------------------------------------ lookup tables
@@ -288,8 +319,15 @@ def _lut_family(K: int, scalar_name: str) -> EdgeFamily:
                 db[d] = glo + frac * (frame.lut_grad[cell + 1, d] - glo)
         return b, db
 
+    @wp.func
+    def basis_du3(frame: Frame, i: int, slot: int, u: scalar):
+        """Derivatives of the interpolants: the third is zero (the second is constant on a cell)."""
+        b, db, d2b = basis_du2(frame, i, slot, u)
+        return b, db, d2b, vec()
+
     return EdgeFamily(f"poly_lut_c{K}_{scalar_name}", scalar_name, K, 0, Frame, _tanh_locate(Frame, scalar_name),
-                      basis_fn, basis_du, basis_du2, single_slot=True)
+                      basis_fn, basis_du, basis_du2, single_slot=True, basis_du3=basis_du3,
+                      u_dx3=_tanh_u_dx3(scalar_name))
 
 
 @functools.lru_cache(maxsize=None)
