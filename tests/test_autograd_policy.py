@@ -43,6 +43,9 @@ LAYERS = {
     "GEGLUFFN": (lambda **kw: GEGLUFFN(8, 16, **kw), 8, 8, r"GEGLUFFN \(warpkan::geglu_ffn_forward\)"),
 }
 MODULES = [name for name in LAYERS if name != "poly_kan"]
+# the edge families on the engine's differentiable backward (tests/test_higher_order.py checks their values)
+HIGHER_ORDER_SUPPORTED = ["KANLinear", "KANLinear-gemm", "PolyKANLinear", "ChebyKANLinear", "poly_kan"]
+REFUSED = [name for name in LAYERS if name not in HIGHER_ORDER_SUPPORTED]
 # the layers that compute in float32/float64 only (the group-rational family and GEGLUFFN take fp16/bf16)
 WIDE_FLOAT_ONLY = ["KANLinear", "UKANLinear", "PolyKANLinear", "ChebyKANLinear"]
 HIGHER_ORDER = r"higher-order derivatives .* not yet supported through the torch bridge.*Warp-native"
@@ -60,10 +63,10 @@ def _x(n_in, device, *lead, requires_grad=True):
 
 
 # ------------------------------------------------------------------ higher-order derivatives
-@pytest.mark.parametrize("name", list(LAYERS))
+@pytest.mark.parametrize("name", REFUSED)
 def test_create_graph_refused(device, name):
     """create_graph=True used to return a derivative detached from the graph (a physics-informed residual
-    silently lost a term); now the backward refuses, naming the layer and its op."""
+    silently lost a term); the layers without a differentiable backward refuse, naming the layer and its op."""
     layer, n_in, _, label = _make(name, device)
     x = _x(n_in, device)
     with pytest.raises(NotImplementedError, match=label + ".*" + HIGHER_ORDER):
@@ -75,7 +78,7 @@ def test_create_graph_refused(device, name):
             torch.autograd.grad(layer(x.detach()).sum(), params, create_graph=True)
 
 
-@pytest.mark.parametrize("name", list(LAYERS))
+@pytest.mark.parametrize("name", REFUSED)
 def test_create_graph_refused_by_registered_op(device, name, monkeypatch):
     """The same refusal in the registered ops' autograd formulas (``register_autograd``, what traced code
     differentiates): the layers call the registered ops whenever use_registered_op says so."""
@@ -96,6 +99,27 @@ def test_create_graph_refused_by_registered_op(device, name, monkeypatch):
     monkeypatch.undo()
     (dx,) = torch.autograd.grad(layer(x).square().sum(), x)  # first order still works
     assert dx.shape == x.shape
+
+
+@pytest.mark.parametrize("name", HIGHER_ORDER_SUPPORTED)
+@pytest.mark.parametrize("registered", [False, True])
+def test_create_graph_supported(device, name, registered, monkeypatch):
+    """The edge families on the engine give gradients as graphs with create_graph=True, on the eager route and
+    through the registered ops' formulas alike: the derivative of a first derivative is what torch's own
+    double backward of the float64 reference would give (tests/test_higher_order.py), here checked to be
+    connected: a loss of dx has a gradient in x and in every parameter."""
+    layer, n_in, _, _ = _make(name, device)
+    if registered:
+        import warpkan.torch_bridge._common as common
+
+        monkeypatch.setattr(common, "use_registered_op", lambda x: True)
+    x = _x(n_in, device)
+    (dx,) = torch.autograd.grad(layer(x).square().sum(), x, create_graph=True)
+    assert dx.requires_grad
+    params = [p for p in layer.parameters() if p.requires_grad] if isinstance(layer, torch.nn.Module) else []
+    grads = torch.autograd.grad(dx.square().sum(), [x, *params], allow_unused=True)
+    assert all(g is not None and bool(torch.isfinite(g).all()) for g in grads)
+    assert any(float(g.abs().sum()) > 0 for g in grads)
 
 
 @pytest.mark.parametrize("name", list(LAYERS))

@@ -184,17 +184,22 @@ def higher_order_message(label: str) -> str:
     )
 
 
-def first_order_backward(label: str, backward):
-    """``backward`` (an op's autograd formula, ``backward(ctx, *grads)``) refusing to run where a graph of the
-    derivative is wanted. Autograd runs a backward with grad mode enabled exactly when ``create_graph=True``;
-    the Warp backward kernels have no derivative of their own, so the result would be detached from the graph
-    (``once_differentiable`` returns it without a node when the incoming gradients need none), which drops a
-    term of, e.g., a physics-informed residual without a word. One ``torch.is_grad_enabled()`` a backward call.
-    Used by every op, eager route (:func:`eager_function`) and registered ``register_autograd`` formula alike."""
+def first_order_backward(label: str, backward, higher=None):
+    """``backward`` (an op's autograd formula, ``backward(ctx, *grads)``) for first-order gradients; where a
+    graph of the derivative is wanted, ``higher(ctx, op_inputs, *grads)`` (a formula of differentiable pieces,
+    given the op's inputs as the setup recorded them in ``ctx.op_inputs``), or, without one, a refusal.
+    Autograd runs a backward with grad mode enabled exactly when ``create_graph=True``; the Warp backward
+    kernels have no derivative of their own, so their result would be detached from the graph
+    (``once_differentiable`` returns it without a node when the incoming gradients need none), which would drop
+    a term of, e.g., a physics-informed residual without a word. One ``torch.is_grad_enabled()`` a backward
+    call. Used by every op, eager route (:func:`eager_function`) and registered ``register_autograd`` formula
+    alike."""
 
     def checked(ctx, *grads):
         if torch.is_grad_enabled():
-            raise NotImplementedError(higher_order_message(label))
+            if higher is None:
+                raise NotImplementedError(higher_order_message(label))
+            return higher(ctx, getattr(ctx, "op_inputs", None), *grads)
         return backward(ctx, *grads)
 
     checked.__name__ = getattr(backward, "__name__", "backward")
@@ -273,7 +278,7 @@ class EagerRoute:
 
 
 def eager_function(name: str, forward_impl, setup_context, backward, layouts: dict | None = None,
-                   label: str | None = None, prepare=None) -> EagerRoute:
+                   label: str | None = None, prepare=None, higher=None) -> EagerRoute:
     """The eager route of a custom op: an ``autograd.Function`` that runs the op's own implementation
     (``forward_impl(*inputs)``) and autograd formula (``setup_context(ctx, inputs, output)``,
     ``backward(ctx, *grads)``) without the custom-op dispatch. A ``torch.library.custom_op`` call (schema
@@ -287,8 +292,9 @@ def eager_function(name: str, forward_impl, setup_context, backward, layouts: di
     their gradients go back through ``to_public``. Views made outside the Function would be autograd nodes of
     their own (TBackward, PermuteBackward), each 10-20 us of a step's host time on the GPU machine.
 
-    ``label`` names the layer and op in errors. The backward is first-order only (:func:`first_order_backward`:
-    ``create_graph=True`` raises), and forward-mode AD raises too.
+    ``label`` names the layer and op in errors. With ``higher`` (see :func:`first_order_backward`), gradients
+    with ``create_graph=True`` come from it, given the op's views of the Function's own inputs (so that they
+    carry the inputs' history); without it ``create_graph=True`` raises. Forward-mode AD raises.
 
     ``prepare(op_inputs) -> op_inputs``: run on the op's inputs before the implementation when a node is built,
     so that what it makes (a contiguous copy of a parameter the implementation would copy itself) is also what
@@ -298,6 +304,8 @@ def eager_function(name: str, forward_impl, setup_context, backward, layouts: di
     route = None  # set below, once the Function exists
 
     def forward(ctx, *inputs):
+        if higher is not None:
+            ctx.raw_inputs = inputs  # the Function's inputs, with their history: for create_graph=True
         inputs = route.op_inputs(inputs)
         if prepare is not None:
             inputs = prepare(inputs)
@@ -312,9 +320,14 @@ def eager_function(name: str, forward_impl, setup_context, backward, layouts: di
         raise NotImplementedError(forward_mode_message(label))
 
     once = torch.autograd.function.once_differentiable(public_backward if layouts else backward)
+
+    def higher_backward(ctx, op_inputs, *grads):
+        grads = higher(ctx, route.op_inputs(ctx.raw_inputs), *grads)
+        return route.relayout(grads, 1) if layouts else grads
+
     function = type(name, (torch.autograd.Function,), {
         "forward": staticmethod(forward),
-        "backward": staticmethod(first_order_backward(label, once)),
+        "backward": staticmethod(first_order_backward(label, once, higher_backward if higher is not None else None)),
         "jvp": staticmethod(jvp),
         "__doc__": f"{name}: eager route of a warpkan custom op (see warpkan.torch_bridge._common.eager_function).",
     })

@@ -32,8 +32,9 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from ..kernels import bspline as kb
 from ..kernels.edge import tiled as edge_tiled
-from .edge_driver import (PRECISION_UNIT_ROUNDOFF, PRECISIONS, STRATEGIES, check_precision, edge_backward,
-                          edge_forward, gemm_backward, gemm_forward, resolve_precision)
+from .edge_driver import (PRECISION_UNIT_ROUNDOFF, PRECISIONS, STRATEGIES, EdgeSpec, check_precision,
+                          differentiable_backward, edge_backward, edge_forward, gemm_backward, gemm_forward,
+                          resolve_precision)
 from ..kernels._common import IO_SCALAR_NAMES
 from ._common import (TRANSPOSED, WP_DTYPES, RecordedLaunches, autocast_dtype, check_tensor,
                       eager_function, first_order_backward, on_rows, op_or_eager)
@@ -206,6 +207,7 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(x, grid, base_weight_t, scaler_t, coef)
     ctx.config = (spline_order, uniform, use_base, deterministic, strategy)
     ctx.precision = precision
+    ctx.op_inputs = inputs  # for create_graph=True (_higher_backward): the op's inputs, with their history
 
 
 def _backward(ctx, dy):
@@ -232,9 +234,33 @@ def _input_grads(ctx, dx, d_base, d_scaler, d_coef, need_x, need_params):
     )
 
 
-# how errors name the op (first-order only: see first_order_backward)
+def _higher_backward(ctx, inputs, dy):
+    """The gradients as differentiable graphs, for ``create_graph=True`` (any strategy: the same map): the
+    engine's dense basis and its x-derivatives to the third order (``edge_driver.differentiable_backward``), the
+    combined weight and the split of its gradient in torch."""
+    x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base = inputs[:8]
+    need_x = ctx.needs_input_grad[0]
+    need_params = any(ctx.needs_input_grad[2:5])
+    if not (need_x or need_params):
+        return (None,) * 11
+    n_in, n_coef, n_out = coef.shape
+    spec = EdgeSpec(kb.family_of(spline_order, uniform, _io_scalar(x)), _bspline_frame, (grid.contiguous(),), (),
+                    n_coef, use_base)
+    spline_weight = (coef * scaler_t.unsqueeze(1)).reshape(n_in * n_coef, n_out)
+    weight = torch.cat([base_weight_t, spline_weight]) if use_base else spline_weight
+    dx, d_weight = differentiable_backward(spec, dy, x.contiguous(), weight, need_x, need_params)
+    d_base = d_scaler = d_coef = None
+    if need_params:
+        d_spline = d_weight[n_in if use_base else 0:].view(n_in, n_coef, n_out)
+        d_base = d_weight[:n_in] if use_base else None
+        d_coef = d_spline * scaler_t.unsqueeze(1)
+        d_scaler = (d_spline * coef).sum(1)
+    return _input_grads(ctx, dx, d_base, d_scaler, d_coef, need_x, need_params)
+
+
+# how errors name the op
 LABEL = "KANLinear (warpkan::bspline_forward)"
-bspline_forward.register_autograd(first_order_backward(LABEL, _backward), setup_context=_setup_context)
+bspline_forward.register_autograd(first_order_backward(LABEL, _backward, _higher_backward), setup_context=_setup_context)
 
 
 def _eager_backward(ctx, dy):
@@ -269,7 +295,7 @@ def _stencil_operands(inputs: tuple) -> tuple:
 
 
 _EagerBSpline = eager_function("_EagerBSpline", _forward_impl, _setup_context, _eager_backward, _PUBLIC_LAYOUTS,
-                               LABEL, prepare=_stencil_operands)
+                               LABEL, prepare=_stencil_operands, higher=_higher_backward)
 
 
 def bspline_kan(

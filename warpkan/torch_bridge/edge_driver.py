@@ -46,7 +46,8 @@ from ..kernels.edge.dense import dense_width
 from ._common import RecordedLaunches, TorchWorkspace, autocast_dtype, matmul_precision, to_warp, warp_stream
 
 __all__ = ["STRATEGIES", "PRECISIONS", "PRECISION_UNIT_ROUNDOFF", "check_strategy", "check_precision",
-           "resolve_precision", "edge_forward", "edge_backward", "gemm_forward", "gemm_backward", "expand_basis"]
+           "resolve_precision", "edge_forward", "edge_backward", "gemm_forward", "gemm_backward", "expand_basis",
+           "EdgeSpec", "differentiable_backward", "MAX_X_DERIVATIVE"]
 
 STRATEGIES = ("auto", "stencil", "gemm")
 PRECISIONS = ("auto", "fp32", "tf32", "bf16")
@@ -207,16 +208,16 @@ def _chunk_rows(n_rows: int, width: int, bytes_per_entry: int) -> int:
     return min(rows, max(n_rows, 1))
 
 
-def _expand(x, *rest, family, make_frame, n_frame, frame_config, n_coef, use_base, record=False):
+def _expand(x, *rest, family, make_frame, n_frame, frame_config, n_coef, use_base, order=0, record=False):
     frame_views, (basis_t,) = rest[:n_frame], rest[n_frame:]
     return edge.launch_expand_basis(family, make_frame(*frame_views, *frame_config), x, n_coef, basis_t, use_base,
-                                    record=record)
+                                    record=record, order=order)
 
 
-def _contract(x, *rest, family, make_frame, n_frame, frame_config, n_coef, use_base, record=False):
+def _contract(x, *rest, family, make_frame, n_frame, frame_config, n_coef, use_base, order=1, record=False):
     frame_views, (d_basis_t, dx) = rest[:n_frame], rest[n_frame:]
     return edge.launch_contract_basis_grad(family, make_frame(*frame_views, *frame_config), x, n_coef, d_basis_t, dx,
-                                           use_base, record=record)
+                                           use_base, record=record, order=order)
 
 
 def _combine(base_weight_t, scaler_t, coef, weight, family, use_base, record=False):
@@ -334,3 +335,98 @@ def gemm_backward(family, make_frame, frame_tensors: tuple, frame_config: tuple,
         _launch(_SPLIT, (d_weight, scaler_t, coef, d_base, d_scaler, d_coef), (("family", family),
                                                                                 ("use_base", use_base)))
     return dx, d_base, d_scaler, d_coef
+
+
+# ---------------------------------------------------------------------------------------------- higher order
+# Gradients with create_graph=True. The first-order backward of every edge family is the same two contractions
+# with the dense basis A(x) [width, N] of the family's bases (and SiLU rows): dx = contract_1(W dy^T, x) and
+# dW = A_0(x) dy. Written with two autograd Functions whose own backward is again of that form,
+#   A_m(x):            d/dx <G, A_m(x)> = contract_{m+1}(G, x)
+#   contract_m(G, x):  d/dG = A_m(x) * h (per input row), d/dx = h * contract_{m+1}(G, x),
+# they can be differentiated to the order the engine's bases have (d3B/dx3): u_xx of a PINN residual and the
+# parameter gradients of a loss built from it. The kernels are the engine's dense-basis kernels.
+MAX_X_DERIVATIVE = 3
+
+
+class EdgeSpec(tuple):
+    """(family, make_frame, frame tensors, frame config, n_coef, use_base): what the dense-basis kernels need."""
+
+    __slots__ = ()
+
+    def __new__(cls, family, make_frame, frame_tensors, frame_config, n_coef, use_base):
+        return super().__new__(cls, (family, make_frame, tuple(frame_tensors), tuple(frame_config), int(n_coef),
+                                     bool(use_base)))
+
+
+def _row_inputs(n_in: int, n_coef: int, use_base: bool, device) -> Tensor:
+    """The input index of every row of the dense basis: the SiLU rows first (when fused), then n_coef a input."""
+    rows = torch.arange(n_in, device=device).repeat_interleave(n_coef)
+    return torch.cat([torch.arange(n_in, device=device), rows]) if use_base else rows
+
+
+def _order_config(spec: EdgeSpec, order: int) -> tuple:
+    family, make_frame, frame_tensors, frame_config, n_coef, use_base = spec
+    return (*_frame_config(family, make_frame, frame_tensors, frame_config, n_coef, use_base), ("order", order))
+
+
+def _check_order(order: int, label: str) -> None:
+    if order > MAX_X_DERIVATIVE:
+        raise NotImplementedError(
+            f"{label}: a derivative of order {order} in x was asked for; the edge families provide their bases' "
+            f"derivatives up to order {MAX_X_DERIVATIVE} (enough for the parameter gradients of a loss built from "
+            "u_xx, and for its x-gradient)")
+
+
+class _DenseBasis(torch.autograd.Function):
+    """A_m(x) [width, N]: the order-m x-derivative of the dense basis of x [N, in]."""
+
+    @staticmethod
+    def forward(ctx, x, order, spec):
+        _check_order(order, "edge layer")
+        ctx.save_for_backward(x)
+        ctx.order, ctx.spec = order, spec
+        family, _, frame_tensors, _, n_coef, use_base = spec
+        basis_t = x.new_empty((dense_width(x.shape[1], n_coef, use_base), x.shape[0]))
+        if basis_t.numel():
+            _launch(_EXPAND, (x.contiguous(), *frame_tensors, basis_t), _order_config(spec, order))
+        return basis_t
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return _ContractBasis.apply(g, x, ctx.order + 1, ctx.spec), None, None
+
+
+class _ContractBasis(torch.autograd.Function):
+    """dx [N, in] = sum over each input's rows of G [width, N] times the order-m x-derivative of its bases."""
+
+    @staticmethod
+    def forward(ctx, g, x, order, spec):
+        _check_order(order, "edge layer")
+        ctx.save_for_backward(g, x)
+        ctx.order, ctx.spec = order, spec
+        dx = torch.empty_like(x)
+        if dx.numel():
+            _launch(_CONTRACT, (x.contiguous(), *spec[2], g.contiguous(), dx), _order_config(spec, order))
+        return dx
+
+    @staticmethod
+    def backward(ctx, h):
+        g, x = ctx.saved_tensors
+        d_g = d_x = None
+        if ctx.needs_input_grad[0]:
+            rows = _row_inputs(x.shape[1], ctx.spec[4], ctx.spec[5], x.device)
+            d_g = _DenseBasis.apply(x, ctx.order, ctx.spec) * h.t()[rows]
+        if ctx.needs_input_grad[1]:
+            d_x = h * _ContractBasis.apply(g, x, ctx.order + 1, ctx.spec)
+        return d_g, d_x, None, None
+
+
+def differentiable_backward(spec: EdgeSpec, dy: Tensor, x: Tensor, weight: Tensor, need_x: bool,
+                            need_weight: bool) -> tuple:
+    """(dx, dW) of ``y = A_0(x)^T W`` as differentiable torch graphs (for ``create_graph=True``): ``weight``
+    [width, out] is the caller's combined weight built by torch ops from its parameters, so dW reaches them by
+    ordinary autograd. Either is None when not asked for."""
+    dx = _ContractBasis.apply(weight @ dy.t(), x, 1, spec) if need_x else None
+    d_weight = _DenseBasis.apply(x, 0, spec) @ dy if need_weight else None
+    return dx, d_weight

@@ -78,8 +78,9 @@ class KANLinear(Float32Or64Module):
     conversions to a 16-bit dtype are refused with a TypeError (the layer is left unchanged).
     ``deterministic=True`` makes every gradient bitwise reproducible from run to run.
 
-    Gradients are first order: ``create_graph=True`` (higher-order derivatives, e.g. a physics-informed
-    residual) raises, as do the ``torch.func`` transforms (fold a vmapped dimension into x's leading ones).
+    Higher-order derivatives (``create_graph=True``, e.g. a physics-informed residual's u_xx and the parameter
+    gradients of a loss built from it) come from the edge engine's dense basis and its x-derivatives, to the
+    third order in x; the ``torch.func`` transforms raise (fold a vmapped dimension into x's leading ones).
     Built with ``device="meta"``, the layer infers output shapes on meta inputs.
     ``strategy`` picks the computation ("stencil", "gemm" or "auto"; see :func:`warpkan.torch_bridge.bspline_kan`).
 

@@ -48,7 +48,8 @@ class PolyKANLinear(Float32Or64Module):
     TypeError (the layer is left unchanged). NaN in one row of x makes that row of the output NaN; as under
     autograd, it also makes the coefficient gradients of that input NaN.
 
-    Gradients are first order: ``create_graph=True`` raises, as do the ``torch.func`` transforms. Built with
+    Higher-order derivatives (``create_graph=True``) come from the edge engine's bases and their x-derivatives, to
+    the third order (in LUT mode, those of the tables' interpolants); the ``torch.func`` transforms raise. Built with
     ``device="meta"``, the layer infers output shapes on meta inputs.
 
     Args:

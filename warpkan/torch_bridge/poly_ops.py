@@ -32,8 +32,8 @@ from torch import Tensor
 from .. import _checks
 from ..kernels import poly as kp
 from ._common import (check_tensor, eager_function, first_order_backward, on_rows, op_or_eager, warp_device)
-from .edge_driver import (PRECISIONS, STRATEGIES, check_precision, check_strategy, edge_backward, edge_forward,
-                          expand_basis, gemm_backward, gemm_forward, resolve_precision)
+from .edge_driver import (PRECISIONS, STRATEGIES, EdgeSpec, check_precision, check_strategy, differentiable_backward,
+                          edge_backward, edge_forward, expand_basis, gemm_backward, gemm_forward, resolve_precision)
 
 __all__ = ["poly_kan", "poly_forward", "poly_backward", "choose_strategy", "BF16_ERROR_BOUND", "STRATEGIES",
            "PRECISIONS"]
@@ -215,6 +215,7 @@ def _setup_context(ctx, inputs, output):
     ctx.config = (basis, lut_size, alpha, beta, strategy)
     ctx.precision, ctx.deterministic = precision, deterministic
     ctx.has_bias = bias is not None
+    ctx.op_inputs = inputs  # for create_graph=True (_higher_backward): the op's inputs, with their history
 
 
 def _backward(ctx, dy, backward_op=poly_backward):
@@ -233,13 +234,28 @@ def _backward(ctx, dy, backward_op=poly_backward):
     )
 
 
-# how errors name the op (first-order only: see first_order_backward)
+def _higher_backward(ctx, inputs, dy):
+    """The gradients as differentiable graphs, for ``create_graph=True`` (any strategy and mode): the engine's
+    dense basis and its x-derivatives to the third order, contracted with the coefficient table in torch. In
+    LUT mode these are the derivatives of the tables' interpolants (the third is zero)."""
+    x, coeffs, bias, basis, lut_size, alpha, beta = inputs[:7]
+    need_x, need_coeffs = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    need_bias = ctx.has_bias and ctx.needs_input_grad[2]
+    n_in, n_basis, n_out = coeffs.shape
+    spec = EdgeSpec(*_engine_args_of(x, n_basis, basis, lut_size, alpha, beta), n_basis, False)
+    dx, d_weight = differentiable_backward(spec, dy, x.contiguous(), coeffs.reshape(n_in * n_basis, n_out), need_x,
+                                           need_coeffs)
+    return (dx, d_weight.view(coeffs.shape) if need_coeffs else None, dy.sum(dim=0) if need_bias else None,
+            None, None, None, None, None, None, None)
+
+
+# how errors name the op
 LABEL = "PolyKANLinear/ChebyKANLinear (warpkan::poly_forward)"
-poly_forward.register_autograd(first_order_backward(LABEL, _backward), setup_context=_setup_context)
+poly_forward.register_autograd(first_order_backward(LABEL, _backward, _higher_backward), setup_context=_setup_context)
 
 
 _EagerPoly = eager_function("_EagerPoly", _forward_impl, _setup_context,
-                            lambda ctx, dy: _backward(ctx, dy, _backward_impl), label=LABEL)
+                            lambda ctx, dy: _backward(ctx, dy, _backward_impl), label=LABEL, higher=_higher_backward)
 
 
 # PolyKANLinear's coeffs read [in, out, D + 1]: its route takes them as the module exposes them and makes the
@@ -249,7 +265,8 @@ _EagerPoly = eager_function("_EagerPoly", _forward_impl, _setup_context,
 _SWAP_LAST = (lambda t: t.permute(0, 2, 1), lambda g: g.permute(0, 2, 1))
 _EagerPolyLayer = eager_function("_EagerPolyLayer", _forward_impl, _setup_context,
                                  lambda ctx, dy: _backward(ctx, dy, _backward_impl), {1: _SWAP_LAST}, LABEL,
-                                 prepare=lambda inputs: (inputs[0], inputs[1].contiguous(), *inputs[2:]))
+                                 prepare=lambda inputs: (inputs[0], inputs[1].contiguous(), *inputs[2:]),
+                                 higher=_higher_backward)
 
 
 def poly_apply(x, coeffs, bias, basis, lut_size, alpha, beta, strategy, precision="auto", deterministic=False,

@@ -303,7 +303,7 @@ def _lut_family(K: int, scalar_name: str) -> EdgeFamily:
                 glo = frame.lut_grad[cell, d]
                 rise = frame.lut_grad[cell + 1, d] - glo
                 db[d] = glo + frac * rise
-                d2b[d] = rise * per_unit * scalar(2.0)
+                d2b[d] = rise * per_unit  # the slope on the cell: per_unit cells per unit of t
         return b, db, d2b
 
     @wp.func
