@@ -24,6 +24,7 @@ _FAMILY_MODULES = {
     "geglu": "warpkan.bench.geglu",
     "models": "warpkan.bench.models",
     "native": "warpkan.bench.native",
+    "pinn": "warpkan.bench.pinn",
     "poly": "warpkan.bench.poly",
     "rational": "warpkan.bench.rational",
     "ukan": "warpkan.bench.ukan",

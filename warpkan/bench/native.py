@@ -4,8 +4,8 @@ useful collocation counts, against in the same run:
 
 - the same network in pure torch (efficient-kan's basis recursion; df/dt by autograd with create_graph);
 - an MLP of similar size (1 -> 10 -> 10 -> 1, tanh), df/dt by autograd;
-- the torch bridge (``warpkan.torch_bridge.KANLinear``): its custom op has a first-order backward only, so a
-  residual that needs df/dt cannot be trained through it; the row says so rather than being left out.
+- the torch bridge (``warpkan.torch_bridge.KANLinear``): whether its layers take the residual's df/dt
+  (create_graph=True); ``warpkan bench pinn`` times the bridge on a PDE residual.
 
 The Warp-native step needs the repository's ``examples/`` folder (the PINN lives there); from an installed
 package without it the Warp rows say so.
@@ -124,7 +124,7 @@ def _bridge_supports_second_order(device: str) -> str | None:
     try:
         (dfdt,) = torch.autograd.grad(layer(t).sum(), t, create_graph=True)
         dfdt.sum().backward()
-    except RuntimeError as error:
+    except (RuntimeError, NotImplementedError) as error:
         return f"not supported: {str(error).splitlines()[0][:90]}"
     return None
 
@@ -152,7 +152,7 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
                 row["parameters"] = n_params
             results.append(row)
         results.append({"case": case, "impl": "same KAN via torch bridge (KANLinear)",
-                        "note": bridge_note or "supported"})
+                        "note": bridge_note or "supported (timed in warpkan bench pinn)"})
         reference = next((r.get("step_ms") for r in results if r["impl"].startswith("warpkan")), None)
         for row in results:
             if reference and row.get("step_ms"):

@@ -1,0 +1,105 @@
+"""PINN benchmark in PyTorch: one training step of the 1-D heat equation u_t = 0.1 u_xx on (x, t) collocation
+points, u a 2-32-32-1 network, the residual's u_t and u_xx by ``torch.autograd.grad(create_graph=True)``, then
+``loss.backward()`` and an Adam step. In one run:
+
+- the torch bridge: ``KANLinear`` layers (grid 5, cubic, SiLU base), whose second-order gradients come from the
+  edge engine's dense basis and its x-derivatives;
+- the same KAN in pure torch (efficient-kan's basis recursion, ``warpkan.reference.bspline``), same parameters;
+- an MLP (tanh) of about the same parameter count.
+
+Each row also has the first-order step of the same network (a loss of u alone) and the ratio: the cost of the
+second-order terms. Targets: the bridge >= 5x faster than pure torch and no slower than the MLP; the
+second-order step <= 4x the first-order one. The Warp-native PINN (a residual written as a Warp kernel) is
+in ``warpkan bench native``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import register
+from .timing import time_fn
+
+COLLOCATION = (4096, 65536)
+QUICK_COLLOCATION = (256,)
+WIDTHS = (2, 32, 32, 1)
+GRID, ORDER, NU = 5, 3, 0.1
+
+
+def _bridge(device):
+    from ..torch_bridge import KANLinear
+
+    layers = [KANLinear(a, b, grid_size=GRID, spline_order=ORDER, grid_range=(-1.5, 1.5), device=device)
+              for a, b in zip(WIDTHS[:-1], WIDTHS[1:])]
+    return torch.nn.Sequential(*layers)
+
+
+class _TorchKAN(torch.nn.Module):
+    """The bridge network's parameters evaluated by efficient-kan's formula (pure torch autograd)."""
+
+    def __init__(self, bridge):
+        super().__init__()
+        self.bridge = bridge
+
+    def forward(self, z):
+        from ..reference.bspline import kan_linear
+
+        for layer in self.bridge:
+            z = kan_linear(z, layer.grid, layer.base_weight, layer.spline_weight, layer.spline_scaler, layer.spline_order)
+        return z
+
+
+def _mlp(device, n_params):
+    hidden = 1
+    while hidden * hidden + 5 * hidden + 1 < n_params:
+        hidden += 1
+    return torch.nn.Sequential(torch.nn.Linear(2, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, hidden),
+                               torch.nn.Tanh(), torch.nn.Linear(hidden, 1)).to(device)
+
+
+def _steps(model, xt):
+    """(second-order step, first-order step) closures: the heat residual's loss, or a loss of u alone."""
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def second_order():
+        opt.zero_grad(set_to_none=True)
+        u = model(xt)
+        (du,) = torch.autograd.grad(u.sum(), xt, create_graph=True)
+        (d2u,) = torch.autograd.grad(du[:, 0].sum(), xt, create_graph=True)
+        loss = (du[:, 1] - NU * d2u[:, 0]).square().mean()
+        loss.backward()
+        opt.step()
+
+    def first_order():
+        opt.zero_grad(set_to_none=True)
+        model(xt).square().mean().backward()
+        opt.step()
+
+    return second_order, first_order
+
+
+@register("pinn")
+def run(device: str = "cuda", quick: bool = False) -> list[dict]:
+    rows = []
+    for n_points in QUICK_COLLOCATION if quick else COLLOCATION:
+        case = f"heat PINN step, {'-'.join(map(str, WIDTHS))}, {n_points} points"
+        torch.manual_seed(0)
+        xt = (torch.rand(n_points, 2, device=device) * 2 - 1).requires_grad_()
+        bridge = _bridge(device)
+        n_params = sum(p.numel() for p in bridge.parameters())
+        models = {"warpkan KANLinear (torch bridge)": bridge, "same KAN, pure torch (efficient-kan formula)":
+                  _TorchKAN(bridge), "MLP (tanh), same parameter count": _mlp(device, n_params)}
+        results = []
+        for name, model in models.items():
+            second, first = _steps(model, xt)
+            repeat = 3 if quick else 20
+            row = {"case": case, "impl": name, "parameters": sum(p.numel() for p in model.parameters()),
+                   "step_ms": time_fn(second, device, warmup=3, repeat=repeat),
+                   "first_order_step_ms": time_fn(first, device, warmup=3, repeat=repeat)}
+            row["second / first order"] = row["step_ms"] / row["first_order_step_ms"]
+            results.append(row)
+        ours = results[0]["step_ms"]
+        for row in results:
+            row["x warpkan"] = row["step_ms"] / ours
+        rows.extend(results)
+    return rows
