@@ -75,7 +75,9 @@ class UKANLinear(Float32Or64Module):
     the autocast dtype; ``.half()``, ``.bfloat16()`` and other conversions to a 16-bit dtype are refused with a
     TypeError (the layer is left unchanged).
 
-    Gradients are first order: ``create_graph=True`` raises, as do the ``torch.func`` transforms. Built with
+    Higher-order derivatives (``create_graph=True``) work on the dense-range path: the spline's from the edge
+    engine's dense basis and its x-derivatives (to the third order), the CG-MLP's by its torch form. The sparse
+    pair path refuses them, as every path refuses the ``torch.func`` transforms. Built with
     ``device="meta"``, the layer infers output shapes on meta inputs (then with a nominal table).
 
     Args:

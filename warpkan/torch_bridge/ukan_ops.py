@@ -32,14 +32,13 @@ spline_scaler as the layer exposes them ([out, in]) and make the op's transposed
 
 from __future__ import annotations
 
-import functools
 
 import torch
 from torch import Tensor
 
 from ..kernels import ukan as ku
 from ..kernels.edge.ukan_family import ukan_family, ukan_frame_of
-from .edge_driver import edge_backward, edge_forward
+from .edge_driver import EdgeSpec, differentiable_backward, edge_backward, edge_forward
 from ._common import (TRANSPOSED, RecordedLaunches, eager_function, first_order_backward, forward_mode_message,
                       op_or_eager, refuse_transforms, to_warp, use_registered_op, warp_stream)
 
@@ -374,6 +373,19 @@ def _range_table_setup_context(ctx, inputs, output):
     group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out = inputs
     ctx.save_for_backward(group_lo, embedding, w_hidden, b_hidden, w_out)
     ctx.pe_dim = pe_dim
+    ctx.op_inputs = inputs  # for create_graph=True (_range_table_higher)
+
+
+def _range_table_higher(ctx, inputs, d_table):
+    """The CG-MLP's parameter gradients as graphs (create_graph=True), by its torch form."""
+    group_lo, rows, pe_dim, *params = inputs
+    wanted = [i for i in range(5) if ctx.needs_input_grad[3 + i]]
+    table = range_table_torch(group_lo, rows, pe_dim, *params)
+    grads = torch.autograd.grad(table, [params[i] for i in wanted], d_table, create_graph=True, allow_unused=True)
+    out = [None] * 8
+    for i, grad in zip(wanted, grads):
+        out[3 + i] = grad
+    return tuple(out)
 
 
 def _range_table_backward_with(backward):
@@ -387,7 +399,7 @@ def _range_table_backward_with(backward):
 
 
 ukan_range_table.register_autograd(
-    first_order_backward(RANGE_TABLE_LABEL, _range_table_backward_with(ukan_range_table_backward)),
+    first_order_backward(RANGE_TABLE_LABEL, _range_table_backward_with(ukan_range_table_backward), _range_table_higher),
     setup_context=_range_table_setup_context)
 
 
@@ -498,6 +510,21 @@ def _range_setup_context(ctx, inputs, output):
     x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base, deterministic = inputs
     ctx.save_for_backward(x, group_lo, table, base_weight_t, scaler_t)
     ctx.config = (grid_delta, spline_order, use_base, deterministic)
+    ctx.op_inputs = inputs  # for create_graph=True (_range_spline_higher)
+
+
+def _range_spline_higher(ctx, inputs, dy):
+    x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base = inputs[:8]
+    need = ctx.needs_input_grad
+    params = {2: table, 3: base_weight_t, 4: scaler_t}
+    wanted = [i for i in params if need[i] and (i != 3 or use_base)]
+    dx, grads = range_spline_higher_grads(dy, x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order,
+                                          use_base, need[0], [params[i] for i in wanted])
+    out = [None] * 9
+    out[0] = dx
+    for i, grad in zip(wanted, grads):
+        out[i] = grad
+    return tuple(out)
 
 
 def _range_backward_with(backward):
@@ -525,7 +552,7 @@ def _range_input_grads(ctx, dx, d_base, d_scaler, d_table, need_x, need_params):
 
 
 ukan_range_spline.register_autograd(
-    first_order_backward(RANGE_SPLINE_LABEL, _range_backward_with(ukan_range_spline_backward)),
+    first_order_backward(RANGE_SPLINE_LABEL, _range_backward_with(ukan_range_spline_backward), _range_spline_higher),
     setup_context=_range_setup_context)
 
 
@@ -546,6 +573,8 @@ class _EagerRangeLayer(torch.autograd.Function):
                 base_weight, spline_scaler, grid_delta, spline_order, use_base, deterministic):
         # [out, in] parameters: their [in, out] operands made here, not as autograd nodes of their own (a view
         # of kernel-layout storage, or one copy of a contiguous parameter, for the forward and the backward)
+        ctx.raw_inputs = (x, group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
+                          base_weight, spline_scaler, grid_delta, spline_order, use_base)  # for create_graph=True
         base_weight_t, scaler_t = base_weight.t().contiguous(), spline_scaler.t().contiguous()
         w_out, b_out = coefficient_major(w_out, b_out, spline_order)
         table, *rows = _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out,
@@ -561,9 +590,14 @@ class _EagerRangeLayer(torch.autograd.Function):
         raise NotImplementedError(forward_mode_message(RANGE_LAYER_LABEL))
 
     @staticmethod
-    @functools.partial(first_order_backward, RANGE_LAYER_LABEL)
-    @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
+        if torch.is_grad_enabled():  # create_graph=True: gradients as graphs (range_layer_higher_grads)
+            return _range_layer_higher(ctx, dy)
+        return _EagerRangeLayer.first_order_backward(ctx, dy)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def first_order_backward(ctx, dy):
         x, group_lo, table, base_weight_t, scaler_t, embedding, w_hidden, b_hidden, w_out = ctx.saved_tensors
         pe_dim, grid_delta, spline_order, use_base, deterministic = ctx.config
         need = ctx.needs_input_grad
@@ -591,6 +625,53 @@ class _EagerRangeLayer(torch.autograd.Function):
                 if need[index]:
                     grads[index] = grad
         return tuple(grads)
+
+
+def range_table_torch(group_lo, rows_per_feature: int, pe_dim: int, embedding, w_hidden, b_hidden, w_out, b_out):
+    """What :func:`ukan_range_table` computes, by torch ops (differentiable to any order): the CG-MLP on the
+    rows (encoding of group group_lo[i] - 1 + j, embedding[i])."""
+    n_in = group_lo.shape[0]
+    steps = torch.arange(rows_per_feature, device=group_lo.device)
+    groups = (group_lo.unsqueeze(1) - 1 + steps).reshape(-1)
+    features = torch.cat([positional_encoding(groups, pe_dim, embedding.dtype),
+                          embedding.repeat_interleave(rows_per_feature, dim=0)], dim=-1)
+    hidden = torch.nn.functional.silu(torch.nn.functional.linear(features, w_hidden, b_hidden))
+    return torch.nn.functional.linear(hidden, w_out, b_out).view(n_in * rows_per_feature, -1)
+
+
+def range_spline_higher_grads(dy, x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base,
+                              need_x, wrt: list):
+    """(dx, gradients of ``wrt``) of :func:`ukan_range_spline` as differentiable graphs (create_graph=True):
+    the engine's dense basis of the UKAN family and its x-derivatives, the combined weight made by torch ops from
+    ``table``, ``base_weight_t`` and ``scaler_t`` (which ``wrt`` lists, those of them to differentiate)."""
+    family, make_frame, frame_tensors, frame_config, coef = _range_args(x, group_lo, table, grid_delta, spline_order)
+    n_out = coef.shape[2]
+    spline_weight = (coef * scaler_t.unsqueeze(1)).reshape(-1, n_out)
+    weight = torch.cat([base_weight_t, spline_weight]) if use_base else spline_weight
+    spec = EdgeSpec(family, make_frame, frame_tensors, frame_config, coef.shape[1], use_base)
+    dx, d_weight = differentiable_backward(spec, dy, x.contiguous(), weight, need_x, bool(wrt))
+    grads = torch.autograd.grad(weight, wrt, d_weight, create_graph=True, allow_unused=True) if wrt else ()
+    return dx, grads
+
+
+def _range_layer_higher(ctx, dy):
+    """The eager range layer's gradients for create_graph=True: the table recomputed by torch ops from the
+    node's inputs (so that every gradient carries their history), the spline by the engine's differentiable
+    dense basis (:func:`range_spline_higher_grads`)."""
+    (x, group_lo, rows, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out, base_weight, spline_scaler, grid_delta,
+     spline_order, use_base) = ctx.raw_inputs
+    need = ctx.needs_input_grad
+    w_km, b_km = coefficient_major(w_out, b_out, spline_order)
+    table = range_table_torch(group_lo, rows, pe_dim, embedding, w_hidden, b_hidden, w_km, b_km)
+    params = {4: embedding, 5: w_hidden, 6: b_hidden, 7: w_out, 8: b_out, 9: base_weight, 10: spline_scaler}
+    wanted = [index for index in params if need[index] and (index != 9 or use_base)]
+    dx, grads = range_spline_higher_grads(dy, x, group_lo, table, base_weight.t(), spline_scaler.t(), grid_delta,
+                                          spline_order, use_base, need[0], [params[i] for i in wanted])
+    out = [None] * 15
+    out[0] = dx
+    for index, grad in zip(wanted, grads):
+        out[index] = grad
+    return tuple(out)
 
 
 def range_layer(x: Tensor, group_lo: Tensor, rows_per_feature: int, pe_dim: int, embedding: Tensor,
