@@ -19,6 +19,7 @@ OUTPUTS = {
     "diffsim_particles.py": ["diffsim_particles.png"],
     "pinn_heat.py": ["pinn_heat.png"],
     "pinn_heat_torch.py": ["pinn_heat_torch.png"],
+    "pinn_poisson_torch.py": ["pinn_poisson_torch.png"],
     "pinn_logistic.py": ["pinn_logistic.png"],
     "symbolic_regression.py": ["symbolic_regression.png"],
     "train_distributed.py": [],

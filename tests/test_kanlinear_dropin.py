@@ -5,7 +5,6 @@ and pickle. Forward and gradients are compared with the float64 pure-torch refer
 
 import copy
 import io
-import math
 import pickle
 
 import numpy as np
