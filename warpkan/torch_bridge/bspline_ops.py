@@ -34,7 +34,7 @@ from ..kernels import bspline as kb
 from ..kernels.edge import tiled as edge_tiled
 from .edge_driver import (PRECISION_UNIT_ROUNDOFF, PRECISIONS, STRATEGIES, EdgeSpec, check_precision,
                           differentiable_backward, edge_backward, edge_forward, gemm_backward, gemm_forward,
-                          resolve_precision)
+                          grad_buffers, resolve_precision)
 from ..kernels._common import IO_SCALAR_NAMES
 from ._common import (TRANSPOSED, WP_DTYPES, RecordedLaunches, autocast_dtype, check_tensor,
                       eager_function, first_order_backward, on_rows, op_or_eager)
@@ -182,24 +182,13 @@ def _stencil_backward(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, 
                          base_weight_t, scaler_t, coef, use_base, deterministic, need_x, need_params)
 
 
-def _grad_buffers(x, base_weight_t, scaler_t, coef, need_x, need_params, zero=False):
-    """(dx, d_base_weight_t, d_scaler_t, d_coef) buffers: each in the strides ``empty_like`` gives its tensor,
-    or empty where not needed; zero-filled with ``zero``."""
-    def make(t, needed):
-        if not needed:
-            return x.new_empty((0,))
-        return torch.zeros_like(t) if zero else torch.empty_like(t)
-
-    return make(x, need_x), make(base_weight_t, need_params), make(scaler_t, need_params), make(coef, need_params)
-
-
 bspline_backward = torch.library.custom_op("warpkan::bspline_backward", _backward_impl, mutates_args=())
 
 
 @bspline_backward.register_fake
 def _(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, deterministic, strategy, need_x,
       need_params, precision="auto"):
-    return _grad_buffers(x.contiguous(), base_weight_t, scaler_t, coef, need_x, need_params)
+    return grad_buffers(x.contiguous(), base_weight_t, scaler_t, coef, need_x, need_params)
 
 
 def _setup_context(ctx, inputs, output):

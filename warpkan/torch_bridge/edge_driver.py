@@ -47,7 +47,7 @@ from ._common import RecordedLaunches, TorchWorkspace, autocast_dtype, matmul_pr
 
 __all__ = ["STRATEGIES", "PRECISIONS", "PRECISION_UNIT_ROUNDOFF", "check_strategy", "check_precision",
            "resolve_precision", "edge_forward", "edge_backward", "gemm_forward", "gemm_backward", "expand_basis",
-           "EdgeSpec", "differentiable_backward", "MAX_X_DERIVATIVE"]
+           "EdgeSpec", "differentiable_backward", "grad_buffers", "MAX_X_DERIVATIVE"]
 
 STRATEGIES = ("auto", "stencil", "gemm")
 PRECISIONS = ("auto", "fp32", "tf32", "bf16")
@@ -137,7 +137,9 @@ def edge_forward(family, make_frame, frame_tensors: tuple, frame_config: tuple, 
     return y
 
 
-def _grad_buffers(x, base_weight_t, scaler_t, coef, need_x, need_params, zero=False):
+def grad_buffers(x, base_weight_t, scaler_t, coef, need_x, need_params, zero=False):
+    """(dx, d_base_weight_t, d_scaler_t, d_coef) buffers: each in the strides ``empty_like`` gives its tensor,
+    or empty where not needed; zero-filled with ``zero``."""
     def make(t, needed):
         if not needed:
             return x.new_empty((0,))
@@ -156,7 +158,7 @@ def edge_backward(family, make_frame, frame_tensors: tuple, frame_config: tuple,
     plan = edge_tiled.backward_plan(family, x.is_cuda, n_coef)
     if (plan is not None and edge_tiled.backward_takes(n_out, need_params, deterministic, need_x, plan.banded)
             and n_rows and n_in and n_out):
-        dx, d_base, d_scaler, d_coef = _grad_buffers(x, base_weight_t, scaler_t, coef, need_x, need_params)
+        dx, d_base, d_scaler, d_coef = grad_buffers(x, base_weight_t, scaler_t, coef, need_x, need_params)
         coef_pad = x.new_empty(edge_tiled.coef_pad_shape(family, coef.shape))
         partial_coef = partial_params = None
         if deterministic:
@@ -167,7 +169,7 @@ def edge_backward(family, make_frame, frame_tensors: tuple, frame_config: tuple,
         _launch(_TILED_BACKWARD, (dy, x, *frame_tensors, base_weight_t, scaler_t, coef, coef_pad,
                                   dx if need_x else None, d_base, d_scaler, d_coef, partial_coef, partial_params), config)
         return dx, d_base, d_scaler, d_coef
-    dx, d_base, d_scaler, d_coef = _grad_buffers(x, base_weight_t, scaler_t, coef, need_x, need_params, zero=True)
+    dx, d_base, d_scaler, d_coef = grad_buffers(x, base_weight_t, scaler_t, coef, need_x, need_params, zero=True)
     frame = make_frame(*(to_warp(t) for t in frame_tensors), *frame_config)
     edge.launch_backward(family, frame, to_warp(dy), to_warp(x), to_warp(base_weight_t), to_warp(scaler_t),
                          to_warp(coef), use_base=use_base, dx=to_warp(dx) if need_x else None,

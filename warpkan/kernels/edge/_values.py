@@ -29,7 +29,7 @@ def edge_values(family: EdgeFamily) -> EdgeValues:
     K, first = family.n_bases, family.first
     locate, basis = family.locate, family.basis
     with_dx, with_dx2 = basis_dx(family), basis_dx2(family)
-    of_order = basis_dx_order(family) if family.basis_du3 is not None else None
+    of_order = basis_dx_order(family)
     zero = scalar(0.0)
 
     @wp.func
@@ -74,15 +74,13 @@ def edge_values(family: EdgeFamily) -> EdgeValues:
                 acc = acc + v[m] * coef[i, j, o]
         return acc
 
-    bases_order_at = None
-    if of_order is not None:
-        @wp.func
-        def bases_order_at(frame: Frame, i: int, x: scalar, order: int):
-            valid, slot, u, du_dx, d2u_dx2 = locate(frame, i, x)
-            b = vec()
-            if valid:
-                b = of_order(frame, i, slot, u, du_dx, d2u_dx2, order)
-            return valid, slot, b
+    @wp.func
+    def bases_order_at(frame: Frame, i: int, x: scalar, order: int):
+        valid, slot, u, du_dx, d2u_dx2 = locate(frame, i, x)
+        b = vec()
+        if valid:
+            b = of_order(frame, i, slot, u, du_dx, d2u_dx2, order)
+        return valid, slot, b
 
     return EdgeValues(slot_at, bases_at, bases_dx_at, bases_dx2_at, coef_dot, silu_func(family.scalar_name),
                       bases_order_at, silu_order_func(family.scalar_name))

@@ -23,7 +23,8 @@ import warp as wp
 from .._common import SCALARS
 from .family import EdgeFamily, linear_u_dx3
 
-__all__ = ["MAX_SPLINE_ORDER", "uniform_basis_matrix", "bspline_family"]
+__all__ = ["MAX_SPLINE_ORDER", "uniform_basis_matrix", "uniform_basis_funcs", "uniform_frame_basis",
+           "bspline_family"]
 
 MAX_SPLINE_ORDER = 5
 
@@ -127,22 +128,12 @@ def uniform_basis_funcs(order: int, scalar_name: str):
     return powers_basis, powers_basis_du, powers_basis_du2, powers_basis_du3
 
 
-def _uniform_family(order: int, scalar_name: str) -> EdgeFamily:
+@functools.lru_cache(maxsize=None)
+def uniform_frame_basis(Frame, order: int, scalar_name: str):
+    """(basis, basis_du, basis_du2, basis_du3) of the uniform matrix form with the family signature
+    ``(frame, i, slot, u)``: every uniform-grid family's (B-spline and UKAN), whatever its frame."""
     scalar = SCALARS[scalar_name]
-    Frame = bspline_frame(scalar_name)
     powers_basis, powers_basis_du, powers_basis_du2, powers_basis_du3 = uniform_basis_funcs(order, scalar_name)
-    zero = scalar(0.0)
-
-    @wp.func
-    def locate(frame: Frame, i: int, x: scalar):
-        n_cells = frame.grid.shape[1] - 1
-        t0 = frame.grid[i, 0]
-        inv_h = scalar(n_cells) / (frame.grid[i, n_cells] - t0)
-        s = (x - t0) * inv_h
-        inside = s >= zero and s < scalar(n_cells)  # false for NaN and +-Inf
-        s = wp.where(inside, s, zero)
-        cell = wp.min(int(s), n_cells - 1)
-        return wp.where(inside, 1, 0), cell, s - scalar(cell), inv_h, zero
 
     @wp.func
     def basis(frame: Frame, i: int, slot: int, u: scalar):
@@ -159,6 +150,26 @@ def _uniform_family(order: int, scalar_name: str) -> EdgeFamily:
     @wp.func
     def basis_du3(frame: Frame, i: int, slot: int, u: scalar):
         return powers_basis_du3(u)
+
+    return basis, basis_du, basis_du2, basis_du3
+
+
+def _uniform_family(order: int, scalar_name: str) -> EdgeFamily:
+    scalar = SCALARS[scalar_name]
+    Frame = bspline_frame(scalar_name)
+    basis, basis_du, basis_du2, basis_du3 = uniform_frame_basis(Frame, order, scalar_name)
+    zero = scalar(0.0)
+
+    @wp.func
+    def locate(frame: Frame, i: int, x: scalar):
+        n_cells = frame.grid.shape[1] - 1
+        t0 = frame.grid[i, 0]
+        inv_h = scalar(n_cells) / (frame.grid[i, n_cells] - t0)
+        s = (x - t0) * inv_h
+        inside = s >= zero and s < scalar(n_cells)  # false for NaN and +-Inf
+        s = wp.where(inside, s, zero)
+        cell = wp.min(int(s), n_cells - 1)
+        return wp.where(inside, 1, 0), cell, s - scalar(cell), inv_h, zero
 
     return EdgeFamily(f"bspline_uniform_k{order}_{scalar_name}", scalar_name, order + 1, -order, Frame, locate,
                       basis, basis_du, basis_du2, basis_du3=basis_du3, u_dx3=linear_u_dx3(scalar_name))

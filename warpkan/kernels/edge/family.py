@@ -43,9 +43,9 @@ class EdgeFamily:
     basis: object  # @wp.func (frame, i, slot, u) -> vec
     basis_du: object  # @wp.func (frame, i, slot, u) -> (vec, vec)
     basis_du2: object  # @wp.func (frame, i, slot, u) -> (vec, vec, vec)
+    basis_du3: object  # @wp.func (frame, i, slot, u) -> (vec, vec, vec, vec): up to d3b/du3
+    u_dx3: object  # @wp.func (u, du_dx, d2u_dx2) -> d3u/dx3 of the map x -> u
     single_slot: bool = False  # one slot per input (all of its coefficients in one window: polynomial bases)
-    basis_du3: object = None  # @wp.func (frame, i, slot, u) -> (vec, vec, vec, vec): up to d3b/du3
-    u_dx3: object = None  # @wp.func (u, du_dx, d2u_dx2) -> d3u/dx3 of the map x -> u
 
     @property
     def scalar(self):

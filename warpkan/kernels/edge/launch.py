@@ -166,8 +166,8 @@ def sort_entries(family: EdgeFamily, frame, ws, x, n_buckets: int, stream=None):
 
 
 def _dense(family: EdgeFamily, basis_dtype):
-    name = "bfloat16" if basis_dtype == wp.bfloat16 else wp.types.type_repr(basis_dtype)
-    return dense_kernels(family, {"float32": "float32", "float64": "float64"}.get(name, name))
+    """The dense-basis kernels whose basis has ``basis_dtype`` (the family's scalar type or bfloat16)."""
+    return dense_kernels(family, "bfloat16" if basis_dtype == wp.bfloat16 else wp.types.type_repr(basis_dtype))
 
 
 def launch_combine_weights(family: EdgeFamily, base_weight_t, scaler_t, coef, weight, use_base: bool = True,

@@ -17,7 +17,7 @@ import functools
 import warp as wp
 
 from .._common import SCALARS
-from .bspline_family import MAX_SPLINE_ORDER, uniform_basis_funcs
+from .bspline_family import MAX_SPLINE_ORDER, uniform_frame_basis
 from .family import EdgeFamily, linear_u_dx3
 
 __all__ = ["CELL_LIMIT", "ukan_family", "ukan_frame_of", "ukan_locate_func"]
@@ -85,7 +85,7 @@ def _ukan_family(order: int, scalar_name: str) -> EdgeFamily:
     K = order + 1
     Frame = ukan_frame(scalar_name)
     unbounded_cell = ukan_locate_func(order, scalar_name)
-    powers_basis, powers_basis_du, powers_basis_du2, powers_basis_du3 = uniform_basis_funcs(order, scalar_name)
+    basis, basis_du, basis_du2, basis_du3 = uniform_frame_basis(Frame, order, scalar_name)
     zero = scalar(0.0)
 
     @wp.func
@@ -101,22 +101,6 @@ def _ukan_family(order: int, scalar_name: str) -> EdgeFamily:
                 slot = int(offset) * K + r
         du_dx = wp.where(sloped == 1, scalar(wp.float64(1.0) / frame.h), zero)
         return valid, slot, wp.where(valid == 1, u, zero), du_dx, zero
-
-    @wp.func
-    def basis(frame: Frame, i: int, slot: int, u: scalar):
-        return powers_basis(u)
-
-    @wp.func
-    def basis_du(frame: Frame, i: int, slot: int, u: scalar):
-        return powers_basis_du(u)
-
-    @wp.func
-    def basis_du2(frame: Frame, i: int, slot: int, u: scalar):
-        return powers_basis_du2(u)
-
-    @wp.func
-    def basis_du3(frame: Frame, i: int, slot: int, u: scalar):
-        return powers_basis_du3(u)
 
     return EdgeFamily(f"ukan_range_k{order}_{scalar_name}", scalar_name, K, 0, Frame, locate, basis, basis_du,
                       basis_du2, basis_du3=basis_du3, u_dx3=linear_u_dx3(scalar_name))
