@@ -218,3 +218,55 @@ def test_ukan_range_path_second_derivatives(device, base, registered, monkeypatc
             assert a is None or float(a.abs().max()) == 0, index
             continue
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10, msg=f"output {index}")
+
+
+@pytest.mark.parametrize("use_base", [True, False])
+@pytest.mark.parametrize("scaled", [True, False])
+def test_dense_basis_and_contraction_gradcheck(device, use_base, scaled):
+    """The engine's differentiable dense basis A_m(x) (scaled per input row) and its contraction, the pieces
+    every create_graph=True backward is built of: first and second derivatives in all inputs by float64
+    finite differences, third x-derivatives included."""
+    from warpkan.kernels import bspline as kb
+    from warpkan.torch_bridge.bspline_ops import _bspline_frame
+    from warpkan.torch_bridge.edge_driver import EdgeSpec, _ContractBasis, _DenseBasis, dense_width
+
+    n_in, grid_size, order = 2, 4, 3
+    grid = _grid(n_in, grid_size, order).to(device)
+    n_coef = grid_size + order
+    spec = EdgeSpec(kb.family_of(order, True, "float64"), _bspline_frame, (grid,), (), n_coef, use_base)
+    x = _x(5, n_in, device, seed=7)
+    scale = _x(5, n_in, device, lo=0.5, hi=1.5, seed=8) if scaled else None
+    gen = torch.Generator().manual_seed(9)
+    g = torch.randn(dense_width(n_in, n_coef, use_base), 5, generator=gen, dtype=DOUBLE).to(device).requires_grad_()
+    dense = lambda x, *s: _DenseBasis.apply(x, s[0] if s else None, 1, spec)  # noqa: E731
+    contract = lambda g, x, *s: _ContractBasis.apply(g, x, s[0] if s else None, 1, spec)  # noqa: E731
+    extra = (scale,) if scaled else ()
+    assert torch.autograd.gradcheck(dense, (x, *extra))
+    assert torch.autograd.gradgradcheck(dense, (x, *extra))
+    assert torch.autograd.gradcheck(contract, (g, x, *extra))
+    assert torch.autograd.gradgradcheck(contract, (g, x, *extra))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_pinn_step_replays_from_a_cuda_graph():
+    """The heat PINN's whole training step (u_t and u_xx by create_graph=True, loss.backward, a capturable Adam
+    step) captured in a CUDA graph: each replay takes the step the eager code takes, so the layers' ops launch
+    on torch's capture stream and allocate through torch."""
+    import copy
+
+    from warpkan.bench.pinn import _steps, capture_step
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(KANLinear(2, 6, grid_size=5, device="cuda"), KANLinear(6, 1, grid_size=5, device="cuda"))
+    xt = (torch.rand(300, 2, device="cuda") * 2 - 1).requires_grad_()
+    graphed, eager = copy.deepcopy(model), copy.deepcopy(model)
+    replay = capture_step(_steps(graphed, xt, capturable=True)[0], warmup=3)  # three eager steps, then capture
+    step = _steps(eager, xt, capturable=True)[0]
+    for _ in range(3):
+        step()
+    for _ in range(4):
+        replay()
+        step()
+    torch.cuda.synchronize()
+    for a, b in zip(graphed.parameters(), eager.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -8,12 +8,17 @@ points, u a 2-32-32-1 network, the residual's u_t and u_xx by ``torch.autograd.g
 - an MLP (tanh) of about the same parameter count.
 
 Each row also has the first-order step of the same network (a loss of u alone) and the ratio: the cost of the
-second-order terms. Targets: the bridge >= 5x faster than pure torch and no slower than the MLP; the
+second-order terms. On CUDA each network's second-order step is also captured whole in a CUDA graph (Adam with
+``capturable=True``) and replayed: a step this small is bound by the host's launch and autograd overhead, which
+the replay removes for every network alike (warpkan's ops launch on torch's current stream and allocate
+through torch, so they are capture-safe). Targets: the bridge >= 5x faster than pure torch and no slower than the MLP; the
 second-order step <= 4x the first-order one. The Warp-native PINN (a residual written as a Warp kernel) is
 in ``warpkan bench native``.
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 
@@ -57,12 +62,13 @@ def _mlp(device, n_params):
                                torch.nn.Tanh(), torch.nn.Linear(hidden, 1)).to(device)
 
 
-def _steps(model, xt):
-    """(second-order step, first-order step) closures: the heat residual's loss, or a loss of u alone."""
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+def _steps(model, xt, capturable=False):
+    """(second-order step, first-order step) closures: the heat residual's loss, or a loss of u alone. A
+    ``capturable`` step keeps its gradient buffers (zeroed, not freed) so that a CUDA graph can replay it."""
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=capturable)
 
     def second_order():
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=not capturable)
         u = model(xt)
         (du,) = torch.autograd.grad(u.sum(), xt, create_graph=True)
         (d2u,) = torch.autograd.grad(du[:, 0].sum(), xt, create_graph=True)
@@ -71,11 +77,26 @@ def _steps(model, xt):
         opt.step()
 
     def first_order():
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=not capturable)
         model(xt).square().mean().backward()
         opt.step()
 
     return second_order, first_order
+
+
+def capture_step(step, warmup: int = 3):
+    """A CUDA graph of ``step()`` (after ``warmup`` eager calls on a side stream, as torch.cuda.graph asks):
+    returns its replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
 
 
 @register("pinn")
@@ -97,9 +118,13 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
                    "step_ms": time_fn(second, device, warmup=3, repeat=repeat),
                    "first_order_step_ms": time_fn(first, device, warmup=3, repeat=repeat)}
             row["second / first order"] = row["step_ms"] / row["first_order_step_ms"]
+            if device.startswith("cuda"):
+                replay = capture_step(_steps(copy.deepcopy(model), xt, capturable=True)[0])
+                row["graphed_step_ms"] = time_fn(replay, device, warmup=3, repeat=repeat)
             results.append(row)
-        ours = results[0]["step_ms"]
-        for row in results:
-            row["x warpkan"] = row["step_ms"] / ours
+        for key in ("step_ms", "graphed_step_ms"):
+            if key in results[0]:
+                for row in results:
+                    row[f"x warpkan ({key})"] = row[key] / results[0][key]
         rows.extend(results)
     return rows

@@ -210,16 +210,16 @@ def _chunk_rows(n_rows: int, width: int, bytes_per_entry: int) -> int:
     return min(rows, max(n_rows, 1))
 
 
-def _expand(x, *rest, family, make_frame, n_frame, frame_config, n_coef, use_base, order=0, record=False):
+def _expand(x, scale, *rest, family, make_frame, n_frame, frame_config, n_coef, use_base, order=0, record=False):
     frame_views, (basis_t,) = rest[:n_frame], rest[n_frame:]
     return edge.launch_expand_basis(family, make_frame(*frame_views, *frame_config), x, n_coef, basis_t, use_base,
-                                    record=record, order=order)
+                                    record=record, order=order, scale=scale)
 
 
-def _contract(x, *rest, family, make_frame, n_frame, frame_config, n_coef, use_base, order=1, record=False):
+def _contract(x, scale, *rest, family, make_frame, n_frame, frame_config, n_coef, use_base, order=1, record=False):
     frame_views, (d_basis_t, dx) = rest[:n_frame], rest[n_frame:]
     return edge.launch_contract_basis_grad(family, make_frame(*frame_views, *frame_config), x, n_coef, d_basis_t, dx,
-                                           use_base, record=record, order=order)
+                                           use_base, record=record, order=order, scale=scale)
 
 
 def _combine(base_weight_t, scaler_t, coef, weight, family, use_base, record=False):
@@ -258,7 +258,7 @@ def expand_basis(family, make_frame, frame_tensors: tuple, frame_config: tuple, 
     x = x.contiguous()
     basis_t = x.new_empty((dense_width(x.shape[1], n_coef, use_base), x.shape[0]))
     if basis_t.numel():
-        _launch(_EXPAND, (x, *frame_tensors, basis_t),
+        _launch(_EXPAND, (x, None, *frame_tensors, basis_t),
                 _frame_config(family, make_frame, frame_tensors, frame_config, n_coef, use_base))
     return basis_t
 
@@ -284,7 +284,7 @@ def gemm_forward(family, make_frame, frame_tensors: tuple, frame_config: tuple, 
         for start in range(0, n_rows, chunk):
             stop = min(start + chunk, n_rows)
             basis_t = scratch[: width * (stop - start)].view(width, stop - start)
-            _launch(_EXPAND, (x[start:stop], *frame_tensors, basis_t), config)
+            _launch(_EXPAND, (x[start:stop], None, *frame_tensors, basis_t), config)
             if bias is not None and basis_dtype == x.dtype:
                 torch.addmm(bias, basis_t.t(), weight, out=y[start:stop])
             else:
@@ -325,14 +325,14 @@ def gemm_backward(family, make_frame, frame_tensors: tuple, frame_config: tuple,
             stop = min(start + chunk, n_rows)
             part = scratch[: width * (stop - start)].view(width, stop - start)
             if need_params:
-                _launch(_EXPAND, (x[start:stop], *frame_tensors, part), config)
+                _launch(_EXPAND, (x[start:stop], None, *frame_tensors, part), config)
                 if start == 0:
                     _mm(part, dy_mm[start:stop], out=d_weight)
                 else:
                     _mm_add(d_weight, part, dy_mm[start:stop])
             if need_x:
                 _mm(weight, dy_mm[start:stop].t(), out=part)
-                _launch(_CONTRACT, (x[start:stop], *frame_tensors, part, dx[start:stop]), config)
+                _launch(_CONTRACT, (x[start:stop], None, *frame_tensors, part, dx[start:stop]), config)
     if need_params and scaled:
         _launch(_SPLIT, (d_weight, scaler_t, coef, d_base, d_scaler, d_coef), (("family", family),
                                                                                 ("use_base", use_base)))
@@ -360,12 +360,6 @@ class EdgeSpec(tuple):
                                      bool(use_base)))
 
 
-def _row_inputs(n_in: int, n_coef: int, use_base: bool, device) -> Tensor:
-    """The input index of every row of the dense basis: the SiLU rows first (when fused), then n_coef a input."""
-    rows = torch.arange(n_in, device=device).repeat_interleave(n_coef)
-    return torch.cat([torch.arange(n_in, device=device), rows]) if use_base else rows
-
-
 def _order_config(spec: EdgeSpec, order: int) -> tuple:
     family, make_frame, frame_tensors, frame_config, n_coef, use_base = spec
     return (*_frame_config(family, make_frame, frame_tensors, frame_config, n_coef, use_base), ("order", order))
@@ -379,49 +373,63 @@ def _check_order(order: int, label: str) -> None:
             "u_xx, and for its x-gradient)")
 
 
+def _scaled(h: Tensor, scale: Tensor | None) -> Tensor:
+    return h if scale is None else h * scale
+
+
 class _DenseBasis(torch.autograd.Function):
-    """A_m(x) [width, N]: the order-m x-derivative of the dense basis of x [N, in]."""
+    """A_m(x) [width, N]: the order-m x-derivative of the dense basis of x [N, in], input i's entries of row n
+    times scale[n, i] when a scale [N, in] is given."""
 
     @staticmethod
-    def forward(ctx, x, order, spec):
+    def forward(ctx, x, scale, order, spec):
         _check_order(order, "edge layer")
-        ctx.save_for_backward(x)
+        ctx.save_for_backward(x, scale)
         ctx.order, ctx.spec = order, spec
         family, _, frame_tensors, _, n_coef, use_base = spec
         basis_t = x.new_empty((dense_width(x.shape[1], n_coef, use_base), x.shape[0]))
         if basis_t.numel():
-            _launch(_EXPAND, (x.contiguous(), *frame_tensors, basis_t), _order_config(spec, order))
+            scale = None if scale is None else scale.contiguous()
+            _launch(_EXPAND, (x.contiguous(), scale, *frame_tensors, basis_t), _order_config(spec, order))
         return basis_t
 
     @staticmethod
     def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return _ContractBasis.apply(g, x, ctx.order + 1, ctx.spec), None, None
+        x, scale = ctx.saved_tensors
+        d_x = d_scale = None
+        if ctx.needs_input_grad[0]:
+            d_x = _ContractBasis.apply(g, x, scale, ctx.order + 1, ctx.spec)
+        if ctx.needs_input_grad[1]:
+            d_scale = _ContractBasis.apply(g, x, None, ctx.order, ctx.spec)
+        return d_x, d_scale, None, None
 
 
 class _ContractBasis(torch.autograd.Function):
-    """dx [N, in] = sum over each input's rows of G [width, N] times the order-m x-derivative of its bases."""
+    """dx [N, in] = sum over each input's rows of G [width, N] times the order-m x-derivative of its bases,
+    times scale [N, in] when given."""
 
     @staticmethod
-    def forward(ctx, g, x, order, spec):
+    def forward(ctx, g, x, scale, order, spec):
         _check_order(order, "edge layer")
-        ctx.save_for_backward(g, x)
+        ctx.save_for_backward(g, x, scale)
         ctx.order, ctx.spec = order, spec
         dx = torch.empty_like(x)
         if dx.numel():
-            _launch(_CONTRACT, (x.contiguous(), *spec[2], g.contiguous(), dx), _order_config(spec, order))
+            scale = None if scale is None else scale.contiguous()
+            _launch(_CONTRACT, (x.contiguous(), scale, *spec[2], g.contiguous(), dx), _order_config(spec, order))
         return dx
 
     @staticmethod
     def backward(ctx, h):
-        g, x = ctx.saved_tensors
-        d_g = d_x = None
+        g, x, scale = ctx.saved_tensors
+        d_g = d_x = d_scale = None
         if ctx.needs_input_grad[0]:
-            rows = _row_inputs(x.shape[1], ctx.spec[4], ctx.spec[5], x.device)
-            d_g = _DenseBasis.apply(x, ctx.order, ctx.spec) * h.t()[rows]
+            d_g = _DenseBasis.apply(x, _scaled(h, scale), ctx.order, ctx.spec)
         if ctx.needs_input_grad[1]:
-            d_x = h * _ContractBasis.apply(g, x, ctx.order + 1, ctx.spec)
-        return d_g, d_x, None, None
+            d_x = _ContractBasis.apply(g, x, _scaled(h, scale), ctx.order + 1, ctx.spec)
+        if ctx.needs_input_grad[2]:
+            d_scale = _ContractBasis.apply(g, x, h, ctx.order, ctx.spec)
+        return d_g, d_x, d_scale, None, None
 
 
 def differentiable_backward(spec: EdgeSpec, dy: Tensor, x: Tensor, weight: Tensor, need_x: bool,
@@ -429,6 +437,6 @@ def differentiable_backward(spec: EdgeSpec, dy: Tensor, x: Tensor, weight: Tenso
     """(dx, dW) of ``y = A_0(x)^T W`` as differentiable torch graphs (for ``create_graph=True``): ``weight``
     [width, out] is the caller's combined weight built by torch ops from its parameters, so dW reaches them by
     ordinary autograd. Either is None when not asked for."""
-    dx = _ContractBasis.apply(weight @ dy.t(), x, 1, spec) if need_x else None
-    d_weight = _DenseBasis.apply(x, 0, spec) @ dy if need_weight else None
+    dx = _ContractBasis.apply(weight @ dy.t(), x, None, 1, spec) if need_x else None
+    d_weight = _DenseBasis.apply(x, None, 0, spec) @ dy if need_weight else None
     return dx, d_weight

@@ -74,15 +74,20 @@ def _basis_kernels(family: EdgeFamily, basis_type, kernel):
 
     @kernel
     def expand_basis(x: wp.array2d(dtype=scalar), frame: Frame, use_base: int, n_coef: int, order: int,
-                     basis_t: wp.array2d(dtype=basis_type)):
-        # order > 0: the order-th x-derivative of every entry (the higher-order derivatives of the torch layers)
+                     scale: wp.array2d(dtype=scalar), basis_t: wp.array2d(dtype=basis_type)):
+        # order > 0: the order-th x-derivative of every entry (the higher-order derivatives of the torch layers);
+        # a non-empty scale [rows, in] multiplies input i's entries of row n by scale[n, i] (the gradient of a
+        # contraction, formed here rather than by a gather and a product over the whole dense basis)
         n, i = dense_entry(wp.tid(), x.shape[1])
         if n >= x.shape[0]:
             return
         xv = x[n, i]
+        s = scalar(1.0)
+        if scale.shape[0] > 0:
+            s = scale[n, i]
         row = i * n_coef
         if use_base:
-            basis_t[i, n] = basis_type(silu_order(xv, order))
+            basis_t[i, n] = basis_type(s * silu_order(xv, order))
             row = row + x.shape[1]
         valid = int(0)
         slot = int(0)
@@ -99,13 +104,14 @@ def _basis_kernels(family: EdgeFamily, basis_type, kernel):
             for m in range(K):
                 if j - start == m:
                     value = b[m]
-            basis_t[row + j, n] = basis_type(value)
+            basis_t[row + j, n] = basis_type(s * value)
 
     @kernel
     def contract_basis_grad(x: wp.array2d(dtype=scalar), frame: Frame, use_base: int, n_coef: int, order: int,
-                            d_basis_t: wp.array2d(dtype=basis_type), dx: wp.array2d(dtype=scalar)):
+                            scale: wp.array2d(dtype=scalar), d_basis_t: wp.array2d(dtype=basis_type),
+                            dx: wp.array2d(dtype=scalar)):
         # dx[n, i] = d_basis_t[i, n] silu^(order)(x) + sum_m d_basis_t[row(slot + first + m), n] d^order B_m/dx^order
-        # (overwrites); order 1 is the gradient of expand_basis' order 0
+        # (overwrites), times scale[n, i] when scale is not empty; order 1 is the gradient of expand_basis' order 0
         n, i = dense_entry(wp.tid(), x.shape[1])
         if n >= x.shape[0]:
             return
@@ -127,6 +133,8 @@ def _basis_kernels(family: EdgeFamily, basis_type, kernel):
                 j = slot + first + m
                 if j >= 0 and j < n_coef:
                     acc = acc + db[m] * scalar(d_basis_t[row + j, n])
+        if scale.shape[0] > 0:
+            acc = acc * scale[n, i]
         dx[n, i] = acc
 
     return expand_basis, contract_basis_grad

@@ -179,19 +179,22 @@ def launch_combine_weights(family: EdgeFamily, base_weight_t, scaler_t, coef, we
 
 
 def launch_expand_basis(family: EdgeFamily, frame, x, n_coef: int, basis_t, use_base: bool = True, stream=None,
-                        record: bool = False, order: int = 0):
+                        record: bool = False, order: int = 0, scale=None):
     """basis_t [dense_width, rows] = the transposed dense basis of x [rows, in] (see :mod:`.dense`), zeros
-    included (no fill needed), in basis_t's dtype; ``order`` 1..3: its x-derivative of that order."""
+    included (no fill needed), in basis_t's dtype; ``order`` 1..3: its x-derivative of that order; ``scale``
+    [rows, in] (optional): input i's entries of row n times scale[n, i]."""
     return launch(_dense(family, basis_t.dtype).expand_basis, dense_dim(*x.shape),
-                  [x, frame, int(use_base), n_coef, int(order), basis_t], (), x.device, stream, record)
+                  [x, frame, int(use_base), n_coef, int(order), scale, basis_t], (), x.device, stream, record)
 
 
 def launch_contract_basis_grad(family: EdgeFamily, frame, x, n_coef: int, d_basis_t, dx, use_base: bool = True,
-                               stream=None, record: bool = False, order: int = 1):
+                               stream=None, record: bool = False, order: int = 1, scale=None):
     """dx[n, i] = d_basis_t[i, n] silu'(x[n, i]) (when ``use_base``) + sum_j d_basis_t[row_ij, n] dB_j/dx over
-    the K non-zero bases; ``order`` 2..3 (or 0): the derivatives of that order instead. Overwrites dx."""
+    the K non-zero bases; ``order`` 2..3 (or 0): the derivatives of that order instead; times scale[n, i] when
+    ``scale`` [rows, in] is given. Overwrites dx."""
     return launch(_dense(family, d_basis_t.dtype).contract_basis_grad, dense_dim(*x.shape),
-                  [x, frame, int(use_base), n_coef, int(order), d_basis_t, dx], (), x.device, stream, record)
+                  [x, frame, int(use_base), n_coef, int(order), scale, d_basis_t, dx], (), x.device, stream,
+                  record)
 
 
 def launch_split_param_grads(family: EdgeFamily, d_weight, scaler_t, coef, d_base_weight_t, d_scaler_t, d_coef,
