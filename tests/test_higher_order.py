@@ -270,3 +270,33 @@ def test_pinn_step_replays_from_a_cuda_graph():
     torch.cuda.synchronize()
     for a, b in zip(graphed.parameters(), eager.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("layer", ["kan", "poly"])
+def test_x_gradient_alone_builds_no_parameter_gradient(device, layer, monkeypatch):
+    """autograd.grad(u, x, create_graph=True) runs only the nodes on a path to x: the layers' formulas build no
+    parameter-gradient graph (no order-0 dense basis), which they do when the parameters are asked for too.
+    (The values after the pruning are the reference's: the PINN and second-derivative tests ask for x alone
+    first.)"""
+    from warpkan.torch_bridge import edge_driver
+
+    counted = []
+    apply = edge_driver._DenseBasis.apply
+    monkeypatch.setattr(edge_driver._DenseBasis, "apply",
+                        lambda x, s, order, spec: counted.append(order) or apply(x, s, order, spec))
+    torch.manual_seed(0)
+    tdev = "cuda" if device == "cuda" else "cpu"
+
+    def make(n_in, n_out):
+        if layer == "kan":
+            return KANLinear(n_in, n_out, grid_size=5, dtype=DOUBLE, device=tdev, strategy="stencil")
+        return PolyKANLinear(n_in, n_out, degree=4, mode="exact", dtype=DOUBLE, device=tdev, strategy="stencil")
+
+    model = torch.nn.Sequential(make(2, 4), make(4, 1))
+    x = _x(17, 2, device)
+    (u_x,) = torch.autograd.grad(model(x).sum(), x, create_graph=True)
+    assert counted == []
+    counted.clear()
+    grads = torch.autograd.grad(model(x).sum(), [x, *model.parameters()], create_graph=True)
+    assert counted == [0, 0] and all(g.requires_grad for g in grads)
+    torch.testing.assert_close(grads[0], u_x, rtol=0, atol=0)

@@ -37,7 +37,8 @@ from .edge_driver import (PRECISION_UNIT_ROUNDOFF, PRECISIONS, STRATEGIES, EdgeS
                           grad_buffers, resolve_precision)
 from ..kernels._common import IO_SCALAR_NAMES
 from ._common import (TRANSPOSED, WP_DTYPES, RecordedLaunches, autocast_dtype, check_tensor,
-                      eager_function, first_order_backward, on_rows, op_or_eager)
+                      eager_function, first_order_backward, on_rows, op_or_eager,
+                      params_used_by_this_backward)
 
 __all__ = ["bspline_kan", "bspline_forward", "bspline_backward", "choose_strategy", "resolve_precision",
            "STRATEGIES", "PRECISIONS", "PRECISION_UNIT_ROUNDOFF"]
@@ -229,7 +230,7 @@ def _higher_backward(ctx, inputs, dy):
     combined weight and the split of its gradient in torch."""
     x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base = inputs[:8]
     need_x = ctx.needs_input_grad[0]
-    need_params = any(ctx.needs_input_grad[2:5])
+    need_params = any(ctx.needs_input_grad[2:5]) and params_used_by_this_backward(ctx)
     if not (need_x or need_params):
         return (None,) * 11
     n_in, n_coef, n_out = coef.shape

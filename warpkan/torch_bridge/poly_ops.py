@@ -31,7 +31,8 @@ from torch import Tensor
 
 from .. import _checks
 from ..kernels import poly as kp
-from ._common import (check_tensor, eager_function, first_order_backward, on_rows, op_or_eager, warp_device)
+from ._common import (check_tensor, eager_function, first_order_backward, on_rows, op_or_eager,
+                      params_used_by_this_backward, warp_device)
 from .edge_driver import (PRECISIONS, STRATEGIES, EdgeSpec, check_precision, check_strategy, differentiable_backward,
                           edge_backward, edge_forward, expand_basis, gemm_backward, gemm_forward, resolve_precision)
 
@@ -239,7 +240,8 @@ def _higher_backward(ctx, inputs, dy):
     dense basis and its x-derivatives to the third order, contracted with the coefficient table in torch. In
     LUT mode these are the derivatives of the tables' interpolants (the third is zero)."""
     x, coeffs, bias, basis, lut_size, alpha, beta = inputs[:7]
-    need_x, need_coeffs = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    need_x = ctx.needs_input_grad[0]
+    need_coeffs = ctx.needs_input_grad[1] and params_used_by_this_backward(ctx)
     need_bias = ctx.has_bias and ctx.needs_input_grad[2]
     n_in, n_basis, n_out = coeffs.shape
     spec = EdgeSpec(*_engine_args_of(x, n_basis, basis, lut_size, alpha, beta), n_basis, False)

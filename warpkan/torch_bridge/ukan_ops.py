@@ -40,7 +40,8 @@ from ..kernels import ukan as ku
 from ..kernels.edge.ukan_family import ukan_family, ukan_frame_of
 from .edge_driver import EdgeSpec, differentiable_backward, edge_backward, edge_forward
 from ._common import (TRANSPOSED, RecordedLaunches, eager_function, first_order_backward, forward_mode_message,
-                      op_or_eager, refuse_transforms, to_warp, use_registered_op, warp_stream)
+                      op_or_eager, params_used_by_this_backward, refuse_transforms, to_warp, use_registered_op,
+                      warp_stream)
 
 # how errors name the layer and its ops (first-order only: see first_order_backward)
 LABEL = "UKANLinear (warpkan::ukan_pairs, ukan_group_range, ukan_range_table, ukan_range_spline, ukan_spline)"
@@ -517,7 +518,7 @@ def _range_spline_higher(ctx, inputs, dy):
     x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base = inputs[:8]
     need = ctx.needs_input_grad
     params = {2: table, 3: base_weight_t, 4: scaler_t}
-    wanted = [i for i in params if need[i] and (i != 3 or use_base)]
+    wanted = [i for i in params if need[i] and (i != 3 or use_base)] if params_used_by_this_backward(ctx) else []
     dx, grads = range_spline_higher_grads(dy, x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order,
                                           use_base, need[0], [params[i] for i in wanted])
     out = [None] * 9
@@ -664,7 +665,8 @@ def _range_layer_higher(ctx, dy):
     w_km, b_km = coefficient_major(w_out, b_out, spline_order)
     table = range_table_torch(group_lo, rows, pe_dim, embedding, w_hidden, b_hidden, w_km, b_km)
     params = {4: embedding, 5: w_hidden, 6: b_hidden, 7: w_out, 8: b_out, 9: base_weight, 10: spline_scaler}
-    wanted = [index for index in params if need[index] and (index != 9 or use_base)]
+    wanted = ([index for index in params if need[index] and (index != 9 or use_base)]
+              if params_used_by_this_backward(ctx) else [])
     dx, grads = range_spline_higher_grads(dy, x, group_lo, table, base_weight.t(), spline_scaler.t(), grid_delta,
                                           spline_order, use_base, need[0], [params[i] for i in wanted])
     out = [None] * 15
