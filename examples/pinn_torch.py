@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from warpkan.torch_bridge import ChebyKANLinear, KANLinear
+from warpkan.torch_bridge import ChebyKANLinear, KANLinear, capture_step
 
 NU = 0.1
 QUICK = {"steps": 150, "points": 256}  # --quick: a short run; the same target errors apply
@@ -73,17 +73,27 @@ def residual_loss(problem, net, z):
     return problem.residual(z, du, second).square().mean()
 
 
-def train(problem, name, net, z, steps, lr):
-    optimizer = torch.optim.Adam(net.parameters(), lr=lr)
-    history = []
-    start = time.perf_counter()
-    bar = tqdm(range(steps), desc=name[:24], mininterval=1.0)
-    for step in bar:
-        optimizer.zero_grad(set_to_none=True)
+def train(problem, name, net, z, steps, lr, graph):
+    """Adam on the residual loss; with ``graph`` (CUDA) the whole step is captured once and replayed
+    (``capture_step``): a step this small is bound by the host's Python and launches, not by the GPU."""
+    optimizer = torch.optim.Adam(net.parameters(), lr=lr, capturable=graph)
+
+    def step():
+        optimizer.zero_grad(set_to_none=not graph)
         loss = residual_loss(problem, net, z)
         loss.backward()
         optimizer.step()
-        if step % 10 == 0 or step == steps - 1:
+        return loss.detach()
+
+    history = []
+    start = time.perf_counter()
+    warmup = min(3, steps)
+    if graph:
+        step = capture_step(step, warmup)  # the warm-up calls are training steps too
+    bar = tqdm(range(warmup if graph else 0, steps), desc=name[:24], mininterval=1.0)
+    for index in bar:
+        loss = step()
+        if index % 10 == 0 or index == steps - 1:
             history.append(float(loss))
             bar.set_postfix(loss=f"{history[-1]:.2e}")
     return history, (time.perf_counter() - start) / steps
@@ -105,7 +115,8 @@ def solve(problem, args, device):
     results = {}
     for name, net in networks().items():
         net = net.to(device)
-        history, step_s = train(problem, name, net, z, args.steps, args.lr)
+        graph = device.type == "cuda" and not args.no_graph
+        history, step_s = train(problem, name, net, z, args.steps, args.lr, graph)
         with torch.no_grad():
             pred = problem.ansatz(net, grid).reshape(a.shape)
         results[name] = (history, step_s, float((pred - truth).norm() / truth.norm()), pred.cpu())
@@ -154,6 +165,8 @@ def parse_args(argv=None):
     parser.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     parser.add_argument("--out", default="pinn_torch.png", help="where to save the plot")
+    parser.add_argument("--no-graph", action="store_true",
+                        help="on CUDA, run every step eagerly instead of replaying a captured CUDA graph")
     args = parser.parse_args(argv)
     if args.quick:  # the quick values as defaults, so that options given explicitly still win
         parser.set_defaults(**QUICK)

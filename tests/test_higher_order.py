@@ -254,7 +254,8 @@ def test_pinn_step_replays_from_a_cuda_graph():
     on torch's capture stream and allocate through torch."""
     import copy
 
-    from warpkan.bench.pinn import _steps, capture_step
+    from warpkan.bench.pinn import _steps
+    from warpkan.torch_bridge import capture_step
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(KANLinear(2, 6, grid_size=5, device="cuda"), KANLinear(6, 1, grid_size=5, device="cuda"))

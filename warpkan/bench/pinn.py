@@ -84,21 +84,6 @@ def _steps(model, xt, capturable=False):
     return second_order, first_order
 
 
-def capture_step(step, warmup: int = 3):
-    """A CUDA graph of ``step()`` (after ``warmup`` eager calls on a side stream, as torch.cuda.graph asks):
-    returns its replay."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return graph.replay
-
-
 @register("pinn")
 def run(device: str = "cuda", quick: bool = False) -> list[dict]:
     rows = []
@@ -119,6 +104,8 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
                    "first_order_step_ms": time_fn(first, device, warmup=3, repeat=repeat)}
             row["second / first order"] = row["step_ms"] / row["first_order_step_ms"]
             if device.startswith("cuda"):
+                from ..torch_bridge import capture_step
+
                 replay = capture_step(_steps(copy.deepcopy(model), xt, capturable=True)[0])
                 row["graphed_step_ms"] = time_fn(replay, device, warmup=3, repeat=repeat)
             results.append(row)
