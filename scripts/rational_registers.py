@@ -91,7 +91,7 @@ def main():
         paths = wp.compile_aot_module(kernels.module, device=None, arch=90, module_dir=out, use_ptx=False)
         print(kernels.module)
         for name, vals in kernel_resources(str(paths[0])).items():
-            short = name.replace("get_kernels__locals__", "").split("_")[0]
+            short = name.rsplit("__locals__", 1)[-1].split("_")[0]
             print(f"  {short:10s} registers {vals.get('regs')}  frame {vals.get('frame', 0)} bytes")
 
 

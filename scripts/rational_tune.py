@@ -63,7 +63,7 @@ def main():
             if "--waves" in sys.argv:
                 waves = int(sys.argv[sys.argv.index("--waves") + 1])
                 kr.WAVES.update(forward={vec: waves}, backward={vec: waves})
-            kr.get_kernels.cache_clear()
+            kr.clear_kernel_caches()
             fwd = timed(lambda: kr.launch_forward(w(x), w(a), w(b), w(y), 8, "A", vec=vec, stream=stream))
             bwd = timed(lambda: kr.launch_backward(w(dy), w(x), w(a), w(b), 8, "A", dx=w(dx), da=w(da),
                                                    db=w(db), accumulate_dx=False, vec=vec, stream=stream))

@@ -1,6 +1,6 @@
 """The edge engine (warpkan/kernels/edge/): each family's locate/basis maths against float64 references with
 derivatives, the registry's modules (every one builds on the CPU, at most six a layer configuration), and the
-size of the engine's functions.
+size of the engine's functions (and of the group-rational kernels' in warpkan/kernels/rational.py).
 
 The end-to-end checks of the engine's kernels against the B-spline torch reference are in test_bspline.py.
 """
@@ -617,4 +617,10 @@ def test_edge_engine_functions_are_short():
     files = sorted(EDGE_DIR.glob("*.py"))
     assert len(files) >= 8
     long = [entry for path in files for entry in _long_functions(path, MAX_FUNCTION_LINES)]
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_rational_kernel_functions_are_short():
+    # the group-rational kernels keep to the same rule: one small cached factory per kernel or group of @wp.funcs
+    long = _long_functions(EDGE_DIR.parent / "rational.py", MAX_FUNCTION_LINES)
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"

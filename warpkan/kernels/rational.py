@@ -41,6 +41,7 @@ homogeneous form only runs for a vector that holds an element above ``T``.
 import functools
 import os
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import warp as wp
 
@@ -272,14 +273,55 @@ class RationalKernels:
     module: str
 
 
+# ---------------------------------------------------------------------- kernel factories
+# Every factory below is cached on the arguments of get_kernels (a "combination"), so a combination builds each
+# @wp.func and kernel once, and all its kernels land in one Warp module (_Config.module). The factories close
+# over the types and constants of _config under the names the @wp.funcs and kernels use.
+
+
+@dataclass(frozen=True, eq=False)
+class _Config:
+    """The types, sizes and launch shape of one combination (see _config), and the module its kernels go to."""
+
+    num_order: int
+    den_order: int
+    is_a: bool  # variant A
+    M: int  # numerator coefficients
+    N: int  # denominator coefficients
+    K: int  # coefficient gradients, M + N
+    D: int  # powers 0 .. max(m, n)
+    V: int  # channels per vector
+    UF: int  # items per step of the forward
+    UB: int  # items per step of the backward
+    RUN: int  # steps (of UB items of V elements) summed in fp32 per fp64 fold
+    BF: int  # blocks per SM of the forward
+    BB: int  # blocks per SM of the backward
+    acc: type  # arithmetic type
+    coef: type  # scalar type of the coefficient arrays and of their gradients
+    io_vec: type
+    load_vec: object
+    widen: object
+    store_vec: object
+    accV: type
+    matUF: type  # the vectors of one forward step
+    matUB: type  # the vectors of one backward step
+    vecUFi: type
+    vecUBi: type
+    vecM: type
+    vecN: type
+    vecK: type
+    vecD: type
+    zero: object
+    one: object
+    threshold: object  # large_x_threshold in the arithmetic type
+    module: str
+
+
 @functools.lru_cache(maxsize=None)
-def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec: int,
-                coef_name: "str | None" = None) -> RationalKernels:
-    """Build (lazily) the kernels of one combination; all of them live in one Warp module. ``coef_name``: the
-    scalar type of the coefficient arrays and their gradients (default: the arithmetic type). The kernels
-    widen the coefficients as they load them and narrow the gradients as they store them, so a bf16 module
-    (weights in bf16) needs no cast launches around the kernels: each costs more host time than a small
-    layer's whole kernel."""
+def _config(num_order: int, den_order: int, variant: str, io_name: str, vec: int,
+            coef_name: "str | None") -> _Config:
+    """The arguments of get_kernels checked (ValueError/TypeError naming the bad one), and what follows from
+    them."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     if not (0 <= num_order <= MAX_ORDER and 1 <= den_order <= MAX_ORDER):
@@ -294,43 +336,60 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
     if coef_name not in IO_TYPES:
         raise TypeError(f"coefficients must have a scalar type in {sorted(IO_TYPES)}, got {coef_name}")
     coef = IO_TYPES[coef_name][0]
-    M = num_order + 1  # numerator coefficients
-    N = den_order  # denominator coefficients
-    K = M + N
-    D = max(num_order, den_order) + 1  # powers 0 .. max(m, n)
-    V = vec
+    M = num_order + 1
+    N = den_order
+    D = max(num_order, den_order) + 1
     UF = launch_shape(ITEMS_PER_STEP, "forward", vec)
     UB = launch_shape(ITEMS_PER_STEP, "backward", vec)
-    RUN = max(1, RUN_ELEMENTS // (vec * UB))  # steps (of UB items of V elements) summed in fp32 per fp64 fold
-    io_vec = wp.types.vector(length=V, dtype=io_scalar)
-    # one 16-byte access per vector; I/O vector <-> arithmetic-type vector, pairwise for bf16/fp16 (see _common)
-    load_vec, widen, store_vec = vector_io(io_vec)
-    accV = wp.types.vector(length=V, dtype=acc)
-    matUF = wp.types.matrix(shape=(UF, V), dtype=io_scalar)  # the vectors of one step
-    matUB = wp.types.matrix(shape=(UB, V), dtype=io_scalar)
-    vecUFi = wp.types.vector(length=UF, dtype=int)
-    vecUBi = wp.types.vector(length=UB, dtype=int)
-    vecM = wp.types.vector(length=M, dtype=acc)
-    vecN = wp.types.vector(length=N, dtype=acc)
-    vecK = wp.types.vector(length=K, dtype=acc)
-    totals = lane_totals(vecK, BLOCK_DIM)
-    vecD = wp.types.vector(length=D, dtype=acc)
-    is_a = variant == "A"
-    threshold = acc(large_x_threshold(num_order, den_order))
     BF = launch_shape(BLOCKS_PER_SM, "forward", vec)
     BB = launch_shape(BLOCKS_PER_SM, "backward", vec)
+    io_vec = wp.types.vector(length=vec, dtype=io_scalar)
+    # one 16-byte access per vector; I/O vector <-> arithmetic-type vector, pairwise for bf16/fp16 (see _common)
+    load_vec, widen, store_vec = vector_io(io_vec)
     module = f"warpkan_rational_{variant}_{num_order}_{den_order}_{io_name}_v{vec}_u{UF}{UB}_b{BF}{BB}"
     if coef_name != acc_name:
         module += f"_w{coef_name}"
-    kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
-    # __launch_bounds__(BLOCK_DIM, blocks per SM): the register budget that lets the launched grid's blocks
-    # all be resident at once (a pass's grid is a whole number of such waves, see launch_shape)
-    streaming_kernel = {name: functools.partial(kernel, launch_bounds=(BLOCK_DIM, blocks))
-                        for name, blocks in (("forward", BF), ("backward", BB))}
-    zero = acc(0.0)
-    one = acc(1.0)
+    return _Config(
+        num_order=num_order, den_order=den_order, is_a=variant == "A",
+        M=M, N=N, K=M + N, D=D, V=vec,
+        UF=UF, UB=UB, RUN=max(1, RUN_ELEMENTS // (vec * UB)), BF=BF, BB=BB,
+        acc=acc, coef=coef, io_vec=io_vec, load_vec=load_vec, widen=widen, store_vec=store_vec,
+        accV=wp.types.vector(length=vec, dtype=acc),
+        matUF=wp.types.matrix(shape=(UF, vec), dtype=io_scalar),
+        matUB=wp.types.matrix(shape=(UB, vec), dtype=io_scalar),
+        vecUFi=wp.types.vector(length=UF, dtype=int),
+        vecUBi=wp.types.vector(length=UB, dtype=int),
+        vecM=wp.types.vector(length=M, dtype=acc),
+        vecN=wp.types.vector(length=N, dtype=acc),
+        vecK=wp.types.vector(length=M + N, dtype=acc),
+        vecD=wp.types.vector(length=D, dtype=acc),
+        zero=acc(0.0), one=acc(1.0), threshold=acc(large_x_threshold(num_order, den_order)),
+        module=module,
+    )
 
-    # ------------------------------------------------------------------ maths (@wp.func)
+
+def _kernel_decorator(cfg: _Config, blocks_per_sm: "int | None" = None):
+    """``wp.kernel`` into the combination's module. ``blocks_per_sm``: __launch_bounds__(BLOCK_DIM, blocks per
+    SM), the register budget that lets the launched grid's blocks all be resident at once (a pass's grid is a
+    whole number of such waves, see launch_shape)."""
+    if blocks_per_sm is None:
+        return functools.partial(wp.kernel, enable_backward=False, module=cfg.module)
+    return functools.partial(wp.kernel, enable_backward=False, module=cfg.module,
+                             launch_bounds=(BLOCK_DIM, blocks_per_sm))
+
+
+# ---------------------------------------------------------------------- maths (@wp.func)
+# _basic_funcs (signs and powers) -> _rational_func (any x, homogeneous form) and _plain_funcs (|x| <= T, the
+# common case) -> _maths (per element, either form; what the kernels call).
+
+@functools.lru_cache(maxsize=None)
+def _basic_funcs(num_order: int, den_order: int, variant: str, io_name: str, vec: int,
+                 coef_name: "str | None"):
+    """sgn, powers, w_pow, negate_if_negative and ones_n: the small @wp.funcs the maths is written with."""
+    combination = (num_order, den_order, variant, io_name, vec, coef_name)
+    cfg = _config(*combination)
+    acc, vecD, vecN, D, N, zero, one = cfg.acc, cfg.vecD, cfg.vecN, cfg.D, cfg.N, cfg.zero, cfg.one
+
     @wp.func
     def sgn(v: acc):
         """Derivative of |v|, with +1 at 0 (KAT's convention)."""
@@ -353,93 +412,127 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
             return wpow[e]
         return spow[-e]
 
-    def make_rational(scaled: bool, with_grad: bool):
-        """The rational at x = u / w; ``scaled=False`` is the plain form (w = 1, every w-power folded away).
+    @wp.func
+    def negate_if_negative(v: acc, sign_of: acc):
+        """v * sgn(sign_of) with sgn(0) = +1 (one compare and one select; a -0 argument counts as +0)."""
+        return wp.where(sign_of < zero, -v, v)
 
-        Returns (F, dF/dx, gradient factors dF/d[a_0..a_m, b_0..b_{n-1}]) or just F."""
+    @wp.func
+    def ones_n():
+        """The b signs handed to the homogeneous form: 1, so that it returns the raw gradient factors."""
+        v = vecN()
+        for j in range(N):
+            v[j] = one
+        return v
 
-        def rational(u: acc, w: acc, s: acc, a: vecM, bcoef: vecN, bsign: vecN):
-            upow = powers(u)
-            aupow = powers(wp.abs(u))
-            wpow = vecD()
-            spow = vecD()
+    return SimpleNamespace(sgn=sgn, powers=powers, w_pow=w_pow, negate_if_negative=negate_if_negative,
+                           ones_n=ones_n)
+
+
+@functools.lru_cache(maxsize=None)
+def _rational_func(num_order: int, den_order: int, variant: str, io_name: str, vec: int,
+                   coef_name: "str | None", scaled: bool, with_grad: bool):
+    """The @wp.func of the rational at x = u / w; ``scaled=False`` is the plain form (w = 1, every w-power
+    folded away).
+
+    Returns (F, dF/dx, gradient factors dF/d[a_0..a_m, b_0..b_{n-1}]) or just F."""
+    combination = (num_order, den_order, variant, io_name, vec, coef_name)
+    cfg = _config(*combination)
+    acc, vecM, vecN, vecK, vecD = cfg.acc, cfg.vecM, cfg.vecN, cfg.vecK, cfg.vecD
+    M, N, is_a, zero, one = cfg.M, cfg.N, cfg.is_a, cfg.zero, cfg.one
+    basics = _basic_funcs(*combination)
+    sgn, powers, w_pow = basics.sgn, basics.powers, basics.w_pow
+
+    def rational(u: acc, w: acc, s: acc, a: vecM, bcoef: vecN, bsign: vecN):
+        upow = powers(u)
+        aupow = powers(wp.abs(u))
+        wpow = vecD()
+        spow = vecD()
+        if wp.static(scaled):
+            wpow = powers(w)
+            spow = powers(s)
+        ph = zero
+        dph = zero
+        fi = zero  # i as a float
+        for i in range(M):
+            term = a[i]
             if wp.static(scaled):
-                wpow = powers(w)
-                spow = powers(s)
-            ph = zero
-            dph = zero
-            fi = zero  # i as a float
-            for i in range(M):
-                term = a[i]
-                if wp.static(scaled):
-                    term = term * w_pow(num_order - i, wpow, spow)
-                ph = ph + term * upow[i]
-                if wp.static(with_grad):
-                    if i >= 1:
-                        dph = dph + fi * term * upow[i - 1]
-                fi = fi + one
-            # denominator: qh = w^n Q, dqh = w^(n-1) dQ/dx
-            qsum = zero
-            dqsum = zero
-            fj = zero
-            for j in range(1, N + 1):
-                fj = fj + one
-                term = bcoef[j - 1]
-                if wp.static(scaled):
-                    term = term * w_pow(den_order - j, wpow, spow)
-                if wp.static(is_a):
-                    qsum = qsum + term * aupow[j]
-                    if wp.static(with_grad):
-                        dqsum = dqsum + fj * term * aupow[j - 1]
-                else:
-                    qsum = qsum + term * upow[j]
-                    if wp.static(with_grad):
-                        dqsum = dqsum + fj * term * upow[j - 1]
-            wn = one
+                term = term * w_pow(num_order - i, wpow, spow)
+            ph = ph + term * upow[i]
+            if wp.static(with_grad):
+                if i >= 1:
+                    dph = dph + fi * term * upow[i - 1]
+            fi = fi + one
+        # denominator: qh = w^n Q, dqh = w^(n-1) dQ/dx
+        qsum = zero
+        dqsum = zero
+        fj = zero
+        for j in range(1, N + 1):
+            fj = fj + one
+            term = bcoef[j - 1]
             if wp.static(scaled):
-                wn = wpow[den_order]
-            q_sign = one
+                term = term * w_pow(den_order - j, wpow, spow)
             if wp.static(is_a):
-                qh = wn + qsum
-                q_sign = sgn(u)
+                qsum = qsum + term * aupow[j]
+                if wp.static(with_grad):
+                    dqsum = dqsum + fj * term * aupow[j - 1]
             else:
-                q_sign = sgn(qsum)
-                qh = wn + wp.abs(qsum)
-            r = one / qh
-            f_scale = one
-            fw_scale = one
+                qsum = qsum + term * upow[j]
+                if wp.static(with_grad):
+                    dqsum = dqsum + fj * term * upow[j - 1]
+        wn = one
+        if wp.static(scaled):
+            wn = wpow[den_order]
+        q_sign = one
+        if wp.static(is_a):
+            qh = wn + qsum
+            q_sign = sgn(u)
+        else:
+            q_sign = sgn(qsum)
+            qh = wn + wp.abs(qsum)
+        r = one / qh
+        f_scale = one
+        fw_scale = one
+        if wp.static(scaled):
+            f_scale = w_pow(den_order - num_order, wpow, spow)
+            fw_scale = w_pow(den_order - num_order + 1, wpow, spow)
+        f = f_scale * ph * r
+        if wp.static(not with_grad):
+            return f, zero, vecK()
+        dfdx = fw_scale * r * (dph - ph * r * q_sign * dqsum)
+        g = vecK()
+        for i in range(M):
+            gi = upow[i] * r
             if wp.static(scaled):
-                f_scale = w_pow(den_order - num_order, wpow, spow)
-                fw_scale = w_pow(den_order - num_order + 1, wpow, spow)
-            f = f_scale * ph * r
-            if wp.static(not with_grad):
-                return f, zero, vecK()
-            dfdx = fw_scale * r * (dph - ph * r * q_sign * dqsum)
-            g = vecK()
-            for i in range(M):
-                gi = upow[i] * r
-                if wp.static(scaled):
-                    gi = gi * w_pow(den_order - i, wpow, spow)
-                g[i] = gi
-            for j in range(1, N + 1):
-                gj = -f * r
-                if wp.static(is_a):
-                    gj = gj * bsign[j - 1] * aupow[j]
-                else:
-                    gj = gj * q_sign * upow[j]
-                if wp.static(scaled):
-                    gj = gj * w_pow(den_order - j, wpow, spow)
-                g[M + j - 1] = gj
-            return f, dfdx, g
+                gi = gi * w_pow(den_order - i, wpow, spow)
+            g[i] = gi
+        for j in range(1, N + 1):
+            gj = -f * r
+            if wp.static(is_a):
+                gj = gj * bsign[j - 1] * aupow[j]
+            else:
+                gj = gj * q_sign * upow[j]
+            if wp.static(scaled):
+                gj = gj * w_pow(den_order - j, wpow, spow)
+            g[M + j - 1] = gj
+        return f, dfdx, g
 
-        rational.__name__ = rational.__qualname__ = (
-            f"rational_{'scaled' if scaled else 'plain'}_{'grad' if with_grad else 'value'}"
-        )
-        return wp.func(rational)
+    rational.__name__ = rational.__qualname__ = (
+        f"rational_{'scaled' if scaled else 'plain'}_{'grad' if with_grad else 'value'}"
+    )
+    return wp.func(rational)
 
-    rational_scaled_value = make_rational(True, False)
-    rational_scaled_grad = make_rational(True, True)
 
+@functools.lru_cache(maxsize=None)
+def _plain_funcs(num_order: int, den_order: int, variant: str, io_name: str, vec: int,
+                 coef_name: "str | None"):
+    """plain_value and plain_step: F and the gradient terms for |x| <= T, from the powers of x."""
+    combination = (num_order, den_order, variant, io_name, vec, coef_name)
+    cfg = _config(*combination)
+    acc, vecM, vecN, vecK, M, N, D = cfg.acc, cfg.vecM, cfg.vecN, cfg.vecK, cfg.M, cfg.N, cfg.D
+    is_a, zero, one = cfg.is_a, cfg.zero, cfg.one
+    basics = _basic_funcs(*combination)
+    powers, negate_if_negative = basics.powers, basics.negate_if_negative
     reciprocal = _fast_reciprocal if acc == wp.float32 else _exact_reciprocal
 
     @wp.func
@@ -461,11 +554,6 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
         else:
             q = one + wp.abs(s * u)
         return p * reciprocal(q)
-
-    @wp.func
-    def negate_if_negative(v: acc, sign_of: acc):
-        """v * sgn(sign_of) with sgn(0) = +1 (one compare and one select; a -0 argument counts as +0)."""
-        return wp.where(sign_of < zero, -v, v)
 
     @wp.func
     def plain_step(x: acc, dy: acc, a: vecM, ia: vecM, bq: vecN, jb: vecN, run: vecK):
@@ -514,13 +602,24 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
             out[M + j - 1] = run[M + j - 1] + u * qp[j]
         return t * (dp - f * signed_ds), out
 
-    @wp.func
-    def ones_n():
-        """The b signs handed to the homogeneous form: 1, so that it returns the raw gradient factors."""
-        v = vecN()
-        for j in range(N):
-            v[j] = one
-        return v
+    return SimpleNamespace(plain_value=plain_value, plain_step=plain_step)
+
+
+@functools.lru_cache(maxsize=None)
+def _maths(num_order: int, den_order: int, variant: str, io_name: str, vec: int,
+           coef_name: "str | None"):
+    """The per-element maths the kernels call: any_large, then plain_value / plain_step, or element_value /
+    element_step (the homogeneous form for the elements above T)."""
+    combination = (num_order, den_order, variant, io_name, vec, coef_name)
+    cfg = _config(*combination)
+    acc, accV, vecM, vecN, vecK, V, threshold, one = (
+        cfg.acc, cfg.accV, cfg.vecM, cfg.vecN, cfg.vecK, cfg.V, cfg.threshold, cfg.one)
+    basics = _basic_funcs(*combination)
+    sgn, ones_n = basics.sgn, basics.ones_n
+    plain = _plain_funcs(*combination)
+    plain_value, plain_step = plain.plain_value, plain.plain_step
+    rational_scaled_value = _rational_func(*combination, True, False)
+    rational_scaled_grad = _rational_func(*combination, True, True)
 
     @wp.func
     def any_large(xv: accV):
@@ -548,7 +647,21 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
             return dy * d, run + dy * g
         return plain_step(x, dy, a, ia, bq, jb, run)
 
-    # ------------------------------------------------------------------ block decoding
+    return SimpleNamespace(any_large=any_large, plain_value=plain_value, plain_step=plain_step,
+                           element_value=element_value, element_step=element_step)
+
+
+# ---------------------------------------------------------------------- block decoding
+
+@functools.lru_cache(maxsize=None)
+def _block_funcs(num_order: int, den_order: int, variant: str, io_name: str, vec: int,
+                 coef_name: "str | None"):
+    """block_coefficients, logical_block, block_extent and next_item: what a block works on, and its lanes'
+    walk over it."""
+    cfg = _config(num_order, den_order, variant, io_name, vec, coef_name)
+    acc, coef, vecM, vecN, M, N, is_a, zero, one = (
+        cfg.acc, cfg.coef, cfg.vecM, cfg.vecN, cfg.M, cfg.N, cfg.is_a, cfg.zero, cfg.one)
+
     @wp.func
     def block_coefficients(blk: int, blocks_per_group: int, a: wp.array2d(dtype=coef), b: wp.array2d(dtype=coef)):
         """(group, a, i a_i, bq = |b| (A) or b (B), j bq_j) of a block."""
@@ -609,8 +722,28 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
             next_row += 1
         return next_row, next_col
 
-    # ------------------------------------------------------------------ forward
-    @streaming_kernel["forward"]
+    return SimpleNamespace(block_coefficients=block_coefficients, logical_block=logical_block,
+                           block_extent=block_extent, next_item=next_item)
+
+
+# ---------------------------------------------------------------------- kernels
+
+@functools.lru_cache(maxsize=None)
+def _forward_kernel(num_order: int, den_order: int, variant: str, io_name: str, vec: int,
+                    coef_name: "str | None"):
+    """y = F(x), tiled (see the module docstring)."""
+    combination = (num_order, den_order, variant, io_name, vec, coef_name)
+    cfg = _config(*combination)
+    io_vec, coef, accV, matUF, vecUFi = cfg.io_vec, cfg.coef, cfg.accV, cfg.matUF, cfg.vecUFi
+    V, UF = cfg.V, cfg.UF
+    load_vec, widen, store_vec = cfg.load_vec, cfg.widen, cfg.store_vec
+    maths = _maths(*combination)
+    any_large, element_value, plain_value = maths.any_large, maths.element_value, maths.plain_value
+    blocks = _block_funcs(*combination)
+    block_coefficients, logical_block = blocks.block_coefficients, blocks.logical_block
+    block_extent, next_item = blocks.block_extent, blocks.next_item
+
+    @_kernel_decorator(cfg, cfg.BF)
     def forward(
         x: wp.array2d(dtype=io_vec),
         a: wp.array2d(dtype=coef),
@@ -658,8 +791,28 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
                             yv[k] = plain_value(xv[k], av, bq)
                     store_vec(y, rows_u[u], col0 + cols_u[u], yv)
 
-    # ------------------------------------------------------------------ backward
-    @streaming_kernel["backward"]
+    return forward
+
+
+@functools.lru_cache(maxsize=None)
+def _backward_kernel(num_order: int, den_order: int, variant: str, io_name: str, vec: int,
+                     coef_name: "str | None"):
+    """dx and one fp64 partial row of coefficient gradients per block (see the module docstring)."""
+    combination = (num_order, den_order, variant, io_name, vec, coef_name)
+    cfg = _config(*combination)
+    io_vec, coef, acc, accV, matUB, vecUBi, vecK = (
+        cfg.io_vec, cfg.coef, cfg.acc, cfg.accV, cfg.matUB, cfg.vecUBi, cfg.vecK)
+    V, UB, M, K, RUN, is_a = cfg.V, cfg.UB, cfg.M, cfg.K, cfg.RUN, cfg.is_a
+    load_vec, widen, store_vec = cfg.load_vec, cfg.widen, cfg.store_vec
+    totals = lane_totals(vecK, BLOCK_DIM)
+    sgn = _basic_funcs(*combination).sgn
+    maths = _maths(*combination)
+    any_large, element_step, plain_step = maths.any_large, maths.element_step, maths.plain_step
+    blocks = _block_funcs(*combination)
+    block_coefficients, logical_block = blocks.block_coefficients, blocks.logical_block
+    block_extent, next_item = blocks.block_extent, blocks.next_item
+
+    @_kernel_decorator(cfg, cfg.BB)
     def backward(
         dy: wp.array2d(dtype=io_vec),
         x: wp.array2d(dtype=io_vec),
@@ -735,7 +888,17 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
                             value = value * wp.float64(sgn(acc(b[g, k - M])))
                     partials[blk, k] = value
 
-    @kernel
+    return backward
+
+
+@functools.lru_cache(maxsize=None)
+def _combine_kernel(num_order: int, den_order: int, variant: str, io_name: str, vec: int,
+                    coef_name: "str | None"):
+    """da and db from the backward's block partials, summed in a fixed order."""
+    cfg = _config(num_order, den_order, variant, io_name, vec, coef_name)
+    acc, coef, M, N = cfg.acc, cfg.coef, cfg.M, cfg.N
+
+    @_kernel_decorator(cfg)
     def combine(
         partials: wp.array2d(dtype=wp.float64),
         blocks_per_group: int,
@@ -780,21 +943,42 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
                     value = value + wp.float64(acc(db[row, k - M]))
                 db[row, k - M] = coef(acc(value))
 
+    return combine
+
+
+@functools.lru_cache(maxsize=None)
+def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec: int,
+                coef_name: "str | None" = None) -> RationalKernels:
+    """Build (lazily) the kernels of one combination; all of them live in one Warp module. ``coef_name``: the
+    scalar type of the coefficient arrays and their gradients (default: the arithmetic type). The kernels
+    widen the coefficients as they load them and narrow the gradients as they store them, so a bf16 module
+    (weights in bf16) needs no cast launches around the kernels: each costs more host time than a small
+    layer's whole kernel."""
+    combination = (num_order, den_order, variant, io_name, vec, coef_name)
+    cfg = _config(*combination)
     return RationalKernels(
         num_order=num_order,
         den_order=den_order,
         variant=variant,
         io_name=io_name,
         vec=vec,
-        io_vector=io_vec,
-        acc=acc,
-        coef=coef,
-        grad_vector=vecK,
-        forward=forward,
-        backward=backward,
-        combine=combine,
-        module=module,
+        io_vector=cfg.io_vec,
+        acc=cfg.acc,
+        coef=cfg.coef,
+        grad_vector=cfg.vecK,
+        forward=_forward_kernel(*combination),
+        backward=_backward_kernel(*combination),
+        combine=_combine_kernel(*combination),
+        module=cfg.module,
     )
+
+
+def clear_kernel_caches() -> None:
+    """Forget every built combination, so that the next get_kernels builds its kernels anew (after a change of
+    the launch-shape tables, as scripts/rational_tune.py makes)."""
+    for factory in (get_kernels, _config, _basic_funcs, _rational_func, _plain_funcs, _maths, _block_funcs,
+                    _forward_kernel, _backward_kernel, _combine_kernel):
+        factory.cache_clear()
 
 
 # ---------------------------------------------------------------------- launchers
