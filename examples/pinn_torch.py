@@ -104,10 +104,10 @@ def solve(problem, args, device):
     the exact solution on the evaluation grid."""
     torch.manual_seed(0)
     lo, hi = problem.b_range
-    z = torch.rand(args.points, 2, device=device)
+    z = torch.rand(args.points, 2)  # drawn on the CPU: the same points (and results) on every device
     z[:, 0] = z[:, 0] * 2 - 1
     z[:, 1] = lo + (hi - lo) * z[:, 1]
-    z.requires_grad_()
+    z = z.to(device).requires_grad_()
     a, b = torch.meshgrid(torch.linspace(-1, 1, 101, device=device), torch.linspace(lo, hi, 51, device=device),
                           indexing="xy")
     grid = torch.stack([a.ravel(), b.ravel()], 1)
