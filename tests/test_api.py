@@ -45,7 +45,8 @@ EXPECTED_TORCH_BRIDGE = {
     "group_rational",
     "group_rational_forward",
     "group_rational_backward",
-, "capture_step"}
+    "capture_step",
+}
 
 
 def test_warpkan_all_is_locked():

@@ -43,9 +43,10 @@ LAYERS = {
     "GEGLUFFN": (lambda **kw: GEGLUFFN(8, 16, **kw), 8, 8, r"GEGLUFFN \(warpkan::geglu_ffn_forward\)"),
 }
 MODULES = [name for name in LAYERS if name != "poly_kan"]
-# the edge families on the engine's differentiable backward (tests/test_higher_order.py checks their values)
+# the edge families on the engine's differentiable backward and the group-rational layers on the jet kernels
+# (tests/test_higher_order.py checks their values)
 HIGHER_ORDER_SUPPORTED = ["KANLinear", "KANLinear-gemm", "UKANLinear", "UKANLinear-fixed", "PolyKANLinear",
-                          "ChebyKANLinear", "poly_kan"]
+                          "ChebyKANLinear", "poly_kan", "GroupRational", "GRKANLinear", "KATMLP"]
 REFUSED = [name for name in LAYERS if name not in HIGHER_ORDER_SUPPORTED]
 # the layers that compute in float32/float64 only (the group-rational family and GEGLUFFN take fp16/bf16)
 WIDE_FLOAT_ONLY = ["KANLinear", "UKANLinear", "PolyKANLinear", "ChebyKANLinear"]

@@ -301,3 +301,110 @@ def test_x_gradient_alone_builds_no_parameter_gradient(device, layer, monkeypatc
     grads = torch.autograd.grad(model(x).sum(), [x, *model.parameters()], create_graph=True)
     assert counted == [0, 0] and all(g.requires_grad for g in grads)
     torch.testing.assert_close(grads[0], u_x, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------------------------------ group-rational
+def _rational_params(shared, num_groups, m, n, device, dtype=DOUBLE, seed=5):
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randn(1 if shared else num_groups, m + 1, generator=gen, dtype=DOUBLE) * 0.7
+    b = torch.randn(num_groups, n, generator=gen, dtype=DOUBLE) * 0.7
+    return a.to(device, dtype).requires_grad_(), b.to(device, dtype).requires_grad_()
+
+
+@pytest.mark.parametrize("variant", ["A", "B"])
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("registered", [False, True])
+def test_group_rational_second_derivatives_and_their_parameter_gradients(device, variant, shared, registered,
+                                                                        monkeypatch):
+    """y, u_x, u_xx and the gradients of a loss of them in x and both coefficient tables: the jet kernels
+    against torch's double backward of the float64 reference, on the eager route and the registered op."""
+    from warpkan.reference.rational import group_rational_reference
+    from warpkan.torch_bridge import group_rational
+
+    if registered:
+        import warpkan.torch_bridge._common as common
+
+        monkeypatch.setattr(common, "use_registered_op", lambda x: True)
+    num_groups, channels, m, n = 3, 9, 5, 4
+    a, b = _rational_params(shared, num_groups, m, n, device)
+    x = _x(11, channels, device, lo=-2.0, hi=2.0)
+    runs = []
+    for f in (group_rational, group_rational_reference):
+        y, u_x, u_xx, loss = _derivatives(lambda x: f(x, a, b, num_groups, variant), x)
+        runs.append((y, u_x, u_xx, *torch.autograd.grad(loss, [a, b, x])))
+    for name, ours, ref in zip(["y", "u_x", "u_xx", "d loss / d a", "d loss / d b", "d loss / d x"], *runs):
+        torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-10, msg=name)
+
+
+@pytest.mark.parametrize("variant", ["A", "B"])
+@pytest.mark.parametrize("shared", [True, False])
+def test_group_rational_gradgradcheck(device, variant, shared):
+    from warpkan.torch_bridge import group_rational
+
+    a, b = _rational_params(shared, 2, 3, 2, device, seed=6)
+    x = _x(5, 4, device, lo=-1.5, hi=1.5, seed=7)
+    f = lambda x, a, b: group_rational(x, a, b, 2, variant)  # noqa: E731
+    assert torch.autograd.gradcheck(f, (x, a, b))
+    assert torch.autograd.gradgradcheck(f, (x, a, b))
+
+
+@pytest.mark.parametrize("variant", ["A", "B"])
+def test_group_rational_jet_pieces_gradcheck(device, variant):
+    """The two differentiable pieces of the create_graph=True path, directions included: the x-derivative (of
+    F, or of F's coefficient derivative along h) and the coefficient gradient, by float64 finite
+    differences, to the second derivative where they close."""
+    from warpkan.torch_bridge.rational_higher import _CoefGrad, _Derivative
+
+    a, b = _rational_params(False, 2, 3, 2, device, seed=8)
+    ha, hb = _rational_params(False, 2, 3, 2, device, seed=9)
+    x = _x(4, 4, device, lo=-1.5, hi=1.5, seed=10)
+    g = _x(4, 4, device, lo=-1.0, hi=1.0, seed=11)
+    for order in (0, 1, 2):
+        plain = lambda x, a, b: _Derivative.apply(x, a, b, None, None, order, variant)  # noqa: E731
+        directed = lambda x, a, b, ha, hb: _Derivative.apply(x, a, b, ha, hb, order, variant)  # noqa: E731
+        coef = lambda g, x, a, b: _CoefGrad.apply(g, x, a, b, None, None, order, variant)  # noqa: E731
+        assert torch.autograd.gradcheck(plain, (x, a, b))
+        assert torch.autograd.gradgradcheck(plain, (x, a, b))
+        assert torch.autograd.gradcheck(directed, (x, a, b, ha, hb))
+        assert torch.autograd.gradcheck(coef, (g, x, a, b))
+
+
+def test_group_rational_float32_error_is_at_reference_level(device):
+    """The float32 create_graph=True path (the jet kernels in float32) against float64, within a small factor
+    of the float32 reference's own error."""
+    from warpkan.reference.rational import group_rational_reference
+    from warpkan.torch_bridge import group_rational
+
+    a64, b64 = _rational_params(False, 2, 5, 4, device, seed=12)
+    x64 = _x(64, 8, device, lo=-2.0, hi=2.0, seed=13)
+    results = {}
+    for name, f, dtype in (("ours", group_rational, torch.float32), ("ref32", group_rational_reference, torch.float32),
+                           ("ref64", group_rational_reference, DOUBLE)):
+        a, b = a64.detach().to(dtype).requires_grad_(), b64.detach().to(dtype).requires_grad_()
+        x = x64.detach().to(dtype).requires_grad_()
+        y, u_x, u_xx, loss = _derivatives(lambda x: f(x, a, b, 2, "A"), x)
+        results[name] = [t.double() for t in (y, u_x, u_xx, *torch.autograd.grad(loss, [a, b, x]))]
+    for i, name in enumerate(["y", "u_x", "u_xx", "d loss / d a", "d loss / d b", "d loss / d x"]):
+        ref_err = float((results["ref32"][i] - results["ref64"][i]).detach().abs().max())
+        err = float((results["ours"][i] - results["ref64"][i]).detach().abs().max())
+        scale = float(results["ref64"][i].detach().abs().max())
+        assert err <= 4 * ref_err + 1e-6 * scale, f"{name}: error {err:.3e} vs the float32 reference's {ref_err:.3e}"
+
+
+def test_group_rational_order_limits_are_named(device):
+    """x-derivatives to the fourth; the fifth, and the third coefficient derivatives, raise by name."""
+    from warpkan.torch_bridge import group_rational
+
+    a, b = _rational_params(False, 1, 3, 2, device)
+    x = _x(5, 2, device)
+    g = group_rational(x, a, b, 1, "B")
+    for _ in range(4):
+        (g,) = torch.autograd.grad(g.sum(), x, create_graph=True)
+    with pytest.raises(NotImplementedError, match="order 5 in x"):
+        torch.autograd.grad(g.sum(), x, create_graph=True)
+    (d_a,) = torch.autograd.grad(group_rational(x, a, b, 1, "B").sum(), a, create_graph=True)
+    (dd_a,) = torch.autograd.grad(d_a.sum(), x, create_graph=True)  # mixed second derivative: fine
+    (d_b,) = torch.autograd.grad(d_a.square().sum(), b, create_graph=True)
+    with pytest.raises(NotImplementedError, match="third derivatives of the activation in its coefficients"):
+        torch.autograd.grad(d_b.sum(), b)
+    assert dd_a.requires_grad

@@ -28,8 +28,11 @@ class GroupRational(nn.Module):
     fp16/bf16 natively, so ``.half()`` / ``.to(torch.bfloat16)`` are allowed (unlike the spline and polynomial
     layers, which compute in float32/float64 only).
 
-    Gradients are first order: ``create_graph=True`` raises, as do the ``torch.func`` transforms. Built with
-    ``device="meta"``, the layer infers output shapes on meta inputs.
+    ``create_graph=True`` gives the gradients as differentiable graphs (Taylor-series kernels of P/Q, computed in
+    float32, or float64 for float64 x): x-derivatives to the fourth order and coefficient derivatives to the
+    second, e.g. a physics-informed residual's u_xx and the parameter gradients of a loss of it. The
+    ``torch.func`` transforms raise. Built with ``device="meta"``, the layer infers output shapes on meta
+    inputs.
 
     Args:
         num_features: number of channels C, the last dimension of x (a positive int).

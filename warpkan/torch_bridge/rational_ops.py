@@ -20,8 +20,9 @@ from torch import Tensor
 
 from .. import _checks
 from ..kernels import rational as kr
+from . import rational_higher
 from ._common import (WP_DTYPES, RecordedLaunches, check_tensor, eager_function, first_order_backward, on_rows,
-                      op_or_eager, warp_device)
+                      op_or_eager, params_used_by_this_backward, warp_device)
 
 __all__ = ["group_rational", "group_rational_forward", "group_rational_backward"]
 
@@ -150,6 +151,7 @@ def _setup_context(ctx, inputs, output):
     x, weight_numerator, weight_denominator, num_groups, variant, deterministic = inputs
     ctx.save_for_backward(x, weight_numerator, weight_denominator)
     ctx.config = (num_groups, variant, deterministic)
+    ctx.op_inputs = inputs  # for create_graph=True (_higher_backward): the op's inputs, with their history
 
 
 def _backward(ctx, dy, backward_fn=None):
@@ -169,14 +171,27 @@ def _backward(ctx, dy, backward_fn=None):
     )
 
 
-# how errors name the op (first-order only: see first_order_backward)
+def _higher_backward(ctx, inputs, dy):
+    """The gradients as differentiable graphs, for ``create_graph=True``: the jet kernels' x-derivatives and
+    coefficient gradients (``rational_higher``), which differentiate again to the fourth x-derivative."""
+    x, weight_numerator, weight_denominator, num_groups, variant, deterministic = inputs
+    need_x = ctx.needs_input_grad[0]
+    need_params = (ctx.needs_input_grad[1] or ctx.needs_input_grad[2]) and params_used_by_this_backward(ctx)
+    dx, da, db = rational_higher.differentiable_backward(dy, x, weight_numerator, weight_denominator, variant,
+                                                         need_x, need_params)
+    return (dx, da if need_params and ctx.needs_input_grad[1] else None,
+            db if need_params and ctx.needs_input_grad[2] else None, None, None, None)
+
+
+# how errors name the op
 LABEL = "GroupRational (warpkan::group_rational_forward)"
-group_rational_forward.register_autograd(first_order_backward(LABEL, _backward), setup_context=_setup_context)
+group_rational_forward.register_autograd(first_order_backward(LABEL, _backward, _higher_backward),
+                                         setup_context=_setup_context)
 
 
 _EagerGroupRational = eager_function(
     "_EagerGroupRational", _forward_impl, _setup_context, lambda ctx, dy: _backward(ctx, dy, _backward_impl),
-    label=LABEL)
+    label=LABEL, higher=_higher_backward)
 
 
 def group_rational(
