@@ -4,8 +4,12 @@ useful collocation counts, against in the same run:
 
 - the same network in pure torch (efficient-kan's basis recursion; df/dt by autograd with create_graph);
 - an MLP of similar size (1 -> 10 -> 10 -> 1, tanh), df/dt by autograd;
-- the torch bridge (``warpkan.torch_bridge.KANLinear``): whether its layers take the residual's df/dt
-  (create_graph=True); ``warpkan bench pinn`` times the bridge on a PDE residual.
+- the same KAN through the torch bridge (``warpkan.torch_bridge.KANLinear``, no base path), df/dt by
+  autograd with create_graph=True (``warpkan bench pinn`` times it on a PDE residual).
+
+On CUDA each step is also captured whole in a CUDA graph and replayed (``graphed_step_ms``): the torch steps
+with ``warpkan.torch_bridge.capture_step`` (Adam with ``capturable=True``), the Warp step with
+``wp.ScopedCapture``. A step this small is bound by the host; the replay removes that for every row alike.
 
 The Warp-native step needs the repository's ``examples/`` folder (the PINN lives there); from an installed
 package without it the Warp rows say so.
@@ -36,7 +40,7 @@ def _load_example():
     return module
 
 
-def _warp_step(example, device: str, n_points: int):
+def _warp_step(example, device: str, n_points: int, capturable: bool = False):
     import warp as wp
 
     import warpkan
@@ -61,11 +65,24 @@ def _warp_step(example, device: str, n_points: int):
             tape.zero()
             tape.reset()
 
+    if capturable:
+        step = _warp_graph(step, device, stream)
     return step, sum(p.size for p in model.parameters())
 
 
+def _warp_graph(step, device: str, stream):
+    """``step`` captured in a Warp CUDA graph (after warm-up calls that compile and allocate): its replay."""
+    import warp as wp
 
-def _torch_kan_step(device: str, n_points: int):
+    for _ in range(3):
+        step()
+    with wp.ScopedCapture(device=device, stream=stream) as capture:
+        step()
+    return lambda: wp.capture_launch(capture.graph, stream=stream)
+
+
+
+def _torch_kan_step(device: str, n_points: int, capturable: bool = False):
     from ..reference.bspline import kan_linear
 
     (lo1, h1, g1), (lo2, h2, g2) = ((-5.0, 1.0, 10), (-2.0, 0.4, 10))
@@ -80,82 +97,85 @@ def _torch_kan_step(device: str, n_points: int):
     ones1, ones2 = torch.ones(5, 1, device=device), torch.ones(1, 5, device=device)
     t = torch.linspace(-5, 5, n_points, device=device).unsqueeze(1).requires_grad_()
     t0 = torch.zeros(1, 1, device=device)
-    opt = torch.optim.Adam([w1, w2], lr=1e-3)
 
     def net(x):
         h = kan_linear(x, grid1, None, w1, ones1, k, use_base=False)
         return kan_linear(h, grid2, None, w2, ones2, k, use_base=False)
 
+    return _torch_step(net, [w1, w2], device, n_points, capturable), w1.numel() + w2.numel()
+
+
+def _torch_step(net, params, device: str, n_points: int, capturable: bool):
+    """One logistic-residual step of a torch network, df/dt by autograd (create_graph=True); with
+    ``capturable``, captured in a CUDA graph (see capture_step)."""
+    t = torch.linspace(-5, 5, n_points, device=device).unsqueeze(1).requires_grad_()
+    t0 = torch.zeros(1, 1, device=device)
+    opt = torch.optim.Adam(params, lr=1e-3, capturable=capturable)
+
     def step():
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=not capturable)
         f = net(t)
         (dfdt,) = torch.autograd.grad(f.sum(), t, create_graph=True)
         loss = ((dfdt - f * (1 - f)) ** 2).mean() + (net(t0) - 0.5).pow(2).sum()
         loss.backward()
         opt.step()
 
-    return step, w1.numel() + w2.numel()
+    if capturable:
+        from ..torch_bridge import capture_step
+
+        return capture_step(step)
+    return step
 
 
-def _torch_mlp_step(device: str, n_points: int):
+def _torch_mlp_step(device: str, n_points: int, capturable: bool = False):
     mlp = torch.nn.Sequential(
         torch.nn.Linear(1, 10), torch.nn.Tanh(), torch.nn.Linear(10, 10), torch.nn.Tanh(), torch.nn.Linear(10, 1)
     ).to(device)
-    t = torch.linspace(-5, 5, n_points, device=device).unsqueeze(1).requires_grad_()
-    t0 = torch.zeros(1, 1, device=device)
-    opt = torch.optim.Adam(mlp.parameters(), lr=1e-3)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        f = mlp(t)
-        (dfdt,) = torch.autograd.grad(f.sum(), t, create_graph=True)
-        loss = ((dfdt - f * (1 - f)) ** 2).mean() + (mlp(t0) - 0.5).pow(2).sum()
-        loss.backward()
-        opt.step()
-
-    return step, sum(p.numel() for p in mlp.parameters())
+    return _torch_step(mlp, list(mlp.parameters()), device, n_points, capturable), sum(
+        p.numel() for p in mlp.parameters())
 
 
-def _bridge_supports_second_order(device: str) -> str | None:
+def _bridge_step(device: str, n_points: int, capturable: bool = False):
+    """The same 1 -> 5 -> 1 KAN (grids, order, no base path) as warpkan's torch layers."""
     from ..torch_bridge import KANLinear
 
-    layer = KANLinear(1, 1, base_activation=None).to(device)
-    t = torch.linspace(-0.5, 0.5, 8, device=device).unsqueeze(1).requires_grad_()
-    try:
-        (dfdt,) = torch.autograd.grad(layer(t).sum(), t, create_graph=True)
-        dfdt.sum().backward()
-    except (RuntimeError, NotImplementedError) as error:
-        return f"not supported: {str(error).splitlines()[0][:90]}"
-    return None
+    net = torch.nn.Sequential(
+        KANLinear(1, 5, grid_size=10, spline_order=3, grid_range=(-5.0, 5.0), base_activation=None, device=device),
+        KANLinear(5, 1, grid_size=10, spline_order=3, grid_range=(-2.0, 2.0), base_activation=None, device=device))
+    params = list(net.parameters())
+    return _torch_step(net, params, device, n_points, capturable), sum(p.numel() for p in params)
 
 
 @register("native")
 def run(device: str = "cuda", quick: bool = False) -> list[dict]:
     example = _load_example()
     rows = []
-    bridge_note = _bridge_supports_second_order(device)
     for n_points in QUICK_COLLOCATION if quick else COLLOCATION:
         case = f"logistic PINN step, {n_points} points"
         results = []
         impls = {
-            "warpkan native (fused Warp kernel, wp.Tape, Adam)": (lambda: _warp_step(example, device, n_points)) if example else None,
-            "same KAN, pure torch (efficient-kan basis, autograd)": lambda: _torch_kan_step(device, n_points),
-            "MLP 1-10-10-1 tanh (torch autograd)": lambda: _torch_mlp_step(device, n_points),
+            "warpkan native (fused Warp kernel, wp.Tape, Adam)":
+                (lambda c: _warp_step(example, device, n_points, c)) if example else None,
+            "same KAN via torch bridge (KANLinear, create_graph=True)": lambda c: _bridge_step(device, n_points, c),
+            "same KAN, pure torch (efficient-kan basis, autograd)": lambda c: _torch_kan_step(device, n_points, c),
+            "MLP 1-10-10-1 tanh (torch autograd)": lambda c: _torch_mlp_step(device, n_points, c),
         }
+        repeat = 5 if quick else 30
         for name, make in impls.items():
             row = {"case": case, "impl": name}
             if make is None:
                 row["note"] = "examples/pinn_logistic.py not found (run from a source checkout)"
             else:
-                step, n_params = make()
-                row["step_ms"] = time_fn(step, device, warmup=5, repeat=5 if quick else 30)
+                step, n_params = make(False)
+                row["step_ms"] = time_fn(step, device, warmup=5, repeat=repeat)
                 row["parameters"] = n_params
+                if device.startswith("cuda"):
+                    row["graphed_step_ms"] = time_fn(make(True)[0], device, warmup=3, repeat=repeat)
             results.append(row)
-        results.append({"case": case, "impl": "same KAN via torch bridge (KANLinear)",
-                        "note": bridge_note or "supported (timed in warpkan bench pinn)"})
-        reference = next((r.get("step_ms") for r in results if r["impl"].startswith("warpkan")), None)
-        for row in results:
-            if reference and row.get("step_ms"):
-                row["x warpkan native"] = row["step_ms"] / reference
+        for key in ("step_ms", "graphed_step_ms"):
+            reference = next((r.get(key) for r in results if r["impl"].startswith("warpkan")), None)
+            for row in results:
+                if reference and row.get(key):
+                    row[f"x warpkan native ({key})"] = row[key] / reference
         rows.extend(results)
     return rows
