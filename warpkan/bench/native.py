@@ -51,7 +51,9 @@ def _warp_step(example, device: str, n_points: int, capturable: bool = False):
     loss = wp.zeros(1, dtype=float, device=device, requires_grad=True)
     optimizer = warpkan.Adam(model.parameters(), lr=1e-3)
     tape = wp.Tape()
-    stream = wp.stream_from_torch(torch.cuda.current_stream()) if device.startswith("cuda") else None
+    # a capture needs a stream of its own (torch's default stream can't be captured)
+    side = torch.cuda.Stream() if capturable else None
+    stream = wp.stream_from_torch(side or torch.cuda.current_stream()) if device.startswith("cuda") else None
 
     def step():
         with on_stream(stream):
@@ -66,19 +68,28 @@ def _warp_step(example, device: str, n_points: int, capturable: bool = False):
             tape.reset()
 
     if capturable:
-        step = _warp_graph(step, device, stream)
+        step = _warp_graph(step, device, side, stream)
     return step, sum(p.size for p in model.parameters())
 
 
-def _warp_graph(step, device: str, stream):
-    """``step`` captured in a Warp CUDA graph (after warm-up calls that compile and allocate): its replay."""
+def _warp_graph(step, device: str, side, stream):
+    """``step`` (which runs on ``stream``, Warp's view of the torch stream ``side``) captured in a Warp CUDA
+    graph after warm-up calls that compile and allocate: its replay, ordered after and before the work of
+    torch's current stream (where the timing events are)."""
     import warp as wp
 
+    side.wait_stream(torch.cuda.current_stream())
     for _ in range(3):
         step()
     with wp.ScopedCapture(device=device, stream=stream) as capture:
         step()
-    return lambda: wp.capture_launch(capture.graph, stream=stream)
+
+    def replay():
+        side.wait_stream(torch.cuda.current_stream())
+        wp.capture_launch(capture.graph, stream=stream)
+        torch.cuda.current_stream().wait_stream(side)
+
+    return replay
 
 
 

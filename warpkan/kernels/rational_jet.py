@@ -50,6 +50,9 @@ def _series_funcs(scalar_name: str):
     series = wp.types.vector(length=SERIES, dtype=scalar)
     zero, one = scalar(0.0), scalar(1.0)
 
+    # Every loop has constant bounds and every index is a loop constant, so Warp unrolls them and the series
+    # stay in registers; an index that depends on the runtime order would put them in local memory (the
+    # derivative order is picked by comparison instead).
     @wp.func
     def times_linear(p: series, x: scalar):
         """p(t) (x + t)."""
@@ -64,8 +67,9 @@ def _series_funcs(scalar_name: str):
         out = series()
         for r in range(SERIES):
             acc = zero
-            for s in range(r + 1):
-                acc = acc + p[s] * q[r - s]
+            for s in range(SERIES):
+                if s <= r:
+                    acc = acc + p[s] * q[r - s]
             out[r] = acc
         return out
 
@@ -76,8 +80,9 @@ def _series_funcs(scalar_name: str):
         out[0] = one / q[0]
         for r in range(1, SERIES):
             acc = zero
-            for s in range(1, r + 1):
-                acc = acc + q[s] * out[r - s]
+            for s in range(1, SERIES):
+                if s <= r:
+                    acc = acc + q[s] * out[r - s]
             out[r] = -acc * out[0]
         return out
 
@@ -85,9 +90,28 @@ def _series_funcs(scalar_name: str):
     def coefficient(p: series, q: series, k: int):
         """The t^k coefficient of p(t) q(t)."""
         acc = zero
-        for s in range(k + 1):
-            acc = acc + p[s] * q[k - s]
+        for s in range(SERIES):
+            for r in range(SERIES):
+                if s + r == k:
+                    acc = acc + p[s] * q[r]
         return acc
+
+    @wp.func
+    def factorial(k: int):
+        out = one
+        for r in range(2, SERIES):
+            if r <= k:
+                out = out * scalar(r)
+        return out
+
+    @wp.func
+    def pick(p: series, k: int):
+        """p's t^k coefficient times k!: the k-th derivative."""
+        value = zero
+        for r in range(SERIES):
+            if r == k:
+                value = p[r]
+        return value * factorial(k)
 
     @wp.func
     def sign(v: scalar):
@@ -95,14 +119,14 @@ def _series_funcs(scalar_name: str):
             return -one
         return one
 
-    return series, times_linear, times, reciprocal, coefficient, sign
+    return series, times_linear, times, reciprocal, coefficient, pick, factorial, sign
 
 
 @functools.lru_cache(maxsize=None)
 def _rational_funcs(num_order: int, den_order: int, variant: str, scalar_name: str):
     """The series of P, Q and of a direction's Ha, Hb at one element, and the factor psi_j / phi_(j+1)."""
     scalar = _SCALARS[scalar_name]
-    series, times_linear, _, _, _, sign = _series_funcs(scalar_name)
+    series, times_linear, _, _, _, _, _, sign = _series_funcs(scalar_name)
     D = max(num_order, den_order) + 1  # powers 0 .. max(m, n)
     M, N = num_order + 1, den_order
     is_a = variant == "A"
@@ -180,7 +204,7 @@ def jet_kernels(num_order: int, den_order: int, variant: str, scalar_name: str) 
 
 def _derivative_kernel(num_order, den_order, variant, scalar_name, kernel):
     scalar = _SCALARS[scalar_name]
-    series, _, times, reciprocal, _, _ = _series_funcs(scalar_name)
+    series, _, times, reciprocal, _, pick, _, _ = _series_funcs(scalar_name)
     numerator_and_denominator, direction, _ = _rational_funcs(num_order, den_order, variant, scalar_name)
 
     @kernel
@@ -197,22 +221,17 @@ def _derivative_kernel(num_order, den_order, variant, scalar_name, kernel):
         p, q, sign_s = numerator_and_denominator(xv, a, row_a, b, group)
         inv_q = reciprocal(q)
         f = times(p, inv_q)
-        value = f[order]
         if ha.shape[0] > 0:
             h_a, h_b = direction(xv, ha, row_a, hb, group, b, sign_s)
-            t = times(h_a - times(f, h_b), inv_q)
-            value = t[order]
-        factorial = scalar(1.0)
-        for r in range(2, order + 1):
-            factorial = factorial * scalar(r)
-        out[n, c] = factorial * value
+            f = times(h_a - times(f, h_b), inv_q)
+        out[n, c] = pick(f, order)
 
     return rational_derivative
 
 
 def _partials_kernel(num_order, den_order, variant, scalar_name, kernel):
     scalar = _SCALARS[scalar_name]
-    series, times_linear, times, reciprocal, coefficient, _ = _series_funcs(scalar_name)
+    series, times_linear, times, reciprocal, coefficient, _, factorial_of, _ = _series_funcs(scalar_name)
     numerator_and_denominator, direction, psi_factor = _rational_funcs(num_order, den_order, variant, scalar_name)
     D = max(num_order, den_order) + 1
     M, N = num_order + 1, den_order
@@ -234,9 +253,7 @@ def _partials_kernel(num_order, den_order, variant, scalar_name, kernel):
             row_a = group
         acc_a = vec_m()
         acc_b = vec_n()
-        factorial = scalar(1.0)
-        for r in range(2, order + 1):
-            factorial = factorial * scalar(r)
+        factorial = factorial_of(order)
         start = chunk * rows_per_chunk
         stop = wp.min(start + rows_per_chunk, x.shape[0])
         for n in range(start, stop):
