@@ -3,6 +3,9 @@ the formula (KAT's torch reference style: explicit powers, autograd, no atomics)
 torch.compile, nn.GELU, and a device-to-device copy of x (the bandwidth ceiling the GB/s columns are
 compared with), and the mean absolute error of the coefficient gradients against a float64 reference (dy ~
 N(0, 1), FlashKAT's precision measure). Then the GR-KAN layer against nn.GELU + nn.Linear at the ViT-S MLP shape.
+Last, the second-order step (u_x and u_xx by create_graph=True, then the gradients of a loss of them: what a
+physics-informed residual asks) of the activation against torch's double backward of the formula, and its
+ratio to the first-order step of the same activation (target: at most 4x).
 
 KAT's and FlashKAT's Triton kernels are timed when ``WARPKAN_KAT_PATH`` names a checkout of the FlashKAT
 repository (``rational_kat.kernels``) or of KAT's ``rational_kat_cu`` (``kat_rational``); their code is not
@@ -216,6 +219,43 @@ def _layer_rows(device, quick):
     return rows
 
 
+FULL_SECOND_ORDER_CASES = [(4096, 64), (65536, 64), (8192, 768)]
+QUICK_SECOND_ORDER_CASES = [(256, 64)]
+
+
+def _second_order_rows(device, quick):
+    from ..torch_bridge import group_rational
+
+    rows = []
+    repeat = 3 if quick else 20
+    for n_rows, channels in QUICK_SECOND_ORDER_CASES if quick else FULL_SECOND_ORDER_CASES:
+        case = f"second order N={n_rows} C={channels} float32"
+        torch.manual_seed(0)
+        x = torch.randn(n_rows, channels, device=device, requires_grad=True)
+        a = (torch.randn(GROUPS, ORDER[0] + 1, device=device) * 0.5).requires_grad_()
+        b = (torch.randn(GROUPS, ORDER[1], device=device) * 0.5).requires_grad_()
+        results = []
+        for name, f in (("warpkan group_rational", group_rational), ("torch formula (double backward)",
+                                                                    lambda *args: torch_formula(*args[:4]))):
+            def second():
+                y = f(x, a, b, GROUPS)
+                (u_x,) = torch.autograd.grad(y.sum(), x, create_graph=True)
+                (u_xx,) = torch.autograd.grad(u_x.sum(), x, create_graph=True)
+                (u_xx.square().mean() + u_x.square().mean()).backward()
+
+            def first():
+                f(x, a, b, GROUPS).square().mean().backward()
+
+            row = {"case": case, "impl": name, "second_order_ms": time_fn(second, device, warmup=3, repeat=repeat),
+                   "first_order_ms": time_fn(first, device, warmup=3, repeat=repeat)}
+            row["second / first order"] = row["second_order_ms"] / row["first_order_ms"]
+            results.append(row)
+        for row in results:
+            row["x warpkan"] = row["second_order_ms"] / results[0]["second_order_ms"]
+        rows.extend(results)
+    return rows
+
+
 @register("rational")
 def run(device: str = "cuda", quick: bool = False) -> list[dict]:
-    return _activation_rows(device, quick) + _layer_rows(device, quick)
+    return _activation_rows(device, quick) + _layer_rows(device, quick) + _second_order_rows(device, quick)
