@@ -108,10 +108,9 @@ def _basis_kernels(family: EdgeFamily, basis_type, kernel):
 
     @kernel
     def contract_basis_grad(x: wp.array2d(dtype=scalar), frame: Frame, use_base: int, n_coef: int, order: int,
-                            scale: wp.array2d(dtype=scalar), d_basis_t: wp.array2d(dtype=basis_type),
-                            dx: wp.array2d(dtype=scalar)):
+                            d_basis_t: wp.array2d(dtype=basis_type), dx: wp.array2d(dtype=scalar)):
         # dx[n, i] = d_basis_t[i, n] silu^(order)(x) + sum_m d_basis_t[row(slot + first + m), n] d^order B_m/dx^order
-        # (overwrites), times scale[n, i] when scale is not empty; order 1 is the gradient of expand_basis' order 0
+        # (overwrites); order 1 is the gradient of expand_basis' order 0
         n, i = dense_entry(wp.tid(), x.shape[1])
         if n >= x.shape[0]:
             return
@@ -133,8 +132,6 @@ def _basis_kernels(family: EdgeFamily, basis_type, kernel):
                 j = slot + first + m
                 if j >= 0 and j < n_coef:
                     acc = acc + db[m] * scalar(d_basis_t[row + j, n])
-        if scale.shape[0] > 0:
-            acc = acc * scale[n, i]
         dx[n, i] = acc
 
     return expand_basis, contract_basis_grad
