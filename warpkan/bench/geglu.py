@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from . import register
-from .timing import HARDWARE, backward_only, peak_memory, time_fn
+from .timing import HARDWARE, backward_only, graphed, peak_memory, time_fn
 
 FULL_SHAPE = (4096, 12288)
 FULL_BATCHES = [4, 8, 16, 32, 64, 128, 1024, 8192]
@@ -81,17 +81,12 @@ def _read_probe(layer, device: str, repeat: int) -> float:
 
 
 def _graphed(fn, x):
-    """fn(x) captured in a CUDA graph (after a warm-up on a side stream, as torch recommends)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side), torch.no_grad():
-        for _ in range(3):
+    """fn(x) without autograd, captured in a CUDA graph (:func:`.timing.graphed`): its replay."""
+    def call():
+        with torch.no_grad():
             fn(x)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph), torch.no_grad():
-        fn(x)
-    return graph.replay
+
+    return graphed(call)
 
 
 @register("geglu")

@@ -65,22 +65,14 @@ def peak_memory(fn, device: str) -> float | None:
 
 
 def graphed(fn, warmup: int = 3):
-    """``fn()`` captured once in a CUDA graph; returns the graph's ``replay`` (time it with :func:`time_fn`).
+    """``fn()`` captured once in a CUDA graph (:func:`warpkan.torch_bridge.capture_step`: warm-up calls on a
+    side stream first, so lazy initialisation, compilation and the caching allocator's blocks stay out of the
+    capture); returns the replay (time it with :func:`time_fn`). The replay removes the host's launch and
+    Python overhead: the difference from the eager time is that overhead. ``fn`` runs its own autograd calls,
+    if any (a captured ``loss.backward()`` accumulates into the ``.grad`` tensors on every replay)."""
+    from ..torch_bridge import capture_step
 
-    Warm-up runs on a side stream first, as torch recommends (lazy initialisation, compilation and the
-    caching allocator's blocks stay out of the capture). The replay removes the host's launch and Python
-    overhead: the difference from the eager time is that overhead. ``fn`` runs its own autograd calls, if
-    any (a captured ``loss.backward()`` accumulates into the ``.grad`` tensors on every replay)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
+    return capture_step(fn, warmup)
 
 
 def training_step(model, x: torch.Tensor, dy: torch.Tensor):

@@ -148,32 +148,6 @@ def _rational_funcs(num_order: int, den_order: int, variant: str, scalar_name: s
         return sign_s
 
     @wp.func
-    def numerator_and_denominator(x: scalar, a: wp.array2d(dtype=scalar), row_a: int,
-                                  b: wp.array2d(dtype=scalar), row_b: int):
-        """(P, Q, sign of S(x)) as series in t."""
-        p = series()
-        s = series()  # "B": S = sum_j b_j phi_(j+1); "A": Q - 1
-        phi = series()
-        phi[0] = one
-        for i in range(D):
-            if i < M:
-                p = p + a[row_a, i] * phi
-            if i >= 1 and i <= N:
-                if wp.static(is_a):
-                    s = s + (wp.abs(b[row_b, i - 1]) * sign_power(x, i)) * phi
-                else:
-                    s = s + b[row_b, i - 1] * phi
-            phi = times_linear(phi, x)
-        sign_s = sign(s[0])
-        q = series()
-        if wp.static(is_a):
-            q = s
-        else:
-            q = sign_s * s
-        q[0] = q[0] + one
-        return p, q, sign_s
-
-    @wp.func
     def direction(x: scalar, ha: wp.array2d(dtype=scalar), row_a: int, hb: wp.array2d(dtype=scalar), row_b: int,
                   b: wp.array2d(dtype=scalar), sign_s: scalar):
         """(Ha, Hb) = (sum_i ha_i phi_i, sum_j hb_j psi_j) as series in t."""
@@ -188,6 +162,23 @@ def _rational_funcs(num_order: int, den_order: int, variant: str, scalar_name: s
                 h_b = h_b + (hb[row_b, i - 1] * psi_factor(x, b, row_b, i - 1, sign_s)) * phi
             phi = times_linear(phi, x)
         return h_a, h_b
+
+    @wp.func
+    def numerator_and_denominator(x: scalar, a: wp.array2d(dtype=scalar), row_a: int,
+                                  b: wp.array2d(dtype=scalar), row_b: int):
+        """(P, Q, sign of S(x)) as series in t: P = Ha and Q - 1 = Hb along h = (a, b) itself (b_j psi_j is
+        |b_j| |x + t|^(j+1) for "A" and sign(S) b_j phi_(j+1) for "B")."""
+        sign_s = one
+        if wp.static(not is_a):
+            s = scalar(0.0)
+            power = x
+            for j in range(N):
+                s = s + b[row_b, j] * power
+                power = power * x
+            sign_s = sign(s)
+        p, q = direction(x, a, row_a, b, row_b, b, sign_s)
+        q[0] = q[0] + one
+        return p, q, sign_s
 
     return numerator_and_denominator, direction, psi_factor
 
