@@ -45,8 +45,8 @@ LAYERS = {
 MODULES = [name for name in LAYERS if name != "poly_kan"]
 # the edge families on the engine's differentiable backward and the group-rational layers on the jet kernels
 # (tests/test_higher_order.py checks their values)
-HIGHER_ORDER_SUPPORTED = ["KANLinear", "KANLinear-gemm", "UKANLinear", "UKANLinear-fixed", "PolyKANLinear",
-                          "ChebyKANLinear", "poly_kan", "GroupRational", "GRKANLinear", "KATMLP"]
+HIGHER_ORDER_SUPPORTED = ["KANLinear", "KANLinear-gemm", "UKANLinear", "UKANLinear-fixed", "UKANLinear-pairs",
+                          "PolyKANLinear", "ChebyKANLinear", "poly_kan", "GroupRational", "GRKANLinear", "KATMLP"]
 REFUSED = [name for name in LAYERS if name not in HIGHER_ORDER_SUPPORTED]
 # the layers that compute in float32/float64 only (the group-rational family and GEGLUFFN take fp16/bf16)
 WIDE_FLOAT_ONLY = ["KANLinear", "UKANLinear", "PolyKANLinear", "ChebyKANLinear"]

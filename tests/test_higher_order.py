@@ -181,10 +181,12 @@ def test_fourth_x_derivative_is_refused_by_name(device):
         torch.autograd.grad(grads[-1].sum(), x, create_graph=True)
 
 
+@pytest.mark.parametrize("path", ["range", "pairs"])
 @pytest.mark.parametrize("registered", [False, True])
 @pytest.mark.parametrize("base", ["silu", None])
-def test_ukan_range_path_second_derivatives(device, base, registered, monkeypatch):
-    """UKANLinear on its dense-range path (the default while the data's span is short): u_x, u_xx and the
+def test_ukan_second_derivatives(device, base, registered, path, monkeypatch):
+    """UKANLinear on either path: the dense range (the default while the data's span is short) and the sparse
+    touched pairs (an outlier, here forced), whose table the engine reads per feature. u_x, u_xx and the
     parameter gradients of a loss of them (the CG-MLP's included) against the float64 reference, on the eager
     route and through the registered ops."""
     from warpkan.reference import ukan as ref_ukan
@@ -193,6 +195,9 @@ def test_ukan_range_path_second_derivatives(device, base, registered, monkeypatc
     torch.manual_seed(0)
     layer = UKANLinear(3, 2, spline_order=3, grid_delta=0.3, pe_dim=4, embed_dim=3, hidden_dim=6,
                        base_activation=base, table_groups=None if not registered else 6, dtype=DOUBLE, device=device)
+    if path == "pairs":
+        layer.table_groups = None if not registered else 64
+        layer.dense_max_coefficients = 0
     if registered:
         import warpkan.torch_bridge._common as common
         import warpkan.torch_bridge.ukan as ukan_layer
@@ -201,6 +206,9 @@ def test_ukan_range_path_second_derivatives(device, base, registered, monkeypatc
         for module in (common, ukan_layer, ukan_ops):
             monkeypatch.setattr(module, "use_registered_op", lambda x: True)
     x = _x(13, 3, device, lo=-1.2, hi=1.4)
+    if path == "pairs":
+        with torch.no_grad():
+            x[0, 1] = 7.5  # far from the rest: the pairs of its groups only
     params = list(layer.parameters())
 
     def reference(x):
@@ -212,7 +220,7 @@ def test_ukan_range_path_second_derivatives(device, base, registered, monkeypatc
     for f in (layer, reference):
         y, u_x, u_xx, loss = _derivatives(f, x)
         runs.append((y, u_x, u_xx, *torch.autograd.grad(loss, params + [x], allow_unused=True)))
-    assert layer._last is None  # the dense-range path
+    assert (layer._last is None) == (path == "range")
     for index, (a, b) in enumerate(zip(*runs)):
         if a is None or b is None:
             assert a is None or float(a.abs().max()) == 0, index

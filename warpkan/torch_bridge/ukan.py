@@ -75,10 +75,11 @@ class UKANLinear(Float32Or64Module):
     the autocast dtype; ``.half()``, ``.bfloat16()`` and other conversions to a 16-bit dtype are refused with a
     TypeError (the layer is left unchanged).
 
-    Higher-order derivatives (``create_graph=True``) work on the dense-range path: the spline's from the edge
-    engine's dense basis and its x-derivatives (to the third order), the CG-MLP's by its torch form. The sparse
-    pair path refuses them, as every path refuses the ``torch.func`` transforms. Built with
-    ``device="meta"``, the layer infers output shapes on meta inputs (then with a nominal table).
+    Higher-order derivatives (``create_graph=True``) work on both paths: the spline's from the edge engine's
+    dense basis and its x-derivatives (to the third order; on the sparse pair path the engine reads the table
+    per feature, padded to the feature with most touched groups), the CG-MLP's by its torch form. Every path
+    refuses the ``torch.func`` transforms. Built with ``device="meta"``, the layer infers output shapes on meta
+    inputs (then with a nominal table).
 
     Args:
         in_features: number of inputs (a positive int).

@@ -37,13 +37,13 @@ import torch
 from torch import Tensor
 
 from ..kernels import ukan as ku
-from ..kernels.edge.ukan_family import ukan_family, ukan_frame_of
+from ..kernels.edge.ukan_family import ukan_family, ukan_frame_of, ukan_pairs_family, ukan_pairs_frame_of
 from .edge_driver import EdgeSpec, differentiable_backward, edge_backward, edge_forward
 from ._common import (TRANSPOSED, RecordedLaunches, eager_function, first_order_backward, forward_mode_message,
                       op_or_eager, params_used_by_this_backward, refuse_transforms, to_warp, use_registered_op,
                       warp_stream)
 
-# how errors name the layer and its ops (first-order only: see first_order_backward)
+# how errors name the layer and its ops
 LABEL = "UKANLinear (warpkan::ukan_pairs, ukan_group_range, ukan_range_table, ukan_range_spline, ukan_spline)"
 SPLINE_LABEL = "UKANLinear (warpkan::ukan_spline)"
 RANGE_TABLE_LABEL = "UKANLinear (warpkan::ukan_range_table)"
@@ -222,6 +222,7 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(x, sorted_elem, window, local_u, pair_feature, row_start, row_stop, table,
                           base_weight_t, scaler_t)
     ctx.config = (grid_delta, spline_order, use_base)
+    ctx.op_inputs = inputs  # for create_graph=True (_spline_higher)
 
 
 def _backward(ctx, dy, backward_op=ukan_spline_backward):
@@ -242,14 +243,68 @@ def _backward(ctx, dy, backward_op=ukan_spline_backward):
     )
 
 
-ukan_spline.register_autograd(first_order_backward(SPLINE_LABEL, _backward), setup_context=_setup_context)
+def _pair_rows_by_feature(x: Tensor, table: Tensor, grid_delta: float, spline_order: int):
+    """The touched-pair table read per feature, for the engine's UKAN pairs family: (pair_group, first,
+    count) of the used rows, and, per feature, the gather index [in, Cmax K] into the table's rows and its mask
+    (Cmax: the most rows a feature has). The pairs are those of ``ukan_pairs(x)`` again (the same x gives the
+    same pairs; the spline op is not given the groups), and their count is read back (this path is eager)."""
+    K = spline_order + 1
+    capacity = table.shape[0] // K
+    _, _, _, pair_feature, pair_group, _, _, needed = ukan_pairs(x.detach(), grid_delta, spline_order, capacity)
+    used = min(int(needed.item()), capacity)
+    pair_feature, pair_group = pair_feature[:used].long(), pair_group[:used].contiguous()
+    count = torch.bincount(pair_feature, minlength=x.shape[1])
+    first = torch.cumsum(count, 0) - count
+    width = max(int(count.max().item()) if count.numel() else 0, 2)
+    pair = torch.arange(width, device=x.device)
+    rows = (first.unsqueeze(1) + pair).unsqueeze(2) * K + torch.arange(K, device=x.device)  # [in, Cmax, K]
+    mask = (pair < count.unsqueeze(1)).unsqueeze(2).expand(-1, -1, K)
+    rows = torch.where(mask, rows, torch.zeros_like(rows)).reshape(x.shape[1], -1)
+    return (pair_group, first.to(torch.int32), count.to(torch.int32)), rows, mask.reshape(x.shape[1], -1)
+
+
+def _pairs_frame(pair_group, first, count, h: float, scalar: str):
+    return ukan_pairs_frame_of(pair_group, first, count, h, scalar)
+
+
+def _spline_higher(ctx, inputs, dy):
+    """The pair path's gradients as differentiable graphs, for ``create_graph=True``: the table read per
+    feature (a differentiable gather of its rows) by the engine's UKAN pairs family, and its dense basis and
+    x-derivatives (``differentiable_backward``), as the dense-range path does with its range table."""
+    x, table, base_weight_t, scaler_t = inputs[0], inputs[7], inputs[8], inputs[9]
+    grid_delta, spline_order, use_base = inputs[10:13]
+    need = ctx.needs_input_grad
+    params = {7: table, 8: base_weight_t, 9: scaler_t}
+    wanted = ([i for i in params if need[i] and (i != 8 or use_base)] if params_used_by_this_backward(ctx) else [])
+    frame_tensors, rows, mask = _pair_rows_by_feature(x, table, grid_delta, spline_order)
+    n_in, n_out = x.shape[1], table.shape[1]
+    coef = torch.where(mask.unsqueeze(2), table[rows.reshape(-1)].view(n_in, -1, n_out), 0.0)
+    spline_weight = (coef * scaler_t.unsqueeze(1)).reshape(-1, n_out)
+    weight = torch.cat([base_weight_t, spline_weight]) if use_base else spline_weight
+    family = ukan_pairs_family(spline_order, "float64" if x.dtype == torch.float64 else "float32")
+    spec = EdgeSpec(family, _pairs_frame, frame_tensors, (float(grid_delta), family.scalar_name), coef.shape[1],
+                    use_base)
+    dx, d_weight = differentiable_backward(spec, dy, x.contiguous(), weight, need[0], bool(wanted))
+    grads = [None] * 13
+    grads[0] = dx
+    if wanted:
+        found = torch.autograd.grad(weight, [params[i] for i in wanted], d_weight, create_graph=True,
+                                    allow_unused=True)
+        for index, grad in zip(wanted, found):
+            grads[index] = grad
+    return tuple(grads)
+
+
+ukan_spline.register_autograd(first_order_backward(SPLINE_LABEL, _backward, _spline_higher),
+                              setup_context=_setup_context)
 
 # The eager route (see eager_function): the op's implementations in one autograd.Function, with base_weight
 # and spline_scaler taken as UKANLinear exposes them, [out, in]
 _EagerSpline = eager_function("_EagerSpline", _spline_forward_impl, _setup_context,
                               lambda ctx, dy: _backward(ctx, dy, _spline_backward_impl),
                               {8: TRANSPOSED, 9: TRANSPOSED}, SPLINE_LABEL, prepare=lambda inputs: (
-                                  *inputs[:8], inputs[8].contiguous(), inputs[9].contiguous(), *inputs[10:]))
+                                  *inputs[:8], inputs[8].contiguous(), inputs[9].contiguous(), *inputs[10:]),
+                              higher=_spline_higher)
 
 
 def spline_layer(x: Tensor, sorted_elem: Tensor, window: Tensor, local_u: Tensor, pair_feature: Tensor,

@@ -20,7 +20,8 @@ from .._common import SCALARS
 from .bspline_family import MAX_SPLINE_ORDER, uniform_frame_basis
 from .family import EdgeFamily, linear_u_dx3
 
-__all__ = ["CELL_LIMIT", "ukan_family", "ukan_frame_of", "ukan_locate_func"]
+__all__ = ["CELL_LIMIT", "ukan_family", "ukan_frame_of", "ukan_locate_func", "ukan_pairs_family",
+           "ukan_pairs_frame_of"]
 
 CELL_LIMIT = float(2**39)  # |x / h| is clamped here: |g| < 2^39, so keys and g - 1 fit comfortably in int64
 
@@ -125,11 +126,87 @@ def ukan_frame_of(group_lo: "wp.array", h: float, n_groups: int, scalar_name: st
     return frame
 
 
+# ------------------------------------------------------------------------------ the touched-pair table
+# The sparse path's table holds the touched (feature, group) pairs, sorted by feature then group, K rows a pair.
+# Read per feature (pair t of feature i is its row first[i] + t, padded to the longest feature's count), the
+# cell's window is the K rows from (t of group g - 1) K + r: the slot. locate finds t by a binary search of the
+# feature's groups. (The sparse path's own kernels have each element's window from the sort instead; the
+# engine's dense-basis kernels, and so create_graph=True, read the table through this family.)
+
+@functools.lru_cache(maxsize=None)
+def ukan_pairs_frame(scalar_name: str):
+    @wp.struct
+    class UKANPairsFrame:
+        pair_group: wp.array(dtype=wp.int64)  # the group of every used table row, sorted within a feature
+        first: wp.array(dtype=wp.int32)  # each feature's first row
+        count: wp.array(dtype=wp.int32)  # and its number of rows
+        h: wp.float64
+
+    return UKANPairsFrame
+
+
+def _ukan_pairs_family(order: int, scalar_name: str) -> EdgeFamily:
+    scalar = SCALARS[scalar_name]
+    K = order + 1
+    Frame = ukan_pairs_frame(scalar_name)
+    unbounded_cell = ukan_locate_func(order, scalar_name)
+    basis, basis_du, basis_du2, basis_du3 = uniform_frame_basis(Frame, order, scalar_name)
+    zero = scalar(0.0)
+
+    @wp.func
+    def locate(frame: Frame, i: int, x: scalar):
+        valid, g, r, u, sloped = unbounded_cell(x, frame.h)
+        slot = int(0)
+        if valid:
+            # the first of the feature's pairs whose group is >= g - 1
+            target = g - wp.int64(1)
+            first = frame.first[i]
+            lo = int(0)
+            hi = frame.count[i]
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if frame.pair_group[first + mid] < target:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            # the window reads the rows of g - 1 and g: both are in the table when x's pair was kept
+            if lo + 1 < frame.count[i] and frame.pair_group[first + lo] == target:
+                slot = lo * K + r
+            else:
+                valid = 0
+        du_dx = wp.where(sloped == 1, scalar(wp.float64(1.0) / frame.h), zero)
+        return valid, slot, wp.where(valid == 1, u, zero), du_dx, zero
+
+    return EdgeFamily(f"ukan_pairs_k{order}_{scalar_name}", scalar_name, K, 0, Frame, locate, basis, basis_du,
+                      basis_du2, basis_du3=basis_du3, u_dx3=linear_u_dx3(scalar_name))
+
+
+@functools.lru_cache(maxsize=None)
+def ukan_pairs_family(order: int, scalar_name: str = "float32") -> EdgeFamily:
+    """The UKAN edge family of the touched-pair table, per feature, of one (order, scalar type)."""
+    if not 1 <= order <= MAX_SPLINE_ORDER:
+        raise ValueError(f"spline_order must be in [1, {MAX_SPLINE_ORDER}], got {order}")
+    if scalar_name not in SCALARS:
+        raise TypeError(f"scalar type must be one of {sorted(SCALARS)}, got {scalar_name}")
+    return _ukan_pairs_family(order, scalar_name)
+
+
+def ukan_pairs_frame_of(pair_group: "wp.array", first: "wp.array", count: "wp.array", h: float, scalar_name: str):
+    """The frame value of a touched-pair table read per feature (see :func:`ukan_pairs_family`)."""
+    frame = ukan_pairs_frame(scalar_name)()
+    frame.pair_group = pair_group
+    frame.first = first
+    frame.count = count
+    frame.h = float(h)
+    return frame
+
+
 def _register() -> None:
     from . import registry
 
-    registry.register("ukan", ukan_family, [dict(order=order, scalar_name=scalar)
-                                            for order in range(1, MAX_SPLINE_ORDER + 1) for scalar in SCALARS])
+    variants = [dict(order=order, scalar_name=scalar) for order in range(1, MAX_SPLINE_ORDER + 1) for scalar in SCALARS]
+    registry.register("ukan", ukan_family, variants)
+    registry.register("ukan_pairs", ukan_pairs_family, variants)
 
 
 _register()
