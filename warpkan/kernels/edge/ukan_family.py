@@ -81,10 +81,10 @@ def ukan_locate_func(order: int, scalar_name: str):
     return unbounded_cell
 
 
-def _table_family(key: str, order: int, scalar_name: str, Frame, window_slot) -> EdgeFamily:
-    """The uniform B-spline on the unbounded grid read through a generated table: ``window_slot(frame, i, g,
-    r) -> (valid, slot)`` places the window of x's cell (group g, offset r) in feature i's coefficients."""
+def _ukan_family(order: int, scalar_name: str) -> EdgeFamily:
     scalar = SCALARS[scalar_name]
+    K = order + 1
+    Frame = ukan_frame(scalar_name)
     unbounded_cell = ukan_locate_func(order, scalar_name)
     basis, basis_du, basis_du2, basis_du3 = uniform_frame_basis(Frame, order, scalar_name)
     zero = scalar(0.0)
@@ -94,27 +94,17 @@ def _table_family(key: str, order: int, scalar_name: str, Frame, window_slot) ->
         valid, g, r, u, sloped = unbounded_cell(x, frame.h)
         slot = int(0)
         if valid:
-            valid, slot = window_slot(frame, i, g, r)
+            # the window of group g reads C_{g-1} and C_g: both in the table while g <= lo + Rt - 2
+            offset = g - frame.group_lo[i]
+            if offset < wp.int64(0) or offset > wp.int64(frame.n_groups - 2):
+                valid = 0
+            else:
+                slot = int(offset) * K + r
         du_dx = wp.where(sloped == 1, scalar(wp.float64(1.0) / frame.h), zero)
         return valid, slot, wp.where(valid == 1, u, zero), du_dx, zero
 
-    return EdgeFamily(key, scalar_name, order + 1, 0, Frame, locate, basis, basis_du, basis_du2,
-                      basis_du3=basis_du3, u_dx3=linear_u_dx3(scalar_name))
-
-
-def _ukan_family(order: int, scalar_name: str) -> EdgeFamily:
-    K = order + 1
-    Frame = ukan_frame(scalar_name)
-
-    @wp.func
-    def range_slot(frame: Frame, i: int, g: wp.int64, r: int):
-        # the window of group g reads C_{g-1} and C_g: both in the table while g <= lo + Rt - 2
-        offset = g - frame.group_lo[i]
-        if offset < wp.int64(0) or offset > wp.int64(frame.n_groups - 2):
-            return int(0), int(0)
-        return int(1), int(offset) * K + r
-
-    return _table_family(f"ukan_range_k{order}_{scalar_name}", order, scalar_name, Frame, range_slot)
+    return EdgeFamily(f"ukan_range_k{order}_{scalar_name}", scalar_name, K, 0, Frame, locate, basis, basis_du,
+                      basis_du2, basis_du3=basis_du3, u_dx3=linear_u_dx3(scalar_name))
 
 
 @functools.lru_cache(maxsize=None)
@@ -156,28 +146,39 @@ def ukan_pairs_frame(scalar_name: str):
 
 
 def _ukan_pairs_family(order: int, scalar_name: str) -> EdgeFamily:
+    scalar = SCALARS[scalar_name]
     K = order + 1
     Frame = ukan_pairs_frame(scalar_name)
+    unbounded_cell = ukan_locate_func(order, scalar_name)
+    basis, basis_du, basis_du2, basis_du3 = uniform_frame_basis(Frame, order, scalar_name)
+    zero = scalar(0.0)
 
     @wp.func
-    def pair_slot(frame: Frame, i: int, g: wp.int64, r: int):
-        # the first of the feature's pairs whose group is >= g - 1
-        target = g - wp.int64(1)
-        first = frame.first[i]
-        lo = int(0)
-        hi = frame.count[i]
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if frame.pair_group[first + mid] < target:
-                lo = mid + 1
+    def locate(frame: Frame, i: int, x: scalar):
+        valid, g, r, u, sloped = unbounded_cell(x, frame.h)
+        slot = int(0)
+        if valid:
+            # the first of the feature's pairs whose group is >= g - 1
+            target = g - wp.int64(1)
+            first = frame.first[i]
+            lo = int(0)
+            hi = frame.count[i]
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if frame.pair_group[first + mid] < target:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            # the window reads the rows of g - 1 and g: both are in the table when x's pair was kept
+            if lo + 1 < frame.count[i] and frame.pair_group[first + lo] == target:
+                slot = lo * K + r
             else:
-                hi = mid
-        # the window reads the rows of g - 1 and g: both are in the table when x's pair was kept
-        if lo + 1 < frame.count[i] and frame.pair_group[first + lo] == target:
-            return int(1), lo * K + r
-        return int(0), int(0)
+                valid = 0
+        du_dx = wp.where(sloped == 1, scalar(wp.float64(1.0) / frame.h), zero)
+        return valid, slot, wp.where(valid == 1, u, zero), du_dx, zero
 
-    return _table_family(f"ukan_pairs_k{order}_{scalar_name}", order, scalar_name, Frame, pair_slot)
+    return EdgeFamily(f"ukan_pairs_k{order}_{scalar_name}", scalar_name, K, 0, Frame, locate, basis, basis_du,
+                      basis_du2, basis_du3=basis_du3, u_dx3=linear_u_dx3(scalar_name))
 
 
 @functools.lru_cache(maxsize=None)
