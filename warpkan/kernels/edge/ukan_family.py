@@ -89,6 +89,8 @@ def _ukan_family(order: int, scalar_name: str) -> EdgeFamily:
     basis, basis_du, basis_du2, basis_du3 = uniform_frame_basis(Frame, order, scalar_name)
     zero = scalar(0.0)
 
+    # locate is written out in each table family (range, pairs): one builder calling a per-table window function
+    # measured 4-12% slower UKAN training steps on the H200 (the range path's tiled kernels)
     @wp.func
     def locate(frame: Frame, i: int, x: scalar):
         valid, g, r, u, sloped = unbounded_cell(x, frame.h)
