@@ -416,3 +416,11 @@ def test_group_rational_order_limits_are_named(device):
     with pytest.raises(NotImplementedError, match="third derivatives of the activation in its coefficients"):
         torch.autograd.grad(d_b.sum(), b)
     assert dd_a.requires_grad
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_capture_step_without_cuda_says_why():
+    from warpkan.torch_bridge import capture_step
+
+    with pytest.raises(RuntimeError, match="capture_step needs a CUDA device"):
+        capture_step(lambda: None)
