@@ -207,18 +207,26 @@ def first_order_backward(label: str, backward, higher=None):
     return checked
 
 
-def params_used_by_this_backward(ctx) -> bool:
-    """Whether the running backward pass uses the gradient of any tensor input of the node ``ctx`` after its
-    first (x: the parameters). ``autograd.grad(u, x, create_graph=True)`` runs only the nodes on a path to x, yet
-    a node's formula is asked for all the gradients its inputs could take: a physics-informed step's u_x and
-    u_xx would build every layer's parameter-gradient graph (a dense basis and a GEMM each) only for autograd
-    to drop it. ``ctx.next_functions`` holds one entry per tensor input, x first; True wherever torch can't
-    tell."""
+def inputs_used_by_this_backward(ctx) -> list:
+    """For each tensor input of the node ``ctx`` (in order; ``ctx.next_functions`` holds one entry per tensor
+    input), whether the running backward uses its gradient. ``autograd.grad(u, x, create_graph=True)`` runs only
+    the nodes on a path to x, yet a node's formula is asked for all the gradients its inputs could take: a
+    physics-informed step's u_x and u_xx would build every layer's parameter-gradient graph (a dense basis and a
+    GEMM each) only for autograd to drop it. True wherever torch can't tell."""
+    return [node is not None and _will_run(node) for node, _ in ctx.next_functions]
+
+
+def _will_run(node) -> bool:
     try:
-        return any(node is not None and torch._C._will_engine_execute_node(node)
-                   for node, _ in ctx.next_functions[1:])
-    except (RuntimeError, AttributeError):
+        return bool(torch._C._will_engine_execute_node(node))
+    except (RuntimeError, AttributeError):  # e.g. a leaf that autograd.grad was asked for: torch can't tell
         return True
+
+
+def params_used_by_this_backward(ctx) -> bool:
+    """Whether the running backward uses the gradient of any tensor input of ``ctx`` after its first (x: the
+    parameters); see :func:`inputs_used_by_this_backward`."""
+    return any(inputs_used_by_this_backward(ctx)[1:])
 
 
 # torch.func transform -> (how the user met it, what to do instead)

@@ -43,7 +43,8 @@ from torch import Tensor
 from ..kernels.edge import launch as edge
 from ..kernels.edge import tiled as edge_tiled
 from ..kernels.edge.dense import dense_width
-from ._common import RecordedLaunches, TorchWorkspace, autocast_dtype, matmul_precision, to_warp, warp_stream
+from ._common import (RecordedLaunches, TorchWorkspace, autocast_dtype, inputs_used_by_this_backward,
+                      matmul_precision, to_warp, warp_stream)
 
 __all__ = ["STRATEGIES", "PRECISIONS", "PRECISION_UNIT_ROUNDOFF", "check_strategy", "check_precision",
            "resolve_precision", "edge_forward", "edge_backward", "gemm_forward", "gemm_backward", "expand_basis",
@@ -377,6 +378,14 @@ def _scaled(h: Tensor, scale: Tensor | None) -> Tensor:
     return h if scale is None else h * scale
 
 
+def needed_grads(ctx, inputs) -> list:
+    """For a Function's leading ``inputs`` (tensors, or None), whether each needs a gradient in the running
+    backward: asked for (``needs_input_grad``) and on a path autograd will take (a backward that asks for x
+    alone runs no parameter branch)."""
+    used = iter(inputs_used_by_this_backward(ctx))
+    return [t is not None and bool(next(used)) and ctx.needs_input_grad[k] for k, t in enumerate(inputs)]
+
+
 class _DenseBasis(torch.autograd.Function):
     """A_m(x) [width, N]: the order-m x-derivative of the dense basis of x [N, in], input i's entries of row n
     times scale[n, i] when a scale [N, in] is given."""
@@ -396,11 +405,9 @@ class _DenseBasis(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         x, scale = ctx.saved_tensors
-        d_x = d_scale = None
-        if ctx.needs_input_grad[0]:
-            d_x = _ContractBasis.apply(g, x, scale, ctx.order + 1, ctx.spec)
-        if ctx.needs_input_grad[1]:
-            d_scale = _ContractBasis.apply(g, x, None, ctx.order, ctx.spec)
+        need_x, need_scale = needed_grads(ctx, (x, scale))
+        d_x = _ContractBasis.apply(g, x, scale, ctx.order + 1, ctx.spec) if need_x else None
+        d_scale = _ContractBasis.apply(g, x, None, ctx.order, ctx.spec) if need_scale else None
         return d_x, d_scale, None, None
 
 
@@ -423,13 +430,10 @@ class _ContractBasis(torch.autograd.Function):
     @staticmethod
     def backward(ctx, h):
         g, x, scale = ctx.saved_tensors
-        d_g = d_x = d_scale = None
-        if ctx.needs_input_grad[0]:
-            d_g = _DenseBasis.apply(x, _scaled(h, scale), ctx.order, ctx.spec)
-        if ctx.needs_input_grad[1]:
-            d_x = _ContractBasis.apply(g, x, _scaled(h, scale), ctx.order + 1, ctx.spec)
-        if ctx.needs_input_grad[2]:
-            d_scale = _ContractBasis.apply(g, x, h, ctx.order, ctx.spec)
+        need_g, need_x, need_scale = needed_grads(ctx, (g, x, scale))
+        d_g = _DenseBasis.apply(x, _scaled(h, scale), ctx.order, ctx.spec) if need_g else None
+        d_x = _ContractBasis.apply(g, x, _scaled(h, scale), ctx.order + 1, ctx.spec) if need_x else None
+        d_scale = _ContractBasis.apply(g, x, h, ctx.order, ctx.spec) if need_scale else None
         return d_g, d_x, d_scale, None, None
 
 

@@ -24,6 +24,7 @@ from torch import Tensor
 from ..kernels import rational_jet as kj
 from ..kernels._runtime import launch
 from ._common import RecordedLaunches
+from .edge_driver import needed_grads
 
 __all__ = ["MAX_X_DERIVATIVE", "differentiable_backward"]
 
@@ -99,13 +100,13 @@ class _Derivative(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         x, a, b, ha, hb = ctx.saved_tensors
-        need = ctx.needs_input_grad
+        need = needed_grads(ctx, (x, a, b, ha, hb))
         d_x = d_a = d_b = d_ha = d_hb = None
         if need[0]:
             d_x = g * _Derivative.apply(x, a, b, ha, hb, ctx.order + 1, ctx.variant)
         if need[1] or need[2]:
             d_a, d_b = _CoefGrad.apply(g, x, a, b, ha, hb, ctx.order, ctx.variant)
-        if ha is not None and (need[3] or need[4]):
+        if need[3] or need[4]:
             d_ha, d_hb = _CoefGrad.apply(g, x, a, b, None, None, ctx.order, ctx.variant)
         return d_x, d_a, d_b, d_ha, d_hb, None, None
 
@@ -128,7 +129,7 @@ class _CoefGrad(torch.autograd.Function):
                 "(a gradient of a gradient of a coefficient gradient); the group-rational activation's "
                 "create_graph=True path stops at the second")
         g, x, a, b = ctx.saved_tensors
-        need = ctx.needs_input_grad
+        need = needed_grads(ctx, (g, x, a, b))
         d_g = d_x = d_a = d_b = None
         if need[0]:
             d_g = _Derivative.apply(x, a, b, c_a, c_b, ctx.order, ctx.variant)
