@@ -50,7 +50,7 @@ HIGHER_ORDER_SUPPORTED = ["KANLinear", "KANLinear-gemm", "UKANLinear", "UKANLine
 REFUSED = [name for name in LAYERS if name not in HIGHER_ORDER_SUPPORTED]
 # the layers that compute in float32/float64 only (the group-rational family and GEGLUFFN take fp16/bf16)
 WIDE_FLOAT_ONLY = ["KANLinear", "UKANLinear", "PolyKANLinear", "ChebyKANLinear"]
-HIGHER_ORDER = r"higher-order derivatives .* not yet supported through the torch bridge.*Warp-native"
+HIGHER_ORDER = r"higher-order derivatives .* not yet supported by this op.*Warp-native"
 
 
 def _make(name, device):

@@ -1,7 +1,8 @@
 """What every torch op of warpkan shares: Warp start-up, zero-copy views on torch's current stream,
-argument checks whose messages name the argument, what was expected and what was given, and the policy on
-what the bridge does not support (higher-order derivatives, torch.func transforms, fp16/bf16 conversion of
-the float32/float64 layers, devices other than the CPU and CUDA), each refused with an error that says so."""
+argument checks whose messages name the argument, what was expected and what was given, the routing of
+create_graph=True to each op's differentiable formula, and the policy on what the bridge does not support
+(higher-order derivatives of an op without such a formula, torch.func transforms, fp16/bf16 conversion of the
+float32/float64 layers, devices other than the CPU and CUDA), each refused with an error that says so."""
 
 from __future__ import annotations
 
@@ -178,7 +179,7 @@ _WARP_NATIVE_HINT = (
 def higher_order_message(label: str) -> str:
     return (
         f"{label}: higher-order derivatives (torch.autograd.grad(..., create_graph=True), or backward(create_graph="
-        "True)) are not yet supported through the torch bridge: the backward kernels are not differentiable, so "
+        "True)) are not yet supported by this op: its backward kernels are not differentiable, so "
         "the derivative would come back detached from the graph and a term of the result would be silently "
         f"lost. First-order gradients (create_graph=False) are supported. {_WARP_NATIVE_HINT}"
     )
