@@ -424,3 +424,24 @@ def test_capture_step_without_cuda_says_why():
 
     with pytest.raises(RuntimeError, match="capture_step needs a CUDA device"):
         capture_step(lambda: None)
+
+
+def test_ukan_pairs_overflow_drops_the_same_terms_at_every_order(device):
+    """A fixed-capacity pair table the data overflows: the spline terms of the pairs past the capacity are
+    dropped (as documented); create_graph=True reads the table through the engine and must drop exactly the
+    same ones: u_x agrees with the first-order kernels', and u_xx comes out finite."""
+    from warpkan.torch_bridge import UKANLinear
+
+    torch.manual_seed(0)
+    layer = UKANLinear(3, 2, spline_order=3, grid_delta=0.002, pe_dim=4, embed_dim=3, hidden_dim=6, table_groups=4,
+                       dtype=DOUBLE, device=device)
+    layer.dense_max_coefficients = 0
+    x = _x(700, 3, device, lo=-1.5, hi=1.5)
+    u = layer(x)
+    pair_feature, table, needed = layer._last
+    assert int(needed) > pair_feature.shape[0]  # overflowed
+    (first_order,) = torch.autograd.grad(u.sum(), x, retain_graph=True)
+    (u_x,) = torch.autograd.grad(u.sum(), x, create_graph=True)
+    torch.testing.assert_close(u_x, first_order, rtol=1e-10, atol=1e-10)
+    (u_xx,) = torch.autograd.grad(u_x.sum(), x)
+    assert bool(torch.isfinite(u_xx).all())
