@@ -445,3 +445,28 @@ def test_ukan_pairs_overflow_drops_the_same_terms_at_every_order(device):
     torch.testing.assert_close(u_x, first_order, rtol=1e-10, atol=1e-10)
     (u_xx,) = torch.autograd.grad(u_x.sum(), x)
     assert bool(torch.isfinite(u_xx).all())
+
+
+@pytest.mark.parametrize("path", ["range", "pairs"])
+def test_ukan_gradgradcheck(device, path):
+    """UKANLinear's first and second derivatives in x and in the scaler, base weight and CG-MLP output layer, by
+    float64 finite differences, on both paths."""
+    from torch.func import functional_call
+
+    from warpkan.torch_bridge import UKANLinear
+
+    torch.manual_seed(0)
+    layer = UKANLinear(2, 2, spline_order=3, grid_delta=0.4, pe_dim=4, embed_dim=3, hidden_dim=5, dtype=DOUBLE,
+                       device=device)
+    if path == "pairs":
+        layer.dense_max_coefficients = 0
+    names = ["spline_scaler", "base_weight", "cg_out.weight"]
+    params = {n: p.detach().clone().requires_grad_() for n, p in layer.named_parameters() if n in names}
+    x = _x(4, 2, device, lo=-1.0, hi=1.0, seed=21)
+
+    def f(x, *values):
+        return functional_call(layer, dict(zip(params, values)), (x,))
+
+    assert torch.autograd.gradcheck(f, (x, *params.values()))
+    assert torch.autograd.gradgradcheck(f, (x, *params.values()))
+    assert (layer._last is None) == (path == "range")
