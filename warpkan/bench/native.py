@@ -83,8 +83,6 @@ def _torch_kan_step(device: str, n_points: int, capturable: bool = False):
     w1 = (0.1 * torch.randn(5, 1, g1 + k, device=device)).requires_grad_()
     w2 = (0.1 * torch.randn(1, 5, g2 + k, device=device)).requires_grad_()
     ones1, ones2 = torch.ones(5, 1, device=device), torch.ones(1, 5, device=device)
-    t = torch.linspace(-5, 5, n_points, device=device).unsqueeze(1).requires_grad_()
-    t0 = torch.zeros(1, 1, device=device)
 
     def net(x):
         h = kan_linear(x, grid1, None, w1, ones1, k, use_base=False)
