@@ -243,24 +243,29 @@ def _backward(ctx, dy, backward_op=ukan_spline_backward):
     )
 
 
-def _pair_rows_by_feature(x: Tensor, table: Tensor, grid_delta: float, spline_order: int):
-    """The touched-pair table read per feature, for the engine's UKAN pairs family: (pair_group, first,
-    count) of the used rows, and, per feature, the gather index [in, Cmax K] into the table's rows and its mask
-    (Cmax: the most rows a feature has). The pairs are those of ``ukan_pairs(x)`` again (the same x gives the
-    same pairs; the spline op is not given the groups), and their count is read back (this path is eager)."""
+def _pair_args(x: Tensor, table: Tensor, grid_delta: float, spline_order: int) -> tuple:
+    """(family, frame maker, frame tensors, frame config, coef) of the engine's view of the touched-pair table
+    read per feature (the UKAN pairs family): coef [in, Cmax K, out] gathers each feature's rows, differentiably,
+    padded with zeros to Cmax, the most rows a feature has. The pairs are those of ``ukan_pairs(x)`` again (the
+    same x gives the same pairs; the spline op is not given their groups), and their count is read back (this
+    path is eager)."""
     K = spline_order + 1
+    n_in, n_out = x.shape[1], table.shape[1]
     capacity = table.shape[0] // K
     _, _, _, pair_feature, pair_group, _, _, needed = ukan_pairs(x.detach(), grid_delta, spline_order, capacity)
     used = min(int(needed.item()), capacity)
     pair_feature, pair_group = pair_feature[:used].long(), pair_group[:used].contiguous()
-    count = torch.bincount(pair_feature, minlength=x.shape[1])
+    count = torch.bincount(pair_feature, minlength=n_in)
     first = torch.cumsum(count, 0) - count
     width = max(int(count.max().item()) if count.numel() else 0, 2)
     pair = torch.arange(width, device=x.device)
-    rows = (first.unsqueeze(1) + pair).unsqueeze(2) * K + torch.arange(K, device=x.device)  # [in, Cmax, K]
-    mask = (pair < count.unsqueeze(1)).unsqueeze(2).expand(-1, -1, K)
-    rows = torch.where(mask, rows, torch.zeros_like(rows)).reshape(x.shape[1], -1)
-    return (pair_group, first.to(torch.int32), count.to(torch.int32)), rows, mask.reshape(x.shape[1], -1)
+    valid = pair < count.unsqueeze(1)  # [in, Cmax]
+    start = torch.where(valid, (first.unsqueeze(1) + pair) * K, 0)
+    rows = (start.unsqueeze(2) + torch.arange(K, device=x.device)).reshape(-1)  # [in, Cmax, K] table rows
+    coef = torch.where(valid.repeat_interleave(K, 1).unsqueeze(2), table[rows].view(n_in, -1, n_out), 0.0)
+    family = ukan_pairs_family(spline_order, "float64" if x.dtype == torch.float64 else "float32")
+    frame_tensors = (pair_group, first.to(torch.int32), count.to(torch.int32))
+    return family, _pairs_frame, frame_tensors, (float(grid_delta), family.scalar_name), coef
 
 
 def _pairs_frame(pair_group, first, count, h: float, scalar: str):
@@ -268,30 +273,19 @@ def _pairs_frame(pair_group, first, count, h: float, scalar: str):
 
 
 def _spline_higher(ctx, inputs, dy):
-    """The pair path's gradients as differentiable graphs, for ``create_graph=True``: the table read per
-    feature (a differentiable gather of its rows) by the engine's UKAN pairs family, and its dense basis and
-    x-derivatives (``differentiable_backward``), as the dense-range path does with its range table."""
+    """The pair path's gradients as differentiable graphs, for ``create_graph=True``: the table read per feature
+    by the engine's UKAN pairs family (:func:`_pair_args`), as the dense-range path reads its range table."""
     x, table, base_weight_t, scaler_t = inputs[0], inputs[7], inputs[8], inputs[9]
     grid_delta, spline_order, use_base = inputs[10:13]
     need = ctx.needs_input_grad
     params = {7: table, 8: base_weight_t, 9: scaler_t}
     wanted = ([i for i in params if need[i] and (i != 8 or use_base)] if params_used_by_this_backward(ctx) else [])
-    frame_tensors, rows, mask = _pair_rows_by_feature(x, table, grid_delta, spline_order)
-    n_in, n_out = x.shape[1], table.shape[1]
-    coef = torch.where(mask.unsqueeze(2), table[rows.reshape(-1)].view(n_in, -1, n_out), 0.0)
-    spline_weight = (coef * scaler_t.unsqueeze(1)).reshape(-1, n_out)
-    weight = torch.cat([base_weight_t, spline_weight]) if use_base else spline_weight
-    family = ukan_pairs_family(spline_order, "float64" if x.dtype == torch.float64 else "float32")
-    spec = EdgeSpec(family, _pairs_frame, frame_tensors, (float(grid_delta), family.scalar_name), coef.shape[1],
-                    use_base)
-    dx, d_weight = differentiable_backward(spec, dy, x.contiguous(), weight, need[0], bool(wanted))
+    dx, found = _table_spline_higher_grads(_pair_args(x, table, grid_delta, spline_order), dy, x, base_weight_t,
+                                           scaler_t, use_base, need[0], [params[i] for i in wanted])
     grads = [None] * 13
     grads[0] = dx
-    if wanted:
-        found = torch.autograd.grad(weight, [params[i] for i in wanted], d_weight, create_graph=True,
-                                    allow_unused=True)
-        for index, grad in zip(wanted, found):
-            grads[index] = grad
+    for index, grad in zip(wanted, found):
+        grads[index] = grad
     return tuple(grads)
 
 
@@ -695,12 +689,12 @@ def range_table_torch(group_lo, rows_per_feature: int, pe_dim: int, embedding, w
     return torch.nn.functional.linear(hidden, w_out, b_out).view(n_in * rows_per_feature, -1)
 
 
-def range_spline_higher_grads(dy, x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base,
-                              need_x, wrt: list):
-    """(dx, gradients of ``wrt``) of :func:`ukan_range_spline` as differentiable graphs (create_graph=True):
-    the engine's dense basis of the UKAN family and its x-derivatives, the combined weight made by torch ops from
-    ``table``, ``base_weight_t`` and ``scaler_t`` (which ``wrt`` lists, those of them to differentiate)."""
-    family, make_frame, frame_tensors, frame_config, coef = _range_args(x, group_lo, table, grid_delta, spline_order)
+def _table_spline_higher_grads(args, dy, x, base_weight_t, scaler_t, use_base, need_x, wrt: list):
+    """(dx, gradients of ``wrt``) of a UKAN spline on a table the engine reads as ``coef`` [in, n_coef, out]
+    (``args``: family, frame maker, frame tensors, frame config, coef), as differentiable graphs: the engine's
+    dense basis and its x-derivatives, the combined weight made by torch ops from ``coef`` (and so from the
+    table it was made from), ``base_weight_t`` and ``scaler_t`` (``wrt``: those to differentiate)."""
+    family, make_frame, frame_tensors, frame_config, coef = args
     n_out = coef.shape[2]
     spline_weight = (coef * scaler_t.unsqueeze(1)).reshape(-1, n_out)
     weight = torch.cat([base_weight_t, spline_weight]) if use_base else spline_weight
@@ -708,6 +702,14 @@ def range_spline_higher_grads(dy, x, group_lo, table, base_weight_t, scaler_t, g
     dx, d_weight = differentiable_backward(spec, dy, x.contiguous(), weight, need_x, bool(wrt))
     grads = torch.autograd.grad(weight, wrt, d_weight, create_graph=True, allow_unused=True) if wrt else ()
     return dx, grads
+
+
+def range_spline_higher_grads(dy, x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base,
+                              need_x, wrt: list):
+    """(dx, gradients of ``wrt``) of :func:`ukan_range_spline` as differentiable graphs (create_graph=True):
+    the range table as the UKAN family reads it (:func:`_table_spline_higher_grads`)."""
+    return _table_spline_higher_grads(_range_args(x, group_lo, table, grid_delta, spline_order), dy, x,
+                                      base_weight_t, scaler_t, use_base, need_x, wrt)
 
 
 def _range_layer_higher(ctx, dy):
