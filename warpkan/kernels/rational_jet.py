@@ -195,7 +195,7 @@ def jet_kernels(num_order: int, den_order: int, variant: str, scalar_name: str) 
 
 def _derivative_kernel(num_order, den_order, variant, scalar_name, kernel):
     scalar = _SCALARS[scalar_name]
-    series, _, times, reciprocal, _, pick, _, _ = _series_funcs(scalar_name)
+    _, _, times, reciprocal, _, pick, _, _ = _series_funcs(scalar_name)
     numerator_and_denominator, direction, _ = _rational_funcs(num_order, den_order, variant, scalar_name)
 
     @kernel

@@ -224,6 +224,14 @@ def _will_run(node) -> bool:
         return True
 
 
+def needed_grads(ctx, inputs) -> list:
+    """For a Function's leading ``inputs`` (tensors, or None), whether each needs a gradient in the running
+    backward: asked for (``needs_input_grad``) and on a path autograd will take (a backward that asks for x
+    alone runs no parameter branch)."""
+    used = iter(inputs_used_by_this_backward(ctx))
+    return [t is not None and bool(next(used)) and ctx.needs_input_grad[k] for k, t in enumerate(inputs)]
+
+
 def params_used_by_this_backward(ctx) -> bool:
     """Whether the running backward uses the gradient of any tensor input of ``ctx`` after its first (x: the
     parameters); see :func:`inputs_used_by_this_backward`."""

@@ -43,8 +43,8 @@ from torch import Tensor
 from ..kernels.edge import launch as edge
 from ..kernels.edge import tiled as edge_tiled
 from ..kernels.edge.dense import dense_width
-from ._common import (RecordedLaunches, TorchWorkspace, autocast_dtype, inputs_used_by_this_backward,
-                      matmul_precision, to_warp, warp_stream)
+from ._common import (RecordedLaunches, TorchWorkspace, autocast_dtype, matmul_precision, needed_grads, to_warp,
+                      warp_stream)
 
 __all__ = ["STRATEGIES", "PRECISIONS", "PRECISION_UNIT_ROUNDOFF", "check_strategy", "check_precision",
            "resolve_precision", "edge_forward", "edge_backward", "gemm_forward", "gemm_backward", "expand_basis",
@@ -253,14 +253,15 @@ def _gemm_weight(family, base_weight_t, scaler_t, coef, use_base, basis_dtype) -
 
 
 def expand_basis(family, make_frame, frame_tensors: tuple, frame_config: tuple, x: Tensor, n_coef: int,
-                 use_base: bool = False) -> Tensor:
+                 use_base: bool = False, order: int = 0, scale: "Tensor | None" = None) -> Tensor:
     """The transposed dense basis [width, N] of x [N, in] in x's dtype (see :mod:`.dense` of the engine): what
-    the gemm strategy contracts, for callers that inspect the bases themselves."""
+    the gemm strategy contracts, for callers that inspect the bases themselves; ``order`` > 0: its x-derivative
+    of that order; ``scale`` [N, in]: input i's entries of row n times scale[n, i]."""
     x = x.contiguous()
     basis_t = x.new_empty((dense_width(x.shape[1], n_coef, use_base), x.shape[0]))
     if basis_t.numel():
-        _launch(_EXPAND, (x, None, *frame_tensors, basis_t),
-                _frame_config(family, make_frame, frame_tensors, frame_config, n_coef, use_base))
+        config = (*_frame_config(family, make_frame, frame_tensors, frame_config, n_coef, use_base), ("order", order))
+        _launch(_EXPAND, (x, None if scale is None else scale.contiguous(), *frame_tensors, basis_t), config)
     return basis_t
 
 
@@ -378,14 +379,6 @@ def _scaled(h: Tensor, scale: Tensor | None) -> Tensor:
     return h if scale is None else h * scale
 
 
-def needed_grads(ctx, inputs) -> list:
-    """For a Function's leading ``inputs`` (tensors, or None), whether each needs a gradient in the running
-    backward: asked for (``needs_input_grad``) and on a path autograd will take (a backward that asks for x
-    alone runs no parameter branch)."""
-    used = iter(inputs_used_by_this_backward(ctx))
-    return [t is not None and bool(next(used)) and ctx.needs_input_grad[k] for k, t in enumerate(inputs)]
-
-
 class _DenseBasis(torch.autograd.Function):
     """A_m(x) [width, N]: the order-m x-derivative of the dense basis of x [N, in], input i's entries of row n
     times scale[n, i] when a scale [N, in] is given."""
@@ -395,12 +388,8 @@ class _DenseBasis(torch.autograd.Function):
         _check_order(order, "edge layer")
         ctx.save_for_backward(x, scale)
         ctx.order, ctx.spec = order, spec
-        family, _, frame_tensors, _, n_coef, use_base = spec
-        basis_t = x.new_empty((dense_width(x.shape[1], n_coef, use_base), x.shape[0]))
-        if basis_t.numel():
-            scale = None if scale is None else scale.contiguous()
-            _launch(_EXPAND, (x.contiguous(), scale, *frame_tensors, basis_t), _order_config(spec, order))
-        return basis_t
+        family, make_frame, frame_tensors, frame_config, n_coef, use_base = spec
+        return expand_basis(family, make_frame, frame_tensors, frame_config, x, n_coef, use_base, order, scale)
 
     @staticmethod
     def backward(ctx, g):

@@ -23,8 +23,7 @@ from torch import Tensor
 
 from ..kernels import rational_jet as kj
 from ..kernels._runtime import launch
-from ._common import RecordedLaunches
-from .edge_driver import needed_grads
+from ._common import RecordedLaunches, needed_grads
 
 __all__ = ["MAX_X_DERIVATIVE", "differentiable_backward"]
 
