@@ -137,6 +137,20 @@ def test_training_step_clears_gradients_first():
         torch.testing.assert_close(after, before, rtol=0, atol=0)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="peak memory is measured on cuda")
+def test_peak_memory_of_a_training_step_counts_the_gradients_it_writes_cuda():
+    # the step frees the last step's gradients first: a baseline taken with them allocated would subtract
+    # them from the peak, and a layer of large parameters would seem to need less than its gradients
+    from warpkan.bench.timing import peak_memory, training_step
+
+    layer = torch.nn.Linear(1024, 1024, bias=False, device="cuda")
+    x = torch.randn(8, 1024, device="cuda", requires_grad=True)
+    step = training_step(layer, x, torch.randn(8, 1024, device="cuda"))
+    step()
+    grad_mib = layer.weight.numel() * 4 / 2**20
+    assert peak_memory(step, "cuda") >= grad_mib
+
+
 def _subparsers(parser):
     import argparse
 

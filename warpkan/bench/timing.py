@@ -53,9 +53,16 @@ def time_fn(fn, device: str, warmup: int = 3, repeat: int = 20) -> float:
 
 
 def peak_memory(fn, device: str) -> float | None:
-    """Peak MiB allocated by ``fn()`` above what was allocated before it (cuda only)."""
+    """Peak MiB allocated by ``fn()`` above what was allocated before it (cuda only). A step of
+    :func:`training_step` frees the last step's gradients before it runs; they are freed here before the
+    baseline is taken, or the step's peak would come out short by their size (by the layer's parameter
+    gradients and x's: a layer with large parameters would look lighter than one that makes its
+    coefficients in the step, such as UKAN)."""
     if not device.startswith("cuda"):
         return None
+    clear = getattr(fn, "clear_gradients", None)
+    if clear is not None:
+        clear()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
@@ -84,12 +91,16 @@ def training_step(model, x: torch.Tensor, dy: torch.Tensor):
     replay writes the gradients again. The same step is timed for every implementation of a case."""
     params = list(model.parameters())
 
-    def step():
+    def clear_gradients():
         for p in params:
             p.grad = None
         x.grad = None
+
+    def step():
+        clear_gradients()
         model(x).backward(dy)
 
+    step.clear_gradients = clear_gradients  # for peak_memory's baseline
     return step
 
 

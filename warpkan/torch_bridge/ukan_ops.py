@@ -630,9 +630,12 @@ class _EagerRangeLayer(torch.autograd.Function):
         table, *rows = _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out,
                                          b_out, keep_rows=True)
         y = _range_forward_impl(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base)
-        ctx.save_for_backward(x, group_lo, table, base_weight_t, scaler_t, embedding, w_hidden, b_hidden, w_out)
-        ctx.config = (pe_dim, grid_delta, spline_order, use_base, deterministic)
-        ctx.rows = rows
+        ctx.save_for_backward(x, group_lo, base_weight_t, scaler_t, embedding, w_hidden, b_hidden, w_out, b_out)
+        ctx.config = (pe_dim, grid_delta, spline_order, use_base, deterministic, rows_per_feature)
+        # the table and the rows are kept outside the saved tensors so that the backward can let them go as
+        # soon as it is done with them: the table after the spline's gradients (the CG-MLP's backward does not
+        # read it), which takes a table-sized buffer off the step's peak memory
+        ctx.table, ctx.rows = table, rows
         return y
 
     @staticmethod
@@ -648,19 +651,22 @@ class _EagerRangeLayer(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def first_order_backward(ctx, dy):
-        x, group_lo, table, base_weight_t, scaler_t, embedding, w_hidden, b_hidden, w_out = ctx.saved_tensors
-        pe_dim, grid_delta, spline_order, use_base, deterministic = ctx.config
+        x, group_lo, base_weight_t, scaler_t, embedding, w_hidden, b_hidden, w_out, b_out = ctx.saved_tensors
+        pe_dim, grid_delta, spline_order, use_base, deterministic, rows_per_feature = ctx.config
         need = ctx.needs_input_grad
         need_mlp = any(need[4:9])
         need_x, need_params = need[0], need_mlp or need[9] or need[10]
-        # a second backward of a retained graph recomputes the rows
-        rows, ctx.rows = ctx.rows, None
+        # a second backward of a retained graph recomputes the table and the rows
+        table, rows, ctx.table, ctx.rows = ctx.table, ctx.rows, None, None
         grads = [None] * 15
         if not (need_x or need_params):
             return tuple(grads)
+        if table is None:
+            table = _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out)
         dx, d_base, d_scaler, d_table = _range_backward_impl(dy, x, group_lo, table, base_weight_t, scaler_t,
                                                              grid_delta, spline_order, use_base, deterministic,
                                                              need_x, need_params)
+        del table
         if need_x:
             grads[0] = dx
         if need[9] and use_base:
