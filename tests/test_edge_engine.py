@@ -1,6 +1,6 @@
 """The edge engine (warpkan/kernels/edge/): each family's locate/basis maths against float64 references with
 derivatives, the registry's modules (every one builds on the CPU, at most six a layer configuration), and the
-size of the engine's functions (and of the group-rational kernels' in warpkan/kernels/rational.py).
+size of the functions of the whole kernels package (warpkan/kernels/, the engine included).
 
 The end-to-end checks of the engine's kernels against the B-spline torch reference are in test_bspline.py.
 """
@@ -26,7 +26,8 @@ from warpkan.kernels.edge.ukan_family import CELL_LIMIT, ukan_frame_of
 from warpkan.reference import ukan as ukan_reference
 from warpkan.reference.bspline import b_splines
 
-EDGE_DIR = Path(__file__).resolve().parents[1] / "warpkan" / "kernels" / "edge"
+KERNELS_DIR = Path(__file__).resolve().parents[1] / "warpkan" / "kernels"
+EDGE_DIR = KERNELS_DIR / "edge"
 ALL_FAMILIES = registry.families()
 BSPLINE_FAMILIES = registry.families("bspline")
 UKAN_FAMILIES = registry.families("ukan")
@@ -596,9 +597,12 @@ def test_layer_builds_at_most_six_modules(family):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _long_functions(path: Path, limit: int) -> list[str]:
+def _long_functions(path: Path, limit: int, root: "Path | None" = None) -> list[str]:
+    """The functions (nested ones included) of the file over ``limit`` lines, named by the file's path relative
+    to ``root`` (default: its name), line and name."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    return [f"{path.name}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+    where = path.relative_to(root).as_posix() if root is not None else path.name
+    return [f"{where}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
             for node in ast.walk(tree)
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
             and node.end_lineno - node.lineno + 1 > limit]
@@ -613,14 +617,12 @@ def test_long_functions_are_found(tmp_path):
     assert _long_functions(path, 3) == ["probe.py:1 outer (11 lines)", "probe.py:7 inner (4 lines)"]
 
 
-def test_edge_engine_functions_are_short():
-    files = sorted(EDGE_DIR.glob("*.py"))
-    assert len(files) >= 8
-    long = [entry for path in files for entry in _long_functions(path, MAX_FUNCTION_LINES)]
-    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
-
-
-def test_rational_kernel_functions_are_short():
-    # the group-rational kernels keep to the same rule: one small cached factory per kernel or group of @wp.funcs
-    long = _long_functions(EDGE_DIR.parent / "rational.py", MAX_FUNCTION_LINES)
+def test_kernel_functions_are_short():
+    # every function of the kernels package keeps to the limit: a builder of many kernels assembles them from
+    # small cached factories, one per kernel or small group of @wp.funcs (see rational.py, ukan.py, geglu.py)
+    files = sorted(KERNELS_DIR.rglob("*.py"))
+    names = {path.relative_to(KERNELS_DIR).as_posix() for path in files}
+    assert {"edge/stencil.py", "edge/family.py", "rational.py", "ukan.py", "geglu.py", "_common.py"} <= names
+    assert len(files) >= 20
+    long = [entry for path in files for entry in _long_functions(path, MAX_FUNCTION_LINES, KERNELS_DIR)]
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"

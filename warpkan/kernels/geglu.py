@@ -263,70 +263,132 @@ def small_rows_bucket(n_rows: int) -> int:
     raise ValueError(f"the weight-streaming path takes at most {MAX_SMALL_ROWS} rows, got {n_rows}")
 
 
+# get_small_variant assembles a SmallVariant from the factories below, each cached on its arguments (I/O type,
+# row capacity), so that a combination builds each @wp.func and kernel once. Each factory closes over the
+# types and sizes of _small_config under the names its @wp.funcs and kernels use: Warp resolves those names
+# when it generates code, and the names and values are part of the module's hash.
+
+
+@dataclass(frozen=True, eq=False)
+class _SmallConfig:
+    """The types and sizes of one (I/O type, row capacity) of the weight-streaming kernels (see _small_config)."""
+
+    io: type
+    acc: type
+    acc_name: str
+    cols: int  # output columns per block
+    up_block_dim: int
+    down_block_dim: int
+    ROWS: int  # the row capacity
+    U: int  # unroll: the k steps whose weight loads a thread issues before using them
+    UP_W: int  # weight rows per block in the first projection: the u rows then the v rows
+    DOWN_W: int  # weight rows per block in the second projection
+    mat_up: type  # the (weight row, row) sums of one block
+    mat_down: type
+    wbuf_up: type  # the weights of one step
+    wbuf_down: type
+    xbuf: type  # the activations of one step
+    ids_up: type  # the weight rows of one block (-1: none)
+    ids_down: type
+    module: str
+
+
 @functools.lru_cache(maxsize=None)
-def get_small_variant(io_name: str, rows: int) -> SmallVariant:
+def _small_config(io_name: str, rows: int) -> _SmallConfig:
+    """The arguments of get_small_variant checked (TypeError/ValueError naming the bad one), and what follows
+    from them."""
     io = _io_scalar(io_name)
     if rows not in _SMALL_CONFIG:
         raise ValueError(f"row capacity must be one of {sorted(_SMALL_CONFIG)}, got {rows}")
     cols, unroll, up_block_dim, down_block_dim = _SMALL_CONFIG[rows]
-    acc_name = "float64" if io_name == "float64" else "float32"
     acc = _accumulator(io_name)
-    gate, _ = _gate_funcs(acc_name)
-    module = f"warpkan_geglu_small{rows}_{io_name}"
-    kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
-    ROWS = rows
-    UP_W = 2 * cols  # weight rows per block in the first projection: the u rows then the v rows
+    UP_W = 2 * cols
     DOWN_W = cols
-    U = unroll
-    mat_up = wp.types.matrix(shape=(UP_W, ROWS), dtype=acc)
-    mat_down = wp.types.matrix(shape=(DOWN_W, ROWS), dtype=acc)
-    wbuf_up = wp.types.matrix(shape=(U, UP_W), dtype=acc)
-    wbuf_down = wp.types.matrix(shape=(U, DOWN_W), dtype=acc)
-    xbuf = wp.types.matrix(shape=(U, ROWS), dtype=acc)
-    ids_up = wp.types.vector(length=UP_W, dtype=int)
-    ids_down = wp.types.vector(length=DOWN_W, dtype=int)
+    return _SmallConfig(
+        io=io,
+        acc=acc,
+        acc_name="float64" if io_name == "float64" else "float32",
+        cols=cols,
+        up_block_dim=up_block_dim,
+        down_block_dim=down_block_dim,
+        ROWS=rows,
+        U=unroll,
+        UP_W=UP_W,
+        DOWN_W=DOWN_W,
+        mat_up=wp.types.matrix(shape=(UP_W, rows), dtype=acc),
+        mat_down=wp.types.matrix(shape=(DOWN_W, rows), dtype=acc),
+        wbuf_up=wp.types.matrix(shape=(unroll, UP_W), dtype=acc),
+        wbuf_down=wp.types.matrix(shape=(unroll, DOWN_W), dtype=acc),
+        xbuf=wp.types.matrix(shape=(unroll, rows), dtype=acc),
+        ids_up=wp.types.vector(length=UP_W, dtype=int),
+        ids_down=wp.types.vector(length=DOWN_W, dtype=int),
+        module=f"warpkan_geglu_small{rows}_{io_name}",
+    )
 
-    def make_stream_dot(W, mat_t, wbuf_t, ids_t):
-        @wp.func
-        def stream_dot(
-            act: wp.array2d(dtype=io),
-            weight: wp.array2d(dtype=io),
-            row_ids: ids_t,
-            n_rows: int,
-            lane: int,
-            block_dim: int,
-        ):
-            """This thread's share of sum_k act[r, k] weight[row_ids[c], k] for every (c, r); weight
-            rows with id -1 and rows r >= n_rows contribute zero. Threads of a block take consecutive k
-            (coalesced); each step issues U * W independent weight loads before using them."""
-            n_k = act.shape[1]
-            total = mat_t()
-            step = block_dim * U
-            for k0 in range(lane, n_k, step):
-                w = wbuf_t()
-                for u in range(U):
-                    k = k0 + u * block_dim
-                    if k < n_k:
-                        for c in range(W):
-                            if row_ids[c] >= 0:
-                                w[u, c] = acc(weight[row_ids[c], k])
-                xs = xbuf()
-                for u in range(U):
-                    k = k0 + u * block_dim
-                    if k < n_k:
-                        for r in range(ROWS):
-                            if r < n_rows:
-                                xs[u, r] = acc(act[r, k])
-                for u in range(U):
+
+def _small_kernel_decorator(cfg: _SmallConfig):
+    """``wp.kernel`` without a backward pass, into the combination's module."""
+    return functools.partial(wp.kernel, enable_backward=False, module=cfg.module)
+
+
+@functools.lru_cache(maxsize=None)
+def _stream_dot_func(io_name: str, rows: int, projection: str):
+    """stream_dot of the first (``projection`` "up": UP_W weight rows) or the second ("down": DOWN_W) projection:
+    a thread's share of the block's (weight row, row) sums."""
+    cfg = _small_config(io_name, rows)
+    io, acc, ROWS, U, xbuf = cfg.io, cfg.acc, cfg.ROWS, cfg.U, cfg.xbuf
+    if projection == "up":
+        W, mat_t, wbuf_t, ids_t = cfg.UP_W, cfg.mat_up, cfg.wbuf_up, cfg.ids_up
+    else:
+        W, mat_t, wbuf_t, ids_t = cfg.DOWN_W, cfg.mat_down, cfg.wbuf_down, cfg.ids_down
+
+    @wp.func
+    def stream_dot(
+        act: wp.array2d(dtype=io),
+        weight: wp.array2d(dtype=io),
+        row_ids: ids_t,
+        n_rows: int,
+        lane: int,
+        block_dim: int,
+    ):
+        """This thread's share of sum_k act[r, k] weight[row_ids[c], k] for every (c, r); weight
+        rows with id -1 and rows r >= n_rows contribute zero. Threads of a block take consecutive k
+        (coalesced); each step issues U * W independent weight loads before using them."""
+        n_k = act.shape[1]
+        total = mat_t()
+        step = block_dim * U
+        for k0 in range(lane, n_k, step):
+            w = wbuf_t()
+            for u in range(U):
+                k = k0 + u * block_dim
+                if k < n_k:
                     for c in range(W):
-                        for r in range(ROWS):
-                            total[c, r] = total[c, r] + w[u, c] * xs[u, r]
-            return total
+                        if row_ids[c] >= 0:
+                            w[u, c] = acc(weight[row_ids[c], k])
+            xs = xbuf()
+            for u in range(U):
+                k = k0 + u * block_dim
+                if k < n_k:
+                    for r in range(ROWS):
+                        if r < n_rows:
+                            xs[u, r] = acc(act[r, k])
+            for u in range(U):
+                for c in range(W):
+                    for r in range(ROWS):
+                        total[c, r] = total[c, r] + w[u, c] * xs[u, r]
+        return total
 
-        return stream_dot
+    return stream_dot
 
-    stream_up = make_stream_dot(UP_W, mat_up, wbuf_up, ids_up)
-    stream_down = make_stream_dot(DOWN_W, mat_down, wbuf_down, ids_down)
+
+@functools.lru_cache(maxsize=None)
+def _up_projection_kernel(io_name: str, rows: int):
+    """uv = x W_uv^T (+ b_uv) and h = gate(u) v: one block per `cols` columns of u and of v."""
+    cfg = _small_config(io_name, rows)
+    io, acc, cols, ROWS, ids_up = cfg.io, cfg.acc, cfg.cols, cfg.ROWS, cfg.ids_up
+    kernel = _small_kernel_decorator(cfg)
+    gate, _ = _gate_funcs(cfg.acc_name)
+    stream_up = _stream_dot_func(io_name, rows, "up")
 
     @kernel
     def up_projection(
@@ -368,6 +430,17 @@ def get_small_variant(io_name: str, rows: int) -> SmallVariant:
                 uv[r, n_inter + j] = io(v)
                 h[r, j] = io(gate(u, code) * v)
 
+    return up_projection
+
+
+@functools.lru_cache(maxsize=None)
+def _down_projection_kernel(io_name: str, rows: int):
+    """out = h W_o^T (+ b_o): one block per `cols` output columns."""
+    cfg = _small_config(io_name, rows)
+    io, acc, cols, ROWS, ids_down = cfg.io, cfg.acc, cfg.cols, cfg.ROWS, cfg.ids_down
+    kernel = _small_kernel_decorator(cfg)
+    stream_down = _stream_dot_func(io_name, rows, "down")
+
     @kernel
     def down_projection(
         h: wp.array2d(dtype=io),
@@ -398,7 +471,16 @@ def get_small_variant(io_name: str, rows: int) -> SmallVariant:
                     y = y + acc(b_o[o])
                 out[r, o] = io(y)
 
-    return SmallVariant(io_name, rows, cols, up_block_dim, down_block_dim, up_projection, down_projection, module)
+    return down_projection
+
+
+@functools.lru_cache(maxsize=None)
+def get_small_variant(io_name: str, rows: int) -> SmallVariant:
+    """Build (lazily) the weight-streaming kernels of one (I/O type, row capacity); they share one Warp
+    module."""
+    cfg = _small_config(io_name, rows)
+    return SmallVariant(io_name, rows, cfg.cols, cfg.up_block_dim, cfg.down_block_dim,
+                        _up_projection_kernel(io_name, rows), _down_projection_kernel(io_name, rows), cfg.module)
 
 
 # ---------------------------------------------------------------------------------------------- launchers

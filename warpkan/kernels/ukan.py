@@ -62,6 +62,7 @@ capture and ``torch.compile`` with static shapes.
 
 import functools
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import warp as wp
 
@@ -170,34 +171,70 @@ class UKANVariant:
     module: str
 
 
+# ---------------------------------------------------------------------- spline kernel factories
+# get_variant assembles a UKANVariant from the factories below, each cached on get_variant's arguments (spline
+# order, scalar type), so that a combination builds each @wp.func and kernel once. Each factory closes over the
+# types and constants of _config under the names its @wp.funcs and kernels use: Warp resolves those names
+# when it generates code, and the names and values are part of the module's hash.
+
+_NO_GROUP = 2**62  # above every clamped group: "no valid input yet" in the range search
+_SPAN_CAP = 2**30  # the widest span the range search reports
+
+
+@dataclass(frozen=True, eq=False)
+class _Config:
+    """The types and constants of one (spline order, scalar type), and the Warp module of its kernels."""
+
+    scalar: type
+    K: int  # coefficients of a cell, order + 1
+    OT: int  # outputs per thread of the forward
+    vecK: type  # the K basis values of a cell
+    matK: type  # the basis matrix M_k
+    vec2K: type  # the 2K-window sum of a table row (positions of C_{g-1}, then of C_g)
+    vecOT: type  # the forward's tile of outputs
+    zero: object
+    module: str
+
+
 @functools.lru_cache(maxsize=None)
-def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
-    """Build (lazily) the kernels of one (spline order, scalar type); they share one Warp module (the
-    block-reduction dx kernel has a module of its own: Warp compiles a module per block size)."""
+def _config(order: int, scalar_name: str) -> _Config:
+    """The arguments of get_variant checked (ValueError/TypeError naming the bad one), and what follows from
+    them."""
     if not 1 <= order <= MAX_SPLINE_ORDER:
         raise ValueError(f"spline_order must be in [1, {MAX_SPLINE_ORDER}], got {order}")
     if scalar_name not in SCALARS:
         raise TypeError(f"scalar type must be one of {sorted(SCALARS)}, got {scalar_name}")
     scalar = SCALARS[scalar_name]
     K = order + 1
-    OT = _OUT_TILE
-    vecK = wp.types.vector(length=K, dtype=scalar)
-    matK = wp.types.matrix(shape=(K, K), dtype=scalar)
+    return _Config(
+        scalar=scalar,
+        K=K,
+        OT=_OUT_TILE,
+        vecK=wp.types.vector(length=K, dtype=scalar),
+        matK=wp.types.matrix(shape=(K, K), dtype=scalar),
+        vec2K=wp.types.vector(length=2 * K, dtype=scalar),
+        vecOT=wp.types.vector(length=_OUT_TILE, dtype=scalar),
+        zero=scalar(0.0),
+        module=f"warpkan_ukan_k{order}_{scalar_name}",
+    )
+
+
+def _kernel_decorator(module: str):
+    """``wp.kernel`` without a backward pass, into the Warp module named ``module``."""
+    return functools.partial(wp.kernel, enable_backward=False, module=module)
+
+
+# ---------------------------------------------------------------------- per-element maths (@wp.func)
+
+@functools.lru_cache(maxsize=None)
+def _element_funcs(order: int, scalar_name: str):
+    """basis and basis_grad: the B-spline family's matrix-form bases (the kernels still pass M, unused, as an
+    argument); silu_and_grad(x) = (silu(x), silu'(x)): the edge family's SiLU without its second derivative."""
+    cfg = _config(order, scalar_name)
+    scalar, matK = cfg.scalar, cfg.matK
     powers_basis, powers_basis_du = uniform_basis_funcs(order, scalar_name)[:2]
     silu_and_grads = silu_func(scalar_name)
-    vec2K = wp.types.vector(length=2 * K, dtype=scalar)
-    vecOT = wp.types.vector(length=OT, dtype=scalar)
-    module = f"warpkan_ukan_k{order}_{scalar_name}"
-    kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
-    row_block_kernel = functools.partial(wp.kernel, enable_backward=False, module=module + "_rowblock")
-    zero = scalar(0.0)
-    stride = wp.int64(_FEATURE_STRIDE)
-    bias = wp.int64(_GROUP_BIAS)
-    no_group = wp.int64(2**62)  # above every clamped group: "no valid input yet" in the range search
-    span_cap = wp.int64(2**30)
 
-    # ------------------------------------------------------------------ per-element maths (@wp.func)
-    # the B-spline family's matrix-form bases (the kernels still pass M, unused, as an argument)
     @wp.func
     def basis(u: scalar, basis_matrix: matK):
         return powers_basis(u)
@@ -212,10 +249,17 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
         act, dact, d2act = silu_and_grads(x)
         return act, dact
 
-    locate = ukan_locate_func(order, scalar_name)  # (x, h) -> (valid, g, r, u, sloped): the edge family's
+    return SimpleNamespace(basis=basis, basis_grad=basis_grad, silu_and_grad=silu_and_grad)
 
-    # window codes: w >= 0 a window start; -1 no spline term (NaN, past the capacity); w <= -2 the window
-    # -2 - w of an input clamped to the cell limit (zero spline derivative)
+
+@functools.lru_cache(maxsize=None)
+def _window_funcs(order: int, scalar_name: str):
+    """encode_window and decode_window: an element's window code; window_dot: its cell's coefficients of one
+    output against its basis. Window codes: w >= 0 a window start; -1 no spline term (NaN, past the
+    capacity); w <= -2 the window -2 - w of an input clamped to the cell limit (zero spline derivative)."""
+    cfg = _config(order, scalar_name)
+    scalar, vecK, K, zero = cfg.scalar, cfg.vecK, cfg.K, cfg.zero
+
     @wp.func
     def encode_window(start: int, sloped: int):
         if sloped:
@@ -239,7 +283,67 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
             acc = acc + b[m] * table[start + m, o]
         return acc
 
-    # ------------------------------------------------------------------ 1. touched (feature, group) pairs
+    return SimpleNamespace(encode_window=encode_window, decode_window=decode_window, window_dot=window_dot)
+
+
+@functools.lru_cache(maxsize=None)
+def _row_window_funcs(order: int, scalar_name: str):
+    """store_window and resolved_window: the 2K-window sums of the table rows, as backward_table leaves them
+    and combine_table reads them."""
+    cfg = _config(order, scalar_name)
+    scalar, vec2K, K = cfg.scalar, cfg.vec2K, cfg.K
+
+    @wp.func
+    def store_window(dest: wp.array3d(dtype=scalar), at: int, o: int, acc: vec2K):
+        for m in range(2 * K):
+            dest[at, m, o] = acc[m]
+
+    @wp.func
+    def resolved_window(
+        p: int,
+        o: int,
+        row_start: wp.array(dtype=wp.int32),
+        row_stop: wp.array(dtype=wp.int32),
+        chunk_size: int,
+        row_window: wp.array3d(dtype=scalar),
+        head: wp.array3d(dtype=scalar),
+        tail: wp.array3d(dtype=scalar),
+    ):
+        """W_p of backward_table: zero for a row without elements, else its own entry or its chunk partials
+        added in chunk order."""
+        acc = vec2K()
+        lo = row_start[p]
+        hi = row_stop[p]
+        if hi > lo:
+            c0 = lo // chunk_size
+            c1 = (hi - 1) // chunk_size
+            if c0 == c1:
+                for m in range(2 * K):
+                    acc[m] = row_window[p, m, o]
+            else:
+                for m in range(2 * K):
+                    acc[m] = tail[c0, m, o]
+                for c in range(c0 + 1, c1 + 1):
+                    for m in range(2 * K):
+                        acc[m] = acc[m] + head[c, m, o]
+        return acc
+
+    return SimpleNamespace(store_window=store_window, resolved_window=resolved_window)
+
+
+# ---------------------------------------------------------------------- 1. touched (feature, group) pairs
+
+@functools.lru_cache(maxsize=None)
+def _pair_keys_kernel(order: int, scalar_name: str):
+    """Every element's (feature, group) key for the sort, its window offset and its local coordinate."""
+    cfg = _config(order, scalar_name)
+    scalar = cfg.scalar
+    kernel = _kernel_decorator(cfg.module)
+    locate = ukan_locate_func(order, scalar_name)  # (x, h) -> (valid, g, r, u, sloped): the edge family's
+    encode_window = _window_funcs(order, scalar_name).encode_window
+    stride = wp.int64(_FEATURE_STRIDE)
+    bias = wp.int64(_GROUP_BIAS)
+
     @kernel
     def pair_keys(
         x: wp.array2d(dtype=scalar),
@@ -264,6 +368,14 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
         keys[e] = key
         elems[e] = e
 
+    return pair_keys
+
+
+@functools.lru_cache(maxsize=None)
+def _pair_mark_kernel(order: int, scalar_name: str):
+    """The table rows the first element of each distinct sorted key takes."""
+    kernel = _kernel_decorator(_config(order, scalar_name).module)
+
     @kernel
     def pair_mark(keys: wp.array(dtype=wp.int64), sentinel: wp.int64, rows_needed: wp.array(dtype=wp.int32)):
         # the first element of each distinct key takes one row, two when (i, g - 1) is not itself touched
@@ -280,6 +392,20 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
                     if before != key - wp.int64(1):
                         need = 2
         rows_needed[j] = need
+
+    return pair_mark
+
+
+@functools.lru_cache(maxsize=None)
+def _pair_fill_kernel(order: int, scalar_name: str):
+    """The table rows' (feature, group) and element ranges, and every element's final window code."""
+    cfg = _config(order, scalar_name)
+    K = cfg.K
+    kernel = _kernel_decorator(cfg.module)
+    windows = _window_funcs(order, scalar_name)
+    encode_window, decode_window = windows.encode_window, windows.decode_window
+    stride = wp.int64(_FEATURE_STRIDE)
+    bias = wp.int64(_GROUP_BIAS)
 
     @kernel
     def pair_fill(
@@ -333,7 +459,22 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
         if last:
             row_stop[row] = j + 1
 
-    # ------------------------------------------------------------------ 3. spline forward
+    return pair_fill
+
+
+# ---------------------------------------------------------------------- 3. spline forward
+
+@functools.lru_cache(maxsize=None)
+def _forward_kernel(order: int, scalar_name: str):
+    """y = the SiLU base plus the scaled spline, one thread per (row, tile of OT outputs)."""
+    cfg = _config(order, scalar_name)
+    scalar, matK, vecK, vecOT, OT, zero = cfg.scalar, cfg.matK, cfg.vecK, cfg.vecOT, cfg.OT, cfg.zero
+    kernel = _kernel_decorator(cfg.module)
+    maths = _element_funcs(order, scalar_name)
+    basis, silu_and_grad = maths.basis, maths.silu_and_grad
+    windows = _window_funcs(order, scalar_name)
+    decode_window, window_dot = windows.decode_window, windows.window_dot
+
     @kernel
     def forward(
         x: wp.array2d(dtype=scalar),
@@ -374,7 +515,23 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
             if o0 + t < n_out:
                 y[n, o0 + t] = acc[t]
 
-    # ------------------------------------------------------------------ 4. backward
+    return forward
+
+
+# ---------------------------------------------------------------------- 4. backward
+
+@functools.lru_cache(maxsize=None)
+def _backward_x_kernel(order: int, scalar_name: str):
+    """dx, one block per row with one block reduction per (row, input). Its module is the combination's
+    plus "_rowblock": Warp compiles a module per block size."""
+    cfg = _config(order, scalar_name)
+    scalar, matK, vecK, zero = cfg.scalar, cfg.matK, cfg.vecK, cfg.zero
+    row_block_kernel = _kernel_decorator(cfg.module + "_rowblock")
+    maths = _element_funcs(order, scalar_name)
+    basis_grad, silu_and_grad = maths.basis_grad, maths.silu_and_grad
+    windows = _window_funcs(order, scalar_name)
+    decode_window, window_dot = windows.decode_window, windows.window_dot
+
     @row_block_kernel
     def backward_x(
         dy: wp.array2d(dtype=scalar),
@@ -415,6 +572,20 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
             if lane == 0:
                 dx[n, i] = dx[n, i] + total
 
+    return backward_x
+
+
+@functools.lru_cache(maxsize=None)
+def _backward_rows_kernel(order: int, scalar_name: str):
+    """The d base weight and d scaler partials of one chunk of rows (combine_rows adds them up)."""
+    cfg = _config(order, scalar_name)
+    scalar, matK, zero = cfg.scalar, cfg.matK, cfg.zero
+    kernel = _kernel_decorator(cfg.module)
+    maths = _element_funcs(order, scalar_name)
+    basis, silu_and_grad = maths.basis, maths.silu_and_grad
+    windows = _window_funcs(order, scalar_name)
+    decode_window, window_dot = windows.decode_window, windows.window_dot
+
     @kernel
     def backward_rows(
         dy: wp.array2d(dtype=scalar),
@@ -448,12 +619,18 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
         partial_base[chunk, i, o] = acc_base
         partial_scaler[chunk, i, o] = acc_scaler
 
-    combine_rows = combine_rows_kernel(scalar_name)
+    return backward_rows
 
-    @wp.func
-    def store_window(dest: wp.array3d(dtype=scalar), at: int, o: int, acc: vec2K):
-        for m in range(2 * K):
-            dest[at, m, o] = acc[m]
+
+@functools.lru_cache(maxsize=None)
+def _backward_table_kernel(order: int, scalar_name: str):
+    """The 2K-window sums of the table rows, one thread per (chunk of sorted elements, output)."""
+    cfg = _config(order, scalar_name)
+    scalar, matK, vec2K, K = cfg.scalar, cfg.matK, cfg.vec2K, cfg.K
+    kernel = _kernel_decorator(cfg.module)
+    basis = _element_funcs(order, scalar_name).basis
+    decode_window = _window_funcs(order, scalar_name).decode_window
+    store_window = _row_window_funcs(order, scalar_name).store_window
 
     @kernel
     def backward_table(
@@ -510,35 +687,16 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
                 for m in range(K):
                     acc[r + m] = acc[r + m] + b[m]
 
-    @wp.func
-    def resolved_window(
-        p: int,
-        o: int,
-        row_start: wp.array(dtype=wp.int32),
-        row_stop: wp.array(dtype=wp.int32),
-        chunk_size: int,
-        row_window: wp.array3d(dtype=scalar),
-        head: wp.array3d(dtype=scalar),
-        tail: wp.array3d(dtype=scalar),
-    ):
-        """W_p of backward_table: zero for a row without elements, else its own entry or its chunk partials
-        added in chunk order."""
-        acc = vec2K()
-        lo = row_start[p]
-        hi = row_stop[p]
-        if hi > lo:
-            c0 = lo // chunk_size
-            c1 = (hi - 1) // chunk_size
-            if c0 == c1:
-                for m in range(2 * K):
-                    acc[m] = row_window[p, m, o]
-            else:
-                for m in range(2 * K):
-                    acc[m] = tail[c0, m, o]
-                for c in range(c0 + 1, c1 + 1):
-                    for m in range(2 * K):
-                        acc[m] = acc[m] + head[c, m, o]
-        return acc
+    return backward_table
+
+
+@functools.lru_cache(maxsize=None)
+def _combine_table_kernel(order: int, scalar_name: str):
+    """d table from the window sums of each row and of the row after it, in chunk order."""
+    cfg = _config(order, scalar_name)
+    scalar, vec2K, K = cfg.scalar, cfg.vec2K, cfg.K
+    kernel = _kernel_decorator(cfg.module)
+    resolved_window = _row_window_funcs(order, scalar_name).resolved_window
 
     @kernel
     def combine_table(
@@ -565,7 +723,17 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
         for m in range(K):
             d_table[p * K + m, o] = d_table[p * K + m, o] + s * (own[K + m] + after[m])
 
-    # ------------------------------------------------------------------ dense-range path (see module doc)
+    return combine_table
+
+
+# ---------------------------------------------------------------------- dense-range path (see module doc)
+
+@functools.lru_cache(maxsize=None)
+def _range_init_kernel(order: int, scalar_name: str):
+    """The group-range search's starting values."""
+    kernel = _kernel_decorator(_config(order, scalar_name).module)
+    no_group = wp.int64(_NO_GROUP)
+
     @kernel
     def range_init(group_lo: wp.array(dtype=wp.int64), group_hi: wp.array(dtype=wp.int64),
                    span_max: wp.array(dtype=wp.int32)):
@@ -574,6 +742,18 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
         group_hi[i] = -no_group
         if i == 0:
             span_max[0] = 0
+
+    return range_init
+
+
+@functools.lru_cache(maxsize=None)
+def _range_partial_kernel(order: int, scalar_name: str):
+    """Each feature's lowest and highest touched group, by integer min/max atomics over chunks of rows."""
+    cfg = _config(order, scalar_name)
+    scalar = cfg.scalar
+    kernel = _kernel_decorator(cfg.module)
+    locate = ukan_locate_func(order, scalar_name)
+    no_group = wp.int64(_NO_GROUP)
 
     @kernel
     def range_partial(
@@ -602,6 +782,15 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
             wp.atomic_min(group_lo, i, lo)
             wp.atomic_max(group_hi, i, hi)
 
+    return range_partial
+
+
+@functools.lru_cache(maxsize=None)
+def _range_finalize_kernel(order: int, scalar_name: str):
+    """The widest span of touched groups over the features."""
+    kernel = _kernel_decorator(_config(order, scalar_name).module)
+    span_cap = wp.int64(_SPAN_CAP)
+
     @kernel
     def range_finalize(group_lo: wp.array(dtype=wp.int64), group_hi: wp.array(dtype=wp.int64),
                        span_max: wp.array(dtype=wp.int32)):
@@ -616,24 +805,33 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
         span = wp.min(hi - lo + wp.int64(1), span_cap)
         wp.atomic_max(span_max, 0, int(span))
 
-    basis_matrix = matK(*[scalar(v) for row in uniform_basis_matrix(order) for v in row])
+    return range_finalize
+
+
+@functools.lru_cache(maxsize=None)
+def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
+    """Build (lazily) the kernels of one (spline order, scalar type); they share one Warp module (the
+    block-reduction dx kernel has a module of its own: Warp compiles a module per block size)."""
+    cfg = _config(order, scalar_name)
+    combination = (order, scalar_name)
+    basis_matrix = cfg.matK(*[cfg.scalar(v) for row in uniform_basis_matrix(order) for v in row])
     return UKANVariant(
         order=order,
-        scalar=scalar,
-        pair_keys=pair_keys,
-        pair_mark=pair_mark,
-        pair_fill=pair_fill,
-        forward=forward,
-        backward_x=backward_x,
-        backward_rows=backward_rows,
-        combine_rows=combine_rows,
-        backward_table=backward_table,
-        combine_table=combine_table,
-        range_init=range_init,
-        range_partial=range_partial,
-        range_finalize=range_finalize,
+        scalar=cfg.scalar,
+        pair_keys=_pair_keys_kernel(*combination),
+        pair_mark=_pair_mark_kernel(*combination),
+        pair_fill=_pair_fill_kernel(*combination),
+        forward=_forward_kernel(*combination),
+        backward_x=_backward_x_kernel(*combination),
+        backward_rows=_backward_rows_kernel(*combination),
+        combine_rows=combine_rows_kernel(scalar_name),
+        backward_table=_backward_table_kernel(*combination),
+        combine_table=_combine_table_kernel(*combination),
+        range_init=_range_init_kernel(*combination),
+        range_partial=_range_partial_kernel(*combination),
+        range_finalize=_range_finalize_kernel(*combination),
         basis_matrix=basis_matrix,
-        module=module,
+        module=cfg.module,
     )
 
 
@@ -898,20 +1096,35 @@ class DenseVariant:
     range_param_combine: wp.Kernel
 
 
+# get_dense_variant assembles a DenseVariant from the factories below, one per kernel, each cached on the
+# scalar type. Like the spline kernels' factories, each closes over the names its kernel uses.
+
+def _mlp_kernel_decorator(scalar_name: str):
+    """``wp.kernel`` without a backward pass, into the CG-MLP's module of the scalar type."""
+    return _kernel_decorator(f"warpkan_ukan_mlp_{scalar_name}")
+
+
 @functools.lru_cache(maxsize=None)
-def get_dense_variant(scalar_name: str = "float32") -> DenseVariant:
-    """SIMT kernels of the small CG-MLP: feature rows, dense layers with optional SiLU, and their backward.
-    The row counts are small (the touched pairs), so plain per-output threads suffice."""
+def _mlp_silu_and_grad_func(scalar_name: str):
+    """The CG-MLP kernels' silu_and_grad: the spline kernels' (see _element_funcs), as a @wp.func of its own so
+    that the code generated for the CG-MLP's module does not depend on which spline variants were built before
+    it (Warp numbers the native functions of one name in the order it creates them)."""
     scalar = SCALARS[scalar_name]
-    kernel = functools.partial(wp.kernel, enable_backward=False, module=f"warpkan_ukan_mlp_{scalar_name}")
-    zero = scalar(0.0)
-    one = scalar(1.0)
     silu_and_grads = silu_func(scalar_name)
 
     @wp.func
     def silu_and_grad(x: scalar):
         act, dact, d2act = silu_and_grads(x)
         return act, dact
+
+    return silu_and_grad
+
+
+@functools.lru_cache(maxsize=None)
+def _features_kernel(scalar_name: str):
+    """The CG-MLP's input rows of the touched pairs: the encoding of the row's group, its feature's embedding."""
+    scalar = SCALARS[scalar_name]
+    kernel = _mlp_kernel_decorator(scalar_name)
 
     @kernel
     def features(
@@ -927,6 +1140,16 @@ def get_dense_variant(scalar_name: str = "float32") -> DenseVariant:
             out[p, a] = scalar(group_encoding(pair_group[p], a, pe_dim))
         else:
             out[p, a] = embedding[pair_feature[p], a - pe_dim]
+
+    return features
+
+
+@functools.lru_cache(maxsize=None)
+def _dense_forward_kernel(scalar_name: str):
+    """A dense layer, optionally followed by SiLU."""
+    scalar = SCALARS[scalar_name]
+    kernel = _mlp_kernel_decorator(scalar_name)
+    silu_and_grad = _mlp_silu_and_grad_func(scalar_name)
 
     @kernel
     def dense_forward(
@@ -949,6 +1172,17 @@ def get_dense_variant(scalar_name: str = "float32") -> DenseVariant:
         else:
             out[p, b] = acc
 
+    return dense_forward
+
+
+@functools.lru_cache(maxsize=None)
+def _dense_backward_input_kernel(scalar_name: str):
+    """A dense layer's input gradient, through the SiLU that made the input when there was one."""
+    scalar = SCALARS[scalar_name]
+    kernel = _mlp_kernel_decorator(scalar_name)
+    zero = scalar(0.0)
+    silu_and_grad = _mlp_silu_and_grad_func(scalar_name)
+
     @kernel
     def dense_backward_input(
         d_out: wp.array2d(dtype=scalar),
@@ -966,6 +1200,17 @@ def get_dense_variant(scalar_name: str = "float32") -> DenseVariant:
             act, dact = silu_and_grad(pre_in[p, a])
             acc = acc * dact
         d_in[p, a] = acc
+
+    return dense_backward_input
+
+
+@functools.lru_cache(maxsize=None)
+def _dense_backward_params_kernel(scalar_name: str):
+    """A dense layer's weight and bias gradients, as partial sums over chunks of rows."""
+    scalar = SCALARS[scalar_name]
+    kernel = _mlp_kernel_decorator(scalar_name)
+    zero = scalar(0.0)
+    one = scalar(1.0)
 
     @kernel
     def dense_backward_params(
@@ -987,6 +1232,16 @@ def get_dense_variant(scalar_name: str = "float32") -> DenseVariant:
             acc = acc + d_out[p, b] * v
         partial[chunk, b, a] = acc
 
+    return dense_backward_params
+
+
+@functools.lru_cache(maxsize=None)
+def _dense_combine_kernel(scalar_name: str):
+    """The chunks' partial sums of dense_backward_params, added in a fixed order."""
+    scalar = SCALARS[scalar_name]
+    kernel = _mlp_kernel_decorator(scalar_name)
+    zero = scalar(0.0)
+
     @kernel
     def dense_combine(partial: wp.array3d(dtype=scalar), d_weight: wp.array2d(dtype=scalar),
                       d_bias: wp.array(dtype=scalar)):
@@ -999,6 +1254,17 @@ def get_dense_variant(scalar_name: str = "float32") -> DenseVariant:
         else:
             d_bias[b] = d_bias[b] + acc
 
+    return dense_combine
+
+
+@functools.lru_cache(maxsize=None)
+def _embedding_backward_kernel(scalar_name: str):
+    """The feature embedding's gradient: each feature's table rows summed in order."""
+    scalar = SCALARS[scalar_name]
+    kernel = _mlp_kernel_decorator(scalar_name)
+    zero = scalar(0.0)
+
+    # the first index of the sorted values[:count] whose value is not below target (count when there is none)
     @wp.func
     def lower_bound(values: wp.array(dtype=wp.int32), count: int, target: int):
         lo = int(0)
@@ -1030,6 +1296,15 @@ def get_dense_variant(scalar_name: str = "float32") -> DenseVariant:
             acc = acc + d_features[p, pe_dim + e]
         d_embedding[i, e] = d_embedding[i, e] + acc
 
+    return embedding_backward
+
+
+@functools.lru_cache(maxsize=None)
+def _reorder_table_kernel(scalar_name: str):
+    """The CG-MLP output's (o, m) order <-> the spline kernels' table layout."""
+    scalar = SCALARS[scalar_name]
+    kernel = _mlp_kernel_decorator(scalar_name)
+
     @kernel
     def reorder_table(by_output: wp.array2d(dtype=scalar), K: int, to_kernel_order: int,
                       by_basis: wp.array2d(dtype=scalar)):
@@ -1042,10 +1317,20 @@ def get_dense_variant(scalar_name: str = "float32") -> DenseVariant:
         else:
             by_output[p, b] = by_basis[p * K + m, o]
 
-    # ---- the CG-MLP on a dense range of groups (the torch layer's dense-range path): row p = i Rt + j is
-    # feature i at group group_lo[i] - 1 + j. Forward: range_features, then dense_forward for each layer.
-    # Backward: the forward's rows again (recomputed, not kept), dense_backward_input for d_pre, then
-    # range_param_partials / range_param_combine for every parameter gradient: fixed-order sums.
+    return reorder_table
+
+
+# ---- the CG-MLP on a dense range of groups (the torch layer's dense-range path): row p = i Rt + j is
+# feature i at group group_lo[i] - 1 + j. Forward: range_features, then dense_forward for each layer.
+# Backward: the forward's rows again (recomputed, not kept), dense_backward_input for d_pre, then
+# range_param_partials / range_param_combine for every parameter gradient: fixed-order sums.
+
+@functools.lru_cache(maxsize=None)
+def _range_features_kernel(scalar_name: str):
+    """The CG-MLP's input rows of the dense range."""
+    scalar = SCALARS[scalar_name]
+    kernel = _mlp_kernel_decorator(scalar_name)
+
     @kernel
     def range_features(
         group_lo: wp.array(dtype=wp.int64),
@@ -1062,6 +1347,16 @@ def get_dense_variant(scalar_name: str = "float32") -> DenseVariant:
             out[p, a] = scalar(group_encoding(g, a, pe_dim))
         else:
             out[p, a] = embedding[i, a - pe_dim]
+
+    return range_features
+
+
+@functools.lru_cache(maxsize=None)
+def _range_param_partials_kernel(scalar_name: str):
+    """Every parameter gradient of the range CG-MLP, as partial sums over chunks of rows."""
+    scalar = SCALARS[scalar_name]
+    kernel = _mlp_kernel_decorator(scalar_name)
+    zero = scalar(0.0)
 
     @kernel
     def range_param_partials(
@@ -1102,6 +1397,16 @@ def get_dense_variant(scalar_name: str = "float32") -> DenseVariant:
             for p in range(start, stop):
                 acc = acc + d_pre[p, h]
         partial[chunk, q] = acc
+
+    return range_param_partials
+
+
+@functools.lru_cache(maxsize=None)
+def _range_param_combine_kernel(scalar_name: str):
+    """The range CG-MLP's parameter gradients from the chunks' partials, and the embedding's gradient."""
+    scalar = SCALARS[scalar_name]
+    kernel = _mlp_kernel_decorator(scalar_name)
+    zero = scalar(0.0)
 
     @kernel
     def range_param_combine(
@@ -1144,9 +1449,18 @@ def get_dense_variant(scalar_name: str = "float32") -> DenseVariant:
                 acc = acc + d_features[i * rows_per_feature + j, pe_dim + e]
             d_embedding[i, e] = acc
 
-    return DenseVariant(scalar, features, dense_forward, dense_backward_input, dense_backward_params,
-                        dense_combine, embedding_backward, reorder_table, range_features, range_param_partials,
-                        range_param_combine)
+    return range_param_combine
+
+
+@functools.lru_cache(maxsize=None)
+def get_dense_variant(scalar_name: str = "float32") -> DenseVariant:
+    """SIMT kernels of the small CG-MLP: feature rows, dense layers with optional SiLU, and their backward.
+    The row counts are small (the touched pairs), so plain per-output threads suffice."""
+    return DenseVariant(SCALARS[scalar_name], _features_kernel(scalar_name), _dense_forward_kernel(scalar_name),
+                        _dense_backward_input_kernel(scalar_name), _dense_backward_params_kernel(scalar_name),
+                        _dense_combine_kernel(scalar_name), _embedding_backward_kernel(scalar_name),
+                        _reorder_table_kernel(scalar_name), _range_features_kernel(scalar_name),
+                        _range_param_partials_kernel(scalar_name), _range_param_combine_kernel(scalar_name))
 
 
 def launch_reorder_table(by_output, by_basis, order, to_kernel_order: bool, stream=None):
