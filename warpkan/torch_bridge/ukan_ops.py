@@ -624,14 +624,14 @@ class _EagerRangeLayer(torch.autograd.Function):
         # [out, in] parameters: their [in, out] operands made here, not as autograd nodes of their own (a view
         # of kernel-layout storage, or one copy of a contiguous parameter, for the forward and the backward)
         ctx.raw_inputs = (x, group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
-                          base_weight, spline_scaler, grid_delta, spline_order, use_base)  # for create_graph=True
+                          base_weight, spline_scaler, grid_delta, spline_order, use_base)  # create_graph=True; table recompute
         base_weight_t, scaler_t = base_weight.t().contiguous(), spline_scaler.t().contiguous()
         w_out, b_out = coefficient_major(w_out, b_out, spline_order)
         table, *rows = _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out,
                                          b_out, keep_rows=True)
         y = _range_forward_impl(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base)
         ctx.save_for_backward(x, group_lo, base_weight_t, scaler_t, embedding, w_hidden, b_hidden, w_out, b_out)
-        ctx.config = (pe_dim, grid_delta, spline_order, use_base, deterministic, rows_per_feature)
+        ctx.config = (pe_dim, grid_delta, spline_order, use_base, deterministic)
         # the table and the rows are kept outside the saved tensors so that the backward can let them go as
         # soon as it is done with them: the table after the spline's gradients (the CG-MLP's backward does not
         # read it), which takes a table-sized buffer off the step's peak memory
@@ -652,7 +652,7 @@ class _EagerRangeLayer(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def first_order_backward(ctx, dy):
         x, group_lo, base_weight_t, scaler_t, embedding, w_hidden, b_hidden, w_out, b_out = ctx.saved_tensors
-        pe_dim, grid_delta, spline_order, use_base, deterministic, rows_per_feature = ctx.config
+        pe_dim, grid_delta, spline_order, use_base, deterministic = ctx.config
         need = ctx.needs_input_grad
         need_mlp = any(need[4:9])
         need_x, need_params = need[0], need_mlp or need[9] or need[10]
@@ -662,6 +662,7 @@ class _EagerRangeLayer(torch.autograd.Function):
         if not (need_x or need_params):
             return tuple(grads)
         if table is None:
+            rows_per_feature = ctx.raw_inputs[2]
             table = _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out)
         dx, d_base, d_scaler, d_table = _range_backward_impl(dy, x, group_lo, table, base_weight_t, scaler_t,
                                                              grid_delta, spline_order, use_base, deterministic,
