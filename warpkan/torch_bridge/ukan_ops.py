@@ -277,16 +277,11 @@ def _spline_higher(ctx, inputs, dy):
     by the engine's UKAN pairs family (:func:`_pair_args`), as the dense-range path reads its range table."""
     x, table, base_weight_t, scaler_t = inputs[0], inputs[7], inputs[8], inputs[9]
     grid_delta, spline_order, use_base = inputs[10:13]
-    need = ctx.needs_input_grad
-    params = {7: table, 8: base_weight_t, 9: scaler_t}
-    wanted = ([i for i in params if need[i] and (i != 8 or use_base)] if params_used_by_this_backward(ctx) else [])
-    dx, found = _table_spline_higher_grads(_pair_args(x, table, grid_delta, spline_order), dy, x, base_weight_t,
-                                           scaler_t, use_base, need[0], [params[i] for i in wanted])
-    grads = [None] * 13
-    grads[0] = dx
-    for index, grad in zip(wanted, found):
-        grads[index] = grad
-    return tuple(grads)
+    args = _pair_args(x, table, grid_delta, spline_order)
+    return _spline_higher_outputs(
+        ctx, 13, {7: table, 8: base_weight_t, 9: scaler_t}, 8, use_base,
+        lambda wrt: _table_spline_higher_grads(args, dy, x, base_weight_t, scaler_t, use_base,
+                                               ctx.needs_input_grad[0], wrt))
 
 
 ukan_spline.register_autograd(first_order_backward(SPLINE_LABEL, _backward, _spline_higher),
@@ -565,16 +560,10 @@ def _range_setup_context(ctx, inputs, output):
 
 def _range_spline_higher(ctx, inputs, dy):
     x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base = inputs[:8]
-    need = ctx.needs_input_grad
-    params = {2: table, 3: base_weight_t, 4: scaler_t}
-    wanted = [i for i in params if need[i] and (i != 3 or use_base)] if params_used_by_this_backward(ctx) else []
-    dx, grads = range_spline_higher_grads(dy, x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order,
-                                          use_base, need[0], [params[i] for i in wanted])
-    out = [None] * 9
-    out[0] = dx
-    for i, grad in zip(wanted, grads):
-        out[i] = grad
-    return tuple(out)
+    return _spline_higher_outputs(
+        ctx, 9, {2: table, 3: base_weight_t, 4: scaler_t}, 3, use_base,
+        lambda wrt: range_spline_higher_grads(dy, x, group_lo, table, base_weight_t, scaler_t, grid_delta,
+                                              spline_order, use_base, ctx.needs_input_grad[0], wrt))
 
 
 def _range_backward_with(backward):
@@ -696,6 +685,22 @@ def range_table_torch(group_lo, rows_per_feature: int, pe_dim: int, embedding, w
     return torch.nn.functional.linear(hidden, w_out, b_out).view(n_in * rows_per_feature, -1)
 
 
+def _spline_higher_outputs(ctx, n_inputs: int, params: dict, base_index: int, use_base: bool, grads_of) -> tuple:
+    """The gradient tuple of a UKAN spline node's create_graph=True backward (``n_inputs`` entries): dx first,
+    and the gradients of the parameters ``params`` ({input index: tensor}) that autograd wants from this
+    backward (none when it uses no parameter gradient; the base weight's, at ``base_index``, only with the base
+    path). ``grads_of(wrt)`` -> (dx, gradients of the tensors ``wrt``)."""
+    need = ctx.needs_input_grad
+    wanted = ([i for i in params if need[i] and (i != base_index or use_base)]
+              if params_used_by_this_backward(ctx) else [])
+    dx, grads = grads_of([params[i] for i in wanted])
+    out = [None] * n_inputs
+    out[0] = dx
+    for index, grad in zip(wanted, grads):
+        out[index] = grad
+    return tuple(out)
+
+
 def _table_spline_higher_grads(args, dy, x, base_weight_t, scaler_t, use_base, need_x, wrt: list):
     """(dx, gradients of ``wrt``) of a UKAN spline on a table the engine reads as ``coef`` [in, n_coef, out]
     (``args``: family, frame maker, frame tensors, frame config, coef), as differentiable graphs: the engine's
@@ -725,19 +730,13 @@ def _range_layer_higher(ctx, dy):
     dense basis (:func:`range_spline_higher_grads`)."""
     (x, group_lo, rows, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out, base_weight, spline_scaler, grid_delta,
      spline_order, use_base) = ctx.raw_inputs
-    need = ctx.needs_input_grad
     w_km, b_km = coefficient_major(w_out, b_out, spline_order)
     table = range_table_torch(group_lo, rows, pe_dim, embedding, w_hidden, b_hidden, w_km, b_km)
     params = {4: embedding, 5: w_hidden, 6: b_hidden, 7: w_out, 8: b_out, 9: base_weight, 10: spline_scaler}
-    wanted = ([index for index in params if need[index] and (index != 9 or use_base)]
-              if params_used_by_this_backward(ctx) else [])
-    dx, grads = range_spline_higher_grads(dy, x, group_lo, table, base_weight.t(), spline_scaler.t(), grid_delta,
-                                          spline_order, use_base, need[0], [params[i] for i in wanted])
-    out = [None] * 15
-    out[0] = dx
-    for index, grad in zip(wanted, grads):
-        out[index] = grad
-    return tuple(out)
+    return _spline_higher_outputs(
+        ctx, 15, params, 9, use_base,
+        lambda wrt: range_spline_higher_grads(dy, x, group_lo, table, base_weight.t(), spline_scaler.t(), grid_delta,
+                                              spline_order, use_base, ctx.needs_input_grad[0], wrt))
 
 
 def range_layer(x: Tensor, group_lo: Tensor, rows_per_feature: int, pe_dim: int, embedding: Tensor,
