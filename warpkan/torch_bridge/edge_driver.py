@@ -48,7 +48,7 @@ from ._common import (RecordedLaunches, TorchWorkspace, autocast_dtype, matmul_p
 
 __all__ = ["STRATEGIES", "PRECISIONS", "PRECISION_UNIT_ROUNDOFF", "check_strategy", "check_precision",
            "resolve_precision", "edge_forward", "edge_backward", "gemm_forward", "gemm_backward", "expand_basis",
-           "EdgeSpec", "differentiable_backward", "grad_buffers", "MAX_X_DERIVATIVE"]
+           "EdgeSpec", "combined_weight", "differentiable_backward", "grad_buffers", "MAX_X_DERIVATIVE"]
 
 STRATEGIES = ("auto", "stencil", "gemm")
 PRECISIONS = ("auto", "fp32", "tf32", "bf16")
@@ -424,6 +424,13 @@ class _ContractBasis(torch.autograd.Function):
         d_x = _ContractBasis.apply(g, x, _scaled(h, scale), ctx.order + 1, ctx.spec) if need_x else None
         d_scale = _ContractBasis.apply(g, x, h, ctx.order, ctx.spec) if need_scale else None
         return d_g, d_x, d_scale, None, None
+
+
+def combined_weight(base_weight_t: Tensor, scaler_t: Tensor, coef: Tensor, use_base: bool) -> Tensor:
+    """W [width, out] = [base_weight_t; coef * scaler_t] (coef [in, n_coef, out]) by torch ops, differentiable to
+    any order: the combine kernel's weight, for the ``create_graph=True`` formulas of the scaled families."""
+    spline_weight = (coef * scaler_t.unsqueeze(1)).reshape(-1, coef.shape[2])
+    return torch.cat([base_weight_t, spline_weight]) if use_base else spline_weight
 
 
 def differentiable_backward(spec: EdgeSpec, dy: Tensor, x: Tensor, weight: Tensor, need_x: bool,

@@ -12,8 +12,8 @@ has their description, the ``precision`` rule of the gemm strategy and its error
 - ``gemm``: the engine writes the transposed dense basis of a chunk of rows and cuBLAS contracts it with the
   coefficient table itself ([in (D + 1), out] as it lies: no copy in fp32).
 
-``auto`` takes the gemm strategy on CUDA, and off CUDA picks by the forward's FLOP count (:func:`choose_strategy`). The bias is added by the forward's last
-op and its gradient is ``dy.sum(0)``.
+``auto`` takes the gemm strategy on CUDA, and off CUDA picks by the forward's FLOP count
+(:func:`choose_strategy`). The bias is added by the forward's last op and its gradient is ``dy.sum(0)``.
 
 Host overhead. A small layer is bound by the host. Eager calls go through :class:`_EagerPoly`, an
 ``autograd.Function`` on the op's own implementation, instead of the custom-op dispatch (about 50 us less a

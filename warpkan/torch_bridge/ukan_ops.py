@@ -38,7 +38,7 @@ from torch import Tensor
 
 from ..kernels import ukan as ku
 from ..kernels.edge.ukan_family import ukan_family, ukan_frame_of, ukan_pairs_family, ukan_pairs_frame_of
-from .edge_driver import EdgeSpec, differentiable_backward, edge_backward, edge_forward
+from .edge_driver import EdgeSpec, combined_weight, differentiable_backward, edge_backward, edge_forward
 from ._common import (TRANSPOSED, RecordedLaunches, eager_function, first_order_backward, forward_mode_message,
                       op_or_eager, params_used_by_this_backward, refuse_transforms, to_warp, use_registered_op,
                       warp_stream)
@@ -612,8 +612,9 @@ class _EagerRangeLayer(torch.autograd.Function):
                 base_weight, spline_scaler, grid_delta, spline_order, use_base, deterministic):
         # [out, in] parameters: their [in, out] operands made here, not as autograd nodes of their own (a view
         # of kernel-layout storage, or one copy of a contiguous parameter, for the forward and the backward)
+        # the node's inputs with their history: for create_graph=True, and rows_per_feature for a table recompute
         ctx.raw_inputs = (x, group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
-                          base_weight, spline_scaler, grid_delta, spline_order, use_base)  # create_graph=True; table recompute
+                          base_weight, spline_scaler, grid_delta, spline_order, use_base)
         base_weight_t, scaler_t = base_weight.t().contiguous(), spline_scaler.t().contiguous()
         w_out, b_out = coefficient_major(w_out, b_out, spline_order)
         table, *rows = _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out,
@@ -707,9 +708,7 @@ def _table_spline_higher_grads(args, dy, x, base_weight_t, scaler_t, use_base, n
     dense basis and its x-derivatives, the combined weight made by torch ops from ``coef`` (and so from the
     table it was made from), ``base_weight_t`` and ``scaler_t`` (``wrt``: those to differentiate)."""
     family, make_frame, frame_tensors, frame_config, coef = args
-    n_out = coef.shape[2]
-    spline_weight = (coef * scaler_t.unsqueeze(1)).reshape(-1, n_out)
-    weight = torch.cat([base_weight_t, spline_weight]) if use_base else spline_weight
+    weight = combined_weight(base_weight_t, scaler_t, coef, use_base)
     spec = EdgeSpec(family, make_frame, frame_tensors, frame_config, coef.shape[1], use_base)
     dx, d_weight = differentiable_backward(spec, dy, x.contiguous(), weight, need_x, bool(wrt))
     grads = torch.autograd.grad(weight, wrt, d_weight, create_graph=True, allow_unused=True) if wrt else ()
