@@ -92,7 +92,7 @@ def _basis_kernels(family: EdgeFamily, basis_type, kernel):
         valid = int(0)
         slot = int(0)
         b = family.vec()
-        if order == 0:
+        if order == 0:  # the first-order passes' case: the bases alone, without the derivatives' series
             valid, slot, b = bases_at(frame, i, xv)
         else:
             valid, slot, b = bases_order_at(frame, i, xv, order)
@@ -123,7 +123,7 @@ def _basis_kernels(family: EdgeFamily, basis_type, kernel):
         valid = int(0)
         slot = int(0)
         db = family.vec()
-        if order == 1:
+        if order == 1:  # the first-order backward's case: no higher derivatives formed
             valid, slot, b, db = bases_dx_at(frame, i, xv)
         else:
             valid, slot, db = bases_order_at(frame, i, xv, order)
