@@ -228,31 +228,135 @@ def test_ukan_second_derivatives(device, base, registered, path, monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10, msg=f"output {index}")
 
 
+def _edge_spec(kind, x, use_base):
+    """An EdgeSpec of one edge family for x [N, in] (float64): the B-spline's (uniform or general grid), the
+    polynomial's (exact or LUT) and UKAN's (range table or touched pairs)."""
+    from warpkan.kernels import bspline as kb
+    from warpkan.torch_bridge import ukan_ops
+    from warpkan.torch_bridge.bspline_ops import _bspline_frame
+    from warpkan.torch_bridge.edge_driver import EdgeSpec
+    from warpkan.torch_bridge.poly_ops import _engine_args_of
+
+    n_in, grid_size, order = x.shape[1], 4, 3
+    if kind in ("bspline", "bspline_general"):
+        uniform = kind == "bspline"
+        grid = _grid(n_in, grid_size, order, perturb=0.0 if uniform else 0.4).to(x.device)
+        return EdgeSpec(kb.family_of(order, uniform, "float64"), _bspline_frame, (grid,), (), grid_size + order,
+                        use_base)
+    if kind in ("poly", "poly_lut"):
+        return EdgeSpec(*_engine_args_of(x, 5, "chebyshev", 64 if kind == "poly_lut" else 0, 1.0, 1.0), 5, use_base)
+    n_out = 2
+    if kind == "ukan":
+        group_lo, span = ukan_ops.group_range(x.detach(), 0.3, order)
+        n_groups = int(span.item()) + 1
+        table = torch.zeros(n_in * n_groups, (order + 1) * n_out, dtype=x.dtype, device=x.device)
+        family, make_frame, frame_tensors, frame_config, coef = ukan_ops._range_args(x, group_lo, table, 0.3, order)
+    else:
+        table = torch.zeros(64 * (order + 1), n_out, dtype=x.dtype, device=x.device)
+        family, make_frame, frame_tensors, frame_config, coef = ukan_ops._pair_args(x.detach(), table, 0.3, order)
+    return EdgeSpec(family, make_frame, frame_tensors, frame_config, coef.shape[1], use_base)
+
+
+OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+EDGE_KINDS = ["bspline", "bspline_general", "poly", "poly_lut", "ukan", "ukan_pairs"]
+
+
+@pytest.mark.parametrize("route", ["eager", "registered"])
 @pytest.mark.parametrize("use_base", [True, False])
 @pytest.mark.parametrize("scaled", [True, False])
-def test_dense_basis_and_contraction_gradcheck(device, use_base, scaled):
+def test_dense_basis_and_contraction_gradcheck(device, use_base, scaled, route):
     """The engine's differentiable dense basis A_m(x) (scaled per input row) and its contraction, the pieces
     every create_graph=True backward is built of: first and second derivatives in all inputs by float64
-    finite differences, third x-derivatives included."""
-    from warpkan.kernels import bspline as kb
-    from warpkan.torch_bridge.bspline_ops import _bspline_frame
-    from warpkan.torch_bridge.edge_driver import EdgeSpec, _ContractBasis, _DenseBasis, dense_width
+    finite differences, third x-derivatives included; through the eager Functions and the registered ops
+    (``warpkan::edge_dense_basis``, ``warpkan::edge_contract_basis``), whose own gradients are the ops again."""
+    from warpkan.torch_bridge.edge_driver import (_ContractBasis, _DenseBasis, dense_width, edge_contract_basis,
+                                                  edge_dense_basis)
 
-    n_in, grid_size, order = 2, 4, 3
-    grid = _grid(n_in, grid_size, order).to(device)
-    n_coef = grid_size + order
-    spec = EdgeSpec(kb.family_of(order, True, "float64"), _bspline_frame, (grid,), (), n_coef, use_base)
-    x = _x(5, n_in, device, seed=7)
-    scale = _x(5, n_in, device, lo=0.5, hi=1.5, seed=8) if scaled else None
+    x = _x(5, 2, device, seed=7)
+    spec = _edge_spec("bspline", x, use_base)
+    scale = _x(5, 2, device, lo=0.5, hi=1.5, seed=8) if scaled else None
     gen = torch.Generator().manual_seed(9)
-    g = torch.randn(dense_width(n_in, n_coef, use_base), 5, generator=gen, dtype=DOUBLE).to(device).requires_grad_()
-    dense = lambda x, *s: _DenseBasis.apply(x, s[0] if s else None, 1, spec)  # noqa: E731
-    contract = lambda g, x, *s: _ContractBasis.apply(g, x, s[0] if s else None, 1, spec)  # noqa: E731
+    g = torch.randn(dense_width(2, spec[4], use_base), 5, generator=gen, dtype=DOUBLE).to(device).requires_grad_()
+    if route == "eager":
+        dense = lambda x, *s: _DenseBasis.apply(x, s[0] if s else None, 1, spec)  # noqa: E731
+        contract = lambda g, x, *s: _ContractBasis.apply(g, x, s[0] if s else None, 1, spec)  # noqa: E731
+    else:
+        frame, key = list(spec.frame_tensors), spec.static_key()
+        dense = lambda x, *s: edge_dense_basis(x, s[0] if s else None, frame, key, 1)  # noqa: E731
+        contract = lambda g, x, *s: edge_contract_basis(g, x, s[0] if s else None, frame, key, 1)  # noqa: E731
     extra = (scale,) if scaled else ()
     assert torch.autograd.gradcheck(dense, (x, *extra))
     assert torch.autograd.gradgradcheck(dense, (x, *extra))
     assert torch.autograd.gradcheck(contract, (g, x, *extra))
     assert torch.autograd.gradgradcheck(contract, (g, x, *extra))
+
+
+@pytest.mark.parametrize("kind", EDGE_KINDS)
+def test_edge_pieces_opcheck(device, kind):
+    """opcheck (schema, fake tensor, autograd registration, AOT dispatch) of the two registered pieces, for
+    every edge family, at every x-derivative order they serve, with and without a scale."""
+    from warpkan.torch_bridge.edge_driver import dense_width, edge_contract_basis, edge_dense_basis
+
+    x = _x(6, 3, device, lo=-1.1, hi=1.2, seed=12)
+    spec = _edge_spec(kind, x, use_base=kind.startswith("bspline"))
+    frame, key = list(spec.frame_tensors), spec.static_key()
+    scale = _x(6, 3, device, lo=0.5, hi=1.5, seed=13)
+    g = _x(dense_width(3, spec[4], spec[5]), 6, device, lo=-1.0, hi=1.0, seed=14)
+    for order in range(4):
+        # the third order's gradient would need a fourth x-derivative (refused by name): its forward alone
+        utils = ("test_schema", "test_faketensor") if order == 3 else OPCHECK_UTILS
+        for s in (None, scale):
+            torch.library.opcheck(edge_dense_basis, (x, s, frame, key, order), test_utils=utils)
+            torch.library.opcheck(edge_contract_basis, (g, x, s, frame, key, order), test_utils=utils)
+
+
+@pytest.mark.parametrize("kind", EDGE_KINDS)
+def test_edge_pieces_registered_match_eager(device, kind):
+    """The registered pieces give the eager Functions' values, and their first and second gradients."""
+    from warpkan.torch_bridge.edge_driver import (_ContractBasis, _DenseBasis, dense_width, edge_contract_basis,
+                                                  edge_dense_basis)
+
+    x = _x(7, 3, device, lo=-1.1, hi=1.2, seed=15)
+    spec = _edge_spec(kind, x, use_base=True)
+    frame, key = list(spec.frame_tensors), spec.static_key()
+    g = _x(dense_width(3, spec[4], True), 7, device, lo=-1.0, hi=1.0, seed=16)
+    runs = []
+    for dense, contract in ((lambda x: _DenseBasis.apply(x, None, 0, spec),
+                             lambda g, x: _ContractBasis.apply(g, x, None, 1, spec)),
+                            (lambda x: edge_dense_basis(x, None, frame, key, 0),
+                             lambda g, x: edge_contract_basis(g, x, None, frame, key, 1))):
+        a, dx = dense(x), contract(g, x)
+        (ax,) = torch.autograd.grad((a * g).sum(), x, create_graph=True)
+        gx, xx = torch.autograd.grad((dx.square()).sum() + ax.square().sum(), [g, x])
+        runs.append((a, dx, ax, gx, xx))
+    for name, ours, ref in zip(["A_0", "contract_1", "d<A_0, G>/dx", "d/dG", "d/dx"], *runs):
+        torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12, msg=name)
+
+
+def test_registered_create_graph_runs_the_registered_pieces(device, monkeypatch):
+    """Where the layers run their registered ops (torch.compile, export, meta tensors), a create_graph=True
+    backward builds its graph of the registered pieces, not the eager Functions."""
+    import warpkan.torch_bridge._common as common
+    from warpkan.torch_bridge import edge_driver, rational_higher
+
+    monkeypatch.setattr(common, "use_registered_op", lambda x: True)
+
+    def refused(*args):
+        raise AssertionError("an eager Function ran under the registered route")
+
+    for function in (edge_driver._DenseBasis, edge_driver._ContractBasis, rational_higher._Derivative,
+                     rational_higher._CoefGrad):
+        monkeypatch.setattr(function, "apply", refused)
+    torch.manual_seed(0)
+    from warpkan.torch_bridge import GroupRational
+
+    layers = [KANLinear(3, 2, dtype=DOUBLE, device=device), PolyKANLinear(3, 2, degree=4, dtype=DOUBLE, device=device),
+              GroupRational(4, num_groups=2, dtype=DOUBLE, device=device)]
+    for layer in layers:
+        x = _x(9, 4 if isinstance(layer, GroupRational) else 3, device)
+        _, u_x, u_xx, loss = _derivatives(layer, x)
+        loss.backward()
+        assert all(p.grad is not None for p in layer.parameters())
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
@@ -356,25 +460,51 @@ def test_group_rational_gradgradcheck(device, variant, shared):
     assert torch.autograd.gradgradcheck(f, (x, a, b))
 
 
+@pytest.mark.parametrize("route", ["eager", "registered"])
 @pytest.mark.parametrize("variant", ["A", "B"])
-def test_group_rational_jet_pieces_gradcheck(device, variant):
+def test_group_rational_jet_pieces_gradcheck(device, variant, route):
     """The two differentiable pieces of the create_graph=True path, directions included: the x-derivative (of
     F, or of F's coefficient derivative along h) and the coefficient gradient, by float64 finite
-    differences, to the second derivative where they close."""
-    from warpkan.torch_bridge.rational_higher import _CoefGrad, _Derivative
+    differences, to the second derivative where they close; through the eager Functions and the registered
+    ops (``warpkan::rational_derivative``, ``warpkan::rational_coef_grad``)."""
+    from warpkan.torch_bridge.rational_higher import _CoefGrad, _Derivative, rational_coef_grad, rational_derivative
 
     a, b = _rational_params(False, 2, 3, 2, device, seed=8)
     ha, hb = _rational_params(False, 2, 3, 2, device, seed=9)
     x = _x(4, 4, device, lo=-1.5, hi=1.5, seed=10)
     g = _x(4, 4, device, lo=-1.0, hi=1.0, seed=11)
+    derivative, coef_grad = ((_Derivative.apply, _CoefGrad.apply) if route == "eager"
+                             else (rational_derivative, rational_coef_grad))
     for order in (0, 1, 2):
-        plain = lambda x, a, b: _Derivative.apply(x, a, b, None, None, order, variant)  # noqa: E731
-        directed = lambda x, a, b, ha, hb: _Derivative.apply(x, a, b, ha, hb, order, variant)  # noqa: E731
-        coef = lambda g, x, a, b: _CoefGrad.apply(g, x, a, b, None, None, order, variant)  # noqa: E731
+        plain = lambda x, a, b: derivative(x, a, b, None, None, order, variant)  # noqa: E731
+        directed = lambda x, a, b, ha, hb: derivative(x, a, b, ha, hb, order, variant)  # noqa: E731
+        coef = lambda g, x, a, b: coef_grad(g, x, a, b, None, None, order, variant)  # noqa: E731
         assert torch.autograd.gradcheck(plain, (x, a, b))
         assert torch.autograd.gradgradcheck(plain, (x, a, b))
         assert torch.autograd.gradcheck(directed, (x, a, b, ha, hb))
         assert torch.autograd.gradcheck(coef, (g, x, a, b))
+
+
+@pytest.mark.parametrize("variant", ["A", "B"])
+@pytest.mark.parametrize("shared", [True, False])
+def test_group_rational_pieces_opcheck(device, variant, shared):
+    """opcheck of the two registered rational pieces at every x-derivative order they serve, with and without
+    a coefficient direction."""
+    from warpkan.torch_bridge.rational_higher import MAX_X_DERIVATIVE, rational_coef_grad, rational_derivative
+
+    a, b = _rational_params(shared, 2, 3, 2, device, seed=17)
+    ha, hb = _rational_params(shared, 2, 3, 2, device, seed=18)
+    x = _x(5, 4, device, lo=-1.5, hi=1.5, seed=19)
+    g = _x(5, 4, device, lo=-1.0, hi=1.0, seed=20)
+    for order in range(MAX_X_DERIVATIVE + 1):
+        # a gradient past the last order, or of a directed coefficient gradient, is refused: forward alone there
+        last = order == MAX_X_DERIVATIVE
+        utils = ("test_schema", "test_faketensor") if last else OPCHECK_UTILS
+        torch.library.opcheck(rational_derivative, (x, a, b, None, None, order, variant), test_utils=utils)
+        torch.library.opcheck(rational_derivative, (x, a, b, ha, hb, order, variant), test_utils=utils)
+        torch.library.opcheck(rational_coef_grad, (g, x, a, b, None, None, order, variant), test_utils=utils)
+        torch.library.opcheck(rational_coef_grad, (g, x, a, b, ha, hb, order, variant),
+                              test_utils=("test_schema", "test_faketensor"))
 
 
 def test_group_rational_float32_error_is_at_reference_level(device):

@@ -279,6 +279,14 @@ def use_registered_op(x: torch.Tensor) -> bool:
     return x.is_meta or torch.compiler.is_compiling()
 
 
+def runs_registered_op(x: torch.Tensor) -> bool:
+    """Whether a differentiable piece of a ``create_graph=True`` formula (a backward that is itself
+    differentiated) runs as its registered op rather than its eager ``autograd.Function``: where the layer's op
+    would (:func:`use_registered_op`), and on the tensor subclasses of tracing (fake and functional tensors, as
+    torch.compile's and opcheck's traces of a registered backward pass them)."""
+    return use_registered_op(x) or type(x) not in (torch.Tensor, nn.Parameter)
+
+
 class EagerRoute:
     """An op's eager route (see :func:`eager_function`): ``function``, the ``autograd.Function``; ``layouts``,
     the inputs it takes in a public layout; ``label``, how errors name it ("KANLinear (warpkan::bspline_forward)").

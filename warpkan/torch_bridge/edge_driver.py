@@ -43,12 +43,13 @@ from torch import Tensor
 from ..kernels.edge import launch as edge
 from ..kernels.edge import tiled as edge_tiled
 from ..kernels.edge.dense import dense_width
-from ._common import (RecordedLaunches, TorchWorkspace, autocast_dtype, matmul_precision, needed_grads, to_warp,
-                      warp_stream)
+from ._common import (RecordedLaunches, TorchWorkspace, autocast_dtype, matmul_precision, needed_grads,
+                      runs_registered_op, to_warp, warp_stream)
 
 __all__ = ["STRATEGIES", "PRECISIONS", "PRECISION_UNIT_ROUNDOFF", "check_strategy", "check_precision",
            "resolve_precision", "edge_forward", "edge_backward", "gemm_forward", "gemm_backward", "expand_basis",
-           "EdgeSpec", "combined_weight", "differentiable_backward", "grad_buffers", "MAX_X_DERIVATIVE"]
+           "EdgeSpec", "combined_weight", "differentiable_backward", "grad_buffers", "MAX_X_DERIVATIVE",
+           "dense_basis", "contract_basis", "edge_dense_basis", "edge_contract_basis", "spec_of"]
 
 STRATEGIES = ("auto", "stencil", "gemm")
 PRECISIONS = ("auto", "fp32", "tf32", "bf16")
@@ -361,6 +362,36 @@ class EdgeSpec(tuple):
         return super().__new__(cls, (family, make_frame, tuple(frame_tensors), tuple(frame_config), int(n_coef),
                                      bool(use_base)))
 
+    @property
+    def frame_tensors(self) -> tuple:
+        return self[2]
+
+    def static_key(self) -> str:
+        """The spec less its frame tensors as a string, registered (:func:`spec_of`): what a custom-op schema
+        can carry. Families go by their compile key, frame makers by their qualified name."""
+        family, make_frame, _, frame_config, n_coef, use_base = self
+        key = "|".join((_static_name(family), _static_name(make_frame), ",".join(map(_static_name, frame_config)),
+                        str(n_coef), str(int(use_base))))
+        _STATIC_SPECS.setdefault(key, (family, make_frame, frame_config, n_coef, use_base))
+        return key
+
+
+def _static_name(value) -> str:
+    if hasattr(value, "key") and hasattr(value, "n_bases"):  # an EdgeFamily
+        return value.key
+    if callable(value):
+        return f"{value.__module__}.{value.__qualname__}"
+    return repr(value)
+
+
+_STATIC_SPECS: dict = {}  # EdgeSpec.static_key() -> the spec's static part
+
+
+def spec_of(static_key: str, frame_tensors) -> EdgeSpec:
+    """The EdgeSpec of a registered static key and its frame tensors."""
+    family, make_frame, frame_config, n_coef, use_base = _STATIC_SPECS[static_key]
+    return EdgeSpec(family, make_frame, frame_tensors, frame_config, n_coef, use_base)
+
 
 def _order_config(spec: EdgeSpec, order: int) -> tuple:
     family, make_frame, frame_tensors, frame_config, n_coef, use_base = spec
@@ -379,51 +410,147 @@ def _scaled(h: Tensor, scale: Tensor | None) -> Tensor:
     return h if scale is None else h * scale
 
 
+def _dense_basis_impl(x: Tensor, scale: "Tensor | None", order: int, spec: EdgeSpec) -> Tensor:
+    _check_order(order, "edge layer")
+    family, make_frame, frame_tensors, frame_config, n_coef, use_base = spec
+    return expand_basis(family, make_frame, frame_tensors, frame_config, x, n_coef, use_base, order, scale)
+
+
+def _contract_basis_impl(g: Tensor, x: Tensor, scale: "Tensor | None", order: int, spec: EdgeSpec) -> Tensor:
+    _check_order(order, "edge layer")
+    dx = torch.empty_like(x)
+    if dx.numel():
+        _launch(_CONTRACT, (x.contiguous(), *spec.frame_tensors, g.contiguous(), dx), _order_config(spec, order))
+    # the scale in torch: an [N, in] product (a scale argument of the kernel cost its every call ~10% at
+    # small grids on the H200)
+    return dx if scale is None else dx * scale
+
+
+# The two pieces' autograd formulas, one for both routes: ctx holds (x, scale) or (g, x, scale) first in
+# saved_tensors, and ``order`` and ``spec``.
+def _dense_basis_grads(ctx, g) -> tuple:
+    x, scale = ctx.saved_tensors[:2]
+    need_x, need_scale = needed_grads(ctx, (x, scale))
+    d_x = contract_basis(g, x, scale, ctx.order + 1, ctx.spec) if need_x else None
+    d_scale = contract_basis(g, x, None, ctx.order, ctx.spec) if need_scale else None
+    return d_x, d_scale
+
+
+def _contract_basis_grads(ctx, h) -> tuple:
+    g, x, scale = ctx.saved_tensors[:3]
+    need_g, need_x, need_scale = needed_grads(ctx, (g, x, scale))
+    d_g = dense_basis(x, _scaled(h, scale), ctx.order, ctx.spec) if need_g else None
+    d_x = contract_basis(g, x, _scaled(h, scale), ctx.order + 1, ctx.spec) if need_x else None
+    d_scale = contract_basis(g, x, h, ctx.order, ctx.spec) if need_scale else None
+    return d_g, d_x, d_scale
+
+
 class _DenseBasis(torch.autograd.Function):
     """A_m(x) [width, N]: the order-m x-derivative of the dense basis of x [N, in], input i's entries of row n
-    times scale[n, i] when a scale [N, in] is given."""
+    times scale[n, i] when a scale [N, in] is given. The eager route of ``warpkan::edge_dense_basis``."""
 
     @staticmethod
     def forward(ctx, x, scale, order, spec):
-        _check_order(order, "edge layer")
         ctx.save_for_backward(x, scale)
         ctx.order, ctx.spec = order, spec
-        family, make_frame, frame_tensors, frame_config, n_coef, use_base = spec
-        return expand_basis(family, make_frame, frame_tensors, frame_config, x, n_coef, use_base, order, scale)
+        return _dense_basis_impl(x, scale, order, spec)
 
     @staticmethod
     def backward(ctx, g):
-        x, scale = ctx.saved_tensors
-        need_x, need_scale = needed_grads(ctx, (x, scale))
-        d_x = _ContractBasis.apply(g, x, scale, ctx.order + 1, ctx.spec) if need_x else None
-        d_scale = _ContractBasis.apply(g, x, None, ctx.order, ctx.spec) if need_scale else None
-        return d_x, d_scale, None, None
+        return *_dense_basis_grads(ctx, g), None, None
 
 
 class _ContractBasis(torch.autograd.Function):
     """dx [N, in] = sum over each input's rows of G [width, N] times the order-m x-derivative of its bases,
-    times scale [N, in] when given."""
+    times scale [N, in] when given. The eager route of ``warpkan::edge_contract_basis``."""
 
     @staticmethod
     def forward(ctx, g, x, scale, order, spec):
-        _check_order(order, "edge layer")
         ctx.save_for_backward(g, x, scale)
         ctx.order, ctx.spec = order, spec
-        dx = torch.empty_like(x)
-        if dx.numel():
-            _launch(_CONTRACT, (x.contiguous(), *spec[2], g.contiguous(), dx), _order_config(spec, order))
-        # the scale in torch: an [N, in] product (a scale argument of the kernel cost its every call ~10% at
-        # small grids on the H200)
-        return dx if scale is None else dx * scale
+        return _contract_basis_impl(g, x, scale, order, spec)
 
     @staticmethod
     def backward(ctx, h):
-        g, x, scale = ctx.saved_tensors
-        need_g, need_x, need_scale = needed_grads(ctx, (g, x, scale))
-        d_g = _DenseBasis.apply(x, _scaled(h, scale), ctx.order, ctx.spec) if need_g else None
-        d_x = _ContractBasis.apply(g, x, _scaled(h, scale), ctx.order + 1, ctx.spec) if need_x else None
-        d_scale = _ContractBasis.apply(g, x, h, ctx.order, ctx.spec) if need_scale else None
-        return d_g, d_x, d_scale, None, None
+        return *_contract_basis_grads(ctx, h), None, None
+
+
+@torch.library.custom_op("warpkan::edge_dense_basis", mutates_args=(),
+                         schema="(Tensor x, Tensor? scale, Tensor[] frame_tensors, str spec, int order) -> Tensor")
+def edge_dense_basis(x, scale, frame_tensors, spec, order):
+    """``_DenseBasis`` as a registered op: the spec by its static key (:meth:`EdgeSpec.static_key`)."""
+    return _dense_basis_impl(x, scale, order, spec_of(spec, frame_tensors))
+
+
+@edge_dense_basis.register_fake
+def _(x, scale, frame_tensors, spec, order):
+    _check_order(order, "edge layer")
+    _, _, _, n_coef, use_base = _STATIC_SPECS[spec]
+    return x.new_empty((dense_width(x.shape[1], n_coef, use_base), x.shape[0]))
+
+
+@torch.library.custom_op("warpkan::edge_contract_basis", mutates_args=(),
+                         schema="(Tensor g, Tensor x, Tensor? scale, Tensor[] frame_tensors, str spec, int order) "
+                                "-> Tensor")
+def edge_contract_basis(g, x, scale, frame_tensors, spec, order):
+    """``_ContractBasis`` as a registered op."""
+    return _contract_basis_impl(g, x, scale, order, spec_of(spec, frame_tensors))
+
+
+@edge_contract_basis.register_fake
+def _(g, x, scale, frame_tensors, spec, order):
+    _check_order(order, "edge layer")
+    return torch.empty_like(x)
+
+
+def _registered_setup(n_leading: int):
+    def setup_context(ctx, inputs, output):
+        *leading, frame_tensors, spec, order = inputs
+        ctx.save_for_backward(*leading, *frame_tensors)
+        ctx.order = order
+        ctx.static_key, ctx.n_leading = spec, n_leading
+
+    return setup_context
+
+
+def _registered_backward(grads):
+    def backward(ctx, grad):
+        view = _RegisteredCtx(ctx)
+        return *grads(view, grad), [None] * (len(ctx.saved_tensors) - ctx.n_leading), None, None
+
+    return backward
+
+
+class _RegisteredCtx:
+    """A registered piece's ctx as the shared formulas read it (``spec`` rebuilt from the saved frame
+    tensors); everything else is the ctx's own."""
+
+    def __init__(self, ctx):
+        self._ctx = ctx
+        self.spec = spec_of(ctx.static_key, ctx.saved_tensors[ctx.n_leading:])
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
+
+
+edge_dense_basis.register_autograd(_registered_backward(_dense_basis_grads), setup_context=_registered_setup(2))
+edge_contract_basis.register_autograd(_registered_backward(_contract_basis_grads),
+                                      setup_context=_registered_setup(3))
+
+
+def dense_basis(x: Tensor, scale: "Tensor | None", order: int, spec: EdgeSpec) -> Tensor:
+    """A_m(x), differentiable: the registered op under tracing (:func:`runs_registered_op`), the eager
+    Function otherwise."""
+    if runs_registered_op(x):
+        return edge_dense_basis(x, scale, list(spec.frame_tensors), spec.static_key(), order)
+    return _DenseBasis.apply(x, scale, order, spec)
+
+
+def contract_basis(g: Tensor, x: Tensor, scale: "Tensor | None", order: int, spec: EdgeSpec) -> Tensor:
+    """contract_m(G, x), differentiable, routed as :func:`dense_basis`."""
+    if runs_registered_op(x):
+        return edge_contract_basis(g, x, scale, list(spec.frame_tensors), spec.static_key(), order)
+    return _ContractBasis.apply(g, x, scale, order, spec)
 
 
 def combined_weight(base_weight_t: Tensor, scaler_t: Tensor, coef: Tensor, use_base: bool) -> Tensor:
@@ -438,6 +565,6 @@ def differentiable_backward(spec: EdgeSpec, dy: Tensor, x: Tensor, weight: Tenso
     """(dx, dW) of ``y = A_0(x)^T W`` as differentiable torch graphs (for ``create_graph=True``): ``weight``
     [width, out] is the caller's combined weight built by torch ops from its parameters, so dW reaches them by
     ordinary autograd. Either is None when not asked for."""
-    dx = _ContractBasis.apply(weight @ dy.t(), x, None, 1, spec) if need_x else None
-    d_weight = _DenseBasis.apply(x, None, 0, spec) @ dy if need_weight else None
+    dx = contract_basis(weight @ dy.t(), x, None, 1, spec) if need_x else None
+    d_weight = dense_basis(x, None, 0, spec) @ dy if need_weight else None
     return dx, d_weight

@@ -23,9 +23,10 @@ from torch import Tensor
 
 from ..kernels import rational_jet as kj
 from ..kernels._runtime import launch
-from ._common import RecordedLaunches, needed_grads
+from ._common import RecordedLaunches, needed_grads, runs_registered_op
 
-__all__ = ["MAX_X_DERIVATIVE", "differentiable_backward"]
+__all__ = ["MAX_X_DERIVATIVE", "differentiable_backward", "derivative", "coef_grad", "rational_derivative",
+           "rational_coef_grad"]
 
 MAX_X_DERIVATIVE = kj.SERIES - 1
 
@@ -62,6 +63,7 @@ def _contiguous(*tensors):
 
 
 def _derivative(x, a, b, ha, hb, order, variant) -> Tensor:
+    _check_order(order)
     out = torch.empty_like(x)
     if out.numel():
         _LAUNCHES(_derivative_launch, _contiguous(x, a, b, ha, hb) + (out,), x.shape[1] // b.shape[0], order,
@@ -70,6 +72,7 @@ def _derivative(x, a, b, ha, hb, order, variant) -> Tensor:
 
 
 def _coef_grad(g, x, a, b, ha, hb, order, variant) -> tuple[Tensor, Tensor]:
+    _check_order(order)
     n_rows, n_channels = x.shape
     num_groups = b.shape[0]
     chunks = kj.partial_chunks(n_rows, n_channels)
@@ -86,57 +89,124 @@ def _coef_grad(g, x, a, b, ha, hb, order, variant) -> tuple[Tensor, Tensor]:
     return (d_a.sum(0, keepdim=True) if a.shape[0] == 1 else d_a), d_b
 
 
+# The two pieces' autograd formulas, one for both routes (the eager Function and the registered op): ctx holds
+# the piece's tensors first in saved_tensors, and ``order`` and ``variant``.
+def _derivative_grads(ctx, g) -> tuple:
+    x, a, b, ha, hb = ctx.saved_tensors[:5]
+    need = needed_grads(ctx, (x, a, b, ha, hb))
+    d_x = d_a = d_b = d_ha = d_hb = None
+    if need[0]:
+        d_x = g * derivative(x, a, b, ha, hb, ctx.order + 1, ctx.variant)
+    if need[1] or need[2]:
+        d_a, d_b = coef_grad(g, x, a, b, ha, hb, ctx.order, ctx.variant)
+    if need[3] or need[4]:
+        d_ha, d_hb = coef_grad(g, x, a, b, None, None, ctx.order, ctx.variant)
+    return d_x, d_a, d_b, d_ha, d_hb
+
+
+def _coef_grad_grads(ctx, c_a, c_b) -> tuple:
+    g, x, a, b, ha = ctx.saved_tensors[:5]
+    if ha is not None:
+        raise NotImplementedError(
+            "GroupRational: this derivative needs the third derivatives of the activation in its coefficients "
+            "(a gradient of a gradient of a coefficient gradient); the group-rational activation's "
+            "create_graph=True path stops at the second")
+    need = needed_grads(ctx, (g, x, a, b))
+    d_g = d_x = d_a = d_b = None
+    if need[0]:
+        d_g = derivative(x, a, b, c_a, c_b, ctx.order, ctx.variant)
+    if need[1]:
+        d_x = g * derivative(x, a, b, c_a, c_b, ctx.order + 1, ctx.variant)
+    if need[2] or need[3]:
+        d_a, d_b = coef_grad(g, x, a, b, c_a, c_b, ctx.order, ctx.variant)
+    return d_g, d_x, d_a, d_b, None, None
+
+
 class _Derivative(torch.autograd.Function):
-    """The order-k x-derivative of F at x [N, C], or of T = dF/d(a, b) . (ha, hb) when a direction is given."""
+    """The order-k x-derivative of F at x [N, C], or of T = dF/d(a, b) . (ha, hb) when a direction is given.
+    The eager route of ``warpkan::rational_derivative``."""
 
     @staticmethod
     def forward(ctx, x, a, b, ha, hb, order, variant):
-        _check_order(order)
         ctx.save_for_backward(x, a, b, ha, hb)
         ctx.order, ctx.variant = order, variant
         return _derivative(x, a, b, ha, hb, order, variant)
 
     @staticmethod
     def backward(ctx, g):
-        x, a, b, ha, hb = ctx.saved_tensors
-        need = needed_grads(ctx, (x, a, b, ha, hb))
-        d_x = d_a = d_b = d_ha = d_hb = None
-        if need[0]:
-            d_x = g * _Derivative.apply(x, a, b, ha, hb, ctx.order + 1, ctx.variant)
-        if need[1] or need[2]:
-            d_a, d_b = _CoefGrad.apply(g, x, a, b, ha, hb, ctx.order, ctx.variant)
-        if need[3] or need[4]:
-            d_ha, d_hb = _CoefGrad.apply(g, x, a, b, None, None, ctx.order, ctx.variant)
-        return d_x, d_a, d_b, d_ha, d_hb, None, None
+        return *_derivative_grads(ctx, g), None, None
 
 
 class _CoefGrad(torch.autograd.Function):
-    """(sum g d^k/dx^k dF/da, same for b) per group, or of T's coefficient gradients along a direction."""
+    """(sum g d^k/dx^k dF/da, same for b) per group, or of T's coefficient gradients along a direction.
+    The eager route of ``warpkan::rational_coef_grad``."""
 
     @staticmethod
     def forward(ctx, g, x, a, b, ha, hb, order, variant):
-        _check_order(order)
-        ctx.save_for_backward(g, x, a, b)
-        ctx.order, ctx.variant, ctx.directed = order, variant, ha is not None
+        # ha alone marks the directed form: its gradient is refused, and its values are not needed
+        ctx.save_for_backward(g, x, a, b, ha)
+        ctx.order, ctx.variant = order, variant
         return _coef_grad(g, x, a, b, ha, hb, order, variant)
 
     @staticmethod
     def backward(ctx, c_a, c_b):
-        if ctx.directed:
-            raise NotImplementedError(
-                "GroupRational: this derivative needs the third derivatives of the activation in its coefficients "
-                "(a gradient of a gradient of a coefficient gradient); the group-rational activation's "
-                "create_graph=True path stops at the second")
-        g, x, a, b = ctx.saved_tensors
-        need = needed_grads(ctx, (g, x, a, b))
-        d_g = d_x = d_a = d_b = None
-        if need[0]:
-            d_g = _Derivative.apply(x, a, b, c_a, c_b, ctx.order, ctx.variant)
-        if need[1]:
-            d_x = g * _Derivative.apply(x, a, b, c_a, c_b, ctx.order + 1, ctx.variant)
-        if need[2] or need[3]:
-            d_a, d_b = _CoefGrad.apply(g, x, a, b, c_a, c_b, ctx.order, ctx.variant)
-        return d_g, d_x, d_a, d_b, None, None, None, None
+        return *_coef_grad_grads(ctx, c_a, c_b), None, None
+
+
+@torch.library.custom_op("warpkan::rational_derivative", mutates_args=(),
+                         schema="(Tensor x, Tensor a, Tensor b, Tensor? ha, Tensor? hb, int order, str variant) "
+                                "-> Tensor")
+def rational_derivative(x, a, b, ha, hb, order, variant):
+    """``_Derivative`` as a registered op."""
+    return _derivative(x, a, b, ha, hb, order, variant)
+
+
+@rational_derivative.register_fake
+def _(x, a, b, ha, hb, order, variant):
+    _check_order(order)
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("warpkan::rational_coef_grad", mutates_args=(),
+                         schema="(Tensor g, Tensor x, Tensor a, Tensor b, Tensor? ha, Tensor? hb, int order, "
+                                "str variant) -> (Tensor, Tensor)")
+def rational_coef_grad(g, x, a, b, ha, hb, order, variant):
+    """``_CoefGrad`` as a registered op."""
+    return _coef_grad(g, x, a, b, ha, hb, order, variant)
+
+
+@rational_coef_grad.register_fake
+def _(g, x, a, b, ha, hb, order, variant):
+    _check_order(order)
+    return x.new_empty(a.shape), x.new_empty(b.shape)
+
+
+def _registered_setup(ctx, inputs, output):
+    *tensors, order, variant = inputs
+    ctx.save_for_backward(*tensors[:5])
+    ctx.order, ctx.variant = order, variant
+
+
+rational_derivative.register_autograd(lambda ctx, g: (*_derivative_grads(ctx, g), None, None),
+                                      setup_context=_registered_setup)
+rational_coef_grad.register_autograd(lambda ctx, c_a, c_b: (*_coef_grad_grads(ctx, c_a, c_b), None, None),
+                                     setup_context=_registered_setup)
+
+
+def derivative(x, a, b, ha, hb, order: int, variant: str) -> Tensor:
+    """The order-k x-derivative (of F, or of T along (ha, hb)), differentiable: the registered op under
+    tracing (:func:`runs_registered_op`), the eager Function otherwise."""
+    if runs_registered_op(x):
+        return rational_derivative(x, a, b, ha, hb, order, variant)
+    return _Derivative.apply(x, a, b, ha, hb, order, variant)
+
+
+def coef_grad(g, x, a, b, ha, hb, order: int, variant: str) -> tuple[Tensor, Tensor]:
+    """The per-group coefficient gradients (of F, or of T along (ha, hb)), differentiable, routed as
+    :func:`derivative`."""
+    if runs_registered_op(x):
+        return rational_coef_grad(g, x, a, b, ha, hb, order, variant)
+    return _CoefGrad.apply(g, x, a, b, ha, hb, order, variant)
 
 
 def differentiable_backward(dy: Tensor, x: Tensor, weight_numerator: Tensor, weight_denominator: Tensor,
@@ -146,9 +216,9 @@ def differentiable_backward(dy: Tensor, x: Tensor, weight_numerator: Tensor, wei
     asked for."""
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     xc, a, b, g = x.to(dtype), weight_numerator.to(dtype), weight_denominator.to(dtype), dy.to(dtype)
-    dx = (g * _Derivative.apply(xc, a, b, None, None, 1, variant)).to(x.dtype) if need_x else None
+    dx = (g * derivative(xc, a, b, None, None, 1, variant)).to(x.dtype) if need_x else None
     d_a = d_b = None
     if need_params:
-        d_a, d_b = _CoefGrad.apply(g, xc, a, b, None, None, 0, variant)
+        d_a, d_b = coef_grad(g, xc, a, b, None, None, 0, variant)
         d_a, d_b = d_a.to(weight_numerator.dtype), d_b.to(weight_denominator.dtype)
     return dx, d_a, d_b
