@@ -46,33 +46,27 @@ capture and ``torch.compile`` with static shapes.
    the spline kernels never locate the cell again (no float64 there).
 2. **CG-MLP** on the table rows: ``table [capacity, K, out]``. The torch bridge runs it with torch (a dense
    GEMM); the Warp-native layer uses the SIMT dense kernels at the bottom of this file.
-3. **Spline forward**: one thread per (n, 4 consecutive outputs), looping over inputs; the basis of (n, i)
-   is evaluated once per thread and reused across its outputs (the B-spline forward's design).
-4. **Backward** (no floating-point atomics; every gradient is bitwise reproducible, there is no separate
-   non-deterministic mode):
-   - dx: one block per row, its threads on consecutive outputs and one block reduction per (n, i) (the
-     B-spline ``backward_x`` design);
-   - d base weight / d scaler: row chunks into partial buffers and a fixed-order combine;
-   - d table: a segmented reduction over the sorted elements. One thread per (chunk of sorted elements,
-     output) walks its chunk once (one basis per element and output, as the B-spline bucketed kernel) and
-     accumulates the 2K-window of the current row; a row wholly inside the chunk is written out directly,
-     a row cut by a chunk boundary leaves a head/tail partial, and a combine pass adds those partials in
-     chunk order and applies the scaler.
+3./4. **The spline and its gradients** run on the edge engine's per-thread kernels, with the shared-table UKAN
+   family (:func:`warpkan.kernels.edge.ukan_family.ukan_table_family`): its ``locate`` reads each element's
+   window and local coordinate from the pair pass, and the one table ``[capacity K, out]`` is the engine's
+   coefficient table of every input (a zero input stride; :func:`shared_table`). The backward is the engine's
+   atomic-free one (every gradient bitwise reproducible, no separate non-deterministic mode): dx one warp per
+   row, d base weight / d scaler by row chunks and a fixed-order combine, and d table gathered per (table row,
+   output) from the elements bucketed by window, each window's rows belonging to one feature.
 """
 
 import functools
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import warp as wp
 
 from ._common import SCALARS, on_stream, scalar_name
 from .. import _checks
-from .edge.bspline_family import MAX_SPLINE_ORDER, uniform_basis_funcs, uniform_basis_matrix
-from .edge.ukan_family import CELL_LIMIT, ukan_locate_func
+from .edge.bspline_family import MAX_SPLINE_ORDER
+from .edge.ukan_family import CELL_LIMIT, ukan_locate_func, ukan_table_family, ukan_table_frame_of, window_codec
 from .edge.family import silu_func
+from .edge import launch as edge_launch
 from .edge.launch import row_chunks
-from .edge.stencil import combine_rows_kernel
 
 __all__ = [
     "check_layer_args",
@@ -93,7 +87,8 @@ __all__ = [
     "launch_embedding_backward",
     "launch_reorder_table",
     "PE_BASE",
-    "table_chunk",
+    "shared_table",
+    "table_frame",
     "launch_group_range",
     "launch_range_mlp_forward",
     "launch_range_mlp_backward",
@@ -103,11 +98,6 @@ __all__ = [
 _GROUP_BIAS = 2**40  # g + bias > 0 for every clamped g (and g - 1)
 _FEATURE_STRIDE = 2**41  # key = i * stride + g + bias
 PE_BASE = 10000.0  # sinusoidal encoding frequencies: PE_BASE^(-2j / pe_dim)
-_OUT_TILE = 4
-_ROW_BLOCK = 32  # threads per row in the block-per-row dx kernel (one warp)
-_TARGET_TABLE_THREADS = 1 << 18  # parallelism aimed at by the d_table segmented reduction
-_MIN_TABLE_CHUNK = 64
-_MAX_TABLE_CHUNK = 4096
 _MIN_CAPACITY = 1024  # table rows always available (when 2 N in allows), whatever the feature count
 
 
@@ -158,20 +148,13 @@ class UKANVariant:
     pair_keys: wp.Kernel
     pair_mark: wp.Kernel
     pair_fill: wp.Kernel
-    forward: wp.Kernel
-    backward_x: wp.Kernel
-    backward_rows: wp.Kernel
-    combine_rows: wp.Kernel
-    backward_table: wp.Kernel
-    combine_table: wp.Kernel
     range_init: wp.Kernel
     range_partial: wp.Kernel
     range_finalize: wp.Kernel
-    basis_matrix: object
     module: str
 
 
-# ---------------------------------------------------------------------- spline kernel factories
+# ---------------------------------------------------------------------- kernel factories
 # get_variant assembles a UKANVariant from the factories below, each cached on get_variant's arguments (spline
 # order, scalar type), so that a combination builds each @wp.func and kernel once. Each factory closes over the
 # types and constants of _config under the names its @wp.funcs and kernels use: Warp resolves those names
@@ -187,11 +170,6 @@ class _Config:
 
     scalar: type
     K: int  # coefficients of a cell, order + 1
-    OT: int  # outputs per thread of the forward
-    vecK: type  # the K basis values of a cell
-    matK: type  # the basis matrix M_k
-    vec2K: type  # the 2K-window sum of a table row (positions of C_{g-1}, then of C_g)
-    vecOT: type  # the forward's tile of outputs
     zero: object
     module: str
 
@@ -209,11 +187,6 @@ def _config(order: int, scalar_name: str) -> _Config:
     return _Config(
         scalar=scalar,
         K=K,
-        OT=_OUT_TILE,
-        vecK=wp.types.vector(length=K, dtype=scalar),
-        matK=wp.types.matrix(shape=(K, K), dtype=scalar),
-        vec2K=wp.types.vector(length=2 * K, dtype=scalar),
-        vecOT=wp.types.vector(length=_OUT_TILE, dtype=scalar),
         zero=scalar(0.0),
         module=f"warpkan_ukan_k{order}_{scalar_name}",
     )
@@ -222,113 +195,6 @@ def _config(order: int, scalar_name: str) -> _Config:
 def _kernel_decorator(module: str):
     """``wp.kernel`` without a backward pass, into the Warp module named ``module``."""
     return functools.partial(wp.kernel, enable_backward=False, module=module)
-
-
-# ---------------------------------------------------------------------- per-element maths (@wp.func)
-
-@functools.lru_cache(maxsize=None)
-def _element_funcs(order: int, scalar_name: str):
-    """basis and basis_grad: the B-spline family's matrix-form bases (the kernels still pass M, unused, as an
-    argument); silu_and_grad(x) = (silu(x), silu'(x)): the edge family's SiLU without its second derivative."""
-    cfg = _config(order, scalar_name)
-    scalar, matK = cfg.scalar, cfg.matK
-    powers_basis, powers_basis_du = uniform_basis_funcs(order, scalar_name)[:2]
-    silu_and_grads = silu_func(scalar_name)
-
-    @wp.func
-    def basis(u: scalar, basis_matrix: matK):
-        return powers_basis(u)
-
-    @wp.func
-    def basis_grad(u: scalar, du_dx: scalar, basis_matrix: matK):
-        b, db = powers_basis_du(u)
-        return db * du_dx
-
-    @wp.func
-    def silu_and_grad(x: scalar):
-        act, dact, d2act = silu_and_grads(x)
-        return act, dact
-
-    return SimpleNamespace(basis=basis, basis_grad=basis_grad, silu_and_grad=silu_and_grad)
-
-
-@functools.lru_cache(maxsize=None)
-def _window_funcs(order: int, scalar_name: str):
-    """encode_window and decode_window: an element's window code; window_dot: its cell's coefficients of one
-    output against its basis. Window codes: w >= 0 a window start; -1 no spline term (NaN, past the
-    capacity); w <= -2 the window -2 - w of an input clamped to the cell limit (zero spline derivative)."""
-    cfg = _config(order, scalar_name)
-    scalar, vecK, K, zero = cfg.scalar, cfg.vecK, cfg.K, cfg.zero
-
-    @wp.func
-    def encode_window(start: int, sloped: int):
-        if sloped:
-            return start
-        return -2 - start
-
-    @wp.func
-    def decode_window(w: int):
-        """(valid, start, sloped)"""
-        if w >= 0:
-            return int(1), w, int(1)
-        if w == -1:
-            return int(0), int(0), int(0)
-        return int(1), -2 - w, int(0)
-
-    @wp.func
-    def window_dot(table: wp.array2d(dtype=scalar), start: int, o: int, b: vecK):
-        """sum_m b_m table[start + m, o]: the cell's K coefficients of output o."""
-        acc = zero
-        for m in range(K):
-            acc = acc + b[m] * table[start + m, o]
-        return acc
-
-    return SimpleNamespace(encode_window=encode_window, decode_window=decode_window, window_dot=window_dot)
-
-
-@functools.lru_cache(maxsize=None)
-def _row_window_funcs(order: int, scalar_name: str):
-    """store_window and resolved_window: the 2K-window sums of the table rows, as backward_table leaves them
-    and combine_table reads them."""
-    cfg = _config(order, scalar_name)
-    scalar, vec2K, K = cfg.scalar, cfg.vec2K, cfg.K
-
-    @wp.func
-    def store_window(dest: wp.array3d(dtype=scalar), at: int, o: int, acc: vec2K):
-        for m in range(2 * K):
-            dest[at, m, o] = acc[m]
-
-    @wp.func
-    def resolved_window(
-        p: int,
-        o: int,
-        row_start: wp.array(dtype=wp.int32),
-        row_stop: wp.array(dtype=wp.int32),
-        chunk_size: int,
-        row_window: wp.array3d(dtype=scalar),
-        head: wp.array3d(dtype=scalar),
-        tail: wp.array3d(dtype=scalar),
-    ):
-        """W_p of backward_table: zero for a row without elements, else its own entry or its chunk partials
-        added in chunk order."""
-        acc = vec2K()
-        lo = row_start[p]
-        hi = row_stop[p]
-        if hi > lo:
-            c0 = lo // chunk_size
-            c1 = (hi - 1) // chunk_size
-            if c0 == c1:
-                for m in range(2 * K):
-                    acc[m] = row_window[p, m, o]
-            else:
-                for m in range(2 * K):
-                    acc[m] = tail[c0, m, o]
-                for c in range(c0 + 1, c1 + 1):
-                    for m in range(2 * K):
-                        acc[m] = acc[m] + head[c, m, o]
-        return acc
-
-    return SimpleNamespace(store_window=store_window, resolved_window=resolved_window)
 
 
 # ---------------------------------------------------------------------- 1. touched (feature, group) pairs
@@ -340,7 +206,7 @@ def _pair_keys_kernel(order: int, scalar_name: str):
     scalar = cfg.scalar
     kernel = _kernel_decorator(cfg.module)
     locate = ukan_locate_func(order, scalar_name)  # (x, h) -> (valid, g, r, u, sloped): the edge family's
-    encode_window = _window_funcs(order, scalar_name).encode_window
+    encode_window = window_codec(scalar_name)[0]
     stride = wp.int64(_FEATURE_STRIDE)
     bias = wp.int64(_GROUP_BIAS)
 
@@ -398,12 +264,11 @@ def _pair_mark_kernel(order: int, scalar_name: str):
 
 @functools.lru_cache(maxsize=None)
 def _pair_fill_kernel(order: int, scalar_name: str):
-    """The table rows' (feature, group) and element ranges, and every element's final window code."""
+    """The table rows' (feature, group) and every element's final window code."""
     cfg = _config(order, scalar_name)
     K = cfg.K
     kernel = _kernel_decorator(cfg.module)
-    windows = _window_funcs(order, scalar_name)
-    encode_window, decode_window = windows.encode_window, windows.decode_window
+    encode_window, decode_window = window_codec(scalar_name)
     stride = wp.int64(_FEATURE_STRIDE)
     bias = wp.int64(_GROUP_BIAS)
 
@@ -415,18 +280,14 @@ def _pair_fill_kernel(order: int, scalar_name: str):
         row_end: wp.array(dtype=wp.int32),
         sentinel: wp.int64,
         n_rows: int,
-        sorted_elem: wp.array(dtype=wp.int32),
         window: wp.array2d(dtype=wp.int32),
         pair_feature: wp.array(dtype=wp.int32),
         pair_group: wp.array(dtype=wp.int64),
-        row_start: wp.array(dtype=wp.int32),
-        row_stop: wp.array(dtype=wp.int32),
         rows_total: wp.array(dtype=wp.int32),
     ):
         j = wp.tid()
         key = keys[j]
         e = elems[j]
-        sorted_elem[j] = e
         i = e // n_rows
         n = e - i * n_rows
         if j == keys.shape[0] - 1:
@@ -445,285 +306,13 @@ def _pair_fill_kernel(order: int, scalar_name: str):
             g_prev = key - wp.int64(i) * stride - bias - wp.int64(1)
             pair_feature[row - 1] = i
             pair_group[row - 1] = g_prev
-            row_start[row - 1] = j
-            row_stop[row - 1] = j
         if row >= capacity:
             return
         if need > 0:
             pair_feature[row] = i
             pair_group[row] = key - wp.int64(i) * stride - bias
-            row_start[row] = j
-        last = j == keys.shape[0] - 1
-        if not last:
-            last = keys[j + 1] != key
-        if last:
-            row_stop[row] = j + 1
 
     return pair_fill
-
-
-# ---------------------------------------------------------------------- 3. spline forward
-
-@functools.lru_cache(maxsize=None)
-def _forward_kernel(order: int, scalar_name: str):
-    """y = the SiLU base plus the scaled spline, one thread per (row, tile of OT outputs)."""
-    cfg = _config(order, scalar_name)
-    scalar, matK, vecK, vecOT, OT, zero = cfg.scalar, cfg.matK, cfg.vecK, cfg.vecOT, cfg.OT, cfg.zero
-    kernel = _kernel_decorator(cfg.module)
-    maths = _element_funcs(order, scalar_name)
-    basis, silu_and_grad = maths.basis, maths.silu_and_grad
-    windows = _window_funcs(order, scalar_name)
-    decode_window, window_dot = windows.decode_window, windows.window_dot
-
-    @kernel
-    def forward(
-        x: wp.array2d(dtype=scalar),
-        window: wp.array2d(dtype=wp.int32),
-        local_u: wp.array2d(dtype=scalar),
-        table: wp.array2d(dtype=scalar),
-        base_weight_t: wp.array2d(dtype=scalar),
-        scaler_t: wp.array2d(dtype=scalar),
-        basis_matrix: matK,
-        use_base: int,
-        y: wp.array2d(dtype=scalar),
-    ):
-        # consecutive threads take consecutive output tiles of one row: table reads coalesce
-        tid = wp.tid()
-        n_out = y.shape[1]
-        n_tiles = (n_out + OT - 1) // OT
-        n = tid // n_tiles
-        o0 = (tid - n * n_tiles) * OT
-        acc = vecOT()
-        for i in range(x.shape[1]):
-            valid, start, sloped = decode_window(window[n, i])
-            b = vecK()
-            if valid:
-                b = basis(local_u[n, i], basis_matrix)
-            act = zero
-            if use_base:
-                act, dact = silu_and_grad(x[n, i])
-            for t in range(OT):
-                o = o0 + t
-                if o < n_out:
-                    term = zero
-                    if use_base:
-                        term = base_weight_t[i, o] * act
-                    if valid:
-                        term = term + scaler_t[i, o] * window_dot(table, start, o, b)
-                    acc[t] = acc[t] + term
-        for t in range(OT):
-            if o0 + t < n_out:
-                y[n, o0 + t] = acc[t]
-
-    return forward
-
-
-# ---------------------------------------------------------------------- 4. backward
-
-@functools.lru_cache(maxsize=None)
-def _backward_x_kernel(order: int, scalar_name: str):
-    """dx, one block per row with one block reduction per (row, input). Its module is the combination's
-    plus "_rowblock": Warp compiles a module per block size."""
-    cfg = _config(order, scalar_name)
-    scalar, matK, vecK, zero = cfg.scalar, cfg.matK, cfg.vecK, cfg.zero
-    row_block_kernel = _kernel_decorator(cfg.module + "_rowblock")
-    maths = _element_funcs(order, scalar_name)
-    basis_grad, silu_and_grad = maths.basis_grad, maths.silu_and_grad
-    windows = _window_funcs(order, scalar_name)
-    decode_window, window_dot = windows.decode_window, windows.window_dot
-
-    @row_block_kernel
-    def backward_x(
-        dy: wp.array2d(dtype=scalar),
-        x: wp.array2d(dtype=scalar),
-        window: wp.array2d(dtype=wp.int32),
-        local_u: wp.array2d(dtype=scalar),
-        table: wp.array2d(dtype=scalar),
-        base_weight_t: wp.array2d(dtype=scalar),
-        scaler_t: wp.array2d(dtype=scalar),
-        inv_h: scalar,
-        basis_matrix: matK,
-        use_base: int,
-        dx: wp.array2d(dtype=scalar),
-    ):
-        # dx[n, i] += sum_o dy[n, o] (w_b[i, o] silu'(x) + s[i, o] sum_m b'_m table[window + m, o])
-        # One block per row, its threads on consecutive outputs (coalesced dy, w_b, s and table loads), one
-        # block reduction per (n, i) in a fixed order.
-        n, lane = wp.tid()
-        lanes = wp.block_dim()
-        n_out = dy.shape[1]
-        for i in range(x.shape[1]):
-            valid, start, sloped = decode_window(window[n, i])
-            db = vecK()
-            if valid and sloped:
-                db = basis_grad(local_u[n, i], inv_h, basis_matrix)
-            dact = zero
-            if use_base:
-                act, dact = silu_and_grad(x[n, i])
-            acc = zero
-            for o in range(lane, n_out, lanes):
-                g = zero
-                if use_base:
-                    g = base_weight_t[i, o] * dact
-                if valid:
-                    g = g + scaler_t[i, o] * window_dot(table, start, o, db)
-                acc = acc + dy[n, o] * g
-            total = wp.tile_extract(wp.tile_sum(wp.tile(acc)), 0)
-            if lane == 0:
-                dx[n, i] = dx[n, i] + total
-
-    return backward_x
-
-
-@functools.lru_cache(maxsize=None)
-def _backward_rows_kernel(order: int, scalar_name: str):
-    """The d base weight and d scaler partials of one chunk of rows (combine_rows adds them up)."""
-    cfg = _config(order, scalar_name)
-    scalar, matK, zero = cfg.scalar, cfg.matK, cfg.zero
-    kernel = _kernel_decorator(cfg.module)
-    maths = _element_funcs(order, scalar_name)
-    basis, silu_and_grad = maths.basis, maths.silu_and_grad
-    windows = _window_funcs(order, scalar_name)
-    decode_window, window_dot = windows.decode_window, windows.window_dot
-
-    @kernel
-    def backward_rows(
-        dy: wp.array2d(dtype=scalar),
-        x: wp.array2d(dtype=scalar),
-        window: wp.array2d(dtype=wp.int32),
-        local_u: wp.array2d(dtype=scalar),
-        table: wp.array2d(dtype=scalar),
-        basis_matrix: matK,
-        rows_per_chunk: int,
-        partial_base: wp.array3d(dtype=scalar),
-        partial_scaler: wp.array3d(dtype=scalar),
-    ):
-        tid = wp.tid()
-        n_out = dy.shape[1]
-        n_in = x.shape[1]
-        o = tid % n_out
-        rest = tid // n_out
-        i = rest % n_in
-        chunk = rest // n_in
-        start = chunk * rows_per_chunk
-        stop = wp.min(start + rows_per_chunk, x.shape[0])
-        acc_base = zero
-        acc_scaler = zero
-        for n in range(start, stop):
-            grad = dy[n, o]
-            act, dact = silu_and_grad(x[n, i])
-            acc_base = acc_base + grad * act
-            valid, w, sloped = decode_window(window[n, i])
-            if valid:
-                acc_scaler = acc_scaler + grad * window_dot(table, w, o, basis(local_u[n, i], basis_matrix))
-        partial_base[chunk, i, o] = acc_base
-        partial_scaler[chunk, i, o] = acc_scaler
-
-    return backward_rows
-
-
-@functools.lru_cache(maxsize=None)
-def _backward_table_kernel(order: int, scalar_name: str):
-    """The 2K-window sums of the table rows, one thread per (chunk of sorted elements, output)."""
-    cfg = _config(order, scalar_name)
-    scalar, matK, vec2K, K = cfg.scalar, cfg.matK, cfg.vec2K, cfg.K
-    kernel = _kernel_decorator(cfg.module)
-    basis = _element_funcs(order, scalar_name).basis
-    decode_window = _window_funcs(order, scalar_name).decode_window
-    store_window = _row_window_funcs(order, scalar_name).store_window
-
-    @kernel
-    def backward_table(
-        dy: wp.array2d(dtype=scalar),
-        sorted_elem: wp.array(dtype=wp.int32),
-        window: wp.array2d(dtype=wp.int32),
-        local_u: wp.array2d(dtype=scalar),
-        row_start: wp.array(dtype=wp.int32),
-        row_stop: wp.array(dtype=wp.int32),
-        basis_matrix: matK,
-        chunk_size: int,
-        row_window: wp.array3d(dtype=scalar),
-        head: wp.array3d(dtype=scalar),
-        tail: wp.array3d(dtype=scalar),
-    ):
-        # The 2K-window sum of row p, W_p[r + m] = sum over its elements of dy[n, o] b_m (positions < K
-        # belong to C_{g-1} = row p - 1, the rest to C_g = row p), for the rows this chunk of sorted elements
-        # meets: into row_window[p] when the row lies inside the chunk, else into head[chunk] (the row began
-        # in an earlier chunk) or tail[chunk] (it begins here and goes on).
-        tid = wp.tid()
-        n_out = dy.shape[1]
-        o = tid % n_out
-        chunk = tid // n_out
-        n_rows = dy.shape[0]
-        first = chunk * chunk_size
-        stop = wp.min(first + chunk_size, sorted_elem.shape[0])
-        current = int(-1)
-        acc = vec2K()
-        for j in range(first, stop + 1):
-            p = int(-1)
-            n = int(0)
-            i = int(0)
-            start = int(0)
-            if j < stop:
-                e = sorted_elem[j]
-                i = e // n_rows
-                n = e - i * n_rows
-                valid, start, sloped = decode_window(window[n, i])
-                if valid:
-                    p = start // K + 1
-            if p != current:  # flush the finished row (elements past the capacity or NaN end the walk)
-                if current >= 0:
-                    if row_start[current] >= first and row_stop[current] <= stop:
-                        store_window(row_window, current, o, acc)
-                    elif row_start[current] < first:
-                        store_window(head, chunk, o, acc)
-                    else:
-                        store_window(tail, chunk, o, acc)
-                current = p
-                acc = vec2K()
-            if p >= 0:
-                b = basis(local_u[n, i], basis_matrix) * dy[n, o]
-                r = start - (p - 1) * K
-                for m in range(K):
-                    acc[r + m] = acc[r + m] + b[m]
-
-    return backward_table
-
-
-@functools.lru_cache(maxsize=None)
-def _combine_table_kernel(order: int, scalar_name: str):
-    """d table from the window sums of each row and of the row after it, in chunk order."""
-    cfg = _config(order, scalar_name)
-    scalar, vec2K, K = cfg.scalar, cfg.vec2K, cfg.K
-    kernel = _kernel_decorator(cfg.module)
-    resolved_window = _row_window_funcs(order, scalar_name).resolved_window
-
-    @kernel
-    def combine_table(
-        row_start: wp.array(dtype=wp.int32),
-        row_stop: wp.array(dtype=wp.int32),
-        pair_feature: wp.array(dtype=wp.int32),
-        scaler_t: wp.array2d(dtype=scalar),
-        chunk_size: int,
-        row_window: wp.array3d(dtype=scalar),
-        head: wp.array3d(dtype=scalar),
-        tail: wp.array3d(dtype=scalar),
-        d_table: wp.array2d(dtype=scalar),
-    ):
-        # d C_p[m, o] = s[i, o] (W_p[K + m] + W_{p+1}[m]): row p + 1, when it has elements, is (i, g + 1)
-        tid = wp.tid()
-        n_out = d_table.shape[1]
-        o = tid % n_out
-        p = tid // n_out
-        own = resolved_window(p, o, row_start, row_stop, chunk_size, row_window, head, tail)
-        after = vec2K()
-        if p + 1 < row_start.shape[0]:
-            after = resolved_window(p + 1, o, row_start, row_stop, chunk_size, row_window, head, tail)
-        s = scaler_t[pair_feature[p], o]
-        for m in range(K):
-            d_table[p * K + m, o] = d_table[p * K + m, o] + s * (own[K + m] + after[m])
-
-    return combine_table
 
 
 # ---------------------------------------------------------------------- dense-range path (see module doc)
@@ -814,23 +403,15 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
     block-reduction dx kernel has a module of its own: Warp compiles a module per block size)."""
     cfg = _config(order, scalar_name)
     combination = (order, scalar_name)
-    basis_matrix = cfg.matK(*[cfg.scalar(v) for row in uniform_basis_matrix(order) for v in row])
     return UKANVariant(
         order=order,
         scalar=cfg.scalar,
         pair_keys=_pair_keys_kernel(*combination),
         pair_mark=_pair_mark_kernel(*combination),
         pair_fill=_pair_fill_kernel(*combination),
-        forward=_forward_kernel(*combination),
-        backward_x=_backward_x_kernel(*combination),
-        backward_rows=_backward_rows_kernel(*combination),
-        combine_rows=combine_rows_kernel(scalar_name),
-        backward_table=_backward_table_kernel(*combination),
-        combine_table=_combine_table_kernel(*combination),
         range_init=_range_init_kernel(*combination),
         range_partial=_range_partial_kernel(*combination),
         range_finalize=_range_finalize_kernel(*combination),
-        basis_matrix=basis_matrix,
         module=cfg.module,
     )
 
@@ -850,13 +431,10 @@ class PairBuffers:
     """Where the touched-pair search leaves its results. Every size is a function of the shapes and the
     capacity; the pair arrays must be zeroed by the caller (padding rows: feature 0, group 0, no elements)."""
 
-    sorted_elem: wp.array  # [N * in] int32: elements e = i * N + n in (feature, group, n) order
     window: wp.array  # [N, in] int32: first table row ([P * K, out] view) of the element's window, coded
     local_u: wp.array  # [N, in] scalar: local coordinate u in [0, 1)
     pair_feature: wp.array  # [capacity] int32
     pair_group: wp.array  # [capacity] int64
-    row_start: wp.array  # [capacity] int32: the sorted elements of row p are sorted_elem[row_start[p]:row_stop[p]]
-    row_stop: wp.array  # [capacity] int32
     rows_needed: wp.array  # [1] int32: table rows the data needed (more than capacity: some were dropped)
 
 
@@ -923,124 +501,63 @@ def launch_pairs(x, grid_delta, order, scratch: dict, out: PairBuffers, stream=N
             variant.pair_fill,
             dim=n_entries,
             inputs=[sorted_keys, elems[:n_entries], rows_needed, row_end, sentinel, n_rows],
-            outputs=[out.sorted_elem, out.window, out.pair_feature, out.pair_group, out.row_start,
-                     out.row_stop, out.rows_needed],
+            outputs=[out.window, out.pair_feature, out.pair_group, out.rows_needed],
             device=device,
             record_tape=False,
         )
 
 
-# ---------------------------------------------------------------------- 3./4. spline forward and backward
-def _check_spline_args(x, window, local_u, table, base_weight_t, scaler_t, order):
+# ---------------------------------------------------------------------- 3./4. the spline, on the edge engine
+def shared_table(table: wp.array, n_in: int) -> wp.array:
+    """table [P K, out] as the engine's coefficients [in, P K, out] of a shared-table family: the one table
+    seen by every input (a zero input stride; each input's windows reach only its own rows). A view: the
+    caller keeps ``table`` alive."""
+    return wp.array(ptr=table.ptr, dtype=table.dtype, shape=(n_in, table.shape[0], table.shape[1]),
+                    strides=(0, table.strides[0], table.strides[1]), device=table.device, copy=False)
+
+
+def table_frame(pairs: PairBuffers, grid_delta, order: int, scalar: str):
+    """(family, frame) of the engine's view of the pair table: :func:`.edge.ukan_family.ukan_table_family`."""
+    return (ukan_table_family(order, scalar),
+            ukan_table_frame_of(pairs.window, pairs.local_u, pairs.pair_feature, _check_h(grid_delta), scalar))
+
+
+def _check_spline_args(x, pairs, table, base_weight_t, scaler_t, order):
     n_rows, n_in = x.shape
     n_out = scaler_t.shape[1]
     K = order + 1
-    if table.ndim != 2 or table.shape[1] != n_out or table.shape[0] % K:
-        raise ValueError(f"table must have shape [P * {K}, {n_out}], got {tuple(table.shape)}")
-    expected = {"window": (n_rows, n_in), "local_u": (n_rows, n_in), "base_weight_t": (n_in, n_out),
-                "scaler_t": (n_in, n_out)}
-    arrays = (("window", window), ("local_u", local_u), ("table", table), ("base_weight_t", base_weight_t),
-              ("scaler_t", scaler_t))
-    for name, arr in arrays:
-        if name in expected and tuple(arr.shape) != expected[name]:
-            raise ValueError(f"{name} must have shape {expected[name]}, got {tuple(arr.shape)}")
-        if arr.device != x.device:
-            raise ValueError(f"{name} must be on the device of x ({x.device}), got {arr.device}")
-        want = wp.int32 if name == "window" else x.dtype
-        if arr.dtype != want:
-            raise TypeError(f"{name} must have dtype {wp.types.type_repr(want)}, got {wp.types.type_repr(arr.dtype)}")
+    if table.ndim != 2 or table.shape[1] != n_out or table.shape[0] % K or table.shape[0] // K != pairs.pair_feature.shape[0]:
+        raise ValueError(f"table must have shape [{pairs.pair_feature.shape[0]} * {K}, {n_out}] (the pair capacity "
+                         f"times {K}), got {tuple(table.shape)}")
+    for name, arr, shape in (("window", pairs.window, (n_rows, n_in)), ("local_u", pairs.local_u, (n_rows, n_in)),
+                             ("base_weight_t", base_weight_t, (n_in, n_out))):
+        if tuple(arr.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape}, got {tuple(arr.shape)}")
 
 
-def launch_forward(x, window, local_u, table, base_weight_t, scaler_t, y, order, use_base=True, stream=None):
-    """y [N, out] = sum_i base_weight_t[i, o] silu(x) + scaler_t[i, o] spline_io(x), the spline reading its
-    window from ``table`` [P * K, out] (the pair search's ``window`` and ``local_u``). Overwrites y."""
-    _check_spline_args(x, window, local_u, table, base_weight_t, scaler_t, order)
-    variant = get_variant(order, scalar_name(x))
-    n_rows, n_in = x.shape
-    n_out = y.shape[1]
-    if n_rows == 0 or n_out == 0:
-        return
-    if n_in == 0:
-        y.zero_()
-        return
-    n_tiles = (n_out + _OUT_TILE - 1) // _OUT_TILE
-    wp.launch(
-        variant.forward,
-        dim=n_rows * n_tiles,
-        inputs=[x, window, local_u, table, base_weight_t, scaler_t, variant.basis_matrix, int(use_base)],
-        outputs=[y],
-        device=x.device,
-        stream=stream,
-        record_tape=False,
-    )
+def launch_forward(x, pairs: PairBuffers, table, base_weight_t, scaler_t, y, grid_delta, order, use_base=True,
+                   stream=None):
+    """y [N, out] = sum_i base_weight_t[i, o] silu(x) + scaler_t[i, o] spline_io(x), the spline reading each
+    element's window (the pair search's) from ``table`` [P * K, out]: the edge engine's per-thread forward on the
+    shared-table family. Overwrites y."""
+    _check_spline_args(x, pairs, table, base_weight_t, scaler_t, order)
+    family, frame = table_frame(pairs, grid_delta, order, scalar_name(x))
+    edge_launch.launch_forward(family, frame, x, base_weight_t, scaler_t, shared_table(table, x.shape[1]), y,
+                               use_base=use_base, stream=stream, tiled=False)
 
 
-def table_chunk(n_entries: int, n_out: int) -> int:
-    """Sorted elements per chunk of the d_table segmented reduction: about _TARGET_TABLE_THREADS threads
-    (chunks x outputs), so the head/tail partials stay a few MiB; a function of the shapes alone."""
-    want = -(-n_entries * max(n_out, 1) // _TARGET_TABLE_THREADS)
-    return max(_MIN_TABLE_CHUNK, min(_MAX_TABLE_CHUNK, want))
-
-
-def launch_backward(
-    dy, x, pairs: PairBuffers, table, base_weight_t, scaler_t, grid_delta, order, use_base=True,
-    dx=None, d_base_weight_t=None, d_scaler_t=None, d_table=None, partials=None, stream=None,
-):
+def launch_backward(dy, x, pairs: PairBuffers, table, base_weight_t, scaler_t, grid_delta, order, use_base=True,
+                    dx=None, d_base_weight_t=None, d_scaler_t=None, d_table=None, stream=None, workspace=None):
     """Accumulate (+=) the gradients of :func:`launch_forward` into whichever of dx, d_base_weight_t,
-    d_scaler_t (these two together) and d_table ([P * K, out]) are given. ``partials(name, shape, dtype)``
-    returns scratch (default: fresh Warp arrays)."""
-    h = _check_h(grid_delta)
-    _check_spline_args(x, pairs.window, pairs.local_u, table, base_weight_t, scaler_t, order)
-    variant = get_variant(order, scalar_name(x))
-    device = x.device
-    n_rows, n_in = x.shape
-    n_out = scaler_t.shape[1]
-    K = order + 1
-    capacity = table.shape[0] // K
-    if n_rows == 0 or n_in == 0 or n_out == 0:
-        return
-    if tuple(dy.shape) != (n_rows, n_out):
-        raise ValueError(f"dy must have shape {(n_rows, n_out)}, got {tuple(dy.shape)}")
-    bm = variant.basis_matrix
-    scalar = variant.scalar
-    if partials is None:
-        def partials(name, shape, dtype):
-            return wp.empty(shape, dtype=dtype, device=device)
-
-    with on_stream(stream):
-        if dx is not None:
-            block = _ROW_BLOCK if device.is_cuda else 1
-            wp.launch(variant.backward_x, dim=(n_rows, block),
-                      inputs=[dy, x, pairs.window, pairs.local_u, table, base_weight_t, scaler_t,
-                              scalar(1.0 / h), bm, int(use_base)],
-                      outputs=[dx], device=device, block_dim=block, record_tape=False)
-        if d_base_weight_t is not None or d_scaler_t is not None:
-            if d_base_weight_t is None or d_scaler_t is None:
-                raise ValueError("d_base_weight_t and d_scaler_t must be given together")
-            n_chunks, rows_per_chunk = row_chunks(n_rows, n_in, n_out)
-            partial_base = partials("partial_base", (n_chunks, n_in, n_out), scalar)
-            partial_scaler = partials("partial_scaler", (n_chunks, n_in, n_out), scalar)
-            wp.launch(variant.backward_rows, dim=n_chunks * n_in * n_out,
-                      inputs=[dy, x, pairs.window, pairs.local_u, table, bm, rows_per_chunk],
-                      outputs=[partial_base, partial_scaler], device=device, record_tape=False)
-            wp.launch(variant.combine_rows, dim=(n_in, n_out),
-                      inputs=[partial_base, partial_scaler, int(use_base)],
-                      outputs=[d_base_weight_t, d_scaler_t], device=device, record_tape=False)
-        if d_table is not None and capacity > 0:
-            n_entries = n_rows * n_in
-            chunk = table_chunk(n_entries, n_out)
-            n_chunks = -(-n_entries // chunk)
-            row_window = partials("row_window", (capacity, 2 * K, n_out), scalar)
-            head = partials("head", (n_chunks, 2 * K, n_out), scalar)
-            tail = partials("tail", (n_chunks, 2 * K, n_out), scalar)
-            wp.launch(variant.backward_table, dim=n_chunks * n_out,
-                      inputs=[dy, pairs.sorted_elem, pairs.window, pairs.local_u, pairs.row_start,
-                              pairs.row_stop, bm, chunk],
-                      outputs=[row_window, head, tail], device=device, record_tape=False)
-            wp.launch(variant.combine_table, dim=capacity * n_out,
-                      inputs=[pairs.row_start, pairs.row_stop, pairs.pair_feature, scaler_t, chunk, row_window,
-                              head, tail],
-                      outputs=[d_table], device=device, record_tape=False)
+    d_scaler_t (these two together) and d_table ([P * K, out]) are given: the engine's atomic-free backward
+    (every gradient bitwise reproducible)."""
+    _check_spline_args(x, pairs, table, base_weight_t, scaler_t, order)
+    family, frame = table_frame(pairs, grid_delta, order, scalar_name(x))
+    n_in = x.shape[1]
+    edge_launch.launch_backward(family, frame, dy, x, base_weight_t, scaler_t, shared_table(table, n_in), use_base,
+                                dx=dx, d_base_weight_t=d_base_weight_t, d_scaler_t=d_scaler_t,
+                                d_coef=None if d_table is None else shared_table(d_table, n_in), deterministic=True,
+                                stream=stream, workspace=workspace, tiled=False)
 
 
 # ---------------------------------------------------------------------- dense-range path
@@ -1106,7 +623,7 @@ def _mlp_kernel_decorator(scalar_name: str):
 
 @functools.lru_cache(maxsize=None)
 def _mlp_silu_and_grad_func(scalar_name: str):
-    """The CG-MLP kernels' silu_and_grad: the spline kernels' (see _element_funcs), as a @wp.func of its own so
+    """The CG-MLP kernels' silu_and_grad: the edge family's SiLU and its derivative, as a @wp.func of its own so
     that the code generated for the CG-MLP's module does not depend on which spline variants were built before
     it (Warp numbers the native functions of one name in the order it creates them)."""
     scalar = SCALARS[scalar_name]

@@ -123,11 +123,9 @@ class UKANLinear(WarpState):
 
         def touched_pairs(n_pairs):
             pairs = ku.PairBuffers(
-                sorted_elem=empty((n_rows * n_in,), wp.int32), window=empty((n_rows, n_in), wp.int32),
-                local_u=empty((n_rows, n_in)), pair_feature=wp.zeros(n_pairs, dtype=wp.int32, device=device),
+                window=empty((n_rows, n_in), wp.int32), local_u=empty((n_rows, n_in)),
+                pair_feature=wp.zeros(n_pairs, dtype=wp.int32, device=device),
                 pair_group=wp.zeros(n_pairs, dtype=wp.int64, device=device),
-                row_start=wp.zeros(n_pairs, dtype=wp.int32, device=device),
-                row_stop=wp.zeros(n_pairs, dtype=wp.int32, device=device),
                 rows_needed=wp.zeros(1, dtype=wp.int32, device=device),
             )
             ku.launch_pairs(x, h, k, scratch, pairs)
@@ -150,8 +148,7 @@ class UKANLinear(WarpState):
         ku.launch_dense_forward(hid, self.w2, self.b2, False, table_flat, table_flat)
         ku.launch_reorder_table(table_flat, table, k, to_kernel_order=True)
         y = new_output((n_rows, out), dtype, device, tape)
-        ku.launch_forward(x, pairs.window, pairs.local_u, table, self.base_weight_t, self.scaler_t, y, k,
-                          self.use_base)
+        ku.launch_forward(x, pairs, table, self.base_weight_t, self.scaler_t, y, h, k, self.use_base)
 
         def backward():
             d_table = wp.zeros((n_pairs * K, out), dtype=dtype, device=device) if n_pairs else None

@@ -140,11 +140,15 @@ def edge_forward(family, make_frame, frame_tensors: tuple, frame_config: tuple, 
 
 
 def grad_buffers(x, base_weight_t, scaler_t, coef, need_x, need_params, zero=False):
-    """(dx, d_base_weight_t, d_scaler_t, d_coef) buffers: each in the strides ``empty_like`` gives its tensor,
-    or empty where not needed; zero-filled with ``zero``."""
+    """(dx, d_base_weight_t, d_scaler_t, d_coef) buffers: each in the strides ``empty_like`` gives its tensor
+    (a shared table's gradient: one table, seen with the same zero input stride), or empty where not needed;
+    zero-filled with ``zero``."""
     def make(t, needed):
         if not needed:
             return x.new_empty((0,))
+        if t.dim() == 3 and t.stride(0) == 0 and t.shape[0] > 1:  # a shared table (see kernels.edge.family)
+            one = torch.zeros_like(t[0]) if zero else torch.empty_like(t[0])
+            return one.unsqueeze(0).expand_as(t)
         return torch.zeros_like(t) if zero else torch.empty_like(t)
 
     return make(x, need_x), make(base_weight_t, need_params), make(scaler_t, need_params), make(coef, need_params)

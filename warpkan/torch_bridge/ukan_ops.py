@@ -10,7 +10,8 @@ dense GEMM on the table rows), so autograd carries the table's gradient into the
   needed comes back as a one-element device tensor.
 - ``warpkan::ukan_spline(x, ..., table, ...)``: the spline (and optional SiLU base) on the table
   ``[capacity * K, out]``, differentiable in x, table, base weight and scaler
-  (``warpkan::ukan_spline_backward``).
+  (``warpkan::ukan_spline_backward``): the edge engine's kernels on the shared-table UKAN family
+  (:func:`warpkan.kernels.edge.ukan_family.ukan_table_family`), each element's window from the pair search.
 
 The dense-range path (see ``warpkan.kernels.ukan``) has three more (and their backward ops):
 
@@ -37,7 +38,8 @@ import torch
 from torch import Tensor
 
 from ..kernels import ukan as ku
-from ..kernels.edge.ukan_family import ukan_family, ukan_frame_of, ukan_pairs_family, ukan_pairs_frame_of
+from ..kernels.edge.ukan_family import (ukan_family, ukan_frame_of, ukan_pairs_family, ukan_pairs_frame_of,
+                                        ukan_table_family, ukan_table_frame_of)
 from .edge_driver import EdgeSpec, combined_weight, differentiable_backward, edge_backward, edge_forward
 from ._common import (TRANSPOSED, RecordedLaunches, eager_function, first_order_backward, forward_mode_message,
                       op_or_eager, params_used_by_this_backward, refuse_transforms, to_warp, use_registered_op,
@@ -78,23 +80,19 @@ _PRIMITIVES = _TorchPrimitives()
 def _pair_outputs(x: Tensor, capacity: int, alloc, zeroed) -> tuple:
     n_rows, n_in = x.shape
     return (
-        alloc((n_rows * n_in,), dtype=torch.int32, device=x.device),  # sorted_elem
         alloc((n_rows, n_in), dtype=torch.int32, device=x.device),  # window
         alloc((n_rows, n_in), dtype=x.dtype, device=x.device),  # local_u
         zeroed((capacity,), dtype=torch.int32, device=x.device),  # pair_feature (padding rows: 0)
         zeroed((capacity,), dtype=torch.int64, device=x.device),  # pair_group
-        zeroed((capacity,), dtype=torch.int32, device=x.device),  # row_start
-        zeroed((capacity,), dtype=torch.int32, device=x.device),  # row_stop
         zeroed((1,), dtype=torch.int32, device=x.device),  # rows_needed
     )
 
 
 @torch.library.custom_op("warpkan::ukan_pairs", mutates_args=())
 def ukan_pairs(x: Tensor, grid_delta: float, spline_order: int, capacity: int
-               ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """x [N, in] -> (sorted_elem [N*in] int32, window [N, in] int32, local_u [N, in], pair_feature [C] int32,
-    pair_group [C] int64, row_start [C] int32, row_stop [C] int32, rows_needed [1] int32) for a table of
-    C = capacity rows. See ``warpkan.kernels.ukan``."""
+               ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """x [N, in] -> (window [N, in] int32, local_u [N, in], pair_feature [C] int32, pair_group [C] int64,
+    rows_needed [1] int32) for a table of C = capacity rows. See ``warpkan.kernels.ukan``."""
     x = x.contiguous()
     outputs = _pair_outputs(x, capacity, torch.empty, torch.zeros)
     scratch = {
@@ -115,83 +113,53 @@ def _(x, grid_delta, spline_order, capacity):
     return _pair_outputs(x, capacity, alloc, alloc)
 
 
-def _spline_forward_impl(
-    x: Tensor,
-    sorted_elem: Tensor,
-    window: Tensor,
-    local_u: Tensor,
-    pair_feature: Tensor,
-    row_start: Tensor,
-    row_stop: Tensor,
-    table: Tensor,
-    base_weight_t: Tensor,
-    scaler_t: Tensor,
-    grid_delta: float,
-    spline_order: int,
-    use_base: bool,
-) -> Tensor:
-    """y [N, out] from x [N, in], the pair structure of ``ukan_pairs(x)`` and table [C * K, out];
-    base_weight_t / scaler_t [in, out]."""
-    x, window, local_u, table, base_weight_t, scaler_t = (
-        t.contiguous() for t in (x, window, local_u, table, base_weight_t, scaler_t))
-    y = x.new_empty((x.shape[0], scaler_t.shape[1]))
-    ku.launch_forward(
-        to_warp(x), to_warp(window), to_warp(local_u), to_warp(table), to_warp(base_weight_t),
-        to_warp(scaler_t), to_warp(y), spline_order, use_base, stream=warp_stream(x.device),
-    )
-    return y
+def _table_args(x: Tensor, window: Tensor, local_u: Tensor, pair_feature: Tensor, table: Tensor,
+                grid_delta: float, spline_order: int) -> tuple:
+    """(family, frame maker, frame tensors, frame config, coef) of the engine's view of the pair table: the
+    shared-table UKAN family (each element's window from the pair search), coef the one table [P K, out] seen by
+    every input (a zero input stride)."""
+    family = ukan_table_family(spline_order, "float64" if x.dtype == torch.float64 else "float32")
+    coef = table.unsqueeze(0).expand(x.shape[1], -1, -1)
+    return family, _table_frame, (window, local_u, pair_feature), (float(grid_delta), family.scalar_name), coef
+
+
+def _table_frame(window, local_u, pair_feature, h: float, scalar: str):
+    return ukan_table_frame_of(window, local_u, pair_feature, h, scalar)
+
+
+def _spline_forward_impl(x: Tensor, window: Tensor, local_u: Tensor, pair_feature: Tensor, table: Tensor,
+                         base_weight_t: Tensor, scaler_t: Tensor, grid_delta: float, spline_order: int,
+                         use_base: bool) -> Tensor:
+    """y [N, out] from x [N, in], the pairs of ``ukan_pairs(x)`` and table [C * K, out]; base_weight_t /
+    scaler_t [in, out]: the edge engine's kernels on the shared-table UKAN family."""
+    x, window, local_u, pair_feature, table, base_weight_t, scaler_t = (
+        t.contiguous() for t in (x, window, local_u, pair_feature, table, base_weight_t, scaler_t))
+    family, make_frame, frame_tensors, frame_config, coef = _table_args(x, window, local_u, pair_feature, table,
+                                                                        grid_delta, spline_order)
+    return edge_forward(family, make_frame, frame_tensors, frame_config, x, base_weight_t, scaler_t, coef, use_base)
 
 
 ukan_spline = torch.library.custom_op("warpkan::ukan_spline", _spline_forward_impl, mutates_args=())
 
 
 @ukan_spline.register_fake
-def _(x, sorted_elem, window, local_u, pair_feature, row_start, row_stop, table, base_weight_t, scaler_t,
-      grid_delta, spline_order, use_base):
+def _(x, window, local_u, pair_feature, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base):
     return x.new_empty((x.shape[0], scaler_t.shape[1]))
 
 
-def _spline_backward_impl(
-    dy: Tensor,
-    x: Tensor,
-    sorted_elem: Tensor,
-    window: Tensor,
-    local_u: Tensor,
-    pair_feature: Tensor,
-    row_start: Tensor,
-    row_stop: Tensor,
-    table: Tensor,
-    base_weight_t: Tensor,
-    scaler_t: Tensor,
-    grid_delta: float,
-    spline_order: int,
-    use_base: bool,
-    need_x: bool,
-    need_params: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(dx, d_base_weight_t, d_scaler_t, d_table); the ones not asked for come back empty."""
-    dy, x, table, base_weight_t, scaler_t = (t.contiguous() for t in (dy, x, table, base_weight_t, scaler_t))
-    dx, d_base, d_scaler, d_table = _grad_buffers(x, base_weight_t, table, need_x, need_params, torch.zeros)
-    device = x.device
-
-    def partials(name, shape, dtype):
-        return to_warp(torch.empty(shape, dtype=x.dtype, device=device))
-
-    pairs = ku.PairBuffers(
-        *(to_warp(t.contiguous()) for t in (sorted_elem, window, local_u, pair_feature)),
-        None, to_warp(row_start.contiguous()), to_warp(row_stop.contiguous()), None,
-    )
-    ku.launch_backward(
-        to_warp(dy), to_warp(x), pairs, to_warp(table), to_warp(base_weight_t), to_warp(scaler_t), grid_delta,
-        spline_order, use_base,
-        dx=to_warp(dx) if need_x else None,
-        d_base_weight_t=to_warp(d_base) if need_params else None,
-        d_scaler_t=to_warp(d_scaler) if need_params else None,
-        d_table=to_warp(d_table) if need_params else None,
-        partials=partials,
-        stream=warp_stream(device),
-    )
-    return dx, d_base, d_scaler, d_table
+def _spline_backward_impl(dy: Tensor, x: Tensor, window: Tensor, local_u: Tensor, pair_feature: Tensor,
+                          table: Tensor, base_weight_t: Tensor, scaler_t: Tensor, grid_delta: float,
+                          spline_order: int, use_base: bool, need_x: bool, need_params: bool
+                          ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dx, d_base_weight_t, d_scaler_t, d_table); the ones not asked for come back empty. The engine's
+    atomic-free kernels: every gradient bitwise reproducible."""
+    dy, x, window, local_u, pair_feature, table, base_weight_t, scaler_t = (
+        t.contiguous() for t in (dy, x, window, local_u, pair_feature, table, base_weight_t, scaler_t))
+    family, make_frame, frame_tensors, frame_config, coef = _table_args(x, window, local_u, pair_feature, table,
+                                                                        grid_delta, spline_order)
+    dx, d_base, d_scaler, d_coef = edge_backward(family, make_frame, frame_tensors, frame_config, dy, x,
+                                                 base_weight_t, scaler_t, coef, use_base, True, need_x, need_params)
+    return dx, d_base, d_scaler, d_coef[0] if need_params else d_coef
 
 
 ukan_spline_backward = torch.library.custom_op("warpkan::ukan_spline_backward", _spline_backward_impl,
@@ -211,16 +179,14 @@ def _grad_buffers(x, base_weight_t, table, need_x, need_params, alloc):
 
 
 @ukan_spline_backward.register_fake
-def _(dy, x, sorted_elem, window, local_u, pair_feature, row_start, row_stop, table, base_weight_t, scaler_t,
-      grid_delta, spline_order, use_base, need_x, need_params):
+def _(dy, x, window, local_u, pair_feature, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base,
+      need_x, need_params):
     return _grad_buffers(x, base_weight_t, table, need_x, need_params, torch.empty)
 
 
 def _setup_context(ctx, inputs, output):
-    (x, sorted_elem, window, local_u, pair_feature, row_start, row_stop, table, base_weight_t, scaler_t,
-     grid_delta, spline_order, use_base) = inputs
-    ctx.save_for_backward(x, sorted_elem, window, local_u, pair_feature, row_start, row_stop, table,
-                          base_weight_t, scaler_t)
+    x, window, local_u, pair_feature, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base = inputs
+    ctx.save_for_backward(x, window, local_u, pair_feature, table, base_weight_t, scaler_t)
     ctx.config = (grid_delta, spline_order, use_base)
     ctx.op_inputs = inputs  # for create_graph=True (_spline_higher)
 
@@ -228,17 +194,17 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dy, backward_op=ukan_spline_backward):
     saved = ctx.saved_tensors
     need_x = ctx.needs_input_grad[0]
-    need_params = any(ctx.needs_input_grad[7:10])
+    need_params = any(ctx.needs_input_grad[4:7])
     if not (need_x or need_params):
-        return (None,) * 13
+        return (None,) * 10
     dx, d_base, d_scaler, d_table = backward_op(dy, *saved, *ctx.config, need_x, need_params)
     use_base = ctx.config[2]
     return (
         dx if need_x else None,
-        None, None, None, None, None, None,
-        d_table if need_params and ctx.needs_input_grad[7] else None,
-        d_base if need_params and use_base and ctx.needs_input_grad[8] else None,
-        d_scaler if need_params and ctx.needs_input_grad[9] else None,
+        None, None, None,
+        d_table if need_params and ctx.needs_input_grad[4] else None,
+        d_base if need_params and use_base and ctx.needs_input_grad[5] else None,
+        d_scaler if need_params and ctx.needs_input_grad[6] else None,
         None, None, None,
     )
 
@@ -252,7 +218,7 @@ def _pair_args(x: Tensor, table: Tensor, grid_delta: float, spline_order: int) -
     K = spline_order + 1
     n_in, n_out = x.shape[1], table.shape[1]
     capacity = table.shape[0] // K
-    _, _, _, pair_feature, pair_group, _, _, needed = ukan_pairs(x.detach(), grid_delta, spline_order, capacity)
+    _, _, pair_feature, pair_group, needed = ukan_pairs(x.detach(), grid_delta, spline_order, capacity)
     used = min(int(needed.item()), capacity)
     pair_feature, pair_group = pair_feature[:used].long(), pair_group[:used].contiguous()
     count = torch.bincount(pair_feature, minlength=n_in)
@@ -275,11 +241,11 @@ def _pairs_frame(pair_group, first, count, h: float, scalar: str):
 def _spline_higher(ctx, inputs, dy):
     """The pair path's gradients as differentiable graphs, for ``create_graph=True``: the table read per feature
     by the engine's UKAN pairs family (:func:`_pair_args`), as the dense-range path reads its range table."""
-    x, table, base_weight_t, scaler_t = inputs[0], inputs[7], inputs[8], inputs[9]
-    grid_delta, spline_order, use_base = inputs[10:13]
+    x, table, base_weight_t, scaler_t = inputs[0], inputs[4], inputs[5], inputs[6]
+    grid_delta, spline_order, use_base = inputs[7:10]
     args = _pair_args(x, table, grid_delta, spline_order)
     return _spline_higher_outputs(
-        ctx, 13, {7: table, 8: base_weight_t, 9: scaler_t}, 8, use_base,
+        ctx, 10, {4: table, 5: base_weight_t, 6: scaler_t}, 5, use_base,
         lambda wrt: _table_spline_higher_grads(args, dy, x, base_weight_t, scaler_t, use_base,
                                                ctx.needs_input_grad[0], wrt))
 
@@ -291,18 +257,18 @@ ukan_spline.register_autograd(first_order_backward(SPLINE_LABEL, _backward, _spl
 # and spline_scaler taken as UKANLinear exposes them, [out, in]
 _EagerSpline = eager_function("_EagerSpline", _spline_forward_impl, _setup_context,
                               lambda ctx, dy: _backward(ctx, dy, _spline_backward_impl),
-                              {8: TRANSPOSED, 9: TRANSPOSED}, SPLINE_LABEL, prepare=lambda inputs: (
-                                  *inputs[:8], inputs[8].contiguous(), inputs[9].contiguous(), *inputs[10:]),
+                              {5: TRANSPOSED, 6: TRANSPOSED}, SPLINE_LABEL, prepare=lambda inputs: (
+                                  *inputs[:5], inputs[5].contiguous(), inputs[6].contiguous(), *inputs[7:]),
                               higher=_spline_higher)
 
 
-def spline_layer(x: Tensor, sorted_elem: Tensor, window: Tensor, local_u: Tensor, pair_feature: Tensor,
-                 row_start: Tensor, row_stop: Tensor, table: Tensor, base_weight: Tensor, spline_scaler: Tensor,
-                 grid_delta: float, spline_order: int, use_base: bool) -> Tensor:
+def spline_layer(x: Tensor, window: Tensor, local_u: Tensor, pair_feature: Tensor, table: Tensor,
+                 base_weight: Tensor, spline_scaler: Tensor, grid_delta: float, spline_order: int,
+                 use_base: bool) -> Tensor:
     """:func:`ukan_spline` with base_weight / spline_scaler [out, in] (as UKANLinear exposes them): the
     registered op under tracing, the eager route otherwise."""
-    return op_or_eager(ukan_spline, _EagerSpline, x)(x, sorted_elem, window, local_u, pair_feature, row_start, row_stop,
-                                                  table, base_weight, spline_scaler, grid_delta, spline_order, use_base)
+    return op_or_eager(ukan_spline, _EagerSpline, x)(x, window, local_u, pair_feature, table, base_weight,
+                                                  spline_scaler, grid_delta, spline_order, use_base)
 
 
 # ---------------------------------------------------------------------- dense-range path

@@ -13,13 +13,13 @@ __all__ = ["EdgeValues", "edge_values"]
 
 @dataclass(frozen=True)
 class EdgeValues:
-    slot_at: object  # (frame, i, x) -> (valid, slot)
-    bases_at: object  # (frame, i, x) -> (valid, slot, b); b zero when invalid
-    bases_dx_at: object  # (frame, i, x) -> (valid, slot, b, dB/dx)
-    bases_dx2_at: object  # (frame, i, x) -> (valid, slot, b, dB/dx, d2B/dx2)
+    slot_at: object  # (frame, n, i, x) -> (valid, slot)
+    bases_at: object  # (frame, n, i, x) -> (valid, slot, b); b zero when invalid
+    bases_dx_at: object  # (frame, n, i, x) -> (valid, slot, b, dB/dx)
+    bases_dx2_at: object  # (frame, n, i, x) -> (valid, slot, b, dB/dx, d2B/dx2)
     coef_dot: object  # (coef, i, slot, o, v) -> sum_m v_m C[i, slot + first + m, o] over existing coefficients
     silu: object  # x -> (silu, silu', silu'')
-    bases_order_at: object  # (frame, i, x, order) -> (valid, slot, d^order B / dx^order), order 0..3
+    bases_order_at: object  # (frame, n, i, x, order) -> (valid, slot, d^order B / dx^order), order 0..3
     silu_order: object  # (x, order) -> d^order silu / dx^order
 
 
@@ -33,21 +33,21 @@ def edge_values(family: EdgeFamily) -> EdgeValues:
     zero = scalar(0.0)
 
     @wp.func
-    def slot_at(frame: Frame, i: int, x: scalar):
-        valid, slot, u, du_dx, d2u_dx2 = locate(frame, i, x)
+    def slot_at(frame: Frame, n: int, i: int, x: scalar):
+        valid, slot, u, du_dx, d2u_dx2 = locate(frame, n, i, x)
         return valid, slot
 
     @wp.func
-    def bases_at(frame: Frame, i: int, x: scalar):
-        valid, slot, u, du_dx, d2u_dx2 = locate(frame, i, x)
+    def bases_at(frame: Frame, n: int, i: int, x: scalar):
+        valid, slot, u, du_dx, d2u_dx2 = locate(frame, n, i, x)
         b = vec()
         if valid:
             b = basis(frame, i, slot, u)
         return valid, slot, b
 
     @wp.func
-    def bases_dx_at(frame: Frame, i: int, x: scalar):
-        valid, slot, u, du_dx, d2u_dx2 = locate(frame, i, x)
+    def bases_dx_at(frame: Frame, n: int, i: int, x: scalar):
+        valid, slot, u, du_dx, d2u_dx2 = locate(frame, n, i, x)
         b = vec()
         db = vec()
         if valid:
@@ -55,8 +55,8 @@ def edge_values(family: EdgeFamily) -> EdgeValues:
         return valid, slot, b, db
 
     @wp.func
-    def bases_dx2_at(frame: Frame, i: int, x: scalar):
-        valid, slot, u, du_dx, d2u_dx2 = locate(frame, i, x)
+    def bases_dx2_at(frame: Frame, n: int, i: int, x: scalar):
+        valid, slot, u, du_dx, d2u_dx2 = locate(frame, n, i, x)
         b = vec()
         db = vec()
         d2b = vec()
@@ -75,8 +75,8 @@ def edge_values(family: EdgeFamily) -> EdgeValues:
         return acc
 
     @wp.func
-    def bases_order_at(frame: Frame, i: int, x: scalar, order: int):
-        valid, slot, u, du_dx, d2u_dx2 = locate(frame, i, x)
+    def bases_order_at(frame: Frame, n: int, i: int, x: scalar, order: int):
+        valid, slot, u, du_dx, d2u_dx2 = locate(frame, n, i, x)
         b = vec()
         if valid:
             b = of_order(frame, i, slot, u, du_dx, d2u_dx2, order)

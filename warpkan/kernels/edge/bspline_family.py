@@ -161,7 +161,7 @@ def _uniform_family(order: int, scalar_name: str) -> EdgeFamily:
     zero = scalar(0.0)
 
     @wp.func
-    def locate(frame: Frame, i: int, x: scalar):
+    def locate(frame: Frame, n: int, i: int, x: scalar):
         n_cells = frame.grid.shape[1] - 1
         t0 = frame.grid[i, 0]
         inv_h = scalar(n_cells) / (frame.grid[i, n_cells] - t0)
@@ -195,7 +195,7 @@ def _general_family(order: int, scalar_name: str) -> EdgeFamily:
         return frame.grid[i, idx]
 
     @wp.func
-    def locate(frame: Frame, i: int, x: scalar):
+    def locate(frame: Frame, n: int, i: int, x: scalar):
         """Binary search in the knots of input i; u is x itself."""
         last = frame.grid.shape[1] - 1
         valid = int(0)

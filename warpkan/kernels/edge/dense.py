@@ -54,6 +54,9 @@ def dense_entry(tid: int, n_in: int):
 
 @functools.lru_cache(maxsize=None)
 def dense_kernels(family: EdgeFamily, basis_name: str) -> DenseKernels:
+    if family.shared_table:
+        raise ValueError(f"the dense basis of a shared-table family ({family.key}) would have a column per input "
+                         "and row of the whole table; its layers run the stencil kernels")
     if basis_name not in (family.scalar_name, "bfloat16") or (basis_name == "bfloat16"
                                                               and family.scalar_name != "float32"):
         raise TypeError(f"the dense basis must be {family.scalar_name} or (for float32) bfloat16, got {basis_name}")
@@ -93,9 +96,9 @@ def _basis_kernels(family: EdgeFamily, basis_type, kernel):
         slot = int(0)
         b = family.vec()
         if order == 0:  # the first-order passes' case: the bases alone, without the derivatives' series
-            valid, slot, b = bases_at(frame, i, xv)
+            valid, slot, b = bases_at(frame, n, i, xv)
         else:
-            valid, slot, b = bases_order_at(frame, i, xv, order)
+            valid, slot, b = bases_order_at(frame, n, i, xv, order)
         start = slot + first  # coefficient of b[0]; b is all zero when invalid
         # the same trip count in every thread of a warp, so each store is one coalesced row segment
         # (per-thread loop bounds around the slot diverge and measured 2.5x slower on the H200)
@@ -124,9 +127,9 @@ def _basis_kernels(family: EdgeFamily, basis_type, kernel):
         slot = int(0)
         db = family.vec()
         if order == 1:  # the first-order backward's case: no higher derivatives formed
-            valid, slot, b, db = bases_dx_at(frame, i, xv)
+            valid, slot, b, db = bases_dx_at(frame, n, i, xv)
         else:
-            valid, slot, db = bases_order_at(frame, i, xv, order)
+            valid, slot, db = bases_order_at(frame, n, i, xv, order)
         if valid:
             for m in range(K):
                 j = slot + first + m

@@ -5,11 +5,17 @@ Every edge family computes ``y[n, o] = sum_i sum_m B_m(x[n, i]) C[i, slot(x[n, i
 
 - ``Frame``: a ``@wp.struct`` of its runtime parameters (a knot array, a lookup table, ...), built on the
   host by the family's launcher and passed to every kernel;
-- ``locate(frame, i, x) -> (valid, slot, u, du_dx, d2u_dx2)``: whether input ``i``'s value x has a spline
-  term, the slot (``slot + first + m`` is the coefficient index of basis ``m``; slots are >= 0, and 0 when
-  invalid), the local coordinate ``u`` and the chain-rule factors of the map x -> u;
+- ``locate(frame, n, i, x) -> (valid, slot, u, du_dx, d2u_dx2)``: whether the value x = x[n, i] (row n, input
+  i) has a spline term, the slot (``slot + first + m`` is the coefficient index of basis ``m``; slots are >= 0,
+  and 0 when invalid), the local coordinate ``u`` and the chain-rule factors of the map x -> u. Most families
+  read x alone; one whose frame holds per-element data (UKAN's sorted table) reads it at (n, i);
 - ``basis(frame, i, slot, u) -> b``, ``basis_du(...) -> (b, db/du)``, ``basis_du2(...) -> (b, db/du,
   d2b/du2)``: the ``K`` bases of the slot and their u-derivatives, as ``vec`` values.
+
+A family may share one coefficient table among all its inputs (``slot_input``: UKAN's touched-pair table,
+whose rows are sorted by input): the kernels then see it as ``coef`` [in, n_coef, out] with a zero input stride,
+each input's slots reaching only rows of its own, and the coefficient gradient is gathered per row of the one
+table (:mod:`.stencil`; the tiled and dense-basis kernels do not take such a family).
 
 The kernels never see anything else of a family: they form ``dB/dx = du_dx db/du`` and ``d2B/dx2 =
 du_dx^2 d2b/du2 + d2u_dx2 db/du`` themselves (:func:`basis_dx`, :func:`basis_dx2`).
@@ -46,6 +52,12 @@ class EdgeFamily:
     basis_du3: object  # @wp.func (frame, i, slot, u) -> (vec, vec, vec, vec): up to d3b/du3
     u_dx3: object  # @wp.func (u, du_dx, d2u_dx2) -> d3u/dx3 of the map x -> u
     single_slot: bool = False  # one slot per input (all of its coefficients in one window: polynomial bases)
+    slot_input: object = None  # shared table: @wp.func (frame, slot) -> the input owning the slot's rows
+
+    @property
+    def shared_table(self) -> bool:
+        """Whether one coefficient table serves every input (see the module docstring)."""
+        return self.slot_input is not None
 
     @property
     def scalar(self):

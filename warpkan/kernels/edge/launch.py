@@ -91,7 +91,9 @@ def launch_backward(family: EdgeFamily, frame, dy, x, base_weight_t, scaler_t, c
         return
     ws = workspace or workspace_for(x.device, stream)
     with on_stream(stream):
-        if all_params and not deterministic:
+        # a shared table's coefficient gradient is always gathered (atomic-free): its bucketed pass would key
+        # entries by (input, slot) over the whole table
+        if all_params and not deterministic and not family.shared_table:
             _bucketed_backward(family, frame, ws, dy, x, base_weight_t, scaler_t, coef, use_base, dx,
                                d_base_weight_t, d_scaler_t, d_coef, stream)
             return
@@ -141,19 +143,25 @@ def _deterministic_backward(family, frame, ws, dy, x, base_weight_t, scaler_t, c
     if d_coef is not None:
         n_buckets = family.n_slots(n_coef) + 1
         rows, keys = sort_entries(family, frame, ws, x, n_buckets, stream)
-        n_keys = n_in * n_buckets
+        n_keys = _n_keys(family, n_in, n_buckets)
         offsets = ws.get("offsets", (n_keys + 1,), wp.int32)
         launch(kernels.bucket_offsets, n_keys + 1, [keys, n_rows * n_in], [offsets], device, stream, block_dim=block)
-        launch(kernels.backward_coef, n_in * n_coef * n_out, [dy, x, frame, scaler_t, rows, offsets, n_buckets],
+        tables = 1 if family.shared_table else n_in
+        launch(kernels.backward_coef, tables * n_coef * n_out, [dy, x, frame, scaler_t, rows, offsets, n_buckets],
                [d_coef], device, stream, block_dim=block)
 
 
+def _n_keys(family: EdgeFamily, n_in: int, n_buckets: int) -> int:
+    """Bucket keys of the entry sort: (input, bucket), or the bucket alone for a shared table."""
+    return n_buckets if family.shared_table else n_in * n_buckets
+
+
 def sort_entries(family: EdgeFamily, frame, ws, x, n_buckets: int, stream=None):
-    """Sort the (n, i) entries by key i * n_buckets + bucket: returns (rows, sorted_keys), rows[e] being the row
-    of the e-th entry in key order. The sort is stable, so rows stay ascending inside a bucket and the grouping
-    is the same on every run."""
+    """Sort the (n, i) entries by key i * n_buckets + bucket (the bucket alone for a shared table): returns
+    (rows, sorted_keys), rows[e] being the row of the e-th entry in key order. The sort is stable, so rows stay
+    ascending inside a bucket and the grouping is the same on every run."""
     n_rows, n_in = x.shape
-    n_keys = n_in * n_buckets
+    n_keys = _n_keys(family, n_in, n_buckets)
     n_entries = n_rows * n_in
     if n_keys >= 2**31 - 1 or n_entries >= 2**31:
         raise ValueError(f"too large for int32 bucketing: {n_entries} entries, {n_keys} buckets")

@@ -132,7 +132,7 @@ def _tanh_locate(Frame, scalar_name: str):
     two = scalar(2.0)
 
     @wp.func
-    def locate(frame: Frame, i: int, x: scalar):
+    def locate(frame: Frame, n: int, i: int, x: scalar):
         t = wp.tanh(x)
         slope = one - t * t
         return int(1), int(0), t, slope, -two * t * slope

@@ -72,6 +72,8 @@ def families(name: "str | None" = None, **match) -> list[EdgeFamily]:
 
 
 def _dense_names(family: EdgeFamily) -> list[str]:
+    if family.shared_table:  # no dense basis (see .family)
+        return []
     return [family.scalar_name] + (["bfloat16"] if family.scalar_name == "float32" else [])
 
 
@@ -88,8 +90,9 @@ def layer_modules(family: EdgeFamily, n_coef: int, is_cuda: bool, basis_dtype: "
     """The modules one layer configuration (a key and ``n_coef`` coefficients per input) builds: the stencil
     kernels and their combine, the dense-basis kernels of its basis dtype (the scalar type unless given), and on
     CUDA the tiled kernels its table plans pick."""
-    names = [stencil_kernels(family).module, combine_rows_kernel(family.scalar_name).module.name,
-             dense_kernels(family, basis_dtype or family.scalar_name).module]
+    names = [stencil_kernels(family).module, combine_rows_kernel(family.scalar_name).module.name]
+    if not family.shared_table:
+        names.append(dense_kernels(family, basis_dtype or family.scalar_name).module)
     if is_cuda:
         names += tiled.planned_modules(family, n_coef)
     return tuple(dict.fromkeys(names))

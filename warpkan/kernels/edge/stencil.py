@@ -123,8 +123,9 @@ def _forward(family: EdgeFamily, kernel):
             w_base = load4_2d(base_weight_t, i, o0, aligned)
             s = load4_2d(scaler_t, i, o0, aligned)
             for r in range(FORWARD_ROWS):
-                xv = x[wp.min(n0 + r, n_rows - 1), i]
-                valid, slot, b = bases_at(frame, i, xv)
+                n = wp.min(n0 + r, n_rows - 1)
+                xv = x[n, i]
+                valid, slot, b = bases_at(frame, n, i, xv)
                 spline = tile_dot(b, slot_rows(coef, i, slot, o0, aligned))
                 act, dact, d2act = silu(xv)
                 if use_base == 0:
@@ -159,7 +160,7 @@ def _backward_x(family: EdgeFamily, kernel):
         n_out = dy.shape[1]
         for i in range(x.shape[1]):
             xv = x[n, i]
-            valid, slot, b, db = bases_dx_at(frame, i, xv)
+            valid, slot, b, db = bases_dx_at(frame, n, i, xv)
             act = zero
             dact = zero
             if use_base:
@@ -206,7 +207,7 @@ def _backward_rows(family: EdgeFamily, kernel):
             g = dy[n, o]
             act, dact, d2act = silu(xv)
             acc_base = acc_base + g * act
-            valid, slot, b = bases_at(frame, i, xv)
+            valid, slot, b = bases_at(frame, n, i, xv)
             if valid:
                 acc_scaler = acc_scaler + g * coef_dot(coef, i, slot, o, b)
         partial_base[chunk, i, o] = acc_base
@@ -240,6 +241,8 @@ def combine_rows_kernel(scalar_name: str = "float32") -> wp.Kernel:
 
 
 def _backward_coef(family: EdgeFamily, kernel):
+    if family.shared_table:
+        return _backward_shared_coef(family, kernel)
     scalar, Frame, K, first = family.scalar, family.Frame, family.n_bases, family.first
     values = edge_values(family)
     bases_at, slot_at = values.bases_at, values.slot_at
@@ -252,7 +255,7 @@ def _backward_coef(family: EdgeFamily, kernel):
         # ascending per key
         i, n = wp.tid()
         e = i * x.shape[0] + n
-        valid, slot = slot_at(frame, i, x[n, i])
+        valid, slot = slot_at(frame, n, i, x[n, i])
         keys[e] = i * n_buckets + wp.where(valid == 1, slot + 1, 0)
         rows[e] = n
 
@@ -289,9 +292,70 @@ def _backward_coef(family: EdgeFamily, kernel):
                 key = i * n_buckets + slot + 1
                 for e in range(offsets[key], offsets[key + 1]):
                     n = rows[e]
-                    valid, s_, b = bases_at(frame, i, x[n, i])
+                    valid, s_, b = bases_at(frame, n, i, x[n, i])
                     acc = acc + dy[n, o] * b[m]
         d_coef[i, j, o] = d_coef[i, j, o] + scaler_t[i, o] * acc
+
+    return bucket_keys, bucket_offsets, backward_coef
+
+
+def _backward_shared_coef(family: EdgeFamily, kernel):
+    """The deterministic coefficient gradient of a shared-table family: the entries bucketed by slot alone (a
+    slot's rows belong to one input, ``slot_input``), and one thread per (row, output) of the one table."""
+    scalar, Frame, K, first = family.scalar, family.Frame, family.n_bases, family.first
+    values = edge_values(family)
+    bases_at, slot_at = values.bases_at, values.slot_at
+    slot_input = family.slot_input
+    zero = scalar(0.0)
+
+    @kernel
+    def bucket_keys(x: wp.array2d(dtype=scalar), frame: Frame, n_buckets: int, keys: wp.array(dtype=wp.int32),
+                    rows: wp.array(dtype=wp.int32)):
+        # entry e = i * N + n; key = bucket (slot + 1, 0 when invalid); the stable sort keeps a bucket's entries
+        # (all of one input) in row order
+        i, n = wp.tid()
+        e = i * x.shape[0] + n
+        valid, slot = slot_at(frame, n, i, x[n, i])
+        keys[e] = wp.where(valid == 1, slot + 1, 0)
+        rows[e] = n
+
+    @kernel
+    def bucket_offsets(sorted_keys: wp.array(dtype=wp.int32), n_entries: int, offsets: wp.array(dtype=wp.int32)):
+        k = wp.tid()
+        lo = int(0)
+        hi = n_entries
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if sorted_keys[mid] < k:
+                lo = mid + 1
+            else:
+                hi = mid
+        offsets[k] = lo
+
+    @kernel
+    def backward_coef(dy: wp.array2d(dtype=scalar), x: wp.array2d(dtype=scalar), frame: Frame,
+                      scaler_t: wp.array2d(dtype=scalar), rows: wp.array(dtype=wp.int32),
+                      offsets: wp.array(dtype=wp.int32), n_buckets: int, d_coef: wp.array3d(dtype=scalar)):
+        # d_coef[., j, o] += sum_m s[i, o] sum_{n in slot j - first - m} dy[n, o] b_m(x[n, i]), i the slot's input
+        tid = wp.tid()
+        n_out = d_coef.shape[2]
+        o = tid % n_out
+        j = tid // n_out
+        acc = zero
+        for m in range(K):
+            slot = j - first - m
+            if slot >= 0 and slot + 1 < n_buckets:
+                start = offsets[slot + 1]
+                stop = offsets[slot + 2]
+                if start < stop:
+                    i = slot_input(frame, slot)
+                    part = zero
+                    for e in range(start, stop):
+                        n = rows[e]
+                        valid, s_, b = bases_at(frame, n, i, x[n, i])
+                        part = part + dy[n, o] * b[m]
+                    acc = acc + scaler_t[i, o] * part
+        d_coef[0, j, o] = d_coef[0, j, o] + acc
 
     return bucket_keys, bucket_offsets, backward_coef
 
@@ -330,11 +394,11 @@ def _bucketed_funcs(family: EdgeFamily):
                 wp.atomic_add(d_scaler_t, i, o0 + c, acc_scaler[c])
 
     @wp.func
-    def add_entry(frame: Frame, i: int, xv: scalar, g: vecO, use_base: int, s: vecO, w_base: vecO, rows_c: matKO,
-                  acc: matKO, acc_base: vecO):
+    def add_entry(frame: Frame, n: int, i: int, xv: scalar, g: vecO, use_base: int, s: vecO, w_base: vecO,
+                  rows_c: matKO, acc: matKO, acc_base: vecO):
         """One entry's dy * B_m and dy * silu added to the slot's and the input's sums, and its tile's share of
         dx[n, i] = sum_o dy (w_b silu' + s sum_m B'_m C): (acc, acc_base, part)."""
-        valid, slot, b, db = bases_dx_at(frame, i, xv)
+        valid, slot, b, db = bases_dx_at(frame, n, i, xv)
         act, dact, d2act = silu(xv)
         if use_base == 0:
             act = zero
@@ -431,7 +495,7 @@ def _backward_bucketed(family: EdgeFamily, kernel):
                     rows_c = slot_rows(coef, i_cur, slot_cur, o0, aligned)
             part = zero
             if live:
-                acc, acc_base, part = add_entry(frame, i_cur, xv, g, use_base, s, w_base, rows_c, acc, acc_base)
+                acc, acc_base, part = add_entry(frame, n, i_cur, xv, g, use_base, s, w_base, rows_c, acc, acc_base)
             if want_dx != 0:
                 # a fire-and-forget atomic: no load of dx on the critical path; the only add to dx[n, i] when
                 # one lane group covers every output (lanes == n_tiles), so dx stays reproducible

@@ -131,7 +131,7 @@ def tiled_capacity(family: EdgeFamily, n_coef: int, backward: bool = False) -> i
 def tiled_applies(family: EdgeFamily, is_cuda: bool, n_coef: int, backward: bool = False) -> bool:
     """Whether the tiled kernels can run a layer on one table: a CUDA device and the padded table within
     :data:`CAPACITIES` (and shared memory)."""
-    return is_cuda and tiled_capacity(family, n_coef, backward) is not None
+    return is_cuda and not family.shared_table and tiled_capacity(family, n_coef, backward) is not None
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,7 @@ def _plan(family: EdgeFamily, banded_capacities: dict, is_cuda: bool, n_coef: in
     n_slots = family.n_slots(n_coef)
     if tiled_applies(family, is_cuda, n_coef, backward):
         return TablePlan(tiled_capacity(family, n_coef, backward), 1, n_slots)
-    if family.single_slot:  # one slot: no band can split it
+    if family.single_slot or family.shared_table:  # one slot: no band can split it; a shared table: no tiles
         return None
     for capacity, most_bands in banded_capacities.get(family.scalar_name, ()) if is_cuda else ():
         if not fits(family, capacity):
@@ -707,7 +707,7 @@ def _forward_kernel(family: EdgeFamily, capacity: int, banded: bool) -> wp.Kerne
         step = int(0)
         for i in range(x.shape[1]):
             xv = x[n, i]
-            valid, cell, b = bases_at(frame, i, xv)
+            valid, cell, b = bases_at(frame, n, i, xv)
             act = zero
             if use_base:
                 act, dact, d2act = silu(xv)
@@ -796,7 +796,7 @@ def _whole_backward(family, kernel, values, backward_op, warps, Frame, T, vecK, 
             n = n0 + lane
             xv = x_next
             x_next = x[wp.min(n + LANES, n_rows - 1), i]
-            valid, cell, b, db = bases_dx_at(frame, i, xv)
+            valid, cell, b, db = bases_dx_at(frame, wp.min(n, n_rows - 1), i, xv)
             act = zero
             dact = zero
             if use_base and n < n_end:  # a row past the chunk has g = 0, and 0 * silu(NaN) must not reach the sum
@@ -847,15 +847,16 @@ def _banded_backward(family, kernel, values, backward_op, band_queue, warps, Fra
             n = n0 + lane
             xv = x_next
             x_next = x[wp.min(n + LANES, n_rows - 1), i]  # in flight during this step
-            valid, cell = slot_at(frame, i, xv)
+            valid, cell = slot_at(frame, wp.min(n, n_rows - 1), i, xv)
             # invalid rows (slot 0, zero bases) fall in band 0, which adds their base term
             matched = n < n_end and cell >= c0 and cell < c0 + band_cells
             queued = band_queue(1, wp.where(matched, 1, 0), n - n_start, lane)
             if queued >= LANES or (n0 >= n_end and queued > 0):
                 offset = band_queue(2, 0, 0, lane)
                 live = offset >= 0
-                xq = x[n_start + wp.max(offset, 0), i]
-                valid, cell, b, db = bases_dx_at(frame, i, xq)
+                nq = n_start + wp.max(offset, 0)
+                xq = x[nq, i]
+                valid, cell, b, db = bases_dx_at(frame, nq, i, xq)
                 act = zero
                 dact = zero
                 if use_base and live:
@@ -875,6 +876,8 @@ def tiled_modules(family: EdgeFamily) -> tuple:
     """The Warp modules of every tiled kernel a layer of this family may launch on CUDA: the helpers, each
     whole-table capacity's forward and backward where their shared memory fits, and the banded ones. Builds
     their kernels, so that ``wp.load_module`` finds them (``warpkan precompile``)."""
+    if family.shared_table:  # never tiled (tiled_applies)
+        return ()
     scalar = family.scalar_name
     names = [helper_kernels(family)[0].module.name]
     for capacity in CAPACITIES.get(scalar, {}):

@@ -10,6 +10,10 @@ row of feature i is that of group ``group_lo[i] - 1 + t // K``. The cell's K coe
 
 Inputs with ``|x| / h`` beyond ``CELL_LIMIT`` are evaluated at that limit with a zero slope (``du_dx = 0``);
 NaN, and (defensively) a window outside the feature's table, are invalid: a zero spline term.
+
+The sparse path's touched-pair table has two readings below: per feature (``ukan_pairs``, for the dense-basis
+kernels of ``create_graph=True``) and shared by every feature (``ukan_table``, the engine's stencil kernels of
+the first-order layer, with each element's window from the pair search).
 """
 
 import functools
@@ -21,7 +25,7 @@ from .bspline_family import MAX_SPLINE_ORDER, uniform_frame_basis
 from .family import EdgeFamily, linear_u_dx3
 
 __all__ = ["CELL_LIMIT", "ukan_family", "ukan_frame_of", "ukan_locate_func", "ukan_pairs_family",
-           "ukan_pairs_frame_of"]
+           "ukan_pairs_frame_of", "ukan_table_family", "ukan_table_frame_of", "window_codec"]
 
 CELL_LIMIT = float(2**39)  # |x / h| is clamped here: |g| < 2^39, so keys and g - 1 fit comfortably in int64
 
@@ -92,7 +96,7 @@ def _ukan_family(order: int, scalar_name: str) -> EdgeFamily:
     # locate is written out in each table family (range, pairs): one builder calling a per-table window function
     # measured 4-12% slower UKAN training steps on the H200 (the range path's tiled kernels)
     @wp.func
-    def locate(frame: Frame, i: int, x: scalar):
+    def locate(frame: Frame, n: int, i: int, x: scalar):
         valid, g, r, u, sloped = unbounded_cell(x, frame.h)
         slot = int(0)
         if valid:
@@ -156,7 +160,7 @@ def _ukan_pairs_family(order: int, scalar_name: str) -> EdgeFamily:
     zero = scalar(0.0)
 
     @wp.func
-    def locate(frame: Frame, i: int, x: scalar):
+    def locate(frame: Frame, n: int, i: int, x: scalar):
         valid, g, r, u, sloped = unbounded_cell(x, frame.h)
         slot = int(0)
         if valid:
@@ -203,12 +207,105 @@ def ukan_pairs_frame_of(pair_group: "wp.array", first: "wp.array", count: "wp.ar
     return frame
 
 
+# ------------------------------------------------------------------------------ the touched-pair table, shared
+# The sparse path's own reading of the same table: one table [capacity K, out] shared by every input (each
+# input's pairs are its own rows), and each element's window start and local coordinate found once by the pair
+# pass (warpkan.kernels.ukan), so that locate reads them at (n, i) instead of searching. The rows of a window,
+# those of C_{g-1} and C_g, belong to the input of the row of C_g: slot // K + 1.
+
+@functools.lru_cache(maxsize=None)
+def window_codec(scalar_name: str = "float32"):
+    """(encode_window, decode_window): an element's window code, as the pair pass writes it. w >= 0 a window
+    start; -1 no spline term (NaN, a pair past the table's capacity); w <= -2 the window -2 - w of an input
+    clamped to the cell limit (zero spline derivative)."""
+
+    @wp.func
+    def encode_window(start: int, sloped: int):
+        if sloped:
+            return start
+        return -2 - start
+
+    @wp.func
+    def decode_window(w: int):
+        """(valid, start, sloped)"""
+        if w >= 0:
+            return int(1), w, int(1)
+        if w == -1:
+            return int(0), int(0), int(0)
+        return int(1), -2 - w, int(0)
+
+    return encode_window, decode_window
+
+
+@functools.lru_cache(maxsize=None)
+def ukan_table_frame(scalar_name: str):
+    scalar = SCALARS[scalar_name]
+
+    @wp.struct
+    class UKANTableFrame:
+        window: wp.array2d(dtype=wp.int32)  # [N, in]: each element's window code (window_codec)
+        local_u: wp.array2d(dtype=scalar)  # [N, in]: its local coordinate
+        pair_feature: wp.array(dtype=wp.int32)  # [capacity]: the input owning each table row
+        h: wp.float64
+
+    return UKANTableFrame
+
+
+def _ukan_table_family(order: int, scalar_name: str) -> EdgeFamily:
+    scalar = SCALARS[scalar_name]
+    K = order + 1
+    Frame = ukan_table_frame(scalar_name)
+    decode_window = window_codec(scalar_name)[1]
+    basis, basis_du, basis_du2, basis_du3 = uniform_frame_basis(Frame, order, scalar_name)
+    zero = scalar(0.0)
+
+    @wp.func
+    def locate(frame: Frame, n: int, i: int, x: scalar):
+        valid, start, sloped = decode_window(frame.window[n, i])
+        u = zero
+        du_dx = zero
+        if valid:
+            u = frame.local_u[n, i]
+            if sloped:
+                du_dx = scalar(wp.float64(1.0) / frame.h)
+        return valid, start, u, du_dx, zero
+
+    @wp.func
+    def slot_input(frame: Frame, slot: int):
+        return frame.pair_feature[slot // K + 1]
+
+    return EdgeFamily(f"ukan_table_k{order}_{scalar_name}", scalar_name, K, 0, Frame, locate, basis, basis_du,
+                      basis_du2, basis_du3=basis_du3, u_dx3=linear_u_dx3(scalar_name), slot_input=slot_input)
+
+
+@functools.lru_cache(maxsize=None)
+def ukan_table_family(order: int, scalar_name: str = "float32") -> EdgeFamily:
+    """The UKAN edge family of the shared touched-pair table, of one (order, scalar type)."""
+    if not 1 <= order <= MAX_SPLINE_ORDER:
+        raise ValueError(f"spline_order must be in [1, {MAX_SPLINE_ORDER}], got {order}")
+    if scalar_name not in SCALARS:
+        raise TypeError(f"scalar type must be one of {sorted(SCALARS)}, got {scalar_name}")
+    return _ukan_table_family(order, scalar_name)
+
+
+def ukan_table_frame_of(window: "wp.array", local_u: "wp.array", pair_feature: "wp.array", h: float,
+                        scalar_name: str):
+    """The frame value of the shared touched-pair table (see :func:`ukan_table_family`)."""
+    frame = ukan_table_frame(scalar_name)()
+    frame.window = window
+    frame.local_u = local_u
+    frame.pair_feature = pair_feature
+    frame.h = float(h)
+    return frame
+
+
 def _register() -> None:
     from . import registry
 
     variants = [dict(order=order, scalar_name=scalar) for order in range(1, MAX_SPLINE_ORDER + 1) for scalar in SCALARS]
     registry.register("ukan", ukan_family, variants)
     registry.register("ukan_pairs", ukan_pairs_family, variants)
+    registry.register("ukan_table", ukan_table_family, variants)
 
 
 _register()
