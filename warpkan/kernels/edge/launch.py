@@ -146,9 +146,40 @@ def _deterministic_backward(family, frame, ws, dy, x, base_weight_t, scaler_t, c
         n_keys = _n_keys(family, n_in, n_buckets)
         offsets = ws.get("offsets", (n_keys + 1,), wp.int32)
         launch(kernels.bucket_offsets, n_keys + 1, [keys, n_rows * n_in], [offsets], device, stream, block_dim=block)
-        tables = 1 if family.shared_table else n_in
-        launch(kernels.backward_coef, tables * n_coef * n_out, [dy, x, frame, scaler_t, rows, offsets, n_buckets],
+        if family.shared_table:
+            _shared_coef_grad(family, kernels, ws, dy, x, frame, scaler_t, keys, rows, offsets, d_coef, stream)
+            return
+        launch(kernels.backward_coef, n_in * n_coef * n_out, [dy, x, frame, scaler_t, rows, offsets, n_buckets],
                [d_coef], device, stream, block_dim=block)
+
+
+_TARGET_SHARED_THREADS = 1 << 18  # parallelism aimed at by a shared table's segmented reduction
+_SHARED_CHUNK = (64, 4096)  # its least and most entries a chunk
+
+
+def shared_chunk(n_entries: int, n_out: int) -> int:
+    """Sorted entries per chunk of a shared table's gradient walk: about _TARGET_SHARED_THREADS threads (chunks
+    x outputs), so the chunk parts stay a few MiB; a function of the shapes alone (deterministic)."""
+    want = -(-n_entries * max(n_out, 1) // _TARGET_SHARED_THREADS)
+    return max(_SHARED_CHUNK[0], min(_SHARED_CHUNK[1], want))
+
+
+def _shared_coef_grad(family, kernels, ws, dy, x, frame, scaler_t, keys, rows, offsets, d_coef, stream) -> None:
+    device = x.device
+    n_entries = x.shape[0] * x.shape[1]
+    n_coef, n_out = d_coef.shape[1], d_coef.shape[2]
+    K = family.n_bases
+    chunk = shared_chunk(n_entries, n_out)
+    n_chunks = -(-n_entries // chunk)
+    group_sums = ws.get("group_sums", (n_coef // K + 1, 2 * K, n_out), family.scalar)
+    head = ws.get("group_head", (n_chunks, 2 * K, n_out), family.scalar)
+    tail = ws.get("group_tail", (n_chunks, 2 * K, n_out), family.scalar)
+    block = _block(device)
+    launch(kernels.backward_coef, n_chunks * n_out,
+           [dy, x, frame, scaler_t, keys[:n_entries], rows, offsets, chunk], [group_sums, head, tail], device,
+           stream, block_dim=block)
+    launch(kernels.combine_coef, n_coef * n_out, [offsets, chunk, group_sums, head, tail], [d_coef], device, stream,
+           block_dim=block)
 
 
 def _n_keys(family: EdgeFamily, n_in: int, n_buckets: int) -> int:

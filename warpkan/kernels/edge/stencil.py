@@ -44,7 +44,8 @@ class StencilKernels:
     bucket_keys: wp.Kernel
     bucket_offsets: wp.Kernel
     backward_coef: wp.Kernel
-    backward_bucketed: wp.Kernel
+    backward_bucketed: "wp.Kernel | None"  # None for a shared table (its gradient is always gathered)
+    combine_coef: "wp.Kernel | None" = None  # a shared table's second pass (see _backward_shared_coef)
 
 
 def module_name(family: EdgeFamily) -> str:
@@ -58,6 +59,10 @@ def stencil_kernels(family: EdgeFamily) -> StencilKernels:
     forward = _forward(family, kernel)
     backward_x = _backward_x(family, kernel)
     backward_rows, combine_rows = _backward_rows(family, kernel)
+    if family.shared_table:
+        bucket_keys, bucket_offsets, backward_coef, combine_coef = _backward_shared_coef(family, kernel)
+        return StencilKernels(module, forward, backward_x, backward_rows, combine_rows, bucket_keys, bucket_offsets,
+                              backward_coef, None, combine_coef)
     bucket_keys, bucket_offsets, backward_coef = _backward_coef(family, kernel)
     backward_bucketed = _backward_bucketed(family, kernel)
     return StencilKernels(module, forward, backward_x, backward_rows, combine_rows, bucket_keys, bucket_offsets,
@@ -240,9 +245,25 @@ def combine_rows_kernel(scalar_name: str = "float32") -> wp.Kernel:
     return combine_rows
 
 
+def _bucket_offsets_kernel(kernel):
+    @kernel
+    def bucket_offsets(sorted_keys: wp.array(dtype=wp.int32), n_entries: int, offsets: wp.array(dtype=wp.int32)):
+        # offsets[k] = first position whose key is >= k (binary search: no atomics on popular buckets)
+        k = wp.tid()
+        lo = int(0)
+        hi = n_entries
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if sorted_keys[mid] < k:
+                lo = mid + 1
+            else:
+                hi = mid
+        offsets[k] = lo
+
+    return bucket_offsets
+
+
 def _backward_coef(family: EdgeFamily, kernel):
-    if family.shared_table:
-        return _backward_shared_coef(family, kernel)
     scalar, Frame, K, first = family.scalar, family.Frame, family.n_bases, family.first
     values = edge_values(family)
     bases_at, slot_at = values.bases_at, values.slot_at
@@ -259,19 +280,7 @@ def _backward_coef(family: EdgeFamily, kernel):
         keys[e] = i * n_buckets + wp.where(valid == 1, slot + 1, 0)
         rows[e] = n
 
-    @kernel
-    def bucket_offsets(sorted_keys: wp.array(dtype=wp.int32), n_entries: int, offsets: wp.array(dtype=wp.int32)):
-        # offsets[k] = first position whose key is >= k (binary search: no atomics on popular buckets)
-        k = wp.tid()
-        lo = int(0)
-        hi = n_entries
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if sorted_keys[mid] < k:
-                lo = mid + 1
-            else:
-                hi = mid
-        offsets[k] = lo
+    bucket_offsets = _bucket_offsets_kernel(kernel)
 
     @kernel
     def backward_coef(dy: wp.array2d(dtype=scalar), x: wp.array2d(dtype=scalar), frame: Frame,
@@ -300,64 +309,158 @@ def _backward_coef(family: EdgeFamily, kernel):
 
 
 def _backward_shared_coef(family: EdgeFamily, kernel):
-    """The deterministic coefficient gradient of a shared-table family: the entries bucketed by slot alone (a
-    slot's rows belong to one input, ``slot_input``), and one thread per (row, output) of the one table."""
-    scalar, Frame, K, first = family.scalar, family.Frame, family.n_bases, family.first
-    values = edge_values(family)
-    bases_at, slot_at = values.bases_at, values.slot_at
-    slot_input = family.slot_input
-    zero = scalar(0.0)
+    """The coefficient gradient of a shared-table family (first = 0), atomic-free: the (n, i) entries bucketed by
+    slot alone (a slot's rows belong to one input, ``slot_input``) and sorted; then a segmented reduction. Slot s
+    reaches rows s .. s + K - 1, inside the 2K rows [qK, qK + 2K) of its group q = s // K, and the sorted entries
+    of a group are consecutive. One thread per (chunk of sorted entries, output) walks its chunk once (one basis
+    per entry and output) summing ``s[i, o] dy[n, o] b_m`` into the 2K-window of the current group; a group wholly
+    inside the chunk is written to ``group_sums[q]``, the part of one cut by a chunk boundary to the chunk's
+    ``head`` (it began earlier) or ``tail`` (it goes on). The second pass adds, per (row, output), the windows of
+    the row's two groups, each from its own entry or its chunk parts in chunk order: a fixed order, however the
+    entries fall into chunks."""
+    if family.first != 0:
+        raise ValueError(f"a shared-table family reads its slots from row 0 (first = 0), got first={family.first}")
+    bucket_keys, bucket_offsets = _shared_bucket_kernels(family, kernel)
+    group_walk = _shared_group_walk(family, kernel)
+    combine_coef = _shared_group_combine(family, kernel)
+    return bucket_keys, bucket_offsets, group_walk, combine_coef
+
+
+def _shared_bucket_kernels(family: EdgeFamily, kernel):
+    scalar, Frame = family.scalar, family.Frame
+    slot_at = edge_values(family).slot_at
 
     @kernel
     def bucket_keys(x: wp.array2d(dtype=scalar), frame: Frame, n_buckets: int, keys: wp.array(dtype=wp.int32),
                     rows: wp.array(dtype=wp.int32)):
         # entry e = i * N + n; key = bucket (slot + 1, 0 when invalid); the stable sort keeps a bucket's entries
-        # (all of one input) in row order
+        # in entry order
         i, n = wp.tid()
         e = i * x.shape[0] + n
         valid, slot = slot_at(frame, n, i, x[n, i])
         keys[e] = wp.where(valid == 1, slot + 1, 0)
-        rows[e] = n
+        rows[e] = e
 
-    @kernel
-    def bucket_offsets(sorted_keys: wp.array(dtype=wp.int32), n_entries: int, offsets: wp.array(dtype=wp.int32)):
-        k = wp.tid()
-        lo = int(0)
-        hi = n_entries
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if sorted_keys[mid] < k:
-                lo = mid + 1
+    bucket_offsets = _bucket_offsets_kernel(kernel)
+
+    return bucket_keys, bucket_offsets
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_group_funcs(family: EdgeFamily):
+    """(vec2K, group_range, store, resolved): the group windows of a shared table's gradient."""
+    scalar, K = family.scalar, family.n_bases
+    vec2K = wp.types.vector(length=2 * K, dtype=scalar)
+
+    @wp.func
+    def group_range(offsets: wp.array(dtype=wp.int32), q: int):
+        """[lo, hi): the sorted entries of group q (keys q K + 1 .. q K + K)."""
+        last = offsets.shape[0] - 1
+        return offsets[wp.min(q * K + 1, last)], offsets[wp.min(q * K + K + 1, last)]
+
+    @wp.func
+    def store(dest: wp.array3d(dtype=scalar), at: int, o: int, acc: vec2K):
+        for m in range(2 * K):
+            dest[at, m, o] = acc[m]
+
+    @wp.func
+    def resolved(offsets: wp.array(dtype=wp.int32), q: int, o: int, chunk_size: int,
+                 group_sums: wp.array3d(dtype=scalar), head: wp.array3d(dtype=scalar),
+                 tail: wp.array3d(dtype=scalar)):
+        """Group q's window: zero without entries, else its own sums or its chunk parts added in chunk order."""
+        acc = vec2K()
+        lo, hi = group_range(offsets, q)
+        if hi > lo:
+            c0 = lo // chunk_size
+            c1 = (hi - 1) // chunk_size
+            if c0 == c1:
+                for m in range(2 * K):
+                    acc[m] = group_sums[q, m, o]
             else:
-                hi = mid
-        offsets[k] = lo
+                for m in range(2 * K):
+                    acc[m] = tail[c0, m, o]
+                for c in range(c0 + 1, c1 + 1):
+                    for m in range(2 * K):
+                        acc[m] = acc[m] + head[c, m, o]
+        return acc
+
+    return vec2K, group_range, store, resolved
+
+
+def _shared_group_walk(family: EdgeFamily, kernel):
+    scalar, Frame, K = family.scalar, family.Frame, family.n_bases
+    bases_at = edge_values(family).bases_at
+    slot_input = family.slot_input
+    vec2K, group_range, store, resolved = _shared_group_funcs(family)
 
     @kernel
     def backward_coef(dy: wp.array2d(dtype=scalar), x: wp.array2d(dtype=scalar), frame: Frame,
-                      scaler_t: wp.array2d(dtype=scalar), rows: wp.array(dtype=wp.int32),
-                      offsets: wp.array(dtype=wp.int32), n_buckets: int, d_coef: wp.array3d(dtype=scalar)):
-        # d_coef[., j, o] += sum_m s[i, o] sum_{n in slot j - first - m} dy[n, o] b_m(x[n, i]), i the slot's input
+                      scaler_t: wp.array2d(dtype=scalar), sorted_keys: wp.array(dtype=wp.int32),
+                      rows: wp.array(dtype=wp.int32), offsets: wp.array(dtype=wp.int32), chunk_size: int,
+                      group_sums: wp.array3d(dtype=scalar), head: wp.array3d(dtype=scalar),
+                      tail: wp.array3d(dtype=scalar)):
+        tid = wp.tid()
+        n_out = dy.shape[1]
+        n_rows = x.shape[0]
+        o = tid % n_out
+        chunk = tid // n_out
+        start = chunk * chunk_size
+        stop = wp.min(start + chunk_size, sorted_keys.shape[0])
+        current = int(-1)
+        acc = vec2K()
+        for e in range(start, stop + 1):
+            q = int(-1)
+            slot = int(0)
+            if e < stop:
+                key = sorted_keys[e]
+                if key > 0:
+                    slot = key - 1
+                    q = slot // K
+            if q != current:  # flush the finished group
+                if current >= 0:
+                    lo, hi = group_range(offsets, current)
+                    if lo >= start and hi <= stop:
+                        store(group_sums, current, o, acc)
+                    elif lo < start:
+                        store(head, chunk, o, acc)
+                    else:
+                        store(tail, chunk, o, acc)
+                current = q
+                acc = vec2K()
+            if q >= 0:
+                entry = rows[e]
+                i = entry // n_rows
+                n = entry - i * n_rows
+                valid, s_, b = bases_at(frame, n, i, x[n, i])
+                g = scaler_t[slot_input(frame, slot), o] * dy[n, o]
+                r = slot - q * K
+                for m in range(K):
+                    acc[r + m] = acc[r + m] + g * b[m]
+
+    return backward_coef
+
+
+def _shared_group_combine(family: EdgeFamily, kernel):
+    scalar, K = family.scalar, family.n_bases
+    vec2K, group_range, store, resolved = _shared_group_funcs(family)
+
+    @kernel
+    def combine_coef(offsets: wp.array(dtype=wp.int32), chunk_size: int, group_sums: wp.array3d(dtype=scalar),
+                     head: wp.array3d(dtype=scalar), tail: wp.array3d(dtype=scalar),
+                     d_coef: wp.array3d(dtype=scalar)):
+        # row j = q K + m lies in the window of group q (position m) and of group q - 1 (position K + m)
         tid = wp.tid()
         n_out = d_coef.shape[2]
         o = tid % n_out
         j = tid // n_out
-        acc = zero
-        for m in range(K):
-            slot = j - first - m
-            if slot >= 0 and slot + 1 < n_buckets:
-                start = offsets[slot + 1]
-                stop = offsets[slot + 2]
-                if start < stop:
-                    i = slot_input(frame, slot)
-                    part = zero
-                    for e in range(start, stop):
-                        n = rows[e]
-                        valid, s_, b = bases_at(frame, n, i, x[n, i])
-                        part = part + dy[n, o] * b[m]
-                    acc = acc + scaler_t[i, o] * part
-        d_coef[0, j, o] = d_coef[0, j, o] + acc
+        q = j // K
+        m = j - q * K
+        total = resolved(offsets, q, o, chunk_size, group_sums, head, tail)[m]
+        if q > 0:
+            total = total + resolved(offsets, q - 1, o, chunk_size, group_sums, head, tail)[K + m]
+        d_coef[0, j, o] = d_coef[0, j, o] + total
 
-    return bucket_keys, bucket_offsets, backward_coef
+    return combine_coef
 
 
 @functools.lru_cache(maxsize=None)
