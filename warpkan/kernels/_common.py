@@ -205,6 +205,21 @@ _LANE_SUM_SNIPPET = """
 """
 
 
+@wp.func
+def first_at_least(values: wp.array(dtype=wp.int32), count: int, target: int):
+    """The first index of the sorted values[:count] whose value is not below target (count when there is none):
+    a binary search, so no atomics on popular values."""
+    lo = int(0)
+    hi = count
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if values[mid] < target:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 @functools.lru_cache(maxsize=None)
 def lane_sum(scalar):
     """``@wp.func`` (v, width) -> sum of v over the aligned group of ``width`` lanes holding this thread."""

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 
 import warp as wp
 
-from ._common import SCALARS, on_stream, scalar_name
+from ._common import SCALARS, first_at_least, on_stream, scalar_name
 from .. import _checks
 from .edge.bspline_family import MAX_SPLINE_ORDER
 from .edge.ukan_family import CELL_LIMIT, ukan_locate_func, ukan_table_family, ukan_table_frame_of, window_codec
@@ -781,19 +781,6 @@ def _embedding_backward_kernel(scalar_name: str):
     kernel = _mlp_kernel_decorator(scalar_name)
     zero = scalar(0.0)
 
-    # the first index of the sorted values[:count] whose value is not below target (count when there is none)
-    @wp.func
-    def lower_bound(values: wp.array(dtype=wp.int32), count: int, target: int):
-        lo = int(0)
-        hi = count
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if values[mid] < target:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
-
     @kernel
     def embedding_backward(
         d_features: wp.array2d(dtype=scalar),
@@ -806,8 +793,8 @@ def _embedding_backward_kernel(scalar_name: str):
         # not): sum them in order, no atomics
         i, e = wp.tid()
         used = wp.min(rows_needed[0], pair_feature.shape[0])
-        start = lower_bound(pair_feature, used, i)
-        stop = lower_bound(pair_feature, used, i + 1)
+        start = first_at_least(pair_feature, used, i)
+        stop = first_at_least(pair_feature, used, i + 1)
         acc = zero
         for p in range(start, stop):
             acc = acc + d_features[p, pe_dim + e]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import warp as wp
 
-from .._common import SCALARS, lane_sum, load4_funcs
+from .._common import SCALARS, first_at_least, lane_sum, load4_funcs
 from ._values import edge_values
 from .family import EdgeFamily
 
@@ -245,42 +245,43 @@ def combine_rows_kernel(scalar_name: str = "float32") -> wp.Kernel:
     return combine_rows
 
 
-def _bucket_offsets_kernel(kernel):
-    @kernel
-    def bucket_offsets(sorted_keys: wp.array(dtype=wp.int32), n_entries: int, offsets: wp.array(dtype=wp.int32)):
-        # offsets[k] = first position whose key is >= k (binary search: no atomics on popular buckets)
-        k = wp.tid()
-        lo = int(0)
-        hi = n_entries
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if sorted_keys[mid] < k:
-                lo = mid + 1
-            else:
-                hi = mid
-        offsets[k] = lo
-
-    return bucket_offsets
-
-
-def _backward_coef(family: EdgeFamily, kernel):
-    scalar, Frame, K, first = family.scalar, family.Frame, family.n_bases, family.first
-    values = edge_values(family)
-    bases_at, slot_at = values.bases_at, values.slot_at
-    zero = scalar(0.0)
+def _bucket_kernels(family: EdgeFamily, kernel):
+    """(bucket_keys, bucket_offsets): every (n, i) entry's bucket (slot + 1, 0 when invalid) as a sort key, the
+    input first (i * n_buckets + bucket) unless the family shares one table (the bucket alone: a slot's rows
+    belong to one input); and where each key's run starts in the sorted keys."""
+    scalar, Frame = family.scalar, family.Frame
+    slot_at = edge_values(family).slot_at
+    shared = family.shared_table
 
     @kernel
     def bucket_keys(x: wp.array2d(dtype=scalar), frame: Frame, n_buckets: int, keys: wp.array(dtype=wp.int32),
                     rows: wp.array(dtype=wp.int32)):
-        # entry e = i * N + n; key = i * n_buckets + bucket (slot + 1, 0 when invalid); a stable sort keeps n
-        # ascending per key
+        # entry e = i * N + n; a stable sort keeps the entries of a key in entry order. rows[e]: the entry's row
+        # (its input is in the key), or the entry itself for a shared table
         i, n = wp.tid()
         e = i * x.shape[0] + n
         valid, slot = slot_at(frame, n, i, x[n, i])
-        keys[e] = i * n_buckets + wp.where(valid == 1, slot + 1, 0)
-        rows[e] = n
+        bucket = wp.where(valid == 1, slot + 1, 0)
+        if wp.static(shared):
+            keys[e] = bucket
+            rows[e] = e
+        else:
+            keys[e] = i * n_buckets + bucket
+            rows[e] = n
 
-    bucket_offsets = _bucket_offsets_kernel(kernel)
+    @kernel
+    def bucket_offsets(sorted_keys: wp.array(dtype=wp.int32), n_entries: int, offsets: wp.array(dtype=wp.int32)):
+        k = wp.tid()
+        offsets[k] = first_at_least(sorted_keys, n_entries, k)
+
+    return bucket_keys, bucket_offsets
+
+
+def _backward_coef(family: EdgeFamily, kernel):
+    scalar, Frame, K, first = family.scalar, family.Frame, family.n_bases, family.first
+    bases_at = edge_values(family).bases_at
+    zero = scalar(0.0)
+    bucket_keys, bucket_offsets = _bucket_kernels(family, kernel)
 
     @kernel
     def backward_coef(dy: wp.array2d(dtype=scalar), x: wp.array2d(dtype=scalar), frame: Frame,
@@ -320,30 +321,10 @@ def _backward_shared_coef(family: EdgeFamily, kernel):
     entries fall into chunks."""
     if family.first != 0:
         raise ValueError(f"a shared-table family reads its slots from row 0 (first = 0), got first={family.first}")
-    bucket_keys, bucket_offsets = _shared_bucket_kernels(family, kernel)
+    bucket_keys, bucket_offsets = _bucket_kernels(family, kernel)
     group_walk = _shared_group_walk(family, kernel)
     combine_coef = _shared_group_combine(family, kernel)
     return bucket_keys, bucket_offsets, group_walk, combine_coef
-
-
-def _shared_bucket_kernels(family: EdgeFamily, kernel):
-    scalar, Frame = family.scalar, family.Frame
-    slot_at = edge_values(family).slot_at
-
-    @kernel
-    def bucket_keys(x: wp.array2d(dtype=scalar), frame: Frame, n_buckets: int, keys: wp.array(dtype=wp.int32),
-                    rows: wp.array(dtype=wp.int32)):
-        # entry e = i * N + n; key = bucket (slot + 1, 0 when invalid); the stable sort keeps a bucket's entries
-        # in entry order
-        i, n = wp.tid()
-        e = i * x.shape[0] + n
-        valid, slot = slot_at(frame, n, i, x[n, i])
-        keys[e] = wp.where(valid == 1, slot + 1, 0)
-        rows[e] = e
-
-    bucket_offsets = _bucket_offsets_kernel(kernel)
-
-    return bucket_keys, bucket_offsets
 
 
 @functools.lru_cache(maxsize=None)
