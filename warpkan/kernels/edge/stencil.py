@@ -225,7 +225,7 @@ def _backward_rows(family: EdgeFamily, kernel):
 def combine_rows_kernel(scalar_name: str = "float32") -> wp.Kernel:
     """The fixed-order combine of row-chunked reductions: d_base[i, o] += sum_chunk partial_base[chunk, i, o]
     (when use_base) and d_scaler[i, o] += sum_chunk partial_scaler[chunk, i, o]. One small module per scalar
-    type, shared by every family (and the UKAN pair kernels)."""
+    type, shared by every family."""
     scalar = SCALARS[scalar_name]
     zero = scalar(0.0)
 
