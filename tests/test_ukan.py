@@ -148,7 +148,7 @@ def test_knots_and_group_boundaries(device):
 def test_group_indices_are_floored_for_negative_inputs(device):
     x = torch.tensor([[-0.01], [-1.0], [-1.01], [0.0], [0.99], [1.0]], dtype=torch.float64, device=device)
     # h = 0.25, K = 4: one group per unit interval
-    window, _, feature, group, needed = pairs_of(x)
+    _, window, _, feature, group, needed = pairs_of(x)
     slot = torch.div(window[:, 0], 4, rounding_mode="floor") + 1  # window = (slot - 1) K + r
     groups_of_rows = group[slot.long()].tolist()
     assert groups_of_rows == [-1, -1, -2, 0, 0, 1]
@@ -274,7 +274,7 @@ def test_regularization_loss(device):
     layer(x)
     loss = layer.regularization_loss()
     # by hand: per-edge mean |s C| over the generated coefficients of the feature's touched pairs
-    _, _, feature, group, needed = pairs_of(x)
+    _, _, _, feature, group, needed = pairs_of(x)
     feature, group = feature[: int(needed)], group[: int(needed)]
     table = layer.generate_coefficients(feature, group)
     l1 = torch.stack([table[feature == i].abs().mean(dim=(0, 2)) for i in range(3)], dim=1) * layer.spline_scaler.abs()
@@ -291,9 +291,9 @@ def test_opcheck(device):
     layer = make_layer(3, 4, device)
     x = torch.randn(6, 3, dtype=torch.float64, device=device) * 2
     torch.library.opcheck(tb.ukan_pairs, (x, H, 3, 20))
-    window, local_u, feature, group, _ = pairs_of(x, 20)
+    sorted_elem, window, local_u, feature, group, _ = pairs_of(x, 20)
     table = layer._table(feature, group).detach().requires_grad_()
-    args = (x.clone().requires_grad_(), window, local_u, feature, table,
+    args = (x.clone().requires_grad_(), sorted_elem, window, local_u, feature, table,
             layer.base_weight.t().detach().requires_grad_(), layer.spline_scaler.t().detach().requires_grad_(),
             H, 3, True)
     torch.library.opcheck(tb.ukan_spline, args)
@@ -502,16 +502,41 @@ def test_capacity_overflow_gives_zero_spline_and_is_reported(device):
     layer = make_layer(1, 2, device, base=None)
     x = torch.tensor([[0.1], [1.1], [2.1], [3.1], [4.1]], dtype=torch.float64, device=device)  # 5 groups
     full = pairs_of(x)
-    assert int(full[4]) == 6 and layer.table_overflow(x) == 0
+    assert int(full[5]) == 6 and layer.table_overflow(x) == 0
     small = pairs_of(x, 4)
-    window, local_u, feature, group, needed = small
+    sorted_elem, window, local_u, feature, group, needed = small
     assert int(needed) == 6 and feature.shape == (4,)
     table = layer._table(feature, group)
-    y = tb.ukan_spline(x, window, local_u, feature, table, layer.base_weight.t(), layer.spline_scaler.t(), H, 3,
-                       False)
+    y = tb.ukan_spline(x, sorted_elem, window, local_u, feature, table, layer.base_weight.t(),
+                       layer.spline_scaler.t(), H, 3, False)
     y_ref = reference(layer, x)
     torch.testing.assert_close(y[:3], y_ref[:3], rtol=1e-12, atol=1e-12)  # rows 0..3 fit: groups 0, 1, 2
     assert torch.all(y[3:] == 0)
+
+
+def test_pair_search_order_serves_the_table_gradient(device):
+    """The sparse spline's backward takes the elements in the pair search's sorted order (no sort of its own):
+    the same gradients as the engine's own sort by group, with NaN inputs and pairs past the capacity among
+    them (both invalid, last in that order)."""
+    from warpkan.torch_bridge import ukan_ops
+    from warpkan.torch_bridge.edge_driver import edge_backward
+
+    layer = make_layer(3, 4, device)
+    x = torch.randn(40, 3, dtype=torch.float64, device=device) * 3
+    x[5, 1] = float("nan")
+    sorted_elem, window, local_u, feature, group, needed = pairs_of(x, 24)
+    assert int(needed) > 24  # some pairs past the capacity
+    table = layer._table(feature, group).detach()
+    dy = torch.randn(40, 4, dtype=torch.float64, device=device)
+    base_t, scaler_t = layer.base_weight.t().contiguous(), layer.spline_scaler.t().contiguous()
+    ours = ukan_ops._spline_backward_impl(dy, x, sorted_elem, window, local_u, feature, table, base_t, scaler_t, H,
+                                          3, True, True, True)
+    args = ukan_ops._table_args(x, window, local_u, feature, table, H, 3)
+    sorted_by_engine = edge_backward(*args[:4], dy, x, base_t, scaler_t, args[4], True, True, True, True)
+    for name, a, b in zip(("dx", "d_base", "d_scaler"), ours[:3], sorted_by_engine[:3]):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, equal_nan=True, msg=name)  # the NaN input's row
+    torch.testing.assert_close(ours[3], sorted_by_engine[3][0], rtol=1e-12, atol=1e-12, msg="d_table")
+    assert float(ours[3].abs().max()) > 0
 
 
 def test_default_table_grows_to_the_exact_need(device):
@@ -519,7 +544,7 @@ def test_default_table_grows_to_the_exact_need(device):
     term (the table is sized from the needed row count), matching the per-sample reference."""
     layer = make_layer(1, 2, device)
     x = (torch.arange(700, dtype=torch.float64, device=device) * 2.05 - 700).unsqueeze(1)  # groups 2 apart: 1400 rows
-    assert int(pairs_of(x)[4]) > layer._capacity(x.shape[0])
+    assert int(pairs_of(x)[5]) > layer._capacity(x.shape[0])
     torch.testing.assert_close(layer(x), reference(layer, x), rtol=1e-10, atol=1e-12)
     assert layer.table_overflow() == 0
     with pytest.raises(RuntimeError, match="table_groups"):

@@ -264,7 +264,7 @@ def _pair_mark_kernel(order: int, scalar_name: str):
 
 @functools.lru_cache(maxsize=None)
 def _pair_fill_kernel(order: int, scalar_name: str):
-    """The table rows' (feature, group) and every element's final window code."""
+    """The table rows' (feature, group), the elements in sorted order, and every element's final window code."""
     cfg = _config(order, scalar_name)
     K = cfg.K
     kernel = _kernel_decorator(cfg.module)
@@ -280,6 +280,7 @@ def _pair_fill_kernel(order: int, scalar_name: str):
         row_end: wp.array(dtype=wp.int32),
         sentinel: wp.int64,
         n_rows: int,
+        sorted_elem: wp.array(dtype=wp.int32),
         window: wp.array2d(dtype=wp.int32),
         pair_feature: wp.array(dtype=wp.int32),
         pair_group: wp.array(dtype=wp.int64),
@@ -288,6 +289,7 @@ def _pair_fill_kernel(order: int, scalar_name: str):
         j = wp.tid()
         key = keys[j]
         e = elems[j]
+        sorted_elem[j] = e
         i = e // n_rows
         n = e - i * n_rows
         if j == keys.shape[0] - 1:
@@ -431,6 +433,7 @@ class PairBuffers:
     """Where the touched-pair search leaves its results. Every size is a function of the shapes and the
     capacity; the pair arrays must be zeroed by the caller (padding rows: feature 0, group 0, no elements)."""
 
+    sorted_elem: wp.array  # [N * in] int32: elements e = i * N + n in (feature, group, n) order (NaN last)
     window: wp.array  # [N, in] int32: first table row ([P * K, out] view) of the element's window, coded
     local_u: wp.array  # [N, in] scalar: local coordinate u in [0, 1)
     pair_feature: wp.array  # [capacity] int32
@@ -501,7 +504,7 @@ def launch_pairs(x, grid_delta, order, scratch: dict, out: PairBuffers, stream=N
             variant.pair_fill,
             dim=n_entries,
             inputs=[sorted_keys, elems[:n_entries], rows_needed, row_end, sentinel, n_rows],
-            outputs=[out.window, out.pair_feature, out.pair_group, out.rows_needed],
+            outputs=[out.sorted_elem, out.window, out.pair_feature, out.pair_group, out.rows_needed],
             device=device,
             record_tape=False,
         )
@@ -550,14 +553,14 @@ def launch_backward(dy, x, pairs: PairBuffers, table, base_weight_t, scaler_t, g
                     dx=None, d_base_weight_t=None, d_scaler_t=None, d_table=None, stream=None, workspace=None):
     """Accumulate (+=) the gradients of :func:`launch_forward` into whichever of dx, d_base_weight_t,
     d_scaler_t (these two together) and d_table ([P * K, out]) are given: the engine's atomic-free backward
-    (every gradient bitwise reproducible)."""
+    (every gradient bitwise reproducible), taking the elements in the pair search's sorted order (no sort)."""
     _check_spline_args(x, pairs, table, base_weight_t, scaler_t, order)
     family, frame = table_frame(pairs, grid_delta, order, scalar_name(x))
     n_in = x.shape[1]
     edge_launch.launch_backward(family, frame, dy, x, base_weight_t, scaler_t, shared_table(table, n_in), use_base,
                                 dx=dx, d_base_weight_t=d_base_weight_t, d_scaler_t=d_scaler_t,
                                 d_coef=None if d_table is None else shared_table(d_table, n_in), deterministic=True,
-                                stream=stream, workspace=workspace, tiled=False)
+                                stream=stream, workspace=workspace, tiled=False, entry_order=pairs.sorted_elem)
 
 
 # ---------------------------------------------------------------------- dense-range path

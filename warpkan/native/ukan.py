@@ -123,7 +123,8 @@ class UKANLinear(WarpState):
 
         def touched_pairs(n_pairs):
             pairs = ku.PairBuffers(
-                window=empty((n_rows, n_in), wp.int32), local_u=empty((n_rows, n_in)),
+                sorted_elem=empty((n_rows * n_in,), wp.int32), window=empty((n_rows, n_in), wp.int32),
+                local_u=empty((n_rows, n_in)),
                 pair_feature=wp.zeros(n_pairs, dtype=wp.int32, device=device),
                 pair_group=wp.zeros(n_pairs, dtype=wp.int64, device=device),
                 rows_needed=wp.zeros(1, dtype=wp.int32, device=device),

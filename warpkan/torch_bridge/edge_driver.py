@@ -156,10 +156,11 @@ def grad_buffers(x, base_weight_t, scaler_t, coef, need_x, need_params, zero=Fal
 
 def edge_backward(family, make_frame, frame_tensors: tuple, frame_config: tuple, dy: Tensor, x: Tensor,
                   base_weight_t: Tensor, scaler_t: Tensor, coef: Tensor, use_base: bool, deterministic: bool,
-                  need_x: bool, need_params: bool) -> tuple:
+                  need_x: bool, need_params: bool, entry_order: "Tensor | None" = None) -> tuple:
     """(dx, d_base_weight_t, d_scaler_t, d_coef) of :func:`edge_forward`; those not asked for come back empty.
     The tiled pass (overwriting the gradients: no fill) where its plan applies and the parameter gradients are
-    asked for; else the per-thread kernels into zero-filled buffers."""
+    asked for; else the per-thread kernels into zero-filled buffers. ``entry_order``: see
+    ``kernels.edge.launch.launch_backward`` (shared tables)."""
     n_rows, n_in, n_coef, n_out = x.shape[0], x.shape[1], coef.shape[1], coef.shape[2]
     plan = edge_tiled.backward_plan(family, x.is_cuda, n_coef)
     if (plan is not None and edge_tiled.backward_takes(n_out, need_params, deterministic, need_x, plan.banded)
@@ -182,7 +183,8 @@ def edge_backward(family, make_frame, frame_tensors: tuple, frame_config: tuple,
                          d_base_weight_t=to_warp(d_base) if need_params else None,
                          d_scaler_t=to_warp(d_scaler) if need_params else None,
                          d_coef=to_warp(d_coef) if need_params else None, deterministic=deterministic,
-                         stream=warp_stream(x.device), workspace=TorchWorkspace(x.device), tiled=False)
+                         stream=warp_stream(x.device), workspace=TorchWorkspace(x.device), tiled=False,
+                         entry_order=None if entry_order is None else to_warp(entry_order))
     return dx, d_base, d_scaler, d_coef
 
 

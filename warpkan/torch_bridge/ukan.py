@@ -192,12 +192,12 @@ class UKANLinear(Float32Or64Module):
         if self.table_groups is not None:
             return pairs
         self._refuse_capture()
-        needed = int(pairs[4].item())
+        needed = int(pairs[5].item())
         if needed > capacity:  # grown, rounded up so that similar batches reuse one allocation size
             pairs = ukan_pairs(x2.detach(), self.grid_delta, self.spline_order, -(-needed // 1024) * 1024)
         # the CG-MLP runs on the needed rows only: the rows past them are padding with no elements
-        window, local_u, feature, group, count = pairs
-        return window, local_u, feature[:needed], group[:needed], count
+        sorted_elem, window, local_u, feature, group, count = pairs
+        return sorted_elem, window, local_u, feature[:needed], group[:needed], count
 
     def _fixed_range(self) -> bool:
         """Whether the fixed-size mode takes the dense-range path (else the fixed-capacity sparse one)."""
@@ -233,7 +233,7 @@ class UKANLinear(Float32Or64Module):
                 _, span = group_range(x2, self.grid_delta, self.spline_order)
                 return max(0, int(span.item()) - self.table_groups)
             pairs = self._pairs(x2)
-            needed, capacity = pairs[4], pairs[2].shape[0]
+            needed, capacity = pairs[5], pairs[3].shape[0]
         elif self._last is not None:
             needed, capacity = self._last[2], self._last[0].shape[0]
         elif self._last_range_x is not None:  # dense range: the widest feature's groups past the table's
@@ -298,12 +298,12 @@ class UKANLinear(Float32Or64Module):
             # fixed size, nothing read back: groups past lowest + table_groups - 1 get no spline term
             group_lo, span = group_range(x2.detach(), self.grid_delta, self.spline_order)
             return self._range_forward(x2, group_lo, span, self.table_groups + 1)
-        window, local_u, pair_feature, pair_group, needed = self._pairs(x2)
+        sorted_elem, window, local_u, pair_feature, pair_group, needed = self._pairs(x2)
         table = self._table(pair_feature, pair_group)
         self._last = (pair_feature, table, needed)
         self._last_range_x = None
         return spline_layer(
-            x2, window, local_u, pair_feature, table, self.base_weight, self.spline_scaler, self.grid_delta, self.spline_order, fuses_base(self.base_activation),
+            x2, sorted_elem, window, local_u, pair_feature, table, self.base_weight, self.spline_scaler, self.grid_delta, self.spline_order, fuses_base(self.base_activation),
         )
 
     # ---------------------------------------------------------------- regulariser (paper App. A.2)
@@ -319,7 +319,7 @@ class UKANLinear(Float32Or64Module):
         if x is not None:
             check_tensor("x", x, ndim_min=1, last_dim=self.in_features, dtypes=())
             pairs = self._pairs(x.reshape(-1, self.in_features).to(self.spline_scaler.dtype))
-            pair_feature, table, needed = pairs[2], self._table(pairs[2], pairs[3]), pairs[4]
+            pair_feature, table, needed = pairs[3], self._table(pairs[3], pairs[4]), pairs[5]
         elif self._last is not None:
             pair_feature, table, needed = self._last
         else:

@@ -80,6 +80,7 @@ _PRIMITIVES = _TorchPrimitives()
 def _pair_outputs(x: Tensor, capacity: int, alloc, zeroed) -> tuple:
     n_rows, n_in = x.shape
     return (
+        alloc((n_rows * n_in,), dtype=torch.int32, device=x.device),  # sorted_elem
         alloc((n_rows, n_in), dtype=torch.int32, device=x.device),  # window
         alloc((n_rows, n_in), dtype=x.dtype, device=x.device),  # local_u
         zeroed((capacity,), dtype=torch.int32, device=x.device),  # pair_feature (padding rows: 0)
@@ -90,9 +91,9 @@ def _pair_outputs(x: Tensor, capacity: int, alloc, zeroed) -> tuple:
 
 @torch.library.custom_op("warpkan::ukan_pairs", mutates_args=())
 def ukan_pairs(x: Tensor, grid_delta: float, spline_order: int, capacity: int
-               ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """x [N, in] -> (window [N, in] int32, local_u [N, in], pair_feature [C] int32, pair_group [C] int64,
-    rows_needed [1] int32) for a table of C = capacity rows. See ``warpkan.kernels.ukan``."""
+               ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """x [N, in] -> (sorted_elem [N*in] int32, window [N, in] int32, local_u [N, in], pair_feature [C] int32,
+    pair_group [C] int64, rows_needed [1] int32) for a table of C = capacity rows. See ``warpkan.kernels.ukan``."""
     x = x.contiguous()
     outputs = _pair_outputs(x, capacity, torch.empty, torch.zeros)
     scratch = {
@@ -127,11 +128,12 @@ def _table_frame(window, local_u, pair_feature, h: float, scalar: str):
     return ukan_table_frame_of(window, local_u, pair_feature, h, scalar)
 
 
-def _spline_forward_impl(x: Tensor, window: Tensor, local_u: Tensor, pair_feature: Tensor, table: Tensor,
-                         base_weight_t: Tensor, scaler_t: Tensor, grid_delta: float, spline_order: int,
+def _spline_forward_impl(x: Tensor, sorted_elem: Tensor, window: Tensor, local_u: Tensor, pair_feature: Tensor,
+                         table: Tensor, base_weight_t: Tensor, scaler_t: Tensor, grid_delta: float, spline_order: int,
                          use_base: bool) -> Tensor:
     """y [N, out] from x [N, in], the pairs of ``ukan_pairs(x)`` and table [C * K, out]; base_weight_t /
-    scaler_t [in, out]: the edge engine's kernels on the shared-table UKAN family."""
+    scaler_t [in, out]: the edge engine's kernels on the shared-table UKAN family (``sorted_elem`` serves the
+    backward)."""
     x, window, local_u, pair_feature, table, base_weight_t, scaler_t = (
         t.contiguous() for t in (x, window, local_u, pair_feature, table, base_weight_t, scaler_t))
     family, make_frame, frame_tensors, frame_config, coef = _table_args(x, window, local_u, pair_feature, table,
@@ -143,22 +145,25 @@ ukan_spline = torch.library.custom_op("warpkan::ukan_spline", _spline_forward_im
 
 
 @ukan_spline.register_fake
-def _(x, window, local_u, pair_feature, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base):
+def _(x, sorted_elem, window, local_u, pair_feature, table, base_weight_t, scaler_t, grid_delta, spline_order,
+      use_base):
     return x.new_empty((x.shape[0], scaler_t.shape[1]))
 
 
-def _spline_backward_impl(dy: Tensor, x: Tensor, window: Tensor, local_u: Tensor, pair_feature: Tensor,
-                          table: Tensor, base_weight_t: Tensor, scaler_t: Tensor, grid_delta: float,
-                          spline_order: int, use_base: bool, need_x: bool, need_params: bool
+def _spline_backward_impl(dy: Tensor, x: Tensor, sorted_elem: Tensor, window: Tensor, local_u: Tensor,
+                          pair_feature: Tensor, table: Tensor, base_weight_t: Tensor, scaler_t: Tensor,
+                          grid_delta: float, spline_order: int, use_base: bool, need_x: bool, need_params: bool
                           ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dx, d_base_weight_t, d_scaler_t, d_table); the ones not asked for come back empty. The engine's
-    atomic-free kernels: every gradient bitwise reproducible."""
-    dy, x, window, local_u, pair_feature, table, base_weight_t, scaler_t = (
-        t.contiguous() for t in (dy, x, window, local_u, pair_feature, table, base_weight_t, scaler_t))
+    atomic-free kernels (every gradient bitwise reproducible), taking the elements in the pair search's sorted
+    order."""
+    dy, x, sorted_elem, window, local_u, pair_feature, table, base_weight_t, scaler_t = (
+        t.contiguous() for t in (dy, x, sorted_elem, window, local_u, pair_feature, table, base_weight_t, scaler_t))
     family, make_frame, frame_tensors, frame_config, coef = _table_args(x, window, local_u, pair_feature, table,
                                                                         grid_delta, spline_order)
     dx, d_base, d_scaler, d_coef = edge_backward(family, make_frame, frame_tensors, frame_config, dy, x,
-                                                 base_weight_t, scaler_t, coef, use_base, True, need_x, need_params)
+                                                 base_weight_t, scaler_t, coef, use_base, True, need_x, need_params,
+                                                 entry_order=sorted_elem)
     return dx, d_base, d_scaler, d_coef[0] if need_params else d_coef
 
 
@@ -179,14 +184,15 @@ def _grad_buffers(x, base_weight_t, table, need_x, need_params, alloc):
 
 
 @ukan_spline_backward.register_fake
-def _(dy, x, window, local_u, pair_feature, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base,
-      need_x, need_params):
+def _(dy, x, sorted_elem, window, local_u, pair_feature, table, base_weight_t, scaler_t, grid_delta, spline_order,
+      use_base, need_x, need_params):
     return _grad_buffers(x, base_weight_t, table, need_x, need_params, torch.empty)
 
 
 def _setup_context(ctx, inputs, output):
-    x, window, local_u, pair_feature, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base = inputs
-    ctx.save_for_backward(x, window, local_u, pair_feature, table, base_weight_t, scaler_t)
+    (x, sorted_elem, window, local_u, pair_feature, table, base_weight_t, scaler_t, grid_delta, spline_order,
+     use_base) = inputs
+    ctx.save_for_backward(x, sorted_elem, window, local_u, pair_feature, table, base_weight_t, scaler_t)
     ctx.config = (grid_delta, spline_order, use_base)
     ctx.op_inputs = inputs  # for create_graph=True (_spline_higher)
 
@@ -194,17 +200,17 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dy, backward_op=ukan_spline_backward):
     saved = ctx.saved_tensors
     need_x = ctx.needs_input_grad[0]
-    need_params = any(ctx.needs_input_grad[4:7])
+    need_params = any(ctx.needs_input_grad[5:8])
     if not (need_x or need_params):
-        return (None,) * 10
+        return (None,) * 11
     dx, d_base, d_scaler, d_table = backward_op(dy, *saved, *ctx.config, need_x, need_params)
     use_base = ctx.config[2]
     return (
         dx if need_x else None,
-        None, None, None,
-        d_table if need_params and ctx.needs_input_grad[4] else None,
-        d_base if need_params and use_base and ctx.needs_input_grad[5] else None,
-        d_scaler if need_params and ctx.needs_input_grad[6] else None,
+        None, None, None, None,
+        d_table if need_params and ctx.needs_input_grad[5] else None,
+        d_base if need_params and use_base and ctx.needs_input_grad[6] else None,
+        d_scaler if need_params and ctx.needs_input_grad[7] else None,
         None, None, None,
     )
 
@@ -218,7 +224,7 @@ def _pair_args(x: Tensor, table: Tensor, grid_delta: float, spline_order: int) -
     K = spline_order + 1
     n_in, n_out = x.shape[1], table.shape[1]
     capacity = table.shape[0] // K
-    _, _, pair_feature, pair_group, needed = ukan_pairs(x.detach(), grid_delta, spline_order, capacity)
+    _, _, _, pair_feature, pair_group, needed = ukan_pairs(x.detach(), grid_delta, spline_order, capacity)
     used = min(int(needed.item()), capacity)
     pair_feature, pair_group = pair_feature[:used].long(), pair_group[:used].contiguous()
     count = torch.bincount(pair_feature, minlength=n_in)
@@ -241,11 +247,11 @@ def _pairs_frame(pair_group, first, count, h: float, scalar: str):
 def _spline_higher(ctx, inputs, dy):
     """The pair path's gradients as differentiable graphs, for ``create_graph=True``: the table read per feature
     by the engine's UKAN pairs family (:func:`_pair_args`), as the dense-range path reads its range table."""
-    x, table, base_weight_t, scaler_t = inputs[0], inputs[4], inputs[5], inputs[6]
-    grid_delta, spline_order, use_base = inputs[7:10]
+    x, table, base_weight_t, scaler_t = inputs[0], inputs[5], inputs[6], inputs[7]
+    grid_delta, spline_order, use_base = inputs[8:11]
     args = _pair_args(x, table, grid_delta, spline_order)
     return _spline_higher_outputs(
-        ctx, 10, {4: table, 5: base_weight_t, 6: scaler_t}, 5, use_base,
+        ctx, 11, {5: table, 6: base_weight_t, 7: scaler_t}, 6, use_base,
         lambda wrt: _table_spline_higher_grads(args, dy, x, base_weight_t, scaler_t, use_base,
                                                ctx.needs_input_grad[0], wrt))
 
@@ -257,18 +263,18 @@ ukan_spline.register_autograd(first_order_backward(SPLINE_LABEL, _backward, _spl
 # and spline_scaler taken as UKANLinear exposes them, [out, in]
 _EagerSpline = eager_function("_EagerSpline", _spline_forward_impl, _setup_context,
                               lambda ctx, dy: _backward(ctx, dy, _spline_backward_impl),
-                              {5: TRANSPOSED, 6: TRANSPOSED}, SPLINE_LABEL, prepare=lambda inputs: (
-                                  *inputs[:5], inputs[5].contiguous(), inputs[6].contiguous(), *inputs[7:]),
+                              {6: TRANSPOSED, 7: TRANSPOSED}, SPLINE_LABEL, prepare=lambda inputs: (
+                                  *inputs[:6], inputs[6].contiguous(), inputs[7].contiguous(), *inputs[8:]),
                               higher=_spline_higher)
 
 
-def spline_layer(x: Tensor, window: Tensor, local_u: Tensor, pair_feature: Tensor, table: Tensor,
-                 base_weight: Tensor, spline_scaler: Tensor, grid_delta: float, spline_order: int,
+def spline_layer(x: Tensor, sorted_elem: Tensor, window: Tensor, local_u: Tensor, pair_feature: Tensor,
+                 table: Tensor, base_weight: Tensor, spline_scaler: Tensor, grid_delta: float, spline_order: int,
                  use_base: bool) -> Tensor:
     """:func:`ukan_spline` with base_weight / spline_scaler [out, in] (as UKANLinear exposes them): the
     registered op under tracing, the eager route otherwise."""
-    return op_or_eager(ukan_spline, _EagerSpline, x)(x, window, local_u, pair_feature, table, base_weight,
-                                                  spline_scaler, grid_delta, spline_order, use_base)
+    return op_or_eager(ukan_spline, _EagerSpline, x)(x, sorted_elem, window, local_u, pair_feature, table,
+                                                  base_weight, spline_scaler, grid_delta, spline_order, use_base)
 
 
 # ---------------------------------------------------------------------- dense-range path

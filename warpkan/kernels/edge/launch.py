@@ -72,11 +72,13 @@ def _tiled_backward_plan(family, tiled, x, coef, all_params, deterministic, want
 
 def launch_backward(family: EdgeFamily, frame, dy, x, base_weight_t, scaler_t, coef, use_base: bool = True, dx=None,
                     d_base_weight_t=None, d_scaler_t=None, d_coef=None, deterministic: bool = False, stream=None,
-                    workspace=None, tiled: "bool | None" = None) -> None:
+                    workspace=None, tiled: "bool | None" = None, entry_order=None) -> None:
     """Accumulate (+=) the gradients of :func:`launch_forward` into whichever of dx, d_base_weight_t,
     d_scaler_t, d_coef are given (``d_base_weight_t`` and ``d_scaler_t`` go together). The tiled pass when a
     plan applies and all three parameter gradients are asked for; else the bucketed single pass (not
-    deterministic), or the atomic-free kernels (``deterministic=True``, or a partial request)."""
+    deterministic), or the atomic-free kernels (``deterministic=True``, or a partial request; always for a
+    shared table). ``entry_order`` (shared tables): the entries e = i N + n already grouped by their slot's group,
+    the invalid ones last, which spares the sort."""
     all_params = d_coef is not None and d_base_weight_t is not None and d_scaler_t is not None
     if (d_base_weight_t is None) != (d_scaler_t is None):
         raise ValueError("d_base_weight_t and d_scaler_t must be given together")
@@ -98,7 +100,7 @@ def launch_backward(family: EdgeFamily, frame, dy, x, base_weight_t, scaler_t, c
                                d_base_weight_t, d_scaler_t, d_coef, stream)
             return
         _deterministic_backward(family, frame, ws, dy, x, base_weight_t, scaler_t, coef, use_base, dx,
-                                d_base_weight_t, d_scaler_t, d_coef, stream)
+                                d_base_weight_t, d_scaler_t, d_coef, stream, entry_order)
 
 
 def _bucketed_backward(family, frame, ws, dy, x, base_weight_t, scaler_t, coef, use_base, dx, d_base_weight_t,
@@ -122,7 +124,7 @@ def _bucketed_backward(family, frame, ws, dy, x, base_weight_t, scaler_t, coef, 
 
 
 def _deterministic_backward(family, frame, ws, dy, x, base_weight_t, scaler_t, coef, use_base, dx, d_base_weight_t,
-                            d_scaler_t, d_coef, stream) -> None:
+                            d_scaler_t, d_coef, stream, entry_order=None) -> None:
     kernels = stencil_kernels(family)
     device = x.device
     n_rows, n_in = x.shape
@@ -140,17 +142,23 @@ def _deterministic_backward(family, frame, ws, dy, x, base_weight_t, scaler_t, c
                [partial_base, partial_scaler], device, stream, block_dim=block)
         launch(kernels.combine_rows, (n_in, n_out), [partial_base, partial_scaler, int(use_base)],
                [d_base_weight_t, d_scaler_t], device, stream, block_dim=block)
-    if d_coef is not None:
-        n_buckets = family.n_slots(n_coef) + 1
-        rows, keys = sort_entries(family, frame, ws, x, n_buckets, stream)
-        n_keys = _n_keys(family, n_in, n_buckets)
-        offsets = ws.get("offsets", (n_keys + 1,), wp.int32)
-        launch(kernels.bucket_offsets, n_keys + 1, [keys, n_rows * n_in], [offsets], device, stream, block_dim=block)
-        if family.shared_table:
-            _shared_coef_grad(family, kernels, ws, dy, x, frame, scaler_t, keys, rows, offsets, d_coef, stream)
-            return
-        launch(kernels.backward_coef, n_in * n_coef * n_out, [dy, x, frame, scaler_t, rows, offsets, n_buckets],
-               [d_coef], device, stream, block_dim=block)
+    if d_coef is None:
+        return
+    if family.shared_table:
+        _shared_coef_grad(family, kernels, ws, dy, x, frame, scaler_t, d_coef, entry_order, stream)
+        return
+    n_buckets = family.n_slots(n_coef) + 1
+    rows, keys = sort_entries(family, frame, ws, x, n_buckets, stream)
+    offsets = _offsets(kernels, ws, keys, n_in * n_buckets, n_rows * n_in, device, stream)
+    launch(kernels.backward_coef, n_in * n_coef * n_out, [dy, x, frame, scaler_t, rows, offsets, n_buckets],
+           [d_coef], device, stream, block_dim=block)
+
+
+def _offsets(kernels, ws, keys, n_keys: int, n_entries: int, device, stream):
+    """offsets[k], k <= n_keys: where key k's run starts in the sorted keys."""
+    offsets = ws.get("offsets", (n_keys + 1,), wp.int32)
+    launch(kernels.bucket_offsets, n_keys + 1, [keys, n_entries], [offsets], device, stream, block_dim=_block(device))
+    return offsets
 
 
 _TARGET_SHARED_THREADS = 1 << 18  # parallelism aimed at by a shared table's segmented reduction
@@ -164,27 +172,39 @@ def shared_chunk(n_entries: int, n_out: int) -> int:
     return max(_SHARED_CHUNK[0], min(_SHARED_CHUNK[1], want))
 
 
-def _shared_coef_grad(family, kernels, ws, dy, x, frame, scaler_t, keys, rows, offsets, d_coef, stream) -> None:
+def _shared_coef_grad(family, kernels, ws, dy, x, frame, scaler_t, d_coef, entry_order, stream) -> None:
+    """A shared table's gradient (see ``stencil._backward_shared_coef``): the entries keyed by group (sorted, or
+    in the caller's ``entry_order``), then the walk over chunks of them and the combine."""
     device = x.device
     n_entries = x.shape[0] * x.shape[1]
     n_coef, n_out = d_coef.shape[1], d_coef.shape[2]
     K = family.n_bases
+    n_groups = family.n_slots(n_coef) // K + 1  # keys 0 .. n_groups - 1; n_groups: invalid
+    if entry_order is None:
+        rows, keys = sort_entries(family, frame, ws, x, n_groups, stream)
+    else:
+        keys = ws.get("keys", (n_entries,), wp.int32)
+        rows = ws.get("rows", (n_entries,), wp.int32)
+        launch(kernels.ordered_keys, n_entries, [x, frame, n_groups, entry_order], [keys, rows], device, stream,
+               block_dim=_block(device))
+    offsets = _offsets(kernels, ws, keys, n_groups + 1, n_entries, device, stream)
     chunk = shared_chunk(n_entries, n_out)
     n_chunks = -(-n_entries // chunk)
-    group_sums = ws.get("group_sums", (n_coef // K + 1, 2 * K, n_out), family.scalar)
+    group_sums = ws.get("group_sums", (n_groups, 2 * K, n_out), family.scalar)
     head = ws.get("group_head", (n_chunks, 2 * K, n_out), family.scalar)
     tail = ws.get("group_tail", (n_chunks, 2 * K, n_out), family.scalar)
     block = _block(device)
     launch(kernels.backward_coef, n_chunks * n_out,
-           [dy, x, frame, scaler_t, keys[:n_entries], rows, offsets, chunk], [group_sums, head, tail], device,
+           [dy, x, frame, scaler_t, keys[:n_entries], rows, offsets, chunk, n_groups], [group_sums, head, tail], device,
            stream, block_dim=block)
     launch(kernels.combine_coef, n_coef * n_out, [offsets, chunk, group_sums, head, tail], [d_coef], device, stream,
            block_dim=block)
 
 
 def _n_keys(family: EdgeFamily, n_in: int, n_buckets: int) -> int:
-    """Bucket keys of the entry sort: (input, bucket), or the bucket alone for a shared table."""
-    return n_buckets if family.shared_table else n_in * n_buckets
+    """Keys of the entry sort: (input, bucket), or for a shared table its groups and the invalid key
+    (``n_buckets`` is then the group count)."""
+    return n_buckets + 1 if family.shared_table else n_in * n_buckets
 
 
 def sort_entries(family: EdgeFamily, frame, ws, x, n_buckets: int, stream=None):

@@ -46,6 +46,7 @@ class StencilKernels:
     backward_coef: wp.Kernel
     backward_bucketed: "wp.Kernel | None"  # None for a shared table (its gradient is always gathered)
     combine_coef: "wp.Kernel | None" = None  # a shared table's second pass (see _backward_shared_coef)
+    ordered_keys: "wp.Kernel | None" = None  # a shared table's keys of entries the caller grouped
 
 
 def module_name(family: EdgeFamily) -> str:
@@ -60,9 +61,9 @@ def stencil_kernels(family: EdgeFamily) -> StencilKernels:
     backward_x = _backward_x(family, kernel)
     backward_rows, combine_rows = _backward_rows(family, kernel)
     if family.shared_table:
-        bucket_keys, bucket_offsets, backward_coef, combine_coef = _backward_shared_coef(family, kernel)
+        bucket_keys, bucket_offsets, backward_coef, combine_coef, ordered_keys = _backward_shared_coef(family, kernel)
         return StencilKernels(module, forward, backward_x, backward_rows, combine_rows, bucket_keys, bucket_offsets,
-                              backward_coef, None, combine_coef)
+                              backward_coef, None, combine_coef, ordered_keys)
     bucket_keys, bucket_offsets, backward_coef = _backward_coef(family, kernel)
     backward_bucketed = _backward_bucketed(family, kernel)
     return StencilKernels(module, forward, backward_x, backward_rows, combine_rows, bucket_keys, bucket_offsets,
@@ -246,10 +247,10 @@ def combine_rows_kernel(scalar_name: str = "float32") -> wp.Kernel:
 
 
 def _bucket_kernels(family: EdgeFamily, kernel):
-    """(bucket_keys, bucket_offsets): every (n, i) entry's bucket (slot + 1, 0 when invalid) as a sort key, the
-    input first (i * n_buckets + bucket) unless the family shares one table (the bucket alone: a slot's rows
-    belong to one input); and where each key's run starts in the sorted keys."""
-    scalar, Frame = family.scalar, family.Frame
+    """(bucket_keys, bucket_offsets): every (n, i) entry's sort key, and where each key's run starts in the
+    sorted keys. Per-input tables: i * n_buckets + bucket (slot + 1, 0 when invalid). A shared table: the slot's
+    group slot // K (its rows belong to one input), ``n_buckets`` (the group count, sorting last) when invalid."""
+    scalar, Frame, K = family.scalar, family.Frame, family.n_bases
     slot_at = edge_values(family).slot_at
     shared = family.shared_table
 
@@ -261,12 +262,11 @@ def _bucket_kernels(family: EdgeFamily, kernel):
         i, n = wp.tid()
         e = i * x.shape[0] + n
         valid, slot = slot_at(frame, n, i, x[n, i])
-        bucket = wp.where(valid == 1, slot + 1, 0)
         if wp.static(shared):
-            keys[e] = bucket
+            keys[e] = wp.where(valid == 1, slot // K, n_buckets)
             rows[e] = e
         else:
-            keys[e] = i * n_buckets + bucket
+            keys[e] = i * n_buckets + wp.where(valid == 1, slot + 1, 0)
             rows[e] = n
 
     @kernel
@@ -310,10 +310,9 @@ def _backward_coef(family: EdgeFamily, kernel):
 
 
 def _backward_shared_coef(family: EdgeFamily, kernel):
-    """The coefficient gradient of a shared-table family (first = 0), atomic-free: the (n, i) entries bucketed by
-    slot alone (a slot's rows belong to one input, ``slot_input``) and sorted; then a segmented reduction. Slot s
-    reaches rows s .. s + K - 1, inside the 2K rows [qK, qK + 2K) of its group q = s // K, and the sorted entries
-    of a group are consecutive. One thread per (chunk of sorted entries, output) walks its chunk once (one basis
+    """The coefficient gradient of a shared-table family (first = 0), atomic-free: the (n, i) entries keyed by
+    the group q = s // K of their slot s (slot s reaches rows s .. s + K - 1, inside the 2K rows [qK, qK + 2K)),
+    sorted, or taken in an order the caller already grouped them in; then a segmented reduction. One thread per (chunk of sorted entries, output) walks its chunk once (one basis
     per entry and output) summing ``s[i, o] dy[n, o] b_m`` into the 2K-window of the current group; a group wholly
     inside the chunk is written to ``group_sums[q]``, the part of one cut by a chunk boundary to the chunk's
     ``head`` (it began earlier) or ``tail`` (it goes on). The second pass adds, per (row, output), the windows of
@@ -324,7 +323,27 @@ def _backward_shared_coef(family: EdgeFamily, kernel):
     bucket_keys, bucket_offsets = _bucket_kernels(family, kernel)
     group_walk = _shared_group_walk(family, kernel)
     combine_coef = _shared_group_combine(family, kernel)
-    return bucket_keys, bucket_offsets, group_walk, combine_coef
+    return bucket_keys, bucket_offsets, group_walk, combine_coef, _shared_ordered_keys(family, kernel)
+
+
+def _shared_ordered_keys(family: EdgeFamily, kernel):
+    """The keys of entries already grouped by the caller (``order``: entry indices e = i N + n with
+    nondecreasing groups, the invalid ones last; UKAN's pair search sorts them so): no sort needed."""
+    scalar, Frame, K = family.scalar, family.Frame, family.n_bases
+    slot_at = edge_values(family).slot_at
+
+    @kernel
+    def ordered_keys(x: wp.array2d(dtype=scalar), frame: Frame, n_groups: int, order: wp.array(dtype=wp.int32),
+                     keys: wp.array(dtype=wp.int32), rows: wp.array(dtype=wp.int32)):
+        j = wp.tid()
+        e = order[j]
+        i = e // x.shape[0]
+        n = e - i * x.shape[0]
+        valid, slot = slot_at(frame, n, i, x[n, i])
+        keys[j] = wp.where(valid == 1, slot // K, n_groups)
+        rows[j] = e
+
+    return ordered_keys
 
 
 @functools.lru_cache(maxsize=None)
@@ -335,9 +354,8 @@ def _shared_group_funcs(family: EdgeFamily):
 
     @wp.func
     def group_range(offsets: wp.array(dtype=wp.int32), q: int):
-        """[lo, hi): the sorted entries of group q (keys q K + 1 .. q K + K)."""
-        last = offsets.shape[0] - 1
-        return offsets[wp.min(q * K + 1, last)], offsets[wp.min(q * K + K + 1, last)]
+        """[lo, hi): the sorted entries of group q."""
+        return offsets[q], offsets[q + 1]
 
     @wp.func
     def store(dest: wp.array3d(dtype=scalar), at: int, o: int, acc: vec2K):
@@ -378,7 +396,7 @@ def _shared_group_walk(family: EdgeFamily, kernel):
     def backward_coef(dy: wp.array2d(dtype=scalar), x: wp.array2d(dtype=scalar), frame: Frame,
                       scaler_t: wp.array2d(dtype=scalar), sorted_keys: wp.array(dtype=wp.int32),
                       rows: wp.array(dtype=wp.int32), offsets: wp.array(dtype=wp.int32), chunk_size: int,
-                      group_sums: wp.array3d(dtype=scalar), head: wp.array3d(dtype=scalar),
+                      n_groups: int, group_sums: wp.array3d(dtype=scalar), head: wp.array3d(dtype=scalar),
                       tail: wp.array3d(dtype=scalar)):
         tid = wp.tid()
         n_out = dy.shape[1]
@@ -391,12 +409,10 @@ def _shared_group_walk(family: EdgeFamily, kernel):
         acc = vec2K()
         for e in range(start, stop + 1):
             q = int(-1)
-            slot = int(0)
             if e < stop:
                 key = sorted_keys[e]
-                if key > 0:
-                    slot = key - 1
-                    q = slot // K
+                if key < n_groups:  # n_groups: an invalid entry
+                    q = key
             if q != current:  # flush the finished group
                 if current >= 0:
                     lo, hi = group_range(offsets, current)
@@ -412,7 +428,7 @@ def _shared_group_walk(family: EdgeFamily, kernel):
                 entry = rows[e]
                 i = entry // n_rows
                 n = entry - i * n_rows
-                valid, s_, b = bases_at(frame, n, i, x[n, i])
+                valid, slot, b = bases_at(frame, n, i, x[n, i])
                 g = scaler_t[slot_input(frame, slot), o] * dy[n, o]
                 r = slot - q * K
                 for m in range(K):
