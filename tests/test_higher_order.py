@@ -568,7 +568,7 @@ def test_ukan_pairs_overflow_drops_the_same_terms_at_every_order(device):
     layer.dense_max_coefficients = 0
     x = _x(700, 3, device, lo=-1.5, hi=1.5)
     u = layer(x)
-    pair_feature, table, needed = layer._last
+    pair_feature, pair_group, needed = layer._last
     assert int(needed) > pair_feature.shape[0]  # overflowed
     (first_order,) = torch.autograd.grad(u.sum(), x, retain_graph=True)
     (u_x,) = torch.autograd.grad(u.sum(), x, create_graph=True)

@@ -552,6 +552,39 @@ def test_default_table_grows_to_the_exact_need(device):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")
+def test_sparse_path_step_captures_after_eager_steps():
+    """A training step on the sparse pair path captured after eager steps on the default stream (the layer
+    keeps nothing of a step's autograd graph for the next one, which would otherwise be freed inside the
+    capture), replayed on new data: the gradients of the same step run eagerly."""
+    from warpkan.torch_bridge import capture_step
+
+    torch.manual_seed(0)
+    layer = UKANLinear(6, 5, grid_delta=0.25, device="cuda", table_groups=64)
+    layer.dense_max_coefficients = 0
+    x = (torch.randn(97, 6, device="cuda") * 2).requires_grad_()
+
+    def step():
+        layer.zero_grad(set_to_none=False)
+        x.grad = None
+        y = layer(x)
+        y.square().sum().backward()
+        return y
+
+    for _ in range(3):
+        step()
+    assert layer._last is not None  # the pair path
+    replay = capture_step(step)
+    x.data.copy_(torch.randn_like(x) * 3)
+    y = replay()
+    torch.cuda.synchronize()
+    grads = [p.grad.clone() for p in layer.parameters()]
+    y_eager = step()
+    torch.testing.assert_close(y, y_eager, rtol=1e-6, atol=1e-6)
+    for got, p in zip(grads, layer.parameters()):
+        torch.testing.assert_close(got, p.grad, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")
 def test_cuda_graph_capture():
     # nothing is read back to the host, so forward and backward capture; the replay recomputes the
     # touched pairs of the new data

@@ -143,7 +143,10 @@ class UKANLinear(Float32Or64Module):
         # the kernels read the table as [P, K, out]: cg_out's rows (o, m) taken in (m, o) order
         order_km = torch.arange(out_features * K, device=device).view(out_features, K).t().reshape(-1)
         self.register_buffer("_rows_km", order_km, persistent=False)
-        self._last = None  # (pair_feature, table [P, K, out], rows_needed) of the last sparse-path forward
+        # (pair_feature, pair_group, rows_needed) of the last sparse-path forward: no autograd graph, so the step's
+        # table and CG-MLP activations go with its backward (regularization_loss recomputes the table), and none
+        # of an earlier step's is freed inside a later one (a CUDA-graph capture after eager steps)
+        self._last = None
         self._last_range_x = None  # the input of the last dense-range forward
         self._last_range_span = None  # and the most groups one of its features spanned ([1] device tensor)
         self.dense_max_coefficients = DENSE_MAX_COEFFICIENTS
@@ -300,7 +303,7 @@ class UKANLinear(Float32Or64Module):
             return self._range_forward(x2, group_lo, span, self.table_groups + 1)
         sorted_elem, window, local_u, pair_feature, pair_group, needed = self._pairs(x2)
         table = self._table(pair_feature, pair_group)
-        self._last = (pair_feature, table, needed)
+        self._last = (pair_feature, pair_group, needed)
         self._last_range_x = None
         return spline_layer(
             x2, sorted_elem, window, local_u, pair_feature, table, self.base_weight, self.spline_scaler, self.grid_delta, self.spline_order, fuses_base(self.base_activation),
@@ -321,7 +324,8 @@ class UKANLinear(Float32Or64Module):
             pairs = self._pairs(x.reshape(-1, self.in_features).to(self.spline_scaler.dtype))
             pair_feature, table, needed = pairs[3], self._table(pairs[3], pairs[4]), pairs[5]
         elif self._last is not None:
-            pair_feature, table, needed = self._last
+            pair_feature, pair_group, needed = self._last
+            table = self._table(pair_feature, pair_group)
         else:
             raise RuntimeError("regularization_loss needs a forward pass first, or pass x")
         K = self.spline_order + 1
