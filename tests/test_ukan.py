@@ -552,7 +552,7 @@ def test_default_table_grows_to_the_exact_need(device):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")
-def test_sparse_path_step_captures_after_eager_steps():
+def test_cuda_graph_capture_of_a_sparse_step_after_eager_steps():
     """A training step on the sparse pair path captured after eager steps on the default stream (the layer
     keeps nothing of a step's autograd graph for the next one, which would otherwise be freed inside the
     capture), replayed on new data: the gradients of the same step run eagerly."""
