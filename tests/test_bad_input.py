@@ -411,7 +411,7 @@ def test_native_bad_input_names_x(name, case):
 
 @pytest.mark.skipif(not wp.is_cuda_available(), reason="needs a CUDA device besides the CPU")
 @pytest.mark.parametrize("name", NATIVE_NAMES)
-def test_native_wrong_device(name):
+def test_native_layer_refuses_cuda_input_on_cpu(name):
     layer = _native_layer(name)
     with pytest.raises(ValueError, match="x must be on the layer's device cpu"):
         layer(wp.zeros((2, 4), dtype=wp.float64, device="cuda"))
