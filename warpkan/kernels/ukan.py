@@ -51,8 +51,8 @@ capture and ``torch.compile`` with static shapes.
    window and local coordinate from the pair pass, and the one table ``[capacity K, out]`` is the engine's
    coefficient table of every input (a zero input stride; :func:`shared_table`). The backward is the engine's
    atomic-free one (every gradient bitwise reproducible, no separate non-deterministic mode): dx one warp per
-   row, d base weight / d scaler by row chunks and a fixed-order combine, and d table gathered per (table row,
-   output) from the elements bucketed by window, each window's rows belonging to one feature.
+   row, d base weight / d scaler by row chunks and a fixed-order combine, and d table by a segmented reduction
+   over the elements in the pair search's sorted order (grouped by table row, no second sort).
 """
 
 import functools
@@ -206,7 +206,7 @@ def _pair_keys_kernel(order: int, scalar_name: str):
     scalar = cfg.scalar
     kernel = _kernel_decorator(cfg.module)
     locate = ukan_locate_func(order, scalar_name)  # (x, h) -> (valid, g, r, u, sloped): the edge family's
-    encode_window = window_codec(scalar_name)[0]
+    encode_window = window_codec()[0]
     stride = wp.int64(_FEATURE_STRIDE)
     bias = wp.int64(_GROUP_BIAS)
 
@@ -268,7 +268,7 @@ def _pair_fill_kernel(order: int, scalar_name: str):
     cfg = _config(order, scalar_name)
     K = cfg.K
     kernel = _kernel_decorator(cfg.module)
-    encode_window, decode_window = window_codec(scalar_name)
+    encode_window, decode_window = window_codec()
     stride = wp.int64(_FEATURE_STRIDE)
     bias = wp.int64(_GROUP_BIAS)
 
@@ -401,8 +401,7 @@ def _range_finalize_kernel(order: int, scalar_name: str):
 
 @functools.lru_cache(maxsize=None)
 def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
-    """Build (lazily) the kernels of one (spline order, scalar type); they share one Warp module (the
-    block-reduction dx kernel has a module of its own: Warp compiles a module per block size)."""
+    """Build (lazily) the kernels of one (spline order, scalar type); they share one Warp module."""
     cfg = _config(order, scalar_name)
     combination = (order, scalar_name)
     return UKANVariant(
@@ -529,13 +528,22 @@ def _check_spline_args(x, pairs, table, base_weight_t, scaler_t, order):
     n_rows, n_in = x.shape
     n_out = scaler_t.shape[1]
     K = order + 1
-    if table.ndim != 2 or table.shape[1] != n_out or table.shape[0] % K or table.shape[0] // K != pairs.pair_feature.shape[0]:
-        raise ValueError(f"table must have shape [{pairs.pair_feature.shape[0]} * {K}, {n_out}] (the pair capacity "
-                         f"times {K}), got {tuple(table.shape)}")
-    for name, arr, shape in (("window", pairs.window, (n_rows, n_in)), ("local_u", pairs.local_u, (n_rows, n_in)),
-                             ("base_weight_t", base_weight_t, (n_in, n_out))):
-        if tuple(arr.shape) != shape:
-            raise ValueError(f"{name} must have shape {shape}, got {tuple(arr.shape)}")
+    capacity = pairs.pair_feature.shape[0]
+    if table.ndim != 2 or tuple(table.shape) != (capacity * K, n_out):
+        raise ValueError(f"table must have shape [{capacity} * {K}, {n_out}] (the pair capacity times {K}), got "
+                         f"{tuple(table.shape)}")
+    expected = {"window": (n_rows, n_in), "local_u": (n_rows, n_in), "base_weight_t": (n_in, n_out),
+                "scaler_t": (n_in, n_out)}
+    arrays = (("window", pairs.window), ("local_u", pairs.local_u), ("table", table),
+              ("base_weight_t", base_weight_t), ("scaler_t", scaler_t))
+    for name, arr in arrays:
+        if name in expected and tuple(arr.shape) != expected[name]:
+            raise ValueError(f"{name} must have shape {expected[name]}, got {tuple(arr.shape)}")
+        if arr.device != x.device:
+            raise ValueError(f"{name} must be on the device of x ({x.device}), got {arr.device}")
+        want = wp.int32 if name == "window" else x.dtype
+        if arr.dtype != want:
+            raise TypeError(f"{name} must have dtype {wp.types.type_repr(want)}, got {wp.types.type_repr(arr.dtype)}")
 
 
 def launch_forward(x, pairs: PairBuffers, table, base_weight_t, scaler_t, y, grid_delta, order, use_base=True,
