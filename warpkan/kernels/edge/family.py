@@ -14,8 +14,9 @@ Every edge family computes ``y[n, o] = sum_i sum_m B_m(x[n, i]) C[i, slot(x[n, i
 
 A family may share one coefficient table among all its inputs (``slot_input``: UKAN's touched-pair table,
 whose rows are sorted by input): the kernels then see it as ``coef`` [in, n_coef, out] with a zero input stride,
-each input's slots reaching only rows of its own, and the coefficient gradient is gathered per row of the one
-table (:mod:`.stencil`; the tiled and dense-basis kernels do not take such a family).
+each input's slots reaching only rows of its own, and the coefficient gradient is a segmented reduction over the
+entries grouped by their slot's rows (:mod:`.stencil`; the tiled and dense-basis kernels do not take such a
+family).
 
 The kernels never see anything else of a family: they form ``dB/dx = du_dx db/du`` and ``d2B/dx2 =
 du_dx^2 d2b/du2 + d2u_dx2 db/du`` themselves (:func:`basis_dx`, :func:`basis_dx2`).

@@ -113,13 +113,18 @@ def _ukan_family(order: int, scalar_name: str) -> EdgeFamily:
                       basis_du2, basis_du3=basis_du3, u_dx3=linear_u_dx3(scalar_name))
 
 
-@functools.lru_cache(maxsize=None)
-def ukan_family(order: int, scalar_name: str = "float32") -> EdgeFamily:
-    """The UKAN edge family of one (order, scalar type)."""
+def _check_key(order: int, scalar_name: str) -> None:
+    """A UKAN family's compile key, checked: ValueError / TypeError naming the bad argument."""
     if not 1 <= order <= MAX_SPLINE_ORDER:
         raise ValueError(f"spline_order must be in [1, {MAX_SPLINE_ORDER}], got {order}")
     if scalar_name not in SCALARS:
         raise TypeError(f"scalar type must be one of {sorted(SCALARS)}, got {scalar_name}")
+
+
+@functools.lru_cache(maxsize=None)
+def ukan_family(order: int, scalar_name: str = "float32") -> EdgeFamily:
+    """The UKAN edge family of one (order, scalar type)."""
+    _check_key(order, scalar_name)
     return _ukan_family(order, scalar_name)
 
 
@@ -136,8 +141,8 @@ def ukan_frame_of(group_lo: "wp.array", h: float, n_groups: int, scalar_name: st
 # The sparse path's table holds the touched (feature, group) pairs, sorted by feature then group, K rows a pair.
 # Read per feature (pair t of feature i is its row first[i] + t, padded to the longest feature's count), the
 # cell's window is the K rows from (t of group g - 1) K + r: the slot. locate finds t by a binary search of the
-# feature's groups. (The sparse path's own kernels have each element's window from the sort instead; the
-# engine's dense-basis kernels, and so create_graph=True, read the table through this family.)
+# feature's groups. The engine's dense-basis kernels, and so create_graph=True, read the table through this
+# family; the first-order layer reads it shared (ukan_table, below), each element's window from the sort.
 
 @functools.lru_cache(maxsize=None)
 def ukan_pairs_frame(scalar_name: str):
@@ -190,10 +195,7 @@ def _ukan_pairs_family(order: int, scalar_name: str) -> EdgeFamily:
 @functools.lru_cache(maxsize=None)
 def ukan_pairs_family(order: int, scalar_name: str = "float32") -> EdgeFamily:
     """The UKAN edge family of the touched-pair table, per feature, of one (order, scalar type)."""
-    if not 1 <= order <= MAX_SPLINE_ORDER:
-        raise ValueError(f"spline_order must be in [1, {MAX_SPLINE_ORDER}], got {order}")
-    if scalar_name not in SCALARS:
-        raise TypeError(f"scalar type must be one of {sorted(SCALARS)}, got {scalar_name}")
+    _check_key(order, scalar_name)
     return _ukan_pairs_family(order, scalar_name)
 
 
@@ -214,7 +216,7 @@ def ukan_pairs_frame_of(pair_group: "wp.array", first: "wp.array", count: "wp.ar
 # those of C_{g-1} and C_g, belong to the input of the row of C_g: slot // K + 1.
 
 @functools.lru_cache(maxsize=None)
-def window_codec(scalar_name: str = "float32"):
+def window_codec():
     """(encode_window, decode_window): an element's window code, as the pair pass writes it. w >= 0 a window
     start; -1 no spline term (NaN, a pair past the table's capacity); w <= -2 the window -2 - w of an input
     clamped to the cell limit (zero spline derivative)."""
@@ -255,7 +257,7 @@ def _ukan_table_family(order: int, scalar_name: str) -> EdgeFamily:
     scalar = SCALARS[scalar_name]
     K = order + 1
     Frame = ukan_table_frame(scalar_name)
-    decode_window = window_codec(scalar_name)[1]
+    decode_window = window_codec()[1]
     basis, basis_du, basis_du2, basis_du3 = uniform_frame_basis(Frame, order, scalar_name)
     zero = scalar(0.0)
 
@@ -281,10 +283,7 @@ def _ukan_table_family(order: int, scalar_name: str) -> EdgeFamily:
 @functools.lru_cache(maxsize=None)
 def ukan_table_family(order: int, scalar_name: str = "float32") -> EdgeFamily:
     """The UKAN edge family of the shared touched-pair table, of one (order, scalar type)."""
-    if not 1 <= order <= MAX_SPLINE_ORDER:
-        raise ValueError(f"spline_order must be in [1, {MAX_SPLINE_ORDER}], got {order}")
-    if scalar_name not in SCALARS:
-        raise TypeError(f"scalar type must be one of {sorted(SCALARS)}, got {scalar_name}")
+    _check_key(order, scalar_name)
     return _ukan_table_family(order, scalar_name)
 
 
