@@ -208,9 +208,9 @@ def _n_keys(family: EdgeFamily, n_in: int, n_buckets: int) -> int:
 
 
 def sort_entries(family: EdgeFamily, frame, ws, x, n_buckets: int, stream=None):
-    """Sort the (n, i) entries by key i * n_buckets + bucket (the bucket alone for a shared table): returns
-    (rows, sorted_keys), rows[e] being the row of the e-th entry in key order. The sort is stable, so rows stay
-    ascending inside a bucket and the grouping is the same on every run."""
+    """Sort the (n, i) entries by key i * n_buckets + bucket (for a shared table, the slot's group, n_buckets
+    being the group count): returns (rows, sorted_keys), rows[e] being the row (shared table: the entry) of the
+    e-th entry in key order. The sort is stable, so the order inside a key is the same on every run."""
     n_rows, n_in = x.shape
     n_keys = _n_keys(family, n_in, n_buckets)
     n_entries = n_rows * n_in

@@ -43,8 +43,8 @@ class StencilKernels:
     combine_rows: wp.Kernel
     bucket_keys: wp.Kernel
     bucket_offsets: wp.Kernel
-    backward_coef: wp.Kernel
-    backward_bucketed: "wp.Kernel | None"  # None for a shared table (its gradient is always gathered)
+    backward_coef: wp.Kernel  # per-input tables: the gather; a shared table: the group walk
+    backward_bucketed: "wp.Kernel | None"  # None for a shared table (its gradient is the atomic-free walk)
     combine_coef: "wp.Kernel | None" = None  # a shared table's second pass (see _backward_shared_coef)
     ordered_keys: "wp.Kernel | None" = None  # a shared table's keys of entries the caller grouped
 
@@ -250,9 +250,10 @@ def _bucket_kernels(family: EdgeFamily, kernel):
     """(bucket_keys, bucket_offsets): every (n, i) entry's sort key, and where each key's run starts in the
     sorted keys. Per-input tables: i * n_buckets + bucket (slot + 1, 0 when invalid). A shared table: the slot's
     group slot // K (its rows belong to one input), ``n_buckets`` (the group count, sorting last) when invalid."""
-    scalar, Frame, K = family.scalar, family.Frame, family.n_bases
+    scalar, Frame = family.scalar, family.Frame
     slot_at = edge_values(family).slot_at
     shared = family.shared_table
+    group_key = _shared_group_key(family) if shared else None
 
     @kernel
     def bucket_keys(x: wp.array2d(dtype=scalar), frame: Frame, n_buckets: int, keys: wp.array(dtype=wp.int32),
@@ -261,11 +262,11 @@ def _bucket_kernels(family: EdgeFamily, kernel):
         # (its input is in the key), or the entry itself for a shared table
         i, n = wp.tid()
         e = i * x.shape[0] + n
-        valid, slot = slot_at(frame, n, i, x[n, i])
         if wp.static(shared):
-            keys[e] = wp.where(valid == 1, slot // K, n_buckets)
+            keys[e] = group_key(frame, n, i, x[n, i], n_buckets)
             rows[e] = e
         else:
+            valid, slot = slot_at(frame, n, i, x[n, i])
             keys[e] = i * n_buckets + wp.where(valid == 1, slot + 1, 0)
             rows[e] = n
 
@@ -312,12 +313,12 @@ def _backward_coef(family: EdgeFamily, kernel):
 def _backward_shared_coef(family: EdgeFamily, kernel):
     """The coefficient gradient of a shared-table family (first = 0), atomic-free: the (n, i) entries keyed by
     the group q = s // K of their slot s (slot s reaches rows s .. s + K - 1, inside the 2K rows [qK, qK + 2K)),
-    sorted, or taken in an order the caller already grouped them in; then a segmented reduction. One thread per (chunk of sorted entries, output) walks its chunk once (one basis
-    per entry and output) summing ``s[i, o] dy[n, o] b_m`` into the 2K-window of the current group; a group wholly
-    inside the chunk is written to ``group_sums[q]``, the part of one cut by a chunk boundary to the chunk's
-    ``head`` (it began earlier) or ``tail`` (it goes on). The second pass adds, per (row, output), the windows of
-    the row's two groups, each from its own entry or its chunk parts in chunk order: a fixed order, however the
-    entries fall into chunks."""
+    sorted, or taken in an order the caller already grouped them in; then a segmented reduction. One thread per
+    (chunk of sorted entries, output) walks its chunk once (one basis per entry and output) summing
+    ``s[i, o] dy[n, o] b_m`` into the 2K-window of the current group; a group wholly inside the chunk is written
+    to ``group_sums[q]``, the part of one cut by a chunk boundary to the chunk's ``head`` (it began earlier) or
+    ``tail`` (it goes on). The second pass adds, per (row, output), the windows of the row's two groups, each
+    from its own entry or its chunk parts in chunk order: a fixed order, however the entries fall into chunks."""
     if family.first != 0:
         raise ValueError(f"a shared-table family reads its slots from row 0 (first = 0), got first={family.first}")
     bucket_keys, bucket_offsets = _bucket_kernels(family, kernel)
@@ -326,11 +327,26 @@ def _backward_shared_coef(family: EdgeFamily, kernel):
     return bucket_keys, bucket_offsets, group_walk, combine_coef, _shared_ordered_keys(family, kernel)
 
 
+@functools.lru_cache(maxsize=None)
+def _shared_group_key(family: EdgeFamily):
+    """``@wp.func (frame, n, i, x, n_groups) -> key`` of a shared table's entry: its slot's group slot // K, or
+    n_groups (sorting last) when it has no spline term."""
+    scalar, Frame, K = family.scalar, family.Frame, family.n_bases
+    slot_at = edge_values(family).slot_at
+
+    @wp.func
+    def group_key(frame: Frame, n: int, i: int, x: scalar, n_groups: int):
+        valid, slot = slot_at(frame, n, i, x)
+        return wp.where(valid == 1, slot // K, n_groups)
+
+    return group_key
+
+
 def _shared_ordered_keys(family: EdgeFamily, kernel):
     """The keys of entries already grouped by the caller (``order``: entry indices e = i N + n with
     nondecreasing groups, the invalid ones last; UKAN's pair search sorts them so): no sort needed."""
-    scalar, Frame, K = family.scalar, family.Frame, family.n_bases
-    slot_at = edge_values(family).slot_at
+    scalar, Frame = family.scalar, family.Frame
+    group_key = _shared_group_key(family)
 
     @kernel
     def ordered_keys(x: wp.array2d(dtype=scalar), frame: Frame, n_groups: int, order: wp.array(dtype=wp.int32),
@@ -339,8 +355,7 @@ def _shared_ordered_keys(family: EdgeFamily, kernel):
         e = order[j]
         i = e // x.shape[0]
         n = e - i * x.shape[0]
-        valid, slot = slot_at(frame, n, i, x[n, i])
-        keys[j] = wp.where(valid == 1, slot // K, n_groups)
+        keys[j] = group_key(frame, n, i, x[n, i], n_groups)
         rows[j] = e
 
     return ordered_keys
