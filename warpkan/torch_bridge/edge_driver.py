@@ -521,22 +521,11 @@ def _registered_setup(n_leading: int):
 
 def _registered_backward(grads):
     def backward(ctx, grad):
-        view = _RegisteredCtx(ctx)
-        return *grads(view, grad), [None] * (len(ctx.saved_tensors) - ctx.n_leading), None, None
+        frame_tensors = ctx.saved_tensors[ctx.n_leading:]
+        ctx.spec = spec_of(ctx.static_key, frame_tensors)  # what the shared formulas read
+        return *grads(ctx, grad), [None] * len(frame_tensors), None, None
 
     return backward
-
-
-class _RegisteredCtx:
-    """A registered piece's ctx as the shared formulas read it (``spec`` rebuilt from the saved frame
-    tensors); everything else is the ctx's own."""
-
-    def __init__(self, ctx):
-        self._ctx = ctx
-        self.spec = spec_of(ctx.static_key, ctx.saved_tensors[ctx.n_leading:])
-
-    def __getattr__(self, name):
-        return getattr(self._ctx, name)
 
 
 edge_dense_basis.register_autograd(_registered_backward(_dense_basis_grads), setup_context=_registered_setup(2))

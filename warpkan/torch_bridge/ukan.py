@@ -306,7 +306,8 @@ class UKANLinear(Float32Or64Module):
         self._last = (pair_feature, pair_group, needed)
         self._last_range_x = None
         return spline_layer(
-            x2, sorted_elem, window, local_u, pair_feature, table, self.base_weight, self.spline_scaler, self.grid_delta, self.spline_order, fuses_base(self.base_activation),
+            x2, sorted_elem, window, local_u, pair_feature, table, self.base_weight, self.spline_scaler,
+            self.grid_delta, self.spline_order, fuses_base(self.base_activation),
         )
 
     # ---------------------------------------------------------------- regulariser (paper App. A.2)
