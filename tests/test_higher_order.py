@@ -48,13 +48,15 @@ def _derivatives(f, x):
 
 
 @pytest.mark.parametrize("strategy", ["stencil", "gemm"])
-@pytest.mark.parametrize("uniform,use_base,deterministic,order", [
-    (True, True, False, 3), (False, True, True, 3), (True, False, False, 2), (False, False, False, 5),
-    (True, True, True, 1),
+@pytest.mark.parametrize("uniform,use_base,deterministic,order,grid_size", [
+    (True, True, False, 3, 7), (False, True, True, 3, 7), (True, False, False, 2, 7), (False, False, False, 5, 7),
+    (True, True, True, 1, 7),
+    # fine grids: windows far from most of an input's coefficient rows
+    (True, True, False, 3, 40), (False, False, False, 2, 45),
 ])
 def test_kan_second_derivatives_and_their_parameter_gradients(device, strategy, uniform, use_base, deterministic,
-                                                               order):
-    n_in, n_out, grid_size = 3, 4, 7
+                                                               order, grid_size):
+    n_in, n_out = 3, 4
     grid = _grid(n_in, grid_size, order, perturb=0.0 if uniform else 0.4).to(device)
     base_weight, spline_weight, spline_scaler = _params(n_out, n_in, grid_size + order, device)
     params = [spline_weight, spline_scaler] + ([base_weight] if use_base else [])

@@ -16,6 +16,7 @@ __all__ = ["launch_forward", "launch_backward", "row_chunks", "take_tiled_forwar
            "launch_contract_basis_grad", "launch_combine_weights", "launch_split_param_grads", "sort_entries"]
 
 _TARGET_PARTIAL_THREADS = 1 << 19  # parallelism aimed at by the row-chunked reductions
+_TARGET_DX_WARPS = 1 << 15  # and by the x-gradient: about 4 waves of resident warps on 132 SMs x 64 warps
 
 
 def _block(device) -> int:
@@ -55,6 +56,13 @@ def row_chunks(n_rows: int, n_in: int, n_out: int) -> tuple[int, int]:
     """(n_chunks, rows_per_chunk) of the base-weight / scaler row reductions: one thread per (input, output)
     a chunk, about 2^19 threads, at least 32 rows a chunk (a function of the shapes alone: deterministic)."""
     return runtime_row_chunks(n_rows, n_in * n_out, _TARGET_PARTIAL_THREADS, 32)
+
+
+def dx_inputs_per_item(n_rows: int, n_in: int) -> int:
+    """Inputs per warp of the stencil x-gradient: a row's inputs split into runs (independent sums, so the
+    result does not change) until about ``_TARGET_DX_WARPS`` warps share the work."""
+    runs = max(1, min(n_in, -(-_TARGET_DX_WARPS // max(n_rows, 1))))
+    return -(-n_in // runs)
 
 
 def _tiled_backward_plan(family, tiled, x, coef, all_params, deterministic, want_dx) -> bool:
@@ -132,7 +140,10 @@ def _deterministic_backward(family, frame, ws, dy, x, base_weight_t, scaler_t, c
     block = _block(device)
     if dx is not None:
         lanes = ROW_LANES if device.is_cuda else 1
-        launch(kernels.backward_x, (n_rows, lanes), [dy, x, frame, base_weight_t, scaler_t, coef, int(use_base), lanes],
+        inputs_per_item = dx_inputs_per_item(n_rows, n_in)
+        n_items = n_rows * -(-n_in // inputs_per_item)
+        launch(kernels.backward_x, (n_items, lanes),
+               [dy, x, frame, base_weight_t, scaler_t, coef, int(use_base), lanes, inputs_per_item],
                [dx], device, stream, block_dim=block)
     if d_base_weight_t is not None:
         n_chunks, rows_per_chunk = row_chunks(n_rows, n_in, n_out)

@@ -5,7 +5,8 @@ Layout (the innermost index is the one consecutive threads walk, so it is the co
 
 - forward: one thread per (``FORWARD_ROWS`` rows, ``OUT_TILE`` outputs); the bases of (n, i) are evaluated once
   per 4 outputs, the rows' load chains (x -> slot -> C) are independent. No atomics.
-- backward, x: one warp per row (lanes over outputs, a shuffle reduction per (n, i)); fixed order.
+- backward, x: one warp per row, or per run of a row's inputs when rows are few (lanes over outputs, a
+  shuffle reduction per (n, i)); fixed order.
 - backward, base weight / scaler: row-chunk partials added by a fixed-order combine.
 - backward, coefficients: the (n, i) entries bucketed by (input, slot) with a stable sort; either one pass over
   the sorted entries that forms every gradient with one atomic per coefficient per slot run
@@ -159,12 +160,18 @@ def _backward_x(family: EdgeFamily, kernel):
     @kernel
     def backward_x(dy: wp.array2d(dtype=scalar), x: wp.array2d(dtype=scalar), frame: Frame,
                    base_weight_t: wp.array2d(dtype=scalar), scaler_t: wp.array2d(dtype=scalar),
-                   coef: wp.array3d(dtype=scalar), use_base: int, lanes: int, dx: wp.array2d(dtype=scalar)):
+                   coef: wp.array3d(dtype=scalar), use_base: int, lanes: int, inputs_per_item: int,
+                   dx: wp.array2d(dtype=scalar)):
         # dx[n, i] += sum_o dy[n, o] (w_b[i, o] silu'(x) + s[i, o] sum_m B'_m C[i, slot+first+m, o]); the lanes
-        # of a row take consecutive outputs (coalesced), one shuffle reduction per (n, i), fixed order
-        n, lane = wp.tid()
+        # of an item (a row's run of inputs_per_item inputs) take consecutive outputs (coalesced), one shuffle
+        # reduction per (n, i), fixed order
+        item, lane = wp.tid()
         n_out = dy.shape[1]
-        for i in range(x.shape[1]):
+        n_in = x.shape[1]
+        items_per_row = (n_in + inputs_per_item - 1) // inputs_per_item
+        n = item // items_per_row
+        i0 = (item - n * items_per_row) * inputs_per_item
+        for i in range(i0, wp.min(i0 + inputs_per_item, n_in)):
             xv = x[n, i]
             valid, slot, b, db = bases_dx_at(frame, n, i, xv)
             act = zero

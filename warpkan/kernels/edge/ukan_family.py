@@ -39,6 +39,7 @@ def ukan_frame(scalar_name: str):
     class UKANFrame:
         group_lo: wp.array(dtype=wp.int64)
         h: wp.float64
+        inv_h: wp.float64  # 1 / h, from the host: a float64 division less per element and kernel
         n_groups: int  # Rt: the table holds C_{lo-1} .. C_{lo+Rt-2} of each feature
 
     return UKANFrame
@@ -54,7 +55,6 @@ def ukan_locate_func(order: int, scalar_name: str):
     # separate constants per type: converting the int constant K inside a function (wp.int64(K)) retypes it
     # for the rest of the function in Warp 1.19
     K64 = wp.int64(K)
-    KF = wp.float64(K)
     zero = scalar(0.0)
 
     @wp.func
@@ -72,14 +72,8 @@ def ukan_locate_func(order: int, scalar_name: str):
         cf = wp.floor(s)
         u = scalar(s - cf)
         c = wp.int64(cf)
-        g = wp.int64(wp.floor(cf / KF))  # exact: |c| <= 2^39 and c / K is >= 1/K from an integer
+        g = c // K64  # floor division by a constant (a multiply and shifts), not a float64 division
         r = int(c - g * K64)
-        if r < 0:  # guards only; the float division above already rounds correctly
-            r = r + K
-            g = g - wp.int64(1)
-        if r >= K:
-            r = r - K
-            g = g + wp.int64(1)
         return int(1), g, r, u, sloped
 
     return unbounded_cell
@@ -106,7 +100,7 @@ def _ukan_family(order: int, scalar_name: str) -> EdgeFamily:
                 valid = 0
             else:
                 slot = int(offset) * K + r
-        du_dx = wp.where(sloped == 1, scalar(wp.float64(1.0) / frame.h), zero)
+        du_dx = wp.where(sloped == 1, scalar(frame.inv_h), zero)
         return valid, slot, wp.where(valid == 1, u, zero), du_dx, zero
 
     return EdgeFamily(f"ukan_range_k{order}_{scalar_name}", scalar_name, K, 0, Frame, locate, basis, basis_du,
@@ -133,6 +127,7 @@ def ukan_frame_of(group_lo: "wp.array", h: float, n_groups: int, scalar_name: st
     frame = ukan_frame(scalar_name)()
     frame.group_lo = group_lo
     frame.h = float(h)
+    frame.inv_h = 1.0 / float(h)  # correctly rounded, as the division in float64 on the device
     frame.n_groups = int(n_groups)
     return frame
 
@@ -152,6 +147,7 @@ def ukan_pairs_frame(scalar_name: str):
         first: wp.array(dtype=wp.int32)  # each feature's first row
         count: wp.array(dtype=wp.int32)  # and its number of rows
         h: wp.float64
+        inv_h: wp.float64  # 1 / h (see UKANFrame)
 
     return UKANPairsFrame
 
@@ -185,7 +181,7 @@ def _ukan_pairs_family(order: int, scalar_name: str) -> EdgeFamily:
                 slot = lo * K + r
             else:
                 valid = 0
-        du_dx = wp.where(sloped == 1, scalar(wp.float64(1.0) / frame.h), zero)
+        du_dx = wp.where(sloped == 1, scalar(frame.inv_h), zero)
         return valid, slot, wp.where(valid == 1, u, zero), du_dx, zero
 
     return EdgeFamily(f"ukan_pairs_k{order}_{scalar_name}", scalar_name, K, 0, Frame, locate, basis, basis_du,
@@ -206,6 +202,7 @@ def ukan_pairs_frame_of(pair_group: "wp.array", first: "wp.array", count: "wp.ar
     frame.first = first
     frame.count = count
     frame.h = float(h)
+    frame.inv_h = 1.0 / float(h)
     return frame
 
 
@@ -248,7 +245,7 @@ def ukan_table_frame(scalar_name: str):
         window: wp.array2d(dtype=wp.int32)  # [N, in]: each element's window code (window_codec)
         local_u: wp.array2d(dtype=scalar)  # [N, in]: its local coordinate
         pair_feature: wp.array(dtype=wp.int32)  # [capacity]: the input owning each table row
-        h: wp.float64
+        inv_h: wp.float64  # 1 / h (see UKANFrame)
 
     return UKANTableFrame
 
@@ -269,7 +266,7 @@ def _ukan_table_family(order: int, scalar_name: str) -> EdgeFamily:
         if valid:
             u = frame.local_u[n, i]
             if sloped:
-                du_dx = scalar(wp.float64(1.0) / frame.h)
+                du_dx = scalar(frame.inv_h)
         return valid, start, u, du_dx, zero
 
     @wp.func
@@ -294,7 +291,7 @@ def ukan_table_frame_of(window: "wp.array", local_u: "wp.array", pair_feature: "
     frame.window = window
     frame.local_u = local_u
     frame.pair_feature = pair_feature
-    frame.h = float(h)
+    frame.inv_h = 1.0 / float(h)
     return frame
 
 
