@@ -324,3 +324,13 @@ def test_native_cuda_device_without_cuda(make):
 def test_unsupported_device_named(bad):
     with pytest.raises(ValueError, match=r"device"):
         KANLinear(3, 4, device=bad)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_warp_device_and_stream_of_an_indexless_cuda_device():
+    """torch.device("cuda") (no index) means torch's current device, for the Warp device and stream alike."""
+    from warpkan.torch_bridge._common import warp_device, warp_stream
+
+    indexed = torch.device("cuda", torch.cuda.current_device())
+    assert warp_device(torch.device("cuda")) is warp_device(indexed)
+    assert warp_stream(torch.device("cuda")) is warp_stream(indexed)

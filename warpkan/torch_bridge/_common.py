@@ -23,6 +23,8 @@ _devices: dict[str, wp.Device] = {}
 
 
 def warp_device(device: torch.device) -> wp.Device:
+    if device.type == "cuda" and device.index is None:  # "cuda": torch's current device, as torch reads it
+        device = torch.device("cuda", torch.cuda.current_device())
     key = str(device)
     found = _devices.get(key)
     if found is None:
