@@ -255,6 +255,26 @@ def test_deterministic_bitwise(device, wide):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
 
 
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_deterministic_sparse_path_bitwise_with_long_pair_runs_cuda():
+    # deterministic=True on the sparse path with thousands of pairs per feature: the embedding's gradient sums
+    # long runs of one index (where the default's F.embedding backward combines segments by atomics)
+    torch.manual_seed(0)
+    layer = tb.UKANLinear(4, 5, spline_order=3, grid_delta=0.005, pe_dim=4, embed_dim=3, hidden_dim=8,
+                          device="cuda", deterministic=True)
+    layer.dense_max_coefficients = 0
+    torch.manual_seed(1)
+    x = torch.randn(32768, 4, device="cuda") * 40
+    runs = [_step(layer, x) for _ in range(3)]
+    assert layer._last is not None and int(layer._last[2].item()) > 30000  # the pair path, many pairs
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert torch.equal(a, b)
+    layer.deterministic = False
+    for a, b in zip(_step(layer, x), runs[0]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
+
 # ---------------------------------------------------------------------- to_kan, regulariser
 @pytest.mark.parametrize("base,lo,hi", [("silu", -2.3, 4.1), (None, -1.0, 1.0), ("silu", 0.3, 0.3)])
 def test_to_kan_matches_on_interval(device, base, lo, hi):

@@ -63,9 +63,10 @@ class UKANLinear(Float32Or64Module):
       uses about R + 1), and the elements of the pairs past it get a zero spline term. Like off-grid inputs
       of a bounded KAN; :meth:`table_overflow` tells (it reads a count back, so call it off the hot path).
     Inputs with |x| / h beyond 2^39 are evaluated at that limit (finite, zero spline slope); NaN gives a
-    zero spline term. Gradients of the sparse path are bitwise reproducible (stable sort, no floating-point
-    atomics); the dense-range path's backward adds by atomics on CUDA, as KANLinear's, unless
-    ``deterministic=True`` (then fixed-order sums: bitwise reproducible run to run).
+    zero spline term. The spline gradients of the sparse path are bitwise reproducible (stable sort, no
+    floating-point atomics); the dense-range path's backward, and the sparse path's gradient of the feature
+    embedding, add by atomics on CUDA, as KANLinear's backward does, unless ``deterministic=True`` (then
+    fixed-order sums everywhere: bitwise reproducible run to run).
 
     ``base_weight`` and ``spline_scaler`` [out, in] are stored contiguously (every torch optimiser and utility
     takes them: LBFGS, ``parameters_to_vector``, FSDP2) and copied into the kernels' [in, out] layout once a
@@ -93,7 +94,8 @@ class UKANLinear(Float32Or64Module):
         base_activation: the base path's activation (above): ``"silu"`` (fused), an ``nn.Module`` class or
             instance (run in torch), or None for no base path.
         deterministic: bitwise-reproducible gradients on every path (the dense-range backward then takes the
-            engine's atomic-free kernels, as ``KANLinear(deterministic=True)``).
+            engine's atomic-free kernels, as ``KANLinear(deterministic=True)``, and the sparse path gathers the
+            feature embedding by indexing, whose backward is sort-based).
         table_groups: None for the exact, data-sized table (one integer read back per forward), or a
             positive int R for the fixed-size table (nothing read back; see above).
         contiguous_parameters: store the parameters contiguously in their public shapes (the default; every
@@ -165,22 +167,26 @@ class UKANLinear(Float32Or64Module):
     # ---------------------------------------------------------------- the coefficient generator
     def generate_coefficients(self, pair_feature: torch.Tensor, pair_group: torch.Tensor) -> torch.Tensor:
         """C_g [P, out, K] (unscaled) for the (feature, group) pairs given as two [P] integer tensors."""
-        features = torch.cat(
-            [positional_encoding(pair_group, self.pe_dim, self.cg_hidden.weight.dtype),
-             self.feature_embedding[pair_feature.long()]],
-            dim=-1,
-        )
-        out = self.cg_out(F.silu(self.cg_hidden(features)))
+        out = self.cg_out(F.silu(self.cg_hidden(self._pair_inputs(pair_feature, pair_group))))
         return out.view(-1, self.out_features, self.spline_order + 1)
+
+    def _pair_inputs(self, pair_feature: torch.Tensor, pair_group: torch.Tensor) -> torch.Tensor:
+        """The CG-MLP's input rows [P, pe_dim + embed_dim] of the pairs: the group's encoding, the feature's
+        embedding. Every feature owns a run of pairs, so the embedding's gradient sums thousands of rows into
+        each of a few rows. Indexing's CUDA backward (``embedding[idx]``: sorted, each index's duplicates walked
+        in order by one warp) is reproducible but slow at that: 1.46 ms of a 5.05 ms sparse-path step at
+        N = 65536, 32 inputs, h = 2/256 on the H200, where ``F.embedding``'s (segments of the sorted index,
+        combined by atomics) takes the step to 3.66 ms. So ``F.embedding`` by default, indexing when the layer
+        is ``deterministic``."""
+        index = pair_feature.long()
+        embedding = (self.feature_embedding[index] if self.deterministic
+                     else F.embedding(index, self.feature_embedding))
+        return torch.cat([positional_encoding(pair_group, self.pe_dim, self.cg_hidden.weight.dtype), embedding],
+                         dim=-1)
 
     def _table(self, pair_feature: torch.Tensor, pair_group: torch.Tensor) -> torch.Tensor:
         """The table as the kernels read it: [P * K, out] (C_g of row p is rows p K .. p K + K - 1)."""
-        features = torch.cat(
-            [positional_encoding(pair_group, self.pe_dim, self.cg_hidden.weight.dtype),
-             self.feature_embedding[pair_feature.long()]],
-            dim=-1,
-        )
-        hidden = F.silu(self.cg_hidden(features))
+        hidden = F.silu(self.cg_hidden(self._pair_inputs(pair_feature, pair_group)))
         out = F.linear(hidden, self.cg_out.weight[self._rows_km], self.cg_out.bias[self._rows_km])
         return out.view(-1, self.out_features)
 
