@@ -636,3 +636,36 @@ def test_cuda_graph_capture():
     torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-5, atol=1e-5)
     for (name, p), p_ref in zip(layer.named_parameters(), ref_layer.parameters()):
         torch.testing.assert_close(p.grad, p_ref.grad, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_sparse_path_embedding_route_follows_determinism(device, monkeypatch):
+    # the CG-MLP's embedding on the sparse path: F.embedding by default; indexing (sort-based backward) for a
+    # deterministic layer or under torch.use_deterministic_algorithms; the same values either way
+    import torch.nn.functional as F
+
+    calls = []
+    embedding = F.embedding
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return embedding(*args, **kwargs)
+
+    monkeypatch.setattr(F, "embedding", counted)
+    layer = make_layer(3, 4, device, dtype=torch.float32, hidden_dim=8)
+    layer.dense_max_coefficients = 0
+    x = torch.randn(300, 3, device=device) * 3
+    loose = _step(layer, x)
+    assert layer._last is not None and calls  # the pair path, through F.embedding
+    calls.clear()
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)  # warn only: cuBLAS wants an env var to be strict
+    try:
+        strict = _step(layer, x)
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    layer.deterministic = True
+    own = _step(layer, x)
+    assert not calls
+    for a, b, c in zip(strict, own, loose):
+        assert torch.equal(a, b)
+        torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5 * float(c.abs().max()))

@@ -177,10 +177,10 @@ class UKANLinear(Float32Or64Module):
         in order by one warp) is reproducible but slow at that: 1.46 ms of a 5.05 ms sparse-path step at
         N = 65536, 32 inputs, h = 2/256 on the H200, where ``F.embedding``'s (segments of the sorted index,
         combined by atomics) takes the step to 3.66 ms. So ``F.embedding`` by default, indexing when the layer
-        is ``deterministic``."""
+        is ``deterministic`` or torch is set to deterministic algorithms (whose check may refuse the other)."""
         index = pair_feature.long()
-        embedding = (self.feature_embedding[index] if self.deterministic
-                     else F.embedding(index, self.feature_embedding))
+        reproducible = self.deterministic or torch.are_deterministic_algorithms_enabled()
+        embedding = self.feature_embedding[index] if reproducible else F.embedding(index, self.feature_embedding)
         return torch.cat([positional_encoding(pair_group, self.pe_dim, self.cg_hidden.weight.dtype), embedding],
                          dim=-1)
 
