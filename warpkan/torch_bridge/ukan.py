@@ -177,7 +177,8 @@ class UKANLinear(Float32Or64Module):
         in order by one warp) is reproducible but slow at that: 1.46 ms of a 5.05 ms sparse-path step at
         N = 65536, 32 inputs, h = 2/256 on the H200, where ``F.embedding``'s (segments of the sorted index,
         combined by atomics) takes the step to 3.66 ms. So ``F.embedding`` by default, indexing when the layer
-        is ``deterministic`` or torch is set to deterministic algorithms (whose check may refuse the other)."""
+        is ``deterministic`` or torch is set to deterministic algorithms: torch 2.11 accepts ``F.embedding``'s
+        backward in that mode, but whether it then stays bitwise repeatable was not measured."""
         index = pair_feature.long()
         reproducible = self.deterministic or torch.are_deterministic_algorithms_enabled()
         embedding = self.feature_embedding[index] if reproducible else F.embedding(index, self.feature_embedding)
