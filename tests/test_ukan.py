@@ -669,3 +669,29 @@ def test_sparse_path_embedding_route_follows_determinism(device, monkeypatch):
     for a, b, c in zip(strict, own, loose):
         assert torch.equal(a, b)
         torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5 * float(c.abs().max()))
+
+
+def test_sparse_path_starts_from_the_last_batch_need(device, monkeypatch):
+    # exact mode on data that needs far more table rows than the default capacity: the first forward runs the
+    # pair pass twice (then grows), the next on similar data once; the outputs do not depend on the capacity
+    import warpkan.torch_bridge.ukan_ops as uo
+
+    calls = []
+    impl = uo._pairs_impl
+
+    def counted(x, grid_delta, spline_order, capacity):
+        calls.append(capacity)
+        return impl(x, grid_delta, spline_order, capacity)
+
+    monkeypatch.setattr(uo, "_pairs_impl", counted)
+    layer = make_layer(8, 3, device, dtype=torch.float32)
+    layer.grid_delta = 0.01
+    x = torch.randn(400, 8, device=device) * 2
+    y1 = layer(x)
+    assert layer._last is not None and len(calls) == 2 and calls[1] > calls[0]
+    needed = int(layer._last[2].item())
+    assert needed > calls[0]
+    calls.clear()
+    y2 = layer(x)
+    assert len(calls) == 1 and calls[0] >= needed
+    assert torch.equal(y1, y2)

@@ -13,7 +13,7 @@ from ..kernels import ukan as ku
 from ._common import (Float32Or64Module, autocast_dtype, check_device, check_tensor, layer_dtype, on_rows,
                       refuse_transforms, use_registered_op)
 from .kan_linear import KANLinear, base_activation_module, l1_entropy_loss, base_repr, fuses_base, init_public, layout_parameter
-from .ukan_ops import LABEL, group_range, positional_encoding, range_layer, spline_layer, ukan_pairs
+from .ukan_ops import LABEL, group_range, pairs_of, positional_encoding, range_layer, spline_layer
 
 __all__ = ["UKANLinear"]
 
@@ -150,6 +150,7 @@ class UKANLinear(Float32Or64Module):
         # of an earlier step's is freed inside a later one (a CUDA-graph capture after eager steps)
         self._last = None
         self._last_range_x = None  # the input of the last dense-range forward
+        self._pair_rows_hint = 0  # the sparse path's table capacity to start from (exact mode; see _pairs)
         self._last_range_span = None  # and the most groups one of its features spanned ([1] device tensor)
         self.dense_max_coefficients = DENSE_MAX_COEFFICIENTS
         self.reset_parameters()
@@ -198,13 +199,18 @@ class UKANLinear(Float32Or64Module):
         # detached: the pair structure (local_u included) is piecewise constant data for the spline op, whose
         # own backward carries the gradient into x
         capacity = self._capacity(x2.shape[0])
-        pairs = ukan_pairs(x2.detach(), self.grid_delta, self.spline_order, capacity)
+        if self.table_groups is None:  # at least what the last batch needed, with headroom (see below)
+            capacity = max(capacity, min(getattr(self, "_pair_rows_hint", 0), 2 * x2.numel()))
+        pairs = pairs_of(x2.detach(), self.grid_delta, self.spline_order, capacity)
         if self.table_groups is not None:
             return pairs
         self._refuse_capture()
         needed = int(pairs[5].item())
         if needed > capacity:  # grown, rounded up so that similar batches reuse one allocation size
-            pairs = ukan_pairs(x2.detach(), self.grid_delta, self.spline_order, -(-needed // 1024) * 1024)
+            pairs = pairs_of(x2.detach(), self.grid_delta, self.spline_order, -(-needed // 1024) * 1024)
+        # the next batch starts from this one's need and a quarter more: a batch of similar data then takes one
+        # pair pass instead of two (a fine grid on normal data needs ~10x the default capacity every step)
+        self._pair_rows_hint = -(-(needed + needed // 4) // 1024) * 1024
         # the CG-MLP runs on the needed rows only: the rows past them are padding with no elements
         sorted_elem, window, local_u, feature, group, count = pairs
         return sorted_elem, window, local_u, feature[:needed], group[:needed], count

@@ -89,11 +89,7 @@ def _pair_outputs(x: Tensor, capacity: int, alloc, zeroed) -> tuple:
     )
 
 
-@torch.library.custom_op("warpkan::ukan_pairs", mutates_args=())
-def ukan_pairs(x: Tensor, grid_delta: float, spline_order: int, capacity: int
-               ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """x [N, in] -> (sorted_elem [N*in] int32, window [N, in] int32, local_u [N, in], pair_feature [C] int32,
-    pair_group [C] int64, rows_needed [1] int32) for a table of C = capacity rows. See ``warpkan.kernels.ukan``."""
+def _pairs_impl(x: Tensor, grid_delta: float, spline_order: int, capacity: int) -> tuple:
     x = x.contiguous()
     outputs = _pair_outputs(x, capacity, torch.empty, torch.zeros)
     scratch = {
@@ -104,6 +100,22 @@ def ukan_pairs(x: Tensor, grid_delta: float, spline_order: int, capacity: int
     ku.launch_pairs(to_warp(x), grid_delta, spline_order, scratch, buffers, stream=warp_stream(x.device),
                     primitives=_PRIMITIVES)
     return outputs
+
+
+@torch.library.custom_op("warpkan::ukan_pairs", mutates_args=())
+def ukan_pairs(x: Tensor, grid_delta: float, spline_order: int, capacity: int
+               ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """x [N, in] -> (sorted_elem [N*in] int32, window [N, in] int32, local_u [N, in], pair_feature [C] int32,
+    pair_group [C] int64, rows_needed [1] int32) for a table of C = capacity rows. See ``warpkan.kernels.ukan``."""
+    return _pairs_impl(x, grid_delta, spline_order, capacity)
+
+
+def pairs_of(x: Tensor, grid_delta: float, spline_order: int, capacity: int) -> tuple:
+    """:func:`ukan_pairs`, without the custom-op dispatch in eager mode (it has no gradient; the dispatch
+    cost its eager call about as much host time as the pair pass's launches)."""
+    if use_registered_op(x):
+        return ukan_pairs(x, grid_delta, spline_order, capacity)
+    return _pairs_impl(x, grid_delta, spline_order, capacity)
 
 
 @ukan_pairs.register_fake
@@ -224,7 +236,7 @@ def _pair_args(x: Tensor, table: Tensor, grid_delta: float, spline_order: int) -
     K = spline_order + 1
     n_in, n_out = x.shape[1], table.shape[1]
     capacity = table.shape[0] // K
-    _, _, _, pair_feature, pair_group, needed = ukan_pairs(x.detach(), grid_delta, spline_order, capacity)
+    _, _, _, pair_feature, pair_group, needed = pairs_of(x.detach(), grid_delta, spline_order, capacity)
     used = min(int(needed.item()), capacity)
     pair_feature, pair_group = pair_feature[:used].long(), pair_group[:used].contiguous()
     count = torch.bincount(pair_feature, minlength=n_in)
