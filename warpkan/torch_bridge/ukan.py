@@ -150,8 +150,8 @@ class UKANLinear(Float32Or64Module):
         # of an earlier step's is freed inside a later one (a CUDA-graph capture after eager steps)
         self._last = None
         self._last_range_x = None  # the input of the last dense-range forward
-        self._pair_rows_hint = 0  # the sparse path's table capacity to start from (exact mode; see _pairs)
         self._last_range_span = None  # and the most groups one of its features spanned ([1] device tensor)
+        self._pair_rows_hint = 0  # the sparse path's table capacity to start from (exact mode; see _pairs)
         self.dense_max_coefficients = DENSE_MAX_COEFFICIENTS
         self.reset_parameters()
 
@@ -200,7 +200,7 @@ class UKANLinear(Float32Or64Module):
         # own backward carries the gradient into x
         capacity = self._capacity(x2.shape[0])
         if self.table_groups is None:  # at least what the last batch needed, with headroom (see below)
-            capacity = max(capacity, min(getattr(self, "_pair_rows_hint", 0), 2 * x2.numel()))
+            capacity = max(capacity, min(self._pair_rows_hint, 2 * x2.numel()))
         pairs = pairs_of(x2.detach(), self.grid_delta, self.spline_order, capacity)
         if self.table_groups is not None:
             return pairs
