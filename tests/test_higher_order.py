@@ -417,6 +417,32 @@ def test_x_gradient_alone_builds_no_parameter_gradient(device, layer, monkeypatc
     torch.testing.assert_close(grads[0], u_x, rtol=0, atol=0)
 
 
+def test_kan_combined_weight_made_once_per_node_and_again_after_an_in_place_change(device, monkeypatch):
+    """Each create_graph backward through a KANLinear node reads the combined weight [base; coef * scaler] the
+    node made the first time (a PINN's u_x and u_xx pass every layer twice), and makes it again when a parameter
+    changed in place since: the gradient is then that of the parameters as they are, as without the cache."""
+    from warpkan.torch_bridge import bspline_ops, edge_driver
+
+    made = []
+    combined = edge_driver.combined_weight
+    monkeypatch.setattr(edge_driver, "combined_weight", lambda *args: made.append(1) or combined(*args))
+    tdev = "cuda" if device == "cuda" else "cpu"
+    torch.manual_seed(0)
+    layer = KANLinear(3, 2, grid_size=4, dtype=DOUBLE, device=tdev, strategy="gemm")
+    x = _x(11, 3, device)
+    y = layer(x)
+    (u_x,) = torch.autograd.grad(y.sum(), x, create_graph=True, retain_graph=True)
+    (u_xx,) = torch.autograd.grad(u_x.sum(), x, create_graph=True, retain_graph=True)
+    assert len(made) == 1  # u_xx passed the layer's node a second time, and took the weight it had made
+    with torch.no_grad():
+        layer.spline_scaler.mul_(2.0)
+    (u_x_changed,) = torch.autograd.grad(y.sum(), x, create_graph=True)
+    assert len(made) == 2
+    (expected,) = torch.autograd.grad(layer(x).sum(), x)
+    torch.testing.assert_close(u_x_changed, expected, rtol=1e-12, atol=1e-12)
+    assert bspline_ops.node_combined_weight is edge_driver.node_combined_weight
+
+
 # ------------------------------------------------------------------------------------------ group-rational
 def _rational_params(shared, num_groups, m, n, device, dtype=DOUBLE, seed=5):
     gen = torch.Generator().manual_seed(seed)

@@ -33,8 +33,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from ..kernels import bspline as kb
 from ..kernels.edge import tiled as edge_tiled
 from .edge_driver import (PRECISION_UNIT_ROUNDOFF, PRECISIONS, STRATEGIES, EdgeSpec, check_precision,
-                          combined_weight, differentiable_backward, edge_backward, edge_forward, gemm_backward,
-                          gemm_forward, grad_buffers, resolve_precision)
+                          differentiable_backward, edge_backward, edge_forward, gemm_backward, gemm_forward,
+                          grad_buffers, node_combined_weight, resolve_precision)
 from ..kernels._common import IO_SCALAR_NAMES
 from ._common import (TRANSPOSED, WP_DTYPES, RecordedLaunches, autocast_dtype, check_tensor,
                       eager_function, first_order_backward, on_rows, op_or_eager,
@@ -236,7 +236,7 @@ def _higher_backward(ctx, inputs, dy):
     n_in, n_coef, n_out = coef.shape
     spec = EdgeSpec(kb.family_of(spline_order, uniform, _io_scalar(x)), _bspline_frame, (grid.contiguous(),), (),
                     n_coef, use_base)
-    weight = combined_weight(base_weight_t, scaler_t, coef, use_base)
+    weight = node_combined_weight(ctx, base_weight_t, scaler_t, coef, use_base)
     dx, d_weight = differentiable_backward(spec, dy, x.contiguous(), weight, need_x, need_params)
     d_base = d_scaler = d_coef = None
     if need_params:

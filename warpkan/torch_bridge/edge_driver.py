@@ -48,8 +48,8 @@ from ._common import (RecordedLaunches, TorchWorkspace, autocast_dtype, matmul_p
 
 __all__ = ["STRATEGIES", "PRECISIONS", "PRECISION_UNIT_ROUNDOFF", "check_strategy", "check_precision",
            "resolve_precision", "edge_forward", "edge_backward", "gemm_forward", "gemm_backward", "expand_basis",
-           "EdgeSpec", "combined_weight", "differentiable_backward", "grad_buffers", "MAX_X_DERIVATIVE",
-           "dense_basis", "contract_basis", "edge_dense_basis", "edge_contract_basis", "spec_of"]
+           "EdgeSpec", "combined_weight", "node_combined_weight", "differentiable_backward", "grad_buffers",
+           "MAX_X_DERIVATIVE", "dense_basis", "contract_basis", "edge_dense_basis", "edge_contract_basis", "spec_of"]
 
 STRATEGIES = ("auto", "stencil", "gemm")
 PRECISIONS = ("auto", "fp32", "tf32", "bf16")
@@ -224,10 +224,10 @@ def _expand(x, scale, *rest, family, make_frame, n_frame, frame_config, n_coef, 
                                     record=record, order=order, scale=scale)
 
 
-def _contract(x, *rest, family, make_frame, n_frame, frame_config, n_coef, use_base, order=1, record=False):
+def _contract(x, scale, *rest, family, make_frame, n_frame, frame_config, n_coef, use_base, order=1, record=False):
     frame_views, (d_basis_t, dx) = rest[:n_frame], rest[n_frame:]
     return edge.launch_contract_basis_grad(family, make_frame(*frame_views, *frame_config), x, n_coef, d_basis_t, dx,
-                                           use_base, record=record, order=order)
+                                           use_base, record=record, order=order, scale=scale)
 
 
 def _combine(base_weight_t, scaler_t, coef, weight, family, use_base, record=False):
@@ -341,7 +341,7 @@ def gemm_backward(family, make_frame, frame_tensors: tuple, frame_config: tuple,
                     _mm_add(d_weight, part, dy_mm[start:stop])
             if need_x:
                 _mm(weight, dy_mm[start:stop].t(), out=part)
-                _launch(_CONTRACT, (x[start:stop], *frame_tensors, part, dx[start:stop]), config)
+                _launch(_CONTRACT, (x[start:stop], None, *frame_tensors, part, dx[start:stop]), config)
     if need_params and scaled:
         _launch(_SPLIT, (d_weight, scaler_t, coef, d_base, d_scaler, d_coef), (("family", family),
                                                                                 ("use_base", use_base)))
@@ -426,10 +426,9 @@ def _contract_basis_impl(g: Tensor, x: Tensor, scale: "Tensor | None", order: in
     _check_order(order, "edge layer")
     dx = torch.empty_like(x)
     if dx.numel():
-        _launch(_CONTRACT, (x.contiguous(), *spec.frame_tensors, g.contiguous(), dx), _order_config(spec, order))
-    # the scale in torch: an [N, in] product (a scale argument of the kernel cost its every call ~10% at
-    # small grids on the H200)
-    return dx if scale is None else dx * scale
+        _launch(_CONTRACT, (x.contiguous(), None if scale is None else scale.contiguous(), *spec.frame_tensors,
+                            g.contiguous(), dx), _order_config(spec, order))
+    return dx
 
 
 # The two pieces' autograd formulas, one for both routes: ctx holds (x, scale) or (g, x, scale) first in
@@ -445,8 +444,9 @@ def _dense_basis_grads(ctx, g) -> tuple:
 def _contract_basis_grads(ctx, h) -> tuple:
     g, x, scale = ctx.saved_tensors[:3]
     need_g, need_x, need_scale = needed_grads(ctx, (g, x, scale))
-    d_g = dense_basis(x, _scaled(h, scale), ctx.order, ctx.spec) if need_g else None
-    d_x = contract_basis(g, x, _scaled(h, scale), ctx.order + 1, ctx.spec) if need_x else None
+    h_scaled = _scaled(h, scale) if need_g or need_x else None
+    d_g = dense_basis(x, h_scaled, ctx.order, ctx.spec) if need_g else None
+    d_x = contract_basis(g, x, h_scaled, ctx.order + 1, ctx.spec) if need_x else None
     d_scale = contract_basis(g, x, h, ctx.order, ctx.spec) if need_scale else None
     return d_g, d_x, d_scale
 
@@ -553,6 +553,18 @@ def combined_weight(base_weight_t: Tensor, scaler_t: Tensor, coef: Tensor, use_b
     any order: the combine kernel's weight, for the ``create_graph=True`` formulas of the scaled families."""
     spline_weight = (coef * scaler_t.unsqueeze(1)).reshape(-1, coef.shape[2])
     return torch.cat([base_weight_t, spline_weight]) if use_base else spline_weight
+
+
+def node_combined_weight(ctx, base_weight_t: Tensor, scaler_t: Tensor, coef: Tensor, use_base: bool) -> Tensor:
+    """:func:`combined_weight`, made once per autograd node (kept on ``ctx``): a ``create_graph=True`` backward
+    runs once per ``autograd.grad`` through the node (a PINN residual's u_x and u_xx each pass every layer), and
+    each weight made is a product and a concatenation, plus three more ops in the parameters' backward. Made
+    again when a parameter changed in place since."""
+    versions = (base_weight_t._version, scaler_t._version, coef._version)
+    made = getattr(ctx, "_combined_weight", None)
+    if made is None or made[0] != versions:
+        made = ctx._combined_weight = (versions, combined_weight(base_weight_t, scaler_t, coef, use_base))
+    return made[1]
 
 
 def differentiable_backward(spec: EdgeSpec, dy: Tensor, x: Tensor, weight: Tensor, need_x: bool,

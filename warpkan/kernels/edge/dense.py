@@ -29,6 +29,7 @@ class DenseKernels:
     expand_basis: wp.Kernel
     combine_weights: wp.Kernel
     contract_basis_grad: wp.Kernel
+    contract_basis_grad_scaled: wp.Kernel
     split_param_grads: wp.Kernel
 
 
@@ -63,9 +64,10 @@ def dense_kernels(family: EdgeFamily, basis_name: str) -> DenseKernels:
     basis_type = family.scalar if basis_name == family.scalar_name else wp.bfloat16
     module = f"warpkan_edge_{family.key}_dense_{basis_name}"
     kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
-    expand_basis, contract_basis_grad = _basis_kernels(family, basis_type, kernel)
+    expand_basis, contract_basis_grad, contract_basis_grad_scaled = _basis_kernels(family, basis_type, kernel)
     combine_weights, split_param_grads = _weight_kernels(family, basis_type, kernel)
-    return DenseKernels(module, expand_basis, combine_weights, contract_basis_grad, split_param_grads)
+    return DenseKernels(module, expand_basis, combine_weights, contract_basis_grad, contract_basis_grad_scaled,
+                        split_param_grads)
 
 
 def _basis_kernels(family: EdgeFamily, basis_type, kernel):
@@ -109,35 +111,44 @@ def _basis_kernels(family: EdgeFamily, basis_type, kernel):
                     value = b[m]
             basis_t[row + j, n] = basis_type(s * value)
 
-    @kernel
-    def contract_basis_grad(x: wp.array2d(dtype=scalar), frame: Frame, use_base: int, n_coef: int, order: int,
-                            d_basis_t: wp.array2d(dtype=basis_type), dx: wp.array2d(dtype=scalar)):
-        # dx[n, i] = d_basis_t[i, n] silu^(order)(x) + sum_m d_basis_t[row(slot + first + m), n] d^order B_m/dx^order
-        # (overwrites); order 1 is the gradient of expand_basis' order 0
-        n, i = dense_entry(wp.tid(), x.shape[1])
-        if n >= x.shape[0]:
-            return
-        xv = x[n, i]
-        acc = zero
-        row = i * n_coef
-        if use_base:
-            acc = scalar(d_basis_t[i, n]) * silu_order(xv, order)
-            row = row + x.shape[1]
-        valid = int(0)
-        slot = int(0)
-        db = family.vec()
-        if order == 1:  # the first-order backward's case: no higher derivatives formed
-            valid, slot, b, db = bases_dx_at(frame, n, i, xv)
-        else:
-            valid, slot, db = bases_order_at(frame, n, i, xv, order)
-        if valid:
-            for m in range(K):
-                j = slot + first + m
-                if j >= 0 and j < n_coef:
-                    acc = acc + db[m] * scalar(d_basis_t[row + j, n])
-        dx[n, i] = acc
+    def contract_kernel(scaled: bool):
+        def contract_basis_grad(x: wp.array2d(dtype=scalar), frame: Frame, use_base: int, n_coef: int, order: int,
+                                scale: wp.array2d(dtype=scalar), d_basis_t: wp.array2d(dtype=basis_type),
+                                dx: wp.array2d(dtype=scalar)):
+            # dx[n, i] = d_basis_t[i, n] silu^(order)(x) + sum_m d_basis_t[row(slot + first + m), n] d^order B_m/dx^order
+            # (overwrites), times scale[n, i] in the scaled kernel; order 1 is the gradient of expand_basis' order 0
+            n, i = dense_entry(wp.tid(), x.shape[1])
+            if n >= x.shape[0]:
+                return
+            xv = x[n, i]
+            acc = zero
+            row = i * n_coef
+            if use_base:
+                acc = scalar(d_basis_t[i, n]) * silu_order(xv, order)
+                row = row + x.shape[1]
+            valid = int(0)
+            slot = int(0)
+            db = family.vec()
+            if order == 1:  # the first-order backward's case: no higher derivatives formed
+                valid, slot, b, db = bases_dx_at(frame, n, i, xv)
+            else:
+                valid, slot, db = bases_order_at(frame, n, i, xv, order)
+            if valid:
+                for m in range(K):
+                    j = slot + first + m
+                    if j >= 0 and j < n_coef:
+                        acc = acc + db[m] * scalar(d_basis_t[row + j, n])
+            if wp.static(scaled):
+                acc = acc * scale[n, i]
+            dx[n, i] = acc
 
-    return expand_basis, contract_basis_grad
+        # the scale is a kernel of its own: a run-time test in the unscaled one (the first-order backward's)
+        # cost its every call ~10% at small grids on the H200
+        if scaled:
+            contract_basis_grad.__name__ = contract_basis_grad.__qualname__ = "contract_basis_grad_scaled"
+        return kernel(contract_basis_grad)
+
+    return expand_basis, contract_kernel(False), contract_kernel(True)
 
 
 def _weight_kernels(family: EdgeFamily, basis_type, kernel):

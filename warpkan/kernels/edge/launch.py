@@ -258,11 +258,14 @@ def launch_expand_basis(family: EdgeFamily, frame, x, n_coef: int, basis_t, use_
 
 
 def launch_contract_basis_grad(family: EdgeFamily, frame, x, n_coef: int, d_basis_t, dx, use_base: bool = True,
-                               stream=None, record: bool = False, order: int = 1):
+                               stream=None, record: bool = False, order: int = 1, scale=None):
     """dx[n, i] = d_basis_t[i, n] silu'(x[n, i]) (when ``use_base``) + sum_j d_basis_t[row_ij, n] dB_j/dx over
-    the K non-zero bases; ``order`` 2..3 (or 0): the derivatives of that order instead. Overwrites dx."""
-    return launch(_dense(family, d_basis_t.dtype).contract_basis_grad, dense_dim(*x.shape),
-                  [x, frame, int(use_base), n_coef, int(order), d_basis_t, dx], (), x.device, stream, record)
+    the K non-zero bases; ``order`` 2..3 (or 0): the derivatives of that order instead; ``scale`` [rows, in]
+    (optional): dx[n, i] times scale[n, i]. Overwrites dx."""
+    kernels = _dense(family, d_basis_t.dtype)
+    kernel = kernels.contract_basis_grad if scale is None else kernels.contract_basis_grad_scaled
+    return launch(kernel, dense_dim(*x.shape), [x, frame, int(use_base), n_coef, int(order), scale, d_basis_t, dx], (),
+                  x.device, stream, record)
 
 
 def launch_split_param_grads(family: EdgeFamily, d_weight, scaler_t, coef, d_base_weight_t, d_scaler_t, d_coef,
