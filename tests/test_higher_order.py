@@ -420,12 +420,13 @@ def test_x_gradient_alone_builds_no_parameter_gradient(device, layer, monkeypatc
 def test_kan_combined_weight_made_once_per_node_and_again_after_an_in_place_change(device, monkeypatch):
     """Each create_graph backward through a KANLinear node reads the combined weight [base; coef * scaler] the
     node made the first time (a PINN's u_x and u_xx pass every layer twice), and makes it again when a parameter
-    changed in place since: the gradient is then that of the parameters as they are, as without the cache."""
+    changed in place since: the gradient is then that of the parameters as they are, as without the cache. (The
+    values of the weight's own gradients, the split kernel's and torch's, are the PINN and gradgradcheck tests'.)"""
     from warpkan.torch_bridge import bspline_ops, edge_driver
 
     made = []
-    combined = edge_driver.combined_weight
-    monkeypatch.setattr(edge_driver, "combined_weight", lambda *args: made.append(1) or combined(*args))
+    combined = edge_driver._CombinedWeight.apply
+    monkeypatch.setattr(edge_driver._CombinedWeight, "apply", lambda *args: made.append(1) or combined(*args))
     tdev = "cuda" if device == "cuda" else "cpu"
     torch.manual_seed(0)
     layer = KANLinear(3, 2, grid_size=4, dtype=DOUBLE, device=tdev, strategy="gemm")

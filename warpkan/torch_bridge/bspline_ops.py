@@ -34,7 +34,7 @@ from ..kernels import bspline as kb
 from ..kernels.edge import tiled as edge_tiled
 from .edge_driver import (PRECISION_UNIT_ROUNDOFF, PRECISIONS, STRATEGIES, EdgeSpec, check_precision,
                           differentiable_backward, edge_backward, edge_forward, gemm_backward, gemm_forward,
-                          grad_buffers, node_combined_weight, resolve_precision)
+                          grad_buffers, node_combined_weight, resolve_precision, split_weight_grad)
 from ..kernels._common import IO_SCALAR_NAMES
 from ._common import (TRANSPOSED, WP_DTYPES, RecordedLaunches, autocast_dtype, check_tensor,
                       eager_function, first_order_backward, on_rows, op_or_eager,
@@ -227,23 +227,20 @@ def _input_grads(ctx, dx, d_base, d_scaler, d_coef, need_x, need_params):
 def _higher_backward(ctx, inputs, dy):
     """The gradients as differentiable graphs, for ``create_graph=True`` (any strategy: the same map): the
     engine's dense basis and its x-derivatives to the third order (``edge_driver.differentiable_backward``), the
-    combined weight and the split of its gradient in torch."""
+    combined weight (made once a node) and the split of its gradient."""
     x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base = inputs[:8]
     need_x = ctx.needs_input_grad[0]
     need_params = any(ctx.needs_input_grad[2:5]) and params_used_by_this_backward(ctx)
     if not (need_x or need_params):
         return (None,) * 11
-    n_in, n_coef, n_out = coef.shape
+    n_coef = coef.shape[1]
     spec = EdgeSpec(kb.family_of(spline_order, uniform, _io_scalar(x)), _bspline_frame, (grid.contiguous(),), (),
                     n_coef, use_base)
-    weight = node_combined_weight(ctx, base_weight_t, scaler_t, coef, use_base)
+    weight = node_combined_weight(ctx, spec[0], base_weight_t, scaler_t, coef, use_base)
     dx, d_weight = differentiable_backward(spec, dy, x.contiguous(), weight, need_x, need_params)
     d_base = d_scaler = d_coef = None
     if need_params:
-        d_spline = d_weight[n_in if use_base else 0:].view(n_in, n_coef, n_out)
-        d_base = d_weight[:n_in] if use_base else None
-        d_coef = d_spline * scaler_t.unsqueeze(1)
-        d_scaler = (d_spline * coef).sum(1)
+        d_base, d_scaler, d_coef = split_weight_grad(d_weight, scaler_t, coef, use_base)
     return _input_grads(ctx, dx, d_base, d_scaler, d_coef, need_x, need_params)
 
 

@@ -48,8 +48,8 @@ from ._common import (RecordedLaunches, TorchWorkspace, autocast_dtype, matmul_p
 
 __all__ = ["STRATEGIES", "PRECISIONS", "PRECISION_UNIT_ROUNDOFF", "check_strategy", "check_precision",
            "resolve_precision", "edge_forward", "edge_backward", "gemm_forward", "gemm_backward", "expand_basis",
-           "EdgeSpec", "combined_weight", "node_combined_weight", "differentiable_backward", "grad_buffers",
-           "MAX_X_DERIVATIVE", "dense_basis", "contract_basis", "edge_dense_basis", "edge_contract_basis", "spec_of"]
+           "EdgeSpec", "combined_weight", "node_combined_weight", "split_weight_grad", "differentiable_backward",
+           "grad_buffers", "MAX_X_DERIVATIVE", "dense_basis", "contract_basis", "edge_dense_basis", "edge_contract_basis", "spec_of"]
 
 STRATEGIES = ("auto", "stencil", "gemm")
 PRECISIONS = ("auto", "fp32", "tf32", "bf16")
@@ -555,15 +555,51 @@ def combined_weight(base_weight_t: Tensor, scaler_t: Tensor, coef: Tensor, use_b
     return torch.cat([base_weight_t, spline_weight]) if use_base else spline_weight
 
 
-def node_combined_weight(ctx, base_weight_t: Tensor, scaler_t: Tensor, coef: Tensor, use_base: bool) -> Tensor:
+def split_weight_grad(g: Tensor, scaler_t: Tensor, coef: Tensor, use_base: bool) -> tuple:
+    """(d_base_weight_t or None, d_scaler_t, d_coef) of W = [base_weight_t; coef * scaler_t] by torch ops:
+    differentiable to any order."""
+    n_in, n_coef, n_out = coef.shape
+    d_spline = g[n_in if use_base else 0:].reshape(n_in, n_coef, n_out)
+    return (g[:n_in] if use_base else None), (d_spline * coef).sum(1), d_spline * scaler_t.unsqueeze(1)
+
+
+class _CombinedWeight(torch.autograd.Function):
+    """W = [base_weight_t; coef * scaler_t] by the combine kernel, its gradient split into the parameters by the
+    split kernel, each gradient in the strides ``empty_like`` gives its parameter (a public-layout parameter's
+    own, which AccumulateGrad takes without a copy): one launch each way where torch takes two and three ops.
+    A create_graph backward splits by torch ops (:func:`split_weight_grad`), differentiable to any order."""
+
+    @staticmethod
+    def forward(ctx, base_weight_t, scaler_t, coef, family, use_base):
+        ctx.save_for_backward(base_weight_t, scaler_t, coef)
+        ctx.family, ctx.use_base = family, use_base
+        return _gemm_weight(family, base_weight_t, scaler_t, coef, use_base, coef.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        base_weight_t, scaler_t, coef = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            d_base, d_scaler, d_coef = split_weight_grad(g, scaler_t, coef, ctx.use_base)
+        else:  # without a base path the kernel zeroes d_base, which is dropped
+            d_base, d_scaler, d_coef = (torch.empty_like(t) for t in (base_weight_t, scaler_t, coef))
+            _launch(_SPLIT, (g.contiguous(), scaler_t, coef, d_base, d_scaler, d_coef),
+                    (("family", ctx.family), ("use_base", ctx.use_base)))
+        return (d_base if ctx.use_base else None), d_scaler, d_coef, None, None
+
+
+def node_combined_weight(ctx, family, base_weight_t: Tensor, scaler_t: Tensor, coef: Tensor, use_base: bool) -> Tensor:
     """:func:`combined_weight`, made once per autograd node (kept on ``ctx``): a ``create_graph=True`` backward
-    runs once per ``autograd.grad`` through the node (a PINN residual's u_x and u_xx each pass every layer), and
-    each weight made is a product and a concatenation, plus three more ops in the parameters' backward. Made
-    again when a parameter changed in place since."""
+    runs once per ``autograd.grad`` through the node (a PINN residual's u_x and u_xx each pass every layer).
+    Made again when a parameter changed in place since. Eager: by ``_CombinedWeight`` (a launch each way);
+    traced (:func:`runs_registered_op`): by torch ops."""
     versions = (base_weight_t._version, scaler_t._version, coef._version)
     made = getattr(ctx, "_combined_weight", None)
     if made is None or made[0] != versions:
-        made = ctx._combined_weight = (versions, combined_weight(base_weight_t, scaler_t, coef, use_base))
+        if runs_registered_op(coef):
+            weight = combined_weight(base_weight_t, scaler_t, coef, use_base)
+        else:
+            weight = _CombinedWeight.apply(base_weight_t, scaler_t, coef, family, use_base)
+        made = ctx._combined_weight = (versions, weight)
     return made[1]
 
 
