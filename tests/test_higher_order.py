@@ -230,6 +230,31 @@ def test_ukan_second_derivatives(device, base, registered, path, monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10, msg=f"output {index}")
 
 
+def test_ukan_range_table_made_once_per_node_and_again_after_an_in_place_change(device, monkeypatch):
+    """UKANLinear's dense-range node makes the CG-MLP table of its create_graph backward once (u_x and u_xx both
+    pass it) and again after an in-place change of a CG-MLP parameter; the gradients are those of the parameters
+    as they are."""
+    from warpkan.torch_bridge import UKANLinear, ukan_ops
+
+    made = []
+    table = ukan_ops.range_table_torch
+    monkeypatch.setattr(ukan_ops, "range_table_torch", lambda *args: made.append(1) or table(*args))
+    tdev = "cuda" if device == "cuda" else "cpu"
+    torch.manual_seed(0)
+    layer = UKANLinear(3, 2, grid_delta=0.3, pe_dim=4, embed_dim=3, hidden_dim=6, dtype=DOUBLE, device=tdev)
+    x = _x(11, 3, device)
+    y = layer(x)
+    (u_x,) = torch.autograd.grad(y.sum(), x, create_graph=True, retain_graph=True)
+    (u_xx,) = torch.autograd.grad(u_x.sum(), x, create_graph=True, retain_graph=True)
+    assert layer._last is None and len(made) == 1  # the dense range, its table made by the u_x pass alone
+    with torch.no_grad():
+        layer.cg_out.weight.mul_(2.0)
+    (u_x_changed,) = torch.autograd.grad(y.sum(), x, create_graph=True)
+    assert len(made) == 2
+    (expected,) = torch.autograd.grad(layer(x).sum(), x)
+    torch.testing.assert_close(u_x_changed, expected, rtol=1e-12, atol=1e-12)
+
+
 def _edge_spec(kind, x, use_base):
     """An EdgeSpec of one edge family for x [N, in] (float64): the B-spline's (uniform or general grid), the
     polynomial's (exact or LUT) and UKAN's (range table or touched pairs)."""

@@ -48,8 +48,9 @@ from ._common import (RecordedLaunches, TorchWorkspace, autocast_dtype, matmul_p
 
 __all__ = ["STRATEGIES", "PRECISIONS", "PRECISION_UNIT_ROUNDOFF", "check_strategy", "check_precision",
            "resolve_precision", "edge_forward", "edge_backward", "gemm_forward", "gemm_backward", "expand_basis",
-           "EdgeSpec", "combined_weight", "node_combined_weight", "split_weight_grad", "differentiable_backward",
-           "grad_buffers", "MAX_X_DERIVATIVE", "dense_basis", "contract_basis", "edge_dense_basis", "edge_contract_basis", "spec_of"]
+           "EdgeSpec", "combined_weight", "node_cached", "node_combined_weight", "split_weight_grad",
+           "differentiable_backward", "grad_buffers", "MAX_X_DERIVATIVE", "dense_basis", "contract_basis",
+           "edge_dense_basis", "edge_contract_basis", "spec_of"]
 
 STRATEGIES = ("auto", "stencil", "gemm")
 PRECISIONS = ("auto", "fp32", "tf32", "bf16")
@@ -587,20 +588,33 @@ class _CombinedWeight(torch.autograd.Function):
         return (d_base if ctx.use_base else None), d_scaler, d_coef, None, None
 
 
-def node_combined_weight(ctx, family, base_weight_t: Tensor, scaler_t: Tensor, coef: Tensor, use_base: bool) -> Tensor:
-    """:func:`combined_weight`, made once per autograd node (kept on ``ctx``): a ``create_graph=True`` backward
-    runs once per ``autograd.grad`` through the node (a PINN residual's u_x and u_xx each pass every layer).
-    Made again when a parameter changed in place since. Eager: by ``_CombinedWeight`` (a launch each way);
-    traced (:func:`runs_registered_op`): by torch ops."""
-    versions = (base_weight_t._version, scaler_t._version, coef._version)
-    made = getattr(ctx, "_combined_weight", None)
-    if made is None or made[0] != versions:
-        if runs_registered_op(coef):
-            weight = combined_weight(base_weight_t, scaler_t, coef, use_base)
-        else:
-            weight = _CombinedWeight.apply(base_weight_t, scaler_t, coef, family, use_base)
-        made = ctx._combined_weight = (versions, weight)
+def node_cached(ctx, name: str, sources: tuple, make):
+    """``make()``, made once per autograd node (kept on ``ctx`` under ``name``) and again when a ``sources``
+    tensor changed in place (its version counter) or is another tensor (its address: what was made keeps the
+    earlier sources alive, so a new one cannot take their memory). A ``create_graph=True`` backward runs once per
+    ``autograd.grad`` through the node (a PINN residual's u_x and u_xx each pass every layer), and what it builds
+    from the node's parameters by differentiable ops is the same each time; a view made again each call (a
+    transpose of a parameter) keeps the parameter's address and version. What is made must reach the parameters
+    by the graph of the sources, not of one call's views of them."""
+    if torch.compiler.is_compiling() or any(type(t) not in (Tensor, torch.nn.Parameter) or t.is_meta for t in sources):
+        return make()  # traced (fake, functional or meta tensors: no address to key by): made each call
+    key = tuple((t.data_ptr(), t._version) for t in sources)
+    made = getattr(ctx, name, None)
+    if made is None or made[0] != key:
+        made = (key, make())
+        setattr(ctx, name, made)
     return made[1]
+
+
+def node_combined_weight(ctx, family, base_weight_t: Tensor, scaler_t: Tensor, coef: Tensor, use_base: bool) -> Tensor:
+    """:func:`combined_weight`, made once per autograd node (:func:`node_cached`). Eager: by ``_CombinedWeight``
+    (a launch each way); traced (:func:`runs_registered_op`): by torch ops."""
+    def make():
+        if runs_registered_op(coef):
+            return combined_weight(base_weight_t, scaler_t, coef, use_base)
+        return _CombinedWeight.apply(base_weight_t, scaler_t, coef, family, use_base)
+
+    return node_cached(ctx, "_combined_weight", (base_weight_t, scaler_t, coef), make)
 
 
 def differentiable_backward(spec: EdgeSpec, dy: Tensor, x: Tensor, weight: Tensor, need_x: bool,

@@ -40,7 +40,8 @@ from torch import Tensor
 from ..kernels import ukan as ku
 from ..kernels.edge.ukan_family import (ukan_family, ukan_frame_of, ukan_pairs_family, ukan_pairs_frame_of,
                                         ukan_table_family, ukan_table_frame_of)
-from .edge_driver import EdgeSpec, combined_weight, differentiable_backward, edge_backward, edge_forward
+from .edge_driver import (EdgeSpec, combined_weight, differentiable_backward, edge_backward, edge_forward,
+                          node_cached, node_combined_weight)
 from ._common import (TRANSPOSED, RecordedLaunches, eager_function, first_order_backward, forward_mode_message,
                       op_or_eager, params_used_by_this_backward, refuse_transforms, to_warp, use_registered_op,
                       warp_stream)
@@ -686,13 +687,16 @@ def _spline_higher_outputs(ctx, n_inputs: int, params: dict, base_index: int, us
     return tuple(out)
 
 
-def _table_spline_higher_grads(args, dy, x, base_weight_t, scaler_t, use_base, need_x, wrt: list):
+def _table_spline_higher_grads(args, dy, x, base_weight_t, scaler_t, use_base, need_x, wrt: list, ctx=None):
     """(dx, gradients of ``wrt``) of a UKAN spline on a table the engine reads as ``coef`` [in, n_coef, out]
     (``args``: family, frame maker, frame tensors, frame config, coef), as differentiable graphs: the engine's
-    dense basis and its x-derivatives, the combined weight made by torch ops from ``coef`` (and so from the
-    table it was made from), ``base_weight_t`` and ``scaler_t`` (``wrt``: those to differentiate)."""
+    dense basis and its x-derivatives, the combined weight made from ``coef`` (and so from the table it was
+    made from), ``base_weight_t`` and ``scaler_t`` (``wrt``: those to differentiate, or what they are views
+    of). With the node's ``ctx``, the weight is made once a node (``wrt`` must then be the parameters
+    themselves, which every call's views lead to)."""
     family, make_frame, frame_tensors, frame_config, coef = args
-    weight = combined_weight(base_weight_t, scaler_t, coef, use_base)
+    weight = (combined_weight(base_weight_t, scaler_t, coef, use_base) if ctx is None
+              else node_combined_weight(ctx, family, base_weight_t, scaler_t, coef, use_base))
     spec = EdgeSpec(family, make_frame, frame_tensors, frame_config, coef.shape[1], use_base)
     dx, d_weight = differentiable_backward(spec, dy, x.contiguous(), weight, need_x, bool(wrt))
     grads = torch.autograd.grad(weight, wrt, d_weight, create_graph=True, allow_unused=True) if wrt else ()
@@ -700,26 +704,28 @@ def _table_spline_higher_grads(args, dy, x, base_weight_t, scaler_t, use_base, n
 
 
 def range_spline_higher_grads(dy, x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base,
-                              need_x, wrt: list):
+                              need_x, wrt: list, ctx=None):
     """(dx, gradients of ``wrt``) of :func:`ukan_range_spline` as differentiable graphs (create_graph=True):
     the range table as the UKAN family reads it (:func:`_table_spline_higher_grads`)."""
     return _table_spline_higher_grads(_range_args(x, group_lo, table, grid_delta, spline_order), dy, x,
-                                      base_weight_t, scaler_t, use_base, need_x, wrt)
+                                      base_weight_t, scaler_t, use_base, need_x, wrt, ctx)
 
 
 def _range_layer_higher(ctx, dy):
-    """The eager range layer's gradients for create_graph=True: the table recomputed by torch ops from the
-    node's inputs (so that every gradient carries their history), the spline by the engine's differentiable
-    dense basis (:func:`range_spline_higher_grads`)."""
+    """The eager range layer's gradients for create_graph=True: the table by torch ops from the node's inputs
+    (so that every gradient carries their history), the spline by the engine's differentiable dense basis
+    (:func:`range_spline_higher_grads`). The table and the combined weight are made once a node
+    (``node_cached``: u_x and u_xx pass the node twice); the gradients are asked of the parameters themselves."""
     (x, group_lo, rows, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out, base_weight, spline_scaler, grid_delta,
      spline_order, use_base) = ctx.raw_inputs
-    w_km, b_km = coefficient_major(w_out, b_out, spline_order)
-    table = range_table_torch(group_lo, rows, pe_dim, embedding, w_hidden, b_hidden, w_km, b_km)
+    mlp = (embedding, w_hidden, b_hidden, w_out, b_out)
+    table = node_cached(ctx, "_range_table", mlp, lambda: range_table_torch(
+        group_lo, rows, pe_dim, embedding, w_hidden, b_hidden, *coefficient_major(w_out, b_out, spline_order)))
     params = {4: embedding, 5: w_hidden, 6: b_hidden, 7: w_out, 8: b_out, 9: base_weight, 10: spline_scaler}
     return _spline_higher_outputs(
         ctx, 15, params, 9, use_base,
         lambda wrt: range_spline_higher_grads(dy, x, group_lo, table, base_weight.t(), spline_scaler.t(), grid_delta,
-                                              spline_order, use_base, ctx.needs_input_grad[0], wrt))
+                                              spline_order, use_base, ctx.needs_input_grad[0], wrt, ctx))
 
 
 def range_layer(x: Tensor, group_lo: Tensor, rows_per_feature: int, pe_dim: int, embedding: Tensor,
