@@ -594,10 +594,13 @@ def node_cached(ctx, name: str, sources: tuple, make):
     earlier sources alive, so a new one cannot take their memory). A ``create_graph=True`` backward runs once per
     ``autograd.grad`` through the node (a PINN residual's u_x and u_xx each pass every layer), and what it builds
     from the node's parameters by differentiable ops is the same each time; a view made again each call (a
-    transpose of a parameter) keeps the parameter's address and version. What is made must reach the parameters
-    by the graph of the sources, not of one call's views of them."""
-    if torch.compiler.is_compiling() or any(type(t) not in (Tensor, torch.nn.Parameter) or t.is_meta for t in sources):
-        return make()  # traced (fake, functional or meta tensors: no address to key by): made each call
+    transpose of a parameter) keeps the parameter's address and version. A later call must not ask autograd
+    for gradients of its own views through what was made (they are not in its graph), only of the parameters
+    themselves, as the B-spline and UKAN range formulas do."""
+    traced = torch.compiler.is_compiling() or any(
+        type(t) not in (Tensor, torch.nn.Parameter) or t.is_meta for t in sources)
+    if traced:  # fake, functional or meta tensors: no address to key by, made each call
+        return make()
     key = tuple((t.data_ptr(), t._version) for t in sources)
     made = getattr(ctx, name, None)
     if made is None or made[0] != key:
