@@ -623,8 +623,9 @@ def node_combined_weight(ctx, family, base_weight_t: Tensor, scaler_t: Tensor, c
 def differentiable_backward(spec: EdgeSpec, dy: Tensor, x: Tensor, weight: Tensor, need_x: bool,
                             need_weight: bool) -> tuple:
     """(dx, dW) of ``y = A_0(x)^T W`` as differentiable torch graphs (for ``create_graph=True``): ``weight``
-    [width, out] is the caller's combined weight built by torch ops from its parameters, so dW reaches them by
-    ordinary autograd. Either is None when not asked for."""
+    [width, out] is the caller's combined weight, made from its parameters by differentiable ops
+    (:func:`node_combined_weight`, or the coefficients themselves), so that dx reaches them by ordinary autograd.
+    Either is None when not asked for."""
     dx = contract_basis(weight @ dy.t(), x, None, 1, spec) if need_x else None
     d_weight = dense_basis(x, None, 0, spec) @ dy if need_weight else None
     return dx, d_weight
