@@ -160,7 +160,7 @@ def _deterministic_backward(family, frame, ws, dy, x, base_weight_t, scaler_t, c
         return
     n_buckets = family.n_slots(n_coef) + 1
     rows, keys = sort_entries(family, frame, ws, x, n_buckets, stream)
-    offsets = _offsets(kernels, ws, keys, n_in * n_buckets, n_rows * n_in, device, stream)
+    offsets = _offsets(kernels, ws, keys, _n_keys(family, n_in, n_buckets), n_rows * n_in, device, stream)
     launch(kernels.backward_coef, n_in * n_coef * n_out, [dy, x, frame, scaler_t, rows, offsets, n_buckets],
            [d_coef], device, stream, block_dim=block)
 
@@ -198,7 +198,7 @@ def _shared_coef_grad(family, kernels, ws, dy, x, frame, scaler_t, d_coef, entry
         rows = ws.get("rows", (n_entries,), wp.int32)
         launch(kernels.ordered_keys, n_entries, [x, frame, n_groups, entry_order], [keys, rows], device, stream,
                block_dim=_block(device))
-    offsets = _offsets(kernels, ws, keys, n_groups + 1, n_entries, device, stream)
+    offsets = _offsets(kernels, ws, keys, _n_keys(family, x.shape[1], n_groups), n_entries, device, stream)
     chunk = shared_chunk(n_entries, n_out)
     n_chunks = -(-n_entries // chunk)
     group_sums = ws.get("group_sums", (n_groups, 2 * K, n_out), family.scalar)
