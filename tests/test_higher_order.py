@@ -360,6 +360,105 @@ def test_edge_pieces_registered_match_eager(device, kind):
         torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12, msg=name)
 
 
+@pytest.mark.parametrize("kind", EDGE_KINDS)
+def test_expand_contract_matches_the_separate_pieces(device, kind):
+    """The one-launch backward piece gives what the separate dense basis and contractions give: every subset of
+    its three outputs, at every order a formula asks it for, with and without each scale, base path on and off."""
+    import itertools
+
+    from warpkan.torch_bridge.edge_driver import _expand_contract_impl, contract_basis, dense_basis, dense_width
+
+    x = _x(37, 3, device, lo=-1.1, hi=1.2, seed=21)
+    for use_base in (True, False):
+        spec = _edge_spec(kind, x, use_base=use_base)
+        g = _x(dense_width(3, spec[4], use_base), 37, device, lo=-1.0, hi=1.0, seed=22)
+        scale = _x(37, 3, device, lo=0.5, hi=1.5, seed=23)
+        scale_lo = _x(37, 3, device, lo=-1.5, hi=-0.5, seed=24)
+        for order, s, s_lo in itertools.product(range(3), (None, scale), (None, scale_lo)):
+            with torch.no_grad():
+                expected = (dense_basis(x, s, order, spec), contract_basis(g, x, s, order + 1, spec),
+                            contract_basis(g, x, s_lo, order, spec))
+                for wanted in itertools.product((False, True), repeat=3):
+                    got = _expand_contract_impl(g, x, s, s_lo, order, spec, *wanted)
+                    for name, want, ours, ref in zip(("basis", "dx", "dx_lo"), wanted, got, expected):
+                        if want:
+                            torch.testing.assert_close(ours, ref, rtol=1e-13, atol=1e-13,
+                                                       msg=f"{name} order {order} base {use_base}")
+                        else:
+                            assert ours.numel() == 0, name
+        with torch.no_grad():  # one tensor as both scales (a contraction's backward without a scale of its own)
+            got = _expand_contract_impl(g, x, scale, scale, 1, spec, True, True, True)
+            expected = (dense_basis(x, scale, 1, spec), contract_basis(g, x, scale, 2, spec),
+                        contract_basis(g, x, scale, 1, spec))
+        for ours, ref in zip(got, expected):
+            torch.testing.assert_close(ours, ref, rtol=1e-13, atol=1e-13)
+    with pytest.raises(NotImplementedError, match="order 4"):
+        _expand_contract_impl(g, x, None, None, 3, spec, False, True, False)
+
+
+def test_pinn_step_reuses_its_recorded_launches(device):
+    """A second heat-PINN step of the same shapes records no new launch: every launch of the create_graph
+    formulas is re-pointed at its new tensors (a recorded launch keyed by addresses would grow the cache every
+    step and pay a recording each time)."""
+    from warpkan.torch_bridge import edge_driver
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(KANLinear(2, 5, grid_size=4, dtype=DOUBLE, device=device),
+                                KANLinear(5, 1, grid_size=4, dtype=DOUBLE, device=device))
+    xt = _x(23, 2, device, seed=32)
+
+    def step():
+        _, u_x, u_xx, loss = _derivatives(model, xt)
+        loss.backward()
+
+    step()
+    before = dict(edge_driver._launch._records)
+    step()
+    assert set(edge_driver._launch._records) <= set(before)
+
+
+@pytest.mark.parametrize("route", ["eager", "registered"])
+def test_expand_contract_gradcheck(device, route):
+    """The one-launch piece's own gradients (the sum of its outputs' formulas, themselves built of it) by float64
+    finite differences, first and second (at order 0: the second gradients reach the third x-derivative), with
+    both scales and all three outputs, and with two of them."""
+    from warpkan.torch_bridge.edge_driver import _ExpandContract, dense_width, edge_expand_contract
+
+    x = _x(5, 2, device, seed=25)
+    spec = _edge_spec("bspline", x, True)
+    g = _x(dense_width(2, spec[4], True), 5, device, lo=-1.0, hi=1.0, seed=26)
+    scale = _x(5, 2, device, lo=0.5, hi=1.5, seed=27)
+    scale_lo = _x(5, 2, device, lo=-1.5, hi=-0.5, seed=28)
+    frame, key = list(spec.frame_tensors), spec.static_key()
+    for wanted in ((True, True, True), (True, True, False), (False, True, True)):
+        def piece(g, x, s, s_lo, wanted=wanted):
+            if route == "eager":
+                outs = _ExpandContract.apply(g, x, s, s_lo, 0, spec, *wanted)
+            else:
+                outs = edge_expand_contract(g, x, s, s_lo, frame, key, 0, *wanted)
+            return tuple(out for out, want in zip(outs, wanted) if want)
+
+        assert torch.autograd.gradcheck(piece, (g, x, scale, scale_lo))
+        assert torch.autograd.gradgradcheck(piece, (g, x, scale, scale_lo))
+
+
+@pytest.mark.parametrize("kind", EDGE_KINDS)
+def test_expand_contract_opcheck(device, kind):
+    from warpkan.torch_bridge.edge_driver import dense_width, edge_expand_contract
+
+    x = _x(6, 3, device, lo=-1.1, hi=1.2, seed=29)
+    spec = _edge_spec(kind, x, use_base=kind.startswith("bspline"))
+    frame, key = list(spec.frame_tensors), spec.static_key()
+    g = _x(dense_width(3, spec[4], spec[5]), 6, device, lo=-1.0, hi=1.0, seed=30)
+    scale = _x(6, 3, device, lo=0.5, hi=1.5, seed=31)
+    for order in range(3):
+        # at order 2 the gradient of the order-3 contraction would need a fourth x-derivative: no autograd test
+        utils = ("test_schema", "test_faketensor") if order == 2 else OPCHECK_UTILS
+        for wanted in ((True, True, True), (True, True, False), (False, True, True), (True, False, True)):
+            torch.library.opcheck(edge_expand_contract, (g, x, scale, None, frame, key, order, *wanted),
+                                  test_utils=utils)
+
+
 def test_registered_create_graph_runs_the_registered_pieces(device, monkeypatch):
     """Where the layers run their registered ops (torch.compile, export, meta tensors), a create_graph=True
     backward builds its graph of the registered pieces, not the eager Functions."""
@@ -371,8 +470,8 @@ def test_registered_create_graph_runs_the_registered_pieces(device, monkeypatch)
     def refused(*args):
         raise AssertionError("an eager Function ran under the registered route")
 
-    for function in (edge_driver._DenseBasis, edge_driver._ContractBasis, rational_higher._Derivative,
-                     rational_higher._CoefGrad):
+    for function in (edge_driver._DenseBasis, edge_driver._ContractBasis, edge_driver._ExpandContract,
+                     rational_higher._Derivative, rational_higher._CoefGrad):
         monkeypatch.setattr(function, "apply", refused)
     torch.manual_seed(0)
     from warpkan.torch_bridge import GroupRational

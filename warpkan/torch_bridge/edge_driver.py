@@ -50,7 +50,7 @@ __all__ = ["STRATEGIES", "PRECISIONS", "PRECISION_UNIT_ROUNDOFF", "check_strateg
            "resolve_precision", "edge_forward", "edge_backward", "gemm_forward", "gemm_backward", "expand_basis",
            "EdgeSpec", "combined_weight", "node_cached", "node_combined_weight", "split_weight_grad",
            "differentiable_backward", "grad_buffers", "MAX_X_DERIVATIVE", "dense_basis", "contract_basis",
-           "edge_dense_basis", "edge_contract_basis", "spec_of"]
+           "expand_contract", "edge_dense_basis", "edge_contract_basis", "edge_expand_contract", "spec_of"]
 
 STRATEGIES = ("auto", "stencil", "gemm")
 PRECISIONS = ("auto", "fp32", "tf32", "bf16")
@@ -231,6 +231,14 @@ def _contract(x, scale, *rest, family, make_frame, n_frame, frame_config, n_coef
                                            use_base, record=record, order=order, scale=scale)
 
 
+def _expand_contract(x, scale, scale_lo, *rest, family, make_frame, n_frame, frame_config, n_coef, use_base, order,
+                     lo_is_scale, record=False):
+    frame_views, (g, basis_t, dx, dx_lo) = rest[:n_frame], rest[n_frame:]
+    return edge.launch_expand_contract(family, make_frame(*frame_views, *frame_config), x, n_coef, g, basis_t, dx,
+                                       dx_lo, use_base, record=record, order=order, scale=scale, scale_lo=scale_lo,
+                                       lo_is_scale=lo_is_scale)
+
+
 def _combine(base_weight_t, scaler_t, coef, weight, family, use_base, record=False):
     return edge.launch_combine_weights(family, base_weight_t, scaler_t, coef, weight, use_base, record=record)
 
@@ -240,7 +248,8 @@ def _split(d_weight, scaler_t, coef, d_base, d_scaler, d_coef, family, use_base,
                                          record=record)
 
 
-_EXPAND, _CONTRACT, _COMBINE, _SPLIT = (_recorded(f) for f in (_expand, _contract, _combine, _split))
+_EXPAND, _CONTRACT, _EXPAND_CONTRACT, _COMBINE, _SPLIT = (_recorded(f) for f in (_expand, _contract, _expand_contract,
+                                                                                   _combine, _split))
 
 
 def _frame_config(family, make_frame, frame_tensors, frame_config, n_coef, use_base) -> tuple:
@@ -432,24 +441,86 @@ def _contract_basis_impl(g: Tensor, x: Tensor, scale: "Tensor | None", order: in
     return dx
 
 
-# The two pieces' autograd formulas, one for both routes: ctx holds (x, scale) or (g, x, scale) first in
-# saved_tensors, and ``order`` and ``spec``.
+def _expand_contract_impl(g: Tensor, x: Tensor, scale: "Tensor | None", scale_lo: "Tensor | None", order: int,
+                          spec: EdgeSpec, need_basis: bool, need_dx: bool, need_dx_lo: bool) -> tuple:
+    _check_order(order + 1 if need_dx else order, "edge layer")
+    n_coef, use_base = spec[4], spec[5]
+    empty = x.new_empty((0,))
+    basis_t = x.new_empty((dense_width(x.shape[1], n_coef, use_base), x.shape[0])) if need_basis else empty
+    dx = torch.empty_like(x) if need_dx else empty
+    dx_lo = torch.empty_like(x) if need_dx_lo else empty
+    if x.numel():
+        scale = None if scale is None else scale.contiguous()
+        scale_lo = None if scale_lo is None else scale_lo.contiguous()
+        # one tensor as both scales (a contraction's backward without a scale of its own) goes once
+        lo_is_scale = scale_lo is not None and scale is not None and scale_lo.data_ptr() == scale.data_ptr()
+        _launch(_EXPAND_CONTRACT, (x.contiguous(), scale, None if lo_is_scale else scale_lo, *spec.frame_tensors,
+                                   g.contiguous(), basis_t if need_basis else None, dx if need_dx else None,
+                                   dx_lo if need_dx_lo else None), (*_order_config(spec, order),
+                                                                    ("lo_is_scale", lo_is_scale)))
+    return basis_t, dx, dx_lo
+
+
+# The pieces' autograd formulas, one for both routes. A backward that needs two or three of a piece's
+# gradients takes them from one expand_contract (one evaluation of the bases, one read of g).
+def _backward_of_basis(g, x, scale, order: int, spec: EdgeSpec, need_x: bool, need_scale: bool) -> tuple:
+    """(d_x, d_scale) of A_order(x) * scale given its gradient g [width, N]: contract_{order+1}(g, x) * scale and
+    contract_order(g, x)."""
+    if need_x and need_scale:
+        _, d_x, d_scale = expand_contract(g, x, scale, None, order, spec, False, True, True)
+        return d_x, d_scale
+    d_x = contract_basis(g, x, scale, order + 1, spec) if need_x else None
+    d_scale = contract_basis(g, x, None, order, spec) if need_scale else None
+    return d_x, d_scale
+
+
+def _backward_of_contraction(g, x, h, scale, order: int, spec: EdgeSpec, need_g: bool, need_x: bool,
+                             need_scale: bool) -> tuple:
+    """(d_g, d_x, d_scale) of contract_order(g, x) * scale given its gradient h [N, in]: A_order(x) * hs,
+    contract_{order+1}(g, x) * hs and contract_order(g, x) * h, with hs = h * scale."""
+    h_scaled = _scaled(h, scale) if need_g or need_x else None
+    if need_g + need_x + need_scale >= 2:
+        d_g, d_x, d_scale = expand_contract(g, x, h_scaled, h, order, spec, need_g, need_x, need_scale)
+        return (d_g if need_g else None), (d_x if need_x else None), (d_scale if need_scale else None)
+    d_g = dense_basis(x, h_scaled, order, spec) if need_g else None
+    d_x = contract_basis(g, x, h_scaled, order + 1, spec) if need_x else None
+    d_scale = contract_basis(g, x, h, order, spec) if need_scale else None
+    return d_g, d_x, d_scale
+
+
+# ctx holds (x, scale), (g, x, scale) or (g, x, scale, scale_lo) first in saved_tensors, and ``order`` and ``spec``.
 def _dense_basis_grads(ctx, g) -> tuple:
     x, scale = ctx.saved_tensors[:2]
-    need_x, need_scale = needed_grads(ctx, (x, scale))
-    d_x = contract_basis(g, x, scale, ctx.order + 1, ctx.spec) if need_x else None
-    d_scale = contract_basis(g, x, None, ctx.order, ctx.spec) if need_scale else None
-    return d_x, d_scale
+    return _backward_of_basis(g, x, scale, ctx.order, ctx.spec, *needed_grads(ctx, (x, scale)))
 
 
 def _contract_basis_grads(ctx, h) -> tuple:
     g, x, scale = ctx.saved_tensors[:3]
-    need_g, need_x, need_scale = needed_grads(ctx, (g, x, scale))
-    h_scaled = _scaled(h, scale) if need_g or need_x else None
-    d_g = dense_basis(x, h_scaled, ctx.order, ctx.spec) if need_g else None
-    d_x = contract_basis(g, x, h_scaled, ctx.order + 1, ctx.spec) if need_x else None
-    d_scale = contract_basis(g, x, h, ctx.order, ctx.spec) if need_scale else None
-    return d_g, d_x, d_scale
+    return _backward_of_contraction(g, x, h, scale, ctx.order, ctx.spec, *needed_grads(ctx, (g, x, scale)))
+
+
+def _expand_contract_grads(ctx, g_basis, g_dx, g_dx_lo) -> tuple:
+    """(d_g, d_x, d_scale, d_scale_lo) of (A_m(x) scale, contract_{m+1}(g, x) scale, contract_m(g, x) scale_lo):
+    the sum of the three outputs' own formulas, for the outputs that have a gradient."""
+    g, x, scale, scale_lo = ctx.saved_tensors[:4]
+    need_g, need_x, need_scale, need_scale_lo = needed_grads(ctx, (g, x, scale, scale_lo))
+    order, spec = ctx.order, ctx.spec
+    terms = []
+    if g_basis is not None and g_basis.numel():
+        terms.append((None, *_backward_of_basis(g_basis, x, scale, order, spec, need_x, need_scale), None))
+    if g_dx is not None and g_dx.numel():
+        terms.append((*_backward_of_contraction(g, x, g_dx, scale, order + 1, spec, need_g, need_x, need_scale),
+                      None))
+    if g_dx_lo is not None and g_dx_lo.numel():
+        d_g, d_x, d_scale_lo = _backward_of_contraction(g, x, g_dx_lo, scale_lo, order, spec, need_g, need_x,
+                                                         need_scale_lo)
+        terms.append((d_g, d_x, None, d_scale_lo))
+    return tuple(_sum_present(term[k] for term in terms) for k in range(4))
+
+
+def _sum_present(parts) -> "Tensor | None":
+    present = [p for p in parts if p is not None]
+    return None if not present else present[0] if len(present) == 1 else sum(present[1:], present[0])
 
 
 class _DenseBasis(torch.autograd.Function):
@@ -482,6 +553,23 @@ class _ContractBasis(torch.autograd.Function):
         return *_contract_basis_grads(ctx, h), None, None
 
 
+class _ExpandContract(torch.autograd.Function):
+    """(A_m(x) scale, contract_{m+1}(g, x) scale, contract_m(g, x) scale_lo), those asked for (the others come
+    back empty): what the backward of a contraction or of a dense basis needs, in one launch. The eager route
+    of ``warpkan::edge_expand_contract``."""
+
+    @staticmethod
+    def forward(ctx, g, x, scale, scale_lo, order, spec, need_basis, need_dx, need_dx_lo):
+        ctx.save_for_backward(g, x, scale, scale_lo)
+        ctx.order, ctx.spec = order, spec
+        ctx.set_materialize_grads(False)
+        return _expand_contract_impl(g, x, scale, scale_lo, order, spec, need_basis, need_dx, need_dx_lo)
+
+    @staticmethod
+    def backward(ctx, g_basis, g_dx, g_dx_lo):
+        return *_expand_contract_grads(ctx, g_basis, g_dx, g_dx_lo), None, None, None, None, None
+
+
 @torch.library.custom_op("warpkan::edge_dense_basis", mutates_args=(),
                          schema="(Tensor x, Tensor? scale, Tensor[] frame_tensors, str spec, int order) -> Tensor")
 def edge_dense_basis(x, scale, frame_tensors, spec, order):
@@ -508,6 +596,42 @@ def edge_contract_basis(g, x, scale, frame_tensors, spec, order):
 def _(g, x, scale, frame_tensors, spec, order):
     _check_order(order, "edge layer")
     return torch.empty_like(x)
+
+
+@torch.library.custom_op("warpkan::edge_expand_contract", mutates_args=(),
+                         schema="(Tensor g, Tensor x, Tensor? scale, Tensor? scale_lo, Tensor[] frame_tensors, "
+                                "str spec, int order, bool need_basis, bool need_dx, bool need_dx_lo) "
+                                "-> (Tensor, Tensor, Tensor)")
+def edge_expand_contract(g, x, scale, scale_lo, frame_tensors, spec, order, need_basis, need_dx, need_dx_lo):
+    """``_ExpandContract`` as a registered op."""
+    return _expand_contract_impl(g, x, scale, scale_lo, order, spec_of(spec, frame_tensors), need_basis, need_dx,
+                                 need_dx_lo)
+
+
+@edge_expand_contract.register_fake
+def _(g, x, scale, scale_lo, frame_tensors, spec, order, need_basis, need_dx, need_dx_lo):
+    _check_order(order + 1 if need_dx else order, "edge layer")
+    _, _, _, n_coef, use_base = _STATIC_SPECS[spec]
+    empty = x.new_empty((0,))
+    return (x.new_empty((dense_width(x.shape[1], n_coef, use_base), x.shape[0])) if need_basis else empty,
+            torch.empty_like(x) if need_dx else empty, torch.empty_like(x) if need_dx_lo else empty)
+
+
+def _expand_contract_setup(ctx, inputs, output):
+    g, x, scale, scale_lo, frame_tensors, spec, order = inputs[:7]
+    ctx.save_for_backward(g, x, scale, scale_lo, *frame_tensors)
+    ctx.order, ctx.static_key = order, spec
+    ctx.set_materialize_grads(False)
+
+
+def _expand_contract_backward(ctx, g_basis, g_dx, g_dx_lo):
+    frame_tensors = ctx.saved_tensors[4:]
+    ctx.spec = spec_of(ctx.static_key, frame_tensors)
+    return (*_expand_contract_grads(ctx, g_basis, g_dx, g_dx_lo), [None] * len(frame_tensors), None, None, None,
+            None, None)
+
+
+edge_expand_contract.register_autograd(_expand_contract_backward, setup_context=_expand_contract_setup)
 
 
 def _registered_setup(n_leading: int):
@@ -540,6 +664,16 @@ def dense_basis(x: Tensor, scale: "Tensor | None", order: int, spec: EdgeSpec) -
     if runs_registered_op(x):
         return edge_dense_basis(x, scale, list(spec.frame_tensors), spec.static_key(), order)
     return _DenseBasis.apply(x, scale, order, spec)
+
+
+def expand_contract(g: Tensor, x: Tensor, scale: "Tensor | None", scale_lo: "Tensor | None", order: int,
+                    spec: EdgeSpec, need_basis: bool, need_dx: bool, need_dx_lo: bool) -> tuple:
+    """(A_m(x) scale, contract_{m+1}(g, x) scale, contract_m(g, x) scale_lo), differentiable, those not asked
+    for empty; routed as :func:`dense_basis`."""
+    if runs_registered_op(x):
+        return edge_expand_contract(g, x, scale, scale_lo, list(spec.frame_tensors), spec.static_key(), order,
+                                    need_basis, need_dx, need_dx_lo)
+    return _ExpandContract.apply(g, x, scale, scale_lo, order, spec, need_basis, need_dx, need_dx_lo)
 
 
 def contract_basis(g: Tensor, x: Tensor, scale: "Tensor | None", order: int, spec: EdgeSpec) -> Tensor:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import warp as wp
 
-from .family import EdgeFamily, basis_dx, basis_dx2, basis_dx_order, silu_func, silu_order_func
+from .family import EdgeFamily, basis_dx, basis_dx2, basis_dx_orders, silu_func, silu_order_func
 
 __all__ = ["EdgeValues", "edge_values"]
 
@@ -20,6 +20,7 @@ class EdgeValues:
     coef_dot: object  # (coef, i, slot, o, v) -> sum_m v_m C[i, slot + first + m, o] over existing coefficients
     silu: object  # x -> (silu, silu', silu'')
     bases_order_at: object  # (frame, n, i, x, order) -> (valid, slot, d^order B / dx^order), order 0..3
+    bases_orders_at: object  # (frame, n, i, x, order) -> (valid, slot, orders `order` and `order` + 1)
     silu_order: object  # (x, order) -> d^order silu / dx^order
 
 
@@ -29,7 +30,7 @@ def edge_values(family: EdgeFamily) -> EdgeValues:
     K, first = family.n_bases, family.first
     locate, basis = family.locate, family.basis
     with_dx, with_dx2 = basis_dx(family), basis_dx2(family)
-    of_order = basis_dx_order(family)
+    of_orders = basis_dx_orders(family)
     zero = scalar(0.0)
 
     @wp.func
@@ -75,12 +76,18 @@ def edge_values(family: EdgeFamily) -> EdgeValues:
         return acc
 
     @wp.func
-    def bases_order_at(frame: Frame, n: int, i: int, x: scalar, order: int):
+    def bases_orders_at(frame: Frame, n: int, i: int, x: scalar, order: int):
         valid, slot, u, du_dx, d2u_dx2 = locate(frame, n, i, x)
         b = vec()
+        b_next = vec()
         if valid:
-            b = of_order(frame, i, slot, u, du_dx, d2u_dx2, order)
+            b, b_next = of_orders(frame, i, slot, u, du_dx, d2u_dx2, order)
+        return valid, slot, b, b_next
+
+    @wp.func
+    def bases_order_at(frame: Frame, n: int, i: int, x: scalar, order: int):
+        valid, slot, b, b_next = bases_orders_at(frame, n, i, x, order)
         return valid, slot, b
 
     return EdgeValues(slot_at, bases_at, bases_dx_at, bases_dx2_at, coef_dot, silu_func(family.scalar_name),
-                      bases_order_at, silu_order_func(family.scalar_name))
+                      bases_order_at, bases_orders_at, silu_order_func(family.scalar_name))

@@ -30,6 +30,7 @@ class DenseKernels:
     combine_weights: wp.Kernel
     contract_basis_grad: wp.Kernel
     contract_basis_grad_scaled: wp.Kernel
+    expand_contract: wp.Kernel
     split_param_grads: wp.Kernel
 
 
@@ -65,9 +66,10 @@ def dense_kernels(family: EdgeFamily, basis_name: str) -> DenseKernels:
     module = f"warpkan_edge_{family.key}_dense_{basis_name}"
     kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
     expand_basis, contract_basis_grad, contract_basis_grad_scaled = _basis_kernels(family, basis_type, kernel)
+    expand_contract = _expand_contract_kernel(family, basis_type, kernel)
     combine_weights, split_param_grads = _weight_kernels(family, basis_type, kernel)
     return DenseKernels(module, expand_basis, combine_weights, contract_basis_grad, contract_basis_grad_scaled,
-                        split_param_grads)
+                        expand_contract, split_param_grads)
 
 
 def _basis_kernels(family: EdgeFamily, basis_type, kernel):
@@ -149,6 +151,72 @@ def _basis_kernels(family: EdgeFamily, basis_type, kernel):
         return kernel(contract_basis_grad)
 
     return expand_basis, contract_kernel(False), contract_kernel(True)
+
+
+def _expand_contract_kernel(family: EdgeFamily, basis_type, kernel):
+    scalar, Frame, K, first = family.scalar, family.Frame, family.n_bases, family.first
+    values = edge_values(family)
+    bases_orders_at, silu_order = values.bases_orders_at, values.silu_order
+    zero = scalar(0.0)
+    one = scalar(1.0)
+
+    @kernel
+    def expand_contract(x: wp.array2d(dtype=scalar), frame: Frame, use_base: int, n_coef: int, order: int,
+                        scale: wp.array2d(dtype=scalar), scale_lo: wp.array2d(dtype=scalar), lo_is_scale: int,
+                        g: wp.array2d(dtype=basis_type), basis_t: wp.array2d(dtype=basis_type),
+                        dx: wp.array2d(dtype=scalar), dx_lo: wp.array2d(dtype=scalar)):
+        # what the backward of a contraction (or of a dense basis) needs, from one evaluation of the bases at x
+        # and one read of g's window: basis_t = A_order(x) scale, dx = contract_{order+1}(g, x) scale and
+        # dx_lo = contract_order(g, x) scale_lo; an empty output is not written, an empty scale is 1;
+        # lo_is_scale: scale_lo is scale (one tensor is not passed twice: a recorded launch re-points each
+        # argument by its own address)
+        n, i = dense_entry(wp.tid(), x.shape[1])
+        if n >= x.shape[0]:
+            return
+        xv = x[n, i]
+        s = one
+        if scale.shape[0] > 0:
+            s = scale[n, i]
+        valid, slot, b, b_next = bases_orders_at(frame, n, i, xv, order)
+        contracts = dx.shape[0] > 0 or dx_lo.shape[0] > 0
+        acc = zero
+        acc_lo = zero
+        row = i * n_coef
+        if use_base:
+            if basis_t.shape[0] > 0:
+                basis_t[i, n] = basis_type(s * silu_order(xv, order))
+            if contracts:
+                g_silu = scalar(g[i, n])
+                acc_lo = g_silu * silu_order(xv, order)
+                if dx.shape[0] > 0:
+                    acc = g_silu * silu_order(xv, order + 1)
+            row = row + x.shape[1]
+        start = slot + first
+        if basis_t.shape[0] > 0:  # every row written, as in expand_basis (coalesced stores, no fill)
+            for j in range(n_coef):
+                value = zero
+                for m in range(K):
+                    if j - start == m:
+                        value = b[m]
+                basis_t[row + j, n] = basis_type(s * value)
+        if valid and contracts:
+            for m in range(K):
+                j = start + m
+                if j >= 0 and j < n_coef:
+                    g_j = scalar(g[row + j, n])
+                    acc = acc + b_next[m] * g_j
+                    acc_lo = acc_lo + b[m] * g_j
+        if dx.shape[0] > 0:
+            dx[n, i] = acc * s
+        if dx_lo.shape[0] > 0:
+            s_lo = one
+            if lo_is_scale:
+                s_lo = s
+            elif scale_lo.shape[0] > 0:
+                s_lo = scale_lo[n, i]
+            dx_lo[n, i] = acc_lo * s_lo
+
+    return expand_contract
 
 
 def _weight_kernels(family: EdgeFamily, basis_type, kernel):

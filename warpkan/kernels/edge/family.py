@@ -33,7 +33,7 @@ import warp as wp
 
 from .._common import SCALARS
 
-__all__ = ["EdgeFamily", "basis_dx", "basis_dx2", "basis_dx_order", "silu_func", "silu_order_func",
+__all__ = ["EdgeFamily", "basis_dx", "basis_dx2", "basis_dx_orders", "silu_func", "silu_order_func",
            "linear_u_dx3"]
 
 
@@ -109,16 +109,16 @@ def basis_dx2(family: EdgeFamily):
 
 
 @functools.lru_cache(maxsize=None)
-def basis_dx_order(family: EdgeFamily):
-    """``@wp.func (frame, i, slot, u, du_dx, d2u_dx2, order) -> d^order B / dx^order`` for order 0..3 (the
-    higher-order derivatives of the torch layers), by the chain rule up to the third order:
-    ``B^(3) = u'^3 b^(3) + 3 u' u'' b'' + u^(3) b'``."""
+def basis_dx_orders(family: EdgeFamily):
+    """``@wp.func (frame, i, slot, u, du_dx, d2u_dx2, order) -> (d^order B / dx^order, d^(order+1) B / dx^(order+1))``
+    for order 0..3 (the higher-order derivatives of the torch layers), from one evaluation of the bases and
+    their u-derivatives, by the chain rule up to the third order: ``B^(3) = u'^3 b^(3) + 3 u' u'' b'' + u^(3) b'``.
+    The second is meaningful for order + 1 <= 3 only (a caller at order 3 does not read it)."""
     basis_du3, u_dx3 = family.basis_du3, family.u_dx3
-    scalar = family.scalar
+    scalar, vec = family.scalar, family.vec
 
     @wp.func
-    def bases_of_order(frame: family.Frame, i: int, slot: int, u: scalar, du_dx: scalar, d2u_dx2: scalar, order: int):
-        b, db, d2b, d3b = basis_du3(frame, i, slot, u)
+    def of_order(b: vec, db: vec, d2b: vec, d3b: vec, u: scalar, du_dx: scalar, d2u_dx2: scalar, order: int):
         if order == 0:
             return b
         if order == 1:
@@ -128,7 +128,14 @@ def basis_dx_order(family: EdgeFamily):
         d3u = u_dx3(u, du_dx, d2u_dx2)
         return d3b * (du_dx * du_dx * du_dx) + d2b * (scalar(3.0) * du_dx * d2u_dx2) + db * d3u
 
-    return bases_of_order
+    @wp.func
+    def bases_of_orders(frame: family.Frame, i: int, slot: int, u: scalar, du_dx: scalar, d2u_dx2: scalar,
+                        order: int):
+        b, db, d2b, d3b = basis_du3(frame, i, slot, u)
+        return (of_order(b, db, d2b, d3b, u, du_dx, d2u_dx2, order),
+                of_order(b, db, d2b, d3b, u, du_dx, d2u_dx2, order + 1))
+
+    return bases_of_orders
 
 
 @functools.lru_cache(maxsize=None)

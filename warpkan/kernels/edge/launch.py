@@ -13,7 +13,8 @@ from .family import EdgeFamily
 from .stencil import BLOCK_DIM, ENTRIES_PER_CHUNK, FORWARD_ROWS, OUT_TILE, ROW_LANES, stencil_kernels
 
 __all__ = ["launch_forward", "launch_backward", "row_chunks", "take_tiled_forward", "launch_expand_basis",
-           "launch_contract_basis_grad", "launch_combine_weights", "launch_split_param_grads", "sort_entries"]
+           "launch_contract_basis_grad", "launch_expand_contract", "launch_combine_weights", "launch_split_param_grads",
+           "sort_entries"]
 
 _TARGET_PARTIAL_THREADS = 1 << 19  # parallelism aimed at by the row-chunked reductions
 _TARGET_DX_WARPS = 1 << 15  # and by the x-gradient: about 4 waves of resident warps on 132 SMs x 64 warps
@@ -266,6 +267,19 @@ def launch_contract_basis_grad(family: EdgeFamily, frame, x, n_coef: int, d_basi
     kernel = kernels.contract_basis_grad if scale is None else kernels.contract_basis_grad_scaled
     return launch(kernel, dense_dim(*x.shape), [x, frame, int(use_base), n_coef, int(order), scale, d_basis_t, dx], (),
                   x.device, stream, record)
+
+
+def launch_expand_contract(family: EdgeFamily, frame, x, n_coef: int, g, basis_t, dx, dx_lo, use_base: bool = True,
+                           stream=None, record: bool = False, order: int = 1, scale=None, scale_lo=None,
+                           lo_is_scale: bool = False):
+    """In one pass: basis_t [dense_width, rows] = the order-``order`` dense basis of x times scale (as
+    :func:`launch_expand_basis`), dx = the contraction of g [dense_width, rows] at order + 1 times scale and
+    dx_lo = its contraction at ``order`` times scale_lo, or times scale when ``lo_is_scale`` (as
+    :func:`launch_contract_basis_grad`); any of the three may be empty (not written), an empty or None scale is 1.
+    Overwrites the outputs it writes."""
+    return launch(_dense(family, g.dtype).expand_contract, dense_dim(*x.shape),
+                  [x, frame, int(use_base), n_coef, int(order), scale, scale_lo, int(lo_is_scale), g, basis_t, dx,
+                   dx_lo], (), x.device, stream, record)
 
 
 def launch_split_param_grads(family: EdgeFamily, d_weight, scaler_t, coef, d_base_weight_t, d_scaler_t, d_coef,
