@@ -365,7 +365,9 @@ def gemm_backward(family, make_frame, frame_tensors: tuple, frame_config: tuple,
 #   A_m(x):            d/dx <G, A_m(x)> = contract_{m+1}(G, x)
 #   contract_m(G, x):  d/dG = A_m(x) * h (per input row), d/dx = h * contract_{m+1}(G, x),
 # they can be differentiated to the order the engine's bases have (d3B/dx3): u_xx of a PINN residual and the
-# parameter gradients of a loss built from it. The kernels are the engine's dense-basis kernels.
+# parameter gradients of a loss built from it. The kernels are the engine's dense-basis kernels. Where a backward
+# needs two or three of those pieces of one (G, x), a third Function, expand_contract, gives them from one launch
+# (its own backward is the sum of its outputs' formulas).
 MAX_X_DERIVATIVE = 3
 
 
