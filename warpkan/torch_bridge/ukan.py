@@ -27,6 +27,11 @@ _DEFAULT_TABLE_GROUPS = 16
 # passes reach (the forward on two bands of its 144-row table: 282 slots).
 DENSE_MAX_COEFFICIENTS = 280
 
+def _allocation_rows(rows: int) -> int:
+    """``rows`` rounded up to a multiple of 1024: similar batches then reuse one allocation size."""
+    return -(-rows // 1024) * 1024
+
+
 class UKANLinear(Float32Or64Module):
     """y = base_weight @ act(x) + sum_i spline_scaler[o, i] * spline_{o,i}(x_i) on an unbounded uniform grid.
 
@@ -207,10 +212,10 @@ class UKANLinear(Float32Or64Module):
         self._refuse_capture()
         needed = int(pairs[5].item())
         if needed > capacity:  # grown, rounded up so that similar batches reuse one allocation size
-            pairs = pairs_of(x2.detach(), self.grid_delta, self.spline_order, -(-needed // 1024) * 1024)
+            pairs = pairs_of(x2.detach(), self.grid_delta, self.spline_order, _allocation_rows(needed))
         # the next batch starts from this one's need and a quarter more: a batch of similar data then takes one
         # pair pass instead of two (a fine grid on normal data needs ~10x the default capacity every step)
-        self._pair_rows_hint = -(-(needed + needed // 4) // 1024) * 1024
+        self._pair_rows_hint = _allocation_rows(needed + needed // 4)
         # the CG-MLP runs on the needed rows only: the rows past them are padding with no elements
         sorted_elem, window, local_u, feature, group, count = pairs
         return sorted_elem, window, local_u, feature[:needed], group[:needed], count
