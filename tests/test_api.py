@@ -46,6 +46,10 @@ EXPECTED_TORCH_BRIDGE = {
     "group_rational_forward",
     "group_rational_backward",
     "capture_step",
+    "Jet",
+    "jet",
+    "register_jet_rule",
+    "elementwise_rule",
 }
 
 

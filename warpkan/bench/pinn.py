@@ -5,7 +5,10 @@ points, u a 2-32-32-1 network, the residual's u_t and u_xx by ``torch.autograd.g
 - the torch bridge: ``KANLinear`` layers (grid 5, cubic, SiLU base), whose second-order gradients come from the
   edge engine's dense basis and its x-derivatives;
 - the same KAN in pure torch (efficient-kan's basis recursion, ``warpkan.reference.bspline``), same parameters;
-- an MLP (tanh) of about the same parameter count.
+- an MLP (tanh) of about the same parameter count;
+- the bridge network and the MLP in Taylor mode (``warpkan.torch_bridge.jet``): u_t and u_xx carried forward
+  through the layers (the KAN layers on the edge engine's Taylor-mode kernels, the MLP's by torch ops), then one
+  ``loss.backward()``.
 
 Each row also has the first-order step of the same network (a loss of u alone) and the ratio: the cost of the
 second-order terms. On CUDA each network's second-order step is also captured whole in a CUDA graph (Adam with
@@ -62,6 +65,29 @@ def _mlp(device, n_params):
                                torch.nn.Tanh(), torch.nn.Linear(hidden, 1)).to(device)
 
 
+def _taylor_steps(model, xt, capturable=False):
+    """(second-order step, first-order step) closures as :func:`_steps`, the residual's derivatives by Taylor
+    mode (the collocation points need no gradient of their own there)."""
+    from ..torch_bridge import jet
+
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=capturable)
+    points = xt.detach()
+
+    def second_order():
+        opt.zero_grad(set_to_none=not capturable)
+        u = jet(model, points, pairs=((0, 0),))
+        loss = (u.d(1)[:, 0] - NU * u.d2(0, 0)[:, 0]).square().mean()
+        loss.backward()
+        opt.step()
+
+    def first_order():
+        opt.zero_grad(set_to_none=not capturable)
+        model(points).square().mean().backward()
+        opt.step()
+
+    return second_order, first_order
+
+
 def _steps(model, xt, capturable=False):
     """(second-order step, first-order step) closures: the heat residual's loss, or a loss of u alone. A
     ``capturable`` step keeps its gradient buffers (zeroed, not freed) so that a CUDA graph can replay it."""
@@ -93,11 +119,15 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
         xt = (torch.rand(n_points, 2, device=device) * 2 - 1).requires_grad_()
         bridge = _bridge(device)
         n_params = sum(p.numel() for p in bridge.parameters())
-        models = {"warpkan KANLinear (torch bridge)": bridge, "same KAN, pure torch (efficient-kan formula)":
-                  _TorchKAN(bridge), "MLP (tanh), same parameter count": _mlp(device, n_params)}
+        mlp = _mlp(device, n_params)
+        models = {"warpkan KANLinear (torch bridge)": (bridge, _steps),
+                  "same KAN, pure torch (efficient-kan formula)": (_TorchKAN(bridge), _steps),
+                  "MLP (tanh), same parameter count": (mlp, _steps),
+                  "warpkan KANLinear, Taylor mode (torch bridge)": (bridge, _taylor_steps),
+                  "MLP (tanh), Taylor mode (torch ops)": (mlp, _taylor_steps)}
         results = []
-        for name, model in models.items():
-            second, first = _steps(model, xt)
+        for name, (model, steps) in models.items():
+            second, first = steps(model, xt)
             repeat = 3 if quick else 20
             row = {"case": case, "impl": name, "parameters": sum(p.numel() for p in model.parameters()),
                    "step_ms": time_fn(second, device, warmup=3, repeat=repeat),
@@ -106,7 +136,7 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
             if device.startswith("cuda"):
                 from ..torch_bridge import capture_step
 
-                replay = capture_step(_steps(copy.deepcopy(model), xt, capturable=True)[0])
+                replay = capture_step(steps(copy.deepcopy(model), xt, capturable=True)[0])
                 row["graphed_step_ms"] = time_fn(replay, device, warmup=3, repeat=repeat)
             results.append(row)
         for key in ("step_ms", "graphed_step_ms"):

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import warp as wp
 
-from .family import EdgeFamily, basis_dx, basis_dx2, basis_dx_orders, silu_func, silu_order_func
+from .family import (EdgeFamily, basis_dx, basis_dx2, basis_dx3, basis_dx_orders, silu_func, silu_order_func,
+                     silu_orders_func)
 
 __all__ = ["EdgeValues", "edge_values"]
 
@@ -22,6 +23,8 @@ class EdgeValues:
     bases_order_at: object  # (frame, n, i, x, order) -> (valid, slot, d^order B / dx^order), order 0..3
     bases_orders_at: object  # (frame, n, i, x, order) -> (valid, slot, orders `order` and `order` + 1)
     silu_order: object  # (x, order) -> d^order silu / dx^order
+    bases_dx3_at: object  # (frame, n, i, x) -> (valid, slot, B, dB/dx, d2B/dx2, d3B/dx3)
+    silu_orders: object  # x -> (silu, silu', silu'', silu''')
 
 
 @functools.lru_cache(maxsize=None)
@@ -31,6 +34,7 @@ def edge_values(family: EdgeFamily) -> EdgeValues:
     locate, basis = family.locate, family.basis
     with_dx, with_dx2 = basis_dx(family), basis_dx2(family)
     of_orders = basis_dx_orders(family)
+    to_dx3 = basis_dx3(family)
     zero = scalar(0.0)
 
     @wp.func
@@ -89,5 +93,17 @@ def edge_values(family: EdgeFamily) -> EdgeValues:
         valid, slot, b, b_next = bases_orders_at(frame, n, i, x, order)
         return valid, slot, b
 
+    @wp.func
+    def bases_dx3_at(frame: Frame, n: int, i: int, x: scalar):
+        valid, slot, u, du_dx, d2u_dx2 = locate(frame, n, i, x)
+        b = vec()
+        db = vec()
+        d2b = vec()
+        d3b = vec()
+        if valid:
+            b, db, d2b, d3b = to_dx3(frame, i, slot, u, du_dx, d2u_dx2)
+        return valid, slot, b, db, d2b, d3b
+
     return EdgeValues(slot_at, bases_at, bases_dx_at, bases_dx2_at, coef_dot, silu_func(family.scalar_name),
-                      bases_order_at, bases_orders_at, silu_order_func(family.scalar_name))
+                      bases_order_at, bases_orders_at, silu_order_func(family.scalar_name), bases_dx3_at,
+                      silu_orders_func(family.scalar_name))

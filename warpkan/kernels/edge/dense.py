@@ -65,7 +65,7 @@ def dense_kernels(family: EdgeFamily, basis_name: str) -> DenseKernels:
     basis_type = family.scalar if basis_name == family.scalar_name else wp.bfloat16
     module = f"warpkan_edge_{family.key}_dense_{basis_name}"
     kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
-    write_rows = _row_writer(family, basis_type)
+    write_rows = row_writer(family, basis_type)
     expand_basis, contract_basis_grad, contract_basis_grad_scaled = _basis_kernels(family, basis_type, kernel,
                                                                                    write_rows)
     expand_contract = _expand_contract_kernel(family, basis_type, kernel, write_rows)
@@ -74,7 +74,7 @@ def dense_kernels(family: EdgeFamily, basis_name: str) -> DenseKernels:
                         expand_contract, split_param_grads)
 
 
-def _row_writer(family: EdgeFamily, basis_type):
+def row_writer(family: EdgeFamily, basis_type):
     """``@wp.func (basis_t, row, n, n_coef, start, b, s)``: column n of input rows row .. row + n_coef - 1, the K
     values b (times s) at coefficients start .. start + K - 1 and zeros elsewhere. Every row is written with
     the same trip count in every thread of a warp, so each store is one coalesced row segment (per-thread loop

@@ -33,8 +33,8 @@ import warp as wp
 
 from .._common import SCALARS
 
-__all__ = ["EdgeFamily", "basis_dx", "basis_dx2", "basis_dx_orders", "silu_func", "silu_order_func",
-           "linear_u_dx3"]
+__all__ = ["EdgeFamily", "basis_dx", "basis_dx2", "basis_dx_orders", "basis_dx3", "silu_func", "silu_order_func",
+           "silu_orders_func", "linear_u_dx3"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -109,13 +109,10 @@ def basis_dx2(family: EdgeFamily):
 
 
 @functools.lru_cache(maxsize=None)
-def basis_dx_orders(family: EdgeFamily):
-    """``@wp.func (frame, i, slot, u, du_dx, d2u_dx2, order) -> (d^order B / dx^order, d^(order+1) B / dx^(order+1))``
-    for order 0..3 (the higher-order derivatives of the torch layers), from one evaluation of the bases and
-    their u-derivatives, by the chain rule up to the third order: ``B^(3) = u'^3 b^(3) + 3 u' u'' b'' + u^(3) b'``.
-    The second is meaningful for order + 1 <= 3 only (a caller at order 3 does not read it)."""
-    basis_du3, u_dx3 = family.basis_du3, family.u_dx3
-    scalar, vec = family.scalar, family.vec
+def _chain_rule(family: EdgeFamily):
+    """``@wp.func (b, db, d2b, d3b, u, du_dx, d2u_dx2, order) -> d^order B / dx^order`` (order 0..3) from the
+    u-derivatives, by the chain rule up to the third order: ``B^(3) = u'^3 b^(3) + 3 u' u'' b'' + u^(3) b'``."""
+    u_dx3, scalar, vec = family.u_dx3, family.scalar, family.vec
 
     @wp.func
     def of_order(b: vec, db: vec, d2b: vec, d3b: vec, u: scalar, du_dx: scalar, d2u_dx2: scalar, order: int):
@@ -128,6 +125,17 @@ def basis_dx_orders(family: EdgeFamily):
         d3u = u_dx3(u, du_dx, d2u_dx2)
         return d3b * (du_dx * du_dx * du_dx) + d2b * (scalar(3.0) * du_dx * d2u_dx2) + db * d3u
 
+    return of_order
+
+
+@functools.lru_cache(maxsize=None)
+def basis_dx_orders(family: EdgeFamily):
+    """``@wp.func (frame, i, slot, u, du_dx, d2u_dx2, order) -> (d^order B / dx^order, d^(order+1) B / dx^(order+1))``
+    for order 0..3 (the higher-order derivatives of the torch layers), from one evaluation of the bases and
+    their u-derivatives (:func:`_chain_rule`). The second is meaningful for order + 1 <= 3 only (a caller at
+    order 3 does not read it)."""
+    basis_du3, of_order, scalar = family.basis_du3, _chain_rule(family), family.scalar
+
     @wp.func
     def bases_of_orders(frame: family.Frame, i: int, slot: int, u: scalar, du_dx: scalar, d2u_dx2: scalar,
                         order: int):
@@ -136,6 +144,21 @@ def basis_dx_orders(family: EdgeFamily):
                 of_order(b, db, d2b, d3b, u, du_dx, d2u_dx2, order + 1))
 
     return bases_of_orders
+
+
+@functools.lru_cache(maxsize=None)
+def basis_dx3(family: EdgeFamily):
+    """``@wp.func (frame, i, slot, u, du_dx, d2u_dx2) -> (B, dB/dx, d2B/dx2, d3B/dx3)`` from one evaluation of
+    the bases and their u-derivatives: what the Taylor-mode backward kernel contracts with."""
+    basis_du3, of_order, scalar = family.basis_du3, _chain_rule(family), family.scalar
+
+    @wp.func
+    def bases_to_dx3(frame: family.Frame, i: int, slot: int, u: scalar, du_dx: scalar, d2u_dx2: scalar):
+        b, db, d2b, d3b = basis_du3(frame, i, slot, u)
+        return (b, of_order(b, db, d2b, d3b, u, du_dx, d2u_dx2, 1), of_order(b, db, d2b, d3b, u, du_dx, d2u_dx2, 2),
+                of_order(b, db, d2b, d3b, u, du_dx, d2u_dx2, 3))
+
+    return bases_to_dx3
 
 
 @functools.lru_cache(maxsize=None)
@@ -155,26 +178,40 @@ def silu_func(scalar_name: str = "float32"):
 
 
 @functools.lru_cache(maxsize=None)
-def silu_order_func(scalar_name: str = "float32"):
-    """``@wp.func (x, order) -> d^order silu / dx^order`` for order 0..3."""
+def silu_orders_func(scalar_name: str = "float32"):
+    """``@wp.func`` x -> silu and its first three derivatives, from one exponential."""
     scalar = SCALARS[scalar_name]
     one = scalar(1.0)
     two = scalar(2.0)
     six = scalar(6.0)
 
     @wp.func
-    def silu_of_order(x: scalar, order: int):
+    def silu_to_order3(x: scalar):
         sig = one / (one + wp.exp(-x))
         s1 = sig * (one - sig)  # sigma'
-        if order == 0:
-            return x * sig
-        if order == 1:
-            return sig * (one + x * (one - sig))
         s2 = s1 * (one - two * sig)  # sigma''
+        s3 = s1 * (one - six * s1)  # sigma'''
+        return x * sig, sig * (one + x * (one - sig)), two * s1 + x * s2, scalar(3.0) * s2 + x * s3
+
+    return silu_to_order3
+
+
+@functools.lru_cache(maxsize=None)
+def silu_order_func(scalar_name: str = "float32"):
+    """``@wp.func (x, order) -> d^order silu / dx^order`` for order 0..3 (of :func:`silu_orders_func`)."""
+    silu_to_order3 = silu_orders_func(scalar_name)
+    scalar = SCALARS[scalar_name]
+
+    @wp.func
+    def silu_of_order(x: scalar, order: int):
+        s0, s1, s2, s3 = silu_to_order3(x)
+        if order == 0:
+            return s0
+        if order == 1:
+            return s1
         if order == 2:
-            return two * s1 + x * s2
-        s3 = s1 * (one - six * s1)  # third derivative of sigma: sigma' (1 - 6 sigma')
-        return scalar(3.0) * s2 + x * s3
+            return s2
+        return s3
 
     return silu_of_order
 

@@ -9,12 +9,13 @@ from .._runtime import launch, workspace_for
 from .._runtime import row_chunks as runtime_row_chunks
 from . import tiled as tiled_pass
 from .dense import dense_dim, dense_kernels
+from .jet import MAX_PAIRS, PairIndex, jet_dim, jet_kernels
 from .family import EdgeFamily
 from .stencil import BLOCK_DIM, ENTRIES_PER_CHUNK, FORWARD_ROWS, OUT_TILE, ROW_LANES, stencil_kernels
 
 __all__ = ["launch_forward", "launch_backward", "row_chunks", "take_tiled_forward", "launch_expand_basis",
            "launch_contract_basis_grad", "launch_expand_contract", "launch_combine_weights", "launch_split_param_grads",
-           "sort_entries"]
+           "launch_expand_jet", "launch_expand_contract_jet", "pair_index", "sort_entries"]
 
 _TARGET_PARTIAL_THREADS = 1 << 19  # parallelism aimed at by the row-chunked reductions
 _TARGET_DX_WARPS = 1 << 15  # and by the x-gradient: about 4 waves of resident warps on 132 SMs x 64 warps
@@ -289,3 +290,36 @@ def launch_split_param_grads(family: EdgeFamily, d_weight, scaler_t, coef, d_bas
     return launch(_dense(family, d_weight.dtype).split_param_grads, tuple(scaler_t.shape),
                   [d_weight, scaler_t, coef, int(use_base), d_base_weight_t, d_scaler_t, d_coef], (), coef.device,
                   stream, record)
+
+
+def pair_index(pairs) -> tuple:
+    """(pair_a, pair_b) kernel arguments of the Taylor-mode kernels for ``pairs`` ((a, b) direction indices,
+    at most ``MAX_PAIRS``)."""
+    if len(pairs) > MAX_PAIRS:
+        raise ValueError(f"at most {MAX_PAIRS} second-derivative pairs, got {len(pairs)}")
+    padded = list(pairs) + [(0, 0)] * (MAX_PAIRS - len(pairs))
+    return PairIndex(*[a for a, _ in padded]), PairIndex(*[b for _, b in padded])
+
+
+def launch_expand_jet(family: EdgeFamily, frame, z, row0: int, n_coef: int, n_first: int, pairs, basis_t,
+                      use_base: bool = True, stream=None, record: bool = False):
+    """basis_t [dense_width, C rows] = the dense basis of the input jet z [C, N, in] at rows row0 .. row0 + rows
+    (see :mod:`.jet`): C = 1 + n_first + len(pairs) components side by side. Overwrites basis_t."""
+    rows = basis_t.shape[1] // z.shape[0]
+    pair_a, pair_b = pair_index(pairs)
+    return launch(jet_kernels(family, n_first, len(pairs)).expand_jet, jet_dim(rows, z.shape[2]),
+                  [z, int(row0), frame, int(use_base), n_coef, pair_a, pair_b, basis_t], (), z.device, stream, record)
+
+
+def launch_expand_contract_jet(family: EdgeFamily, frame, z, row0: int, n_coef: int, n_first: int, pairs, g_basis,
+                               dz, use_base: bool = True, stream=None, record: bool = False,
+                               write_basis: bool = True):
+    """The Taylor-mode backward kernel (see :mod:`.jet`): dz [C, N, in] at rows row0 .. row0 + rows from
+    G = W H^T in g_basis [dense_width, C rows], which then holds the jet's dense basis (``write_basis``).
+    Overwrites both."""
+    rows = g_basis.shape[1] // z.shape[0]
+    pair_a, pair_b = pair_index(pairs)
+    return launch(jet_kernels(family, n_first, len(pairs)).expand_contract_jet, jet_dim(rows, z.shape[2]),
+                  [z, int(row0), frame, int(use_base), n_coef, int(write_basis), pair_a, pair_b,
+                   g_basis, dz], (),
+                  z.device, stream, record)
