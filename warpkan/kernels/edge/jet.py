@@ -60,33 +60,40 @@ def jet_dim(rows: int, n_in: int) -> int:
     return dense_dim(rows, n_in)
 
 
-@functools.lru_cache(maxsize=None)
-def jet_kernels(family: EdgeFamily, n_first: int, n_pairs: int) -> JetKernels:
-    """The Taylor-mode kernels of one family for jets of ``n_first`` directions and ``n_pairs`` pairs: both
-    counts compile-time, so every loop over the components unrolls and each thread issues all its loads (the
-    input jet, G's windows) before its first store. With run-time counts the backward kernel measured 3x slower
-    on the H200 (705 against 230 us at 65536 rows, 32 inputs, 2 directions and 1 pair, its basis written
-    separately): each component's loads then waited behind the previous component's stores, which the compiler
-    must assume alias them."""
-    if family.shared_table:
-        raise ValueError(f"the Taylor-mode kernels write a dense basis, which a shared-table family ({family.key}) "
-                         "does not have")
-    if not (1 <= n_first <= MAX_DIRECTIONS and 0 <= n_pairs <= MAX_PAIRS):
-        raise ValueError(f"Taylor mode takes 1 to {MAX_DIRECTIONS} directions and at most {MAX_PAIRS} pairs, got "
-                         f"{n_first} and {n_pairs}")
-    scalar, K, first = family.scalar, family.n_bases, family.first
-    Frame = family.Frame
-    D, P = n_first, n_pairs
+@dataclass(frozen=True)
+class _JetFuncs:
+    comps: type  # vector of the C components
+    load_components: object  # (z, n, i) -> comps
+    direction: object  # (zc, index) -> zc[1 + index]
+    contractions: object  # (g, row, rows, local, start, n_coef, v1, v2, v3) -> (comps, comps, comps)
+    write_basis: object  # (basis_t, i, row, rows, local, n_coef, start, use_base, zc, b, b1, b2, s0, s1, s2, a, b)
+
+
+def _jet_funcs(family: EdgeFamily, D: int, P: int) -> _JetFuncs:
+    """The ``@wp.func`` pieces of both Taylor-mode kernels, for C = 1 + D + P compile-time components."""
+    scalar, K = family.scalar, family.n_bases
     C = 1 + D + P
-    module = f"warpkan_edge_{family.key}_jet_d{D}_p{P}"
-    kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
-    values = edge_values(family)
-    bases_dx2_at, bases_dx3_at, silu_orders = values.bases_dx2_at, values.bases_dx3_at, values.silu_orders
     write_rows = row_writer(family, scalar)
     vec = family.vec
     comps = wp.types.vector(length=C, dtype=scalar)
     zero = scalar(0.0)
     one = scalar(1.0)
+
+    @wp.func
+    def load_components(z: wp.array3d(dtype=scalar), n: int, i: int):
+        zc = comps()
+        for c in range(C):
+            zc[c] = z[c, n, i]
+        return zc
+
+    @wp.func
+    def direction(zc: comps, index: int):
+        """zc[1 + index] for a run-time direction index, by selects (registers, not a dynamic index)."""
+        value = zero
+        for d in range(D):
+            if index == d:
+                value = zc[1 + d]
+        return value
 
     @wp.func
     def contractions(g: wp.array2d(dtype=scalar), row: int, rows: int, local: int, start: int, n_coef: int, v1: vec,
@@ -110,20 +117,53 @@ def jet_kernels(family: EdgeFamily, n_first: int, n_pairs: int) -> JetKernels:
         return s1, s2, s3
 
     @wp.func
-    def load_components(z: wp.array3d(dtype=scalar), n: int, i: int):
-        zc = comps()
-        for c in range(C):
-            zc[c] = z[c, n, i]
-        return zc
-
-    @wp.func
-    def direction(zc: comps, index: int):
-        """zc[1 + index] for a run-time direction index, by selects (registers, not a dynamic index)."""
-        value = zero
+    def write_basis(basis_t: wp.array2d(dtype=scalar), i: int, row: int, rows: int, local: int, n_coef: int,
+                    start: int, use_base: int, zc: comps, b: vec, b1: vec, b2: vec, s0: scalar, s1: scalar,
+                    s2: scalar, pair_a: PairIndex, pair_b: PairIndex):
+        """The jet's dense basis at (n, i): for each component c, column c rows + local of the silu row i and of
+        the input's coefficient rows row .. row + n_coef - 1 (see the module docstring)."""
+        if use_base:
+            basis_t[i, local] = s0
+        write_rows(basis_t, row, local, n_coef, start, b, one)
         for d in range(D):
-            if index == d:
-                value = zc[1 + d]
-        return value
+            col = (1 + d) * rows + local
+            if use_base:
+                basis_t[i, col] = s1 * zc[1 + d]
+            write_rows(basis_t, row, col, n_coef, start, b1, zc[1 + d])
+        for p in range(P):
+            q = direction(zc, pair_a[p]) * direction(zc, pair_b[p])
+            zp = zc[1 + D + p]
+            col = (1 + D + p) * rows + local
+            if use_base:
+                basis_t[i, col] = s2 * q + s1 * zp
+            write_rows(basis_t, row, col, n_coef, start, b2 * q + b1 * zp, one)
+
+    return _JetFuncs(comps, load_components, direction, contractions, write_basis)
+
+
+@functools.lru_cache(maxsize=None)
+def jet_kernels(family: EdgeFamily, n_first: int, n_pairs: int) -> JetKernels:
+    """The Taylor-mode kernels of one family for jets of ``n_first`` directions and ``n_pairs`` pairs: both
+    counts compile-time, so every loop over the components unrolls and each thread issues all its loads (the
+    input jet, G's windows) before its first store. With run-time counts the backward kernel measured 3x slower
+    on the H200 (705 against 230 us at 65536 rows, 32 inputs, 2 directions and 1 pair, its basis written
+    separately): each component's loads then waited behind the previous component's stores, which the compiler
+    must assume alias them."""
+    if family.shared_table:
+        raise ValueError(f"the Taylor-mode kernels write a dense basis, which a shared-table family ({family.key}) "
+                         "does not have")
+    if not (1 <= n_first <= MAX_DIRECTIONS and 0 <= n_pairs <= MAX_PAIRS):
+        raise ValueError(f"Taylor mode takes 1 to {MAX_DIRECTIONS} directions and at most {MAX_PAIRS} pairs, got "
+                         f"{n_first} and {n_pairs}")
+    scalar, first, Frame = family.scalar, family.first, family.Frame
+    D, P = n_first, n_pairs
+    C = 1 + D + P
+    kernel = functools.partial(wp.kernel, enable_backward=False, module=f"warpkan_edge_{family.key}_jet_d{D}_p{P}")
+    values = edge_values(family)
+    bases_dx2_at, bases_dx3_at, silu_orders = values.bases_dx2_at, values.bases_dx3_at, values.silu_orders
+    funcs = _jet_funcs(family, D, P)
+    load_components, direction, contractions, write_basis = (funcs.load_components, funcs.direction,
+                                                             funcs.contractions, funcs.write_basis)
 
     @kernel
     def expand_jet(z: wp.array3d(dtype=scalar), row0: int, frame: Frame, use_base: int, n_coef: int,
@@ -139,29 +179,16 @@ def jet_kernels(family: EdgeFamily, n_first: int, n_pairs: int) -> JetKernels:
         row = i * n_coef
         if use_base:
             row = row + z.shape[2]
-            basis_t[i, local] = s0
-        start = slot + first
-        write_rows(basis_t, row, local, n_coef, start, b, one)
-        for d in range(D):
-            col = (1 + d) * rows + local
-            if use_base:
-                basis_t[i, col] = s1 * zc[1 + d]
-            write_rows(basis_t, row, col, n_coef, start, b1, zc[1 + d])
-        for p in range(P):
-            q = direction(zc, pair_a[p]) * direction(zc, pair_b[p])
-            zp = zc[1 + D + p]
-            col = (1 + D + p) * rows + local
-            if use_base:
-                basis_t[i, col] = s2 * q + s1 * zp
-            write_rows(basis_t, row, col, n_coef, start, b2 * q + b1 * zp, one)
+        write_basis(basis_t, i, row, rows, local, n_coef, slot + first, use_base, zc, b, b1, b2, s0, s1, s2, pair_a,
+                    pair_b)
 
     @kernel
     def expand_contract_jet(z: wp.array3d(dtype=scalar), row0: int, frame: Frame, use_base: int, n_coef: int,
-                            write_basis: int, pair_a: PairIndex, pair_b: PairIndex,
-                            g_basis: wp.array2d(dtype=scalar), dz: wp.array3d(dtype=scalar)):
-        # g_basis holds G = W H^T on entry and, with write_basis, the jet's dense basis on exit (see the module
+                            write: int, pair_a: PairIndex, pair_b: PairIndex, g_basis: wp.array2d(dtype=scalar),
+                            dz: wp.array3d(dtype=scalar)):
+        # g_basis holds G = W H^T on entry and, with write, the jet's dense basis on exit (see the module
         # docstring); dz is overwritten at this chunk's rows. Loads first (the input jet, every component's
-        # column of G), then the stores.
+        # window of G), then the stores.
         rows = g_basis.shape[1] // C
         local, i = dense_entry(wp.tid(), z.shape[2])
         if local >= rows:
@@ -200,23 +227,8 @@ def jet_kernels(family: EdgeFamily, n_first: int, n_pairs: int) -> JetKernels:
                 if pair_b[p] == d:
                     acc = acc + sm2[1 + D + p] * direction(zc, pair_a[p])
             dz[1 + d, n, i] = acc
-        if write_basis == 0:  # the caller kept the forward's basis
-            return
-        # the basis, over G's entries of this (n, i)
-        if use_base:
-            g_basis[i, local] = s0
-        write_rows(g_basis, row, local, n_coef, start, b, one)
-        for d in range(D):
-            col = (1 + d) * rows + local
-            if use_base:
-                g_basis[i, col] = s1 * zc[1 + d]
-            write_rows(g_basis, row, col, n_coef, start, b1, zc[1 + d])
-        for p in range(P):
-            q = direction(zc, pair_a[p]) * direction(zc, pair_b[p])
-            zp = zc[1 + D + p]
-            col = (1 + D + p) * rows + local
-            if use_base:
-                g_basis[i, col] = s2 * q + s1 * zp
-            write_rows(g_basis, row, col, n_coef, start, b2 * q + b1 * zp, one)
+        if write:  # else the caller kept the forward's basis
+            write_basis(g_basis, i, row, rows, local, n_coef, start, use_base, zc, b, b1, b2, s0, s1, s2, pair_a,
+                        pair_b)
 
-    return JetKernels(module, expand_jet, expand_contract_jet)
+    return JetKernels(f"warpkan_edge_{family.key}_jet_d{D}_p{P}", expand_jet, expand_contract_jet)
