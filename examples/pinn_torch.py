@@ -5,8 +5,10 @@
 - poisson: -(u_xx + u_yy) = 2 pi^2 sin(pi x) sin(pi y) on [-1, 1]^2, u = 0 on the boundary;
   exact sin(pi x) sin(pi y).
 
-The residual is ordinary torch: second derivatives by ``torch.autograd.grad(create_graph=True)`` through the
-layers (warpkan's KAN layers differentiate to second order and beyond), then ``loss.backward()``. The initial
+The residual is ordinary torch. Its derivatives come by Taylor mode (the default, ``--derivatives taylor``:
+``warpkan.torch_bridge.jet`` carries u_x, u_t and the second derivatives forward through the network, the
+ansatz included) or by ``torch.autograd.grad(create_graph=True)`` through the layers (``--derivatives
+autograd``: warpkan's KAN layers differentiate to second order and beyond); then ``loss.backward()``. The initial
 and boundary conditions are built into each problem's ansatz, so the loss is the PDE residual alone. Three
 networks N, trained the same way and compared in one table a problem: a KANLinear KAN, a ChebyKANLinear KAN
 and an MLP. The script exits non-zero when a KAN's relative L2 error against the exact solution is above the
@@ -24,16 +26,25 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from warpkan.torch_bridge import ChebyKANLinear, KANLinear, capture_step
+from warpkan.torch_bridge import ChebyKANLinear, Jet, KANLinear, capture_step, jet, jet_of
 
 NU = 0.1
 QUICK = {"steps": 150, "points": 256}  # --quick: a short run; the same target errors apply
 
 
+def _col(z, k):
+    """Coordinate k of the points [N, 2], or of their jet."""
+    return z.col(k) if isinstance(z, Jet) else z[:, k:k + 1]
+
+
+def _sin(v):
+    return v.map(lambda w: (torch.sin(w), torch.cos(w), -torch.sin(w))) if isinstance(v, Jet) else torch.sin(v)
+
+
 @dataclass(frozen=True)
 class Problem:
     exact: Callable  # (a, b) -> u, a the first coordinate (x), b the second (t or y)
-    ansatz: Callable  # (net, z) -> u(z) satisfying the initial and boundary conditions exactly
+    ansatz: Callable  # (net, z) -> u(z) satisfying the initial and boundary conditions exactly (z: points or jet)
     residual: Callable  # (z, du, [d2u/dz_c2 for c in second]) -> the PDE residual
     second: tuple  # the coordinates whose second derivative the PDE has
     b_range: tuple  # the second coordinate's interval
@@ -43,12 +54,12 @@ class Problem:
 
 HEAT = Problem(
     exact=lambda x, t: torch.exp(-NU * math.pi**2 * t) * torch.sin(math.pi * x),
-    ansatz=lambda net, z: torch.sin(math.pi * z[:, :1]) + z[:, 1:] * (1 - z[:, :1] ** 2) * net(z),
+    ansatz=lambda net, z: _sin(math.pi * _col(z, 0)) + _col(z, 1) * (1 - _col(z, 0) * _col(z, 0)) * net(z),
     residual=lambda z, du, second: du[:, 1] - NU * second[0], second=(0,),
     b_range=(0.0, 1.0), b_label="t", target_error=0.02)
 POISSON = Problem(
     exact=lambda x, y: torch.sin(math.pi * x) * torch.sin(math.pi * y),
-    ansatz=lambda net, z: (1 - z[:, :1] ** 2) * (1 - z[:, 1:] ** 2) * net(z),
+    ansatz=lambda net, z: (1 - _col(z, 0) * _col(z, 0)) * (1 - _col(z, 1) * _col(z, 1)) * net(z),
     residual=lambda z, du, second: second[0] + second[1] + 2 * math.pi**2 * POISSON.exact(z[:, 0], z[:, 1]),
     second=(0, 1), b_range=(-1.0, 1.0), b_label="y", target_error=0.05)
 PROBLEMS = {"heat": HEAT, "poisson": POISSON}
@@ -66,21 +77,27 @@ def networks():
     }
 
 
-def residual_loss(problem, net, z):
-    u = problem.ansatz(net, z)
-    (du,) = torch.autograd.grad(u.sum(), z, create_graph=True)
-    second = [torch.autograd.grad(du[:, c].sum(), z, create_graph=True)[0][:, c] for c in problem.second]
+def residual_loss(problem, net, z, derivatives):
+    if derivatives == "taylor":
+        pairs = [(c, c) for c in problem.second]
+        u = problem.ansatz(lambda coords: jet_of(net, coords), jet(torch.nn.Identity(), z.detach(), pairs))
+        du = torch.cat([u.d(0), u.d(1)], 1)
+        second = [u.d2(c, c)[:, 0] for c in problem.second]
+    else:
+        u = problem.ansatz(net, z)
+        (du,) = torch.autograd.grad(u.sum(), z, create_graph=True)
+        second = [torch.autograd.grad(du[:, c].sum(), z, create_graph=True)[0][:, c] for c in problem.second]
     return problem.residual(z, du, second).square().mean()
 
 
-def train(problem, name, net, z, steps, lr, graph):
+def train(problem, name, net, z, steps, lr, graph, derivatives):
     """Adam on the residual loss; with ``graph`` (CUDA) the whole step is captured once and replayed
     (``capture_step``): a step this small is bound by the host's Python and launches, not by the GPU."""
     optimizer = torch.optim.Adam(net.parameters(), lr=lr, capturable=graph)
 
     def step():
         optimizer.zero_grad(set_to_none=not graph)
-        loss = residual_loss(problem, net, z)
+        loss = residual_loss(problem, net, z, derivatives)
         loss.backward()
         optimizer.step()
         return loss.detach()
@@ -116,7 +133,7 @@ def solve(problem, args, device):
     for name, net in networks().items():
         net = net.to(device)
         graph = device.type == "cuda" and not args.no_graph
-        history, step_s = train(problem, name, net, z, args.steps, args.lr, graph)
+        history, step_s = train(problem, name, net, z, args.steps, args.lr, graph, args.derivatives)
         with torch.no_grad():
             pred = problem.ansatz(net, grid).reshape(a.shape)
         results[name] = (history, step_s, float((pred - truth).norm() / truth.norm()), pred.cpu())
@@ -165,6 +182,9 @@ def parse_args(argv=None):
     parser.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     parser.add_argument("--out", default="pinn_torch.png", help="where to save the plot")
+    parser.add_argument("--derivatives", choices=["taylor", "autograd"], default="taylor",
+                        help="the residual's derivatives by Taylor mode (warpkan.torch_bridge.jet) or by "
+                             "torch.autograd.grad(create_graph=True)")
     parser.add_argument("--no-graph", action="store_true",
                         help="on CUDA, run every step eagerly instead of replaying a captured CUDA graph")
     args = parser.parse_args(argv)
@@ -182,7 +202,7 @@ def main(argv=None):
     for problem_name in names:
         problem = PROBLEMS[problem_name]
         results, truth = solve(problem, args, device)
-        print_table(problem_name, results, device)
+        print_table(f"{problem_name} (derivatives: {args.derivatives})", results, device)
         solved[problem_name] = (problem, results, truth)
     plot(solved, args.out)
     failed = [f"{problem_name}: {name}" for problem_name, (problem, results, _) in solved.items()

@@ -48,6 +48,7 @@ EXPECTED_TORCH_BRIDGE = {
     "capture_step",
     "Jet",
     "jet",
+    "jet_of",
     "register_jet_rule",
     "elementwise_rule",
 }

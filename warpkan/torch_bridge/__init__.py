@@ -13,7 +13,7 @@ from .poly import ChebyKANLinear, PolyKANLinear  # noqa: E402
 from .poly_ops import poly_backward, poly_forward, poly_kan  # noqa: E402
 from .rational import GRKANLinear, GroupRational, KATMLP  # noqa: E402
 from .rational_ops import group_rational, group_rational_backward, group_rational_forward  # noqa: E402
-from .taylor import Jet, elementwise_rule, jet, register_jet_rule  # noqa: E402
+from .taylor import Jet, elementwise_rule, jet, jet_of, register_jet_rule  # noqa: E402
 from .ukan import UKANLinear  # noqa: E402
 from .ukan_ops import ukan_pairs, ukan_spline, ukan_spline_backward  # noqa: E402
 
@@ -22,4 +22,5 @@ __all__ = ["KANLinear", "bspline_kan", "bspline_forward", "bspline_backward", "c
            "UKANLinear", "ukan_pairs", "ukan_spline", "ukan_spline_backward",
            "PolyKANLinear", "ChebyKANLinear", "poly_kan", "poly_forward", "poly_backward",
            "GroupRational", "GRKANLinear", "KATMLP", "group_rational", "group_rational_forward",
-           "group_rational_backward", "capture_step", "Jet", "jet", "register_jet_rule", "elementwise_rule"]
+           "group_rational_backward", "capture_step", "Jet", "jet", "jet_of", "register_jet_rule",
+           "elementwise_rule"]

@@ -178,42 +178,42 @@ def silu_func(scalar_name: str = "float32"):
 
 
 @functools.lru_cache(maxsize=None)
-def silu_orders_func(scalar_name: str = "float32"):
-    """``@wp.func`` x -> silu and its first three derivatives, from one exponential."""
+def silu_order_func(scalar_name: str = "float32"):
+    """``@wp.func (x, order) -> d^order silu / dx^order`` for order 0..3."""
     scalar = SCALARS[scalar_name]
     one = scalar(1.0)
     two = scalar(2.0)
     six = scalar(6.0)
 
     @wp.func
-    def silu_to_order3(x: scalar):
+    def silu_of_order(x: scalar, order: int):
         sig = one / (one + wp.exp(-x))
         s1 = sig * (one - sig)  # sigma'
+        if order == 0:
+            return x * sig
+        if order == 1:
+            return sig * (one + x * (one - sig))
         s2 = s1 * (one - two * sig)  # sigma''
-        s3 = s1 * (one - six * s1)  # sigma'''
-        return x * sig, sig * (one + x * (one - sig)), two * s1 + x * s2, scalar(3.0) * s2 + x * s3
+        if order == 2:
+            return two * s1 + x * s2
+        s3 = s1 * (one - six * s1)  # third derivative of sigma: sigma' (1 - 6 sigma')
+        return scalar(3.0) * s2 + x * s3
 
-    return silu_to_order3
+    return silu_of_order
 
 
 @functools.lru_cache(maxsize=None)
-def silu_order_func(scalar_name: str = "float32"):
-    """``@wp.func (x, order) -> d^order silu / dx^order`` for order 0..3 (of :func:`silu_orders_func`)."""
-    silu_to_order3 = silu_orders_func(scalar_name)
+def silu_orders_func(scalar_name: str = "float32"):
+    """``@wp.func`` x -> silu and its first three derivatives (:func:`silu_order_func` at each order; the
+    compiler shares the one exponential among the four inlined calls)."""
+    silu_of_order = silu_order_func(scalar_name)
     scalar = SCALARS[scalar_name]
 
     @wp.func
-    def silu_of_order(x: scalar, order: int):
-        s0, s1, s2, s3 = silu_to_order3(x)
-        if order == 0:
-            return s0
-        if order == 1:
-            return s1
-        if order == 2:
-            return s2
-        return s3
+    def silu_to_order3(x: scalar):
+        return silu_of_order(x, 0), silu_of_order(x, 1), silu_of_order(x, 2), silu_of_order(x, 3)
 
-    return silu_of_order
+    return silu_to_order3
 
 
 @functools.lru_cache(maxsize=None)
