@@ -15,7 +15,8 @@ second-order terms. On CUDA each network's second-order step is also captured wh
 ``capturable=True``) and replayed: a step this small is bound by the host's launch and autograd overhead, which
 the replay removes for every network alike (warpkan's ops launch on torch's current stream and allocate
 through torch, so they are capture-safe). Targets: the bridge >= 5x faster than pure torch and no slower than the
-MLP; the second-order step <= 4x the first-order one. The Warp-native PINN (a residual written as a Warp kernel) is
+MLP (whose best step is the autograd one: its Taylor mode in torch ops is slower); the second-order step <= 4x the
+first-order one. The Warp-native PINN (a residual written as a Warp kernel) is
 in ``warpkan bench native``.
 """
 
