@@ -213,16 +213,17 @@ JET_KINDS = ["bspline", "bspline_general", "poly", "poly_lut"]
 @pytest.mark.parametrize("kind", JET_KINDS)
 @pytest.mark.parametrize("route", ["eager", "registered"])
 @pytest.mark.parametrize("chunked", [False, True])
-def test_edge_jet_gradcheck(device, kind, route, chunked, monkeypatch):
+@pytest.mark.parametrize("n_out", [2, 1])
+def test_edge_jet_gradcheck(device, kind, route, chunked, n_out, monkeypatch):
     """The op's gradients in z, the weight and the bias by float64 finite differences, through the eager
     Function and the registered op, on one chunk of rows and on chunks of two rows (the forward's basis kept,
-    or written again over G). A LUT family's z-gradient is that of its tables' interpolants (each derivative
+    or written again over G), with several outputs (G formed) and one (G's windows from the weight). A LUT family's z-gradient is that of its tables' interpolants (each derivative
     its own table), not a finite difference of the values: only its weight and bias gradients are checked."""
     from warpkan.torch_bridge import jet_ops
 
     if chunked:
         monkeypatch.setattr(jet_ops, "JET_CHUNK_BYTES", 2 * 5 * 8 * 30)
-    z, weight, bias, n_first, pairs, spec = _edge_args(kind, device, use_base=kind.startswith("bspline"))
+    z, weight, bias, n_first, pairs, spec = _edge_args(kind, device, n_out=n_out, use_base=kind.startswith("bspline"))
     weight, bias = weight.requires_grad_(), bias.requires_grad_()
     z.requires_grad_(kind != "poly_lut")
     if route == "eager":
@@ -252,7 +253,7 @@ def test_edge_jet_chunks_match_one_chunk(device, monkeypatch):
 
     torch.manual_seed(0)
     model = nn.Sequential(KANLinear(3, 5, grid_size=12, dtype=DOUBLE, device=device),
-                          KANLinear(5, 2, dtype=DOUBLE, device=device))
+                          KANLinear(5, 2, dtype=DOUBLE, device=device), KANLinear(2, 1, dtype=DOUBLE, device=device))
     x = _x(101, 3, device)
 
     def run():

@@ -61,9 +61,10 @@ def _expand_jet(z, *rest, family, make_frame, n_frame, frame_config, n_coef, use
 
 def _expand_contract_jet(z, *rest, family, make_frame, n_frame, frame_config, n_coef, use_base, n_first, pairs,
                          row0, write_basis, record=False):
-    frame_views, (g_basis, dz) = rest[:n_frame], rest[n_frame:]
+    frame_views, (g_basis, weight, h, dz) = rest[:n_frame], rest[n_frame:]
     return edge.launch_expand_contract_jet(family, make_frame(*frame_views, *frame_config), z, row0, n_coef, n_first,
-                                           pairs, g_basis, dz, use_base, record=record, write_basis=write_basis)
+                                           pairs, g_basis, dz, use_base, record=record, write_basis=write_basis,
+                                           weight=weight, h=h)
 
 
 def _recorded(launcher):
@@ -143,13 +144,15 @@ def _backward_impl(h: Tensor, z: Tensor, weight: Tensor, kept: Tensor, n_first: 
         return dz, d_weight, d_bias
     if not (need_z or need_weight):
         return dz, d_weight, d_bias
+    # one output: G = w h^T is never formed, the kernel reads w's windows and h (see kernels.edge.jet)
+    rank_one = n_out == 1
     with matmul_precision("fp32", z.device):
         if kept.numel():  # one chunk, its basis kept: G in a buffer of its own, no basis written
             h_all = h.view(n_comp * n_rows, n_out)
             if need_z:
-                g = torch.mm(weight, h_all.t())
-                _launch(_EXPAND_CONTRACT_JET, (z, *spec.frame_tensors, g, dz),
-                        (*_config(spec, n_first, pairs, 0), ("write_basis", False)))
+                g = kept if rank_one else torch.mm(weight, h_all.t())  # (kept: only its shape is read)
+                _launch(_EXPAND_CONTRACT_JET, (z, *spec.frame_tensors, g, *((weight, h) if rank_one else (None, None)),
+                                               dz), (*_config(spec, n_first, pairs, 0), ("write_basis", False)))
             if need_weight:
                 torch.mm(kept, h_all, out=d_weight)
             return dz, d_weight, d_bias
@@ -161,8 +164,11 @@ def _backward_impl(h: Tensor, z: Tensor, weight: Tensor, kept: Tensor, n_first: 
             h_part = h[:, start:start + rows].reshape(n_comp * rows, n_out)
             config = _config(spec, n_first, pairs, start)
             if need_z:  # G = W H^T, then dz and (over G) the basis
-                torch.mm(weight, h_part.t(), out=part)
-                _launch(_EXPAND_CONTRACT_JET, (z, *spec.frame_tensors, part, dz), (*config, ("write_basis", True)))
+                if not rank_one:
+                    torch.mm(weight, h_part.t(), out=part)
+                _launch(_EXPAND_CONTRACT_JET, (z, *spec.frame_tensors, part,
+                                               *((weight, h) if rank_one else (None, None)), dz),
+                        (*config, ("write_basis", True)))
             else:
                 _launch(_EXPAND_JET, (z, *spec.frame_tensors, part), config)
             if need_weight:

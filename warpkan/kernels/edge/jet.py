@@ -67,6 +67,7 @@ class _JetFuncs:
     direction: object  # (zc, index) -> zc[1 + index]
     contractions: object  # (g, row, rows, local, start, n_coef, v1, v2, v3) -> (comps, comps, comps)
     write_basis: object  # (basis_t, i, row, rows, local, n_coef, start, use_base, zc, b, b1, b2, s0, s1, s2, a, b)
+    weight_dots: object  # (w, row, start, n_coef, v1, v2, v3) -> three scalars
 
 
 def _jet_funcs(family: EdgeFamily, D: int, P: int) -> _JetFuncs:
@@ -117,6 +118,21 @@ def _jet_funcs(family: EdgeFamily, D: int, P: int) -> _JetFuncs:
         return s1, s2, s3
 
     @wp.func
+    def weight_dots(w: wp.array2d(dtype=scalar), row: int, start: int, n_coef: int, v1: vec, v2: vec, v3: vec):
+        """The window of a one-output weight's column (w [width, 1]) dotted with v1, v2 and v3."""
+        s1 = zero
+        s2 = zero
+        s3 = zero
+        for m in range(K):
+            j = start + m
+            if j >= 0 and j < n_coef:
+                wj = w[row + j, 0]
+                s1 = s1 + v1[m] * wj
+                s2 = s2 + v2[m] * wj
+                s3 = s3 + v3[m] * wj
+        return s1, s2, s3
+
+    @wp.func
     def write_basis(basis_t: wp.array2d(dtype=scalar), i: int, row: int, rows: int, local: int, n_coef: int,
                     start: int, use_base: int, zc: comps, b: vec, b1: vec, b2: vec, s0: scalar, s1: scalar,
                     s2: scalar, pair_a: PairIndex, pair_b: PairIndex):
@@ -138,7 +154,7 @@ def _jet_funcs(family: EdgeFamily, D: int, P: int) -> _JetFuncs:
                 basis_t[i, col] = s2 * q + s1 * zp
             write_rows(basis_t, row, col, n_coef, start, b2 * q + b1 * zp, one)
 
-    return _JetFuncs(comps, load_components, direction, contractions, write_basis)
+    return _JetFuncs(comps, load_components, direction, contractions, write_basis, weight_dots)
 
 
 @functools.lru_cache(maxsize=None)
@@ -164,6 +180,7 @@ def jet_kernels(family: EdgeFamily, n_first: int, n_pairs: int) -> JetKernels:
     funcs = _jet_funcs(family, D, P)
     load_components, direction, contractions, write_basis = (funcs.load_components, funcs.direction,
                                                              funcs.contractions, funcs.write_basis)
+    weight_dots, comps = funcs.weight_dots, funcs.comps
 
     @kernel
     def expand_jet(z: wp.array3d(dtype=scalar), row0: int, frame: Frame, use_base: int, n_coef: int,
@@ -185,10 +202,12 @@ def jet_kernels(family: EdgeFamily, n_first: int, n_pairs: int) -> JetKernels:
     @kernel
     def expand_contract_jet(z: wp.array3d(dtype=scalar), row0: int, frame: Frame, use_base: int, n_coef: int,
                             write: int, pair_a: PairIndex, pair_b: PairIndex, g_basis: wp.array2d(dtype=scalar),
-                            dz: wp.array3d(dtype=scalar)):
+                            w: wp.array2d(dtype=scalar), h: wp.array3d(dtype=scalar), dz: wp.array3d(dtype=scalar)):
         # g_basis holds G = W H^T on entry and, with write, the jet's dense basis on exit (see the module
         # docstring); dz is overwritten at this chunk's rows. Loads first (the input jet, every component's
-        # window of G), then the stores.
+        # window of G), then the stores. A one-output layer passes its weight w [width, 1] and upstream h
+        # [C, N, 1] instead of G (not read then): G's entries are w[r] h[c, n], so one window of w serves
+        # every component.
         rows = g_basis.shape[1] // C
         local, i = dense_entry(wp.tid(), z.shape[2])
         if local >= rows:
@@ -202,13 +221,28 @@ def jet_kernels(family: EdgeFamily, n_first: int, n_pairs: int) -> JetKernels:
             row = row + z.shape[2]
         start = slot + first
         # S_m(c): column c of G against the order-m bases (m = 1, 2, 3), silu rows included
-        sm1, sm2, sm3 = contractions(g_basis, row, rows, local, start, n_coef, b1, b2, b3)
-        if use_base:
+        sm1 = comps()
+        sm2 = comps()
+        sm3 = comps()
+        if w.shape[0] > 0:
+            wd1, wd2, wd3 = weight_dots(w, row, start, n_coef, b1, b2, b3)
+            if use_base:
+                wd1 = wd1 + s1 * w[i, 0]
+                wd2 = wd2 + s2 * w[i, 0]
+                wd3 = wd3 + s3 * w[i, 0]
             for c in range(C):
-                g_silu = g_basis[i, c * rows + local]
-                sm1[c] = sm1[c] + s1 * g_silu
-                sm2[c] = sm2[c] + s2 * g_silu
-                sm3[c] = sm3[c] + s3 * g_silu
+                hc = h[c, n, 0]
+                sm1[c] = wd1 * hc
+                sm2[c] = wd2 * hc
+                sm3[c] = wd3 * hc
+        else:
+            sm1, sm2, sm3 = contractions(g_basis, row, rows, local, start, n_coef, b1, b2, b3)
+            if use_base:
+                for c in range(C):
+                    g_silu = g_basis[i, c * rows + local]
+                    sm1[c] = sm1[c] + s1 * g_silu
+                    sm2[c] = sm2[c] + s2 * g_silu
+                    sm3[c] = sm3[c] + s3 * g_silu
         dz0 = sm1[0]
         for d in range(D):
             dz0 = dz0 + sm2[1 + d] * zc[1 + d]

@@ -313,13 +313,14 @@ def launch_expand_jet(family: EdgeFamily, frame, z, row0: int, n_coef: int, n_fi
 
 def launch_expand_contract_jet(family: EdgeFamily, frame, z, row0: int, n_coef: int, n_first: int, pairs, g_basis,
                                dz, use_base: bool = True, stream=None, record: bool = False,
-                               write_basis: bool = True):
+                               write_basis: bool = True, weight=None, h=None):
     """The Taylor-mode backward kernel (see :mod:`.jet`): dz [C, N, in] at rows row0 .. row0 + rows from
     G = W H^T in g_basis [dense_width, C rows], which then holds the jet's dense basis (``write_basis``).
-    Overwrites both."""
+    Overwrites both. A one-output layer may pass ``weight`` [dense_width, 1] and ``h`` [C, N, 1] instead of
+    forming G (g_basis is then not read)."""
     rows = g_basis.shape[1] // z.shape[0]
     pair_a, pair_b = pair_index(pairs)
     return launch(jet_kernels(family, n_first, len(pairs)).expand_contract_jet, jet_dim(rows, z.shape[2]),
                   [z, int(row0), frame, int(use_base), n_coef, int(write_basis), pair_a, pair_b,
-                   g_basis, dz], (),
+                   g_basis, weight, h, dz], (),
                   z.device, stream, record)
