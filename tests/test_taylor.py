@@ -13,7 +13,9 @@ from torch import nn
 
 from warpkan.reference import bspline as ref_bspline
 from warpkan.reference import poly as ref_poly
-from warpkan.torch_bridge import ChebyKANLinear, Jet, KANLinear, PolyKANLinear, elementwise_rule, jet, register_jet_rule
+from warpkan.reference.rational import group_rational_reference
+from warpkan.torch_bridge import (KATMLP, ChebyKANLinear, GRKANLinear, GroupRational, Jet, KANLinear, PolyKANLinear,
+                                  elementwise_rule, jet, register_jet_rule)
 
 DOUBLE = torch.float64
 
@@ -44,10 +46,27 @@ class _ReferencePoly(nn.Module):
         return ref_poly.poly_kan(x, layer.coeffs.permute(0, 2, 1), layer.bias, layer.basis, layer.alpha, layer.beta)
 
 
+class _ReferenceRational(nn.Module):
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x):
+        layer = self.layer
+        return group_rational_reference(x, layer.weight_numerator, layer.weight_denominator, layer.num_groups,
+                                        layer.variant)
+
+
 def _reference(model):
     """The same network with every warpkan layer replaced by its pure-torch reference (same parameters)."""
     if isinstance(model, nn.Sequential):
         return nn.Sequential(*[_reference(m) for m in model])
+    if isinstance(model, GroupRational):
+        return _ReferenceRational(model)
+    if isinstance(model, GRKANLinear):
+        return nn.Sequential(_ReferenceRational(model.rational), model.linear)
+    if isinstance(model, KATMLP):
+        return nn.Sequential(_reference(model.fc1), _reference(model.fc2))
     if isinstance(model, KANLinear):
         return _ReferenceKAN(model)
     if isinstance(model, PolyKANLinear) and model.mode == "exact":
@@ -90,6 +109,15 @@ def _models(device):
     general = kan(3, 4, grid_size=6, spline_order=3)
     _perturb_grid(general)
     torch.manual_seed(0)
+    rationals = nn.Sequential(
+        GroupRational(3, num_groups=3, variant="B", init="gelu", shared_numerator=False, dtype=DOUBLE, device=device),
+        GRKANLinear(3, 4, num_groups=1, init="swish", dtype=DOUBLE, device=device),
+        KATMLP(4, 6, 2, num_groups=2, dtype=DOUBLE, device=device))
+    with torch.no_grad():  # groups apart from their shared init, and the identity init bent
+        for module in rationals.modules():
+            if isinstance(module, GroupRational):
+                for weight in (module.weight_numerator, module.weight_denominator):
+                    weight.add_(0.1 * torch.randn(weight.shape, dtype=DOUBLE).to(device))
     return {
         "kan silu, uniform": nn.Sequential(kan(3, 5, grid_size=5), kan(5, 2, grid_size=4, spline_order=2)),
         "kan general grid, order 5": nn.Sequential(general, kan(4, 2, grid_size=3, spline_order=5)),
@@ -108,6 +136,7 @@ def _models(device):
             PolyKANLinear(3, 2, 4, basis="jacobi", alpha=0.5, beta=-0.3, bias=True).double().to(device)),
         "mlp": nn.Sequential(nn.Linear(3, 6), nn.Tanh(), nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 1)).double().to(
             device),
+        "group rational, gr-kan, kat mlp": rationals,
     }
 
 

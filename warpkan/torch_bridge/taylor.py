@@ -18,7 +18,8 @@ jet_of(model, z)``.
 
 Rules exist for ``nn.Sequential``, :class:`~warpkan.torch_bridge.KANLinear` (any grid, spline order and
 strategy; SiLU base path fused, any other base activation with a rule of its own), ``PolyKANLinear`` /
-``ChebyKANLinear`` (exact and LUT modes: the LUT's derivatives are those of its interpolant), ``nn.Linear``,
+``ChebyKANLinear`` (exact and LUT modes: the LUT's derivatives are those of its interpolant), ``GroupRational``,
+``GRKANLinear`` and ``KATMLP`` (F, F' and F'' from the group-rational Taylor-series kernels), ``nn.Linear``,
 ``nn.Identity`` and the elementwise activations ``nn.Tanh``, ``nn.Sigmoid``, ``nn.SiLU``, ``nn.Softplus``
 (beta and threshold as set; the threshold's linear branch included) and ``nn.GELU`` (exact and tanh).
 :func:`register_jet_rule` adds one for any other module, :func:`elementwise_rule` builds one from a function and
@@ -28,7 +29,8 @@ are torch ops.
 
 Derivatives go up to the second order, through the layers' dtype at full precision (float32 GEMMs with TF32
 off), and the jet is differentiable once (``loss.backward()``; a ``create_graph=True`` backward through it is
-refused). UKAN and the group-rational layers have no rule yet: use the autograd route for them.
+refused). UKAN has no rule yet (its table spans the data's range, read back each call): use the autograd route
+for it.
 """
 
 from __future__ import annotations
@@ -301,9 +303,23 @@ def _poly_kan_linear(layer, x: Jet) -> Jet:
     return x.with_stack(edge_jet(z, weight, layer.bias, x.n_first, x.pairs, spec))
 
 
+def _group_rational(module, x: Jet) -> Jet:
+    """F, F' and F'' of the group-rational activation at the values: its Taylor-series kernels (float32
+    arithmetic for float32 and narrower layers, float64 for float64), differentiable in x and the coefficients."""
+    from .rational_higher import derivative
+
+    z = x.value
+    dtype = torch.float64 if z.dtype == torch.float64 else torch.float32
+    zc = z.to(dtype)
+    a, b = module.weight_numerator.to(dtype), module.weight_denominator.to(dtype)
+    f0, f1, f2 = (derivative(zc, a, b, None, None, k, module.variant).to(z.dtype) for k in range(3))
+    return _elementwise(x, f0, f1, f2)
+
+
 def _register_builtin() -> None:
     from .kan_linear import KANLinear
     from .poly import PolyKANLinear
+    from .rational import KATMLP, GroupRational, GRKANLinear
 
     register_jet_rule(nn.Sequential, _sequential)
     register_jet_rule(nn.Identity, _identity)
@@ -313,6 +329,9 @@ def _register_builtin() -> None:
         register_jet_rule(module_type, elementwise_rule(f))
     register_jet_rule(KANLinear, _kan_linear)
     register_jet_rule(PolyKANLinear, _poly_kan_linear)
+    register_jet_rule(GroupRational, _group_rational)
+    register_jet_rule(GRKANLinear, lambda layer, x: jet_of(layer.linear, jet_of(layer.rational, x)))
+    register_jet_rule(KATMLP, lambda mlp, x: jet_of(mlp.fc2, jet_of(mlp.fc1, x)))
 
 
 _register_builtin()
