@@ -486,14 +486,17 @@ def test_registered_create_graph_runs_the_registered_pieces(device, monkeypatch)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
-def test_pinn_step_replays_from_a_cuda_graph():
-    """The heat PINN's whole training step (u_t and u_xx by create_graph=True, loss.backward, a capturable Adam
-    step) captured in a CUDA graph: each replay takes the step the eager code takes, so the layers' ops launch
-    on torch's capture stream and allocate through torch."""
+@pytest.mark.parametrize("route", ["autograd", "taylor"])
+def test_pinn_step_replays_from_a_cuda_graph(route):
+    """The heat PINN's whole training step (u_t and u_xx by create_graph=True, or by Taylor mode; loss.backward,
+    a capturable Adam step) captured in a CUDA graph: each replay takes the step the eager code takes, so the
+    layers' ops launch on torch's capture stream and allocate through torch."""
     import copy
 
-    from warpkan.bench.pinn import _steps
+    from warpkan.bench import pinn
     from warpkan.torch_bridge import capture_step
+
+    _steps = pinn._steps if route == "autograd" else pinn._taylor_steps
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(KANLinear(2, 6, grid_size=5, device="cuda"), KANLinear(6, 1, grid_size=5, device="cuda"))

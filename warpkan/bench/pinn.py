@@ -66,41 +66,30 @@ def _mlp(device, n_params):
                                torch.nn.Tanh(), torch.nn.Linear(hidden, 1)).to(device)
 
 
-def _taylor_steps(model, xt, capturable=False):
-    """(second-order step, first-order step) closures as :func:`_steps`, the residual's derivatives by Taylor
-    mode (the collocation points need no gradient of their own there)."""
+def _autograd_residual(model, xt):
+    """The heat residual u_t - nu u_xx by torch.autograd.grad(create_graph=True)."""
+    u = model(xt)
+    (du,) = torch.autograd.grad(u.sum(), xt, create_graph=True)
+    (d2u,) = torch.autograd.grad(du[:, 0].sum(), xt, create_graph=True)
+    return du[:, 1] - NU * d2u[:, 0]
+
+
+def _taylor_residual(model, xt):
+    """The same residual by Taylor mode (the collocation points need no gradient of their own there)."""
     from ..torch_bridge import jet
 
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=capturable)
-    points = xt.detach()
-
-    def second_order():
-        opt.zero_grad(set_to_none=not capturable)
-        u = jet(model, points, pairs=((0, 0),))
-        loss = (u.d(1)[:, 0] - NU * u.d2(0, 0)[:, 0]).square().mean()
-        loss.backward()
-        opt.step()
-
-    def first_order():
-        opt.zero_grad(set_to_none=not capturable)
-        model(points).square().mean().backward()
-        opt.step()
-
-    return second_order, first_order
+    u = jet(model, xt.detach(), pairs=((0, 0),))
+    return u.d(1)[:, 0] - NU * u.d2(0, 0)[:, 0]
 
 
-def _steps(model, xt, capturable=False):
+def _steps(model, xt, capturable=False, residual=_autograd_residual):
     """(second-order step, first-order step) closures: the heat residual's loss, or a loss of u alone. A
     ``capturable`` step keeps its gradient buffers (zeroed, not freed) so that a CUDA graph can replay it."""
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=capturable)
 
     def second_order():
         opt.zero_grad(set_to_none=not capturable)
-        u = model(xt)
-        (du,) = torch.autograd.grad(u.sum(), xt, create_graph=True)
-        (d2u,) = torch.autograd.grad(du[:, 0].sum(), xt, create_graph=True)
-        loss = (du[:, 1] - NU * d2u[:, 0]).square().mean()
-        loss.backward()
+        residual(model, xt).square().mean().backward()
         opt.step()
 
     def first_order():
@@ -109,6 +98,11 @@ def _steps(model, xt, capturable=False):
         opt.step()
 
     return second_order, first_order
+
+
+def _taylor_steps(model, xt, capturable=False):
+    """:func:`_steps` with the residual by Taylor mode."""
+    return _steps(model, xt, capturable, _taylor_residual)
 
 
 @register("pinn")
