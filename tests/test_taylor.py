@@ -408,3 +408,35 @@ def test_jet_algebra_builds_an_ansatz(device):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
     with pytest.raises(ValueError, match="different directions or pairs"):
         u + jet(nn.Identity(), xt, ((0, 0),)).col(0)
+
+
+@pytest.mark.parametrize("config", [dict(), dict(table_groups=40), dict(base_activation=None),
+                                    dict(base_activation=nn.Tanh)])
+def test_ukan_jet_matches_its_autograd_route(device, config):
+    """UKANLinear on its dense-range table (the range read back, or a fixed table size; SiLU fused, no base path,
+    an unfused base): jets and the parameter gradients of a loss of them against the layer's own
+    create_graph=True route (checked against float64 finite differences in test_higher_order)."""
+    from warpkan.torch_bridge import UKANLinear
+
+    torch.manual_seed(0)
+    model = nn.Sequential(UKANLinear(3, 4, grid_delta=0.25, dtype=DOUBLE, device=device, **config),
+                          UKANLinear(4, 2, dtype=DOUBLE, device=device, **config))
+    x = _x(29, 3, device, lo=-1.0, hi=1.0)
+    pairs = ((0, 0), (1, 2))
+    ours = jet(model, x, pairs=pairs).stack
+    expected = _autograd_jet(model, x, pairs)
+    torch.testing.assert_close(ours, expected, rtol=1e-10, atol=1e-12)
+    params = list(model.parameters())
+    grads = [torch.autograd.grad(s.square().sum(), params, allow_unused=True) for s in (ours, expected)]
+    for a, b, p in zip(*grads, params):
+        torch.testing.assert_close(torch.zeros_like(p) if a is None else a, torch.zeros_like(p) if b is None else b,
+                                   rtol=1e-10, atol=1e-11)
+
+
+def test_ukan_touched_pair_table_is_refused_by_name(device):
+    from warpkan.torch_bridge import UKANLinear
+
+    layer = UKANLinear(2, 3, grid_delta=0.01, dtype=DOUBLE, device=device)
+    layer.dense_max_coefficients = 8
+    with pytest.raises(NotImplementedError, match="touched-pair table.*dense_max_coefficients=8"):
+        jet(layer, _x(5, 2, device, lo=-1.0, hi=1.0), pairs=[(0, 0)])

@@ -19,7 +19,8 @@ jet_of(model, z)``.
 Rules exist for ``nn.Sequential``, :class:`~warpkan.torch_bridge.KANLinear` (any grid, spline order and
 strategy; SiLU base path fused, any other base activation with a rule of its own), ``PolyKANLinear`` /
 ``ChebyKANLinear`` (exact and LUT modes: the LUT's derivatives are those of its interpolant), ``GroupRational``,
-``GRKANLinear`` and ``KATMLP`` (F, F' and F'' from the group-rational Taylor-series kernels), ``nn.Linear``,
+``GRKANLinear`` and ``KATMLP`` (F, F' and F'' from the group-rational Taylor-series kernels), ``UKANLinear`` on
+its dense-range table, ``nn.Linear``,
 ``nn.Identity`` and the elementwise activations ``nn.Tanh``, ``nn.Sigmoid``, ``nn.SiLU``, ``nn.Softplus``
 (beta and threshold as set; the threshold's linear branch included) and ``nn.GELU`` (exact and tanh).
 :func:`register_jet_rule` adds one for any other module, :func:`elementwise_rule` builds one from a function and
@@ -29,8 +30,8 @@ are torch ops.
 
 Derivatives go up to the second order, through the layers' dtype at full precision (float32 GEMMs with TF32
 off), and the jet is differentiable once (``loss.backward()``; a ``create_graph=True`` backward through it is
-refused). UKAN has no rule yet (its table spans the data's range, read back each call): use the autograd route
-for it.
+refused). A UKANLinear whose range needs its touched-pair table (wider than ``dense_max_coefficients``) is
+refused by name: use the autograd route for it.
 """
 
 from __future__ import annotations
@@ -303,6 +304,47 @@ def _poly_kan_linear(layer, x: Jet) -> Jet:
     return x.with_stack(edge_jet(z, weight, layer.bias, x.n_first, x.pairs, spec))
 
 
+def _ukan_linear(layer, x: Jet) -> Jet:
+    """UKANLinear on its dense-range table (the CG-MLP's coefficients on each feature's groups from the lowest
+    the values touch, as its forward builds them): the table by torch ops, the spline by the edge op. A layer
+    whose range does not fit ``dense_max_coefficients`` (its forward then takes the touched-pair table, which
+    has no dense basis) is refused, as is the read-back of the range under CUDA-graph capture
+    (``table_groups=None``)."""
+    from .kan_linear import fuses_base
+    from .ukan_ops import _range_args, coefficient_major, group_range, range_table_torch
+
+    _check_layer_input("UKANLinear", x, layer.spline_scaler.dtype, layer.spline_scaler.device, layer.in_features)
+    z = _rows(x)
+    K = layer.spline_order + 1
+    if layer.table_groups is None:
+        layer._refuse_capture()
+        group_lo, span = group_range(z[0].detach(), layer.grid_delta, layer.spline_order)
+        rows_per_feature = int(span.item()) + 1
+        fits = rows_per_feature * K <= layer.dense_max_coefficients
+    else:
+        group_lo, _ = group_range(z[0].detach(), layer.grid_delta, layer.spline_order)
+        rows_per_feature, fits = layer.table_groups + 1, layer._fixed_range()
+    if not fits:
+        raise NotImplementedError(
+            "taylor.jet: this UKANLinear's range needs its touched-pair table (more than dense_max_coefficients="
+            f"{layer.dense_max_coefficients} coefficients a feature), which has no Taylor-mode rule: raise "
+            "dense_max_coefficients or grid_delta, or use torch.autograd.grad(..., create_graph=True)")
+    w_out, b_out = coefficient_major(layer.cg_out.weight, layer.cg_out.bias, layer.spline_order)
+    table = range_table_torch(group_lo, rows_per_feature, layer.pe_dim, layer.feature_embedding,
+                              layer.cg_hidden.weight, layer.cg_hidden.bias, w_out, b_out)
+    family, make_frame, frame_tensors, frame_config, coef = _range_args(z[0], group_lo, table, layer.grid_delta,
+                                                                        layer.spline_order)
+    activation = layer.base_activation
+    fused = fuses_base(activation)
+    weight = _CombinedWeight.apply(layer.base_weight.t(), layer.spline_scaler.t(), coef, family, fused)
+    spec = EdgeSpec(family, make_frame, frame_tensors, frame_config, coef.shape[1], fused)
+    out = x.with_stack(edge_jet(z, weight, None, x.n_first, x.pairs, spec))
+    if activation is None or fused:
+        return out
+    base = jet_of(activation, x)
+    return out.with_stack(out.stack + torch.matmul(base.stack, layer.base_weight.t()))
+
+
 def _group_rational(module, x: Jet) -> Jet:
     """F, F' and F'' of the group-rational activation at the values: its Taylor-series kernels (float32
     arithmetic for float32 and narrower layers, float64 for float64), differentiable in x and the coefficients."""
@@ -320,6 +362,7 @@ def _register_builtin() -> None:
     from .kan_linear import KANLinear
     from .poly import PolyKANLinear
     from .rational import KATMLP, GroupRational, GRKANLinear
+    from .ukan import UKANLinear
 
     register_jet_rule(nn.Sequential, _sequential)
     register_jet_rule(nn.Identity, _identity)
@@ -329,6 +372,7 @@ def _register_builtin() -> None:
         register_jet_rule(module_type, elementwise_rule(f))
     register_jet_rule(KANLinear, _kan_linear)
     register_jet_rule(PolyKANLinear, _poly_kan_linear)
+    register_jet_rule(UKANLinear, _ukan_linear)
     register_jet_rule(GroupRational, _group_rational)
     register_jet_rule(GRKANLinear, lambda layer, x: jet_of(layer.linear, jet_of(layer.rational, x)))
     register_jet_rule(KATMLP, lambda mlp, x: jet_of(mlp.fc2, jet_of(mlp.fc1, x)))
