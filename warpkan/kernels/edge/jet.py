@@ -38,10 +38,10 @@ from dataclasses import dataclass
 import warp as wp
 
 from ._values import edge_values
-from .dense import row_writer, dense_dim, dense_entry
+from .dense import dense_entry, row_writer
 from .family import EdgeFamily
 
-__all__ = ["JetKernels", "jet_kernels", "MAX_DIRECTIONS", "MAX_PAIRS", "PairIndex", "jet_dim"]
+__all__ = ["JetKernels", "jet_kernels", "MAX_DIRECTIONS", "MAX_PAIRS", "PairIndex"]
 
 MAX_DIRECTIONS = 8
 MAX_PAIRS = 8
@@ -53,11 +53,6 @@ class JetKernels:
     module: str
     expand_jet: wp.Kernel
     expand_contract_jet: wp.Kernel
-
-
-def jet_dim(rows: int, n_in: int) -> int:
-    """Threads of the Taylor-mode kernels for a chunk of ``rows`` rows of ``n_in`` inputs."""
-    return dense_dim(rows, n_in)
 
 
 @dataclass(frozen=True)
@@ -174,7 +169,8 @@ def jet_kernels(family: EdgeFamily, n_first: int, n_pairs: int) -> JetKernels:
     scalar, first, Frame = family.scalar, family.first, family.Frame
     D, P = n_first, n_pairs
     C = 1 + D + P
-    kernel = functools.partial(wp.kernel, enable_backward=False, module=f"warpkan_edge_{family.key}_jet_d{D}_p{P}")
+    module = f"warpkan_edge_{family.key}_jet_d{D}_p{P}"
+    kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
     values = edge_values(family)
     bases_dx2_at, bases_dx3_at, silu_orders = values.bases_dx2_at, values.bases_dx3_at, values.silu_orders
     funcs = _jet_funcs(family, D, P)
@@ -265,4 +261,4 @@ def jet_kernels(family: EdgeFamily, n_first: int, n_pairs: int) -> JetKernels:
             write_basis(g_basis, i, row, rows, local, n_coef, start, use_base, zc, b, b1, b2, s0, s1, s2, pair_a,
                         pair_b)
 
-    return JetKernels(f"warpkan_edge_{family.key}_jet_d{D}_p{P}", expand_jet, expand_contract_jet)
+    return JetKernels(module, expand_jet, expand_contract_jet)

@@ -9,7 +9,7 @@ from .._runtime import launch, workspace_for
 from .._runtime import row_chunks as runtime_row_chunks
 from . import tiled as tiled_pass
 from .dense import dense_dim, dense_kernels
-from .jet import MAX_PAIRS, PairIndex, jet_dim, jet_kernels
+from .jet import MAX_PAIRS, PairIndex, jet_kernels
 from .family import EdgeFamily
 from .stencil import BLOCK_DIM, ENTRIES_PER_CHUNK, FORWARD_ROWS, OUT_TILE, ROW_LANES, stencil_kernels
 
@@ -307,7 +307,7 @@ def launch_expand_jet(family: EdgeFamily, frame, z, row0: int, n_coef: int, n_fi
     (see :mod:`.jet`): C = 1 + n_first + len(pairs) components side by side. Overwrites basis_t."""
     rows = basis_t.shape[1] // z.shape[0]
     pair_a, pair_b = pair_index(pairs)
-    return launch(jet_kernels(family, n_first, len(pairs)).expand_jet, jet_dim(rows, z.shape[2]),
+    return launch(jet_kernels(family, n_first, len(pairs)).expand_jet, dense_dim(rows, z.shape[2]),
                   [z, int(row0), frame, int(use_base), n_coef, pair_a, pair_b, basis_t], (), z.device, stream, record)
 
 
@@ -320,7 +320,7 @@ def launch_expand_contract_jet(family: EdgeFamily, frame, z, row0: int, n_coef: 
     forming G (g_basis is then not read)."""
     rows = g_basis.shape[1] // z.shape[0]
     pair_a, pair_b = pair_index(pairs)
-    return launch(jet_kernels(family, n_first, len(pairs)).expand_contract_jet, jet_dim(rows, z.shape[2]),
+    return launch(jet_kernels(family, n_first, len(pairs)).expand_contract_jet, dense_dim(rows, z.shape[2]),
                   [z, int(row0), frame, int(use_base), n_coef, int(write_basis), pair_a, pair_b,
                    g_basis, weight, h, dz], (),
                   z.device, stream, record)
