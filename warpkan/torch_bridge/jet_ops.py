@@ -20,7 +20,7 @@ from ..kernels.edge import launch as edge
 from ..kernels.edge.dense import dense_width
 from ..kernels.edge.jet import MAX_PAIRS
 from ._common import RecordedLaunches, first_order_backward, matmul_precision, runs_registered_op
-from .edge_driver import EdgeSpec, spec_of
+from .edge_driver import EdgeSpec, _frame_config, _recorded, spec_of
 
 __all__ = ["edge_jet", "edge_jet_op", "edge_jet_backward_op", "JET_CHUNK_BYTES", "check_pairs"]
 
@@ -67,23 +67,11 @@ def _expand_contract_jet(z, *rest, family, make_frame, n_frame, frame_config, n_
                                            weight=weight, h=h)
 
 
-def _recorded(launcher):
-    def call(*args, record=False):
-        *tensors, config = args
-        return launcher(*tensors, **dict(config), record=record)
-
-    call.__name__ = launcher.__name__
-    return call
-
-
 _EXPAND_JET, _EXPAND_CONTRACT_JET = _recorded(_expand_jet), _recorded(_expand_contract_jet)
 
 
 def _config(spec: EdgeSpec, n_first: int, pairs: tuple, row0: int) -> tuple:
-    family, make_frame, frame_tensors, frame_config, n_coef, use_base = spec
-    return (("family", family), ("make_frame", make_frame), ("n_frame", len(frame_tensors)),
-            ("frame_config", frame_config), ("n_coef", n_coef), ("use_base", use_base), ("n_first", n_first),
-            ("pairs", pairs), ("row0", row0))
+    return (*_frame_config(*spec), ("n_first", n_first), ("pairs", pairs), ("row0", row0))
 
 
 def _check(z: Tensor, weight: Tensor, n_first: int, pairs: tuple, spec: EdgeSpec) -> None:

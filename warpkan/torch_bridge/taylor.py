@@ -134,7 +134,7 @@ class Jet:
         a, b = self, jet_other
         parts = [(a.value * b.value).unsqueeze(0), a.first * b.value + a.value * b.first]
         for p, (i, j) in enumerate(self.pairs):
-            second = a.stack[1 + a.n_first + p] * b.value + a.value * b.stack[1 + b.n_first + p]
+            second = a.second[p] * b.value + a.value * b.second[p]
             parts.append((second + a.d(i) * b.d(j) + a.d(j) * b.d(i)).unsqueeze(0))
         return self.with_stack(torch.cat(parts))
 
@@ -194,10 +194,8 @@ def _identity(module: nn.Module, x: Jet) -> Jet:
 
 
 def _linear(module: nn.Linear, x: Jet) -> Jet:
-    stack = torch.matmul(x.stack, module.weight.t())
-    if module.bias is not None:
-        stack = torch.cat([(stack[0] + module.bias).unsqueeze(0), stack[1:]])
-    return x.with_stack(stack)
+    out = x.with_stack(torch.matmul(x.stack, module.weight.t()))
+    return out if module.bias is None else out + module.bias  # a constant adds to the values alone
 
 
 def _elementwise(x: Jet, value: Tensor, d1: Tensor, d2: Tensor) -> Jet:
@@ -205,7 +203,7 @@ def _elementwise(x: Jet, value: Tensor, d1: Tensor, d2: Tensor) -> Jet:
     parts = [value.unsqueeze(0), d1 * x.first]
     # pair by pair: an index tensor would be a host-to-device copy, which CUDA-graph capture refuses
     for p, (a, b) in enumerate(x.pairs):
-        parts.append((d2 * x.d(a) * x.d(b) + d1 * x.stack[1 + x.n_first + p]).unsqueeze(0))
+        parts.append((d2 * x.d(a) * x.d(b) + d1 * x.second[p]).unsqueeze(0))
     return x.with_stack(torch.cat(parts))
 
 
@@ -275,16 +273,24 @@ def _rows(x: Jet) -> Tensor:
 
 def _kan_linear(layer, x: Jet) -> Jet:
     from .bspline_ops import _bspline_frame, _io_scalar
-    from .kan_linear import fuses_base
 
     _check_layer_input("KANLinear", x, layer.grid.dtype, layer.grid.device, layer.in_features)
-    activation = layer.base_activation
-    fused = fuses_base(activation)
     z = _rows(x)
     family = kb.family_of(layer.spline_order, layer._grid_uniform, _io_scalar(z))
     coef = layer.spline_weight.permute(1, 2, 0)  # [in, n_coef, out]
+    return _scaled_spline(layer, x, z, family, _bspline_frame, (layer.grid.contiguous(),), (), coef)
+
+
+def _scaled_spline(layer, x: Jet, z: Tensor, family, make_frame, frame_tensors, frame_config, coef) -> Jet:
+    """A scaled edge layer's jet (KANLinear, UKANLinear: base_weight, spline_scaler, the coefficients ``coef``
+    [in, n_coef, out] of its family): the edge op on the combined weight, a SiLU base path fused, any other base
+    activation by its own rule and a linear map."""
+    from .kan_linear import fuses_base
+
+    activation = layer.base_activation
+    fused = fuses_base(activation)
     weight = _CombinedWeight.apply(layer.base_weight.t(), layer.spline_scaler.t(), coef, family, fused)
-    spec = EdgeSpec(family, _bspline_frame, (layer.grid.contiguous(),), (), coef.shape[1], fused)
+    spec = EdgeSpec(family, make_frame, frame_tensors, frame_config, coef.shape[1], fused)
     out = x.with_stack(edge_jet(z, weight, None, x.n_first, x.pairs, spec))
     if activation is None or fused:
         return out
@@ -310,7 +316,6 @@ def _ukan_linear(layer, x: Jet) -> Jet:
     whose range does not fit ``dense_max_coefficients`` (its forward then takes the touched-pair table, which
     has no dense basis) is refused, as is the read-back of the range under CUDA-graph capture
     (``table_groups=None``)."""
-    from .kan_linear import fuses_base
     from .ukan_ops import _range_args, coefficient_major, group_range, range_table_torch
 
     _check_layer_input("UKANLinear", x, layer.spline_scaler.dtype, layer.spline_scaler.device, layer.in_features)
@@ -332,17 +337,7 @@ def _ukan_linear(layer, x: Jet) -> Jet:
     w_out, b_out = coefficient_major(layer.cg_out.weight, layer.cg_out.bias, layer.spline_order)
     table = range_table_torch(group_lo, rows_per_feature, layer.pe_dim, layer.feature_embedding,
                               layer.cg_hidden.weight, layer.cg_hidden.bias, w_out, b_out)
-    family, make_frame, frame_tensors, frame_config, coef = _range_args(z[0], group_lo, table, layer.grid_delta,
-                                                                        layer.spline_order)
-    activation = layer.base_activation
-    fused = fuses_base(activation)
-    weight = _CombinedWeight.apply(layer.base_weight.t(), layer.spline_scaler.t(), coef, family, fused)
-    spec = EdgeSpec(family, make_frame, frame_tensors, frame_config, coef.shape[1], fused)
-    out = x.with_stack(edge_jet(z, weight, None, x.n_first, x.pairs, spec))
-    if activation is None or fused:
-        return out
-    base = jet_of(activation, x)
-    return out.with_stack(out.stack + torch.matmul(base.stack, layer.base_weight.t()))
+    return _scaled_spline(layer, x, z, *_range_args(z[0], group_lo, table, layer.grid_delta, layer.spline_order))
 
 
 def _group_rational(module, x: Jet) -> Jet:
