@@ -17,11 +17,11 @@ H = 0.25  # a power of two: knots k * H are exact in binary, so "exactly on a kn
 
 
 def make_layer(n_in, n_out, device, dtype=torch.float64, order=3, base="silu", seed=0, pe_dim=4, embed_dim=3,
-               hidden_dim=6, table_groups=None, deterministic=False):
+               hidden_dim=6, table_groups=None, deterministic=False, strategy="auto"):
     torch.manual_seed(seed)
     return UKANLinear(n_in, n_out, spline_order=order, grid_delta=H, pe_dim=pe_dim, embed_dim=embed_dim,
                       hidden_dim=hidden_dim, base_activation=base, device=device, dtype=dtype,
-                      table_groups=table_groups, deterministic=deterministic)
+                      table_groups=table_groups, deterministic=deterministic, strategy=strategy)
 
 
 def reference(layer, x):
@@ -333,12 +333,13 @@ def test_torch_compile_fullgraph(device):
 
 
 # ---------------------------------------------------------------------- exact mode: dense-range and sparse paths
+@pytest.mark.parametrize("strategy", ["stencil", "gemm"])
 @pytest.mark.parametrize("order,base", [(3, "silu"), (1, None), (2, "silu")])
-def test_dense_range_path_matches_reference_and_sparse_path(device, order, base, monkeypatch):
+def test_dense_range_path_matches_reference_and_sparse_path(device, order, base, strategy):
     # the dense-range path (every group between each feature's lowest and highest: the edge engine's UKAN
-    # family) forced on a wide batch, with knots, group boundaries and a NaN: equal to the reference and to
-    # the sparse touched-pair path
-    layer = make_layer(4, 3, device, order=order, base=base)
+    # family) forced on a wide batch, with knots, group boundaries and a NaN, by either strategy: equal to the
+    # reference and to the sparse touched-pair path
+    layer = make_layer(4, 3, device, order=order, base=base, strategy=strategy)
     x = torch.randn(41, 4, dtype=torch.float64, device=device) * 2
     x[:12, 1] = torch.arange(-6, 6, dtype=torch.float64, device=device) * H  # knots, boundaries
     x[5, 2] = float("nan")
@@ -451,6 +452,29 @@ def test_fixed_table_dense_range_overflow(device):
     torch.testing.assert_close(y[:2], wide(x)[:2], rtol=1e-12, atol=1e-12)
 
 
+def test_dense_range_gemm_under_bf16_autocast(device):
+    """The dense-range path's gemm strategy follows KANLinear's precision rule: under bf16 autocast the
+    contractions run in bf16 (precision="auto"), close to the fp32 result; with precision="fp32" the exact fp32
+    result rounded to bf16. The output has the autocast dtype either way."""
+    torch.manual_seed(0)
+    layer = make_layer(5, 4, device, dtype=torch.float32, table_groups=3, strategy="gemm")
+    x = torch.randn(33, 5, device=device)
+    exact = layer(x)
+    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+        y = layer(x)
+    assert y.dtype == torch.bfloat16
+    scale = exact.abs().max().item()
+    torch.testing.assert_close(y.float(), exact, rtol=2**-6, atol=2**-6 * scale)
+    layer.precision = "fp32"
+    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+        y = layer(x)
+    torch.testing.assert_close(y, exact.to(torch.bfloat16), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        UKANLinear(3, 2, strategy="dense")
+    with pytest.raises(ValueError, match="needs float32"):
+        UKANLinear(3, 2, precision="bf16", dtype=torch.float64)
+
+
 def test_dense_range_opcheck_and_empty(device):
     layer = make_layer(3, 4, device)
     x = torch.randn(6, 3, dtype=torch.float64, device=device)
@@ -462,6 +486,7 @@ def test_dense_range_opcheck_and_empty(device):
     args = (x.clone().requires_grad_(), group_lo, table, layer.base_weight.t().detach().requires_grad_(),
             layer.spline_scaler.t().detach().requires_grad_(), H, 3, True)
     torch.library.opcheck(tb.ukan_ops.ukan_range_spline, args)
+    torch.library.opcheck(tb.ukan_ops.ukan_range_spline, (*args, False, "gemm", "fp32"))
     mlp = [p.detach().requires_grad_() for p in (layer.feature_embedding, layer.cg_hidden.weight,
                                                  layer.cg_hidden.bias, layer.cg_out.weight, layer.cg_out.bias)]
     torch.library.opcheck(tb.ukan_ops.ukan_range_table, (group_lo, rows, layer.pe_dim, *mlp))

@@ -12,6 +12,7 @@ from torch import nn
 from ..kernels import ukan as ku
 from ._common import (Float32Or64Module, autocast_dtype, check_device, check_tensor, layer_dtype, on_rows,
                       refuse_transforms, use_registered_op)
+from .bspline_ops import STRATEGIES, check_precision
 from .kan_linear import KANLinear, base_activation_module, l1_entropy_loss, base_repr, fuses_base, init_public, layout_parameter
 from .ukan_ops import LABEL, group_range, pairs_of, positional_encoding, range_layer, spline_layer
 
@@ -103,6 +104,12 @@ class UKANLinear(Float32Or64Module):
             feature embedding by indexing, whose backward is sort-based).
         table_groups: None for the exact, data-sized table (one integer read back per forward), or a
             positive int R for the fixed-size table (nothing read back; see above).
+        strategy: how the dense-range path computes the spline, as ``KANLinear``'s: ``"stencil"`` (the edge
+            engine's per-edge kernels), ``"gemm"`` (the dense basis contracted on cuBLAS) or ``"auto"`` (the
+            B-spline layer's rule by shape, :func:`warpkan.torch_bridge.choose_strategy`). The sparse pair
+            path always runs the stencil kernels.
+        precision: ``"auto"``, ``"fp32"``, ``"tf32"`` or ``"bf16"``: the gemm strategy's contractions (as
+            ``KANLinear``'s; ``"auto"`` is bf16 under bf16 autocast, else torch's float32 matmul setting).
         contiguous_parameters: store the parameters contiguously in their public shapes (the default; every
             torch optimiser and utility takes them), or as views of the kernels' layout (False).
         device: the device of the parameters (torch's default when None).
@@ -122,6 +129,8 @@ class UKANLinear(Float32Or64Module):
         table_groups: int | None = None,
         contiguous_parameters: bool = True,
         deterministic: bool = False,
+        strategy: str = "auto",
+        precision: str = "auto",
         device=None,
         dtype=None,
     ):
@@ -131,6 +140,10 @@ class UKANLinear(Float32Or64Module):
          table_groups) = ku.check_layer_args(in_features, out_features, spline_order, grid_delta, pe_dim, embed_dim,
                                              hidden_dim, table_groups)
         dtype = layer_dtype(dtype)
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+        check_precision(precision, dtype)
+        self.strategy, self.precision = strategy, precision
         self.in_features, self.out_features = in_features, out_features
         self.spline_order = spline_order
         self.grid_delta = grid_delta
@@ -232,7 +245,7 @@ class UKANLinear(Float32Or64Module):
                 "which torch.compile and CUDA-graph capture cannot do: construct it with table_groups=R"
             )
 
-    def _range_forward(self, x2, group_lo, span, rows_per_feature):
+    def _range_forward(self, x2, group_lo, span, rows_per_feature, precision):
         """The dense-range path: the CG-MLP on every group from each feature's lowest touched group - 1 to
         lowest + Rt - 2 (a superset of the touched pairs and their g - 1 neighbours), then a B-spline GEMM."""
         self._last = None
@@ -241,7 +254,7 @@ class UKANLinear(Float32Or64Module):
         return range_layer(x2, group_lo, rows_per_feature, self.pe_dim, self.feature_embedding, self.cg_hidden.weight,
                            self.cg_hidden.bias, self.cg_out.weight, self.cg_out.bias, self.base_weight,
                            self.spline_scaler, self.grid_delta, self.spline_order, fuses_base(self.base_activation),
-                           self.deterministic)
+                           self.deterministic, self.strategy, precision)
 
     @torch.no_grad()
     def table_overflow(self, x: torch.Tensor | None = None) -> int:
@@ -276,11 +289,12 @@ class UKANLinear(Float32Or64Module):
             raise ValueError(f"x must be on the layer's device {self.spline_scaler.device}, got {x.device}")
         cast_to = autocast_dtype(x.device)
         if cast_to is not None:
+            precision = "bf16" if self.precision == "auto" and cast_to == torch.bfloat16 else self.precision
             with torch.autocast(x.device.type, enabled=False):
-                return self._forward(x.to(dtype)).to(cast_to)
+                return self._forward(x.to(dtype), precision).to(cast_to)
         if x.dtype != dtype:
             raise TypeError(f"x must have the layer's dtype {dtype} (use autocast for bf16/fp16), got {x.dtype}")
-        return self._forward(x)
+        return self._forward(x, self.precision)
 
     def __getstate__(self):
         # what the last forward left for table_overflow() and regularization_loss() (tensors of its graph,
@@ -294,31 +308,33 @@ class UKANLinear(Float32Or64Module):
         """Whether the layer has a base path (``base_activation`` is not None)."""
         return self.base_activation is not None
 
-    def _forward(self, x):
-        y = on_rows(x, self.in_features, self._forward_rows)
+    def _forward(self, x, precision):
+        if self.spline_scaler.dtype == torch.float64:
+            precision = "fp32"  # float64 computes in float64
+        y = on_rows(x, self.in_features, lambda x2: self._forward_rows(x2, precision))
         activation = self.base_activation
         if activation is None or fuses_base(activation):
             return y
         return y + F.linear(activation(x), self.base_weight)
 
-    def _forward_rows(self, x2):
+    def _forward_rows(self, x2, precision):
         K = self.spline_order + 1
         if not use_registered_op(x2):
             refuse_transforms(LABEL)  # before the first Warp launch (group_range, ukan_pairs)
         if self.table_groups is None and x2.is_meta:
             # shapes only: no values to size the table from, and y's shape does not depend on it
             group_lo, span = group_range(x2, self.grid_delta, self.spline_order)
-            return self._range_forward(x2, group_lo, span, 2)
+            return self._range_forward(x2, group_lo, span, 2, precision)
         if self.table_groups is None:
             self._refuse_capture()
             group_lo, span = group_range(x2.detach(), self.grid_delta, self.spline_order)
             rows_per_feature = int(span.item()) + 1  # groups lowest - 1 .. highest of the widest feature
             if rows_per_feature * K <= self.dense_max_coefficients:
-                return self._range_forward(x2, group_lo, span, rows_per_feature)
+                return self._range_forward(x2, group_lo, span, rows_per_feature, precision)
         elif self._fixed_range():
             # fixed size, nothing read back: groups past lowest + table_groups - 1 get no spline term
             group_lo, span = group_range(x2.detach(), self.grid_delta, self.spline_order)
-            return self._range_forward(x2, group_lo, span, self.table_groups + 1)
+            return self._range_forward(x2, group_lo, span, self.table_groups + 1, precision)
         sorted_elem, window, local_u, pair_feature, pair_group, needed = self._pairs(x2)
         table = self._table(pair_feature, pair_group)
         self._last = (pair_feature, pair_group, needed)

@@ -40,8 +40,10 @@ from torch import Tensor
 from ..kernels import ukan as ku
 from ..kernels.edge.ukan_family import (ukan_family, ukan_frame_of, ukan_pairs_family, ukan_pairs_frame_of,
                                         ukan_table_family, ukan_table_frame_of)
+from ..kernels.edge import tiled as edge_tiled
+from .bspline_ops import choose_strategy
 from .edge_driver import (EdgeSpec, combined_weight, differentiable_backward, edge_backward, edge_forward,
-                          node_cached, node_combined_weight)
+                          gemm_backward, gemm_forward, node_cached, node_combined_weight, resolve_precision)
 from ._common import (TRANSPOSED, RecordedLaunches, eager_function, first_order_backward, forward_mode_message,
                       op_or_eager, params_used_by_this_backward, refuse_transforms, to_warp, use_registered_op,
                       warp_stream)
@@ -468,10 +470,25 @@ def _range_args(x, group_lo, table, grid_delta, spline_order):
     return family, _range_frame, (group_lo,), (float(grid_delta), n_groups, family.scalar_name), coef
 
 
-def _range_forward_impl(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base):
+def _range_route(strategy: str, precision: str, x: Tensor, family, coef: Tensor) -> tuple[str, str]:
+    """(strategy, precision) resolved for one call of the dense-range spline: the B-spline layer's rule
+    (:func:`warpkan.torch_bridge.bspline_ops.choose_strategy`), since the range table is a B-spline's
+    coefficient table on a uniform grid (a per-feature offset aside), and the gemm strategy's precision rule."""
+    if strategy == "auto":
+        strategy = choose_strategy(x.shape[0], x.shape[1], coef.shape[2], coef.shape[1],
+                                   edge_tiled.tiled_applies(family, x.is_cuda, coef.shape[1]))
+    return strategy, resolve_precision(precision, x.dtype, x.device) if strategy == "gemm" else precision
+
+
+def _range_forward_impl(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base,
+                        strategy="stencil", precision="fp32"):
     x, group_lo, table, base_weight_t, scaler_t = (
         t.contiguous() for t in (x, group_lo, table, base_weight_t, scaler_t))
     family, make_frame, frame_tensors, frame_config, coef = _range_args(x, group_lo, table, grid_delta, spline_order)
+    strategy, precision = _range_route(strategy, precision, x, family, coef)
+    if strategy == "gemm":
+        return gemm_forward(family, make_frame, frame_tensors, frame_config, x, base_weight_t, scaler_t, coef,
+                            use_base, precision)
     return edge_forward(family, make_frame, frame_tensors, frame_config, x, base_weight_t, scaler_t, coef, use_base)
 
 
@@ -486,26 +503,39 @@ def ukan_range_spline(
     spline_order: int,
     use_base: bool,
     deterministic: bool = False,
+    strategy: str = "stencil",
+    precision: str = "fp32",
 ) -> Tensor:
     """y [N, out] from x [N, in] on a dense per-feature table: ``table`` [in * Rt, K * out] is the CG-MLP
     output for the groups group_lo[i] - 1 .. group_lo[i] + Rt - 2 of every feature i, in (m, o) column
     order, and must cover every group x touches (``group_range``). The edge engine's forward on it (the UKAN
-    family; the SiLU base path fused). ``deterministic`` selects the backward's atomic-free kernels."""
-    return _range_forward_impl(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base)
+    family; the SiLU base path fused). ``deterministic`` selects the backward's atomic-free kernels;
+    ``strategy`` ("stencil", "gemm", "auto") and ``precision`` are the edge driver's
+    (:mod:`warpkan.torch_bridge.edge_driver`), resolved per call as for ``KANLinear``."""
+    return _range_forward_impl(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base,
+                               strategy, precision)
 
 
 @ukan_range_spline.register_fake
-def _(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base, deterministic=False):
+def _(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base, deterministic=False,
+      strategy="stencil", precision="fp32"):
     return x.new_empty((x.shape[0], scaler_t.shape[1]))
 
 
 def _range_backward_impl(dy, x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base,
-                         deterministic, need_x, need_params):
+                         deterministic, need_x, need_params, strategy="stencil", precision="fp32"):
     dy, x, group_lo, table, base_weight_t, scaler_t = (
         t.contiguous() for t in (dy, x, group_lo, table, base_weight_t, scaler_t))
     family, make_frame, frame_tensors, frame_config, coef = _range_args(x, group_lo, table, grid_delta, spline_order)
-    dx, d_base, d_scaler, d_coef = edge_backward(family, make_frame, frame_tensors, frame_config, dy, x, base_weight_t,
-                                                 scaler_t, coef, use_base, deterministic, need_x, need_params)
+    strategy, precision = _range_route(strategy, precision, x, family, coef)
+    if strategy == "gemm":  # cuBLAS and fixed-order kernels: deterministic as it is
+        dx, d_base, d_scaler, d_coef = gemm_backward(family, make_frame, frame_tensors, frame_config, dy, x,
+                                                     base_weight_t, scaler_t, coef, use_base, precision, need_x,
+                                                     need_params)
+    else:
+        dx, d_base, d_scaler, d_coef = edge_backward(family, make_frame, frame_tensors, frame_config, dy, x,
+                                                     base_weight_t, scaler_t, coef, use_base, deterministic, need_x,
+                                                     need_params)
     return dx, d_base, d_scaler, d_coef.view(table.shape) if need_params else d_coef
 
 
@@ -523,23 +553,27 @@ def ukan_range_spline_backward(
     deterministic: bool,
     need_x: bool,
     need_params: bool,
+    strategy: str = "stencil",
+    precision: str = "fp32",
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dx, d_base_weight_t, d_scaler_t, d_table) of :func:`ukan_range_spline`; the ones not asked for come
     back empty (the edge engine's backward: atomic-free with ``deterministic``)."""
     return _range_backward_impl(dy, x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base,
-                                deterministic, need_x, need_params)
+                                deterministic, need_x, need_params, strategy, precision)
 
 
 @ukan_range_spline_backward.register_fake
 def _(dy, x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base, deterministic, need_x,
-      need_params):
+      need_params, strategy="stencil", precision="fp32"):
     return _grad_buffers(x, base_weight_t, table, need_x, need_params, torch.empty)
 
 
 def _range_setup_context(ctx, inputs, output):
-    x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base, deterministic = inputs
+    (x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base, deterministic, strategy,
+     precision) = inputs
     ctx.save_for_backward(x, group_lo, table, base_weight_t, scaler_t)
     ctx.config = (grid_delta, spline_order, use_base, deterministic)
+    ctx.route = (strategy, precision)
     ctx.op_inputs = inputs  # for create_graph=True (_range_spline_higher)
 
 
@@ -556,8 +590,8 @@ def _range_backward_with(backward):
         need_x = ctx.needs_input_grad[0]
         need_params = any(ctx.needs_input_grad[2:5])
         if not (need_x or need_params):
-            return (None,) * 9
-        grads = backward(dy.contiguous(), *ctx.saved_tensors, *ctx.config, need_x, need_params)
+            return (None,) * 11
+        grads = backward(dy.contiguous(), *ctx.saved_tensors, *ctx.config, need_x, need_params, *ctx.route)
         return _range_input_grads(ctx, *grads, need_x, need_params)
 
     return range_backward
@@ -571,7 +605,7 @@ def _range_input_grads(ctx, dx, d_base, d_scaler, d_table, need_x, need_params):
         d_table if need_params and ctx.needs_input_grad[2] else None,
         d_base if need_params and use_base and ctx.needs_input_grad[3] else None,
         d_scaler if need_params and ctx.needs_input_grad[4] else None,
-        None, None, None, None,
+        None, None, None, None, None, None,
     )
 
 
@@ -594,7 +628,7 @@ class _EagerRangeLayer(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
-                base_weight, spline_scaler, grid_delta, spline_order, use_base, deterministic):
+                base_weight, spline_scaler, grid_delta, spline_order, use_base, deterministic, strategy, precision):
         # [out, in] parameters: their [in, out] operands made here, not as autograd nodes of their own (a view
         # of kernel-layout storage, or one copy of a contiguous parameter, for the forward and the backward)
         # the node's inputs with their history: for create_graph=True, and rows_per_feature for a table recompute
@@ -604,9 +638,11 @@ class _EagerRangeLayer(torch.autograd.Function):
         w_out, b_out = coefficient_major(w_out, b_out, spline_order)
         table, *rows = _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out,
                                          b_out, keep_rows=True)
-        y = _range_forward_impl(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base)
+        y = _range_forward_impl(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base,
+                                strategy, precision)
         ctx.save_for_backward(x, group_lo, base_weight_t, scaler_t, embedding, w_hidden, b_hidden, w_out, b_out)
         ctx.config = (pe_dim, grid_delta, spline_order, use_base, deterministic)
+        ctx.route = (strategy, precision)
         # the table and the rows are kept outside the saved tensors so that the backward can let them go as
         # soon as it is done with them: the table after the spline's gradients (the CG-MLP's backward does not
         # read it), which takes a table-sized buffer off the step's peak memory
@@ -633,7 +669,7 @@ class _EagerRangeLayer(torch.autograd.Function):
         need_x, need_params = need[0], need_mlp or need[9] or need[10]
         # a second backward of a retained graph recomputes the table and the rows
         table, rows, ctx.table, ctx.rows = ctx.table, ctx.rows, None, None
-        grads = [None] * 15
+        grads = [None] * 17
         if not (need_x or need_params):
             return tuple(grads)
         if table is None:
@@ -641,7 +677,7 @@ class _EagerRangeLayer(torch.autograd.Function):
             table = _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out)
         dx, d_base, d_scaler, d_table = _range_backward_impl(dy, x, group_lo, table, base_weight_t, scaler_t,
                                                              grid_delta, spline_order, use_base, deterministic,
-                                                             need_x, need_params)
+                                                             need_x, need_params, *ctx.route)
         del table
         if need_x:
             grads[0] = dx
@@ -723,7 +759,7 @@ def _range_layer_higher(ctx, dy):
         group_lo, rows, pe_dim, embedding, w_hidden, b_hidden, *coefficient_major(w_out, b_out, spline_order)))
     params = {4: embedding, 5: w_hidden, 6: b_hidden, 7: w_out, 8: b_out, 9: base_weight, 10: spline_scaler}
     return _spline_higher_outputs(
-        ctx, 15, params, 9, use_base,
+        ctx, 17, params, 9, use_base,
         lambda wrt: range_spline_higher_grads(dy, x, group_lo, table, base_weight.t(), spline_scaler.t(), grid_delta,
                                               spline_order, use_base, ctx.needs_input_grad[0], wrt, ctx))
 
@@ -731,7 +767,7 @@ def _range_layer_higher(ctx, dy):
 def range_layer(x: Tensor, group_lo: Tensor, rows_per_feature: int, pe_dim: int, embedding: Tensor,
                 w_hidden: Tensor, b_hidden: Tensor, w_out: Tensor, b_out: Tensor, base_weight: Tensor,
                 spline_scaler: Tensor, grid_delta: float, spline_order: int, use_base: bool,
-                deterministic: bool = False) -> Tensor:
+                deterministic: bool = False, strategy: str = "stencil", precision: str = "fp32") -> Tensor:
     """y [N, out] of the dense-range path: the CG-MLP table on each feature's rows_per_feature groups from
     group_lo - 1 (:func:`ukan_range_table`), then the spline on it (:func:`ukan_range_spline`); base_weight and
     spline_scaler [out, in]. Under tracing, those two registered ops; eagerly, one autograd node running the
@@ -740,10 +776,11 @@ def range_layer(x: Tensor, group_lo: Tensor, rows_per_feature: int, pe_dim: int,
         w_out, b_out = coefficient_major(w_out, b_out, spline_order)
         table = ukan_range_table(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out)
         return ukan_range_spline(x, group_lo, table, base_weight.t(), spline_scaler.t(), grid_delta, spline_order,
-                                 use_base, deterministic)
+                                 use_base, deterministic, strategy, precision)
     refuse_transforms(RANGE_LAYER_LABEL)
     return _EagerRangeLayer.apply(x, group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
-                                  base_weight, spline_scaler, grid_delta, spline_order, use_base, deterministic)
+                                  base_weight, spline_scaler, grid_delta, spline_order, use_base, deterministic,
+                                  strategy, precision)
 
 
 def positional_encoding(group: Tensor, pe_dim: int, dtype: torch.dtype) -> Tensor:
