@@ -1,6 +1,8 @@
 """B-spline KAN: Warp kernels against the float64 reference written from the formulas."""
 
 import numpy as np
+import math
+
 import pytest
 import torch
 import warp as wp
@@ -447,6 +449,40 @@ def test_contiguous_parameters_same_layer(device):
     torch.testing.assert_close(plain(x), views(x), rtol=0, atol=0)
     for a, b in zip(views.parameters(), plain.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_long_table_is_read_in_place(device, deterministic):
+    """Where only the per-thread stencil kernels run (a grid past the tiled passes) and the table is large
+    against what a step gathers from it, the default public-layout table is read through its strides: no copy
+    into the kernels' layout, none of its gradient back (the copies doubled a step at G=2^18). The outputs and
+    gradients are those of the kernel-layout parameters."""
+    from warpkan.torch_bridge import bspline_ops
+
+    tdev = _torch_device(device)
+    layers = []
+    for contiguous in (False, True):
+        torch.manual_seed(6)
+        layers.append(KANLinear(4, 3, grid_size=300, strategy="stencil", deterministic=deterministic,
+                                contiguous_parameters=contiguous, dtype=torch.float64).to(tdev))
+    views, plain = layers
+    x = torch.rand(9, 4, dtype=torch.float64, device=tdev) * 2 - 1
+    coef_t = plain.spline_weight.permute(1, 2, 0)
+    assert bspline_ops._stencil_coef(coef_t, x, 3, True) is coef_t  # read in place
+    assert bspline_ops._stencil_coef(coef_t, x.repeat(400, 1), 3, True).is_contiguous()  # many rows: copied
+    for layer in layers:
+        layer(x).square().sum().backward()
+    torch.testing.assert_close(plain(x), views(x), rtol=0, atol=0)
+    exact = deterministic or tdev.type == "cpu"  # atomics on cuda add in any order
+    for a, b in zip(views.parameters(), plain.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=0 if exact else 1e-12, atol=0 if exact else 1e-13)
+        assert b.grad.stride() == b.stride()
+    table = plain.spline_weight.numel()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        plain(x).square().sum().backward()
+    copies = [e for e in prof.events() if e.name in ("aten::copy_", "aten::clone", "aten::contiguous")
+              and any(math.prod(shape) == table for shape in e.input_shapes if shape)]
+    assert not copies, [(e.name, e.input_shapes) for e in copies]
 
 
 def test_eager_step_has_one_autograd_node_per_layer(eager_step_ops):

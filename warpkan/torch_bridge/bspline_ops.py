@@ -77,6 +77,31 @@ def _tiled(x: Tensor, coef: Tensor, spline_order: int) -> bool:
                                                                          x.is_cuda, coef.shape[1])
 
 
+# The per-thread stencil kernels read a coefficient table through its strides. A public-layout table
+# (contiguous [out, in, G + k] storage, seen as [in, G + k, out]) would otherwise be copied into the kernels'
+# layout once a step and its gradient copied back: two transposing passes over the whole table, which cost
+# more than the step itself on long grids (H200, (2^17, 32->32), G=2^18, a 1.07 GB table: 10.6 ms a step with
+# the copies, 4.6 ms on the kernel layout). Read in place, a gather's outputs are strided (about twice the
+# memory sectors per gathered row), so the copy is kept where the table is small against the rows a step
+# gathers from it: the table is read in place when its size is at least this fraction of the gathered bytes.
+STRIDED_TABLE_FRACTION = 0.25
+
+
+def _stencil_coef(coef: Tensor, x: Tensor, spline_order: int, uniform: bool) -> Tensor:
+    """``coef`` as the stencil strategy reads it: in place (any strides) where only the per-thread kernels run
+    and the table is large against the step's gathers (:data:`STRIDED_TABLE_FRACTION`), else contiguous."""
+    if coef.is_contiguous():
+        return coef
+    family = kb.family_of(spline_order, uniform, _io_scalar(x))
+    n_coef = coef.shape[1]
+    per_thread = (edge_tiled.forward_plan(family, x.is_cuda, n_coef) is None
+                  and edge_tiled.backward_plan(family, x.is_cuda, n_coef) is None)
+    gathered = x.shape[0] * x.shape[1] * (spline_order + 1) * coef.shape[2]
+    if per_thread and coef.numel() >= STRIDED_TABLE_FRACTION * gathered:
+        return coef
+    return coef.contiguous()
+
+
 def _resolve(strategy: str, x: Tensor, coef: Tensor, spline_order: int) -> str:
     if strategy == "auto":
         return choose_strategy(x.shape[0], x.shape[1], coef.shape[2], coef.shape[1], _tiled(x, coef, spline_order))
@@ -121,7 +146,8 @@ def _forward_impl(
         # the weight-combining kernel reads the parameters in any strides (no copy of a public-layout table)
         precision = resolve_precision(precision, x.dtype, x.device)
         return _gemm_forward(x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, precision)
-    base_weight_t, scaler_t, coef = (t.contiguous() for t in (base_weight_t, scaler_t, coef))
+    base_weight_t, scaler_t = base_weight_t.contiguous(), scaler_t.contiguous()
+    coef = _stencil_coef(coef, x, spline_order, uniform)
     return edge_forward(kb.family_of(spline_order, uniform, _io_scalar(x)), _bspline_frame, (grid,), (), x,
                         base_weight_t, scaler_t, coef, use_base)
 
@@ -163,8 +189,9 @@ def _backward_impl(
         precision = resolve_precision(precision, x.dtype, x.device)
         return _gemm_backward(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, need_x,
                               need_params, precision)
-    grads = _stencil_backward(dy, x, grid, *(t.contiguous() for t in (base_weight_t, scaler_t, coef)), spline_order,
-                              uniform, use_base, deterministic, need_x, need_params)
+    grads = _stencil_backward(dy, x, grid, base_weight_t.contiguous(), scaler_t.contiguous(),
+                              _stencil_coef(coef, x, spline_order, uniform), spline_order, uniform, use_base,
+                              deterministic, need_x, need_params)
     return grads[:1] + tuple(_strided_like(g, t) for g, t in zip(grads[1:], (base_weight_t, scaler_t, coef)))
 
 
@@ -178,7 +205,8 @@ def _strided_like(grad: Tensor, like: Tensor) -> Tensor:
 
 def _stencil_backward(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, deterministic,
                       need_x, need_params):
-    """The stencil strategy's gradients, on contiguous arguments (contiguous gradients)."""
+    """The stencil strategy's gradients, on contiguous arguments (contiguous gradients), ``coef`` as
+    :func:`_stencil_coef` gives it (its gradient in its strides)."""
     return edge_backward(kb.family_of(spline_order, uniform, _io_scalar(x)), _bspline_frame, (grid,), (), dy, x,
                          base_weight_t, scaler_t, coef, use_base, deterministic, need_x, need_params)
 
@@ -273,11 +301,13 @@ _PUBLIC_LAYOUTS = {2: TRANSPOSED, 3: TRANSPOSED, 4: (lambda t: t.permute(1, 2, 0
 
 def _stencil_operands(inputs: tuple) -> tuple:
     """The stencil strategy reads the parameters in the kernels' layout: made contiguous once, for the forward
-    and the backward pass (the gemm strategy reads them in any strides)."""
+    and the backward pass (the gemm strategy reads them in any strides; the per-thread kernels read a long
+    table in place, :func:`_stencil_coef`)."""
     x, grid, base_weight_t, scaler_t, coef, spline_order, *config = inputs
     if _resolve(config[3], x, coef, spline_order) == "gemm":
         return inputs
-    return (x, grid, base_weight_t.contiguous(), scaler_t.contiguous(), coef.contiguous(), spline_order, *config)
+    return (x, grid, base_weight_t.contiguous(), scaler_t.contiguous(), _stencil_coef(coef, x, spline_order, config[0]),
+            spline_order, *config)
 
 
 _EagerBSpline = eager_function("_EagerBSpline", _forward_impl, _setup_context, _eager_backward, _PUBLIC_LAYOUTS,
