@@ -1,12 +1,16 @@
 """Small reference models built from warpkan's torch layers, at the shapes the peers publish model-level
 figures for (``warpkan bench models`` trains each of them against its twins):
 
-| model | warpkan layers | default shape |
-|---|---|---|
-| :class:`VisionTransformer` ``ffn="grkan"``: KAT | :class:`~warpkan.torch_bridge.KATMLP` (two ``GRKANLinear``) as every block's FFN | ViT-Tiny: 224² inputs, patch 16, dim 192, depth 12, 3 heads, FFN 768, 1000 classes |
-| :class:`MLPMixer` ``token_mixing="kan"`` / ``"ukan"`` | ``KANLinear`` (G=5, k=3) / ``UKANLinear`` token mixing | the UKAN paper's CIFAR Mixer: 32² inputs, patch 4 (64 tokens), hidden 256, depth 16, token expansion 4, channel expansion 0.5, 10 classes |
-| :class:`PolyKANNet` | ``PolyKANLinear`` (Fourier or Chebyshev, LUT or exact) | PolyKAN's Speech Commands network: 40 -> 256 -> 256 -> 12, degree 8 |
-| :class:`FeedForward` ``kind="kan"`` / ``"ukan"`` | ``KANLinear`` / ``UKANLinear`` | the UKAN paper's MNIST network: 784 -> 32 -> 10 |
+- :class:`VisionTransformer` ``ffn="grkan"``, KAT: :class:`~warpkan.torch_bridge.KATMLP` (two ``GRKANLinear``)
+  as every block's FFN; by default ViT-Tiny: 224² inputs, patch 16, dim 192, depth 12, 3 heads, FFN 768, 1000
+  classes.
+- :class:`MLPMixer` ``token_mixing="kan"`` / ``"ukan"``: ``KANLinear`` (G=5, k=3) / ``UKANLinear`` token mixing;
+  by default the UKAN paper's CIFAR Mixer: 32² inputs, patch 4 (64 tokens), hidden 256, depth 16, token
+  expansion 4, channel expansion 0.5, 10 classes.
+- :class:`PolyKANNet`: ``PolyKANLinear`` (Fourier or Chebyshev, LUT or exact); by default PolyKAN's Speech
+  Commands network: 40 -> 256 -> 256 -> 12, degree 8.
+- :class:`FeedForward` ``kind="kan"`` / ``"ukan"``: ``KANLinear`` / ``UKANLinear``; by default the UKAN paper's
+  MNIST network: 784 -> 32 -> 10.
 
 Each has its twins in the same class: ``ffn="gelu"`` is the same ViT with a GELU MLP, ``token_mixing="mlp"``
 and ``kind="mlp"`` put Linear-GELU-Linear where the KAN layers were, and ``"efficient-kan"`` uses the

@@ -16,7 +16,7 @@ __all__ = ["basis_values", "poly_kan", "chebykan_acos", "chebyshev_recurrence_ei
 
 
 def basis_values(t: torch.Tensor, basis: str, degree: int, alpha: float = 1.0, beta: float = 1.0) -> torch.Tensor:
-    """``P_0(t) .. P_degree(t)`` stacked on a new last dimension (see ``warpkan.kernels.poly`` for the bases)."""
+    """``P_0(t)`` to ``P_degree(t)`` stacked on a new last dimension (see ``warpkan.kernels.poly`` for the bases)."""
     if basis == "fourier":
         values = [torch.ones_like(t)]
         for d in range(1, degree + 1):

@@ -13,7 +13,7 @@ __all__ = ["group_rational_reference", "kat_abs"]
 
 
 def kat_abs(v: torch.Tensor) -> torch.Tensor:
-    """|v| whose derivative is -1 for v < 0 and +1 otherwise (also at 0)."""
+    """``|v|`` whose derivative is -1 for v < 0 and +1 otherwise (also at 0)."""
     sign = torch.where(v < 0, -1.0, 1.0).to(v.dtype).detach()
     return v * sign
 

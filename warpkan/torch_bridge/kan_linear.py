@@ -291,7 +291,7 @@ class KANLinear(Float32Or64Module):
         self._grid_uniform = kb.grid_is_uniform(grid_host)
 
     def regularization_loss(self, regularize_activation: float = 1.0, regularize_entropy: float = 1.0):
-        """efficient-kan's L1 + entropy regulariser on the mean |spline_weight| of each edge."""
+        """efficient-kan's L1 + entropy regulariser on the mean ``|spline_weight|`` of each edge."""
         return l1_entropy_loss(self.spline_weight.abs().mean(-1), regularize_activation, regularize_entropy)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,

@@ -205,8 +205,8 @@ def group_rational(
     """The group-rational activation on x (..., C), channels-last, fp32/bf16/fp16/fp64.
 
     weight_numerator [1 (shared, as in KAT) or num_groups, m + 1]; weight_denominator [num_groups, n].
-    Group g covers channels [g C/G, (g + 1) C/G). Variant "A": Q = 1 + sum_j |b_j| |x|^(j+1) (KAT's
-    kernels); "B": Q = 1 + |sum_j b_j x^(j+1)| (FlashKAT's paper).
+    Group g covers channels [g C/G, (g + 1) C/G). Variant "A": ``Q = 1 + sum_j |b_j| |x|^(j+1)`` (KAT's
+    kernels); "B": ``Q = 1 + |sum_j b_j x^(j+1)|`` (FlashKAT's paper).
     """
     check_tensor("x", x, ndim_min=1, dtypes=IO_DTYPES)
     num_groups = kr.check_groups(num_groups, x.shape[-1], "the last dimension of x")

@@ -68,7 +68,8 @@ class UKANLinear(Float32Or64Module):
       ``min(2 N in, max(in * R, 1024))`` rows shared by the features (a feature whose inputs span R groups
       uses about R + 1), and the elements of the pairs past it get a zero spline term. Like off-grid inputs
       of a bounded KAN; :meth:`table_overflow` tells (it reads a count back, so call it off the hot path).
-    Inputs with |x| / h beyond 2^39 are evaluated at that limit (finite, zero spline slope); NaN gives a
+
+    Inputs with ``|x| / h`` beyond 2^39 are evaluated at that limit (finite, zero spline slope); NaN gives a
     zero spline term. The spline gradients of the sparse path are bitwise reproducible (stable sort, no
     floating-point atomics); the dense-range path's backward, and the sparse path's gradient of the feature
     embedding, add by atomics on CUDA, as KANLinear's backward does, unless ``deterministic=True`` (then
@@ -348,7 +349,7 @@ class UKANLinear(Float32Or64Module):
     def regularization_loss(self, regularize_activation: float = 1.0, regularize_entropy: float = 1.0,
                             x: torch.Tensor | None = None) -> torch.Tensor:
         """L1 + entropy on the generated coefficients of each edge (o, i), as efficient-kan does on its
-        stored ones: ``l1[o, i]`` is the mean |spline_scaler[o, i] * C| over the coefficients generated for
+        stored ones: ``l1[o, i]`` is the mean ``|spline_scaler[o, i] * C|`` over the coefficients generated for
         feature i (those of the last forward, or of ``x`` when given); the loss is
         ``regularize_activation * sum l1 + regularize_entropy * entropy(l1 / sum l1)``. Differentiable
         through the CG-MLP and the scaler."""
