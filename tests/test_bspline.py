@@ -399,6 +399,19 @@ def test_auto_strategy_choice():
 
     assert choose_strategy(65536, 256, 256, 11) == "gemm"
     assert choose_strategy(2**17, 32, 32, 2**18 + 3) == "stencil"
+    # where the tiled kernels apply: the shapes of the measurements behind the rule (bspline_ops' constants)
+    tiled = dict(tiled_stencil=True)
+    assert choose_strategy(2**16, 32, 32, 67, **tiled) == "stencil"  # bench bspline's G=64 rows
+    assert choose_strategy(128, 40, 256, 8, **tiled) == "gemm"  # short basis
+    for n_rows in (128, 1024, 4096):  # a tiled grid too small to fill the GPU
+        assert choose_strategy(n_rows, 784 if n_rows == 128 else 32, 32, 24, **tiled) == "gemm"
+    assert choose_strategy(16384, 32, 32, 24, **tiled) == "stencil"
+    assert choose_strategy(16384, 32, 32, 24, **tiled, precision="bf16") == "gemm"
+    assert choose_strategy(65536, 32, 32, 24, **tiled, precision="bf16") == "stencil"
+    assert choose_strategy(32768, 64, 256, 24, **tiled) == "stencil"
+    assert choose_strategy(32768, 64, 256, 24, **tiled, precision="bf16") == "gemm"
+    assert choose_strategy(65536, 32, 32, 44, **tiled, precision="bf16") == "stencil"
+    assert choose_strategy(8192, 256, 256, 44, **tiled, precision="bf16") == "gemm"
     with pytest.raises(ValueError, match="strategy must be one of"):
         KANLinear(3, 2, strategy="fast")
 

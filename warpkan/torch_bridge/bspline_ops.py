@@ -55,13 +55,36 @@ GEMM_MAX_COEFFICIENTS = 48
 # vs 8.5; 512->512 G=5 18.6 vs 2.9; (128, 40->256, G=5) 0.23 vs 0.05 (the tiled grid is too small to fill
 # the GPU).
 TILED_GEMM_MAX_COEFFICIENTS = 16
+# Beyond that bound the tiled kernels still lose where their grid is small: a warp walks every input of its
+# 32 rows for 32 outputs, so (rows / 32) (outputs / 32) warps cannot fill the GPU. H200, a graphed fwd+bwd,
+# tiled vs gemm (fp32): (128, 784->32, G=21) 1.89 vs 0.084 ms; (1024, 32->32, G=21) 0.108 vs 0.064;
+# (4096, 32->32, G=21) 0.126 vs 0.095; but (16384, 32->32, G=21) 0.174 vs 0.247 (512 tiles).
+TILED_MIN_TILES = 256
+# Under bf16 the GEMMs run on tensor cores and the basis is half as wide in memory, so the dense basis also
+# wins up to TILED_MIN_TILES_BF16 tiles, and on wide layers (the tiled kernels' work grows with the outputs).
+# H200, graphed fwd+bwd under bf16 autocast, tiled vs gemm: (16384, 32->32, G=21) 0.181 vs 0.136 ms;
+# (32768, 64->256, G=21) 2.50 vs 0.47; UKAN's range table, 44 coefficients, (8192, 256->256) 3.21 vs 1.38; but
+# (65536, 32->32, G=21) 0.362 vs 0.383 and UKAN's (65536, 32->32), 44 coefficients, 0.46 vs 0.74.
+TILED_MIN_TILES_BF16 = 1024
+BF16_GEMM_MIN_OUTPUTS = 128
 
 
-def choose_strategy(n_rows: int, n_in: int, n_out: int, n_coef: int, tiled_stencil: bool = False) -> str:
+def choose_strategy(n_rows: int, n_in: int, n_out: int, n_coef: int, tiled_stencil: bool = False,
+                    precision: str = "fp32") -> str:
     """The strategy "auto" resolves to for a shape; ``tiled_stencil``: the warp-tiled stencil kernels apply
-    (see :func:`warpkan.kernels.bspline.tiled_applies`)."""
-    limit = TILED_GEMM_MAX_COEFFICIENTS if tiled_stencil else GEMM_MAX_COEFFICIENTS
-    return "gemm" if n_coef <= limit else "stencil"
+    (see :func:`warpkan.kernels.bspline.tiled_applies`); ``precision``: the gemm strategy's, resolved
+    ("fp32", "tf32" or "bf16"). The bounds are measured (the constants' comments)."""
+    if not tiled_stencil:
+        return "gemm" if n_coef <= GEMM_MAX_COEFFICIENTS else "stencil"
+    if n_coef <= TILED_GEMM_MAX_COEFFICIENTS:
+        return "gemm"
+    tiles = -(-n_rows // 32) * -(-n_out // 32)
+    if tiles < TILED_MIN_TILES:
+        return "gemm"
+    if (precision == "bf16" and n_coef <= GEMM_MAX_COEFFICIENTS
+            and (tiles < TILED_MIN_TILES_BF16 or n_out >= BF16_GEMM_MIN_OUTPUTS)):
+        return "gemm"
+    return "stencil"
 
 
 def _io_scalar(x: Tensor) -> str | None:
@@ -102,9 +125,10 @@ def _stencil_coef(coef: Tensor, x: Tensor, spline_order: int, uniform: bool) -> 
     return coef.contiguous()
 
 
-def _resolve(strategy: str, x: Tensor, coef: Tensor, spline_order: int) -> str:
+def _resolve(strategy: str, x: Tensor, coef: Tensor, spline_order: int, precision: str) -> str:
     if strategy == "auto":
-        return choose_strategy(x.shape[0], x.shape[1], coef.shape[2], coef.shape[1], _tiled(x, coef, spline_order))
+        return choose_strategy(x.shape[0], x.shape[1], coef.shape[2], coef.shape[1], _tiled(x, coef, spline_order),
+                               resolve_precision(precision, x.dtype, x.device))
     return strategy
 
 
@@ -142,7 +166,7 @@ def _forward_impl(
     ``precision`` applies to the gemm strategy (module docstring).
     """
     x, grid = x.contiguous(), grid.contiguous()
-    if _resolve(strategy, x, coef, spline_order) == "gemm":
+    if _resolve(strategy, x, coef, spline_order, precision) == "gemm":
         # the weight-combining kernel reads the parameters in any strides (no copy of a public-layout table)
         precision = resolve_precision(precision, x.dtype, x.device)
         return _gemm_forward(x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, precision)
@@ -185,7 +209,7 @@ def _backward_impl(
     (a public-layout parameter's gradient is then taken by AccumulateGrad without a copy); the ones not asked
     for come back empty."""
     dy, x, grid = dy.contiguous(), x.contiguous(), grid.contiguous()
-    if _resolve(strategy, x, coef, spline_order) == "gemm":
+    if _resolve(strategy, x, coef, spline_order, precision) == "gemm":
         precision = resolve_precision(precision, x.dtype, x.device)
         return _gemm_backward(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, need_x,
                               need_params, precision)
@@ -304,7 +328,7 @@ def _stencil_operands(inputs: tuple) -> tuple:
     and the backward pass (the gemm strategy reads them in any strides; the per-thread kernels read a long
     table in place, :func:`_stencil_coef`)."""
     x, grid, base_weight_t, scaler_t, coef, spline_order, *config = inputs
-    if _resolve(config[3], x, coef, spline_order) == "gemm":
+    if _resolve(config[3], x, coef, spline_order, config[4]) == "gemm":
         return inputs
     return (x, grid, base_weight_t.contiguous(), scaler_t.contiguous(), _stencil_coef(coef, x, spline_order, config[0]),
             spline_order, *config)

@@ -474,10 +474,11 @@ def _range_route(strategy: str, precision: str, x: Tensor, family, coef: Tensor)
     """(strategy, precision) resolved for one call of the dense-range spline: the B-spline layer's rule
     (:func:`warpkan.torch_bridge.bspline_ops.choose_strategy`), since the range table is a B-spline's
     coefficient table on a uniform grid (a per-feature offset aside), and the gemm strategy's precision rule."""
+    precision = resolve_precision(precision, x.dtype, x.device)
     if strategy == "auto":
         strategy = choose_strategy(x.shape[0], x.shape[1], coef.shape[2], coef.shape[1],
-                                   edge_tiled.tiled_applies(family, x.is_cuda, coef.shape[1]))
-    return strategy, resolve_precision(precision, x.dtype, x.device) if strategy == "gemm" else precision
+                                   edge_tiled.tiled_applies(family, x.is_cuda, coef.shape[1]), precision)
+    return strategy, precision
 
 
 def _range_forward_impl(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base,
