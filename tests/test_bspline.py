@@ -1,7 +1,6 @@
 """B-spline KAN: Warp kernels against the float64 reference written from the formulas."""
 
 import numpy as np
-import math
 
 import pytest
 import torch
@@ -403,15 +402,15 @@ def test_auto_strategy_choice():
     tiled = dict(tiled_stencil=True)
     assert choose_strategy(2**16, 32, 32, 67, **tiled) == "stencil"  # bench bspline's G=64 rows
     assert choose_strategy(128, 40, 256, 8, **tiled) == "gemm"  # short basis
-    for n_rows in (128, 1024, 4096):  # a tiled grid too small to fill the GPU
-        assert choose_strategy(n_rows, 784 if n_rows == 128 else 32, 32, 24, **tiled) == "gemm"
+    assert choose_strategy(128, 784, 32, 24, **tiled) == "gemm"  # a small tiled grid, long walks
+    assert choose_strategy(1024, 32, 32, 24, **tiled) == "stencil"  # short walks: fewer launches
     assert choose_strategy(16384, 32, 32, 24, **tiled) == "stencil"
-    assert choose_strategy(16384, 32, 32, 24, **tiled, precision="bf16") == "gemm"
     assert choose_strategy(65536, 32, 32, 24, **tiled, precision="bf16") == "stencil"
     assert choose_strategy(32768, 64, 256, 24, **tiled) == "stencil"
     assert choose_strategy(32768, 64, 256, 24, **tiled, precision="bf16") == "gemm"
     assert choose_strategy(65536, 32, 32, 44, **tiled, precision="bf16") == "stencil"
     assert choose_strategy(8192, 256, 256, 44, **tiled, precision="bf16") == "gemm"
+    assert choose_strategy(32768, 256, 64, 28, **tiled, precision="bf16") == "gemm"  # the KAN-Mixer's way back
     with pytest.raises(ValueError, match="strategy must be one of"):
         KANLinear(3, 2, strategy="fast")
 
@@ -462,40 +461,6 @@ def test_contiguous_parameters_same_layer(device):
     torch.testing.assert_close(plain(x), views(x), rtol=0, atol=0)
     for a, b in zip(views.parameters(), plain.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
-
-
-@pytest.mark.parametrize("deterministic", [False, True])
-def test_long_table_is_read_in_place(device, deterministic):
-    """Where only the per-thread stencil kernels run (a grid past the tiled passes) and the table is large
-    against what a step gathers from it, the default public-layout table is read through its strides: no copy
-    into the kernels' layout, none of its gradient back (the copies doubled a step at G=2^18). The outputs and
-    gradients are those of the kernel-layout parameters."""
-    from warpkan.torch_bridge import bspline_ops
-
-    tdev = _torch_device(device)
-    layers = []
-    for contiguous in (False, True):
-        torch.manual_seed(6)
-        layers.append(KANLinear(4, 3, grid_size=300, strategy="stencil", deterministic=deterministic,
-                                contiguous_parameters=contiguous, dtype=torch.float64).to(tdev))
-    views, plain = layers
-    x = torch.rand(9, 4, dtype=torch.float64, device=tdev) * 2 - 1
-    coef_t = plain.spline_weight.permute(1, 2, 0)
-    assert bspline_ops._stencil_coef(coef_t, x, 3, True) is coef_t  # read in place
-    assert bspline_ops._stencil_coef(coef_t, x.repeat(400, 1), 3, True).is_contiguous()  # many rows: copied
-    for layer in layers:
-        layer(x).square().sum().backward()
-    torch.testing.assert_close(plain(x), views(x), rtol=0, atol=0)
-    exact = deterministic or tdev.type == "cpu"  # atomics on cuda add in any order
-    for a, b in zip(views.parameters(), plain.parameters()):
-        torch.testing.assert_close(a.grad, b.grad, rtol=0 if exact else 1e-12, atol=0 if exact else 1e-13)
-        assert b.grad.stride() == b.stride()
-    table = plain.spline_weight.numel()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
-        plain(x).square().sum().backward()
-    copies = [e for e in prof.events() if e.name in ("aten::copy_", "aten::clone", "aten::contiguous")
-              and any(math.prod(shape) == table for shape in e.input_shapes if shape)]
-    assert not copies, [(e.name, e.input_shapes) for e in copies]
 
 
 def test_eager_step_has_one_autograd_node_per_layer(eager_step_ops):

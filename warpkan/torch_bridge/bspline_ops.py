@@ -55,18 +55,22 @@ GEMM_MAX_COEFFICIENTS = 48
 # vs 8.5; 512->512 G=5 18.6 vs 2.9; (128, 40->256, G=5) 0.23 vs 0.05 (the tiled grid is too small to fill
 # the GPU).
 TILED_GEMM_MAX_COEFFICIENTS = 16
-# Beyond that bound the tiled kernels still lose where their grid is small: a warp walks every input of its
-# 32 rows for 32 outputs, so (rows / 32) (outputs / 32) warps cannot fill the GPU. H200, a graphed fwd+bwd,
-# tiled vs gemm (fp32): (128, 784->32, G=21) 1.89 vs 0.084 ms; (1024, 32->32, G=21) 0.108 vs 0.064;
-# (4096, 32->32, G=21) 0.126 vs 0.095; but (16384, 32->32, G=21) 0.174 vs 0.247 (512 tiles).
+# Beyond that bound the tiled kernels still lose where their grid is small and each warp's walk long: a warp
+# walks every input of its 32 rows for 32 outputs, so fewer than TILED_MIN_TILES tiles of (32 rows, 32 outputs)
+# cannot fill the GPU, and with TILED_LONG_WALK inputs or more that walk is the step. H200, a graphed fwd+bwd,
+# tiled vs gemm (fp32): (128, 784->32, G=21) 1.89 vs 0.084 ms; UKAN's range table (128, 784->32, 28
+# coefficients) 1.86 vs 0.28. With short walks the GPU times are close ((1024, 32->32, G=21) 0.108 vs 0.064,
+# (4096, 32->32, G=21) 0.126 vs 0.095) and the gemm strategy's extra launches and GEMMs cost more host time
+# than that in an eager step (UKAN (1024, 32->32), 44 coefficients: an eager step 0.95 ms tiled, 1.94 gemm).
 TILED_MIN_TILES = 256
+TILED_LONG_WALK = 128
 # Under bf16 the GEMMs run on tensor cores and the basis is half as wide in memory, so the dense basis also
-# wins up to TILED_MIN_TILES_BF16 tiles, and on wide layers (the tiled kernels' work grows with the outputs).
-# H200, graphed fwd+bwd under bf16 autocast, tiled vs gemm: (16384, 32->32, G=21) 0.181 vs 0.136 ms;
-# (32768, 64->256, G=21) 2.50 vs 0.47; UKAN's range table, 44 coefficients, (8192, 256->256) 3.21 vs 1.38; but
-# (65536, 32->32, G=21) 0.362 vs 0.383 and UKAN's (65536, 32->32), 44 coefficients, 0.46 vs 0.74.
-TILED_MIN_TILES_BF16 = 1024
-BF16_GEMM_MIN_OUTPUTS = 128
+# wins on layers of BF16_GEMM_MIN_OUTPUTS outputs or more (the tiled kernels' work grows with the outputs, the
+# basis does not). H200, graphed fwd+bwd under bf16 autocast, tiled vs gemm: (32768, 64->256, G=21) 2.50 vs
+# 0.47 ms; UKAN's range table, 44 coefficients, (8192, 256->256) 3.21 vs 1.38; at 32 outputs it does not:
+# (65536, 32->32, G=21) 0.362 vs 0.383, UKAN's (65536, 32->32), 44 coefficients, 0.46 vs 0.74 (the tiled
+# time at 64 outputs, twice that at 32, is past the gemm time).
+BF16_GEMM_MIN_OUTPUTS = 64
 
 
 def choose_strategy(n_rows: int, n_in: int, n_out: int, n_coef: int, tiled_stencil: bool = False,
@@ -78,11 +82,9 @@ def choose_strategy(n_rows: int, n_in: int, n_out: int, n_coef: int, tiled_stenc
         return "gemm" if n_coef <= GEMM_MAX_COEFFICIENTS else "stencil"
     if n_coef <= TILED_GEMM_MAX_COEFFICIENTS:
         return "gemm"
-    tiles = -(-n_rows // 32) * -(-n_out // 32)
-    if tiles < TILED_MIN_TILES:
+    if -(-n_rows // 32) * -(-n_out // 32) < TILED_MIN_TILES and n_in >= TILED_LONG_WALK:
         return "gemm"
-    if (precision == "bf16" and n_coef <= GEMM_MAX_COEFFICIENTS
-            and (tiles < TILED_MIN_TILES_BF16 or n_out >= BF16_GEMM_MIN_OUTPUTS)):
+    if precision == "bf16" and n_coef <= GEMM_MAX_COEFFICIENTS and n_out >= BF16_GEMM_MIN_OUTPUTS:
         return "gemm"
     return "stencil"
 
@@ -98,31 +100,6 @@ def _tiled(x: Tensor, coef: Tensor, spline_order: int) -> bool:
     scalar = _io_scalar(x)
     return scalar in ("float32", "float64") and edge_tiled.tiled_applies(kb.family_of(spline_order, True, scalar),
                                                                          x.is_cuda, coef.shape[1])
-
-
-# The per-thread stencil kernels read a coefficient table through its strides. A public-layout table
-# (contiguous [out, in, G + k] storage, seen as [in, G + k, out]) would otherwise be copied into the kernels'
-# layout once a step and its gradient copied back: two transposing passes over the whole table, which cost
-# more than the step itself on long grids (H200, (2^17, 32->32), G=2^18, a 1.07 GB table: 10.6 ms a step with
-# the copies, 4.6 ms on the kernel layout). Read in place, a gather's outputs are strided (about twice the
-# memory sectors per gathered row), so the copy is kept where the table is small against the rows a step
-# gathers from it: the table is read in place when its size is at least this fraction of the gathered bytes.
-STRIDED_TABLE_FRACTION = 0.25
-
-
-def _stencil_coef(coef: Tensor, x: Tensor, spline_order: int, uniform: bool) -> Tensor:
-    """``coef`` as the stencil strategy reads it: in place (any strides) where only the per-thread kernels run
-    and the table is large against the step's gathers (:data:`STRIDED_TABLE_FRACTION`), else contiguous."""
-    if coef.is_contiguous():
-        return coef
-    family = kb.family_of(spline_order, uniform, _io_scalar(x))
-    n_coef = coef.shape[1]
-    per_thread = (edge_tiled.forward_plan(family, x.is_cuda, n_coef) is None
-                  and edge_tiled.backward_plan(family, x.is_cuda, n_coef) is None)
-    gathered = x.shape[0] * x.shape[1] * (spline_order + 1) * coef.shape[2]
-    if per_thread and coef.numel() >= STRIDED_TABLE_FRACTION * gathered:
-        return coef
-    return coef.contiguous()
 
 
 def _resolve(strategy: str, x: Tensor, coef: Tensor, spline_order: int, precision: str) -> str:
@@ -170,8 +147,7 @@ def _forward_impl(
         # the weight-combining kernel reads the parameters in any strides (no copy of a public-layout table)
         precision = resolve_precision(precision, x.dtype, x.device)
         return _gemm_forward(x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, precision)
-    base_weight_t, scaler_t = base_weight_t.contiguous(), scaler_t.contiguous()
-    coef = _stencil_coef(coef, x, spline_order, uniform)
+    base_weight_t, scaler_t, coef = (t.contiguous() for t in (base_weight_t, scaler_t, coef))
     return edge_forward(kb.family_of(spline_order, uniform, _io_scalar(x)), _bspline_frame, (grid,), (), x,
                         base_weight_t, scaler_t, coef, use_base)
 
@@ -213,9 +189,8 @@ def _backward_impl(
         precision = resolve_precision(precision, x.dtype, x.device)
         return _gemm_backward(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, need_x,
                               need_params, precision)
-    grads = _stencil_backward(dy, x, grid, base_weight_t.contiguous(), scaler_t.contiguous(),
-                              _stencil_coef(coef, x, spline_order, uniform), spline_order, uniform, use_base,
-                              deterministic, need_x, need_params)
+    grads = _stencil_backward(dy, x, grid, *(t.contiguous() for t in (base_weight_t, scaler_t, coef)), spline_order,
+                              uniform, use_base, deterministic, need_x, need_params)
     return grads[:1] + tuple(_strided_like(g, t) for g, t in zip(grads[1:], (base_weight_t, scaler_t, coef)))
 
 
@@ -229,8 +204,7 @@ def _strided_like(grad: Tensor, like: Tensor) -> Tensor:
 
 def _stencil_backward(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, deterministic,
                       need_x, need_params):
-    """The stencil strategy's gradients, on contiguous arguments (contiguous gradients), ``coef`` as
-    :func:`_stencil_coef` gives it (its gradient in its strides)."""
+    """The stencil strategy's gradients, on contiguous arguments (contiguous gradients)."""
     return edge_backward(kb.family_of(spline_order, uniform, _io_scalar(x)), _bspline_frame, (grid,), (), dy, x,
                          base_weight_t, scaler_t, coef, use_base, deterministic, need_x, need_params)
 
@@ -325,13 +299,11 @@ _PUBLIC_LAYOUTS = {2: TRANSPOSED, 3: TRANSPOSED, 4: (lambda t: t.permute(1, 2, 0
 
 def _stencil_operands(inputs: tuple) -> tuple:
     """The stencil strategy reads the parameters in the kernels' layout: made contiguous once, for the forward
-    and the backward pass (the gemm strategy reads them in any strides; the per-thread kernels read a long
-    table in place, :func:`_stencil_coef`)."""
+    and the backward pass (the gemm strategy reads them in any strides)."""
     x, grid, base_weight_t, scaler_t, coef, spline_order, *config = inputs
     if _resolve(config[3], x, coef, spline_order, config[4]) == "gemm":
         return inputs
-    return (x, grid, base_weight_t.contiguous(), scaler_t.contiguous(), _stencil_coef(coef, x, spline_order, config[0]),
-            spline_order, *config)
+    return (x, grid, base_weight_t.contiguous(), scaler_t.contiguous(), coef.contiguous(), spline_order, *config)
 
 
 _EagerBSpline = eager_function("_EagerBSpline", _forward_impl, _setup_context, _eager_backward, _PUBLIC_LAYOUTS,
