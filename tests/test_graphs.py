@@ -117,7 +117,7 @@ def _parameters(model):
 @pytest.mark.parametrize("name", list(MODELS))
 def test_cpu_step_trains_as_the_hand_written_loop(name, accumulation_steps):
     """On the CPU each call runs the step eagerly: the parameters and losses of three steps are bitwise those
-    of the hand-written loop (the same ops in the same order), and the step moved every model."""
+    of the hand-written loop (the same ops in the same order), and the steps moved the parameters."""
     batches = _batches(name, 3, "cpu")
     ours, theirs = _model(name, "cpu"), _model(name, "cpu")
     start = _parameters(ours)
