@@ -46,6 +46,7 @@ EXPECTED_TORCH_BRIDGE = {
     "group_rational_forward",
     "group_rational_backward",
     "capture_step",
+    "graphed_training_step",
     "Jet",
     "jet",
     "jet_of",

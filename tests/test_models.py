@@ -1,6 +1,7 @@
 """warpkan.models: every model builds and trains a step on the CPU at tiny sizes, the default shapes are the
 issue's, the twins that claim to compute the same function do; and the ``models`` benchmark family's quick
-CPU run gives a measured row for every model, implementation and mode."""
+CPU run gives a measured row for every model, implementation and CPU mode, and says why the CUDA-graph modes
+are not measured there."""
 
 import pytest
 
@@ -187,7 +188,7 @@ def quick_rows(tmp_path_factory):
 
 
 def test_bench_quick_run_measures_every_model_impl_and_mode(quick_rows):
-    from warpkan.bench.models import MODES, PRECISIONS, _cases
+    from warpkan.bench.models import CUDA_GRAPH_MODES, MODES, PRECISIONS, _cases
 
     rows, out = quick_rows
     assert (out / "models.json").exists() and (out / "models.md").exists()
@@ -200,6 +201,10 @@ def test_bench_quick_run_measures_every_model_impl_and_mode(quick_rows):
             assert sorted((r["precision"], r["mode"]) for r in mine) == sorted(
                 (p, m) for p in PRECISIONS for m in MODES), (case.name, impl)
             for r in mine:
+                if r["mode"] in CUDA_GRAPH_MODES:
+                    assert r["note"] == "not applicable on cpu: CUDA graphs replay GPU work only", r
+                    assert "step_ms" not in r and "fastest" not in r
+                    continue
                 assert "note" not in r, r
                 assert r["step_ms"] > 0 and r["samples/s"] == pytest.approx(case.batch / r["step_ms"] * 1e3)
                 assert r["first_step_s"] > 0 and r["batch"] == case.batch
@@ -229,13 +234,13 @@ def target_rows(quick_rows):
 
 
 def test_bench_target_rows(target_rows):
-    from warpkan.bench.models import TARGETS
+    from warpkan.bench.models import CUDA_GRAPH_MODES, TARGETS
 
     targets = [r for r in target_rows if r["impl"] == "target"]
     assert len(targets) == len(TARGETS)
-    for row, (model, ours, theirs, *_rest) in zip(targets, TARGETS):
+    for row, (model, ours, theirs, mode, *_rest) in zip(targets, TARGETS):
         assert row["model"] == model and ours in row["target"] and theirs in row["target"]
-        if theirs.startswith("FlashKAT"):
+        if theirs.startswith("FlashKAT") or mode in CUDA_GRAPH_MODES:  # not run, or not on the CPU
             assert row["met"] == "not measured"
         else:
             assert row["met"] in ("yes", "no") and row["measured"].endswith("ms")
@@ -259,6 +264,36 @@ def test_bench_profiles_both_sides_of_each_missed_target(target_rows):
     for row in profiled.values():
         shares = row["where the time goes"].split("; ")
         assert 1 <= len(shares) <= 6 and all(share.endswith("%)") for share in shares), row
+
+
+@pytest.mark.parametrize("mode", ["graphed", "reduce-overhead"])
+def test_bench_cuda_graph_modes_cuda(mode):
+    """The CUDA-graph modes of the bench on cuda, for one model (the quick run above is the CPU's): a measured
+    row; reduce-overhead compiled to one graph, no break, no cudagraph skip."""
+    if not torch.cuda.is_available():
+        pytest.skip("the CUDA-graph modes run on cuda only")
+    from warpkan.bench.models import QUICK, _cases, _measure
+
+    case = next(c for c in _cases("cuda", quick=True) if c.name == "MNIST 784-32-10")
+    for impl in ("warpkan KANLinear", "MLP"):
+        for precision in ("fp32", "bf16 autocast"):
+            row = _measure(case, impl, precision, mode, "cuda", QUICK)
+            assert row["step_ms"] > 0 and row["first_step_s"] > 0 and row["peak_MiB"] >= 0, row
+            if mode == "reduce-overhead":
+                assert (row["graphs"], row["graph breaks"], row["cudagraph skips"]) == (1, 0, 0), row
+
+
+def test_bench_graphed_step_falls_back_to_eager_on_the_cpu():
+    """The bench's graphed configuration is graphed_training_step's: on the CPU (where the table has no such
+    rows) it builds and trains eagerly, after the step's warm-up count of calls it would spend on cuda."""
+    from warpkan.bench.models import QUICK, _cases, _prepared_step
+
+    case = next(c for c in _cases("cpu", quick=True) if c.name == "MNIST 784-32-10")
+    model, step, warm_calls = _prepared_step(case, "warpkan KANLinear", "bf16 autocast", "graphed", "cpu", QUICK)
+    before = [p.detach().clone() for p in model.parameters()]
+    loss = step()
+    assert warm_calls == 3 and loss.shape == () and torch.isfinite(loss)
+    assert any(not torch.equal(p, q) for p, q in zip(model.parameters(), before))
 
 
 def test_flashkat_unavailable_says_why(monkeypatch, tmp_path):

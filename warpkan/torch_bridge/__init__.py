@@ -7,7 +7,7 @@ start_warp()
 from .bspline_ops import bspline_backward, bspline_forward, bspline_kan, choose_strategy  # noqa: E402
 from .geglu import GEGLUFFN  # noqa: E402
 from .geglu_ops import geglu_ffn, geglu_ffn_backward, geglu_ffn_forward  # noqa: E402
-from .graphs import capture_step  # noqa: E402
+from .graphs import capture_step, graphed_training_step  # noqa: E402
 from .kan_linear import KANLinear  # noqa: E402
 from .poly import ChebyKANLinear, PolyKANLinear  # noqa: E402
 from .poly_ops import poly_backward, poly_forward, poly_kan  # noqa: E402
@@ -22,5 +22,5 @@ __all__ = ["KANLinear", "bspline_kan", "bspline_forward", "bspline_backward", "c
            "UKANLinear", "ukan_pairs", "ukan_spline", "ukan_spline_backward",
            "PolyKANLinear", "ChebyKANLinear", "poly_kan", "poly_forward", "poly_backward",
            "GroupRational", "GRKANLinear", "KATMLP", "group_rational", "group_rational_forward",
-           "group_rational_backward", "capture_step", "Jet", "jet", "jet_of", "register_jet_rule",
-           "elementwise_rule"]
+           "group_rational_backward", "capture_step", "graphed_training_step", "Jet", "jet", "jet_of",
+           "register_jet_rule", "elementwise_rule"]
