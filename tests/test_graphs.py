@@ -468,8 +468,12 @@ def _compiled_training_check(build, inputs, loss_of, device, monkeypatch, accumu
     compiled = torch.compile(module, **(dict(mode="reduce-overhead") if cuda else dict(backend="aot_eager")))
     optimizer = torch.optim.SGD(module.parameters(), lr=1e-2)
     recorded, replayed = [], []
+    accumulating = accumulation_steps > 1
+    if accumulating:  # the gradients exist before the first micro-batch, zeroed in place (graphs.py docstring)
+        for p in module.parameters():
+            p.grad = torch.zeros_like(p)
     for i, batch in enumerate(inputs):
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=not accumulating)
         for micro in zip(*(t.chunk(accumulation_steps) for t in batch)):
             if cuda:  # before each micro-batch's forward: the last one's outputs are done with (torch needs
                 # the mark when accumulating; a plain loop may leave it out)

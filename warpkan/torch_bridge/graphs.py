@@ -21,8 +21,12 @@ graphs (``UKANLinear`` needs a fixed ``table_groups``: its exact table reads its
 Call ``torch.compiler.cudagraph_mark_step_begin()`` before each forward whose outputs of earlier calls must
 not be overwritten: when accumulating gradients over micro-batches, before each micro-batch's forward
 (otherwise torch fails with "accessing tensor output of CUDAGraphs that has been overwritten", for any
-model). A plain loop of one forward, backward and optimizer step per batch needs no mark; torch starts a new
-step once the backward has run.
+model). Accumulating, the gradients must also exist before the first micro-batch and be zeroed in place
+(``optimizer.zero_grad(set_to_none=False)``): a first backward into ``.grad = None`` takes the recorded
+backward's output tensor itself as the gradient, and the next micro-batch's replay writes over it.
+:func:`graphed_training_step` with ``accumulation_steps`` does all of this, and graphs the loss and the
+optimizer too. A plain loop of one forward, backward and optimizer step per batch needs no mark; torch
+starts a new step once the backward has run.
 """
 
 from __future__ import annotations
