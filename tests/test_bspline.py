@@ -403,7 +403,7 @@ def test_auto_strategy_choice():
     assert choose_strategy(2**16, 32, 32, 67, **tiled) == "stencil"  # bench bspline's G=64 rows
     assert choose_strategy(128, 40, 256, 8, **tiled) == "gemm"  # short basis
     assert choose_strategy(128, 784, 32, 24, **tiled) == "gemm"  # a small tiled grid, long walks
-    assert choose_strategy(1024, 32, 32, 24, **tiled) == "stencil"  # short walks: fewer launches
+    assert choose_strategy(1024, 32, 32, 24, **tiled) == "gemm"  # captured, a small grid: the GPU time
     assert choose_strategy(16384, 32, 32, 24, **tiled) == "stencil"
     assert choose_strategy(65536, 32, 32, 24, **tiled, precision="bf16") == "stencil"
     assert choose_strategy(32768, 64, 256, 24, **tiled) == "stencil"
@@ -411,6 +411,14 @@ def test_auto_strategy_choice():
     assert choose_strategy(65536, 32, 32, 44, **tiled, precision="bf16") == "stencil"
     assert choose_strategy(8192, 256, 256, 44, **tiled, precision="bf16") == "gemm"
     assert choose_strategy(32768, 256, 64, 28, **tiled, precision="bf16") == "gemm"  # the KAN-Mixer's way back
+    # eager (host-bound) small layers with short walks: the tiled kernels' fewer launches
+    eager = dict(tiled, host_bound=True)
+    for shape in ((1024, 32, 32, 8), (4096, 64, 64, 8), (128, 32, 10, 8), (128, 40, 256, 8), (1024, 32, 32, 36)):
+        assert choose_strategy(*shape, **eager) == "stencil", shape
+        assert choose_strategy(*shape, **tiled) == "gemm", shape  # captured: the GPU time
+    assert choose_strategy(128, 784, 32, 8, **eager) == "gemm"  # a long walk: the tiled time is the step
+    assert choose_strategy(32768, 64, 256, 8, **eager) == "gemm"  # the KAN-Mixer: GPU-bound
+    assert choose_strategy(65536, 32, 32, 67, **eager) == "stencil"
     with pytest.raises(ValueError, match="strategy must be one of"):
         KANLinear(3, 2, strategy="fast")
 

@@ -71,18 +71,32 @@ TILED_LONG_WALK = 128
 # (65536, 32->32, G=21) 0.362 vs 0.383, UKAN's (65536, 32->32), 44 coefficients, 0.46 vs 0.74 (the tiled
 # time at 64 outputs, twice that at 32, is past the gemm time).
 BF16_GEMM_MIN_OUTPUTS = 64
+# An eager step of a small layer is bound by the host, and there the tiled route's one launch a pass beats
+# the gemm route's five launches and three GEMMs: so outside CUDA-graph capture, layers of fewer than
+# EAGER_TILED_MAX_TILES tiles with short walks take the tiled kernels even where the gemm route's GPU time is
+# shorter. H200, eager step ms, tiled vs gemm (graphed in brackets): KANLinear G=5 (1024, 32->32) 0.84 vs 1.09
+# (0.105 vs 0.044); (4096, 64->64) 0.81 vs 1.31 (0.242 vs 0.083); (128, 32->10) 1.03 vs 1.17; UKANLinear
+# (1024, 32->32), 36 coefficients, 1.55 vs 1.67; (128, 32->10), 28 coefficients, 1.40 vs 1.96. Captured, the
+# GPU time decides (the rule above).
+EAGER_TILED_MAX_TILES = 1024
 
 
 def choose_strategy(n_rows: int, n_in: int, n_out: int, n_coef: int, tiled_stencil: bool = False,
-                    precision: str = "fp32") -> str:
+                    precision: str = "fp32", host_bound: bool = False) -> str:
     """The strategy "auto" resolves to for a shape; ``tiled_stencil``: the warp-tiled stencil kernels apply
     (see :func:`warpkan.kernels.bspline.tiled_applies`); ``precision``: the gemm strategy's, resolved
-    ("fp32", "tf32" or "bf16"). The bounds are measured (the constants' comments)."""
+    ("fp32", "tf32" or "bf16"); ``host_bound``: an eager call, whose small steps wait on the host (False
+    under CUDA-graph capture, where only the GPU time counts). The bounds are measured (the constants'
+    comments)."""
     if not tiled_stencil:
         return "gemm" if n_coef <= GEMM_MAX_COEFFICIENTS else "stencil"
-    if n_coef <= TILED_GEMM_MAX_COEFFICIENTS:
+    tiles = -(-n_rows // 32) * -(-n_out // 32)
+    long_walk = n_in >= TILED_LONG_WALK
+    if tiles < TILED_MIN_TILES and (long_walk or not host_bound):
         return "gemm"
-    if -(-n_rows // 32) * -(-n_out // 32) < TILED_MIN_TILES and n_in >= TILED_LONG_WALK:
+    if host_bound and tiles < EAGER_TILED_MAX_TILES and not long_walk:
+        return "stencil"
+    if n_coef <= TILED_GEMM_MAX_COEFFICIENTS:
         return "gemm"
     if precision == "bf16" and n_coef <= GEMM_MAX_COEFFICIENTS and n_out >= BF16_GEMM_MIN_OUTPUTS:
         return "gemm"
@@ -102,10 +116,16 @@ def _tiled(x: Tensor, coef: Tensor, spline_order: int) -> bool:
                                                                          x.is_cuda, coef.shape[1])
 
 
+def host_bound(x: Tensor) -> bool:
+    """Whether a call's step waits on the host (see :func:`choose_strategy`): any call but one recorded into a
+    CUDA graph (``capture_step``, ``graphed_training_step``, ``torch.compile(mode="reduce-overhead")``)."""
+    return not (x.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
 def _resolve(strategy: str, x: Tensor, coef: Tensor, spline_order: int, precision: str) -> str:
     if strategy == "auto":
         return choose_strategy(x.shape[0], x.shape[1], coef.shape[2], coef.shape[1], _tiled(x, coef, spline_order),
-                               resolve_precision(precision, x.dtype, x.device))
+                               resolve_precision(precision, x.dtype, x.device), host_bound(x))
     return strategy
 
 
