@@ -582,7 +582,7 @@ def _range_setup_context(ctx, inputs, output):
 def _range_spline_higher(ctx, inputs, dy):
     x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base = inputs[:8]
     return _spline_higher_outputs(
-        ctx, 9, {2: table, 3: base_weight_t, 4: scaler_t}, 3, use_base,
+        ctx, 11, {2: table, 3: base_weight_t, 4: scaler_t}, 3, use_base,
         lambda wrt: range_spline_higher_grads(dy, x, group_lo, table, base_weight_t, scaler_t, grid_delta,
                                               spline_order, use_base, ctx.needs_input_grad[0], wrt))
 
