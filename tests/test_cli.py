@@ -50,6 +50,7 @@ def test_precompile_cuda_compiles_tiled_modules(capsys):
     assert main(["precompile", "--device", "cuda", "--orders", "1", "--uniform-only"]) == 0
     out = capsys.readouterr().out
     assert "warpkan_edge_bspline_uniform_k1_float32_tiled_c48_bwd_banded" in out
+    assert "warpkan_transpose" in out  # the copies of public-layout parameters
 
 
 # column names of the comparisons with GPU ceilings and of the CUDA-only measurements

@@ -17,6 +17,7 @@ import warp as wp
 from torch import nn
 
 from .._warp_output import start_warp
+from ..kernels import _transpose as kt
 
 _streams: dict[tuple[int, int], wp.Stream] = {}
 _devices: dict[str, wp.Device] = {}
@@ -150,6 +151,108 @@ class RecordedLaunches:
     def clear(self) -> None:
         with self._lock:
             self._records.clear()
+
+
+# ---------------------------------------------------------- copies between public and kernel layouts
+# A parameter stored contiguously in its public layout ([out, in, G + k], [out, in]) and read by the kernels in
+# theirs ([in, G + k, out], [in, out]) is copied once a step, and its gradient back. Both copies are transposes
+# of contiguous memory, which torch's generic copy serves coalesced on one side only (on an H200, about 0.74
+# TB/s for a 1.07 GB table: 5.9 ms of a 10.6 ms step); the Warp kernel of warpkan.kernels._transpose is
+# coalesced on both. Any other copy stays torch's.
+
+# The device types on which the Warp kernel makes the transposing copies. Not the CPU, where it runs on one
+# thread: on the 2-core CI machine (under other load, fp32) it beat torch's copy on long 2-D tables ([32,
+# 2^20] either way: 23 and 19 ms against torch's 42-49 and 32-34), lost on small ones ([32, 2144]: 40 us
+# against 30) and on PolyKANLinear's batched table ([512, 512, 9]: 1.2-1.3 ms against 0.4-0.8); torch's copy
+# also scales with the cores (`python scripts/transpose_timing.py --device cpu`). The tests add "cpu" to run
+# the kernel through the layers.
+WARP_TRANSPOSE_DEVICES = {"cuda"}
+# Smaller copies stay torch's: there both take a launch's time on the GPU (2^18 float32 elements move in about
+# 2 us at torch's 0.74 TB/s), and torch's copy (AccumulateGrad's, for a gradient) costs less host time than
+# a recorded Warp launch called from Python (about 5 us, plus a few us of Python), which is what decides a
+# small layer's eager step.
+WARP_TRANSPOSE_MIN_ELEMENTS = 2**18
+
+_transpose_launches = RecordedLaunches()
+
+
+def transpose_plan(shape, stride) -> tuple[int, int, int] | None:
+    """(batch, rows, cols) when a tensor of ``shape`` and ``stride`` is the memory of a contiguous [batch,
+    rows, cols] array read with its last two axes swapped (its row-major elements are that array transposed
+    to [batch, cols, rows]); None for any other layout (contiguous included). A [out, M] parameter seen as
+    [M, out] is (1, out, M); [in, out, D + 1] seen as [in, D + 1, out] is (in, out, D + 1). Extents of 1 carry
+    no stride; neighbouring axes that are also neighbours in memory are merged first."""
+    groups: list[list[int]] = []  # [extent, stride of its innermost axis]
+    for n, s in zip(shape, stride):
+        if n == 1:
+            continue
+        if groups and groups[-1][1] == s * n:
+            groups[-1] = [groups[-1][0] * n, s]
+        else:
+            groups.append([n, s])
+    if len(groups) == 2:
+        (cols, s_cols), (rows, s_rows) = groups
+        batch, s_batch = 1, rows * cols
+    elif len(groups) == 3:
+        (batch, s_batch), (cols, s_cols), (rows, s_rows) = groups
+    else:
+        return None
+    if s_cols != 1 or s_rows != cols or s_batch != rows * cols:
+        return None
+    return batch, rows, cols
+
+
+def _warp_transposes(t: torch.Tensor) -> bool:
+    """Whether a transposing copy of ``t`` goes through the Warp kernel: a device of WARP_TRANSPOSE_DEVICES,
+    a plain tensor (not a tracing subclass, nothing autograd would have to see) of a dtype Warp views, of at
+    least WARP_TRANSPOSE_MIN_ELEMENTS elements and within the kernel's 32-bit addressing."""
+    return (t.device.type in WARP_TRANSPOSE_DEVICES and WARP_TRANSPOSE_MIN_ELEMENTS <= t.numel() <= kt.MAX_ELEMENTS
+            and t.numel() > 0 and type(t) in (torch.Tensor, nn.Parameter) and t.dtype in WP_DTYPES
+            and not (t.requires_grad and torch.is_grad_enabled()))
+
+
+def kernel_copies(t: torch.Tensor) -> bool:
+    """Whether the Warp kernel copies ``t`` into contiguous memory (and a contiguous gradient back into
+    ``t``'s strides): :func:`copy_into` would take it."""
+    return _warp_transposes(t) and transpose_plan(t.shape, t.stride()) is not None
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """The dense memory under ``t`` (any strides that cover it exactly) as a 1-D tensor."""
+    return t.view(-1) if t.is_contiguous() else t.as_strided((t.numel(),), (1,))
+
+
+def copy_into(src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out.copy_(src)`` for ``out`` of src's shape, dtype and device (the callers make it so), by the Warp
+    transpose kernel where one of the two is contiguous and the other a transpose of contiguous memory
+    (:func:`transpose_plan`, :func:`_warp_transposes`); torch's copy otherwise. Returns out."""
+    plan = None
+    if _warp_transposes(src):
+        if out.is_contiguous():
+            plan = transpose_plan(src.shape, src.stride())
+        elif src.is_contiguous():
+            plan = transpose_plan(out.shape, out.stride())
+            if plan is not None:  # out's memory is [batch, rows, cols]: src's is [batch, cols, rows]
+                plan = (plan[0], plan[2], plan[1])
+    if plan is None:
+        return out.copy_(src)
+    batch, rows, cols = plan
+    _transpose_launches(kt.launch_transpose, (_flat(src), _flat(out)), rows, cols, batch)
+    return out
+
+
+def contiguous(t: torch.Tensor) -> torch.Tensor:
+    """``t.contiguous()``, with a transpose of contiguous memory copied by :func:`copy_into`."""
+    if t.is_contiguous():
+        return t
+    return copy_into(t, torch.empty(t.shape, dtype=t.dtype, device=t.device))
+
+
+def with_strides(t: torch.Tensor, stride: tuple) -> torch.Tensor:
+    """``t``, or a copy of it (:func:`copy_into`) in a dense ``stride`` of its shape."""
+    if t.stride() == tuple(stride) or t.numel() == 0:
+        return t
+    return copy_into(t, torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device))
 
 
 @contextlib.contextmanager
@@ -339,7 +442,10 @@ def eager_function(name: str, forward_impl, setup_context, backward, layouts: di
 
     ``prepare(op_inputs) -> op_inputs``: run on the op's inputs before the implementation when a node is built,
     so that what it makes (a contiguous copy of a parameter the implementation would copy itself) is also what
-    the backward is given, made once a step."""
+    the backward is given, made once a step. The gradient of an input that ``prepare`` copied by the transpose
+    kernel (a public-layout parameter's view, :func:`kernel_copies`) goes back in that input's strides by the
+    same kernel, so that AccumulateGrad takes it as it is (its own copy of a gradient in other strides is
+    torch's generic one, which stays for the other inputs)."""
     layouts = layouts or {}
     label = label or name
     route = None  # set below, once the Function exists
@@ -349,18 +455,28 @@ def eager_function(name: str, forward_impl, setup_context, backward, layouts: di
             ctx.raw_inputs = inputs  # the Function's inputs, with their history: for create_graph=True
         inputs = route.op_inputs(inputs)
         if prepare is not None:
-            inputs = prepare(inputs)
+            prepared = prepare(inputs)
+            ctx.input_strides = [(i, t.stride()) for i, (t, p) in enumerate(zip(inputs, prepared))
+                                 if p is not t and isinstance(t, torch.Tensor) and kernel_copies(t)]
+            inputs = prepared
         output = forward_impl(*inputs)
         setup_context(ctx, inputs, output)
         return output
 
     def public_backward(ctx, *grads):
-        return route.relayout(backward(ctx, *grads), 1)
+        grads = backward(ctx, *grads)
+        restride = getattr(ctx, "input_strides", None)
+        if restride:
+            grads = list(grads)
+            for i, stride in restride:
+                if grads[i] is not None:
+                    grads[i] = with_strides(grads[i], stride)
+        return route.relayout(grads, 1) if layouts else tuple(grads)
 
     def jvp(ctx, *tangents):
         raise NotImplementedError(forward_mode_message(label))
 
-    once = torch.autograd.function.once_differentiable(public_backward if layouts else backward)
+    once = torch.autograd.function.once_differentiable(public_backward if layouts or prepare else backward)
 
     def higher_backward(ctx, op_inputs, *grads):
         grads = higher(ctx, route.op_inputs(ctx.raw_inputs), *grads)

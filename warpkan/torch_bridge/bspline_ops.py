@@ -36,8 +36,8 @@ from .edge_driver import (PRECISION_UNIT_ROUNDOFF, PRECISIONS, STRATEGIES, EdgeS
                           differentiable_backward, edge_backward, edge_forward, gemm_backward, gemm_forward,
                           grad_buffers, node_combined_weight, resolve_precision, split_weight_grad)
 from ..kernels._common import IO_SCALAR_NAMES
-from ._common import (TRANSPOSED, WP_DTYPES, RecordedLaunches, autocast_dtype, check_tensor,
-                      eager_function, first_order_backward, on_rows, op_or_eager,
+from ._common import (TRANSPOSED, WP_DTYPES, RecordedLaunches, autocast_dtype, check_tensor, contiguous,
+                      copy_into, eager_function, first_order_backward, on_rows, op_or_eager,
                       params_used_by_this_backward)
 
 __all__ = ["bspline_kan", "bspline_forward", "bspline_backward", "choose_strategy", "resolve_precision",
@@ -167,7 +167,7 @@ def _forward_impl(
         # the weight-combining kernel reads the parameters in any strides (no copy of a public-layout table)
         precision = resolve_precision(precision, x.dtype, x.device)
         return _gemm_forward(x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, precision)
-    base_weight_t, scaler_t, coef = (t.contiguous() for t in (base_weight_t, scaler_t, coef))
+    base_weight_t, scaler_t, coef = (contiguous(t) for t in (base_weight_t, scaler_t, coef))
     return edge_forward(kb.family_of(spline_order, uniform, _io_scalar(x)), _bspline_frame, (grid,), (), x,
                         base_weight_t, scaler_t, coef, use_base)
 
@@ -209,17 +209,18 @@ def _backward_impl(
         precision = resolve_precision(precision, x.dtype, x.device)
         return _gemm_backward(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, need_x,
                               need_params, precision)
-    grads = _stencil_backward(dy, x, grid, *(t.contiguous() for t in (base_weight_t, scaler_t, coef)), spline_order,
+    grads = _stencil_backward(dy, x, grid, *(contiguous(t) for t in (base_weight_t, scaler_t, coef)), spline_order,
                               uniform, use_base, deterministic, need_x, need_params)
     return grads[:1] + tuple(_strided_like(g, t) for g, t in zip(grads[1:], (base_weight_t, scaler_t, coef)))
 
 
 def _strided_like(grad: Tensor, like: Tensor) -> Tensor:
-    """``grad`` (contiguous) in the strides ``torch.empty_like(like)`` has: copied only where they differ."""
+    """``grad`` (contiguous) in the strides ``torch.empty_like(like)`` has: copied only where they differ (a
+    public-layout parameter's, by the transpose kernel: :func:`copy_into`)."""
     if grad.numel() == 0 or like.is_contiguous():
         return grad
     out = torch.empty_like(like)
-    return grad if out.stride() == grad.stride() else out.copy_(grad)
+    return grad if out.stride() == grad.stride() else copy_into(grad, out)
 
 
 def _stencil_backward(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, deterministic,
@@ -312,8 +313,9 @@ def _eager_backward(ctx, dy):
 # their public layout ([out, in], [out, in, G + k]) and makes the kernel-layout views inside (see
 # eager_function). The gemm strategy reads them and writes their gradients in the parameters' own strides, so
 # AccumulateGrad takes the gradients as they are; the stencil strategy reads a contiguous kernel-layout copy
-# of a public-layout parameter (made once a step, _stencil_operands), and AccumulateGrad copies its gradient
-# back (none of these copies for KANLinear(contiguous_parameters=False), whose storage is the kernel layout).
+# of a public-layout parameter (made once a step, _stencil_operands), and the route copies its gradient back
+# into the parameter's strides (both copies by the transpose kernel on CUDA: _common.copy_into; none of them
+# for KANLinear(contiguous_parameters=False), whose storage is the kernel layout).
 _PUBLIC_LAYOUTS = {2: TRANSPOSED, 3: TRANSPOSED, 4: (lambda t: t.permute(1, 2, 0), lambda g: g.permute(2, 0, 1))}
 
 
@@ -323,7 +325,7 @@ def _stencil_operands(inputs: tuple) -> tuple:
     x, grid, base_weight_t, scaler_t, coef, spline_order, *config = inputs
     if _resolve(config[3], x, coef, spline_order, config[4]) == "gemm":
         return inputs
-    return (x, grid, base_weight_t.contiguous(), scaler_t.contiguous(), coef.contiguous(), spline_order, *config)
+    return (x, grid, contiguous(base_weight_t), contiguous(scaler_t), contiguous(coef), spline_order, *config)
 
 
 _EagerBSpline = eager_function("_EagerBSpline", _forward_impl, _setup_context, _eager_backward, _PUBLIC_LAYOUTS,

@@ -94,9 +94,9 @@ class KANLinear(Float32Or64Module):
     every torch optimiser and utility takes (``torch.optim.LBFGS``, ``parameters_to_vector``, FSDP2's
     ``fully_shard``). The gemm strategy reads them and writes their gradients in place; the stencil strategy
     copies them into the kernels' layout (output index innermost) once a training step, and their gradients
-    back. ``contiguous_parameters=False`` stores them as views of the kernels' layout instead, which saves
-    those copies (``scripts/param_layout_cost.py`` measures them) but which LBFGS, ``parameters_to_vector``
-    and FSDP2 refuse.
+    back (on CUDA by a transpose kernel coalesced on both sides). ``contiguous_parameters=False`` stores them
+    as views of the kernels' layout instead, which saves those copies (``scripts/param_layout_cost.py``
+    measures them) but which LBFGS, ``parameters_to_vector`` and FSDP2 refuse.
 
     Unlike efficient-kan, the initial ``spline_weight`` is drawn directly as small uniform noise instead of a
     least-squares fit of noise, which would be an O(G^3) solve at large ``grid_size``; the distribution of the

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from .. import _checks
 from ..kernels import poly as kp
-from ._common import (check_tensor, eager_function, first_order_backward, on_rows, op_or_eager,
+from ._common import (check_tensor, contiguous, eager_function, first_order_backward, on_rows, op_or_eager,
                       params_used_by_this_backward, warp_device)
 from .edge_driver import (PRECISIONS, STRATEGIES, EdgeSpec, check_precision, check_strategy, differentiable_backward,
                           edge_backward, edge_forward, expand_basis, gemm_backward, gemm_forward, resolve_precision)
@@ -125,7 +125,7 @@ def _engine_args_of(x, n_basis, basis, lut_size, alpha, beta) -> tuple:
 
 
 def _forward_impl(x, coeffs, bias, basis, lut_size, alpha, beta, strategy, precision="auto", deterministic=False):
-    x, coeffs = x.contiguous(), coeffs.contiguous()
+    x, coeffs = x.contiguous(), contiguous(coeffs)
     bias = bias.contiguous() if bias is not None else None
     engine = _engine_args(x, coeffs, basis, lut_size, alpha, beta)
     if _resolve(strategy, x, coeffs) == "gemm":
@@ -159,7 +159,7 @@ def _(x, coeffs, bias, basis, lut_size, alpha, beta, strategy, precision="auto",
 
 def _backward_impl(dy, x, coeffs, basis, lut_size, alpha, beta, strategy, need_x, need_coeffs, need_bias,
                    precision="auto", deterministic=False):
-    dy, x, coeffs = dy.contiguous(), x.contiguous(), coeffs.contiguous()
+    dy, x, coeffs = dy.contiguous(), x.contiguous(), contiguous(coeffs)
     empty = x.new_empty((0,))
     d_bias = dy.sum(dim=0) if need_bias else empty
     if not (need_x or need_coeffs):
@@ -263,11 +263,11 @@ _EagerPoly = eager_function("_EagerPoly", _forward_impl, _setup_context,
 # PolyKANLinear's coeffs read [in, out, D + 1]: its route takes them as the module exposes them and makes the
 # kernel layout [in, D + 1, out] inside the autograd node (a permute made outside is a node of its own; see
 # eager_function), once for the forward and the backward: a view of kernel-layout storage, or a copy of a
-# contiguous parameter
+# contiguous parameter (a batched transpose, whose gradient goes back the same way: _common.copy_into)
 _SWAP_LAST = (lambda t: t.permute(0, 2, 1), lambda g: g.permute(0, 2, 1))
 _EagerPolyLayer = eager_function("_EagerPolyLayer", _forward_impl, _setup_context,
                                  lambda ctx, dy: _backward(ctx, dy, _backward_impl), {1: _SWAP_LAST}, LABEL,
-                                 prepare=lambda inputs: (inputs[0], inputs[1].contiguous(), *inputs[2:]),
+                                 prepare=lambda inputs: (inputs[0], contiguous(inputs[1]), *inputs[2:]),
                                  higher=_higher_backward)
 
 

@@ -44,9 +44,9 @@ from ..kernels.edge import tiled as edge_tiled
 from .bspline_ops import choose_strategy, host_bound
 from .edge_driver import (EdgeSpec, combined_weight, differentiable_backward, edge_backward, edge_forward,
                           gemm_backward, gemm_forward, node_cached, node_combined_weight, resolve_precision)
-from ._common import (TRANSPOSED, RecordedLaunches, eager_function, first_order_backward, forward_mode_message,
-                      op_or_eager, params_used_by_this_backward, refuse_transforms, to_warp, use_registered_op,
-                      warp_stream)
+from ._common import (TRANSPOSED, RecordedLaunches, contiguous, eager_function, first_order_backward,
+                      forward_mode_message, kernel_copies, op_or_eager, params_used_by_this_backward,
+                      refuse_transforms, to_warp, use_registered_op, warp_stream, with_strides)
 
 # how errors name the layer and its ops
 LABEL = "UKANLinear (warpkan::ukan_pairs, ukan_group_range, ukan_range_table, ukan_range_spline, ukan_spline)"
@@ -149,8 +149,8 @@ def _spline_forward_impl(x: Tensor, sorted_elem: Tensor, window: Tensor, local_u
     """y [N, out] from x [N, in], the pairs of ``ukan_pairs(x)`` and table [C * K, out]; base_weight_t /
     scaler_t [in, out]: the edge engine's kernels on the shared-table UKAN family (``sorted_elem`` serves the
     backward)."""
-    x, window, local_u, pair_feature, table, base_weight_t, scaler_t = (
-        t.contiguous() for t in (x, window, local_u, pair_feature, table, base_weight_t, scaler_t))
+    x, window, local_u, pair_feature, table = (t.contiguous() for t in (x, window, local_u, pair_feature, table))
+    base_weight_t, scaler_t = contiguous(base_weight_t), contiguous(scaler_t)
     family, make_frame, frame_tensors, frame_config, coef = _table_args(x, window, local_u, pair_feature, table,
                                                                         grid_delta, spline_order)
     return edge_forward(family, make_frame, frame_tensors, frame_config, x, base_weight_t, scaler_t, coef, use_base)
@@ -172,8 +172,9 @@ def _spline_backward_impl(dy: Tensor, x: Tensor, sorted_elem: Tensor, window: Te
     """(dx, d_base_weight_t, d_scaler_t, d_table); the ones not asked for come back empty. The engine's
     atomic-free kernels (every gradient bitwise reproducible), taking the elements in the pair search's sorted
     order."""
-    dy, x, sorted_elem, window, local_u, pair_feature, table, base_weight_t, scaler_t = (
-        t.contiguous() for t in (dy, x, sorted_elem, window, local_u, pair_feature, table, base_weight_t, scaler_t))
+    dy, x, sorted_elem, window, local_u, pair_feature, table = (
+        t.contiguous() for t in (dy, x, sorted_elem, window, local_u, pair_feature, table))
+    base_weight_t, scaler_t = contiguous(base_weight_t), contiguous(scaler_t)
     family, make_frame, frame_tensors, frame_config, coef = _table_args(x, window, local_u, pair_feature, table,
                                                                         grid_delta, spline_order)
     dx, d_base, d_scaler, d_coef = edge_backward(family, make_frame, frame_tensors, frame_config, dy, x,
@@ -279,7 +280,7 @@ ukan_spline.register_autograd(first_order_backward(SPLINE_LABEL, _backward, _spl
 _EagerSpline = eager_function("_EagerSpline", _spline_forward_impl, _setup_context,
                               lambda ctx, dy: _backward(ctx, dy, _spline_backward_impl),
                               {6: TRANSPOSED, 7: TRANSPOSED}, SPLINE_LABEL, prepare=lambda inputs: (
-                                  *inputs[:6], inputs[6].contiguous(), inputs[7].contiguous(), *inputs[8:]),
+                                  *inputs[:6], contiguous(inputs[6]), contiguous(inputs[7]), *inputs[8:]),
                               higher=_spline_higher)
 
 
@@ -484,8 +485,8 @@ def _range_route(strategy: str, precision: str, x: Tensor, family, coef: Tensor)
 
 def _range_forward_impl(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base,
                         strategy="stencil", precision="fp32"):
-    x, group_lo, table, base_weight_t, scaler_t = (
-        t.contiguous() for t in (x, group_lo, table, base_weight_t, scaler_t))
+    x, group_lo, table = x.contiguous(), group_lo.contiguous(), table.contiguous()
+    base_weight_t, scaler_t = contiguous(base_weight_t), contiguous(scaler_t)
     family, make_frame, frame_tensors, frame_config, coef = _range_args(x, group_lo, table, grid_delta, spline_order)
     strategy, precision = _range_route(strategy, precision, x, family, coef)
     if strategy == "gemm":
@@ -526,8 +527,8 @@ def _(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use
 
 def _range_backward_impl(dy, x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base,
                          deterministic, need_x, need_params, strategy="stencil", precision="fp32"):
-    dy, x, group_lo, table, base_weight_t, scaler_t = (
-        t.contiguous() for t in (dy, x, group_lo, table, base_weight_t, scaler_t))
+    dy, x, group_lo, table = (t.contiguous() for t in (dy, x, group_lo, table))
+    base_weight_t, scaler_t = contiguous(base_weight_t), contiguous(scaler_t)
     family, make_frame, frame_tensors, frame_config, coef = _range_args(x, group_lo, table, grid_delta, spline_order)
     strategy, precision = _range_route(strategy, precision, x, family, coef)
     if strategy == "gemm":  # cuBLAS and fixed-order kernels: deterministic as it is
@@ -636,7 +637,7 @@ class _EagerRangeLayer(torch.autograd.Function):
         # the node's inputs with their history: for create_graph=True, and rows_per_feature for a table recompute
         ctx.raw_inputs = (x, group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
                           base_weight, spline_scaler, grid_delta, spline_order, use_base)
-        base_weight_t, scaler_t = base_weight.t().contiguous(), spline_scaler.t().contiguous()
+        base_weight_t, scaler_t = contiguous(base_weight.t()), contiguous(spline_scaler.t())
         w_out, b_out = coefficient_major(w_out, b_out, spline_order)
         table, *rows = _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out,
                                          b_out, keep_rows=True)
@@ -683,10 +684,11 @@ class _EagerRangeLayer(torch.autograd.Function):
         del table
         if need_x:
             grads[0] = dx
-        if need[9] and use_base:
-            grads[9] = d_base.t()
-        if need[10]:
-            grads[10] = d_scaler.t()
+        # in the parameters' own strides where the transpose kernel copied them (see eager_function)
+        for index, grad in ((9, d_base if use_base else None), (10, d_scaler)):
+            if need[index] and grad is not None:
+                param_t = ctx.raw_inputs[index].t()
+                grads[index] = (with_strides(grad, param_t.stride()) if kernel_copies(param_t) else grad).t()
         if need_mlp:
             mlp_grads = _range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b_hidden, w_out,
                                                    rows=rows)
