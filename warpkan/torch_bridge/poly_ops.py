@@ -34,7 +34,7 @@ from ..kernels import poly as kp
 from ._common import (check_tensor, eager_function, first_order_backward, on_rows, op_or_eager,
                       params_used_by_this_backward, warp_device)
 from .edge_driver import (PRECISIONS, STRATEGIES, EdgeSpec, check_precision, check_strategy, differentiable_backward,
-                          edge_backward, edge_forward, expand_basis, gemm_backward, gemm_forward, resolve_precision)
+                          edge_backward, edge_forward, gemm_backward, gemm_forward, resolve_precision)
 
 __all__ = ["poly_kan", "poly_forward", "poly_backward", "choose_strategy", "BF16_ERROR_BOUND", "STRATEGIES",
            "PRECISIONS"]
@@ -116,9 +116,11 @@ def _engine_args(x, coeffs, basis, lut_size, alpha, beta) -> tuple:
     return _engine_args_of(x, coeffs.shape[1], basis, lut_size, alpha, beta)
 
 
-def dense_basis(x: Tensor, basis: str, lut_size: int, alpha: float, beta: float, n_basis: int) -> Tensor:
-    """[in (D + 1), N]: P_d(tanh x[:, i]) in row i (D + 1) + d, by the engine's dense-basis kernel."""
-    return expand_basis(*_engine_args_of(x, n_basis, basis, lut_size, alpha, beta), x, n_basis)
+def basis_spec(x: Tensor, basis: str, lut_size: int, alpha: float, beta: float, n_basis: int) -> EdgeSpec:
+    """The layer's edge-engine spec for x's dtype and device (its family, tables and frame): what
+    ``edge_driver.dense_basis`` takes to write P_d(tanh x[:, i]) in row i (D + 1) + d of [in (D + 1), N],
+    differentiably (the x-gradient of its first-order backward: the derivative table in LUT mode)."""
+    return EdgeSpec(*_engine_args_of(x, n_basis, basis, lut_size, alpha, beta), n_basis, False)
 
 
 def _engine_args_of(x, n_basis, basis, lut_size, alpha, beta) -> tuple:
