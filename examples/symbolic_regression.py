@@ -1,8 +1,9 @@
 """Symbolic regression with a KAN: recover f(x, y) = exp(sin(pi x) + y^2) as a formula.
 
-1. train a [2, 5, 1] KANLinear network on samples of f with pykan's sparsity penalty (``lamb`` times the sum of
-   the edges' scales, each the standard deviation of phi_{o,i} over the batch over that of its input (+ 0.1),
-   plus twice the entropy of the scales over each node's edges): Adam first, whose small steps give the penalty
+1. train a [2, 5, 1] KANLinear network on samples of f with pykan's sparsity penalty
+   (``warpkan.interpret.sparsity_penalty``, pykan's ``reg`` with its defaults: ``lamb`` times the sum of the
+   edges' scales, each the standard deviation of phi_{o,i} over the batch over that of its input (+ 0.1), plus
+   twice the entropy of the scales over each node's edges): Adam first, whose small steps give the penalty
    time to empty the hidden nodes the function does not need, then L-BFGS (alone, with or without the penalty,
    L-BFGS settles for some seeds in a minimum that spreads f over several hidden nodes with non-monotonic outer
    functions, which the penalty does not leave); the knots are refitted to each layer's inputs a few times
@@ -35,47 +36,12 @@ import sympy  # noqa: E402
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from warpkan.interpret import auto_symbolic, formula, importance, plot_network, prune  # noqa: E402
-from warpkan.torch_bridge import KANLinear, bspline_kan  # noqa: E402
+from warpkan.interpret import auto_symbolic, formula, importance, plot_network, prune, sparsity_penalty  # noqa: E402
+from warpkan.torch_bridge import KANLinear  # noqa: E402
 
 
 def target(x: torch.Tensor) -> torch.Tensor:
     return torch.exp(torch.sin(math.pi * x[:, :1]) + x[:, 1:2] ** 2)
-
-
-def edge_values(layer: KANLinear, h: torch.Tensor) -> torch.Tensor:
-    """[N, out, in]: phi_{o,i}(h[:, i]) for every edge of ``layer``, differentiable in the parameters and in h. The
-    layer's kernel (``bspline_kan``) runs once, on a layer of out * in outputs whose output (o, i) keeps the one
-    edge (o, i); summed over i it is the layer's output."""
-    n_out, n_in = layer.out_features, layer.in_features
-    eye = torch.eye(n_in, dtype=h.dtype, device=h.device)
-
-    def one_edge_per_output(p):  # [out, in, ...] -> [out * in, in, ...], p[o, i] at ((o, i), i), zero elsewhere
-        mask = eye.reshape(1, n_in, n_in, *([1] * (p.dim() - 2)))
-        return (p.unsqueeze(1) * mask).reshape(n_out * n_in, n_in, *p.shape[2:])
-
-    base = one_edge_per_output(layer.base_weight) if layer.use_base else None
-    y = bspline_kan(h, layer.grid, base, one_edge_per_output(layer.spline_weight),
-                    one_edge_per_output(layer.spline_scaler), layer.spline_order, uniform=False,
-                    deterministic=layer.deterministic, strategy=layer.strategy, precision=layer.precision)
-    return y.view(-1, n_out, n_in)
-
-
-def penalised_forward(model, x, entropy: float = 2.0):
-    """(model(x), pykan's sparsity penalty): for every layer, the L1 norm of its edges' scales (the standard
-    deviation of phi_{o,i} over the batch over that of input i, + 0.1; pykan's ``acts_scale_spline``) plus
-    ``entropy`` times the mean entropy of the scales, normalised, over each output's edges and over each input's
-    edges (pykan 0.2.8's ``reg`` with its defaults lamb_l1 = 1, lamb_entropy = 2)."""
-    h, penalty = x, 0.0
-    for layer in model:
-        edges = edge_values(layer, h)
-        scale = edges.std(0) / (h.std(0) + 0.1)  # [out, in]
-        rows = scale / (scale.sum(1, keepdim=True) + 1)
-        cols = scale / (scale.sum(0, keepdim=True) + 1)
-        spread = -(rows * torch.log2(rows + 1e-4)).sum(1).mean() - (cols * torch.log2(cols + 1e-4)).sum(0).mean()
-        penalty = penalty + scale.sum() + entropy * spread
-        h = edges.sum(-1)
-    return h, penalty
 
 
 def update_grids(model, x):
@@ -93,10 +59,8 @@ def fit(model, x, y, steps, desc, lamb=0.0, grid_updates=(), adam=False):
     rate 1e-2) or ``steps`` L-BFGS rounds of at most 20 iterations; knots refitted to each layer's inputs
     before the steps in ``grid_updates`` (KANLinear layers only). Returns the final mean squared error."""
     def loss_fn():
-        if lamb:
-            out, penalty = penalised_forward(model, x)
-            return torch.nn.functional.mse_loss(out, y) + lamb * penalty
-        return torch.nn.functional.mse_loss(model(x), y)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        return loss + lamb * sparsity_penalty(model, x) if lamb else loss
 
     def closure():
         opt.zero_grad()

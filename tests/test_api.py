@@ -145,6 +145,8 @@ EXPECTED_INTERPRET = {
     "Importance",
     "importance",
     "prune",
+    "sparsity_penalty",
+    "REG_METRICS",
     "plot_layer",
     "plot_network",
     "refine",

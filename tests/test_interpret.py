@@ -1,5 +1,5 @@
-"""warpkan.interpret: edge functions against float64 references written per edge, importance scores, pruning and
-grid refinement against pykan 0.2.8 on copied layers, symbolic fitting, formulas and plots."""
+"""warpkan.interpret: edge functions against float64 references written per edge, importance scores, pruning, grid
+refinement and the sparsity penalty against pykan 0.2.8 on copied layers, symbolic fitting, formulas and plots."""
 
 import math
 
@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 import warpkan
 from warpkan.interpret import (SymbolicFit, SymbolicKAN, SymbolicLayer, auto_symbolic, edge_functions, formula,
-                               importance, plot_layer, plot_network, prune, refine, suggest_symbolic)
+                               importance, plot_layer, plot_network, prune, refine, sparsity_penalty,
+                               suggest_symbolic)
 from warpkan.interpret import _layers
 from warpkan.interpret.symbolic import SYMBOLIC_LIB, fit_function
 from warpkan.reference.bspline import b_splines
@@ -307,6 +308,154 @@ def test_refine_matches_pykan_grid_extension(float64_default, tmp_path):
         torch.testing.assert_close(layer.grid, their_layer.grid.data, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(layer.spline_weight, their_layer.coef.data.permute(1, 0, 2), rtol=1e-7, atol=1e-9)
         assert layer._grid_uniform == False  # noqa: E712
+
+
+@pytest.mark.parametrize("reg_metric,lambdas", [
+    ("edge_forward_spline_n", {}),  # pykan's fit defaults
+    ("edge_forward_spline_n", dict(lamb_l1=0.7, lamb_entropy=1.3, lamb_coef=0.4, lamb_coefdiff=0.9)),
+    ("edge_forward_spline_u", dict(lamb_l1=1.0, lamb_entropy=2.0, lamb_coef=0.0, lamb_coefdiff=0.5)),
+])
+def test_sparsity_penalty_matches_pykan_reg(float64_default, tmp_path, reg_metric, lambdas):
+    """The penalty and its gradients in every parameter against pykan's ``reg`` after a forward pass, on a copied
+    network with weak nodes and edges and a dead edge (zero values: zero scale, no gradient). (No dead node: the
+    next layer's edges would be constant over the batch, and pykan's gradient of their standard deviation rounding
+    noise; see test_sparsity_penalty_of_a_dead_node.)"""
+    model = _weak_network()
+    with torch.no_grad():
+        model[0].spline_weight[4].normal_(0, 1e-3)  # the dead hidden node weak instead
+        model[0].base_weight[1, 2].zero_(), model[0].spline_weight[1, 2].zero_()  # a dead edge
+    x = torch.rand(500, 3) * 2 - 1
+    theirs = _pykan_copy(model, tmp_path)
+    theirs(x)
+    pykan_args = {"lamb_l1": 1.0, "lamb_entropy": 2.0, "lamb_coef": 0.0, "lamb_coefdiff": 0.0, **lambdas}
+    expected = theirs.reg(reg_metric, **pykan_args)
+    ours = sparsity_penalty(model, x, reg_metric=reg_metric, **lambdas)
+    torch.testing.assert_close(ours, expected, rtol=1e-12, atol=0)
+    their_params = [p for layer in theirs.act_fun for p in (layer.coef, layer.scale_base, layer.scale_sp)]
+    our_params = [p for layer in model for p in (layer.spline_weight, layer.base_weight, layer.spline_scaler)]
+    their_grads = torch.autograd.grad(expected, their_params)
+    our_grads = torch.autograd.grad(ours, our_params)
+    for k, (a, b) in enumerate(zip(our_grads, their_grads)):
+        b = b.permute(1, 0, 2) if b.dim() == 3 else b.t()  # pykan's [in, out, ...]
+        # rounding, amplified by the weak node's small spread (measured: at most 2e-10 of the largest entry)
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9 * float(b.abs().max()), msg=f"parameter {k}")
+
+
+def test_sparsity_penalty_of_a_dead_node():
+    """A dead hidden node (every edge into it zero) feeds the next layer a constant, so that layer's edges at it
+    are constant over the batch: their scales are exactly zero and pass no gradient. Computed as the standard
+    deviation of the contracted edge values, they were rounding noise (the float64 GEMM rounds equal columns
+    differently) with an O(1) gradient in a random direction (measured: 97.8 in a coefficient of such an edge,
+    whose true gradient, through the last layer's inputs, is 0.216; the values less their first point after the
+    contraction still left 0.31 of error in a base weight into the node). The float64 gradients agree with the
+    float32 ones."""
+    x = torch.rand(500, 3, dtype=F64) * 2 - 1
+    runs = []
+    for dtype in (F64, torch.float32):
+        model = _weak_network().to(dtype)  # hidden node 4 of layer 0 is dead
+        penalty = sparsity_penalty(model, x.to(dtype))
+        edges = _layers.live_edges(model[0])
+        assert not edges[4].any()
+        runs.append([g.double() for g in torch.autograd.grad(penalty, list(model.parameters()))])
+    for name, a, b in zip([n for n, _ in _weak_network().named_parameters()], *runs):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4 * float(b.abs().max()), msg=name)
+
+
+def _penalty_network(family, dtype=F64):
+    if family == "katmlp":
+        torch.manual_seed(3)
+        mlp = warpkan.torch_bridge.KATMLP(4, 4, 2, num_groups=2, dtype=dtype)
+        with torch.no_grad():  # off the identity init's zero denominator, where |.| has no derivative
+            for layer in (mlp.fc1, mlp.fc2):
+                layer.rational.weight_denominator.add_(torch.rand_like(layer.rational.weight_denominator) * 0.3)
+        return mlp
+    return torch.nn.Sequential(_layer(family, 4, 4, dtype=dtype, seed=1), _layer(family, 4, 2, dtype=dtype, seed=2))
+
+
+@pytest.mark.parametrize("family", ["kan", "kan-nonuniform", "kan-prelu", "ukan", "cheby", "grkan", "katmlp"])
+def test_sparsity_penalty_gradcheck(family):
+    """Float64 finite differences of the penalty in every parameter of a two-layer network of each family (the
+    second layer's scales depend on the first's parameters through its inputs), the coefficient terms on for the
+    B-spline layers."""
+    model = _penalty_network(family)
+    x = torch.rand(9, 4, dtype=F64) * 2.4 - 1.2
+    coefficient_terms = dict(lamb_coef=0.3, lamb_coefdiff=0.2) if family.startswith("kan") else {}
+    names = [name for name, p in model.named_parameters() if p.requires_grad]
+    params = dict(model.named_parameters())
+
+    class Penalty(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            return sparsity_penalty(self.model, x, **coefficient_terms)
+
+    penalty = Penalty()
+
+    def f(*values):
+        return torch.func.functional_call(penalty, {f"model.{n}": v for n, v in zip(names, values)}, (x,))
+
+    inputs = tuple(params[n].detach().clone().requires_grad_() for n in names)
+    assert torch.autograd.gradcheck(f, inputs)
+
+
+@pytest.mark.parametrize("family", ["kan", "ukan", "cheby", "legendre-lut", "grkan"])
+def test_sparsity_penalty_float32_against_float64(family):
+    model64 = _penalty_network(family)
+    model32 = _penalty_network(family, dtype=torch.float32)
+    model32.load_state_dict({k: v.float() for k, v in model64.state_dict().items()})
+    x = torch.rand(300, 4, dtype=F64) * 2.4 - 1.2
+    expected = sparsity_penalty(model64, x)
+    got = sparsity_penalty(model32, x.float())
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("reg_metric", ["edge_forward_spline_n", "edge_forward_spline_u"])
+def test_sparsity_penalty_of_a_symbolic_kan(reg_metric):
+    """A SymbolicKAN's penalty from its edge values written out: its numeric edges alone under
+    "edge_forward_spline_n" (the fixed ones count zero, as pykan's masked splines), every edge under
+    "edge_forward_spline_u"; the next layer's inputs are the symbolic layer's outputs. Its gradient reaches the
+    fixed edges' affine parameters (through the next layer's inputs) and no masked numeric parameter."""
+    model = torch.nn.Sequential(_layer("kan", 2, 3, seed=1), _layer("kan", 3, 1, seed=2))
+    fit = SymbolicFit("sin", 1.5, 2.0, 0.3, 0.1, 1.0, 2, 0.0)
+    symbolic = SymbolicKAN([SymbolicLayer(model[0], [(1, 0, fit), (2, 1, fit)]), SymbolicLayer(model[1])])
+    x = torch.rand(200, 2, dtype=F64) * 2 - 1
+    expected, h = 0.0, x
+    for layer in symbolic.layers:
+        with torch.no_grad():
+            if reg_metric == "edge_forward_spline_n":
+                scale = (edge_functions(layer.numeric, h).y * layer.keep).std(0) / (h.std(0) + 0.1)
+            else:
+                scale = layer.edge_values(h).std(0)
+            rows, cols = scale / (scale.sum(1, keepdim=True) + 1), scale / (scale.sum(0, keepdim=True) + 1)
+            entropy = -(rows * torch.log2(rows + 1e-4)).sum(1).mean() - (cols * torch.log2(cols + 1e-4)).sum(0).mean()
+            expected = expected + scale.sum() + 2 * entropy
+            h = layer(h)
+    ours = sparsity_penalty(symbolic, x, reg_metric=reg_metric)
+    torch.testing.assert_close(ours, expected, rtol=1e-12, atol=0)
+    first = symbolic.layers[0]
+    d_affine, d_spline = torch.autograd.grad(ours, [first.affine, first.numeric.spline_weight])
+    assert (d_affine != 0).any()
+    assert (d_spline[~first.keep] == 0).all()
+
+
+def test_sparsity_penalty_refuses_what_it_cannot_penalise():
+    model = torch.nn.Sequential(_layer("kan", 2, 3), _layer("cheby", 3, 1))
+    x = torch.rand(20, 2, dtype=F64)
+    with pytest.raises(ValueError, match="reg_metric must be one of"):
+        sparsity_penalty(model, x, reg_metric="edge_backward")
+    with pytest.raises(ValueError, match="lamb_coef and lamb_coefdiff penalise B-spline.*layer 1 is a ChebyKANLinear"):
+        sparsity_penalty(model, x, lamb_coefdiff=1.0)
+    with pytest.raises(TypeError, match="lamb_entropy must be a finite number"):
+        sparsity_penalty(model, x, lamb_entropy=float("nan"))
+    with pytest.raises(ValueError, match="at least 2 samples"):
+        sparsity_penalty(model, x[:1])
+    with pytest.raises(ValueError, match=r"shape \(\.\.\., 2\)"):
+        sparsity_penalty(model, torch.rand(20, 3, dtype=F64))
+    with pytest.raises(TypeError, match="Warp-native KANLinear"):
+        sparsity_penalty(warpkan.KANLinear(2, 3, grid_size=5, device="cpu"), x.float())
 
 
 @pytest.mark.parametrize("family", ["kan", "kan-nonuniform", "kan-prelu"])

@@ -46,6 +46,19 @@ class _ReferencePoly(nn.Module):
         return ref_poly.poly_kan(x, layer.coeffs.permute(0, 2, 1), layer.bias, layer.basis, layer.alpha, layer.beta)
 
 
+class _ReferencePolyLut(nn.Module):
+    """A LUT layer's values from its tables, its derivatives the exact basis's (``reference.poly.poly_kan_lut``)."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x):
+        layer = self.layer
+        return ref_poly.poly_kan_lut(x, layer.coeffs.permute(0, 2, 1), layer.lut_size, layer.bias, layer.basis,
+                                     layer.alpha, layer.beta)
+
+
 class _ReferenceRational(nn.Module):
     def __init__(self, layer):
         super().__init__()
@@ -69,9 +82,9 @@ def _reference(model):
         return nn.Sequential(_reference(model.fc1), _reference(model.fc2))
     if isinstance(model, KANLinear):
         return _ReferenceKAN(model)
-    if isinstance(model, PolyKANLinear) and model.mode == "exact":
-        return _ReferencePoly(model)
-    return model  # torch's modules, and LUT layers: autograd through the layer's own create_graph=True route
+    if isinstance(model, PolyKANLinear):
+        return _ReferencePoly(model) if model.mode == "exact" else _ReferencePolyLut(model)
+    return model  # torch's modules
 
 
 def _autograd_jet(model, x, pairs):
@@ -149,8 +162,8 @@ MODEL_NAMES = list(_models("cpu"))
 def test_jet_matches_autograd_of_the_reference(device, name, n_rows, n_first, pairs):
     """Values, first derivatives and second derivatives (pure and mixed pairs, in any order) against autograd
     through the pure-torch network, inputs partly outside the grids; and the parameter gradients of a loss
-    built from every component. A LUT layer's derivatives are those of its interpolant: its reference is the
-    layer's own create_graph=True route (checked against the interpolant in test_higher_order)."""
+    built from every component. A LUT layer's values are its tables' and every derivative the exact basis's,
+    its backward through the values included."""
     model = _models(device)[name]
     if n_first != 3:  # the first layer takes 3 inputs: feed it a linear map of the n_first coordinates
         model = nn.Sequential(nn.Linear(n_first, 3).double().to(device), model)
@@ -211,7 +224,7 @@ def _edge_args(kind, device, n_rows=5, n_in=3, n_out=2, n_first=2, pairs=((0, 0)
     from warpkan.kernels.edge.dense import dense_width
     from warpkan.torch_bridge.bspline_ops import _bspline_frame
     from warpkan.torch_bridge.edge_driver import EdgeSpec
-    from warpkan.torch_bridge.poly_ops import _engine_args_of
+    from warpkan.torch_bridge.poly_ops import _engine_args_of, derivative_engine_args
 
     gen = torch.Generator().manual_seed(seed)
     rand = lambda *shape: (torch.rand(*shape, generator=gen, dtype=DOUBLE) * 2 - 1).to(device)  # noqa: E731
@@ -226,6 +239,8 @@ def _edge_args(kind, device, n_rows=5, n_in=3, n_out=2, n_first=2, pairs=((0, 0)
             grid = torch.sort(grid, dim=1).values
         spec = EdgeSpec(kb.family_of(order, kind == "bspline", "float64"), _bspline_frame, (grid.to(device),), (),
                         grid_size + order, use_base)
+    elif kind == "poly_lut_derivative":  # a LUT layer's Taylor-mode family: table values, exact derivatives
+        spec = EdgeSpec(*derivative_engine_args(z[0], 5, "jacobi", 65, 0.5, -0.3), 5, False)
     else:
         n_basis = 5
         z0 = z[0]
@@ -236,7 +251,7 @@ def _edge_args(kind, device, n_rows=5, n_in=3, n_out=2, n_first=2, pairs=((0, 0)
     return z, weight, bias, n_first, tuple(pairs), spec
 
 
-JET_KINDS = ["bspline", "bspline_general", "poly", "poly_lut"]
+JET_KINDS = ["bspline", "bspline_general", "poly", "poly_lut", "poly_lut_derivative"]
 
 
 @pytest.mark.parametrize("kind", JET_KINDS)
@@ -246,15 +261,16 @@ JET_KINDS = ["bspline", "bspline_general", "poly", "poly_lut"]
 def test_edge_jet_gradcheck(device, kind, route, chunked, n_out, monkeypatch):
     """The op's gradients in z, the weight and the bias by float64 finite differences, through the eager
     Function and the registered op, on one chunk of rows and on chunks of two rows (the forward's basis kept,
-    or written again over G), with several outputs (G formed) and one (G's windows from the weight). A LUT family's z-gradient is that of its tables' interpolants (each derivative
-    its own table), not a finite difference of the values: only its weight and bias gradients are checked."""
+    or written again over G), with several outputs (G formed) and one (G's windows from the weight). A LUT
+    family's z-gradient is not a finite difference of its values (its derivatives come from the derivative table
+    or the exact recurrence, its values from the value table): only its weight and bias gradients are checked."""
     from warpkan.torch_bridge import jet_ops
 
     if chunked:
         monkeypatch.setattr(jet_ops, "JET_CHUNK_BYTES", 2 * 5 * 8 * 30)
     z, weight, bias, n_first, pairs, spec = _edge_args(kind, device, n_out=n_out, use_base=kind.startswith("bspline"))
     weight, bias = weight.requires_grad_(), bias.requires_grad_()
-    z.requires_grad_(kind != "poly_lut")
+    z.requires_grad_(not kind.startswith("poly_lut"))
     if route == "eager":
         f = lambda z, w, b: jet_ops._EdgeJet.apply(z, w, b, n_first, pairs, spec)  # noqa: E731
     else:

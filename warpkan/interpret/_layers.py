@@ -87,11 +87,15 @@ def rebuild(model, layers: list):
 
 
 # ------------------------------------------------------------------------------------------------ Warp-native
+def is_native(model) -> bool:
+    """Whether ``model`` is a Warp-native layer or network (``warpkan.native``)."""
+    return type(model).__module__.startswith("warpkan.native")
+
+
 def from_native(model) -> list | None:
     """The torch layers equal to a Warp-native layer or ``KANNetwork`` (same parameters, copied), or None when
     ``model`` is not one."""
-    module = type(model).__module__
-    if not module.startswith("warpkan.native"):
+    if not is_native(model):
         return None
     if type(model).__name__ == "KANNetwork":
         return [layer for item in model.layers for layer in from_native(item) or [_refuse_native(item)]]

@@ -6,15 +6,16 @@ map (their "gemm" strategy) that does expose them: a Warp kernel expands the inp
 ``B [rows, in, K]`` (the SiLU base and the G + k B-splines of each input, or the D + 1 polynomials), and the
 output is ``B`` contracted with the coefficients ``W [in, K, out]`` over (i, K). Contracting over K alone,
 one batched GEMM over the inputs, gives every edge: ``phi[i, o, n] = sum_m W[i, m, o] B[n, i, m]``. The basis
-and the combined coefficients come from the same kernels the layers run, so the edges are the layer's own
-(LUT interpolation, non-uniform grids and the base path included) and sum to its output.
+comes from the same kernels the layers run (the edge engine's differentiable dense basis,
+``warpkan.torch_bridge.edge_driver.dense_basis``) and the coefficients from the layers' parameters by torch
+ops, so the edges are the layer's own (LUT interpolation, non-uniform grids and the base path included), sum
+to its output, and are differentiable in the parameters and in x (what :func:`~warpkan.interpret.
+sparsity_penalty` trains through; :func:`edge_functions` returns them without history).
 
-- ``KANLinear``: ``warpkan.kernels.bspline``'s dense-basis kernels (``launch_expand_basis``,
-  ``launch_combine_weights``).
-- ``UKANLinear``: its exact ``KANLinear`` on the interval the points span (``UKANLinear.to_kan``), then as
-  above.
-- ``PolyKANLinear`` / ``ChebyKANLinear``: ``warpkan.kernels.poly``'s dense-basis kernel, exact or LUT as the
-  layer is set.
+- ``KANLinear``: the B-spline family of its grid, the combined weight ``[base_weight; coef * scaler]``.
+- ``UKANLinear``: the coefficient generator's table on the groups the points span (as the layer's dense-range
+  forward builds it, by torch ops), then as above.
+- ``PolyKANLinear`` / ``ChebyKANLinear``: the polynomial family, exact or LUT as the layer is set.
 - ``GRKANLinear``: ``phi_{o,i}(x) = W[o, i] F_i(x)`` with the group-rational kernel giving F for every input.
 """
 
@@ -28,12 +29,13 @@ from torch import Tensor
 from .. import _checks
 from ..kernels import bspline as kb
 from ..torch_bridge import GRKANLinear, KANLinear, PolyKANLinear, UKANLinear
-from ..torch_bridge._common import matmul_precision, to_warp, warp_stream
+from ..torch_bridge._common import matmul_precision
+from ..torch_bridge.edge_driver import EdgeSpec, combined_weight, dense_basis
 from ..torch_bridge.kan_linear import fuses_base
-from ..torch_bridge.poly_ops import dense_basis as poly_dense_basis
+from ..torch_bridge.poly_ops import basis_spec
 from . import _layers
 
-__all__ = ["EdgeFunctions", "edge_functions"]
+__all__ = ["EdgeFunctions", "edge_functions", "layer_edge_values"]
 
 
 class EdgeFunctions(NamedTuple):
@@ -67,9 +69,7 @@ def edge_functions(layer, x: Tensor | None = None, *, x_range=None, n: int = 100
         layer = layers[0]
     with torch.no_grad():
         points = edge_points(layer, x, x_range, n)
-        if isinstance(layer, SymbolicLayer):
-            return EdgeFunctions(points, layer.edge_values(points))
-        return EdgeFunctions(points, _edge_values(layer, points))
+        return EdgeFunctions(points, layer_edge_values(layer, points))
 
 
 def edge_points(layer, x, x_range, n) -> Tensor:
@@ -109,17 +109,37 @@ def edge_points(layer, x, x_range, n) -> Tensor:
     return (bounds[:, 0] + steps * (bounds[:, 1] - bounds[:, 0])).contiguous()
 
 
-def _edge_values(layer, x: Tensor) -> Tensor:
-    """[n, out, in] edge values at x [n, in] (contiguous, the layer's dtype and device)."""
+def layer_edge_values(layer, x: Tensor, numeric_only: bool = False, centered: bool = False) -> Tensor:
+    """[n, out, in] edge values of a KAN layer or a ``SymbolicLayer`` at x [n, in] (contiguous, the layer's dtype
+    and device), differentiable in the parameters and in x; ``numeric_only``: a SymbolicLayer's numeric edges
+    alone (its fixed ones zero). ``centered``: each edge less its value at the first point, the difference taken
+    before the contraction with the coefficients, so that an edge whose inputs are all equal is exactly zero
+    (the contraction's rounding may differ from one point to the next: a spread of noise otherwise)."""
+    from .symbolic import SymbolicLayer
+
+    if isinstance(layer, SymbolicLayer):
+        return layer.edge_values(x, numeric_only, centered)
+    return _edge_values(layer, x, centered)
+
+
+def _edge_values(layer, x: Tensor, centered: bool = False) -> Tensor:
+    """[n, out, in] edge values of a KAN layer at x [n, in] (see :func:`layer_edge_values`)."""
+    if x.shape[0] == 0:
+        return x.new_empty((0, layer.out_features, layer.in_features))
     if isinstance(layer, KANLinear):
-        return _bspline_edges(layer, x)
+        return _bspline_edges(layer, x, centered)
     if isinstance(layer, UKANLinear):
-        return _ukan_edges(layer, x)
+        return _ukan_edges(layer, x, centered)
     if isinstance(layer, PolyKANLinear):
-        return _poly_edges(layer, x)
+        return _poly_edges(layer, x, centered)
     if isinstance(layer, GRKANLinear):
-        return _rational_edges(layer, x)
+        return _rational_edges(layer, x, centered)
     _layers.check_edge_layer("layer", layer)
+
+
+def _less_first(values: Tensor, centered: bool, dim: int) -> Tensor:
+    """``values`` less their first entry along ``dim`` (the first point) when ``centered``."""
+    return values - values.narrow(dim, 0, 1) if centered else values
 
 
 def _per_edge(basis: Tensor, weight: Tensor) -> Tensor:
@@ -130,53 +150,60 @@ def _per_edge(basis: Tensor, weight: Tensor) -> Tensor:
     return values.permute(2, 1, 0)
 
 
-def _bspline_edges(layer: KANLinear, x: Tensor) -> Tensor:
+def _scaled_edges(layer, x: Tensor, spec: EdgeSpec, coef: Tensor, centered: bool) -> Tensor:
+    """The edges of a scaled edge layer (KANLinear, UKANLinear: base_weight, spline_scaler, the coefficients
+    ``coef`` [in, n_coef, out] of the family in ``spec``): its dense basis against the combined weight, the SiLU
+    row of each input (where the kernels fuse the base path) as one more basis function, any other base
+    activation in torch as in the layer's forward."""
     n_rows, n_in = x.shape
-    n_out, k = layer.out_features, layer.spline_order
-    n_coef = layer.grid_size + k
-    # the kernels' SiLU base rows where the layer fuses its base path, as its forward does
-    uniform, use_base = layer._grid_uniform, fuses_base(layer.base_activation)
-    if n_rows == 0:
-        return x.new_empty((0, n_out, n_in))
-    width = kb.dense_width(n_in, n_coef, use_base)
-    basis_t = x.new_empty((width, n_rows))
-    weight = x.new_empty((width, n_out))
-    base_weight_t = layer.base_weight.detach().t().contiguous()
-    scaler_t = layer.spline_scaler.detach().t().contiguous()
-    coef = layer.spline_weight.detach().permute(1, 2, 0).contiguous()
-    stream = warp_stream(x.device)
-    kb.launch_combine_weights(to_warp(base_weight_t), to_warp(scaler_t), to_warp(coef), to_warp(weight), k, uniform,
-                              use_base, stream=stream)
-    kb.launch_expand_basis(to_warp(x), to_warp(layer.grid.contiguous()), to_warp(basis_t), k, uniform, use_base,
-                           stream=stream)
+    n_coef, use_base = spec[4], spec[5]
+    basis_t = _less_first(dense_basis(x, None, 0, spec), centered, 1)  # [width, n]
+    weight = combined_weight(layer.base_weight.t(), layer.spline_scaler.t(), coef, use_base)  # [width, out]
     offset = n_in if use_base else 0
     basis = basis_t[offset:].view(n_in, n_coef, n_rows)
-    coefficients = weight[offset:].view(n_in, n_coef, n_out)
-    if use_base:  # the SiLU row of each input as one more basis function, its weight the base weight
+    coefficients = weight[offset:].view(n_in, n_coef, weight.shape[1])
+    if use_base:
         basis = torch.cat([basis_t[:n_in].view(n_in, 1, n_rows), basis], dim=1)
-        coefficients = torch.cat([weight[:n_in].view(n_in, 1, n_out), coefficients], dim=1)
+        coefficients = torch.cat([weight[:n_in].view(n_in, 1, -1), coefficients], dim=1)
     values = _per_edge(basis, coefficients)
-    if layer.use_base and not use_base:  # any other activation runs in torch, as in the layer's forward
-        activation = layer.base_activation(x).detach()  # [n, in]
-        values = values + activation.unsqueeze(1) * layer.base_weight.detach().unsqueeze(0)
+    if layer.use_base and not use_base:
+        activation = _less_first(layer.base_activation(x), centered, 0)
+        values = values + activation.unsqueeze(1) * layer.base_weight.unsqueeze(0)
     return values
 
 
-def _ukan_edges(layer: UKANLinear, x: Tensor) -> Tensor:
-    finite = x[torch.isfinite(x)]
-    lo, hi = (float(finite.min()), float(finite.max())) if finite.numel() else (0.0, 0.0)
-    return _bspline_edges(layer.to_kan(lo, hi), x)
+def _bspline_edges(layer: KANLinear, x: Tensor, centered: bool) -> Tensor:
+    from ..torch_bridge.bspline_ops import _bspline_frame, _io_scalar
+
+    family = kb.family_of(layer.spline_order, layer._grid_uniform, _io_scalar(x))
+    coef = layer.spline_weight.permute(1, 2, 0)  # [in, G + k, out]
+    spec = EdgeSpec(family, _bspline_frame, (layer.grid.contiguous(),), (), coef.shape[1],
+                    fuses_base(layer.base_activation))
+    return _scaled_edges(layer, x, spec, coef, centered)
 
 
-def _poly_edges(layer: PolyKANLinear, x: Tensor) -> Tensor:
+def _ukan_edges(layer: UKANLinear, x: Tensor, centered: bool) -> Tensor:
+    from ..torch_bridge.ukan_ops import _range_args, coefficient_major, group_range, range_table_torch
+
+    group_lo, span = group_range(x.detach(), layer.grid_delta, layer.spline_order)
+    w_out, b_out = coefficient_major(layer.cg_out.weight, layer.cg_out.bias, layer.spline_order)
+    table = range_table_torch(group_lo, int(span.item()) + 1, layer.pe_dim, layer.feature_embedding,
+                              layer.cg_hidden.weight, layer.cg_hidden.bias, w_out, b_out)
+    family, make_frame, frame_tensors, frame_config, coef = _range_args(x, group_lo, table, layer.grid_delta,
+                                                                        layer.spline_order)
+    spec = EdgeSpec(family, make_frame, frame_tensors, frame_config, coef.shape[1], fuses_base(layer.base_activation))
+    return _scaled_edges(layer, x, spec, coef, centered)
+
+
+def _poly_edges(layer: PolyKANLinear, x: Tensor, centered: bool) -> Tensor:
     n_rows, n_in = x.shape
     n_basis = layer.degree + 1
     lut_size = layer.lut_size if layer.mode == "lut" else 0
-    basis = poly_dense_basis(x, layer.basis, lut_size, layer.alpha, layer.beta, n_basis).view(n_in, n_basis, n_rows)
-    coefficients = layer.coeffs.detach().permute(0, 2, 1)  # [in, D + 1, out]
-    return _per_edge(basis, coefficients)
+    spec = basis_spec(x, layer.basis, lut_size, layer.alpha, layer.beta, n_basis)
+    basis = _less_first(dense_basis(x, None, 0, spec), centered, 1).view(n_in, n_basis, n_rows)
+    return _per_edge(basis, layer.coeffs.permute(0, 2, 1))  # coefficients [in, D + 1, out]
 
 
-def _rational_edges(layer: GRKANLinear, x: Tensor) -> Tensor:
-    activation = layer.rational(x)  # [n, in]: F_{group(i)}(x[:, i]), the layer's own kernel
-    return activation.unsqueeze(1) * layer.linear.weight.detach().unsqueeze(0)
+def _rational_edges(layer: GRKANLinear, x: Tensor, centered: bool) -> Tensor:
+    activation = _less_first(layer.rational(x), centered, 0)  # [n, in]: F_{group(i)}(x[:, i]), the layer's kernel
+    return activation.unsqueeze(1) * layer.linear.weight.unsqueeze(0)

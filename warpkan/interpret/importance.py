@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from . import _layers
-from .edges import _edge_values, edge_points
+from .edges import edge_points, layer_edge_values
 
 __all__ = ["Importance", "importance", "prune"]
 
@@ -43,8 +43,6 @@ def importance(model, x: Tensor) -> Importance:
     """pykan's attribution scores of every edge and node of ``model`` over the data ``x`` (..., in): see the
     module docstring. ``model``: a KAN layer, an ``nn.Sequential`` of them, a ``KATMLP``, a ``SymbolicKAN``
     or a Warp-native layer or network. Needs at least 2 samples (the scores are standard deviations)."""
-    from .symbolic import SymbolicLayer
-
     layers = _layers.network_layers(model)
     _layers.check_chain(layers)
     acts = edge_points(layers[0], x, None, 1)
@@ -52,7 +50,7 @@ def importance(model, x: Tensor) -> Importance:
         raise ValueError(f"importance needs at least 2 samples, got {acts.shape[0]}")
     edge_actscale, subnode_actscale = [], []
     for layer in layers:
-        values = layer.edge_values(acts) if isinstance(layer, SymbolicLayer) else _edge_values(layer, acts)
+        values = layer_edge_values(layer, acts)
         edge_actscale.append(values.std(0))
         acts = layer(acts)
         subnode_actscale.append(acts.std(0))

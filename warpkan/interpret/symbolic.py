@@ -419,16 +419,21 @@ class SymbolicLayer(nn.Module):
             y = y.index_add(1, self.fixed_out[index], values.to(y.dtype))
         return y.reshape(*lead, self.out_features)
 
-    def edge_values(self, points: Tensor) -> Tensor:
-        """[n, out, in] edge values at points [n, in] (numeric edges by the layer's kernels, fixed ones by
-        their formulas)."""
+    def edge_values(self, points: Tensor, numeric_only: bool = False, centered: bool = False) -> Tensor:
+        """[n, out, in] edge values at points [n, in] (numeric edges by the layer's kernels, fixed ones by their
+        formulas, or zero with ``numeric_only``), differentiable in the parameters and the points; ``centered``:
+        see ``warpkan.interpret.edges.layer_edge_values``."""
         from .edges import _edge_values
 
-        with torch.no_grad():
-            y = _edge_values(self.numeric, points) * self.keep.to(points.dtype)
-            for index, values in self._symbolic_terms(points):
-                y[:, self.fixed_out[index], self.fixed_in[index]] += values.to(y.dtype)
-        return y
+        y = _edge_values(self.numeric, points, centered) * self.keep.to(points.dtype)
+        if numeric_only:
+            return y
+        by_edge = y.permute(1, 2, 0)  # [out, in, n]
+        for index, values in self._symbolic_terms(points):
+            values = values - values[:1] if centered else values
+            by_edge = by_edge.index_put((self.fixed_out[index], self.fixed_in[index]), values.to(y.dtype).t(),
+                                        accumulate=True)
+        return by_edge.permute(2, 0, 1)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, fixed_edges={len(self.names)}"

@@ -37,7 +37,10 @@ For Chebyshev, Markov's inequality gives ``max|T_d''| = T_d''(1) = d^2 (d^2 - 1)
 lut_size = 4096 that is 4.0e-5. :func:`lut_error_bound` returns the bound per degree for every basis (the
 maxima of ``|P_d''|`` and ``|P_d'''|`` are taken on a grid 64 times finer than the table, end points included).
 The backward pass of LUT mode interpolates the derivative table: it approximates ``P_d'`` to O(h^2), and is not
-the derivative of the piecewise-linear forward (which would be O(h) off ``P_d'``).
+the derivative of the piecewise-linear forward (which would be O(h) off ``P_d'``). The slope of that
+interpolant would be O(h) off ``P_d''``, too far for a physics-informed residual: a LUT layer's higher-order
+routes (``create_graph=True``, Taylor mode) take every derivative from the recurrence and only the values from
+the table (:func:`derivative_family_of`).
 
 Kernels. The layer is an edge family of the edge engine (:mod:`warpkan.kernels.edge.poly_family`: one slot
 per input, the degree at runtime under a compile-time capacity): its forward, backward and dense-basis kernels
@@ -59,7 +62,7 @@ from .. import _checks
 from ._common import SCALARS, scalar_name
 from ._runtime import launch, launch_combine_chunks
 from .edge import launch as edge
-from .edge.poly_family import capacity_for, poly_family, poly_frame_of
+from .edge.poly_family import capacity_for, lut_derivative_family, poly_family, poly_frame_of
 
 __all__ = [
     "BASES",
@@ -71,6 +74,7 @@ __all__ = [
     "build_lut",
     "lut_error_bound",
     "family_of",
+    "derivative_family_of",
     "frame_of",
     "unit_scaler",
     "launch_forward",
@@ -240,8 +244,17 @@ def family_of(n_basis: int, basis: str, lut: bool, scalar: str):
     return poly_family("lut" if lut else basis, capacity_for(n_basis), scalar)
 
 
+def derivative_family_of(n_basis: int, basis: str, lut: bool, scalar: str):
+    """The edge family of a layer's higher-order routes (``create_graph=True`` and Taylor mode): the exact basis,
+    or in LUT mode the values from the value table and every derivative from the recurrence
+    (:func:`warpkan.kernels.edge.poly_family.lut_derivative_family`)."""
+    capacity = capacity_for(n_basis)
+    return lut_derivative_family(basis, capacity, scalar) if lut else poly_family(basis, capacity, scalar)
+
+
 def frame_of(family, n_basis: int, alpha: float = 1.0, beta: float = 1.0, lut=None):
-    """The frame of a layer: (alpha, beta) exactly, the (values, grads) tables of :func:`build_lut` in LUT mode."""
+    """The frame of a layer: (alpha, beta) exactly, the (values, grads) tables of :func:`build_lut` in LUT mode
+    (a LUT-derivative family reads the values table and (alpha, beta))."""
     values, grads = lut if lut is not None else (None, None)
     return poly_frame_of(family, n_basis, alpha, beta, values, grads)
 

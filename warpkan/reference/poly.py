@@ -12,7 +12,7 @@ import math
 
 import torch
 
-__all__ = ["basis_values", "poly_kan", "chebykan_acos", "chebyshev_recurrence_einsum"]
+__all__ = ["basis_values", "poly_kan", "table_values", "poly_kan_lut", "chebykan_acos", "chebyshev_recurrence_einsum"]
 
 
 def basis_values(t: torch.Tensor, basis: str, degree: int, alpha: float = 1.0, beta: float = 1.0) -> torch.Tensor:
@@ -64,6 +64,31 @@ def poly_kan(x, coeffs, bias=None, basis="chebyshev", alpha=1.0, beta=1.0):
     """``y[..., o] = sum_i sum_d coeffs[i, d, o] P_d(tanh x[..., i]) (+ bias[o])`` for x (..., in)."""
     degree = coeffs.shape[1] - 1
     b = basis_values(torch.tanh(x), basis, degree, alpha, beta)
+    y = torch.einsum("...id,ido->...o", b, coeffs)
+    return y + bias if bias is not None else y
+
+
+def table_values(t: torch.Tensor, basis: str, degree: int, lut_size: int, alpha: float = 1.0,
+                 beta: float = 1.0) -> torch.Tensor:
+    """``P_0(t) .. P_degree(t)`` as LUT mode reads them: linearly interpolated in a table of ``lut_size`` points
+    on [-1, 1] (the cell of t is ``floor((t + 1) (lut_size - 1) / 2)``, the last cell's right end included)."""
+    grid = torch.linspace(-1.0, 1.0, lut_size, dtype=t.dtype, device=t.device)
+    table = basis_values(grid, basis, degree, alpha, beta)  # [lut_size, degree + 1]
+    s = (t + 1) * ((lut_size - 1) / 2)
+    cell = torch.floor(s).clamp(0, lut_size - 2)
+    frac = (s - cell).unsqueeze(-1)
+    lo, hi = table[cell.long()], table[cell.long() + 1]
+    return lo + frac * (hi - lo)
+
+
+def poly_kan_lut(x, coeffs, lut_size, bias=None, basis="chebyshev", alpha=1.0, beta=1.0):
+    """A LUT-mode layer as its ``create_graph=True`` backward and Taylor mode see it: the values
+    ``sum_i sum_d coeffs[i, d, o] P_d^lut(tanh x[..., i])`` (:func:`table_values`), every x-derivative (of any
+    order) the exact basis's. (Its first-order backward reads a table of ``P_d'`` instead, O(h^2) off.)"""
+    t = torch.tanh(x)
+    exact = basis_values(t, basis, coeffs.shape[1] - 1, alpha, beta)
+    # the table's values, the exact basis's derivatives in x (the coefficients see the table's values)
+    b = exact + (table_values(t.detach(), basis, coeffs.shape[1] - 1, lut_size, alpha, beta) - exact).detach()
     y = torch.einsum("...id,ido->...o", b, coeffs)
     return y + bias if bias is not None else y
 

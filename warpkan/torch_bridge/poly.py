@@ -48,9 +48,18 @@ class PolyKANLinear(Float32Or64Module):
     TypeError (the layer is left unchanged). NaN in one row of x makes that row of the output NaN; as under
     autograd, it also makes the coefficient gradients of that input NaN.
 
-    Higher-order derivatives (``create_graph=True``) come from the edge engine's bases and their x-derivatives, to
-    the third order (in LUT mode, those of the tables' interpolants); the ``torch.func`` transforms raise. Built with
-    ``device="meta"``, the layer infers output shapes on meta inputs.
+    Higher-order derivatives (``create_graph=True``, and Taylor mode: ``warpkan.torch_bridge.jet``) come from the
+    edge engine's bases and their x-derivatives, to the third order; the ``torch.func`` transforms raise. In LUT
+    mode those routes take the values from the value table (the forward's) and every x-derivative, u_x included,
+    from the exact recurrence: the interpolant's second derivative is piecewise constant and a few percent off
+    (Legendre degree 8: 0.02097 against 0.02148), wrong for a physics-informed residual, and a u_x from the
+    derivative table (O(h^2) off) would not be the derivative u_xx is taken of. The first-order backward of plain
+    training keeps reading the derivative table (the fast path); after ``create_graph`` it is also what carries
+    a loss's gradient back through the layer's values (a loss term in u, the points later layers' derivatives are
+    taken at), where Taylor mode's backward uses the exact ``P_d'``: the two routes' parameter gradients differ
+    by the derivative table's error (``lut_error_bound``'s second bound). ``docs/perf-notes-engine.md`` has the
+    measurements (a 2-32-32-1 PINN step on the CPU: create_graph at 0.87x exact mode's time, Taylor mode at
+    0.99x). Built with ``device="meta"``, the layer infers output shapes on meta inputs.
 
     Args:
         in_features: number of inputs (a positive int).

@@ -18,9 +18,9 @@ jet_of(model, z)``.
 
 Rules exist for ``nn.Sequential``, :class:`~warpkan.torch_bridge.KANLinear` (any grid, spline order and
 strategy; SiLU base path fused, any other base activation with a rule of its own), ``PolyKANLinear`` /
-``ChebyKANLinear`` (exact and LUT modes: the LUT's derivatives are those of its interpolant), ``GroupRational``,
-``GRKANLinear`` and ``KATMLP`` (F, F' and F'' from the group-rational Taylor-series kernels), ``UKANLinear`` on
-its dense-range table, ``nn.Linear``,
+``ChebyKANLinear`` (exact and LUT modes: a LUT layer's values are its tables', every derivative is the exact
+basis's, as in its ``create_graph=True`` route), ``GroupRational``, ``GRKANLinear`` and ``KATMLP`` (F, F' and F''
+from the group-rational Taylor-series kernels), ``UKANLinear`` on its dense-range table, ``nn.Linear``,
 ``nn.Identity`` and the elementwise activations ``nn.Tanh``, ``nn.Sigmoid``, ``nn.SiLU``, ``nn.Softplus``
 (beta and threshold as set; the threshold's linear branch included) and ``nn.GELU`` (exact and tanh).
 :func:`register_jet_rule` adds one for any other module, :func:`elementwise_rule` builds one from a function and
@@ -299,14 +299,17 @@ def _scaled_spline(layer, x: Jet, z: Tensor, family, make_frame, frame_tensors, 
 
 
 def _poly_kan_linear(layer, x: Jet) -> Jet:
-    from .poly_ops import _engine_args_of
+    """A polynomial layer's jet; in LUT mode its values from the value table and every derivative from the
+    exact recurrence (``poly_ops.derivative_engine_args``), as in its ``create_graph=True`` route."""
+    from .poly_ops import derivative_engine_args
 
     _check_layer_input(type(layer).__name__, x, layer.coeffs.dtype, layer.coeffs.device, layer.in_features)
     z = _rows(x)
     n_in, n_out, n_basis = layer.coeffs.shape
     lut_size = layer.lut_size if layer.mode == "lut" else 0
     weight = layer.coeffs.permute(0, 2, 1).reshape(n_in * n_basis, n_out)  # the kernels' [in, degree + 1, out]
-    spec = EdgeSpec(*_engine_args_of(z[0], n_basis, layer.basis, lut_size, layer.alpha, layer.beta), n_basis, False)
+    spec = EdgeSpec(*derivative_engine_args(z[0], n_basis, layer.basis, lut_size, layer.alpha, layer.beta), n_basis,
+                    False)
     return x.with_stack(edge_jet(z, weight, layer.bias, x.n_first, x.pairs, spec))
 
 

@@ -14,7 +14,13 @@ The degree is a runtime quantity (``Frame.n_basis = D + 1``) under a compile-tim
 - ``lut``: the tables ``P_d`` and ``P_d'`` on a uniform grid of [-1, 1] (built once from the exact family),
   linearly interpolated. ``basis_du`` interpolates the derivative table (O(h^2) from ``P_d'``; not the
   derivative of the piecewise-linear values, which is O(h) off), and ``basis_du2`` is the derivative of that
-  interpolant (the slope of the derivative table on the cell): the derivatives of the interpolants.
+  interpolant (the slope of the derivative table on the cell, O(h) from ``P_d''``). This family serves a LUT
+  layer's forward and first-order backward passes.
+- ``lut`` derivatives (:func:`lut_derivative_family`): the values from the value table (the layer's forward,
+  to the bit) and every u-derivative from the exact recurrence. This family serves a LUT layer's
+  ``create_graph=True`` backward and its Taylor mode, where the interpolant's second derivative (piecewise
+  constant, off by up to a few percent) would be a residual's u_xx; its first derivative is the exact one too,
+  so that u_xx is the derivative of the u_x it is used with (and u_x is as exact as exact mode's).
 """
 
 import functools
@@ -25,7 +31,8 @@ import warp as wp
 from .._common import SCALARS
 from .family import EdgeFamily
 
-__all__ = ["CAPACITIES", "THREE_TERM", "BASES", "capacity_for", "poly_family", "poly_frame_of"]
+__all__ = ["CAPACITIES", "THREE_TERM", "BASES", "capacity_for", "poly_family", "lut_derivative_family",
+           "poly_frame_of"]
 
 CAPACITIES = (4, 8, 12, 16, 24, 32, 48, 65)  # bases a family evaluates (D + 1 <= 65: MAX_DEGREE 64)
 
@@ -123,6 +130,20 @@ def lut_frame(scalar_name: str):
         lut_grad: wp.array2d(dtype=scalar)  # and P_d'
 
     return PolyLutFrame
+
+
+@functools.lru_cache(maxsize=None)
+def lut_derivative_frame(scalar_name: str):
+    scalar = SCALARS[scalar_name]
+
+    @wp.struct
+    class PolyLutDerivativeFrame:
+        n_basis: int  # D + 1
+        alpha: scalar
+        beta: scalar
+        lut: wp.array2d(dtype=scalar)  # [lut_size, D + 1]: P_d on the grid of [-1, 1]
+
+    return PolyLutDerivativeFrame
 
 
 @functools.lru_cache(maxsize=None)
@@ -236,13 +257,17 @@ def _fourier_funcs(K: int, scalar_name: str, Frame):
     return vec, bases_du2, bases_du3
 
 
+def _exact_funcs(basis: str, K: int, scalar_name: str, Frame) -> tuple:
+    """(vec, bases_du2, bases_du3) of the exact basis, for a frame with ``n_basis``, ``alpha`` and ``beta``."""
+    if basis == "fourier":
+        return _fourier_funcs(K, scalar_name, Frame)
+    return _three_term_funcs(basis, K, scalar_name, Frame)
+
+
 def _exact_family(basis: str, K: int, scalar_name: str) -> EdgeFamily:
     Frame = exact_frame(scalar_name)
     scalar = SCALARS[scalar_name]
-    if basis == "fourier":
-        vec, bases_du2, bases_du3 = _fourier_funcs(K, scalar_name, Frame)
-    else:
-        vec, bases_du2, bases_du3 = _three_term_funcs(basis, K, scalar_name, Frame)
+    vec, bases_du2, bases_du3 = _exact_funcs(basis, K, scalar_name, Frame)
 
     @wp.func
     def basis_fn(frame: Frame, i: int, slot: int, u: scalar):
@@ -260,8 +285,9 @@ def _exact_family(basis: str, K: int, scalar_name: str) -> EdgeFamily:
 
 
 # ------------------------------------------------------------------------------ lookup tables
-def _lut_family(K: int, scalar_name: str) -> EdgeFamily:
-    Frame = lut_frame(scalar_name)
+def _table_reader(K: int, scalar_name: str, Frame):
+    """``(lut_cell, table_values)``: the cell of t on the value table ``frame.lut`` and the interpolated values
+    there, for every frame that holds that table."""
     scalar = SCALARS[scalar_name]
     vec = wp.types.vector(length=K, dtype=scalar)
     zero = scalar(0.0)
@@ -281,7 +307,7 @@ def _lut_family(K: int, scalar_name: str) -> EdgeFamily:
         return cell, s - scalar(cell), per_unit
 
     @wp.func
-    def basis_fn(frame: Frame, i: int, slot: int, u: scalar):
+    def table_values(frame: Frame, u: scalar):
         cell, frac, per_unit = lut_cell(frame, u)
         b = vec()
         for d in range(K):
@@ -289,6 +315,19 @@ def _lut_family(K: int, scalar_name: str) -> EdgeFamily:
                 lo = frame.lut[cell, d]
                 b[d] = lo + frac * (frame.lut[cell + 1, d] - lo)
         return b
+
+    return lut_cell, table_values
+
+
+def _lut_family(K: int, scalar_name: str) -> EdgeFamily:
+    Frame = lut_frame(scalar_name)
+    scalar = SCALARS[scalar_name]
+    vec = wp.types.vector(length=K, dtype=scalar)
+    lut_cell, table_values = _table_reader(K, scalar_name, Frame)
+
+    @wp.func
+    def basis_fn(frame: Frame, i: int, slot: int, u: scalar):
+        return table_values(frame, u)
 
     @wp.func
     def basis_du2(frame: Frame, i: int, slot: int, u: scalar):
@@ -330,27 +369,74 @@ def _lut_family(K: int, scalar_name: str) -> EdgeFamily:
                       u_dx3=_tanh_u_dx3(scalar_name))
 
 
-@functools.lru_cache(maxsize=None)
-def poly_family(basis: str, capacity: int, scalar_name: str = "float32") -> EdgeFamily:
-    """The polynomial edge family of one (basis or "lut", capacity, scalar type)."""
-    if basis not in BASES and basis != "lut":
-        raise ValueError(f"basis must be one of {list(BASES)} or 'lut', got {basis!r}")
+def _lut_derivative_family(basis: str, K: int, scalar_name: str) -> EdgeFamily:
+    Frame = lut_derivative_frame(scalar_name)
+    scalar = SCALARS[scalar_name]
+    _, bases_du2, bases_du3 = _exact_funcs(basis, K, scalar_name, Frame)
+    _, table_values = _table_reader(K, scalar_name, Frame)
+
+    @wp.func
+    def basis_fn(frame: Frame, i: int, slot: int, u: scalar):
+        return table_values(frame, u)
+
+    @wp.func
+    def basis_du(frame: Frame, i: int, slot: int, u: scalar):
+        b, db, d2b = bases_du2(frame, i, slot, u)
+        return table_values(frame, u), db
+
+    @wp.func
+    def basis_du2(frame: Frame, i: int, slot: int, u: scalar):
+        b, db, d2b = bases_du2(frame, i, slot, u)
+        return table_values(frame, u), db, d2b
+
+    @wp.func
+    def basis_du3(frame: Frame, i: int, slot: int, u: scalar):
+        b, db, d2b, d3b = bases_du3(frame, i, slot, u)
+        return table_values(frame, u), db, d2b, d3b
+
+    return EdgeFamily(f"poly_lutd_{basis}_c{K}_{scalar_name}", scalar_name, K, 0, Frame,
+                      _tanh_locate(Frame, scalar_name), basis_fn, basis_du, basis_du2, single_slot=True,
+                      basis_du3=basis_du3, u_dx3=_tanh_u_dx3(scalar_name))
+
+
+def _check_key(basis: str, capacity: int, scalar_name: str, bases) -> None:
+    if basis not in bases:
+        raise ValueError(f"basis must be one of {list(bases)}, got {basis!r}")
     if capacity not in CAPACITIES:
         raise ValueError(f"capacity must be one of {CAPACITIES}, got {capacity}")
     if scalar_name not in SCALARS:
         raise TypeError(f"scalar type must be one of {sorted(SCALARS)}, got {scalar_name}")
+
+
+@functools.lru_cache(maxsize=None)
+def poly_family(basis: str, capacity: int, scalar_name: str = "float32") -> EdgeFamily:
+    """The polynomial edge family of one (basis or "lut", capacity, scalar type)."""
+    _check_key(basis, capacity, scalar_name, (*BASES, "lut"))
     return _lut_family(capacity, scalar_name) if basis == "lut" else _exact_family(basis, capacity, scalar_name)
+
+
+@functools.lru_cache(maxsize=None)
+def lut_derivative_family(basis: str, capacity: int, scalar_name: str = "float32") -> EdgeFamily:
+    """The family of a LUT layer's higher-order routes, of one (basis, capacity, scalar type): the values from
+    the value table, every u-derivative from the basis's exact recurrence (see the module docstring).
+
+    Not in the registry (``warpkan precompile`` does not build it): only a ``create_graph=True`` backward and
+    Taylor mode launch it, and only its dense-basis and Taylor-mode kernels, built at their first use as the
+    Taylor-mode kernels of every family are."""
+    _check_key(basis, capacity, scalar_name, BASES)
+    return _lut_derivative_family(basis, capacity, scalar_name)
 
 
 def poly_frame_of(family: EdgeFamily, n_basis: int, alpha: float = 1.0, beta: float = 1.0, lut=None, lut_grad=None):
     """The frame value of a layer of ``n_basis`` = D + 1 bases: (alpha, beta) for the exact families, the two
-    tables for the lookup family."""
-    if family.key.startswith("poly_lut_"):
-        frame = lut_frame(family.scalar_name)()
+    tables for the lookup family, the value table and (alpha, beta) for a LUT-derivative family."""
+    frame = family.Frame()
+    if family.Frame is lut_frame(family.scalar_name):
         frame.lut, frame.lut_grad = lut, lut_grad
     else:
-        frame = exact_frame(family.scalar_name)()
         frame.alpha, frame.beta = float(alpha), float(beta)
+        if family.Frame is lut_derivative_frame(family.scalar_name):
+            frame.lut = lut
     frame.n_basis = int(n_basis)
     return frame
 
