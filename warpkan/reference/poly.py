@@ -70,7 +70,7 @@ def poly_kan(x, coeffs, bias=None, basis="chebyshev", alpha=1.0, beta=1.0):
 
 def table_values(t: torch.Tensor, basis: str, degree: int, lut_size: int, alpha: float = 1.0,
                  beta: float = 1.0) -> torch.Tensor:
-    """``P_0(t) .. P_degree(t)`` as LUT mode reads them: linearly interpolated in a table of ``lut_size`` points
+    """``P_0(t)`` to ``P_degree(t)`` as LUT mode reads them: linearly interpolated in a table of ``lut_size`` points
     on [-1, 1] (the cell of t is ``floor((t + 1) (lut_size - 1) / 2)``, the last cell's right end included)."""
     grid = torch.linspace(-1.0, 1.0, lut_size, dtype=t.dtype, device=t.device)
     table = basis_values(grid, basis, degree, alpha, beta)  # [lut_size, degree + 1]
@@ -82,9 +82,11 @@ def table_values(t: torch.Tensor, basis: str, degree: int, lut_size: int, alpha:
 
 
 def poly_kan_lut(x, coeffs, lut_size, bias=None, basis="chebyshev", alpha=1.0, beta=1.0):
-    """A LUT-mode layer as its ``create_graph=True`` backward and Taylor mode see it: the values
-    ``sum_i sum_d coeffs[i, d, o] P_d^lut(tanh x[..., i])`` (:func:`table_values`), every x-derivative (of any
-    order) the exact basis's. (Its first-order backward reads a table of ``P_d'`` instead, O(h^2) off.)"""
+    """A LUT-mode layer as its ``create_graph=True`` backward and Taylor mode see it.
+
+    The values are ``sum_i sum_d coeffs[i, d, o] P_d^lut(tanh x[..., i])`` (:func:`table_values`), every
+    x-derivative (of any order) the exact basis's. (Its first-order backward reads a table of ``P_d'``
+    instead, O(h^2) off.)"""
     t = torch.tanh(x)
     exact = basis_values(t, basis, coeffs.shape[1] - 1, alpha, beta)
     # the table's values, the exact basis's derivatives in x (the coefficients see the table's values)
