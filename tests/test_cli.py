@@ -114,8 +114,11 @@ def test_every_benchmark_family_runs_quick_on_cpu(tmp_path, family):
 
 def test_demo_trains_and_writes_png(tmp_path, capsys):
     assert main(["demo", "--device", "cpu", "--steps", "600", "--out", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    assert "| KAN [2, 5, 1]" in out and "| MLP" in out
+    captured = capsys.readouterr()
+    assert "| KAN [2, 5, 1]" in captured.out and "| MLP" in captured.out
+    # the progress bars name each model whole (not cut at its first comma: "KAN [2:")
+    for name in ("KAN [2, 5, 1], G=8, k=3", "UKAN [2, 5, 1], h=0.25, k=3", "MLP [2, 12, 12, 1], SiLU"):
+        assert f"{name}: 100%" in captured.err, name
     assert os.path.getsize(tmp_path / "demo_surfaces.png") > 10_000
 
 
