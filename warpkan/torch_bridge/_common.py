@@ -463,6 +463,9 @@ def check_tensor(name: str, t, *, ndim_min: int | None = None, ndim: int | None 
                  dtypes: tuple = FLOAT_DTYPES, like: torch.Tensor | None = None) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:  # the kernels read dense storage
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {str(t.layout).replace('torch.', '')}: "
+                        f"convert it with {name}.to_dense()")
     if ndim is not None and t.dim() != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
     if ndim_min is not None and t.dim() < ndim_min:
@@ -515,6 +518,25 @@ LOW_PRECISION_POLICY = (
     "For bf16/fp16 compute use torch.autocast (e.g. `with torch.autocast('cuda', dtype=torch.bfloat16): "
     "y = layer(x)`), under which the layer computes in float32 and returns the autocast dtype."
 )
+
+
+# the Tensor / Module method that converts to each floating dtype
+_CONVERTERS = {torch.float32: "float", torch.float64: "double", torch.float16: "half", torch.bfloat16: "bfloat16"}
+
+
+def check_input_dtype(x: torch.Tensor, dtype: torch.dtype, layer_dtypes: tuple) -> None:
+    """TypeError unless x has the layer's dtype ``dtype`` (outside autocast, where x of any float dtype is cast),
+    saying how to make them agree: convert x, or the layer where it can take x's dtype (``layer_dtypes``), or
+    for a 16-bit x that the layer cannot take, compute under autocast."""
+    if x.dtype == dtype:
+        return
+    hint = f"convert x (x.{_CONVERTERS[dtype]}())"
+    if x.dtype in layer_dtypes:
+        hint += f" or the layer (layer.{_CONVERTERS[x.dtype]}())"
+    elif x.dtype in (torch.float16, torch.bfloat16):
+        hint += (f", or run the layer under torch.autocast(dtype={x.dtype}): it then computes in {dtype} and returns "
+                 f"{x.dtype}")
+    raise TypeError(f"x must have the layer's dtype {dtype}, got {x.dtype}: {hint}")
 
 
 def layer_dtype(dtype) -> torch.dtype:

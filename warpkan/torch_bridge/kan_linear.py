@@ -10,7 +10,8 @@ from torch import nn
 
 from ..kernels import bspline as kb
 from ..reference.bspline import b_splines
-from ._common import Float32Or64Module, autocast_dtype, check_device, check_tensor, layer_dtype
+from ._common import (FLOAT_DTYPES, Float32Or64Module, autocast_dtype, check_device, check_input_dtype, check_tensor,
+                      layer_dtype)
 from .bspline_ops import STRATEGIES, apply_checked, check_precision
 
 __all__ = ["KANLinear"]
@@ -227,10 +228,7 @@ class KANLinear(Float32Or64Module):
             precision = "bf16" if self.precision == "auto" and cast_to == torch.bfloat16 else self.precision
             with torch.autocast(x.device.type, enabled=False):
                 return self._forward(x.to(self.grid.dtype), precision).to(cast_to)
-        if x.dtype != self.grid.dtype:
-            raise TypeError(
-                f"x must have the layer's dtype {self.grid.dtype} (use autocast for bf16/fp16), got {x.dtype}"
-            )
+        check_input_dtype(x, self.grid.dtype, FLOAT_DTYPES)
         return self._forward(x, self.precision)
 
     def _forward(self, x, precision):
