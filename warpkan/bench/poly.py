@@ -140,7 +140,7 @@ LEGEND = {
 
 @register("poly", LEGEND)
 def run(device: str = "cuda", quick: bool = False) -> list[dict]:
-    from ..torch_bridge.poly_ops import choose_strategy
+    from ..torch_bridge.poly_ops import AUTO_STRATEGY
 
     rows = []
     for n_rows, n_in, n_out, degree in QUICK_CASES if quick else FULL_CASES:
@@ -151,9 +151,8 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
         impls = {**LAYER_IMPLS, **TENSOR_CORE_IMPLS} if device.startswith("cuda") else LAYER_IMPLS
         factories = {name: (lambda b=builder: b(n_in, n_out, degree)) for name, builder in impls.items()}
         case_rows = _rows_for(case, factories, x, n_out, flops, device, quick, TARGET_MS.get((n_rows, n_in, n_out, degree)))
-        picked = choose_strategy(n_rows, n_in, degree + 1, n_out, device.startswith("cuda"))
         for row in case_rows:
-            if row["impl"].startswith("warpkan") and row["impl"].endswith(picked):  # the fp32 rows
+            if row["impl"].startswith("warpkan") and row["impl"].endswith(AUTO_STRATEGY):  # the fp32 rows
                 row["impl"] += " (auto)"
         rows += case_rows
 
