@@ -70,7 +70,7 @@ def best_ms(steps, rounds, repeat):
 
 
 def table(title, cases, make, auto_of, rounds, repeat):
-    print(f"\n{title}\n| rows | in | out | D/G | stencil ms | gemm ms | faster | auto (current rule) |")
+    print(f"\n{title}\n| rows | in | out | D/G | stencil ms | gemm ms | faster | auto picks |")
     print("|---:|---:|---:|---:|---:|---:|:---|:---|")
     for case in cases:
         stencil, gemm = best_ms([step_fn(make(case, s), case[0]) for s in ("stencil", "gemm")], rounds, repeat)
@@ -93,7 +93,7 @@ def main():
           f"{args.rounds} alternating rounds of {args.repeat} steps' median)")
     for mode in ("lut", "exact") if "poly" in args.family else ():
         table(f"PolyKANLinear (chebyshev, mode={mode!r})", POLY_CASES, lambda c, s: poly_layer(c, s, mode),
-              lambda c: poly_ops.choose_strategy(c[0], c[1], c[3] + 1, c[2], is_cuda=False), args.rounds, args.repeat)
+              lambda c: poly_ops.AUTO_STRATEGY, args.rounds, args.repeat)
     if "bspline" in args.family:
         table("KANLinear (spline_order=3, SiLU base)", BSPLINE_CASES, bspline_layer,
               lambda c: bspline_ops.choose_strategy(c[0], c[1], c[2], c[3] + 3, tiled_stencil=False), args.rounds,
