@@ -75,8 +75,9 @@ def table(title, cases, make, auto_of, rounds, repeat):
     for case in cases:
         stencil, gemm = best_ms([step_fn(make(case, s), case[0]) for s in ("stencil", "gemm")], rounds, repeat)
         faster = "gemm" if gemm < stencil else "stencil"
-        print(f"| {' | '.join(map(str, case))} | {stencil:.3f} | {gemm:.3f} | {faster} ({max(stencil, gemm) / min(stencil, gemm):.1f}x) "
-              f"| {auto_of(case)} |", flush=True)
+        ratio = max(stencil, gemm) / min(stencil, gemm)
+        print(f"| {' | '.join(map(str, case))} | {stencil:.3f} | {gemm:.3f} | {faster} ({ratio:.1f}x) | {auto_of(case)} |",
+              flush=True)
 
 
 def main():

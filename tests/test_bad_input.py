@@ -456,7 +456,7 @@ def test_torch_layers_refuse_sparse_x_by_name(name, layout):
     layer = _torch_layer(name)
     x = torch.rand(5, 8)
     sparse = x.to_sparse() if layout == "sparse_coo" else x.to_sparse_csr()
-    with pytest.raises(TypeError, match=r"x must be a dense \(strided\) tensor, got layout sparse_c..: .*x\.to_dense\(\)"):
+    with pytest.raises(TypeError, match=r"x must be a dense \(strided\) tensor, got layout sparse_c..: .*to_dense"):
         layer(sparse)
     assert layer(sparse.to_dense()).shape[0] == 5
 

@@ -289,8 +289,8 @@ class KANLinear(Float32Or64Module):
         new_bases = b_splines(x64, grid.double(), k).permute(1, 0, 2)
         solution = refit_coefficients(new_bases, target, "update_grid").to(self.spline_weight.dtype)
         if not bool(torch.isfinite(solution).all()):
-            raise ValueError(f"update_grid: the least-squares refit of spline_weight overflows {self.spline_weight.dtype} "
-                             "for this x; the layer is unchanged")
+            raise ValueError(f"update_grid: the least-squares refit of spline_weight overflows "
+                             f"{self.spline_weight.dtype} for this x; the layer is unchanged")
         self.grid.copy_(grid)
         self.spline_weight.copy_(solution.permute(2, 0, 1))
         self._grid_uniform = kb.grid_is_uniform(grid_host)
