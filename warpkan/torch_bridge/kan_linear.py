@@ -350,16 +350,21 @@ class KANLinear(Float32Or64Module):
 def refit_coefficients(bases: torch.Tensor, target: torch.Tensor, label: str) -> torch.Tensor:
     """The spline coefficients c [in, n_coef, out] that best reproduce ``target`` [in, rows, out] from the bases
     [in, rows, n_coef] in least squares: the refit of a B-spline layer onto new knots (``KANLinear.update_grid``,
-    ``warpkan.interpret.refine``). Solved in float64 on the CPU by LAPACK's SVD-based ``gelsd`` and returned in
-    float64 on the bases' device: where a basis holds no row (a cell of the new knots that the data leave
-    empty) the system is rank-deficient, and gelsd gives the minimum-norm solution (that coefficient 0), not
-    the huge coefficients a QR-based float32 solve (torch's default gelsy) gives there. LAPACK's drivers fail
-    with an internal error on non-finite input: a target that is not finite is a ValueError naming ``label``."""
+    ``warpkan.interpret.refine``), in float64, returned in float64 on the bases' device.
+
+    Where a basis holds no row (a cell of the new knots that the data leave empty) the system is rank-deficient,
+    and the minimum-norm solution is taken (that coefficient 0), not the huge coefficients a QR-based solve in
+    float32 (torch's default gelsy on the CPU) gives there. A float64 QR on the bases' device reduces the system
+    first (``|bases c - target| = |R c - Q^T target|`` up to a constant: the same minimiser, of the same norm),
+    so only [in, n_coef, n_coef + out] go to the CPU, where LAPACK's SVD-based gelsd solves it (torch has no
+    rank-revealing driver on CUDA). LAPACK's drivers fail with an internal error on non-finite input: a target
+    that is not finite is a ValueError naming ``label``."""
     if not bool(torch.isfinite(target).all()):
         raise ValueError(f"{label}: the refit target (the layer's spline on the data) is not finite; the layer is "
                          "unchanged")
-    solution = torch.linalg.lstsq(bases.double().cpu(), target.double().cpu(), driver="gelsd").solution
-    return solution.to(bases.device)
+    q, r = torch.linalg.qr(bases.double())  # reduced: Q [in, rows, m], R [in, m, n_coef], m = min(rows, n_coef)
+    rhs = q.transpose(1, 2) @ target.double()
+    return torch.linalg.lstsq(r.cpu(), rhs.cpu(), driver="gelsd").solution.to(bases.device)
 
 
 def base_activation_module(base_activation, device=None, dtype=None) -> nn.Module | None:
