@@ -50,7 +50,7 @@ HIGHER_ORDER_SUPPORTED = ["KANLinear", "KANLinear-gemm", "UKANLinear", "UKANLine
 REFUSED = [name for name in LAYERS if name not in HIGHER_ORDER_SUPPORTED]
 # the layers that compute in float32/float64 only (the group-rational family and GEGLUFFN take fp16/bf16)
 WIDE_FLOAT_ONLY = ["KANLinear", "UKANLinear", "PolyKANLinear", "ChebyKANLinear"]
-HIGHER_ORDER = r"higher-order derivatives .* not yet supported by this op.*Warp-native"
+HIGHER_ORDER = r"higher-order derivatives .* not yet supported by this op.*create_graph=True.*jet"
 
 
 def _make(name, device):
@@ -169,13 +169,22 @@ def test_create_graph_through_torch_compile_is_not_silent():
 
 
 # ------------------------------------------------------------------ torch.func transforms
+# name -> (the transform applied to f at x, how the error names it)
 TRANSFORMS = {
-    "vmap": (lambda f, x: torch.func.vmap(f)(x.unsqueeze(0).expand(2, *x.shape)), r"torch\.func\.vmap.*leading"),
-    "grad": (lambda f, x: torch.func.grad(lambda t: f(t).sum())(x), r"torch\.func\.grad"),
-    "jacrev": (lambda f, x: torch.func.jacrev(f)(x), r"torch\.func\.(grad|vjp|jacrev)"),
-    "jvp": (lambda f, x: torch.func.jvp(f, (x,), (torch.ones_like(x),)), r"torch\.func\.jvp"),
-    "jacfwd": (lambda f, x: torch.func.jacfwd(f)(x), r"torch\.func\.(jvp|jacfwd)"),
+    "vmap": (lambda f, x: torch.func.vmap(f)(x.unsqueeze(0).expand(2, *x.shape)), r"torch\.func\.vmap is.*leading"),
+    "grad": (lambda f, x: torch.func.grad(lambda t: f(t).sum())(x), r"torch\.func\.grad is"),
+    "grad_and_value": (lambda f, x: torch.func.grad_and_value(lambda t: f(t).sum())(x),
+                       r"torch\.func\.grad_and_value is"),
+    "vjp": (lambda f, x: torch.func.vjp(f, x), r"torch\.func\.vjp is"),
+    "jacrev": (lambda f, x: torch.func.jacrev(f)(x), r"torch\.func\.jacrev is"),
+    "jvp": (lambda f, x: torch.func.jvp(f, (x,), (torch.ones_like(x),)), r"torch\.func\.jvp is"),
+    "jacfwd": (lambda f, x: torch.func.jacfwd(f)(x), r"torch\.func\.jacfwd is"),
+    "hessian": (lambda f, x: torch.func.hessian(lambda t: f(t).sum())(x), r"torch\.func\.hessian \(jacfwd of jacrev\) is"),
+    "vmap-of-grad": (lambda f, x: torch.func.vmap(torch.func.grad(lambda t: f(t).sum()))(x.unsqueeze(0)),
+                     r"torch\.func\.vmap of torch\.func\.grad is"),
 }
+# the transforms of derivatives, whose error points to the torch routes that give them
+DERIVATIVE_TRANSFORMS = ["grad", "vjp", "jacrev", "jvp", "jacfwd", "hessian"]
 
 
 @pytest.mark.parametrize("transform", list(TRANSFORMS))
@@ -186,8 +195,20 @@ def test_functorch_transforms_refused(name, transform):
     layer, n_in, _, label = _make(name, "cpu")
     run, names = TRANSFORMS[transform]
     x = _x(n_in, "cpu", requires_grad=False)
-    with pytest.raises(NotImplementedError, match=label + ".*" + names):
+    with pytest.raises(NotImplementedError, match=label + r"[^:]*: " + names):
         run(layer, x)
+
+
+@pytest.mark.parametrize("transform", DERIVATIVE_TRANSFORMS)
+def test_derivative_transform_error_points_to_the_torch_routes(transform):
+    """The refusal of a derivative transform names what gives those derivatives through the layers in torch
+    (autograd with create_graph=True, Taylor mode), not a Warp-native detour."""
+    run, _ = TRANSFORMS[transform]
+    with pytest.raises(NotImplementedError) as caught:
+        run(KANLinear(3, 1), _x(3, "cpu", requires_grad=False))
+    message = str(caught.value)
+    assert "create_graph=True" in message and "warpkan.torch_bridge.jet" in message
+    assert "Warp-native" not in message
 
 
 def test_vmap_error_suggests_the_leading_dimensions():

@@ -426,3 +426,80 @@ def test_identity_init_needs_a_numerator_of_degree_one(make):
     """F(x) = x cannot be a constant numerator: refused by name instead of a tensor-size error."""
     with pytest.raises(ValueError, match=r"init='identity'.*m >= 1"):
         make()
+
+
+# ----------------------------------------------------------------------------- the torch layers' inputs
+# name -> arguments of a small layer (in_features 8), and the dtypes it can be built in
+TORCH_INPUT_LAYERS = {
+    "KANLinear": (dict(in_features=8, out_features=3), "float32/64"),
+    "UKANLinear": (dict(in_features=8, out_features=3), "float32/64"),
+    "PolyKANLinear": (dict(in_features=8, out_features=3, degree=3), "float32/64"),
+    "ChebyKANLinear": (dict(in_features=8, out_features=3, degree=3), "float32/64"),
+    "GroupRational": (dict(num_features=8, num_groups=2), "any float"),
+    "GRKANLinear": (dict(in_features=8, out_features=3, num_groups=2), "any float"),
+    "KATMLP": (dict(in_features=8, num_groups=2), "any float"),
+    "GEGLUFFN": (dict(hidden=8, intermediate=16), "any float"),
+}
+
+
+def _torch_layer(name):
+    tb = pytest.importorskip("warpkan.torch_bridge")
+    return getattr(tb, name)(**TORCH_INPUT_LAYERS[name][0])
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta state")
+@pytest.mark.parametrize("layout", ["sparse_coo", "sparse_csr"])
+@pytest.mark.parametrize("name", list(TORCH_INPUT_LAYERS))
+def test_torch_layers_refuse_sparse_x_by_name(name, layout):
+    """A sparse x used to fail inside torch ("unsupported memory format option Contiguous")."""
+    torch = pytest.importorskip("torch")
+    layer = _torch_layer(name)
+    x = torch.rand(5, 8)
+    sparse = x.to_sparse() if layout == "sparse_coo" else x.to_sparse_csr()
+    with pytest.raises(TypeError, match=r"x must be a dense \(strided\) tensor, got layout sparse_c..: .*to_dense"):
+        layer(sparse)
+    assert layer(sparse.to_dense()).shape[0] == 5
+
+
+@pytest.mark.parametrize("name", [name for name in TORCH_INPUT_LAYERS if name != "GroupRational"])
+def test_torch_layers_name_x_for_a_dtype_of_its_own(name):
+    """An x whose dtype is not the layer's gets a TypeError naming x and both dtypes, and saying how to make
+    them agree: convert x, or the layer where it takes x's dtype (a float64 x and a float32 layer were told to
+    use autocast, or failed in torch's matmul naming mat1 and mat2, or named GEGLUFFN's w_o). GroupRational
+    alone takes x of every float dtype whatever its coefficients' (it computes in float32, or float64)."""
+    torch = pytest.importorskip("torch")
+    layer = _torch_layer(name)
+    with pytest.raises(TypeError, match=r"x must have the layer's dtype torch\.float32, got torch\.float64: convert x "
+                                        r"\(x\.float\(\)\) or the layer \(layer\.double\(\)\)$"):
+        layer(torch.rand(5, 8, dtype=torch.float64))
+    with pytest.raises(TypeError, match=r"x must have the layer's dtype torch\.float32, got torch\.int64: convert x "
+                                        r"\(x\.float\(\)\)$"):
+        layer(torch.ones(5, 8, dtype=torch.int64))
+    # a 16-bit x: the layers that take 16-bit parameters say so, the float32/64 ones point to autocast
+    half = r"or the layer \(layer\.half\(\)\)$" if TORCH_INPUT_LAYERS[name][1] == "any float" else r"torch\.autocast"
+    with pytest.raises(TypeError, match=r"x must have the layer's dtype torch\.float32, got torch\.float16: .*" + half):
+        layer(torch.rand(5, 8, dtype=torch.float16))
+    assert layer(torch.rand(5, 8)).shape[0] == 5
+
+
+@pytest.mark.parametrize("name", list(TORCH_INPUT_LAYERS))
+def test_torch_layers_take_x_of_another_dtype_under_autocast(name):
+    """Under autocast an x of another dtype than the layer's is legitimate: cast, not refused. (GroupRational
+    returns x's dtype; float64, which autocast does not cast, is left to the layers' own rules.)"""
+    torch = pytest.importorskip("torch")
+    layer = _torch_layer(name)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            expected = dtype if name == "GroupRational" else torch.bfloat16
+            assert layer(torch.rand(5, 8, dtype=dtype)).dtype == expected, dtype
+
+
+@pytest.mark.parametrize("name", list(TORCH_INPUT_LAYERS))
+@pytest.mark.parametrize("dtype", ["int32", "bool", "complex64"])
+def test_torch_layers_refuse_non_floating_dtype_by_name(name, dtype):
+    """GroupRational(dtype=torch.int32) used to fail in torch ("Only Tensors of floating point ... can require
+    gradients"); every layer refuses a dtype it cannot compute in, by name."""
+    torch = pytest.importorskip("torch")
+    tb = pytest.importorskip("warpkan.torch_bridge")
+    with pytest.raises(TypeError, match="dtype must be"):
+        getattr(tb, name)(**TORCH_INPUT_LAYERS[name][0], dtype=getattr(torch, dtype))

@@ -57,19 +57,31 @@ def test_precompile_cuda_compiles_tiled_modules(capsys):
 GPU_ONLY_COLUMN_WORDS = ("HBM", "peak FLOP", "SIMT", "TB_s", "TB/s", "graphed", "peak_MiB", "memory", "target")
 
 
+# the columns that name a row rather than measure it
+IDENTIFYING_COLUMNS = ("case", "impl", "model")
+
+
 def _check_cpu_results(rows: list[dict], markdown: str) -> None:
     """A CPU run's rows hold what was measured there: positive times, the backward timed wherever a step is,
-    no empty values and no GPU-only columns."""
+    no empty values, no GPU-only columns, no tensor-core (tf32 / bf16 GEMM) rows, FLOP rates in GFLOP/s (in
+    TFLOP/s they read 0.000826); below the table, a legend line for every column that measures something."""
     for row in rows:
         for key, value in row.items():
             assert value is not None, (key, row)
-            assert not any(word in key for word in GPU_ONLY_COLUMN_WORDS), (key, row)
+            assert not any(word in key for word in GPU_ONLY_COLUMN_WORDS + ("TFLOP",)), (key, row)
             if key.endswith("_ms"):
                 assert isinstance(value, float) and value > 0, (key, row)
         if "total_ms" in row and "fwd_ms" in row:
             assert "bwd_ms" in row, row
+        assert not {"tf32", "bf16"} & set(row.get("impl", "").split()), row
     header = markdown.split("\n")[2]
     assert not any(word in header for word in GPU_ONLY_COLUMN_WORDS), header
+    columns = [column.strip() for column in header.strip("|").split("|")]
+    for column in columns:
+        if column not in IDENTIFYING_COLUMNS:
+            assert f"\n- {column}: " in markdown, f"the legend does not explain {column!r}"
+    if "total_ms" in columns and "bwd_ms" in columns:  # why total_ms can be less than fwd_ms + bwd_ms
+        assert "timed apart" in markdown
 
 
 def test_bench_quick_writes_json_and_markdown(tmp_path, capsys):
@@ -115,8 +127,11 @@ def test_every_benchmark_family_runs_quick_on_cpu(tmp_path, family):
 
 def test_demo_trains_and_writes_png(tmp_path, capsys):
     assert main(["demo", "--device", "cpu", "--steps", "600", "--out", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    assert "| KAN [2, 5, 1]" in out and "| MLP" in out
+    captured = capsys.readouterr()
+    assert "| KAN [2, 5, 1]" in captured.out and "| MLP" in captured.out
+    # the progress bars name each model whole (not cut at its first comma: "KAN [2:")
+    for name in ("KAN [2, 5, 1], G=8, k=3", "UKAN [2, 5, 1], h=0.25, k=3", "MLP [2, 12, 12, 1], SiLU"):
+        assert f"{name}: 100%" in captured.err, name
     assert os.path.getsize(tmp_path / "demo_surfaces.png") > 10_000
 
 

@@ -97,6 +97,93 @@ def test_update_grid_refuses_without_two_finite_rows_and_keeps_the_layer():
     assert layer._grid_uniform
 
 
+def _snapshot(layer):
+    """The layer's parameters, buffers and grid path, copied (to check a refused call left them bitwise equal)."""
+    return {key: value.detach().clone() for key, value in layer.state_dict().items()}, layer._grid_uniform
+
+
+def _assert_unchanged(layer, snapshot):
+    state, uniform = snapshot
+    for key, value in layer.state_dict().items():
+        assert torch.equal(value, state[key]) or (value.isnan() == state[key].isnan()).all() and torch.equal(
+            value.nan_to_num(), state[key].nan_to_num()), key  # bitwise, NaN included
+    assert layer._grid_uniform == uniform
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_update_grid_refuses_non_finite_spline_weight_and_keeps_the_layer(bad, dtype):
+    """One NaN in spline_weight used to reach torch.linalg.lstsq, where LAPACK printed "Parameter 6 was incorrect
+    on entry to SGELSY" and torch raised an INTERNAL ASSERT. There is no spline to preserve: refused by name."""
+    layer = KANLinear(3, 2, grid_size=5, dtype=dtype)
+    with torch.no_grad():
+        layer.spline_weight[1, 0, 2] = bad
+    snapshot = _snapshot(layer)
+    with pytest.raises(ValueError, match="update_grid: spline_weight holds NaN or Inf"):
+        layer.update_grid(torch.rand(64, 3, dtype=dtype))
+    _assert_unchanged(layer, snapshot)
+
+
+def test_refit_refuses_a_non_finite_target_by_name():
+    """The shared least-squares refit (update_grid, interpret.refine) never hands LAPACK a non-finite system."""
+    from warpkan.torch_bridge.kan_linear import refit_coefficients
+
+    bases, target = torch.rand(2, 10, 4), torch.rand(2, 10, 3)
+    target[1, 3, 0] = float("nan")
+    with pytest.raises(ValueError, match="refine: the refit target"):
+        refit_coefficients(bases, target, "refine")
+
+
+def _train_multiplication(seed, base_activation, steps, rows, max_iter):
+    """efficient-kan's test_mul: a [2, 2, 1] KAN learns (u + v) / (1 + u v) with LBFGS (lr 1), its grids refitted
+    to each layer's input at every closure of every 20th step. LBFGS at lr 1 diverges for some seeds (so does
+    efficient-kan's own layer): every update_grid either refits or is refused by name with the layer unchanged.
+    Returns the number of refusals."""
+    torch.manual_seed(seed)
+    layers = [KANLinear(2, 2, base_activation=base_activation), KANLinear(2, 1, base_activation=base_activation)]
+    net = torch.nn.Sequential(*layers)
+    optimizer = torch.optim.LBFGS(net.parameters(), lr=1, max_iter=max_iter)
+    refusals = 0
+    for step in range(steps):
+        def closure():
+            nonlocal refusals
+            optimizer.zero_grad()
+            x = torch.rand(rows, 2)
+            if step % 20 == 0:
+                h = x
+                for layer in layers:
+                    snapshot = _snapshot(layer)
+                    try:
+                        layer.update_grid(h)
+                    except ValueError:  # anything else fails the test
+                        refusals += 1
+                        _assert_unchanged(layer, snapshot)
+                    h = layer(h)
+            y = net(x)
+            u, v = x[:, 0], x[:, 1]
+            loss = torch.nn.functional.mse_loss(y.squeeze(-1), (u + v) / (1 + u * v))
+            reg_loss = sum(layer.regularization_loss(1, 0) for layer in layers)
+            (loss + 1e-5 * reg_loss).backward()
+            return loss + reg_loss
+
+        optimizer.step(closure)
+    return refusals
+
+
+def test_update_grid_in_efficient_kans_multiplication_loop():
+    """efficient-kan's test_mul loop over seeds and both of its base activations: update_grid used to die in
+    LAPACK (an INTERNAL ASSERT from torch.linalg.lstsq) once the training had diverged."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny GEMMs: threads only wait on each other (30x slower on 2 busy cores)
+    try:
+        refusals = {(seed, activation.__name__): _train_multiplication(seed, activation, steps=21, rows=128,
+                                                                       max_iter=10)
+                    for activation in (torch.nn.Identity, torch.nn.SiLU) for seed in range(8)}
+    finally:
+        torch.set_num_threads(threads)
+    assert any(refusals.values()), refusals  # the loop reaches the diverged layers this test is about
+
+
 # ------------------------------------------------------------------------------------ 2. grid ranges and knots
 BAD_RANGES = [(1.0, -1.0), (0.5, 0.5), (float("nan"), 1.0), (0.0, float("inf")), (-float("inf"), 0.0),
               (0.0,), (-1.0, 0.0, 1.0), "ab", 3.0]

@@ -200,7 +200,7 @@ def test_gemm_strategy_forward_and_grads(device, dtype):
 
 
 def test_gemm_strategy_matches_stencil(device, monkeypatch):
-    from warpkan.torch_bridge import edge_driver, poly_ops
+    from warpkan.torch_bridge import edge_driver
 
     monkeypatch.setattr(edge_driver, "GEMM_CHUNK_BYTES", 5 * 13 * 9 * 8)  # 5 rows a chunk: the row loop runs
     x, coeffs, bias = _inputs(device, torch.float64, 23, 13, 7, 8, seed=12)
@@ -211,12 +211,34 @@ def test_gemm_strategy_matches_stencil(device, monkeypatch):
             outs.append((y, *torch.autograd.grad(y, (x, coeffs, bias), torch.ones_like(y))))
         for a, b in zip(*outs):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
-    # the switch measured on the H200 (CUDA-graphed fwd+bwd): the GEMM strategy from 2^27 forward FLOPs
-    assert poly_ops.choose_strategy(4096, 512, 9, 512) == "gemm"
-    assert poly_ops.choose_strategy(32, 512, 25, 1024) == "gemm"
-    assert poly_ops.choose_strategy(64, 256, 16, 512) == "gemm"
-    assert poly_ops.choose_strategy(128, 40, 9, 256) == "stencil"
-    assert poly_ops.choose_strategy(128, 40, 9, 256, is_cuda=True) == "gemm"  # GPU time: gemm at every shape
+
+
+def _strategies_run(monkeypatch, module) -> list:
+    """The names of the edge driver's strategy entry points that ``module`` calls from now on, in order."""
+    ran = []
+    for name in ("gemm_forward", "gemm_backward", "edge_forward", "edge_backward"):
+        def spy(*args, real=getattr(module, name), name=name, **kwargs):
+            ran.append(name)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, spy)
+    return ran
+
+
+@pytest.mark.parametrize("shape", [(1024, 32, 64, 8), (64, 16, 32, 8)], ids=str)
+def test_auto_strategy_is_gemm_on_the_cpu(monkeypatch, shape):
+    """strategy="auto" took the stencil kernels on the CPU below 2^27 forward FLOPs, where they are 3-9x slower
+    than the gemm strategy (scripts/cpu_strategy.py); on CUDA it always took gemm. Now gemm everywhere: the
+    driver runs the gemm strategy forward and backward."""
+    from warpkan.torch_bridge import poly_ops
+
+    ran = _strategies_run(monkeypatch, poly_ops)
+    n_rows, n_in, n_out, degree = shape
+    layer = PolyKANLinear(n_in, n_out, degree)
+    assert layer.strategy == "auto" and layer.coeffs.device.type == "cpu"
+    layer(torch.rand(n_rows, n_in, requires_grad=True)).sum().backward()
+    assert ran == ["gemm_forward", "gemm_backward"]
+    assert poly_ops.AUTO_STRATEGY == "gemm"  # the one rule, CUDA's unchanged
 
 
 @pytest.mark.parametrize("precision,unit_roundoff", [("bf16", 2.0**-9), ("tf32", 2.0**-10)])

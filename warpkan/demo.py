@@ -49,7 +49,7 @@ def run_demo(device: str = "cpu", steps: int = 1500, out_dir: str = "demo-output
         opt = torch.optim.Adam(model.parameters(), lr=0.01)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
         start = time.perf_counter()
-        bar = tqdm(range(steps), desc=name.split(",")[0], unit="step")
+        bar = tqdm(range(steps), desc=name, unit="step")
         for step in bar:
             opt.zero_grad(set_to_none=True)
             loss = torch.nn.functional.mse_loss(model(train_x), train_y)

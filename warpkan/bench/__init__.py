@@ -4,7 +4,8 @@ A family registers a function with :func:`register`; it returns a list of result
 runner writes ``<out>/<family>.json`` and ``<out>/<family>.md`` (a markdown table of the rows), and
 ``<out>/<family>.png`` where the family also registers a plot with :func:`register_plot`, matplotlib is
 installed and the rows hold what the plot draws. A row holds what was measured: keys whose value is None
-are left out, and the columns that compare with GPU ceilings appear in CUDA runs only.
+are left out, and the columns that compare with GPU ceilings appear in CUDA runs only. Below each table a
+legend says what its columns mean (:data:`COMMON_LEGEND` and the family's own, given to :func:`register`).
 Timing helpers live in :mod:`warpkan.bench.timing`. Torch is imported by the family modules, not here.
 """
 
@@ -16,7 +17,7 @@ import os
 import platform
 from typing import Callable
 
-__all__ = ["register", "register_plot", "families", "run", "markdown_table"]
+__all__ = ["register", "register_plot", "families", "run", "markdown_table", "COMMON_LEGEND"]
 
 # family name -> module that registers it (imported lazily so `warpkan bench` starts fast)
 _FAMILY_MODULES = {
@@ -31,11 +32,27 @@ _FAMILY_MODULES = {
 }
 _REGISTRY: dict[str, Callable] = {}
 _PLOTS: dict[str, Callable] = {}
+_LEGENDS: dict[str, dict] = {}
+
+# column -> what it means, for the columns most families share (a family's own legend may say more)
+COMMON_LEGEND = {
+    "fwd_ms": "the forward pass alone (no autograd graph), median ms per call",
+    "bwd_ms": "the backward pass alone (replayed from one forward's retained graph), median ms per call",
+    "total_ms": "one training step (forward and backward) timed as a whole, median ms; fwd_ms and bwd_ms are "
+                "timed apart, each call with its own host overhead, so total_ms need not equal their sum and can "
+                "be less",
+    "peak_MiB": "peak memory a training step allocates above what was allocated before it (CUDA only)",
+    "note": "why a row has no measurement, or what to know about it",
+}
 
 
-def register(family: str):
+def register(family: str, legend: dict | None = None):
+    """Register ``fn(device, quick) -> rows`` as ``family``'s benchmark; ``legend``: {column: meaning} of the
+    columns its rows add to (or mean otherwise than) :data:`COMMON_LEGEND`."""
+
     def wrap(fn):
         _REGISTRY[family] = fn
+        _LEGENDS[family] = {**COMMON_LEGEND, **(legend or {})}
         return fn
 
     return wrap
@@ -63,7 +80,9 @@ def _load(family: str) -> Callable:
     return _REGISTRY[family]
 
 
-def markdown_table(rows: list[dict]) -> str:
+def markdown_table(rows: list[dict], legend: dict | None = None) -> str:
+    """The rows as a markdown table, every key a column; then, from ``legend`` ({column: meaning}), one line
+    for each of its columns that the table has."""
     if not rows:
         return "(no rows)\n"
     columns: list[str] = []
@@ -84,6 +103,9 @@ def markdown_table(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
         lines.append("| " + " | ".join(fmt(row.get(c)) for c in columns) + " |")
+    explained = [f"- {column}: {legend[column]}" for column in columns if legend and column in legend]
+    if explained:
+        lines += ["", *explained]
     return "\n".join(lines) + "\n"
 
 
@@ -98,7 +120,7 @@ def run(family_names: list[str] | None, device: str, quick: bool, out_dir: str) 
         os.makedirs(out_dir, exist_ok=True)
         with open(os.path.join(out_dir, f"{family}.json"), "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=2)
-        table = markdown_table(rows)
+        table = markdown_table(rows, _LEGENDS.get(family))
         with open(os.path.join(out_dir, f"{family}.md"), "w") as f:
             f.write(f"# {family} ({meta.get('device_name', device)})\n\n{table}")
         print(f"\n## {family} on {meta.get('device_name', device)}\n\n{table}", flush=True)

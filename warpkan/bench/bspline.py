@@ -13,7 +13,7 @@ import contextlib
 import torch
 
 from . import register, register_plot
-from .timing import HARDWARE, backward_only, peak_memory, time_fn, training_step
+from .timing import HARDWARE, backward_only, flop_rate, peak_memory, time_fn, training_step
 
 # (N, in, out, grid_size, order): the cases the peers were measured at, then the grid-size-independence extremes
 FULL_CASES = [
@@ -140,7 +140,7 @@ def _setting_rows(case, x, n_in, n_out, grid_size, order, device, quick):
                 total = times["total_ms"]
                 flops = _flops(impl, x.shape[0], n_in, n_out, grid_size + order)
                 if flops:
-                    row["TFLOP/s"] = flops / (total * 1e-3) / 1e12
+                    row.update(flop_rate(flops, total, device))
                     row["% peak FLOP/s"] = 100 * flops / (total * 1e-3) / peak_flops
                 results.append(row)
                 del layer
@@ -155,7 +155,22 @@ def _setting_rows(case, x, n_in, n_out, grid_size, order, device, quick):
     return rows
 
 
-@register("bspline")
+_FLOPS = ("multiply-add FLOPs of the step's three dense GEMMs (warpkan gemm: over the dense basis, in (G + k + 1) "
+          "wide; nn.Linear: over x) per total_ms; none for the stencil strategy, which has no dense count")
+LEGEND = {
+    "setting": "the float32 matmul setting or autocast the row ran under (nn.Linear under the same)",
+    "GB/s (min traffic)": "the least a step must move (x, y, dy and dx once, each parameter read and its "
+                          "gradient written once) per total_ms",
+    "x nn.Linear": "total_ms over that of nn.Linear of the same (N, in, out) (and setting)",
+    "GFLOP/s": _FLOPS, "TFLOP/s": _FLOPS,
+    "% peak FLOP/s": "the FLOP rate as a share of the GPU's peak for the setting's GEMMs",
+    "% HBM": "GB/s (min traffic) as a share of the GPU's memory bandwidth",
+    "memory target met": "peak_MiB <= 2 x nn.Linear's + 256 MiB",
+    "speed-up of warpkan": "the peer's total_ms over warpkan's (auto): above 1, warpkan is faster",
+}
+
+
+@register("bspline", LEGEND)
 def run(device: str = "cuda", quick: bool = False) -> list[dict]:
     rows = []
     for n_rows, n_in, n_out, grid_size, order in QUICK_CASES if quick else FULL_CASES:
@@ -183,7 +198,7 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
                 row["GB/s (min traffic)"] = bytes_moved / (total * 1e-3) / 1e9
                 flops = _flops(impl, n_rows, n_in, n_out, grid_size + order)
                 if flops:
-                    row["TFLOP/s"] = flops / (total * 1e-3) / 1e12
+                    row.update(flop_rate(flops, total, device))
                 if device.startswith("cuda"):  # fractions of the GPU's ceilings
                     if flops:
                         row["% peak FLOP/s"] = 100 * flops / (total * 1e-3) / HARDWARE["fp32_simt_flops"]

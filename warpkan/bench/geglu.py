@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from . import register
-from .timing import HARDWARE, backward_only, graphed, peak_memory, time_fn
+from .timing import HARDWARE, backward_only, flop_rate, graphed, peak_memory, time_fn
 
 FULL_SHAPE = (4096, 12288)
 FULL_BATCHES = [4, 8, 16, 32, 64, 128, 1024, 8192]
@@ -89,7 +89,23 @@ def _graphed(fn, x):
     return graphed(call)
 
 
-@register("geglu")
+_FWD_FLOPS = "the forward's 2 N x (weight elements) FLOPs per fwd_ms"
+LEGEND = {
+    "total_ms": "one forward + backward timed as a whole, median ms; fwd_ms and bwd_ms are timed apart, each "
+                "call with its own host overhead, so total_ms need not equal their sum and can be less",
+    "fwd_weight_GB_s": "the weights' bytes (w_uv and w_o, read once) per fwd_ms: the weight-streaming bandwidth",
+    "pct_of_read_probe": "fwd_weight_GB_s as a share of the read probe's (a Warp kernel that only reads the "
+                         "weights, in the same run)",
+    "pct_of_copy_4.3TB_s": "fwd_weight_GB_s as a share of the H100 / H200 device-to-device copy rate, low end",
+    "pct_of_copy_4.8TB_s": "fwd_weight_GB_s as a share of the best copy rate measured on the H200",
+    "fwd_speedup_vs_baseline": "the torch baseline's fwd_ms over this row's (graphed rows: against the graphed "
+                               "baseline): above 1, faster than the baseline",
+    "total_speedup_vs_baseline": "the torch baseline's total_ms over this row's",
+    "fwd GFLOP/s": _FWD_FLOPS, "fwd TFLOP/s": _FWD_FLOPS,
+}
+
+
+@register("geglu", LEGEND)
 def run(device: str = "cuda", quick: bool = False) -> list[dict]:
     from ..torch_bridge import GEGLUFFN
 
@@ -165,7 +181,7 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
                 "fwd_weight_GB_s": bandwidth / 1e9,
                 "pct_of_read_probe": 100 * bandwidth / probe_rate,
                 **copy_rate_columns(bandwidth),
-                "fwd_TFLOP_s": 2 * batch * weight_bytes / dtype.itemsize / (fwd * 1e-3) / 1e12,
+                **flop_rate(2 * batch * weight_bytes / dtype.itemsize, fwd, device, prefix="fwd "),
                 "peak_MiB": peak,
             })
     return rows

@@ -447,7 +447,30 @@ def _targets(rows: list[dict]) -> list[tuple[dict, list[dict]]]:
     return out
 
 
-@register("models")
+LEGEND = {
+    "first_step_s": "wall time of the first training step (compilation included); the all-models row: building "
+                    "or loading every warpkan Warp kernel",
+    "precision": "fp32, or the step under bf16 autocast",
+    "mode": "eager, or torch.compile'd (see the module docstring)",
+    "batch": "samples per step",
+    "params_M": "trainable parameters, millions",
+    "step_ms": "one training step (forward, loss, backward, AdamW step, zero_grad), median ms",
+    "samples/s": "batch / step_ms",
+    "graphs": "the graphs torch.compile made",
+    "graph breaks": "torch.compile's graph breaks",
+    "fastest": "the fastest of the model and implementation's four modes",
+    "Δ logits": "largest difference of the fp32 logits from the warpkan model's with the same parameters, "
+                "relative to its largest logit",
+    "target": "the aim a target row checks (bf16 autocast)",
+    "measured": "the ratio of step times the target compares, and the two rows",
+    "met": "whether the target was met",
+    "GPU kernels ms": "profiled step: time in GPU kernels",
+    "GPU busy %": "profiled step: GPU kernels ms as a share of step_ms (the rest is the host's)",
+    "where the time goes": "profiled step: the kernels or ops that take the time",
+}
+
+
+@register("models", LEGEND)
 def run(device: str = "cuda", quick: bool = False) -> list[dict]:
     settings = QUICK if quick else FULL
     cases = _cases(device, quick)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from . import register
-from .timing import HARDWARE, backward_only, graphed, peak_memory, time_fn, training_step
+from .timing import HARDWARE, backward_only, flop_rate, graphed, peak_memory, time_fn, training_step
 
 # (B, in, out, degree): PolyKAN's three configurations, then a large one
 FULL_CASES = [(128, 40, 256, 8), (64, 256, 512, 15), (32, 512, 1024, 24), (4096, 512, 512, 8)]
@@ -58,14 +58,17 @@ LAYER_IMPLS = {
     "warpkan exact stencil": lambda *a: _warp_layer(*a, "exact", strategy="stencil"),
     "warpkan lut gemm": lambda *a: _warp_layer(*a, "lut", strategy="gemm"),
     "warpkan exact gemm": lambda *a: _warp_layer(*a, "exact", strategy="gemm"),
-    # explicit opt-ins to tensor cores (error bounds in warpkan.torch_bridge.poly_ops); not fp32 rows
-    "warpkan exact gemm tf32": lambda *a: _warp_layer(*a, "exact", strategy="gemm", precision="tf32"),
-    "warpkan lut gemm bf16": lambda *a: _warp_layer(*a, "lut", strategy="gemm", precision="bf16"),
-    "warpkan exact gemm bf16": lambda *a: _warp_layer(*a, "exact", strategy="gemm", precision="bf16"),
     "acos/cos (ChebyKAN, torch) eager": lambda *a: _TorchPolyLayer(*a, "acos"),
     "acos/cos (ChebyKAN, torch) compile": lambda *a: torch.compile(_TorchPolyLayer(*a, "acos")),
     "recurrence+einsum (torch) eager": lambda *a: _TorchPolyLayer(*a, "recurrence"),
     "recurrence+einsum (torch) compile": lambda *a: torch.compile(_TorchPolyLayer(*a, "recurrence")),
+}
+# explicit opt-ins to tensor cores (error bounds in warpkan.torch_bridge.poly_ops): CUDA runs only (on the CPU
+# the bf16 GEMMs are float32 GEMMs of rounded operands and tf32 is float32, rows that measure nothing of theirs)
+TENSOR_CORE_IMPLS = {
+    "warpkan exact gemm tf32": lambda *a: _warp_layer(*a, "exact", strategy="gemm", precision="tf32"),
+    "warpkan lut gemm bf16": lambda *a: _warp_layer(*a, "lut", strategy="gemm", precision="bf16"),
+    "warpkan exact gemm bf16": lambda *a: _warp_layer(*a, "exact", strategy="gemm", precision="bf16"),
 }
 
 
@@ -101,7 +104,7 @@ def _rows_for(case, factories, x, n_out, flops_fwd, device, quick, target=None):
             model = factory().to(device)
             row.update(_measure(model, x, n_out, device, quick))
             # forward + backward is three contractions of the forward's size (y, dx, d coeffs)
-            row["TFLOP/s"] = 3 * flops_fwd / (row["total_ms"] * 1e-3) / 1e12
+            row.update(flop_rate(3 * flops_fwd, row["total_ms"], device))
             if device.startswith("cuda"):
                 row["% fp32 SIMT"] = 100 * row["TFLOP/s"] * 1e12 / HARDWARE["fp32_simt_flops"]
             del model
@@ -123,9 +126,21 @@ def _rows_for(case, factories, x, n_out, flops_fwd, device, quick, target=None):
     return rows
 
 
-@register("poly")
+_FLOPS = "3 x the forward's 2 N in (D + 1) out FLOPs (the contractions of y, dx and dcoeffs) per total_ms"
+LEGEND = {
+    "x best torch": "total_ms over that of the fastest torch form of the same case (eager or compiled): below 1, "
+                    "faster than the best torch",
+    "graphed_total_ms": "total_ms's step captured once in a CUDA graph and replayed: GPU time, no host overhead",
+    "graphed x best torch graphed": "graphed_total_ms over that of the fastest torch form, graphed too",
+    "GFLOP/s": _FLOPS, "TFLOP/s": _FLOPS,
+    "% fp32 SIMT": "TFLOP/s as a share of the GPU's fp32 SIMT peak",
+    "target_ms": "the fwd+bwd time aimed at on the GPU",
+}
+
+
+@register("poly", LEGEND)
 def run(device: str = "cuda", quick: bool = False) -> list[dict]:
-    from ..torch_bridge.poly_ops import choose_strategy
+    from ..torch_bridge.poly_ops import AUTO_STRATEGY
 
     rows = []
     for n_rows, n_in, n_out, degree in QUICK_CASES if quick else FULL_CASES:
@@ -133,11 +148,11 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
         torch.manual_seed(0)
         x = torch.randn(n_rows, n_in, device=device, requires_grad=True)
         flops = 2 * n_rows * n_in * (degree + 1) * n_out
-        factories = {name: (lambda b=builder: b(n_in, n_out, degree)) for name, builder in LAYER_IMPLS.items()}
+        impls = {**LAYER_IMPLS, **TENSOR_CORE_IMPLS} if device.startswith("cuda") else LAYER_IMPLS
+        factories = {name: (lambda b=builder: b(n_in, n_out, degree)) for name, builder in impls.items()}
         case_rows = _rows_for(case, factories, x, n_out, flops, device, quick, TARGET_MS.get((n_rows, n_in, n_out, degree)))
-        picked = choose_strategy(n_rows, n_in, degree + 1, n_out, device.startswith("cuda"))
         for row in case_rows:
-            if row["impl"].startswith("warpkan") and row["impl"].endswith(picked):  # the fp32 rows
+            if row["impl"].startswith("warpkan") and row["impl"].endswith(AUTO_STRATEGY):  # the fp32 rows
                 row["impl"] += " (auto)"
         rows += case_rows
 

@@ -256,6 +256,27 @@ def _second_order_rows(device, quick):
     return rows
 
 
-@register("rational")
+LEGEND = {
+    "total_ms": "activation rows: fwd_ms + bwd_ms; layer rows: one training step timed as a whole, median ms "
+                "(fwd_ms and bwd_ms are timed apart, each call with its own host overhead, so it need not equal "
+                "their sum and can be less)",
+    "fwd GB/s": "x read and y written per fwd_ms",
+    "bwd GB/s": "x and dy read and dx written per bwd_ms",
+    "fwd % copy": "fwd GB/s as a share of a device-to-device copy of x measured in the same run",
+    "bwd % copy": "bwd GB/s as a share of the same copy rate",
+    "% of 4.3 TB/s": "the copy's rate as a share of the H100 / H200 copy rate",
+    "dA MAE vs fp64": "mean |error| of the numerator coefficients' gradient against a float64 reference (dy ~ "
+                      "N(0, 1))",
+    "dB MAE vs fp64": "the same for the denominator coefficients' gradient",
+    "x nn.GELU": "total_ms over nn.GELU's on the same x",
+    "x nn.GELU+Linear": "total_ms over that of nn.GELU + nn.Linear of the same shape",
+    "second_order_ms": "u_x and u_xx by create_graph=True, then the gradients of a loss of them, median ms",
+    "first_order_ms": "forward and backward of a loss of the activation alone, median ms",
+    "second / first order": "second_order_ms over first_order_ms (target: <= 4)",
+    "x warpkan": "second_order_ms over warpkan's",
+}
+
+
+@register("rational", LEGEND)
 def run(device: str = "cuda", quick: bool = False) -> list[dict]:
     return _activation_rows(device, quick) + _layer_rows(device, quick) + _second_order_rows(device, quick)

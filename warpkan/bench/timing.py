@@ -12,7 +12,7 @@ import torch._functorch.config
 # default, which forbids that.
 torch._functorch.config.donated_buffer = False
 
-__all__ = ["time_fn", "peak_memory", "graphed", "training_step", "backward_only", "HARDWARE"]
+__all__ = ["time_fn", "peak_memory", "graphed", "training_step", "backward_only", "flop_rate", "HARDWARE"]
 
 # Ceilings of the H100 / H200 GPUs (measured there with warp-lang 1.19 and torch 2.11 where not the datasheet's):
 # used for the roofline columns of CUDA runs only.
@@ -50,6 +50,14 @@ def time_fn(fn, device: str, warmup: int = 3, repeat: int = 20) -> float:
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
+
+
+def flop_rate(flops: float, ms: float, device: str, prefix: str = "") -> dict:
+    """The column of ``flops`` done in ``ms``: ``{prefix}TFLOP/s`` on CUDA, ``{prefix}GFLOP/s`` on the CPU (whose
+    rates would read 0.000826 in TFLOP/s)."""
+    if device.startswith("cuda"):
+        return {f"{prefix}TFLOP/s": flops / (ms * 1e-3) / 1e12}
+    return {f"{prefix}GFLOP/s": flops / (ms * 1e-3) / 1e9}
 
 
 def peak_memory(fn, device: str) -> float | None:

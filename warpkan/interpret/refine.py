@@ -4,7 +4,7 @@ The new knots interpolate the old ones: with the G + 1 knots of the old grid (th
 side left out) placed at evenly spaced "percentiles" p_j = j / G of [0, 1], the G' + 1 new knots are that
 piecewise-linear map at p = j / G' (a uniform grid stays uniform; a grid that ``update_grid`` fitted to the
 data keeps its density profile); k extension knots follow on each side at the new mean spacing. The spline
-coefficients are then refitted by least squares (``torch.linalg.lstsq``, in float64) so the spline keeps its
+coefficients are then refitted by least squares (the layer's own refit, in float64) so the spline keeps its
 values: at the data when given (pykan's way), else at points that cover every cell of both grids. When every
 old knot is a new knot (G' a multiple of G on a uniform grid, or G' = 2G after ``update_grid``) the old spline
 lies in the new space and is kept exactly, up to rounding. The base weights and scalers are copied.
@@ -18,6 +18,7 @@ from torch import Tensor
 from .. import _checks
 from ..kernels import bspline as kb
 from ..torch_bridge import KANLinear
+from ..torch_bridge.kan_linear import refit_coefficients
 from ..torch_bridge._common import to_warp, warp_stream
 from . import _layers
 
@@ -94,7 +95,7 @@ def _refine_layer(layer: KANLinear, new_grid_size: int, x: Tensor | None) -> KAN
     new_uniform = kb.grid_is_uniform(grid.cpu().numpy())
     target = torch.bmm(_basis(points, old_grid, k, old_uniform),
                        layer.spline_weight.detach().double().permute(1, 2, 0))  # [in, rows, out]: unscaled splines
-    coef = torch.linalg.lstsq(_basis(points, grid, k, new_uniform), target).solution  # [in, G' + k, out]
+    coef = refit_coefficients(_basis(points, grid, k, new_uniform), target, "refine")  # [in, G' + k, out]
     new = _layers.like(layer, layer.in_features, layer.out_features, grid_size=new_grid_size)
     dtype = layer.grid.dtype
     state = {"grid": grid.to(dtype), "base_weight": layer.base_weight.detach(),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 
 import ctypes
+import sys
 import threading
 from collections import OrderedDict
 
@@ -273,11 +274,11 @@ def matmul_precision(precision: str, device: torch.device):
 
 
 # ---------------------------------------------------------------------- what the bridge refuses, and how
-_WARP_NATIVE_HINT = (
-    "For physics-informed training use the Warp-native path (README, 'Warp-native API'): the layers "
-    "warpkan.KANLinear etc. train under wp.Tape, and the warpkan.bspline_funcs / poly_funcs / rational_funcs "
-    "building blocks give a layer's value and d/dx inside your own Warp kernel, which wp.Tape differentiates "
-    "derivative included (examples/pinn_logistic.py, examples/pinn_heat.py)."
+_DERIVATIVES_HINT = (
+    "For a physics-informed loss's derivatives in x, the KAN layers (KANLinear, UKANLinear, PolyKANLinear / "
+    "ChebyKANLinear, GroupRational, GRKANLinear, KATMLP) differentiate in torch: by reverse mode with "
+    "torch.autograd.grad(..., create_graph=True), or by Taylor mode with warpkan.torch_bridge.jet (u and its "
+    "first and second derivatives in one forward pass)."
 )
 
 
@@ -286,7 +287,7 @@ def higher_order_message(label: str) -> str:
         f"{label}: higher-order derivatives (torch.autograd.grad(..., create_graph=True), or backward(create_graph="
         "True)) are not yet supported by this op: its backward kernels are not differentiable, so "
         "the derivative would come back detached from the graph and a term of the result would be silently "
-        f"lost. First-order gradients (create_graph=False) are supported. {_WARP_NATIVE_HINT}"
+        f"lost. First-order gradients (create_graph=False) are supported. {_DERIVATIVES_HINT}"
     )
 
 
@@ -343,32 +344,62 @@ def params_used_by_this_backward(ctx) -> bool:
     return any(inputs_used_by_this_backward(ctx)[1:])
 
 
-# torch.func transform -> (how the user met it, what to do instead)
-_TRANSFORMS = {
-    "Vmap": ("torch.func.vmap", "the layers take x of shape (..., in): put the vmapped dimension into the leading "
-             "dimensions of x instead (layer(x) on x [B, N, in] is the vmap of layer over B)"),
-    "Grad": ("torch.func.grad / vjp / jacrev", "use torch.autograd (loss.backward() or torch.autograd.grad) for "
-             "first-order gradients"),
-    "Jvp": ("torch.func.jvp / jacfwd (forward-mode AD)", "use torch.autograd (reverse mode, torch.autograd.grad) "
-            "for first-order derivatives"),
-    "Functionalize": ("torch.func.functionalize", "call the layer outside the transform"),
+# torch.func interpreter kind -> what to do instead
+_TRANSFORM_ADVICE = {
+    "Vmap": "the layers take x of shape (..., in): put the vmapped dimension into the leading dimensions of x "
+            "instead (layer(x) on x [B, N, in] is the vmap of layer over B)",
+    "Grad": "use torch.autograd (loss.backward() or torch.autograd.grad) for gradients",
+    "Jvp": "use torch.autograd (reverse mode, torch.autograd.grad) for derivatives",
+    "Functionalize": "call the layer outside the transform",
 }
+# the public torch.func transforms, as their entry points are named in torch._functorch
+_TRANSFORM_NAMES = ("grad", "grad_and_value", "vjp", "jacrev", "jvp", "jacfwd", "vmap", "functionalize")
+
+
+def _transforms_in_use() -> list:
+    """The torch.func transforms the running call is inside, outermost first (["jacfwd", "jacrev"] under
+    torch.func.hessian). Read from the Python stack: the interpreter stack tells only each level's kind (grad,
+    vjp and jacrev are all a Grad level)."""
+    found = []
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if "_functorch" in code.co_filename:
+            # an entry point ("vjp") or the wrapper it returns ("jacrev.<locals>.wrapper_fn"), not a helper
+            # nested deeper ("jacfwd.<locals>.wrapper_fn.<locals>.push_jvp")
+            name, _, inner = code.co_qualname.partition(".<locals>.")
+            if name in _TRANSFORM_NAMES and "." not in inner:
+                found.append(name)
+        frame = frame.f_back
+    found.reverse()
+    # jacfwd vmaps its jvp over the basis vectors: that vmap is its own
+    return [t for i, t in enumerate(found) if not (t == "vmap" and i and found[i - 1] == "jacfwd")]
+
+
+def _transform_description(kind: str) -> str:
+    """How the user met the transform: its name ("torch.func.jacrev"), a nesting of them ("torch.func.vmap of
+    torch.func.grad"), torch.func.hessian for its jacfwd of jacrev; by the interpreter kind where the stack
+    names none."""
+    used = _transforms_in_use()
+    if not used:
+        return f"the torch.func transform {kind or '(unknown)'}"
+    named = " of ".join(f"torch.func.{t}" for t in used)
+    return named.replace("torch.func.jacfwd of torch.func.jacrev", "torch.func.hessian (jacfwd of jacrev)")
 
 
 def refuse_transforms(label: str) -> None:
-    """Raise a clear error under a ``torch.func`` transform (vmap, grad, vjp, jacrev, jvp, jacfwd,
-    functionalize): the Warp kernels need tensors with real storage, have no batching rule and no
-    forward-mode formula, so the transforms would otherwise fail deep inside with an internal message. Costs
-    one ``torch._C._are_functorch_transforms_active()`` (~0.1 us) a call."""
+    """Raise a clear error under a ``torch.func`` transform (vmap, grad, vjp, jacrev, jvp, jacfwd, hessian,
+    functionalize), naming the transform used: the Warp kernels need tensors with real storage, have no
+    batching rule and no forward-mode formula, so the transforms would otherwise fail deep inside with an
+    internal message. Costs one ``torch._C._are_functorch_transforms_active()`` (~0.1 us) a call."""
     if torch._C._are_functorch_transforms_active():
         top = torch._C._functorch.peek_interpreter_stack()
         kind = str(top.key()).rsplit(".", 1)[-1] if top is not None else ""
-        name, instead = _TRANSFORMS.get(kind, (f"the torch.func transform {kind or '(unknown)'}",
-                                              "call the layer outside the transform"))
+        instead = _TRANSFORM_ADVICE.get(kind, "call the layer outside the transform")
         raise NotImplementedError(
-            f"{label}: {name} is not supported through the torch bridge (the Warp kernels take plain tensors with "
-            f"storage, and have no batching rule or forward-mode formula); {instead}. "
-            f"{_WARP_NATIVE_HINT if kind in ('Grad', 'Jvp') else ''}".rstrip()
+            f"{label}: {_transform_description(kind)} is not supported through the torch bridge (the Warp kernels "
+            f"take plain tensors with storage, and have no batching rule or forward-mode formula); {instead}. "
+            f"{_DERIVATIVES_HINT if kind in ('Grad', 'Jvp') else ''}".rstrip()
         )
 
 
@@ -548,6 +579,9 @@ def check_tensor(name: str, t, *, ndim_min: int | None = None, ndim: int | None 
                  dtypes: tuple = FLOAT_DTYPES, like: torch.Tensor | None = None) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:  # the kernels read dense storage
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {str(t.layout).replace('torch.', '')}: "
+                        f"convert it with {name}.to_dense()")
     if ndim is not None and t.dim() != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
     if ndim_min is not None and t.dim() < ndim_min:
@@ -600,6 +634,25 @@ LOW_PRECISION_POLICY = (
     "For bf16/fp16 compute use torch.autocast (e.g. `with torch.autocast('cuda', dtype=torch.bfloat16): "
     "y = layer(x)`), under which the layer computes in float32 and returns the autocast dtype."
 )
+
+
+# the Tensor / Module method that converts to each floating dtype
+_CONVERTERS = {torch.float32: "float", torch.float64: "double", torch.float16: "half", torch.bfloat16: "bfloat16"}
+
+
+def check_input_dtype(x: torch.Tensor, dtype: torch.dtype, layer_dtypes: tuple) -> None:
+    """TypeError unless x has the layer's dtype ``dtype`` (outside autocast, where x of any float dtype is cast),
+    saying how to make them agree: convert x, or the layer where it can take x's dtype (``layer_dtypes``), or
+    for a 16-bit x that the layer cannot take, compute under autocast."""
+    if x.dtype == dtype:
+        return
+    hint = f"convert x (x.{_CONVERTERS[dtype]}())"
+    if x.dtype in layer_dtypes:
+        hint += f" or the layer (layer.{_CONVERTERS[x.dtype]}())"
+    elif x.dtype in (torch.float16, torch.bfloat16):
+        hint += (f", or run the layer under torch.autocast(dtype={x.dtype}): it then computes in {dtype} and returns "
+                 f"{x.dtype}")
+    raise TypeError(f"x must have the layer's dtype {dtype}, got {x.dtype}: {hint}")
 
 
 def layer_dtype(dtype) -> torch.dtype:

@@ -48,6 +48,8 @@ __all__ = ["bspline_kan", "bspline_forward", "bspline_backward", "choose_strateg
 # capacity); beyond it the stencil kernels, whose cost does not grow with G, win. Measured on an H200 with
 # `warpkan bench bspline` (fp32, fwd+bwd ms, gemm vs per-thread stencil): (2^17, 32->32, k=3) G=32 1.87 vs
 # 2.25, G=64 3.69 vs 2.30; wide layers with short bases (256->256 G=8, 512->512 G=5) 6-8x faster on gemm.
+# The CPU's switch is at the same place (scripts/cpu_strategy.py, one thread, fwd+bwd ms, gemm vs stencil):
+# (1024, 32->32, k=3) G=45 11.7 vs 13.3, G=64 14.3 vs 12.9; (256, 64->64) G=32 6.1 vs 13.1, G=100 17.9 vs 15.3.
 GEMM_MAX_COEFFICIENTS = 48
 # The same bound where the warp-tiled stencil kernels run (CUDA, G + 3k within their capacity). Their cost
 # grows with N in out (k + 1), the dense basis's with N in out (G + k + 1) at GEMM speed. H200, fp32, kernels

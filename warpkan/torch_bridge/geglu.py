@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from ..kernels.geglu import check_layer_args
-from ._common import autocast_dtype, check_device, check_tensor
+from ._common import autocast_dtype, check_device, check_input_dtype, check_tensor
 from .geglu_ops import DEFAULT_SMALL_BATCH_ROWS, GEGLU_DTYPES, geglu_ffn
 
 __all__ = ["GEGLUFFN"]
@@ -129,6 +129,8 @@ class GEGLUFFN(nn.Module):
         if cast is not None:
             x = x.to(cast)
             params = tuple(p.to(cast) if p is not None else None for p in params)
+        elif isinstance(x, Tensor):
+            check_input_dtype(x, self.w_o.dtype, GEGLU_DTYPES)  # before geglu_ffn, whose message names w_o
         w_uv, w_o, b_uv, b_o = params
         return geglu_ffn(x, w_uv, w_o, b_uv, b_o, self.activation, self.small_batch_rows)
 

@@ -10,7 +10,8 @@ from torch import nn
 
 from ..kernels import bspline as kb
 from ..reference.bspline import b_splines
-from ._common import Float32Or64Module, autocast_dtype, check_device, check_tensor, layer_dtype
+from ._common import (FLOAT_DTYPES, Float32Or64Module, autocast_dtype, check_device, check_input_dtype, check_tensor,
+                      layer_dtype)
 from .bspline_ops import STRATEGIES, apply_checked, check_precision
 
 __all__ = ["KANLinear"]
@@ -227,10 +228,7 @@ class KANLinear(Float32Or64Module):
             precision = "bf16" if self.precision == "auto" and cast_to == torch.bfloat16 else self.precision
             with torch.autocast(x.device.type, enabled=False):
                 return self._forward(x.to(self.grid.dtype), precision).to(cast_to)
-        if x.dtype != self.grid.dtype:
-            raise TypeError(
-                f"x must have the layer's dtype {self.grid.dtype} (use autocast for bf16/fp16), got {x.dtype}"
-            )
+        check_input_dtype(x, self.grid.dtype, FLOAT_DTYPES)
         return self._forward(x, self.precision)
 
     def _forward(self, x, precision):
@@ -255,20 +253,26 @@ class KANLinear(Float32Or64Module):
         ``spline_scaler`` is applied once (efficient-kan applies it twice here).
 
         Rows of x holding NaN or Inf are left out of the refit. ValueError, with the layer unchanged, when
-        fewer than 2 rows are left, or when the refit would not give finite, strictly increasing knots and
-        finite weights (a data range that overflows the dtype; ``margin=0`` with a constant input)."""
+        ``spline_weight`` is not finite (a diverged training run: there is no spline to preserve), when fewer
+        than 2 rows are left, or when the refit would not give finite, strictly increasing knots and finite
+        weights (a data range that overflows the dtype; ``margin=0`` with a constant input). The refit is
+        solved in float64 (:func:`refit_coefficients`) and cast back to the layer's dtype."""
         check_tensor("x", x, ndim_min=1, last_dim=self.in_features, dtypes=())
         margin = float(margin)
         if not (math.isfinite(margin) and margin >= 0):
             raise ValueError(f"margin must be a finite number >= 0, got {margin!r}")
+        if not bool(torch.isfinite(self.spline_weight).all()):
+            raise ValueError("update_grid: spline_weight holds NaN or Inf (has the training diverged?), so there is "
+                             "no spline to refit; the layer is unchanged")
         x = x.reshape(-1, self.in_features).to(self.grid.dtype)
         x = x[torch.isfinite(x).all(dim=1)]
         if x.shape[0] < 2:
             raise ValueError(f"update_grid needs at least 2 rows of finite values (rows with NaN or Inf are left "
                              f"out), got {x.shape[0]}")
         k, G = self.spline_order, self.grid_size
-        bases = b_splines(x, self.grid, k).permute(1, 0, 2)  # [in, batch, G + k]
-        target = torch.bmm(bases, self.spline_weight.permute(1, 2, 0))  # [in, batch, out], unscaled spline
+        x64 = x.double()
+        bases = b_splines(x64, self.grid.double(), k).permute(1, 0, 2)  # [in, batch, G + k]
+        target = torch.bmm(bases, self.spline_weight.double().permute(1, 2, 0))  # [in, batch, out], unscaled spline
         x_sorted = torch.sort(x, dim=0)[0]
         batch = x.shape[0]
         grid_adaptive = x_sorted[torch.linspace(0, batch - 1, G + 1, dtype=torch.int64, device=x.device)]
@@ -282,10 +286,11 @@ class KANLinear(Float32Or64Module):
         grid_host = grid.cpu().numpy()
         kb.check_grid(grid_host, "the refitted grid (is x's range within the dtype, and margin > 0 for a "
                                  "constant input?)")
-        new_bases = b_splines(x, grid, k).permute(1, 0, 2)
-        solution = torch.linalg.lstsq(new_bases, target).solution  # [in, G + k, out]
+        new_bases = b_splines(x64, grid.double(), k).permute(1, 0, 2)
+        solution = refit_coefficients(new_bases, target, "update_grid").to(self.spline_weight.dtype)
         if not bool(torch.isfinite(solution).all()):
-            raise ValueError("update_grid: the least-squares refit of spline_weight is not finite for this x")
+            raise ValueError(f"update_grid: the least-squares refit of spline_weight overflows "
+                             f"{self.spline_weight.dtype} for this x; the layer is unchanged")
         self.grid.copy_(grid)
         self.spline_weight.copy_(solution.permute(2, 0, 1))
         self._grid_uniform = kb.grid_is_uniform(grid_host)
@@ -340,6 +345,26 @@ class KANLinear(Float32Or64Module):
             f"uniform_grid={self._grid_uniform}, deterministic={self.deterministic}, strategy={self.strategy!r}, "
             f"precision={self.precision!r}"
         )
+
+
+def refit_coefficients(bases: torch.Tensor, target: torch.Tensor, label: str) -> torch.Tensor:
+    """The spline coefficients c [in, n_coef, out] that best reproduce ``target`` [in, rows, out] from the bases
+    [in, rows, n_coef] in least squares: the refit of a B-spline layer onto new knots (``KANLinear.update_grid``,
+    ``warpkan.interpret.refine``), in float64, returned in float64 on the bases' device.
+
+    Where a basis holds no row (a cell of the new knots that the data leave empty) the system is rank-deficient,
+    and the minimum-norm solution is taken (that coefficient 0), not the huge coefficients a QR-based solve in
+    float32 (torch's default gelsy on the CPU) gives there. A float64 QR on the bases' device reduces the system
+    first (``|bases c - target| = |R c - Q^T target|`` up to a constant: the same minimiser, of the same norm),
+    so only [in, n_coef, n_coef + out] go to the CPU, where LAPACK's SVD-based gelsd solves it (torch has no
+    rank-revealing driver on CUDA). LAPACK's drivers fail with an internal error on non-finite input: a target
+    that is not finite is a ValueError naming ``label``."""
+    if not bool(torch.isfinite(target).all()):
+        raise ValueError(f"{label}: the refit target (the layer's spline on the data) is not finite; the layer is "
+                         "unchanged")
+    q, r = torch.linalg.qr(bases.double())  # reduced: Q [in, rows, m], R [in, m, n_coef], m = min(rows, n_coef)
+    rhs = q.transpose(1, 2) @ target.double()
+    return torch.linalg.lstsq(r.cpu(), rhs.cpu(), driver="gelsd").solution.to(bases.device)
 
 
 def base_activation_module(base_activation, device=None, dtype=None) -> nn.Module | None:

@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 from ..kernels import poly as kp
-from ._common import Float32Or64Module, autocast_dtype, check_device, check_tensor, layer_dtype, on_rows
+from ._common import (FLOAT_DTYPES, Float32Or64Module, autocast_dtype, check_device, check_input_dtype, check_tensor,
+                      layer_dtype, on_rows)
 from .kan_linear import init_public, layout_parameter
 from .poly_ops import PRECISIONS, STRATEGIES, poly_apply
 
@@ -38,7 +39,7 @@ class PolyKANLinear(Float32Or64Module):
 
     ``strategy``: ``"stencil"`` (the edge engine's kernels: warp-tiled on CUDA where the degree fits, per-thread
     elsewhere; their backward adds by atomics on CUDA), ``"gemm"`` (the engine writes the dense basis and cuBLAS
-    contracts it) or ``"auto"`` (gemm on CUDA, else by FLOP count: ``warpkan.torch_bridge.poly_ops.choose_strategy``).
+    contracts it) or ``"auto"`` (gemm, the faster on every device: ``warpkan.torch_bridge.poly_ops.AUTO_STRATEGY``).
     ``precision`` is the gemm strategy's, with KANLinear's rule (``warpkan.torch_bridge.edge_driver``): "auto"
     follows bf16 autocast and torch's float32 matmul setting, "fp32", "tf32" and "bf16" force one (tf32 and bf16
     for float32 layers only); the stencil kernels ignore it.
@@ -137,8 +138,7 @@ class PolyKANLinear(Float32Or64Module):
         if cast_to is not None:
             with torch.autocast(x.device.type, enabled=False):
                 return self._forward(x.to(self.coeffs.dtype)).to(cast_to)
-        if x.dtype != self.coeffs.dtype:
-            raise TypeError(f"x must have the layer's dtype {self.coeffs.dtype} (use autocast for bf16/fp16), got {x.dtype}")
+        check_input_dtype(x, self.coeffs.dtype, FLOAT_DTYPES)
         return self._forward(x)
 
     def _forward(self, x):

@@ -12,8 +12,8 @@ has their description, the ``precision`` rule of the gemm strategy and its error
 - ``gemm``: the engine writes the transposed dense basis of a chunk of rows and cuBLAS contracts it with the
   coefficient table itself ([in (D + 1), out] as it lies: no copy in fp32).
 
-``auto`` takes the gemm strategy on CUDA, and off CUDA picks by the forward's FLOP count
-(:func:`choose_strategy`). The bias is added by the forward's last op and its gradient is ``dy.sum(0)``.
+``auto`` takes the gemm strategy, on every device (measurements at :data:`AUTO_STRATEGY`). The bias is added by
+the forward's last op and its gradient is ``dy.sum(0)``.
 
 Host overhead. A small layer is bound by the host. Eager calls go through :class:`_EagerPoly`, an
 ``autograd.Function`` on the op's own implementation, instead of the custom-op dispatch (about 50 us less a
@@ -36,29 +36,24 @@ from ._common import (check_tensor, contiguous, eager_function, first_order_back
 from .edge_driver import (PRECISIONS, STRATEGIES, EdgeSpec, check_precision, check_strategy, differentiable_backward,
                           edge_backward, edge_forward, gemm_backward, gemm_forward, resolve_precision)
 
-__all__ = ["poly_kan", "poly_forward", "poly_backward", "choose_strategy", "BF16_ERROR_BOUND", "STRATEGIES",
+__all__ = ["poly_kan", "poly_forward", "poly_backward", "AUTO_STRATEGY", "BF16_ERROR_BOUND", "STRATEGIES",
            "PRECISIONS"]
 
 BF16_ERROR_BOUND = "(2**-8 + K * 2**-24) * (|A| @ |B|) for a contraction A @ B of length K"
-# Forward FLOPs (2 N in (D + 1) out) from which "auto" takes the gemm strategy off CUDA. On CUDA "auto" always
-# takes it: replayed from a CUDA graph (GPU time alone) it was the faster strategy at every PolyKAN configuration
-# (H100, `warpkan bench poly`, fwd+bwd: 0.035 against 0.24 ms at (128, 40, 256, 8), 0.076 against 1.9 at
-# (64, 256, 512, 15)): the engine's tiled kernels give a warp 32 rows, too few blocks for small batches, and
-# their records grow with the degree. Eager, the smallest layer is bound by the host either way (0.32-0.55 ms).
-GEMM_MIN_FLOPS = 2**27
+# The strategy "auto" resolves to, on every device and at every shape: it was the faster one wherever measured.
+# CUDA: replayed from a CUDA graph (GPU time alone), at every PolyKAN configuration (H100, `warpkan bench poly`,
+# fwd+bwd: 0.035 against 0.24 ms at (128, 40, 256, 8), 0.076 against 1.9 at (64, 256, 512, 15)): the engine's
+# tiled kernels give a warp 32 rows, too few blocks for small batches, and their records grow with the degree.
+# Eager, the smallest layer is bound by the host either way (0.32-0.55 ms). CPU: 2.7-30x faster at every shape of
+# scripts/cpu_strategy.py (one thread, fwd+bwd, LUT mode: (16, 8->8, D=3) 0.17 against 0.45 ms, (64, 16->32,
+# D=8) 0.32 against 1.6, (1024, 32->64, D=8) 7.0 against 63, (64, 256->512, D=15) 19 against 371; exact mode and
+# float64 alike): the per-thread stencil kernels evaluate every edge's D + 1 bases on one thread, where the
+# GEMMs run in MKL, faster still on more threads.
+AUTO_STRATEGY = "gemm"
 
 
-def choose_strategy(n_rows: int, n_in: int, n_basis: int, n_out: int, is_cuda: bool = False) -> str:
-    """The strategy "auto" resolves to for a shape (on CUDA: always "gemm")."""
-    if is_cuda:
-        return "gemm"
-    return "gemm" if 2 * n_rows * n_in * n_basis * n_out >= GEMM_MIN_FLOPS else "stencil"
-
-
-def _resolve(strategy: str, x: Tensor, coeffs: Tensor) -> str:
-    if strategy == "auto":
-        return choose_strategy(x.shape[0], x.shape[1], coeffs.shape[1], coeffs.shape[2], x.is_cuda)
-    return strategy
+def _resolve(strategy: str) -> str:
+    return AUTO_STRATEGY if strategy == "auto" else strategy
 
 
 def _scalar(x) -> str:
@@ -148,7 +143,7 @@ def _forward_impl(x, coeffs, bias, basis, lut_size, alpha, beta, strategy, preci
     x, coeffs = x.contiguous(), contiguous(coeffs)
     bias = bias.contiguous() if bias is not None else None
     engine = _engine_args(x, coeffs, basis, lut_size, alpha, beta)
-    if _resolve(strategy, x, coeffs) == "gemm":
+    if _resolve(strategy) == "gemm":
         return gemm_forward(*engine, x, None, None, coeffs, False, resolve_precision(precision, x.dtype, x.device),
                             bias=bias)
     ones = _unit_scaler(x, x.shape[1], coeffs.shape[2])
@@ -185,7 +180,7 @@ def _backward_impl(dy, x, coeffs, basis, lut_size, alpha, beta, strategy, need_x
     if not (need_x or need_coeffs):
         return empty, empty, d_bias
     engine = _engine_args(x, coeffs, basis, lut_size, alpha, beta)
-    if _resolve(strategy, x, coeffs) == "gemm":
+    if _resolve(strategy) == "gemm":
         dx, _, _, d_coeffs = gemm_backward(*engine, dy, x, None, None, coeffs, False,
                                            resolve_precision(precision, x.dtype, x.device), need_x, need_coeffs)
     else:

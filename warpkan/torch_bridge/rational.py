@@ -9,7 +9,7 @@ from torch import nn
 
 from .. import _checks
 from ..kernels import rational as kr
-from ._common import check_device, check_tensor
+from ._common import autocast_dtype, check_device, check_input_dtype, check_tensor
 from .rational_ops import IO_DTYPES, apply_checked
 
 __all__ = ["GroupRational", "GRKANLinear", "KATMLP"]
@@ -69,6 +69,9 @@ class GroupRational(nn.Module):
         self.init = init
         self.shared_numerator = shared_numerator
         self.deterministic = deterministic
+        if dtype is not None and dtype not in IO_DTYPES:  # e.g. an integer dtype, which cannot require grad
+            names = ", ".join(str(d).replace("torch.", "") for d in IO_DTYPES)
+            raise TypeError(f"dtype must be one of {names} (or None: float32), got {dtype!r}")
         factory = {"device": device, "dtype": dtype or torch.float32}
         rows = 1 if shared_numerator else num_groups
         self.weight_numerator = nn.Parameter(torch.empty(rows, self.order[0] + 1, **factory))
@@ -170,8 +173,11 @@ class GRKANLinear(nn.Module):
                 self.linear.bias.zero_()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """y (..., out_features) = Linear(GroupRational(x)) for x (..., in_features) on the layer's device (see
-        :meth:`GroupRational.forward` for the dtypes)."""
+        """y (..., out_features) = Linear(GroupRational(x)) for x (..., in_features) on the layer's device, of
+        the linear layer's dtype (under autocast, any of those :meth:`GroupRational.forward` takes)."""
+        # the rational returns x's dtype, which nn.Linear would refuse naming its own operands
+        if isinstance(x, torch.Tensor) and autocast_dtype(x.device) is None:
+            check_input_dtype(x, self.linear.weight.dtype, IO_DTYPES)
         return self.linear(self.rational(x))
 
 

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import ukan as ku
-from ._common import (Float32Or64Module, autocast_dtype, check_device, check_tensor, layer_dtype, on_rows,
-                      refuse_transforms, use_registered_op)
+from ._common import (FLOAT_DTYPES, Float32Or64Module, autocast_dtype, check_device, check_input_dtype, check_tensor,
+                      layer_dtype, on_rows, refuse_transforms, use_registered_op)
 from .bspline_ops import STRATEGIES, check_precision
 from .kan_linear import KANLinear, base_activation_module, l1_entropy_loss, base_repr, fuses_base, init_public, layout_parameter
 from .ukan_ops import LABEL, group_range, pairs_of, positional_encoding, range_layer, spline_layer
@@ -293,8 +293,7 @@ class UKANLinear(Float32Or64Module):
             precision = "bf16" if self.precision == "auto" and cast_to == torch.bfloat16 else self.precision
             with torch.autocast(x.device.type, enabled=False):
                 return self._forward(x.to(dtype), precision).to(cast_to)
-        if x.dtype != dtype:
-            raise TypeError(f"x must have the layer's dtype {dtype} (use autocast for bf16/fp16), got {x.dtype}")
+        check_input_dtype(x, dtype, FLOAT_DTYPES)
         return self._forward(x, self.precision)
 
     def __getstate__(self):
