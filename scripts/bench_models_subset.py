@@ -1,0 +1,27 @@
+"""`warpkan bench models` restricted to what fits one GPU call: bf16 autocast only and the modes named on the
+command line (default: eager and graphed), every model and implementation, targets and profiles of the missed
+ones as the full run makes them.
+
+    python scripts/bench_models_subset.py [--modes eager graphed reduce-overhead] [--models MNIST Speech ...]
+"""
+import argparse
+import json
+
+from warpkan.bench import markdown_table
+from warpkan.bench import models as bm
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--modes", nargs="*", default=["eager", "graphed"])
+parser.add_argument("--models", nargs="*", default=None, help="name prefixes of the models to keep")
+parser.add_argument("--out", default=None)
+args = parser.parse_args()
+bm.PRECISIONS = ("bf16 autocast",)
+bm.MODES = tuple(args.modes)
+all_cases = bm._cases
+bm._cases = lambda device, quick: [c for c in all_cases(device, quick)
+                                   if args.models is None or any(c.name.startswith(m) for m in args.models)]
+rows = bm.run("cuda", quick=False)
+print(markdown_table(rows))
+if args.out:
+    with open(args.out, "w") as f:
+        json.dump(rows, f, indent=1, default=str)

@@ -1,0 +1,102 @@
+"""Host cost of an eager training step per layer class at (1024, 32->32) against nn.Linear (and a cProfile of
+each with the backward on the calling thread: --prof), the public-layout table copies of the B-spline layer at
+long grids (regress), and whole-model bf16 steps eager and whole-step graphed (models). On the GPU machine:
+
+    python scripts/host_cost.py host [regress] [models] [--prof]
+"""
+import cProfile, io, pstats, statistics, sys, time
+import torch
+from torch.nn import functional as F
+from warpkan.bench.timing import time_fn, training_step, graphed
+from warpkan.torch_bridge import KANLinear, UKANLinear, PolyKANLinear, GRKANLinear, capture_step
+
+dev = "cuda"
+
+
+def make(name):
+    return {"nn.Linear": lambda: torch.nn.Linear(32, 32), "KANLinear": lambda: KANLinear(32, 32),
+            "UKANLinear": lambda: UKANLinear(32, 32, table_groups=8), "PolyKANLinear": lambda: PolyKANLinear(32, 32, 8),
+            "GRKANLinear": lambda: GRKANLinear(32, 32)}[name]().to(dev)
+
+
+def host():
+    base = None
+    for name in ["nn.Linear", "KANLinear", "UKANLinear", "PolyKANLinear", "GRKANLinear"]:
+        layer = make(name)
+        x = torch.randn(1024, 32, device=dev, requires_grad=True)
+        dy = torch.randn(1024, 32, device=dev)
+        step = training_step(layer, x, dy)
+        res = {}
+        for mt in (True, False):
+            with torch.autograd.set_multithreading_enabled(mt):
+                for _ in range(30): step()
+                torch.cuda.synchronize()
+                ts = []
+                for _ in range(7):
+                    t0 = time.perf_counter()
+                    for _ in range(100): step()
+                    torch.cuda.synchronize()
+                    ts.append((time.perf_counter() - t0) * 10)
+                res[mt] = statistics.median(ts)
+        g = time_fn(graphed(step), dev, warmup=3, repeat=50)
+        if base is None: base = res
+        print(f"HOST {name:14s} eager {res[True]:.3f} ms ({res[True]/base[True]:.2f}x Linear)  backward on the caller's thread "
+              f"{res[False]:.3f} ({res[False]/base[False]:.2f}x)  graphed {g:.4f}", flush=True)
+        if "--prof" in sys.argv and name != "nn.Linear":
+            with torch.autograd.set_multithreading_enabled(False):
+                pr = cProfile.Profile(); pr.enable()
+                for _ in range(300): step()
+                torch.cuda.synchronize(); pr.disable()
+            s = io.StringIO(); pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(16)
+            print("\n".join(l for l in s.getvalue().splitlines() if l.strip())[-2600:], flush=True)
+
+
+def regress():
+    for g in (2**14, 2**16, 2**18):
+        for contiguous in (True, False):
+            torch.manual_seed(0)
+            layer = KANLinear(32, 32, g, 3, contiguous_parameters=contiguous).to(dev)
+            x = (torch.rand(2**17, 32, device=dev) * 2 - 1).requires_grad_(True)
+            dy = torch.randn(2**17, 32, device=dev)
+            ms = time_fn(training_step(layer, x, dy), dev, warmup=3, repeat=20)
+            print(f"TABLE G=2^{g.bit_length()-1} contiguous_parameters={contiguous}: fwd+bwd {ms:.3f} ms", flush=True)
+            del layer, x, dy
+            torch.cuda.empty_cache()
+
+
+def models():
+    from warpkan.models import FeedForward, MLPMixer
+    from warpkan.models import PolyKANNet
+    cases = {
+        "MNIST kan": (lambda: FeedForward((784, 32, 10), "kan"), (128, 784), 10),
+        "MNIST ukan": (lambda: FeedForward((784, 32, 10), "ukan"), (128, 784), 10),
+        "MNIST efficient-kan": (lambda: FeedForward((784, 32, 10), "efficient-kan"), (128, 784), 10),
+        "MNIST mlp": (lambda: FeedForward((784, 32, 10), "mlp"), (128, 784), 10),
+        "Mixer kan": (lambda: MLPMixer(token_mixing="kan"), (128, 3, 32, 32), 10),
+        "Mixer ukan": (lambda: MLPMixer(token_mixing="ukan"), (128, 3, 32, 32), 10),
+        "Mixer mlp": (lambda: MLPMixer(token_mixing="mlp"), (128, 3, 32, 32), 10),
+    }
+    for name, (build, shape, classes) in cases.items():
+        torch.manual_seed(0)
+        model = build().to(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, capturable=True)
+        x = torch.rand(shape, device=dev); labels = torch.randint(0, classes, (shape[0],), device=dev)
+        def step():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = F.cross_entropy(model(x), labels)
+            loss.backward(); opt.step(); opt.zero_grad(set_to_none=False)
+            return loss
+        eager = time_fn(step, dev, warmup=3, repeat=20)
+        replay = capture_step(step)
+        g = time_fn(replay, dev, warmup=3, repeat=20)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            replay(); torch.cuda.synchronize()
+        ev = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+        top = sorted(ev, key=lambda e: -e.self_device_time_total)[:5]
+        print(f"MODEL {name}: eager {eager:.3f} ms, graphed {g:.3f} ms; graphed kernels: " + "; ".join(
+            f"{e.key[:50]} {e.self_device_time_total/1e3:.3f}x{e.count}" for e in top), flush=True)
+
+
+for w in sys.argv[1:]:
+    if not w.startswith("-"):
+        globals()[w]()
