@@ -71,6 +71,13 @@ def _model(name: str, device: str):
     return MODELS[name][0]().to(device)
 
 
+def _sgd(model, lr=1e-2):
+    """SGD with momentum (captures as it is): a parameter's change is proportional to its gradients, so a
+    graphed loop's difference from an eager one measures theirs (Adam's normalised step turns a rounding in
+    a near-zero gradient into a full step)."""
+    return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+
+
 def _optimizer(model, device: str, lr=1e-2):
     return torch.optim.AdamW(model.parameters(), lr=lr, capturable=device == "cuda")
 
@@ -306,15 +313,32 @@ def test_optimizers_that_cannot_replay_are_refused(make, error, match):
 # ------------------------------------------------------------------ whole-step CUDA graphs
 
 
-def _assert_within_spread(got, eager_a, eager_b, names):
+def _assert_within_spread(got, eager_a, eager_b, names, scales, relative):
     """``got`` equals ``eager_a`` within the eager loop's own run-to-run spread (atomics in some backward
-    kernels): 4 times the largest |eager_a - eager_b| of each tensor, plus a few float32 ulps (2^-20) of its
-    largest entry."""
-    for name, g, a, b in zip(names, got, eager_a, eager_b):
+    kernels), 4 times the largest |eager_a - eager_b| of each tensor, plus ``relative`` of its ``scales`` entry:
+    the size of what the steps changed (a graph may run other cuBLAS kernels than the eager calls, whose
+    roundings differ at the precision the step computes in)."""
+    for name, g, a, b, scale in zip(names, got, eager_a, eager_b, scales):
         spread = (a - b).abs().max().item()
-        atol = 4 * spread + 2**-20 * a.abs().max().item()
+        atol = 4 * spread + relative * scale
         difference = (g - a).abs().max().item()
-        assert difference <= atol, f"{name}: graphed differs from eager by {difference:.3g} (spread {spread:.3g})"
+        assert difference <= atol, (f"{name}: graphed differs from eager by {difference:.3g} (spread {spread:.3g}, "
+                                    f"allowed {atol:.3g})")
+
+
+def _fixed_strategy(model):
+    """``model`` with its B-spline and UKAN layers on the gemm strategy: "auto" takes the tiled kernels in an eager
+    step of a small layer and the gemm strategy in a captured one (bspline_ops.choose_strategy), and the
+    comparison with an eager loop is about the capture, not that choice."""
+    for module in model.modules():
+        if isinstance(module, (KANLinear, UKANLinear)):
+            module.strategy = "gemm"
+    return model
+
+
+# the relative difference of a graphed step's updates from the eager loop's, by the precision the step computes
+# in: float32 roundings in another order; bf16 GEMM results rounded once more (2^-8) a layer or two deep
+UPDATE_TOLERANCE = {"fp32": 2.0**-16, "bf16": 2.0**-5}
 
 
 STEPS = 7  # three eager warm-up steps, the capture, three more replays
@@ -337,18 +361,21 @@ def test_graphed_step_trains_as_eager_cuda(name, accumulation_steps, precision, 
     monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda graph: replays.append(1) or replay(graph))
     dtype = torch.bfloat16 if precision == "bf16" else None
     batches = _batches(name, STEPS, "cuda")
-    graphed = _model(name, "cuda")
+    graphed = _fixed_strategy(_model(name, "cuda"))
     start = _parameters(graphed)
-    losses, step = _graphed(graphed, _optimizer(graphed, "cuda"), batches, accumulation_steps, dtype)
+    losses, step = _graphed(graphed, _sgd(graphed), batches, accumulation_steps, dtype)
     assert step.graphed and len(replays) == STEPS - step.warmup
     eager = []
     for _ in range(2):
-        model = _model(name, "cuda")
-        eager.append((model, _hand_written(model, _optimizer(model, "cuda"), batches, accumulation_steps, dtype)))
+        model = _fixed_strategy(_model(name, "cuda"))
+        eager.append((model, _hand_written(model, _sgd(model), batches, accumulation_steps, dtype)))
     (eager_a, losses_a), (eager_b, losses_b) = eager
     names = [n for n, _ in graphed.named_parameters()]
-    _assert_within_spread(list(graphed.parameters()), list(eager_a.parameters()), list(eager_b.parameters()), names)
-    _assert_within_spread([losses], [losses_a], [losses_b], ["losses"])
+    updates = [(a - p0).abs().max().item() for a, p0 in zip(eager_a.parameters(), start)]
+    relative = UPDATE_TOLERANCE[precision]
+    _assert_within_spread(list(graphed.parameters()), list(eager_a.parameters()), list(eager_b.parameters()), names,
+                          updates, relative)
+    _assert_within_spread([losses], [losses_a], [losses_b], ["losses"], [losses_a.abs().max().item()], relative)
     assert any(not torch.equal(p, p0) for p, p0 in zip(graphed.parameters(), start))
 
 
@@ -374,11 +401,14 @@ def test_graphed_step_with_a_learning_rate_schedule_cuda(optimizer):
 
     runs = []
     for train in (_graphed, _hand_written, _hand_written):
-        model = _model(name, "cuda")
+        model = _fixed_strategy(_model(name, "cuda"))
+        start = _parameters(model)
         opt, scheduler = make(model)
         train(model, opt, batches, scheduler=scheduler)
         runs.append(list(model.parameters()))
-    _assert_within_spread(runs[0], runs[1], runs[2], [n for n, _ in model.named_parameters()])
+    updates = [(a - p0).abs().max().item() for a, p0 in zip(runs[1], start)]
+    _assert_within_spread(runs[0], runs[1], runs[2], [n for n, _ in model.named_parameters()], updates,
+                          UPDATE_TOLERANCE["fp32"])
 
 
 @needs_cuda

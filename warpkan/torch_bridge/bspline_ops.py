@@ -34,6 +34,7 @@ from ..kernels import bspline as kb
 from ..kernels.edge import tiled as edge_tiled
 from .edge_driver import (PRECISION_UNIT_ROUNDOFF, PRECISIONS, STRATEGIES, EdgeSpec, check_precision,
                           differentiable_backward, edge_backward, edge_forward, gemm_backward, gemm_forward,
+                          load_gemm_modules,
                           grad_buffers, node_combined_weight, resolve_precision, split_weight_grad)
 from ..kernels._common import IO_SCALAR_NAMES
 from ._common import (TRANSPOSED, WP_DTYPES, RecordedLaunches, autocast_dtype, check_tensor, contiguous,
@@ -118,16 +119,27 @@ def _tiled(x: Tensor, coef: Tensor, spline_order: int) -> bool:
                                                                          x.is_cuda, coef.shape[1])
 
 
-def host_bound(x: Tensor) -> bool:
-    """Whether a call's step waits on the host (see :func:`choose_strategy`): any call but one recorded into a
-    CUDA graph (``capture_step``, ``graphed_training_step``, ``torch.compile(mode="reduce-overhead")``)."""
-    return not (x.is_cuda and torch.cuda.is_current_stream_capturing())
+def resolve_auto(family, tiled: bool, x: Tensor, n_coef: int, n_out: int, precision: str) -> str:
+    """The strategy "auto" takes for a call of a spline family (B-spline, UKAN's range table) on x [N, in]:
+    :func:`choose_strategy` with the call's resolved precision, and host-bound unless the call is recorded
+    into a CUDA graph (``capture_step``, ``graphed_training_step``, ``torch.compile(mode="reduce-overhead")``),
+    where only the GPU time counts; ``tiled``: the warp-tiled stencil kernels apply. Where an eager call takes
+    the stencil kernels and a captured one would take the gemm strategy, the family's gemm module is loaded
+    here: the capture after eager warm-up steps must not load one."""
+    captured = x.is_cuda and torch.cuda.is_current_stream_capturing()
+    strategy = choose_strategy(x.shape[0], x.shape[1], n_out, n_coef, tiled, precision, not captured)
+    if (strategy == "stencil" and not captured and tiled
+            and choose_strategy(x.shape[0], x.shape[1], n_out, n_coef, tiled, precision) == "gemm"):
+        load_gemm_modules(family, precision, x.device)
+    return strategy
 
 
-def _resolve(strategy: str, x: Tensor, coef: Tensor, spline_order: int, precision: str) -> str:
+def _resolve(strategy: str, x: Tensor, coef: Tensor, spline_order: int, uniform: bool, precision: str) -> str:
     if strategy == "auto":
-        return choose_strategy(x.shape[0], x.shape[1], coef.shape[2], coef.shape[1], _tiled(x, coef, spline_order),
-                               resolve_precision(precision, x.dtype, x.device), host_bound(x))
+        tiled = _tiled(x, coef, spline_order)
+        family = kb.family_of(spline_order, uniform, _io_scalar(x)) if tiled else None
+        return resolve_auto(family, tiled, x, coef.shape[1], coef.shape[2],
+                            resolve_precision(precision, x.dtype, x.device))
     return strategy
 
 
@@ -165,7 +177,7 @@ def _forward_impl(
     ``precision`` applies to the gemm strategy (module docstring).
     """
     x, grid = x.contiguous(), grid.contiguous()
-    if _resolve(strategy, x, coef, spline_order, precision) == "gemm":
+    if _resolve(strategy, x, coef, spline_order, uniform, precision) == "gemm":
         # the weight-combining kernel reads the parameters in any strides (no copy of a public-layout table)
         precision = resolve_precision(precision, x.dtype, x.device)
         return _gemm_forward(x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, precision)
@@ -207,7 +219,7 @@ def _backward_impl(
     (a public-layout parameter's gradient is then taken by AccumulateGrad without a copy); the ones not asked
     for come back empty."""
     dy, x, grid = dy.contiguous(), x.contiguous(), grid.contiguous()
-    if _resolve(strategy, x, coef, spline_order, precision) == "gemm":
+    if _resolve(strategy, x, coef, spline_order, uniform, precision) == "gemm":
         precision = resolve_precision(precision, x.dtype, x.device)
         return _gemm_backward(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, need_x,
                               need_params, precision)
@@ -325,7 +337,7 @@ def _stencil_operands(inputs: tuple) -> tuple:
     """The stencil strategy reads the parameters in the kernels' layout: made contiguous once, for the forward
     and the backward pass (the gemm strategy reads them in any strides)."""
     x, grid, base_weight_t, scaler_t, coef, spline_order, *config = inputs
-    if _resolve(config[3], x, coef, spline_order, config[4]) == "gemm":
+    if _resolve(config[3], x, coef, spline_order, config[0], config[4]) == "gemm":
         return inputs
     return (x, grid, contiguous(base_weight_t), contiguous(scaler_t), contiguous(coef), spline_order, *config)
 

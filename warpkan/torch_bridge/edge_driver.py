@@ -39,12 +39,13 @@ for every precision. The input gradient adds the fp32 contraction with dB/dx on 
 """
 
 import torch
+import warp as wp
 from torch import Tensor
 
 from ..kernels.edge import launch as edge
 from ..kernels.edge import tiled as edge_tiled
-from ..kernels.edge.dense import dense_width
-from ._common import (RecordedLaunches, TorchWorkspace, autocast_dtype, matmul_precision, needed_grads,
+from ..kernels.edge.dense import dense_kernels, dense_width
+from ._common import (RecordedLaunches, TorchWorkspace, autocast_dtype, matmul_precision, needed_grads, warp_device,
                       runs_registered_op, to_warp, warp_stream)
 
 __all__ = ["STRATEGIES", "PRECISIONS", "PRECISION_UNIT_ROUNDOFF", "check_strategy", "check_precision",
@@ -262,6 +263,21 @@ _EXPAND, _CONTRACT, _EXPAND_CONTRACT, _COMBINE, _SPLIT = (_recorded(f) for f in 
 def _frame_config(family, make_frame, frame_tensors, frame_config, n_coef, use_base) -> tuple:
     return (("family", family), ("make_frame", make_frame), ("n_frame", len(frame_tensors)),
             ("frame_config", frame_config), ("n_coef", n_coef), ("use_base", use_base))
+
+
+_LOADED_GEMM_MODULES: set = set()
+
+
+def load_gemm_modules(family, precision: str, device: torch.device) -> None:
+    """Load the gemm strategy's Warp module of ``family`` (and the basis dtype of ``precision``) on ``device``,
+    once. An eager call that takes the stencil kernels where a call recorded into a CUDA graph would take the
+    gemm strategy (``choose_strategy``'s host-bound rule) loads it, so that the capture after eager warm-up
+    steps launches kernels that are loaded: a module load inside a stream capture invalidates the capture."""
+    basis = "bfloat16" if precision == "bf16" else family.scalar_name
+    key = (family.key, basis, str(device))
+    if key not in _LOADED_GEMM_MODULES:
+        wp.load_module(dense_kernels(family, basis).module, device=warp_device(device))
+        _LOADED_GEMM_MODULES.add(key)
 
 
 def _gemm_weight(family, base_weight_t, scaler_t, coef, use_base, basis_dtype) -> Tensor:

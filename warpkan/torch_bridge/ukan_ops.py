@@ -41,7 +41,7 @@ from ..kernels import ukan as ku
 from ..kernels.edge.ukan_family import (ukan_family, ukan_frame_of, ukan_pairs_family, ukan_pairs_frame_of,
                                         ukan_table_family, ukan_table_frame_of)
 from ..kernels.edge import tiled as edge_tiled
-from .bspline_ops import choose_strategy, host_bound
+from .bspline_ops import resolve_auto
 from .edge_driver import (EdgeSpec, combined_weight, differentiable_backward, edge_backward, edge_forward,
                           gemm_backward, gemm_forward, node_cached, node_combined_weight, resolve_precision)
 from ._common import (TRANSPOSED, RecordedLaunches, contiguous, eager_function, first_order_backward,
@@ -477,9 +477,8 @@ def _range_route(strategy: str, precision: str, x: Tensor, family, coef: Tensor)
     coefficient table on a uniform grid (a per-feature offset aside), and the gemm strategy's precision rule."""
     precision = resolve_precision(precision, x.dtype, x.device)
     if strategy == "auto":
-        strategy = choose_strategy(x.shape[0], x.shape[1], coef.shape[2], coef.shape[1],
-                                   edge_tiled.tiled_applies(family, x.is_cuda, coef.shape[1]), precision,
-                                   host_bound(x))
+        strategy = resolve_auto(family, edge_tiled.tiled_applies(family, x.is_cuda, coef.shape[1]), x, coef.shape[1],
+                                coef.shape[2], precision)
     return strategy, precision
 
 
