@@ -97,9 +97,10 @@ def test_warpkan_imports_form_a_dag():
     assert cycles(graph) == []
 
 
-def _import_in_order(modules: list) -> subprocess.CompletedProcess:
+def _import_in_order(modules: list, env: dict) -> subprocess.CompletedProcess:
     code = "import importlib\nfor name in %r:\n    importlib.import_module(name)\n" % (modules,)
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
 
 
 def _package_modules(package: str) -> list:
@@ -107,7 +108,7 @@ def _package_modules(package: str) -> list:
 
 
 @pytest.mark.parametrize("package", ["warpkan.kernels.edge", "warpkan.interpret"])
-def test_each_module_imports_first_in_a_fresh_interpreter(package):
+def test_each_module_imports_first_in_a_fresh_interpreter(package, child_env):
     """Each module of the package imported first, the others after it, in a fresh interpreter. (A module of
     ``warpkan.interpret`` imports the package's ``__init__`` first, whatever the module: one order covers it.)"""
     modules = _package_modules(package)
@@ -115,6 +116,6 @@ def test_each_module_imports_first_in_a_fresh_interpreter(package):
     orders = [modules] if package == "warpkan.interpret" else \
         [[first] + [m for m in modules if m != first] for first in modules]
     with ThreadPoolExecutor(max_workers=2) as pool:
-        done = list(pool.map(_import_in_order, orders))
+        done = list(pool.map(lambda order: _import_in_order(order, child_env()), orders))
     for order, result in zip(orders, done):
         assert result.returncode == 0, f"importing {order[0]} first failed:\n{result.stderr[-3000:]}"
