@@ -241,8 +241,9 @@ def _split(d_weight, scaler_t, coef, d_base, d_scaler, d_coef, family, use_base,
                                          record=record)
 
 
-_EXPAND, _CONTRACT, _EXPAND_CONTRACT, _COMBINE, _SPLIT = (keyword_launcher(f) for f in (_expand, _contract, _expand_contract,
-                                                                                   _combine, _split))
+_EXPAND, _CONTRACT, _EXPAND_CONTRACT, _COMBINE, _SPLIT = (keyword_launcher(f) for f in (_expand, _contract,
+                                                                                         _expand_contract, _combine,
+                                                                                         _split))
 
 
 def _frame_config(family, make_frame, frame_tensors, frame_config, n_coef, use_base) -> tuple:
