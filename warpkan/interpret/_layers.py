@@ -1,6 +1,8 @@
-"""What the interpretability tools need to know about each KAN family: which layers they take, how a network is
-laid out as a chain of layers, how to build a smaller layer of the same class from a subset of its inputs and
-outputs, and which parameters make up each edge (to zero an edge, or to mask its gradient)."""
+"""What the interpretability tools need to know about each numeric KAN family: which layers they take, how to
+check a chain of layers and rebuild a network from one, how to build a smaller layer of the same class from a
+subset of its inputs and outputs, and which parameters make up each edge (to zero an edge, or to mask its
+gradient). The lowest module of the package: the symbolic layers (``_symbolic_layer``, which also lays a
+network out as a chain of layers) and the edge evaluation build on it."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from torch import nn
 from ..torch_bridge import ChebyKANLinear, GRKANLinear, KANLinear, KATMLP, PolyKANLinear, UKANLinear
 
 EDGE_LAYERS = (KANLinear, UKANLinear, PolyKANLinear, GRKANLinear)
-_SUPPORTED = "KANLinear, UKANLinear, PolyKANLinear, ChebyKANLinear or GRKANLinear"
+SUPPORTED = "KANLinear, UKANLinear, PolyKANLinear, ChebyKANLinear or GRKANLinear"
 
 
 def is_edge_layer(module) -> bool:
@@ -22,7 +24,7 @@ def is_edge_layer(module) -> bool:
 
 def check_edge_layer(name: str, module) -> None:
     if not is_edge_layer(module):
-        raise TypeError(f"{name} must be a {_SUPPORTED} layer (warpkan.torch_bridge), got {type(module).__name__}")
+        raise TypeError(f"{name} must be a {SUPPORTED} layer (warpkan.torch_bridge), got {type(module).__name__}")
 
 
 def layer_dtype_device(layer) -> tuple[torch.dtype, torch.device]:
@@ -38,33 +40,6 @@ def layer_dtype_device(layer) -> tuple[torch.dtype, torch.device]:
 
 
 # ------------------------------------------------------------------------------------------------ networks
-def network_layers(model, name: str = "model") -> list:
-    """The chain of layers of ``model``: one supported layer, an ``nn.Sequential`` of them, a ``KATMLP``, a
-    ``SymbolicKAN``, or a Warp-native layer / ``KANNetwork`` (converted to the torch layer with the same
-    parameters)."""
-    from .symbolic import SymbolicKAN, SymbolicLayer
-
-    if is_edge_layer(model) or isinstance(model, SymbolicLayer):
-        return [model]
-    if isinstance(model, SymbolicKAN):
-        return list(model.layers)
-    if isinstance(model, KATMLP):
-        return [model.fc1, model.fc2]
-    if isinstance(model, nn.Sequential):
-        layers = list(model)
-        for index, layer in enumerate(layers):
-            if not (is_edge_layer(layer) or isinstance(layer, SymbolicLayer)):
-                raise TypeError(f"{name}[{index}] must be a {_SUPPORTED} layer, got {type(layer).__name__}")
-        if not layers:
-            raise ValueError(f"{name} must not be empty")
-        return layers
-    native = from_native(model)
-    if native is not None:
-        return native
-    raise TypeError(f"{name} must be a {_SUPPORTED} layer, an nn.Sequential of them, a KATMLP, a SymbolicKAN or a "
-                    f"Warp-native layer or KANNetwork, got {type(model).__name__}")
-
-
 def check_chain(layers: list, name: str = "model") -> None:
     for index in range(len(layers) - 1):
         n_out, n_in = layers[index].out_features, layers[index + 1].in_features
@@ -82,7 +57,7 @@ def rebuild(model, layers: list):
         return new
     if isinstance(model, nn.Sequential):
         return nn.Sequential(*layers)
-    raise TypeError(f"model must be a {_SUPPORTED} layer, an nn.Sequential of them or a KATMLP, got "
+    raise TypeError(f"model must be a {SUPPORTED} layer, an nn.Sequential of them or a KATMLP, got "
                     f"{type(model).__name__}")
 
 

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from . import _layers
+from ._symbolic_layer import SymbolicLayer, network_layers
 from .edges import edge_points, layer_edge_values
 
 __all__ = ["Importance", "importance", "prune"]
@@ -43,7 +44,7 @@ def importance(model, x: Tensor) -> Importance:
     """pykan's attribution scores of every edge and node of ``model`` over the data ``x`` (..., in): see the
     module docstring. ``model``: a KAN layer, an ``nn.Sequential`` of them, a ``KATMLP``, a ``SymbolicKAN``
     or a Warp-native layer or network. Needs at least 2 samples (the scores are standard deviations)."""
-    layers = _layers.network_layers(model)
+    layers = network_layers(model)
     _layers.check_chain(layers)
     acts = edge_points(layers[0], x, None, 1)
     if acts.shape[0] < 2:
@@ -76,9 +77,7 @@ def prune(model, x: Tensor, node_threshold: float = 1e-2, edge_threshold: float 
     the same classes, smaller; ``model`` is not changed. The network's own inputs and outputs are kept. Every
     surviving edge and per-output bias is copied exactly, so a kept edge computes the same function as before
     and a kept node the same sum over its kept edges."""
-    from .symbolic import SymbolicLayer
-
-    layers = _layers.network_layers(model)
+    layers = network_layers(model)
     for index, layer in enumerate(layers):
         if isinstance(layer, SymbolicLayer) or not _layers.is_edge_layer(layer):
             raise TypeError(f"prune takes a numeric KAN (prune before auto_symbolic); layer {index} is "

@@ -13,7 +13,9 @@ import torch
 from torch import Tensor
 
 from . import _layers
+from ._symbolic_layer import SymbolicLayer, network_layers, numeric_layer
 from .edges import edge_functions, edge_points
+from .importance import importance
 
 __all__ = ["plot_layer", "plot_network"]
 
@@ -23,10 +25,8 @@ _NUMERIC, _SYMBOLIC = (0.0, 0.0, 0.0), (0.85, 0.1, 0.1)
 
 def plot_layer(layer, x: Tensor | None = None, path=None, **options):
     """:func:`plot_network` of a single layer."""
-    from .symbolic import SymbolicLayer
-
     if not (_layers.is_edge_layer(layer) or isinstance(layer, SymbolicLayer)):
-        layers = _layers.network_layers(layer, "layer")
+        layers = network_layers(layer, "layer")
         if len(layers) != 1:
             raise TypeError(f"layer must be a single layer, got a network of {len(layers)} layers (use plot_network)")
     return plot_network(layer, x, path, **options)
@@ -49,10 +49,7 @@ def plot_network(model, x: Tensor | None = None, path=None, *, n: int = 100, bet
     from matplotlib.collections import LineCollection
     from matplotlib.figure import Figure
 
-    from .importance import importance
-    from .symbolic import SymbolicLayer
-
-    layers = _layers.network_layers(model)
+    layers = network_layers(model)
     _layers.check_chain(layers)
     widths = [layers[0].in_features] + [layer.out_features for layer in layers]
     depth = len(layers)
@@ -145,8 +142,6 @@ def _labels(ax, names, count, y, what):
 @torch.no_grad()
 def _ranges_and_alphas(layers, model, x, beta, importance):
     """Per layer: the [in, 2] interval each input's edges are drawn over and the [out, in] opacity."""
-    from .symbolic import SymbolicLayer
-
     def live(layer):
         if isinstance(layer, SymbolicLayer):
             return layer.numeric_live_edges() | ~layer.keep
@@ -155,7 +150,7 @@ def _ranges_and_alphas(layers, model, x, beta, importance):
     if x is None:
         ranges = []
         for index, layer in enumerate(layers):
-            numeric = layer.numeric if isinstance(layer, SymbolicLayer) else layer
+            numeric = numeric_layer(layer)
             bounds = _layers.default_range(numeric)
             if bounds is None:
                 raise ValueError(f"layer {index} ({type(numeric).__name__}) has no bounded domain: pass data x")

@@ -12,6 +12,8 @@ lies in the new space and is kept exactly, up to rounding. The base weights and 
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import Tensor
 
@@ -21,6 +23,8 @@ from ..torch_bridge import KANLinear
 from ..torch_bridge.kan_linear import refit_coefficients
 from ..torch_bridge._common import to_warp, warp_stream
 from . import _layers
+from ._symbolic_layer import network_layers
+from .edges import edge_points
 
 __all__ = ["refine"]
 
@@ -32,20 +36,16 @@ def refine(model, new_grid_size: int, x: Tensor | None = None):
     layers are refined and other layers copied. With data ``x`` (..., in) each layer is refitted on its own
     inputs (the network's activations), else on points covering its grid interval."""
     new_grid_size = _checks.positive_int("new_grid_size", new_grid_size)
-    layers = _layers.network_layers(model)
+    layers = network_layers(model)
     if not any(isinstance(layer, KANLinear) for layer in layers):
         raise TypeError("refine needs KANLinear layers (the only family with a grid to refine)")
     _layers.check_chain(layers)
-    from .edges import edge_points
-
     acts = None if x is None else edge_points(layers[0], x, None, 1)
     refined = []
     for layer in layers:
         if isinstance(layer, KANLinear):
             refined.append(_refine_layer(layer, new_grid_size, acts))
         else:
-            import copy
-
             refined.append(copy.deepcopy(layer))
         if acts is not None:
             acts = layer(acts)

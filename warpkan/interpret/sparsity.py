@@ -32,6 +32,7 @@ from torch import Tensor
 
 from ..torch_bridge import KANLinear
 from . import _layers
+from ._symbolic_layer import SymbolicLayer, network_layers, numeric_layer
 from .edges import edge_points, layer_edge_values
 
 __all__ = ["sparsity_penalty", "REG_METRICS"]
@@ -54,7 +55,7 @@ def sparsity_penalty(model, x: Tensor, lamb_l1: float = 1.0, lamb_entropy: float
     if _layers.is_native(model):
         raise TypeError(f"sparsity_penalty: the Warp-native {type(model).__name__}'s parameters are Warp arrays, "
                         "which no torch gradient reaches; penalise the torch layers (warpkan.torch_bridge)")
-    layers = _layers.network_layers(model)
+    layers = network_layers(model)
     _layers.check_chain(layers)
     weights = {name: _weight(name, value) for name, value in (("lamb_l1", lamb_l1), ("lamb_entropy", lamb_entropy),
                                                                ("lamb_coef", lamb_coef),
@@ -64,9 +65,9 @@ def sparsity_penalty(model, x: Tensor, lamb_l1: float = 1.0, lamb_entropy: float
     coefficients = weights["lamb_coef"] != 0 or weights["lamb_coefdiff"] != 0
     if coefficients:
         for index, layer in enumerate(layers):
-            if not isinstance(_numeric(layer), KANLinear):
+            if not isinstance(numeric_layer(layer), KANLinear):
                 raise ValueError(f"lamb_coef and lamb_coefdiff penalise B-spline coefficients (KANLinear); layer "
-                                 f"{index} is a {type(_numeric(layer)).__name__}: set them to 0")
+                                 f"{index} is a {type(numeric_layer(layer)).__name__}: set them to 0")
     h = edge_points(layers[0], x, None, 1)
     if h.shape[0] < 2:
         raise ValueError(f"sparsity_penalty needs at least 2 samples, got {h.shape[0]}")
@@ -93,13 +94,6 @@ def _weight(name: str, value) -> float:
     return float(value)
 
 
-def _numeric(layer):
-    """The KAN layer holding a layer's numeric edges (a SymbolicLayer's copy, or the layer itself)."""
-    from .symbolic import SymbolicLayer
-
-    return layer.numeric if isinstance(layer, SymbolicLayer) else layer
-
-
 def _spread(values: Tensor) -> Tensor:
     """torch.std over the samples (dim 0) of values less their first sample: the same, but exactly zero, with no
     gradient, for a constant column (a dead node's output), where torch.std's rounded mean would leave a spread
@@ -117,9 +111,7 @@ def _entropy(scale: Tensor, dim: int) -> Tensor:
 def _coefficient_terms(layer, lamb_coef: float, lamb_coefdiff: float) -> Tensor:
     """pykan's coefficient penalties of a B-spline layer: its coefficients [out, in, G + k] (a SymbolicLayer's
     with its fixed edges masked, as its forward uses them), averaged over the outputs and summed."""
-    from .symbolic import SymbolicLayer
-
-    coef = _numeric(layer).spline_weight
+    coef = numeric_layer(layer).spline_weight
     if isinstance(layer, SymbolicLayer):
         coef = coef * layer.keep.to(coef.dtype).unsqueeze(-1)
     return (lamb_coef * coef.abs().mean(0).sum()

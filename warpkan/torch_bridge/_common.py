@@ -154,6 +154,18 @@ class RecordedLaunches:
             self._records.clear()
 
 
+def keyword_launcher(launcher):
+    """``launcher`` with its keyword configuration moved to positions, as :class:`RecordedLaunches` calls it:
+    ``call(*tensors, config, record=False)`` runs ``launcher(*tensors, **dict(config), record=record)``, the
+    configuration a tuple of (name, value) pairs (hashable: part of the record's signature)."""
+    def call(*args, record=False):
+        *tensors, config = args
+        return launcher(*tensors, **dict(config), record=record)
+
+    call.__name__ = launcher.__name__
+    return call
+
+
 # ---------------------------------------------------------- copies between public and kernel layouts
 # A parameter stored contiguously in its public layout ([out, in, G + k], [out, in]) and read by the kernels in
 # theirs ([in, G + k, out], [in, out]) is copied once a step, and its gradient back. Both copies are transposes

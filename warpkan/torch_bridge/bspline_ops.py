@@ -190,6 +190,13 @@ def _bspline_frame(grid):
     return kb.frame_of(grid)
 
 
+def bspline_spec(x: Tensor, grid: Tensor, spline_order: int, uniform: bool, use_base: bool) -> EdgeSpec:
+    """The edge-engine spec of a B-spline layer for x's dtype: its family (order, grid kind), its knots ``grid``
+    [in, G + 2k + 1] as the frame, G + k coefficients an input, and whether the SiLU base rows are fused."""
+    return EdgeSpec(kb.family_of(spline_order, uniform, _io_scalar(x)), _bspline_frame, (grid.contiguous(),), (),
+                    grid.shape[1] - spline_order - 1, use_base)
+
+
 bspline_forward = torch.library.custom_op("warpkan::bspline_forward", _forward_impl, mutates_args=())
 
 
@@ -294,10 +301,8 @@ def _higher_backward(ctx, inputs, dy):
     need_params = any(ctx.needs_input_grad[2:5]) and params_used_by_this_backward(ctx)
     if not (need_x or need_params):
         return (None,) * 11
-    n_coef = coef.shape[1]
-    spec = EdgeSpec(kb.family_of(spline_order, uniform, _io_scalar(x)), _bspline_frame, (grid.contiguous(),), (),
-                    n_coef, use_base)
-    weight = node_combined_weight(ctx, spec[0], base_weight_t, scaler_t, coef, use_base)
+    spec = bspline_spec(x, grid, spline_order, uniform, use_base)
+    weight = node_combined_weight(ctx, spec.family, base_weight_t, scaler_t, coef, use_base)
     dx, d_weight = differentiable_backward(spec, dy, x.contiguous(), weight, need_x, need_params)
     d_base = d_scaler = d_coef = None
     if need_params:

@@ -38,6 +38,8 @@ most K 2^-24 of the sum of magnitudes), plus u |C| under bf16, whose GEMMs round
 for every precision. The input gradient adds the fp32 contraction with dB/dx on top.
 """
 
+from typing import Callable, NamedTuple
+
 import torch
 import warp as wp
 from torch import Tensor
@@ -45,14 +47,15 @@ from torch import Tensor
 from ..kernels.edge import launch as edge
 from ..kernels.edge import tiled as edge_tiled
 from ..kernels.edge.dense import dense_kernels, dense_width
-from ._common import (RecordedLaunches, TorchWorkspace, autocast_dtype, matmul_precision, needed_grads, warp_device,
-                      runs_registered_op, to_warp, warp_stream)
+from ._common import (RecordedLaunches, TorchWorkspace, autocast_dtype, check_tensor, keyword_launcher,
+                      matmul_precision, needed_grads, runs_registered_op, to_warp, warp_device, warp_stream)
 
 __all__ = ["STRATEGIES", "PRECISIONS", "PRECISION_UNIT_ROUNDOFF", "check_strategy", "check_precision",
            "resolve_precision", "edge_forward", "edge_backward", "gemm_forward", "gemm_backward", "expand_basis",
            "EdgeSpec", "combined_weight", "node_cached", "node_combined_weight", "split_weight_grad",
            "differentiable_backward", "grad_buffers", "MAX_X_DERIVATIVE", "dense_basis", "contract_basis",
-           "expand_contract", "edge_dense_basis", "edge_contract_basis", "edge_expand_contract", "spec_of"]
+           "expand_contract", "edge_dense_basis", "edge_contract_basis", "edge_expand_contract", "spec_of",
+           "EdgeView", "check_view_rows"]
 
 STRATEGIES = ("auto", "stencil", "gemm")
 PRECISIONS = ("auto", "fp32", "tf32", "bf16")
@@ -112,18 +115,8 @@ def _tiled_backward(dy, x, *rest, family, make_frame, n_frame, frame_config, use
                                             record=record)
 
 
-def _recorded(launcher):
-    """``launcher`` with its keyword configuration moved to positions, as RecordedLaunches calls it."""
-    def call(*args, record=False):
-        *tensors, config = args
-        return launcher(*tensors, **dict(config), record=record)
-
-    call.__name__ = launcher.__name__
-    return call
-
-
-_TILED_FORWARD = _recorded(_tiled_forward)
-_TILED_BACKWARD = _recorded(_tiled_backward)
+_TILED_FORWARD = keyword_launcher(_tiled_forward)
+_TILED_BACKWARD = keyword_launcher(_tiled_backward)
 
 
 def edge_forward(family, make_frame, frame_tensors: tuple, frame_config: tuple, x: Tensor, base_weight_t: Tensor,
@@ -256,8 +249,9 @@ def _split(d_weight, scaler_t, coef, d_base, d_scaler, d_coef, family, use_base,
                                          record=record)
 
 
-_EXPAND, _CONTRACT, _EXPAND_CONTRACT, _COMBINE, _SPLIT = (_recorded(f) for f in (_expand, _contract, _expand_contract,
-                                                                                   _combine, _split))
+_EXPAND, _CONTRACT, _EXPAND_CONTRACT, _COMBINE, _SPLIT = (keyword_launcher(f) for f in (_expand, _contract,
+                                                                                         _expand_contract, _combine,
+                                                                                         _split))
 
 
 def _frame_config(family, make_frame, frame_tensors, frame_config, n_coef, use_base) -> tuple:
@@ -404,8 +398,37 @@ class EdgeSpec(tuple):
                                      bool(use_base)))
 
     @property
+    def family(self):
+        """The edge family (an ``EdgeFamily``) whose kernels evaluate the bases."""
+        return self[0]
+
+    @property
+    def make_frame(self):
+        """``make_frame(*frame tensors as warp arrays, *frame_config)``: the family's frame value."""
+        return self[1]
+
+    @property
     def frame_tensors(self) -> tuple:
         return self[2]
+
+    @property
+    def frame_config(self) -> tuple:
+        """The frame's arguments after its tensors (plain values)."""
+        return self[3]
+
+    @property
+    def n_coef(self) -> int:
+        """Coefficients (bases) per input."""
+        return self[4]
+
+    @property
+    def use_base(self) -> bool:
+        """Whether the dense basis leads with each input's SiLU row (the fused base path)."""
+        return self[5]
+
+    def launch_config(self) -> tuple:
+        """The spec as the keyword configuration of a recorded launch (``RecordedLaunches``)."""
+        return _frame_config(*self)
 
     def static_key(self) -> str:
         """The spec less its frame tensors as a string, registered (:func:`spec_of`): what a custom-op schema
@@ -434,9 +457,54 @@ def spec_of(static_key: str, frame_tensors) -> EdgeSpec:
     return EdgeSpec(family, make_frame, frame_tensors, frame_config, n_coef, use_base)
 
 
+class EdgeView(NamedTuple):
+    """An edge layer as the edge engine sees it at given rows x [N, in] (what an edge layer's ``edge_view``
+    returns): ``y = A_0(x)^T W (+ bias)``, with A the dense basis of ``spec`` and W the combined weight
+    (:meth:`weight`), plus ``base_activation(x) @ base_weight_t`` where the layer runs its base path in torch.
+
+    Fields: ``spec`` (:class:`EdgeSpec`: the family, its frame, n_coef and whether the dense basis leads with
+    the fused SiLU rows); ``coef`` [in, n_coef, out], the coefficient table the bases multiply (a view of the
+    layer's parameters, or a table made from them by differentiable torch ops); ``base_weight_t`` and
+    ``scaler_t`` [in, out], a scaled family's base weight and spline scaler (None for an unscaled family, whose
+    weight is ``coef`` itself); ``bias`` [out] or None; ``base_activation``, the base path's activation where
+    the layer runs it in torch (one the kernels do not fuse), else None."""
+
+    spec: EdgeSpec
+    coef: Tensor
+    base_weight_t: "Tensor | None"
+    scaler_t: "Tensor | None"
+    bias: "Tensor | None"
+    base_activation: "Callable | None"
+
+    def weight(self, by_kernel: bool = False) -> Tensor:
+        """The combined weight W [width, out]: ``[base_weight_t; coef * scaler_t]`` (its base rows only where
+        the spec fuses the base path), or ``coef`` as [in n_coef, out] for an unscaled family.
+
+        Args:
+            by_kernel: make a scaled family's W by the combine kernel (one launch, its gradient split by the
+                split kernel; eager callers) instead of torch ops (differentiable to any order, traceable).
+
+        Returns:
+            W [width, out] with width = ``dense_width(in, n_coef, use_base)``, in the coefficients' dtype.
+        """
+        if self.scaler_t is None:
+            return self.coef.reshape(-1, self.coef.shape[2])
+        if by_kernel:
+            return _CombinedWeight.apply(self.base_weight_t, self.scaler_t, self.coef, self.spec.family,
+                                         self.spec.use_base)
+        return combined_weight(self.base_weight_t, self.scaler_t, self.coef, self.spec.use_base)
+
+
+def check_view_rows(x, in_features: int, like: Tensor) -> None:
+    """An edge layer's ``edge_view`` argument: rows x [N, in_features] of ``like``'s dtype and device, else a
+    TypeError or ValueError naming ``x``."""
+    check_tensor("x", x, ndim=2, last_dim=in_features, dtypes=(like.dtype,))
+    if x.device != like.device:
+        raise ValueError(f"x must be on the layer's device {like.device}, got {x.device}")
+
+
 def _order_config(spec: EdgeSpec, order: int) -> tuple:
-    family, make_frame, frame_tensors, frame_config, n_coef, use_base = spec
-    return (*_frame_config(family, make_frame, frame_tensors, frame_config, n_coef, use_base), ("order", order))
+    return (*spec.launch_config(), ("order", order))
 
 
 def _check_order(order: int, label: str) -> None:
@@ -469,7 +537,7 @@ def _contract_basis_impl(g: Tensor, x: Tensor, scale: "Tensor | None", order: in
 def _expand_contract_impl(g: Tensor, x: Tensor, scale: "Tensor | None", scale_lo: "Tensor | None", order: int,
                           spec: EdgeSpec, need_basis: bool, need_dx: bool, need_dx_lo: bool) -> tuple:
     _check_order(order + 1 if need_dx else order, "edge layer")
-    n_coef, use_base = spec[4], spec[5]
+    n_coef, use_base = spec.n_coef, spec.use_base
     empty = x.new_empty((0,))
     basis_t = x.new_empty((dense_width(x.shape[1], n_coef, use_base), x.shape[0])) if need_basis else empty
     dx = torch.empty_like(x) if need_dx else empty

@@ -19,8 +19,8 @@ from torch import Tensor
 from ..kernels.edge import launch as edge
 from ..kernels.edge.dense import dense_width
 from ..kernels.edge.jet import MAX_PAIRS
-from ._common import RecordedLaunches, first_order_backward, matmul_precision, runs_registered_op
-from .edge_driver import EdgeSpec, _frame_config, _recorded, spec_of
+from ._common import RecordedLaunches, first_order_backward, keyword_launcher, matmul_precision, runs_registered_op
+from .edge_driver import EdgeSpec, spec_of
 
 __all__ = ["edge_jet", "edge_jet_op", "edge_jet_backward_op", "JET_CHUNK_BYTES", "check_pairs"]
 
@@ -67,18 +67,18 @@ def _expand_contract_jet(z, *rest, family, make_frame, n_frame, frame_config, n_
                                            weight=weight, h=h)
 
 
-_EXPAND_JET, _EXPAND_CONTRACT_JET = _recorded(_expand_jet), _recorded(_expand_contract_jet)
+_EXPAND_JET, _EXPAND_CONTRACT_JET = keyword_launcher(_expand_jet), keyword_launcher(_expand_contract_jet)
 
 
 def _config(spec: EdgeSpec, n_first: int, pairs: tuple, row0: int) -> tuple:
-    return (*_frame_config(*spec), ("n_first", n_first), ("pairs", pairs), ("row0", row0))
+    return (*spec.launch_config(), ("n_first", n_first), ("pairs", pairs), ("row0", row0))
 
 
 def _check(z: Tensor, weight: Tensor, n_first: int, pairs: tuple, spec: EdgeSpec) -> None:
     if z.dim() != 3 or z.shape[0] != 1 + n_first + len(pairs):
         raise ValueError(f"{LABEL}: the input jet must be [1 + {n_first} + {len(pairs)}, N, in], got "
                          f"{tuple(z.shape)}")
-    width = dense_width(z.shape[2], spec[4], spec[5])
+    width = dense_width(z.shape[2], spec.n_coef, spec.use_base)
     if weight.dim() != 2 or weight.shape[0] != width:
         raise ValueError(f"{LABEL}: the weight must be [{width}, out], got {tuple(weight.shape)}")
 

@@ -12,7 +12,8 @@ from ..kernels import bspline as kb
 from ..reference.bspline import b_splines
 from ._common import (FLOAT_DTYPES, Float32Or64Module, autocast_dtype, check_device, check_input_dtype, check_tensor,
                       layer_dtype)
-from .bspline_ops import STRATEGIES, apply_checked, check_precision
+from .bspline_ops import STRATEGIES, apply_checked, bspline_spec, check_precision
+from .edge_driver import EdgeView, check_view_rows
 
 __all__ = ["KANLinear"]
 
@@ -244,6 +245,24 @@ class KANLinear(Float32Or64Module):
         if activation is None or fused:
             return y
         return y + F.linear(activation(x), self.base_weight)
+
+    def edge_view(self, x: torch.Tensor) -> EdgeView:
+        """The layer as the edge engine sees it at the rows ``x``: its B-spline family and knots, the
+        coefficient table, base weight and scaler it combines, and a base activation run in torch (any but the
+        fused SiLU). What Taylor mode and the interpretability tools evaluate the layer's edges with.
+
+        Args:
+            x: rows [N, in] of the layer's dtype and device (the family's kernels follow x's dtype).
+
+        Returns:
+            EdgeView: views of the layer's parameters (gradients reach them): ``coef`` [in, G + k, out] is
+            ``spline_weight`` in the kernels' layout, ``base_weight_t`` and ``scaler_t`` [in, out]; no bias.
+        """
+        check_view_rows(x, self.in_features, self.grid)
+        fused = fuses_base(self.base_activation)
+        spec = bspline_spec(x, self.grid, self.spline_order, self._grid_uniform, fused)
+        return EdgeView(spec, self.spline_weight.permute(1, 2, 0), self.base_weight.t(), self.spline_scaler.t(), None,
+                        None if fused else self.base_activation)
 
     @torch.no_grad()
     def update_grid(self, x: torch.Tensor, margin: float = 0.01):

@@ -8,8 +8,9 @@ from torch import nn
 from ..kernels import poly as kp
 from ._common import (FLOAT_DTYPES, Float32Or64Module, autocast_dtype, check_device, check_input_dtype, check_tensor,
                       layer_dtype, on_rows)
+from .edge_driver import EdgeView, check_view_rows
 from .kan_linear import init_public, layout_parameter
-from .poly_ops import PRECISIONS, STRATEGIES, poly_apply
+from .poly_ops import PRECISIONS, STRATEGIES, basis_spec, derivative_spec, poly_apply
 
 __all__ = ["PolyKANLinear", "ChebyKANLinear"]
 
@@ -149,6 +150,29 @@ class PolyKANLinear(Float32Or64Module):
         return on_rows(x, self.in_features, lambda x2: poly_apply(
             x2, self.coeffs, self.bias, self.basis, lut_size, self.alpha, self.beta, self.strategy, self.precision,
             self.deterministic, layer_layout=True))
+
+    def edge_view(self, x: torch.Tensor, *, exact_derivatives: bool = False) -> EdgeView:
+        """The layer as the edge engine sees it at the rows ``x``: its polynomial family (exact or LUT) and
+        frame, the coefficient table and the bias. What Taylor mode and the interpretability tools evaluate
+        the layer's edges with.
+
+        Args:
+            x: rows [N, in] of the layer's dtype and device (the family's kernels and tables follow x's
+                dtype).
+            exact_derivatives: the spec of the layer's higher-order routes (``create_graph=True``, Taylor
+                mode): in LUT mode the values from the value table and every x-derivative from the basis's
+                exact recurrence, where the forward's spec (False) takes the first derivative from the
+                derivative table. The same spec in exact mode.
+
+        Returns:
+            EdgeView: ``coef`` [in, D + 1, out] is ``coeffs`` in the kernels' layout (a view: gradients reach
+            it), ``bias`` the layer's; no base path or scaler (the weight is ``coef`` itself).
+        """
+        check_view_rows(x, self.in_features, self.coeffs)
+        lut_size = self.lut_size if self.mode == "lut" else 0
+        make_spec = derivative_spec if exact_derivatives else basis_spec
+        spec = make_spec(x, self.basis, lut_size, self.alpha, self.beta, self.degree + 1)
+        return EdgeView(spec, self.coeffs.permute(0, 2, 1), None, None, self.bias, None)
 
     def extra_repr(self) -> str:
         extra = f", alpha={self.alpha}" if kp.BASES[self.basis].uses_alpha else ""

@@ -118,6 +118,13 @@ def basis_spec(x: Tensor, basis: str, lut_size: int, alpha: float, beta: float, 
     return EdgeSpec(*_engine_args_of(x, n_basis, basis, lut_size, alpha, beta), n_basis, False)
 
 
+def derivative_spec(x: Tensor, basis: str, lut_size: int, alpha: float, beta: float, n_basis: int) -> EdgeSpec:
+    """:func:`basis_spec` of the layer's higher-order routes (``create_graph=True``, Taylor mode): in LUT mode
+    the values from the value table and every x-derivative from the exact recurrence
+    (:func:`derivative_engine_args`); exact mode's own spec otherwise."""
+    return EdgeSpec(*derivative_engine_args(x, n_basis, basis, lut_size, alpha, beta), n_basis, False)
+
+
 def _engine_args_of(x, n_basis, basis, lut_size, alpha, beta) -> tuple:
     family = kp.family_of(n_basis, basis, lut_size > 0, _scalar(x))
     if lut_size:
@@ -261,7 +268,7 @@ def _higher_backward(ctx, inputs, dy):
     need_coeffs = ctx.needs_input_grad[1] and params_used_by_this_backward(ctx)
     need_bias = ctx.has_bias and ctx.needs_input_grad[2]
     n_in, n_basis, n_out = coeffs.shape
-    spec = EdgeSpec(*derivative_engine_args(x, n_basis, basis, lut_size, alpha, beta), n_basis, False)
+    spec = derivative_spec(x, basis, lut_size, alpha, beta, n_basis)
     dx, d_weight = differentiable_backward(spec, dy, x.contiguous(), coeffs.reshape(n_in * n_basis, n_out), need_x,
                                            need_coeffs)
     return (dx, d_weight.view(coeffs.shape) if need_coeffs else None, dy.sum(dim=0) if need_bias else None,

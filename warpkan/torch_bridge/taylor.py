@@ -44,9 +44,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..kernels import bspline as kb
-from .edge_driver import EdgeSpec, _CombinedWeight
+from .edge_driver import EdgeView
 from .jet_ops import check_pairs, edge_jet
+from .kan_linear import KANLinear
+from .poly import PolyKANLinear
+from .rational import KATMLP, GroupRational, GRKANLinear
+from .rational_higher import derivative
+from .ukan import UKANLinear
 
 __all__ = ["Jet", "jet", "jet_of", "register_jet_rule", "elementwise_rule"]
 
@@ -271,83 +275,50 @@ def _rows(x: Jet) -> Tensor:
     return x.stack.contiguous()
 
 
-def _kan_linear(layer, x: Jet) -> Jet:
-    from .bspline_ops import _bspline_frame, _io_scalar
+def _edge_layer(x: Jet, z: Tensor, view: EdgeView) -> Jet:
+    """An edge layer's jet from its view at the values (``layer.edge_view``): the edge op on the combined weight
+    (made by the combine kernel; a SiLU base path fused), any other base activation by its own rule and a
+    linear map."""
+    out = x.with_stack(edge_jet(z, view.weight(by_kernel=True), view.bias, x.n_first, x.pairs, view.spec))
+    if view.base_activation is None:
+        return out
+    base = jet_of(view.base_activation, x)
+    return out.with_stack(out.stack + torch.matmul(base.stack, view.base_weight_t))
 
+
+def _kan_linear(layer, x: Jet) -> Jet:
     _check_layer_input("KANLinear", x, layer.grid.dtype, layer.grid.device, layer.in_features)
     z = _rows(x)
-    family = kb.family_of(layer.spline_order, layer._grid_uniform, _io_scalar(z))
-    coef = layer.spline_weight.permute(1, 2, 0)  # [in, n_coef, out]
-    return _scaled_spline(layer, x, z, family, _bspline_frame, (layer.grid.contiguous(),), (), coef)
-
-
-def _scaled_spline(layer, x: Jet, z: Tensor, family, make_frame, frame_tensors, frame_config, coef) -> Jet:
-    """A scaled edge layer's jet (KANLinear, UKANLinear: base_weight, spline_scaler, the coefficients ``coef``
-    [in, n_coef, out] of its family): the edge op on the combined weight, a SiLU base path fused, any other base
-    activation by its own rule and a linear map."""
-    from .kan_linear import fuses_base
-
-    activation = layer.base_activation
-    fused = fuses_base(activation)
-    weight = _CombinedWeight.apply(layer.base_weight.t(), layer.spline_scaler.t(), coef, family, fused)
-    spec = EdgeSpec(family, make_frame, frame_tensors, frame_config, coef.shape[1], fused)
-    out = x.with_stack(edge_jet(z, weight, None, x.n_first, x.pairs, spec))
-    if activation is None or fused:
-        return out
-    base = jet_of(activation, x)
-    return out.with_stack(out.stack + torch.matmul(base.stack, layer.base_weight.t()))
+    return _edge_layer(x, z, layer.edge_view(z[0]))
 
 
 def _poly_kan_linear(layer, x: Jet) -> Jet:
     """A polynomial layer's jet; in LUT mode its values from the value table and every derivative from the
-    exact recurrence (``poly_ops.derivative_engine_args``), as in its ``create_graph=True`` route."""
-    from .poly_ops import derivative_engine_args
-
+    exact recurrence (``edge_view(..., exact_derivatives=True)``), as in its ``create_graph=True`` route."""
     _check_layer_input(type(layer).__name__, x, layer.coeffs.dtype, layer.coeffs.device, layer.in_features)
     z = _rows(x)
-    n_in, n_out, n_basis = layer.coeffs.shape
-    lut_size = layer.lut_size if layer.mode == "lut" else 0
-    weight = layer.coeffs.permute(0, 2, 1).reshape(n_in * n_basis, n_out)  # the kernels' [in, degree + 1, out]
-    spec = EdgeSpec(*derivative_engine_args(z[0], n_basis, layer.basis, lut_size, layer.alpha, layer.beta), n_basis,
-                    False)
-    return x.with_stack(edge_jet(z, weight, layer.bias, x.n_first, x.pairs, spec))
+    return _edge_layer(x, z, layer.edge_view(z[0], exact_derivatives=True))
 
 
 def _ukan_linear(layer, x: Jet) -> Jet:
     """UKANLinear on its dense-range table (the CG-MLP's coefficients on each feature's groups from the lowest
     the values touch, as its forward builds them): the table by torch ops, the spline by the edge op. A layer
-    whose range does not fit ``dense_max_coefficients`` (its forward then takes the touched-pair table, which
-    has no dense basis) is refused, as is the read-back of the range under CUDA-graph capture
-    (``table_groups=None``)."""
-    from .ukan_ops import _range_args, coefficient_major, group_range, range_table_torch
-
+    whose forward takes the touched-pair table at these values (its range does not fit
+    ``dense_max_coefficients``), which has no dense basis, is refused, as is the read-back of the range under
+    CUDA-graph capture (``table_groups=None``)."""
     _check_layer_input("UKANLinear", x, layer.spline_scaler.dtype, layer.spline_scaler.device, layer.in_features)
     z = _rows(x)
-    K = layer.spline_order + 1
-    if layer.table_groups is None:
-        layer._refuse_capture()
-        group_lo, span = group_range(z[0].detach(), layer.grid_delta, layer.spline_order)
-        rows_per_feature = int(span.item()) + 1
-        fits = rows_per_feature * K <= layer.dense_max_coefficients
-    else:
-        group_lo, _ = group_range(z[0].detach(), layer.grid_delta, layer.spline_order)
-        rows_per_feature, fits = layer.table_groups + 1, layer._fixed_range()
-    if not fits:
-        raise NotImplementedError(
-            "taylor.jet: this UKANLinear's range needs its touched-pair table (more than dense_max_coefficients="
-            f"{layer.dense_max_coefficients} coefficients a feature), which has no Taylor-mode rule: raise "
-            "dense_max_coefficients or grid_delta, or use torch.autograd.grad(..., create_graph=True)")
-    w_out, b_out = coefficient_major(layer.cg_out.weight, layer.cg_out.bias, layer.spline_order)
-    table = range_table_torch(group_lo, rows_per_feature, layer.pe_dim, layer.feature_embedding,
-                              layer.cg_hidden.weight, layer.cg_hidden.bias, w_out, b_out)
-    return _scaled_spline(layer, x, z, *_range_args(z[0], group_lo, table, layer.grid_delta, layer.spline_order))
+    try:
+        view = layer.edge_view(z[0], dense_only=True)
+    except NotImplementedError as error:
+        raise NotImplementedError(f"taylor.jet: {error}; there is no Taylor-mode rule for that table: use "
+                                  "torch.autograd.grad(..., create_graph=True)") from error
+    return _edge_layer(x, z, view)
 
 
 def _group_rational(module, x: Jet) -> Jet:
     """F, F' and F'' of the group-rational activation at the values: its Taylor-series kernels (float32
     arithmetic for float32 and narrower layers, float64 for float64), differentiable in x and the coefficients."""
-    from .rational_higher import derivative
-
     z = x.value
     dtype = torch.float64 if z.dtype == torch.float64 else torch.float32
     zc = z.to(dtype)
@@ -357,11 +328,6 @@ def _group_rational(module, x: Jet) -> Jet:
 
 
 def _register_builtin() -> None:
-    from .kan_linear import KANLinear
-    from .poly import PolyKANLinear
-    from .rational import KATMLP, GroupRational, GRKANLinear
-    from .ukan import UKANLinear
-
     register_jet_rule(nn.Sequential, _sequential)
     register_jet_rule(nn.Identity, _identity)
     register_jet_rule(nn.Linear, _linear)

@@ -13,8 +13,10 @@ from ..kernels import ukan as ku
 from ._common import (FLOAT_DTYPES, Float32Or64Module, autocast_dtype, check_device, check_input_dtype, check_tensor,
                       layer_dtype, on_rows, refuse_transforms, use_registered_op)
 from .bspline_ops import STRATEGIES, check_precision
+from .edge_driver import EdgeView, check_view_rows
 from .kan_linear import KANLinear, base_activation_module, l1_entropy_loss, base_repr, fuses_base, init_public, layout_parameter
-from .ukan_ops import LABEL, group_range, pairs_of, positional_encoding, range_layer, spline_layer
+from .ukan_ops import (LABEL, coefficient_major, group_range, pairs_of, positional_encoding, range_layer, range_spec,
+                       range_table_torch, spline_layer)
 
 __all__ = ["UKANLinear"]
 
@@ -256,6 +258,57 @@ class UKANLinear(Float32Or64Module):
                            self.cg_hidden.bias, self.cg_out.weight, self.cg_out.bias, self.base_weight,
                            self.spline_scaler, self.grid_delta, self.spline_order, fuses_base(self.base_activation),
                            self.deterministic, self.strategy, precision)
+
+    def edge_view(self, x: torch.Tensor, *, dense_only: bool = False) -> EdgeView:
+        """The layer as the edge engine sees it at the rows ``x``: the UKAN family on the dense-range table of
+        x (the CG-MLP on every group from each feature's lowest touched one - 1 on, made by torch ops), the base
+        weight and scaler it combines, and a base activation run in torch (any but the fused SiLU). What
+        Taylor mode and the interpretability tools evaluate the layer's edges with.
+
+        The table holds the groups of the forward's dense-range path: ``table_groups + 1`` a feature in the
+        fixed-size mode where that path is taken (groups past them get no spline term, as in the forward),
+        else every group x spans (its count read back to the host: refused under ``torch.compile`` and
+        CUDA-graph capture with ``table_groups=None``). Where the forward takes the touched-pair path (the
+        span wider than ``dense_max_coefficients``, or a fixed size past it) the table is the same map on the
+        dense range, as wide as x's span.
+
+        Args:
+            x: rows [N, in] of the layer's dtype and device.
+            dense_only: raise NotImplementedError, before any table is made, where the layer's forward at x
+                takes the touched-pair path: for callers that must compute what the forward computes.
+
+        Returns:
+            EdgeView: ``coef`` [in, Rt K, out] is the table (differentiable in the CG-MLP's parameters and the
+            feature embedding), ``base_weight_t`` and ``scaler_t`` [in, out] views of the parameters; no bias.
+        """
+        check_view_rows(x, self.in_features, self.spline_scaler)
+        K = self.spline_order + 1
+        if self._fixed_range():
+            group_lo, _ = group_range(x.detach(), self.grid_delta, self.spline_order)
+            rows_per_feature = self.table_groups + 1
+        else:
+            if dense_only and self.table_groups is not None:
+                self._refuse_pair_table(self.table_groups + 1)
+            if self.table_groups is None:
+                self._refuse_capture()
+            group_lo, span = group_range(x.detach(), self.grid_delta, self.spline_order)
+            rows_per_feature = int(span.item()) + 1  # groups lowest - 1 .. highest of the widest feature
+            if dense_only and rows_per_feature * K > self.dense_max_coefficients:
+                self._refuse_pair_table(rows_per_feature)
+        w_out, b_out = coefficient_major(self.cg_out.weight, self.cg_out.bias, self.spline_order)
+        table = range_table_torch(group_lo, rows_per_feature, self.pe_dim, self.feature_embedding,
+                                  self.cg_hidden.weight, self.cg_hidden.bias, w_out, b_out)
+        fused = fuses_base(self.base_activation)
+        spec, coef = range_spec(x, group_lo, table, self.grid_delta, self.spline_order, fused)
+        return EdgeView(spec, coef, self.base_weight.t(), self.spline_scaler.t(), None,
+                        None if fused else self.base_activation)
+
+    def _refuse_pair_table(self, rows_per_feature: int):
+        raise NotImplementedError(
+            f"UKANLinear: at these rows the forward takes the touched-pair table ({rows_per_feature} groups a "
+            f"feature need {rows_per_feature * (self.spline_order + 1)} coefficients, more than "
+            f"dense_max_coefficients={self.dense_max_coefficients}), which has no dense basis: raise "
+            "dense_max_coefficients or grid_delta")
 
     @torch.no_grad()
     def table_overflow(self, x: torch.Tensor | None = None) -> int:

@@ -471,6 +471,14 @@ def _range_args(x, group_lo, table, grid_delta, spline_order):
     return family, _range_frame, (group_lo,), (float(grid_delta), n_groups, family.scalar_name), coef
 
 
+def range_spec(x: Tensor, group_lo: Tensor, table: Tensor, grid_delta: float, spline_order: int,
+               use_base: bool) -> tuple[EdgeSpec, Tensor]:
+    """(the edge-engine spec, coef [in, Rt K, out]) of a range table [in Rt, K out] (:func:`range_table_torch`)
+    from each feature's lowest group ``group_lo`` [in], for x's dtype; ``use_base``: the SiLU base rows fused."""
+    family, make_frame, frame_tensors, frame_config, coef = _range_args(x, group_lo, table, grid_delta, spline_order)
+    return EdgeSpec(family, make_frame, frame_tensors, frame_config, coef.shape[1], use_base), coef
+
+
 def _range_route(strategy: str, precision: str, x: Tensor, family, coef: Tensor) -> tuple[str, str]:
     """(strategy, precision) resolved for one call of the dense-range spline: the B-spline layer's rule
     (:func:`warpkan.torch_bridge.bspline_ops.choose_strategy`), since the range table is a B-spline's

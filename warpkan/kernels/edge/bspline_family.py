@@ -299,13 +299,7 @@ def bspline_frame_of(grid: "wp.array2d"):
     return frame
 
 
-def _register() -> None:
-    from . import registry
-
-    registry.register("bspline", bspline_family,
-                      [dict(order=order, uniform=uniform, scalar_name=scalar)
-                       for order in range(1, MAX_SPLINE_ORDER + 1) for uniform in (True, False)
-                       for scalar in SCALARS])
-
-
-_register()
+# The family's builder and every compile key, as :mod:`.registry` lists them.
+FAMILIES = {"bspline": (bspline_family, [dict(order=order, uniform=uniform, scalar_name=scalar)
+                                         for order in range(1, MAX_SPLINE_ORDER + 1) for uniform in (True, False)
+                                         for scalar in SCALARS])}

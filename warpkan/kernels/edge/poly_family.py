@@ -441,12 +441,6 @@ def poly_frame_of(family: EdgeFamily, n_basis: int, alpha: float = 1.0, beta: fl
     return frame
 
 
-def _register() -> None:
-    from . import registry
-
-    registry.register("poly", poly_family, [dict(basis=basis, capacity=capacity, scalar_name=scalar)
-                                            for basis in (*BASES, "lut") for capacity in CAPACITIES
-                                            for scalar in SCALARS])
-
-
-_register()
+# The family's builder and every compile key, as :mod:`.registry` lists them.
+FAMILIES = {"poly": (poly_family, [dict(basis=basis, capacity=capacity, scalar_name=scalar)
+                                   for basis in (*BASES, "lut") for capacity in CAPACITIES for scalar in SCALARS])}

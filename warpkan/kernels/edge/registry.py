@@ -10,29 +10,27 @@ kind); everything else is a kernel argument. For one key, the modules are:
   the banded tables of longer grids.
 
 One layer configuration (a key and a table size) builds at most six of them: :func:`layer_modules`.
+
+Each family module declares its builder and keys (its ``FAMILIES``); this module reads them, and no family module
+imports it.
 """
 
 import warp as wp
 
-from . import tiled
+from . import bspline_family, poly_family, tiled, ukan_family
 from .dense import dense_kernels
 from .family import EdgeFamily
 from .stencil import combine_rows_kernel, stencil_kernels
 
-__all__ = ["FAMILY_BUILDERS", "register", "families", "family_names", "key_of", "key_matches", "family_modules",
+__all__ = ["FAMILY_BUILDERS", "families", "family_names", "key_of", "key_matches", "family_modules",
            "layer_modules"]
 
-# name -> (builder(**key) -> EdgeFamily, [every key as a dict]); filled by the family modules
-FAMILY_BUILDERS: dict = {}
-
-
-def register(name: str, builder, keys) -> None:
-    """Declare an edge family: ``builder(**key)`` makes the family of one compile key, ``keys`` lists them all."""
-    FAMILY_BUILDERS[name] = (builder, list(keys))
+# name -> (builder(**key) -> EdgeFamily, [every key as a dict]), as the family modules declare them
+FAMILY_BUILDERS: dict = {name: (builder, list(keys)) for module in (bspline_family, poly_family, ukan_family)
+                         for name, (builder, keys) in module.FAMILIES.items()}
 
 
 def family_names() -> list[str]:
-    _load_builtin()
     return list(FAMILY_BUILDERS)
 
 
@@ -50,15 +48,12 @@ def key_matches(key: dict, orders) -> bool:
     if "order" in key:
         return key["order"] in orders
     if "capacity" in key:
-        from .poly_family import capacity_for
-
-        return key["capacity"] in {capacity_for(degree + 1) for degree in orders}
+        return key["capacity"] in {poly_family.capacity_for(degree + 1) for degree in orders}
     return True
 
 
 def families(name: "str | None" = None, **match) -> list[EdgeFamily]:
     """Every registered family (of one name, and whose key has the given values)."""
-    _load_builtin()
     out = []
     for family_name, (builder, keys) in FAMILY_BUILDERS.items():
         if name is not None and family_name != name:
@@ -96,10 +91,6 @@ def layer_modules(family: EdgeFamily, n_coef: int, is_cuda: bool, basis_dtype: "
     if is_cuda:
         names += tiled.planned_modules(family, n_coef)
     return tuple(dict.fromkeys(names))
-
-
-def _load_builtin() -> None:
-    from . import bspline_family, poly_family, ukan_family  # noqa: F401  (they register themselves)
 
 
 def load(names, device) -> None:

@@ -295,13 +295,7 @@ def ukan_table_frame_of(window: "wp.array", local_u: "wp.array", pair_feature: "
     return frame
 
 
-def _register() -> None:
-    from . import registry
-
-    variants = [dict(order=order, scalar_name=scalar) for order in range(1, MAX_SPLINE_ORDER + 1) for scalar in SCALARS]
-    registry.register("ukan", ukan_family, variants)
-    registry.register("ukan_pairs", ukan_pairs_family, variants)
-    registry.register("ukan_table", ukan_table_family, variants)
-
-
-_register()
+# The families' builders and every compile key, as :mod:`.registry` lists them.
+_VARIANTS = [dict(order=order, scalar_name=scalar) for order in range(1, MAX_SPLINE_ORDER + 1) for scalar in SCALARS]
+FAMILIES = {"ukan": (ukan_family, _VARIANTS), "ukan_pairs": (ukan_pairs_family, _VARIANTS),
+            "ukan_table": (ukan_table_family, _VARIANTS)}
