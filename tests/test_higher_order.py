@@ -129,7 +129,7 @@ def test_poly_lut_derivatives_are_the_interpolants(device):
         for _ in range(3):
             (p,) = torch.autograd.grad(p.sum(), t, create_graph=True, allow_unused=True)
             p = torch.zeros_like(t, requires_grad=True) if p is None else p
-        third.append(float(p.abs().max()))
+        third.append(float(p.detach().abs().max()))
     h = 2.0 / (lut_size - 1)
     weights = layer.coeffs.detach().abs().cpu() * torch.tensor(third, dtype=DOUBLE)  # [in, out, D + 1]
     per_input = weights.sum(-1).sum(-1).to(device)  # u sums the outputs: every edge of input i
