@@ -113,3 +113,23 @@ def child_env():
 
     return make
 
+
+@pytest.fixture(scope="session")
+def quick_bench(tmp_path_factory):
+    """``quick_bench(family)``: ``(exit status, output folder)`` of ``warpkan bench FAMILY --device cpu --quick``,
+    run once a session (each family in a folder of its own), with WARPKAN_KAT_PATH unset so that the optional
+    FlashKAT peer's row says the same whatever the environment. The tests that read one family's run carry
+    ``@pytest.mark.xdist_group("bench_<family>")``, so that under xdist they share one worker and one run."""
+    from warpkan.cli import main
+
+    runs = {}
+
+    def run(family):
+        if family not in runs:
+            out = tmp_path_factory.mktemp(f"bench_{family}")
+            with pytest.MonkeyPatch.context() as mp:
+                mp.delenv("WARPKAN_KAT_PATH", raising=False)
+                runs[family] = main(["bench", family, "--device", "cpu", "--quick", "--out", str(out)]), out
+        return runs[family]
+
+    return run
