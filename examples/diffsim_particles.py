@@ -77,6 +77,32 @@ def rollout(x0, v0, steps, dt, device, coef=None):
     return xs
 
 
+def fit_force_law(coef, x0, v0, targets, iters, lr, dt, device):
+    """Adam on the spline's coefficients ``coef``, each iteration through a whole rollout from (x0, v0) against
+    the target states; yields each iteration's trajectory loss.
+
+    Each iteration records on a fresh ``wp.Tape``: a rollout writes fresh state arrays, and a tape that is
+    only reset keeps the gradient of every array it has recorded (and zeroes them all in ``zero()``), so the
+    memory and the time of an iteration would grow with the iteration count."""
+    optimizer = warpkan.Adam([coef], lr=lr)
+    loss = wp.zeros(1, dtype=float, device=device, requires_grad=True)
+    sim_steps = len(targets) - 1
+    scale = 1.0 / (len(x0) * sim_steps)
+    for it in range(iters):
+        if it == int(0.7 * iters):
+            optimizer.lr = optimizer.lr * 0.2
+        loss.zero_()
+        tape = wp.Tape()
+        with tape:
+            states = rollout(x0, v0, sim_steps, dt, device, coef)
+            for state, target in zip(states[1:], targets[1:]):
+                wp.launch(trajectory_loss, dim=len(x0), inputs=[state, target, scale], outputs=[loss], device=device)
+        tape.backward(loss=loss)
+        optimizer.step()
+        tape.zero()
+        yield float(loss.numpy()[0])
+
+
 QUICK = {"iters": 300}  # --quick: a short run; the same tolerance applies
 
 
@@ -111,26 +137,12 @@ def main(argv=None):
     visited = np.concatenate([t.numpy() for t in targets])
 
     coef = wp.zeros((1, GRID_SIZE + 3), dtype=float, device=device, requires_grad=True)
-    optimizer = warpkan.Adam([coef], lr=args.lr)
-    loss = wp.zeros(1, dtype=float, device=device, requires_grad=True)
-    scale = 1.0 / (args.particles * args.sim_steps)
-    tape = wp.Tape()
     history = []
-    bar = tqdm(range(args.iters), desc="learning the force law", mininterval=1.0)
-    for it in bar:
-        if it == int(0.7 * args.iters):
-            optimizer.lr = optimizer.lr * 0.2
-        loss.zero_()
-        with tape:
-            states = rollout(x0, v0, args.sim_steps, args.dt, device, coef)
-            for state, target in zip(states[1:], targets[1:]):
-                wp.launch(trajectory_loss, dim=args.particles, inputs=[state, target, scale], outputs=[loss], device=device)
-        tape.backward(loss=loss)
-        optimizer.step()
-        tape.zero()
-        tape.reset()
-        history.append(float(loss.numpy()[0]))
-        bar.set_postfix(loss=f"{history[-1]:.2e}")
+    bar = tqdm(fit_force_law(coef, x0, v0, targets, args.iters, args.lr, args.dt, device), total=args.iters,
+               desc="learning the force law", mininterval=1.0)
+    for value in bar:
+        history.append(value)
+        bar.set_postfix(loss=f"{value:.2e}")
 
     # the law is identifiable where the particles go: compare on the central 98% of the visited positions
     r = np.linspace(*np.quantile(visited, [0.01, 0.99]), 400)

@@ -115,14 +115,18 @@ def test_bench_plot_is_reported_only_when_written(tmp_path, capsys):
     assert out.count("plot written") == 1 and str(tmp_path / "drawn.png") in out
 
 
-@pytest.mark.parametrize("family", [f for f in families() if f != "bspline"])
-def test_every_benchmark_family_runs_quick_on_cpu(tmp_path, family):
-    assert main(["bench", family, "--device", "cpu", "--quick", "--out", str(tmp_path)]) == 0
-    rows = json.loads((tmp_path / f"{family}.json").read_text())["rows"]
+# the models family's run is shared with tests/test_models.py (conftest: quick_bench), under xdist on one worker
+@pytest.mark.parametrize("family", [
+    pytest.param(f, marks=pytest.mark.xdist_group("bench_models")) if f == "models" else f
+    for f in families() if f != "bspline"])
+def test_every_benchmark_family_runs_quick_on_cpu(quick_bench, family):
+    status, out = quick_bench(family)
+    assert status == 0
+    rows = json.loads((out / f"{family}.json").read_text())["rows"]
     assert rows
     timed = [row for row in rows if any(key.endswith("_ms") and isinstance(value, float) for key, value in row.items())]
     assert timed, f"no timed rows in {family}"
-    _check_cpu_results(rows, (tmp_path / f"{family}.md").read_text())
+    _check_cpu_results(rows, (out / f"{family}.md").read_text())
 
 
 def test_demo_trains_and_writes_png(tmp_path, capsys):

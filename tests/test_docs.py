@@ -11,6 +11,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 
+# one worker builds the site: autosummary writes its stub pages into docs/api, which two builds at once would
+# both rewrite (the suite runs on pytest-xdist workers, --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("docs")
+
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):

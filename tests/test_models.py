@@ -3,6 +3,8 @@ issue's, the twins that claim to compute the same function do; and the ``models`
 CPU run gives a measured row for every model, implementation and CPU mode, and says why the CUDA-graph modes
 are not measured there."""
 
+import json
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -174,19 +176,15 @@ def test_other_models_refuse_bad_arguments(cls, bad, match):
 
 
 @pytest.fixture(scope="module")
-def quick_rows(tmp_path_factory):
-    from warpkan import bench
-
-    mp = pytest.MonkeyPatch()
-    mp.delenv("WARPKAN_KAT_PATH", raising=False)
-    try:
-        out = tmp_path_factory.mktemp("bench")
-        rows = bench.run(["models"], device="cpu", quick=True, out_dir=str(out))["models"]
-    finally:
-        mp.undo()
-    return rows, out
+def quick_rows(quick_bench):
+    """The rows of the quick CPU run of ``warpkan bench models`` and its output folder: the run tests/test_cli.py
+    checks too, which the tests that read it share under xdist by their group mark."""
+    status, out = quick_bench("models")
+    assert status == 0
+    return json.loads((out / "models.json").read_text())["rows"], out
 
 
+@pytest.mark.xdist_group("bench_models")
 def test_bench_quick_run_measures_every_model_impl_and_mode(quick_rows):
     from warpkan.bench.models import CUDA_GRAPH_MODES, MODES, PRECISIONS, _cases
 
@@ -213,6 +211,7 @@ def test_bench_quick_run_measures_every_model_impl_and_mode(quick_rows):
             assert sum(r.get("fastest") == "yes" for r in mine) == 1, (case.name, impl)
 
 
+@pytest.mark.xdist_group("bench_models")
 def test_bench_twins_compute_the_warpkan_function(quick_rows):
     rows, _ = quick_rows
     checked = {(r["model"], r["impl"]): r["Δ logits"] for r in rows if "Δ logits" in r}
@@ -233,6 +232,7 @@ def target_rows(quick_rows):
     return target_rows_and_profiles(rows, _cases("cpu", quick=True), "cpu", QUICK)
 
 
+@pytest.mark.xdist_group("bench_models")
 def test_bench_target_rows(target_rows):
     from warpkan.bench.models import CUDA_GRAPH_MODES, TARGETS
 
@@ -246,6 +246,7 @@ def test_bench_target_rows(target_rows):
             assert row["met"] in ("yes", "no") and row["measured"].endswith("ms")
 
 
+@pytest.mark.xdist_group("bench_models")
 def test_bench_profiles_both_sides_of_each_missed_target(target_rows):
     from warpkan.bench.models import TARGETS
 

@@ -274,6 +274,30 @@ def test_example_runs_and_plots(script, args, tmp_path):
     assert out.exists() and out.stat().st_size > 0
 
 
+def test_diffsim_iterations_let_each_rollout_go():
+    """The diffsim example's training loop keeps no earlier iteration's arrays: each rollout writes fresh state
+    arrays, which a tape only reset (not replaced) would keep, with their gradients, zeroing them all at every
+    iteration, so that the time and the memory of an iteration grew with the iteration count."""
+    import gc
+    import importlib.util
+
+    path = os.path.join(ROOT, "examples", "diffsim_particles.py")
+    spec = importlib.util.spec_from_file_location("diffsim_particles", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    x0 = wp.array(np.linspace(-1.5, 1.5, 8, dtype=np.float32), device="cpu")
+    v0 = wp.zeros(8, dtype=float, device="cpu")
+    targets = example.rollout(x0, v0, 5, 0.03, "cpu")
+    coef = wp.zeros((1, example.GRID_SIZE + 3), dtype=float, device="cpu", requires_grad=True)
+    live_arrays = []  # after the second and the fourth iteration (the first makes the optimizer's state)
+    for iteration, _ in enumerate(example.fit_force_law(coef, x0, v0, targets, iters=4, lr=0.05, dt=0.03,
+                                                        device="cpu")):
+        if iteration in (1, 3):
+            gc.collect()
+            live_arrays.append(sum(type(o) is wp.array for o in gc.get_objects()))
+    assert live_arrays[0] == live_arrays[1], live_arrays
+
+
 def test_examples_do_not_import_torch():
     for script in ("pinn_logistic.py", "pinn_heat.py", "diffsim_particles.py"):
         code = f"import runpy, sys; sys.argv = ['x', '--help']\ntry:\n    runpy.run_path({os.path.join(ROOT, 'examples', script)!r}, run_name='__main__')\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules)"
