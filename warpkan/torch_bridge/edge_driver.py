@@ -38,6 +38,7 @@ most K 2^-24 of the sum of magnitudes), plus u |C| under bf16, whose GEMMs round
 for every precision. The input gradient adds the fp32 contraction with dB/dx on top.
 """
 
+import threading
 from typing import Callable, NamedTuple
 
 import torch
@@ -260,18 +261,27 @@ def _frame_config(family, make_frame, frame_tensors, frame_config, n_coef, use_b
 
 
 _LOADED_GEMM_MODULES: set = set()
+_THREADS_WITH_CUBLAS: set = set()
 
 
 def load_gemm_modules(family, precision: str, device: torch.device) -> None:
-    """Load the gemm strategy's Warp module of ``family`` (and the basis dtype of ``precision``) on ``device``,
-    once. An eager call that takes the stencil kernels where a call recorded into a CUDA graph would take the
-    gemm strategy (``choose_strategy``'s host-bound rule) loads it, so that the capture after eager warm-up
-    steps launches kernels that are loaded: a module load inside a stream capture invalidates the capture."""
+    """Make ready what the gemm strategy of ``family`` (and the basis dtype of ``precision``) launches on
+    ``device``, outside a capture: its Warp module, loaded once, and this thread's cuBLAS handles (torch makes
+    them at a thread's first GEMM on a device). An eager call that takes the stencil kernels where a call
+    recorded into a CUDA graph would take the gemm strategy (``choose_strategy``'s host-bound rule) calls this,
+    the forward on the caller's thread and the backward on autograd's: a module load or a ``cublasCreate``
+    inside a stream capture invalidates the capture (the capture after eager warm-up steps)."""
     basis = "bfloat16" if precision == "bf16" else family.scalar_name
     key = (family.key, basis, str(device))
     if key not in _LOADED_GEMM_MODULES:
         wp.load_module(dense_kernels(family, basis).module, device=warp_device(device))
         _LOADED_GEMM_MODULES.add(key)
+    thread = (str(device), threading.get_ident())
+    if thread not in _THREADS_WITH_CUBLAS:
+        one = torch.ones(1, 1, device=device)
+        torch.mm(one, one)
+        torch.mm(one.bfloat16(), one.bfloat16())  # the bf16 GEMMs' cuBLASLt handle too
+        _THREADS_WITH_CUBLAS.add(thread)
 
 
 def _gemm_weight(family, base_weight_t, scaler_t, coef, use_base, basis_dtype) -> Tensor:
