@@ -1,23 +1,12 @@
 """Eager (host-bound) and graphed steps of small layers by strategy, the measurements behind the eager side of
 "auto" (bspline_ops.EAGER_TILED_MAX_TILES). On the GPU machine: python scripts/strategy_eager_vs_graphed.py strategies"""
-import statistics, sys, time
+import sys
 import torch
+from host_cost import eager_ms  # scripts/host_cost.py
 from warpkan.bench.timing import time_fn, training_step, graphed
 from warpkan.torch_bridge import KANLinear, UKANLinear
 
 dev = "cuda"
-
-
-def eager_ms(step):
-    for _ in range(30): step()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(7):
-        t0 = time.perf_counter()
-        for _ in range(100): step()
-        torch.cuda.synchronize()
-        ts.append((time.perf_counter() - t0) * 10)
-    return statistics.median(ts)
 
 
 def strategies():
