@@ -103,6 +103,7 @@ def models():
             f"{e.key[:50]} {e.self_device_time_total/1e3:.3f}x{e.count}" for e in top), flush=True)
 
 
-for w in sys.argv[1:]:
-    if not w.startswith("-"):
-        globals()[w]()
+if __name__ == "__main__":
+    for w in sys.argv[1:]:
+        if not w.startswith("-"):
+            globals()[w]()
