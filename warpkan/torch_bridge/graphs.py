@@ -178,7 +178,10 @@ class _GraphedTrainingStep:
             raise RuntimeError(
                 "capturing the training step in a CUDA graph failed: the model, the loss and the optimizer must "
                 "not read values back to the host within a step (.item(), printing a tensor, a shape that depends "
-                "on the data such as UKANLinear's exact table without table_groups)") from exc
+                "on the data such as UKANLinear's exact table without table_groups), nor do first-time setup that "
+                "the warm-up steps did not (a kernel module load, a library handle); the cause is chained below. A "
+                "failed capture can leave torch's CUDA state (its random generator) unusable: restart the process "
+                "after fixing it") from exc
         return self._replay()
 
     def _step(self) -> torch.Tensor:
