@@ -134,13 +134,15 @@ def resolve_auto(family, tiled: bool, x: Tensor, n_coef: int, n_out: int, precis
     return strategy
 
 
-def _resolve(strategy: str, x: Tensor, coef: Tensor, spline_order: int, uniform: bool, precision: str) -> str:
+def _resolve(strategy: str, x: Tensor, coef: Tensor, spline_order: int, uniform: bool,
+             precision: str) -> tuple[str, str]:
+    """(strategy, precision) resolved for one call (as ``ukan_ops._range_route`` does for UKAN's range table)."""
+    precision = resolve_precision(precision, x.dtype, x.device)
     if strategy == "auto":
         tiled = _tiled(x, coef, spline_order)
         family = kb.family_of(spline_order, uniform, _io_scalar(x)) if tiled else None
-        return resolve_auto(family, tiled, x, coef.shape[1], coef.shape[2],
-                            resolve_precision(precision, x.dtype, x.device))
-    return strategy
+        strategy = resolve_auto(family, tiled, x, coef.shape[1], coef.shape[2], precision)
+    return strategy, precision
 
 
 # Recorded Warp launches (see RecordedLaunches): re-pointed at each call's tensors, replayed on torch's stream.
@@ -177,9 +179,9 @@ def _forward_impl(
     ``precision`` applies to the gemm strategy (module docstring).
     """
     x, grid = x.contiguous(), grid.contiguous()
-    if _resolve(strategy, x, coef, spline_order, uniform, precision) == "gemm":
+    strategy, precision = _resolve(strategy, x, coef, spline_order, uniform, precision)
+    if strategy == "gemm":
         # the weight-combining kernel reads the parameters in any strides (no copy of a public-layout table)
-        precision = resolve_precision(precision, x.dtype, x.device)
         return _gemm_forward(x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, precision)
     base_weight_t, scaler_t, coef = (contiguous(t) for t in (base_weight_t, scaler_t, coef))
     return edge_forward(kb.family_of(spline_order, uniform, _io_scalar(x)), _bspline_frame, (grid,), (), x,
@@ -226,8 +228,8 @@ def _backward_impl(
     (a public-layout parameter's gradient is then taken by AccumulateGrad without a copy); the ones not asked
     for come back empty."""
     dy, x, grid = dy.contiguous(), x.contiguous(), grid.contiguous()
-    if _resolve(strategy, x, coef, spline_order, uniform, precision) == "gemm":
-        precision = resolve_precision(precision, x.dtype, x.device)
+    strategy, precision = _resolve(strategy, x, coef, spline_order, uniform, precision)
+    if strategy == "gemm":
         return _gemm_backward(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, need_x,
                               need_params, precision)
     grads = _stencil_backward(dy, x, grid, *(contiguous(t) for t in (base_weight_t, scaler_t, coef)), spline_order,
@@ -342,7 +344,7 @@ def _stencil_operands(inputs: tuple) -> tuple:
     """The stencil strategy reads the parameters in the kernels' layout: made contiguous once, for the forward
     and the backward pass (the gemm strategy reads them in any strides)."""
     x, grid, base_weight_t, scaler_t, coef, spline_order, *config = inputs
-    if _resolve(config[3], x, coef, spline_order, config[0], config[4]) == "gemm":
+    if _resolve(config[3], x, coef, spline_order, config[0], config[4])[0] == "gemm":
         return inputs
     return (x, grid, contiguous(base_weight_t), contiguous(scaler_t), contiguous(coef), spline_order, *config)
 
