@@ -612,6 +612,17 @@ def check_tensor(name: str, t, *, ndim_min: int | None = None, ndim: int | None 
             raise TypeError(f"{name} must have dtype {like.dtype} (that of x), got {t.dtype}")
 
 
+def call_precision(precision: str, cast_to: torch.dtype | None, dtype: torch.dtype) -> str:
+    """The gemm precision a spline layer's call asks for: its own ``precision``; "bf16" for "auto" under bf16
+    autocast (``cast_to``; the layer computes in fp32 with autocast off, where the op could no longer see it);
+    "fp32" for a float64 layer (it computes in float64)."""
+    if dtype == torch.float64:
+        return "fp32"
+    if precision == "auto" and cast_to == torch.bfloat16:
+        return "bf16"
+    return precision
+
+
 def autocast_dtype(device: torch.device) -> torch.dtype | None:
     """The autocast dtype active for ``device``, or None (always on the meta device, which has no autocast)."""
     if device.type != "meta" and torch.is_autocast_enabled(device.type):

@@ -10,8 +10,8 @@ from torch import nn
 
 from ..kernels import bspline as kb
 from ..reference.bspline import b_splines
-from ._common import (FLOAT_DTYPES, Float32Or64Module, autocast_dtype, check_device, check_input_dtype, check_tensor,
-                      layer_dtype)
+from ._common import (FLOAT_DTYPES, Float32Or64Module, autocast_dtype, call_precision, check_device, check_input_dtype,
+                      check_tensor, layer_dtype)
 from .bspline_ops import STRATEGIES, apply_checked, bspline_spec, check_precision
 from .edge_driver import EdgeView, check_view_rows
 
@@ -225,16 +225,14 @@ class KANLinear(Float32Or64Module):
         if x.device != self.grid.device:
             raise ValueError(f"x must be on the layer's device {self.grid.device}, got {x.device}")
         cast_to = autocast_dtype(x.device)
+        precision = call_precision(self.precision, cast_to, self.grid.dtype)
         if cast_to is not None:
-            precision = "bf16" if self.precision == "auto" and cast_to == torch.bfloat16 else self.precision
             with torch.autocast(x.device.type, enabled=False):
                 return self._forward(x.to(self.grid.dtype), precision).to(cast_to)
         check_input_dtype(x, self.grid.dtype, FLOAT_DTYPES)
-        return self._forward(x, self.precision)
+        return self._forward(x, precision)
 
     def _forward(self, x, precision):
-        if self.grid.dtype == torch.float64:
-            precision = "fp32"  # float64 computes in float64
         # the parameters and the configuration were checked at construction, x by forward
         activation = self.base_activation
         fused = fuses_base(activation)

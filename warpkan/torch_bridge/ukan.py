@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import ukan as ku
-from ._common import (FLOAT_DTYPES, Float32Or64Module, autocast_dtype, check_device, check_input_dtype, check_tensor,
-                      layer_dtype, on_rows, refuse_transforms, use_registered_op)
+from ._common import (FLOAT_DTYPES, Float32Or64Module, autocast_dtype, call_precision, check_device,
+                      check_input_dtype, check_tensor, layer_dtype, on_rows, refuse_transforms, use_registered_op)
 from .bspline_ops import STRATEGIES, check_precision
 from .edge_driver import EdgeView, check_view_rows
 from .kan_linear import KANLinear, base_activation_module, l1_entropy_loss, base_repr, fuses_base, init_public, layout_parameter
@@ -342,12 +342,12 @@ class UKANLinear(Float32Or64Module):
         if x.device != self.spline_scaler.device:
             raise ValueError(f"x must be on the layer's device {self.spline_scaler.device}, got {x.device}")
         cast_to = autocast_dtype(x.device)
+        precision = call_precision(self.precision, cast_to, dtype)
         if cast_to is not None:
-            precision = "bf16" if self.precision == "auto" and cast_to == torch.bfloat16 else self.precision
             with torch.autocast(x.device.type, enabled=False):
                 return self._forward(x.to(dtype), precision).to(cast_to)
         check_input_dtype(x, dtype, FLOAT_DTYPES)
-        return self._forward(x, self.precision)
+        return self._forward(x, precision)
 
     def __getstate__(self):
         # what the last forward left for table_overflow() and regularization_loss() (tensors of its graph,
@@ -362,8 +362,6 @@ class UKANLinear(Float32Or64Module):
         return self.base_activation is not None
 
     def _forward(self, x, precision):
-        if self.spline_scaler.dtype == torch.float64:
-            precision = "fp32"  # float64 computes in float64
         y = on_rows(x, self.in_features, lambda x2: self._forward_rows(x2, precision))
         activation = self.base_activation
         if activation is None or fuses_base(activation):
