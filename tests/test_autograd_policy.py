@@ -19,22 +19,22 @@ def _poly_kan_functional(device=None, dtype=None):
 
 def _ukan_pairs(device=None, dtype=None):
     layer = UKANLinear(3, 4, table_groups=64, device=device, dtype=dtype)
-    layer.dense_max_coefficients = 0  # the sparse touched-pair path (warpkan::ukan_spline)
+    layer.dense_max_coefficients = 0  # the sparse touched-pair path (warpkan::ukan_pairs + edge_forward)
     return layer
 
 
 # name -> (factory(device, dtype), in_features, out_features, what the error names)
 LAYERS = {
-    "KANLinear": (lambda **kw: KANLinear(3, 4, **kw), 3, 4, r"KANLinear \(warpkan::bspline_forward\)"),
-    "KANLinear-gemm": (lambda **kw: KANLinear(3, 4, strategy="gemm", **kw), 3, 4, r"KANLinear \(warpkan::bspline"),
+    "KANLinear": (lambda **kw: KANLinear(3, 4, **kw), 3, 4, r"KANLinear \(warpkan::edge_forward\)"),
+    "KANLinear-gemm": (lambda **kw: KANLinear(3, 4, strategy="gemm", **kw), 3, 4, r"KANLinear \(warpkan::edge_forward"),
     "UKANLinear": (lambda **kw: UKANLinear(3, 4, **kw), 3, 4, r"UKANLinear \(warpkan::ukan_"),
     "UKANLinear-fixed": (lambda **kw: UKANLinear(3, 4, table_groups=8, **kw), 3, 4, r"UKANLinear \(warpkan::ukan_"),
     "UKANLinear-pairs": (_ukan_pairs, 3, 4, r"UKANLinear \(warpkan::ukan_"),
     "PolyKANLinear": (lambda **kw: PolyKANLinear(3, 4, degree=3, **kw), 3, 4,
-                      r"PolyKANLinear.*\(warpkan::poly_forward\)"),
+                      r"PolyKANLinear.*\(warpkan::edge_forward\)"),
     "ChebyKANLinear": (lambda **kw: ChebyKANLinear(3, 4, degree=3, mode="exact", **kw), 3, 4,
-                       r"ChebyKANLinear \(warpkan::poly_forward\)"),
-    "poly_kan": (_poly_kan_functional, 3, 4, r"warpkan::poly_forward"),
+                       r"ChebyKANLinear \(warpkan::edge_forward\)"),
+    "poly_kan": (_poly_kan_functional, 3, 4, r"warpkan::edge_forward"),
     "GroupRational": (lambda **kw: GroupRational(8, num_groups=2, **kw), 8, 8,
                       r"GroupRational \(warpkan::group_rational_forward\)"),
     "GRKANLinear": (lambda **kw: GRKANLinear(8, 4, num_groups=2, **kw), 8, 4,
@@ -226,7 +226,7 @@ def test_forward_mode_ad_refused():
     layer = KANLinear(3, 4)
     with fwAD.dual_level():
         x = fwAD.make_dual(torch.rand(5, 3), torch.rand(5, 3))
-        with pytest.raises(NotImplementedError, match=r"KANLinear \(warpkan::bspline_forward\).*forward-mode"):
+        with pytest.raises(NotImplementedError, match=r"KANLinear \(warpkan::edge_forward\).*forward-mode"):
             layer(x)
 
 

@@ -11,7 +11,8 @@ from warpkan.kernels import bspline as kb
 from warpkan.kernels.edge import tiled as kbt
 from warpkan.reference.bspline import b_splines, kan_linear
 from warpkan.reference.efficient_kan import EfficientKANLinear
-from warpkan.torch_bridge import KANLinear, bspline_backward, bspline_forward, bspline_kan
+from warpkan.torch_bridge import KANLinear, bspline_kan, edge_backward, edge_forward
+from warpkan.torch_bridge.bspline_ops import bspline_spec
 
 # Tolerances per dtype: float64 kernels agree with the reference to rounding; float32 results are held to a
 # small multiple of the error the float32 reference itself makes against float64 (see _check_fp32).
@@ -492,7 +493,7 @@ def test_eager_step_has_one_autograd_node_per_layer(eager_step_ops):
     x = torch.rand(7, 5, requires_grad=True)
     ops = eager_step_ops(layer, x, torch.ones(7, 3))
     nodes = {name for name in ops if name.startswith("autograd::engine::evaluate_function")}
-    assert nodes == {"autograd::engine::evaluate_function: _EagerBSplineBackward",
+    assert nodes == {"autograd::engine::evaluate_function: EagerEdge_kanlinearBackward",
                      "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"}, nodes
     for p in layer.parameters():
         assert p.grad.stride() == p.stride()
@@ -731,13 +732,15 @@ def test_opcheck(device):
     grid = _grid(n_in, grid_size, order, dtype=torch.float32).to(tdev)
     wb, sw, ss = (p.float() for p in _params(n_out, n_in, grid_size + order, device=tdev))
     x = torch.randn(6, n_in, device=tdev)
-    args = (x.requires_grad_(), grid, wb.t().contiguous().requires_grad_(), ss.t().contiguous().requires_grad_(),
-            sw.permute(1, 2, 0).contiguous().requires_grad_(), order, True, True, False)
+    spec = bspline_spec(x, grid, order, True, True)
+    params = (wb.t().contiguous().requires_grad_(), ss.t().contiguous().requires_grad_(),
+              sw.permute(1, 2, 0).contiguous().requires_grad_())
     dy = torch.randn(6, n_out, device=tdev)
     for strategy, precision in (("stencil", "auto"), ("gemm", "fp32"), ("gemm", "bf16")):
-        torch.library.opcheck(bspline_forward, (*args, strategy, precision))
-        bargs = (dy, *[a.detach() if isinstance(a, torch.Tensor) else a for a in args], strategy, True, True, precision)
-        torch.library.opcheck(bspline_backward, bargs)
+        route = (spec.static_key(), strategy, precision, False)
+        torch.library.opcheck(edge_forward, (x.requires_grad_(), [grid], *params, None, None, *route))
+        torch.library.opcheck(edge_backward, (dy, x.detach(), [grid], *(p.detach() for p in params), None, *route,
+                                              True, True, False))
 
 
 def test_torch_compile_fullgraph(device):

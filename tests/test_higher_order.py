@@ -615,7 +615,7 @@ def test_kan_combined_weight_made_once_per_node_and_again_after_an_in_place_chan
     node made the first time (a PINN's u_x and u_xx pass every layer twice), and makes it again when a parameter
     changed in place since: the gradient is then that of the parameters as they are, as without the cache. (The
     values of the weight's own gradients, the split kernel's and torch's, are the PINN and gradgradcheck tests'.)"""
-    from warpkan.torch_bridge import bspline_ops, edge_driver
+    from warpkan.torch_bridge import edge_driver, edge_ops
 
     made = []
     combined = edge_driver._CombinedWeight.apply
@@ -634,7 +634,7 @@ def test_kan_combined_weight_made_once_per_node_and_again_after_an_in_place_chan
     assert len(made) == 2
     (expected,) = torch.autograd.grad(layer(x).sum(), x)
     torch.testing.assert_close(u_x_changed, expected, rtol=1e-12, atol=1e-12)
-    assert bspline_ops.node_combined_weight is edge_driver.node_combined_weight
+    assert edge_ops.node_combined_weight is edge_driver.node_combined_weight
 
 
 # ------------------------------------------------------------------------------------------ group-rational

@@ -13,7 +13,8 @@ from numpy.polynomial import legendre as npleg
 import warpkan
 from warpkan.kernels import poly as kp
 from warpkan.reference import poly as ref
-from warpkan.torch_bridge import ChebyKANLinear, PolyKANLinear, poly_forward, poly_kan
+from warpkan.torch_bridge import ChebyKANLinear, PolyKANLinear, edge_backward, edge_forward, poly_kan
+from warpkan.torch_bridge.poly_ops import basis_spec
 
 BASES = ["chebyshev", "legendre", "hermite", "gegenbauer", "jacobi", "fourier"]
 # parameters away from the special cases (alpha = 1/2 is Legendre, alpha = beta = 0 is Legendre, ...)
@@ -216,7 +217,7 @@ def test_gemm_strategy_matches_stencil(device, monkeypatch):
 def _strategies_run(monkeypatch, module) -> list:
     """The names of the edge driver's strategy entry points that ``module`` calls from now on, in order."""
     ran = []
-    for name in ("gemm_forward", "gemm_backward", "edge_forward", "edge_backward"):
+    for name in ("gemm_forward", "gemm_backward", "stencil_forward", "stencil_backward"):
         def spy(*args, real=getattr(module, name), name=name, **kwargs):
             ran.append(name)
             return real(*args, **kwargs)
@@ -230,9 +231,9 @@ def test_auto_strategy_is_gemm_on_the_cpu(monkeypatch, shape):
     """strategy="auto" took the stencil kernels on the CPU below 2^27 forward FLOPs, where they are 3-9x slower
     than the gemm strategy (scripts/cpu_strategy.py); on CUDA it always took gemm. Now gemm everywhere: the
     driver runs the gemm strategy forward and backward."""
-    from warpkan.torch_bridge import poly_ops
+    from warpkan.torch_bridge import edge_ops, poly_ops
 
-    ran = _strategies_run(monkeypatch, poly_ops)
+    ran = _strategies_run(monkeypatch, edge_ops)
     n_rows, n_in, n_out, degree = shape
     layer = PolyKANLinear(n_in, n_out, degree)
     assert layer.strategy == "auto" and layer.coeffs.device.type == "cpu"
@@ -342,7 +343,7 @@ def test_layer_eager_step_has_one_autograd_node(eager_step_ops):
     x = torch.rand(7, 5, requires_grad=True)
     ops = eager_step_ops(layer, x, torch.ones(7, 3))
     nodes = {name for name in ops if name.startswith("autograd::engine::evaluate_function")}
-    assert nodes == {"autograd::engine::evaluate_function: _EagerPolyLayerBackward",
+    assert nodes == {"autograd::engine::evaluate_function: EagerEdge_polykanBackward",
                      "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"}, nodes
     assert layer.coeffs.grad.stride() == layer.coeffs.stride()
 
@@ -426,10 +427,15 @@ def test_reductions_are_bitwise_reproducible(device):
 # ---------------------------------------------------------------------------------- torch integration
 def test_opcheck(device):
     x, coeffs, bias = _inputs(device, torch.float64, 6, 5, 4, 3)
-    for lut_size in (0, 129):
+    dy = torch.randn(x.shape[0], coeffs.shape[2], dtype=x.dtype, device=x.device)
+    for basis, lut_size, b in (("chebyshev", 0, bias), ("chebyshev", 129, bias), ("fourier", 0, None)):
+        spec = basis_spec(x, basis, lut_size, 1.0, 1.0, coeffs.shape[1])
         for strategy in ("stencil", "gemm"):
-            torch.library.opcheck(poly_forward, (x, coeffs, bias, "chebyshev", lut_size, 1.0, 1.0, strategy))
-    torch.library.opcheck(poly_forward, (x, coeffs, None, "fourier", 0, 1.0, 1.0, "stencil"))
+            route = (spec.static_key(), strategy, "auto", False)
+            frame = list(spec.frame_tensors)
+            torch.library.opcheck(edge_forward, (x, frame, None, None, coeffs, b, None, *route))
+            torch.library.opcheck(edge_backward, (dy, x.detach(), frame, None, None, coeffs.detach(), None, *route,
+                                                  True, True, b is not None))
 
 
 def test_torch_compile_fullgraph(device):

@@ -259,17 +259,18 @@ def test_registered_op_copies_by_the_kernel(device, warp_copies, monkeypatch):
 def test_opcheck_on_public_layout_views(device, warp_copies):
     """The registered ops on public-layout views of the parameters, their copies made by the kernel: the fake
     implementations give the strides the real ones return (a gradient in the parameter's strides)."""
-    from warpkan.torch_bridge.bspline_ops import bspline_backward, bspline_forward
+    from warpkan.torch_bridge.bspline_ops import bspline_spec
+    from warpkan.torch_bridge.edge_ops import edge_backward, edge_forward
 
     tdev = _tdev(device)
     layer = _kan(True, tdev)
     x = torch.rand(37, 5, dtype=torch.float64, device=tdev) * 1.6 - 0.8
     public = [t.detach().clone() for t in (layer.base_weight, layer.spline_scaler, layer.spline_weight)]
     views = (public[0].t(), public[1].t(), public[2].permute(1, 2, 0))
-    config = (3, True, True, False, "stencil")
-    torch.library.opcheck(bspline_forward, (x, layer.grid, *views, *config, "auto"))
+    route = (bspline_spec(x, layer.grid, 3, True, True).static_key(), "stencil", "auto", False)
+    torch.library.opcheck(edge_forward, (x, [layer.grid], *views, None, None, *route))
     dy = torch.randn(37, 33, dtype=torch.float64, device=tdev)
-    torch.library.opcheck(bspline_backward, (dy, x, layer.grid, *views, *config, True, True, "auto"))
+    torch.library.opcheck(edge_backward, (dy, x, [layer.grid], *views, None, *route, True, True, False))
     assert (33, 5 * 43, 1) in warp_copies and (5 * 43, 33, 1) in warp_copies
 
 

@@ -313,10 +313,15 @@ def test_opcheck(device):
     torch.library.opcheck(tb.ukan_pairs, (x, H, 3, 20))
     sorted_elem, window, local_u, feature, group, _ = pairs_of(x, 20)
     table = layer._table(feature, group).detach().requires_grad_()
-    args = (x.clone().requires_grad_(), sorted_elem, window, local_u, feature, table,
-            layer.base_weight.t().detach().requires_grad_(), layer.spline_scaler.t().detach().requires_grad_(),
-            H, 3, True)
-    torch.library.opcheck(tb.ukan_spline, args)
+    spec = tb.ukan_ops.table_spec(x, window, local_u, feature, H, 3, True, table.shape[0])
+    params = (layer.base_weight.t().detach().requires_grad_(), layer.spline_scaler.t().detach().requires_grad_(),
+              table.unsqueeze(0))  # the shared table: coef [1, P K, out]
+    route = (spec.static_key(), "auto", "auto", True)
+    frame = list(spec.frame_tensors)
+    torch.library.opcheck(tb.edge_forward, (x.clone().requires_grad_(), frame, *params, None, sorted_elem, *route))
+    dy = torch.randn(6, 4, dtype=torch.float64, device=device)
+    torch.library.opcheck(tb.edge_backward, (dy, x, frame, *(p.detach() for p in params), sorted_elem, *route,
+                                             True, True, False))
 
 
 def test_torch_compile_fullgraph(device):
@@ -423,7 +428,7 @@ def test_eager_steps_take_the_parameters_inside_their_nodes(eager_step_ops):
     narrow = torch.rand(50, 3, dtype=torch.float64) * 2 - 1
     wide = narrow.clone()
     wide[0, 0] = 1e4  # the sparse path
-    for x, node in ((narrow, "_EagerRangeLayerBackward"), (wide, "_EagerSplineBackward")):
+    for x, node in ((narrow, "_EagerRangeLayerBackward"), (wide, "EagerEdge_ukan_tableBackward")):
         layer = make_layer(3, 2, "cpu")
         ops = eager_step_ops(layer, x.requires_grad_(), torch.ones(50, 2, dtype=torch.float64))
         nodes = {name.split(": ")[1] for name in ops if name.startswith("autograd::engine::evaluate_function")}
@@ -483,10 +488,15 @@ def test_dense_range_opcheck_and_empty(device):
     groups = (group_lo.unsqueeze(1) - 1 + torch.arange(rows, device=device)).reshape(-1)
     features = torch.arange(3, device=device).repeat_interleave(rows)
     table = layer.generate_coefficients(features, groups).reshape(3 * rows, -1).detach().requires_grad_()
-    args = (x.clone().requires_grad_(), group_lo, table, layer.base_weight.t().detach().requires_grad_(),
-            layer.spline_scaler.t().detach().requires_grad_(), H, 3, True)
-    torch.library.opcheck(tb.ukan_ops.ukan_range_spline, args)
-    torch.library.opcheck(tb.ukan_ops.ukan_range_spline, (*args, False, "gemm", "fp32"))
+    spec, coef = tb.ukan_ops.range_spec(x, group_lo, table, H, 3, True)
+    params = (layer.base_weight.t().detach().requires_grad_(), layer.spline_scaler.t().detach().requires_grad_(),
+              coef)
+    dy = torch.randn(6, 4, dtype=torch.float64, device=device)
+    for strategy, precision in (("stencil", "fp32"), ("gemm", "fp32")):
+        route = (spec.static_key(), strategy, precision, False)
+        torch.library.opcheck(tb.edge_forward, (x.clone().requires_grad_(), [group_lo], *params, None, None, *route))
+        torch.library.opcheck(tb.edge_backward, (dy, x, [group_lo], *(p.detach() for p in params), None, *route,
+                                                 True, True, False))
     mlp = [p.detach().requires_grad_() for p in (layer.feature_embedding, layer.cg_hidden.weight,
                                                  layer.cg_hidden.bias, layer.cg_out.weight, layer.cg_out.bias)]
     torch.library.opcheck(tb.ukan_ops.ukan_range_table, (group_lo, rows, layer.pe_dim, *mlp))
@@ -552,8 +562,8 @@ def test_capacity_overflow_gives_zero_spline_and_is_reported(device):
     sorted_elem, window, local_u, feature, group, needed = small
     assert int(needed) == 6 and feature.shape == (4,)
     table = layer._table(feature, group)
-    y = tb.ukan_spline(x, sorted_elem, window, local_u, feature, table, layer.base_weight.t(),
-                       layer.spline_scaler.t(), H, 3, False)
+    y = tb.ukan_ops.spline_layer(x, sorted_elem, window, local_u, feature, table, layer.base_weight,
+                                 layer.spline_scaler, H, 3, False)
     y_ref = reference(layer, x)
     torch.testing.assert_close(y[:3], y_ref[:3], rtol=1e-12, atol=1e-12)  # rows 0..3 fit: groups 0, 1, 2
     assert torch.all(y[3:] == 0)
@@ -564,7 +574,8 @@ def test_pair_search_order_serves_the_table_gradient(device):
     the same gradients as the engine's own sort by group, with NaN inputs and pairs past the capacity among
     them (both invalid, last in that order)."""
     from warpkan.torch_bridge import ukan_ops
-    from warpkan.torch_bridge.edge_driver import edge_backward
+    from warpkan.torch_bridge.edge_driver import stencil_backward
+    from warpkan.torch_bridge.edge_ops import backward_impl
 
     layer = make_layer(3, 4, device)
     x = torch.randn(40, 3, dtype=torch.float64, device=device) * 3
@@ -574,13 +585,14 @@ def test_pair_search_order_serves_the_table_gradient(device):
     table = layer._table(feature, group).detach()
     dy = torch.randn(40, 4, dtype=torch.float64, device=device)
     base_t, scaler_t = layer.base_weight.t().contiguous(), layer.spline_scaler.t().contiguous()
-    ours = ukan_ops._spline_backward_impl(dy, x, sorted_elem, window, local_u, feature, table, base_t, scaler_t, H,
-                                          3, True, True, True)
-    args = ukan_ops._table_args(x, window, local_u, feature, table, H, 3)
-    sorted_by_engine = edge_backward(*args[:4], dy, x, base_t, scaler_t, args[4], True, True, True, True)
+    spec = ukan_ops.table_spec(x, window, local_u, feature, H, 3, True, table.shape[0])
+    ours = backward_impl(dy, x, spec.frame_tensors, base_t, scaler_t, table.unsqueeze(0), sorted_elem, spec, "auto",
+                         "auto", False, True, True, False)
+    sorted_by_engine = stencil_backward(*spec[:4], dy, x, base_t, scaler_t, table.unsqueeze(0).expand(3, -1, -1),
+                                        True, True, True, True)
     for name, a, b in zip(("dx", "d_base", "d_scaler"), ours[:3], sorted_by_engine[:3]):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, equal_nan=True, msg=name)  # the NaN input's row
-    torch.testing.assert_close(ours[3], sorted_by_engine[3][0], rtol=1e-12, atol=1e-12, msg="d_table")
+    torch.testing.assert_close(ours[3][0], sorted_by_engine[3][0], rtol=1e-12, atol=1e-12, msg="d_table")
     assert float(ours[3].abs().max()) > 0
 
 

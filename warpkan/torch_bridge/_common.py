@@ -437,7 +437,7 @@ def runs_registered_op(x: torch.Tensor) -> bool:
 
 class EagerRoute:
     """An op's eager route (see :func:`eager_function`): ``function``, the ``autograd.Function``; ``layouts``,
-    the inputs it takes in a public layout; ``label``, how errors name it ("KANLinear (warpkan::bspline_forward)").
+    the inputs it takes in a public layout; ``label``, how errors name it ("KANLinear (warpkan::edge_forward)").
     A plain object, so that traced code reads it (:func:`op_or_eager`)."""
 
     def __init__(self, function, forward_impl, layouts: dict, label: str):

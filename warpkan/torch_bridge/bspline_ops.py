@@ -1,10 +1,11 @@
-"""torch.library custom ops of the B-spline KAN layer, on the Warp kernels of ``warpkan.kernels.bspline``.
-
-The ops take the kernel layout (see that module); :func:`bspline_kan` takes efficient-kan's layout and
-(..., in) inputs, and is what ``KANLinear`` calls.
+"""The B-spline KAN layer (KANLinear's map) on the edge engine's one op pair
+(:mod:`warpkan.torch_bridge.edge_ops`): its spec (:func:`bspline_spec`: the B-spline family of the spline
+order and grid kind, the knots as the frame), the checks of its arguments, and :func:`bspline_kan`, which takes
+efficient-kan's layout and (..., in) inputs.
 
 Two strategies compute the same map, as for every edge family (:mod:`warpkan.torch_bridge.edge_driver`, which
-has their description, the ``precision`` rule of the gemm strategy and its error bound):
+has their description, the ``precision`` rule of the gemm strategy and its error bound; "auto" follows
+:mod:`warpkan.kernels.edge.strategy`):
 
 - ``stencil``: the edge engine's kernels evaluate each edge's k + 1 bases locally; cost independent of G. On
   CUDA, for grids within their shared-memory capacity (G + 3k <= 96 rows in float32), the warp-tiled kernels of
@@ -15,11 +16,6 @@ has their description, the ``precision`` rule of the gemm strategy and its error
   contractions with the combined weight ``W = [base_weight_t; coef * scaler_t]``.
 
 ``tests/test_bspline.py`` checks y and every gradient against the float64 reference with the gemm error bound.
-
-Host overhead. Each Warp launch is recorded once per (shapes, dtypes) signature and replayed, re-pointed at
-the call's tensors by one ctypes store per tensor (no Warp view, no argument packing); gradient buffers are
-written in full by the kernels (no zero fills); forward: 2 launches + 1 GEMM per row chunk, backward:
-2 launches + 2 GEMMs per chunk + 2.
 """
 
 from __future__ import annotations
@@ -31,79 +27,17 @@ from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ..kernels import bspline as kb
-from ..kernels.edge import tiled as edge_tiled
-from .edge_driver import (PRECISION_UNIT_ROUNDOFF, PRECISIONS, STRATEGIES, EdgeSpec, check_precision,
-                          differentiable_backward, edge_backward, edge_forward, gemm_backward, gemm_forward,
-                          load_gemm_modules,
-                          grad_buffers, node_combined_weight, resolve_precision, split_weight_grad)
 from ..kernels._common import IO_SCALAR_NAMES
-from ._common import (TRANSPOSED, WP_DTYPES, RecordedLaunches, autocast_dtype, check_tensor, contiguous,
-                      copy_into, eager_function, first_order_backward, on_rows, op_or_eager,
-                      params_used_by_this_backward)
+from ..kernels.edge.strategy import choose_strategy
+from ._common import WP_DTYPES, autocast_dtype, check_tensor, on_rows
+from .edge_driver import PRECISION_UNIT_ROUNDOFF, PRECISIONS, STRATEGIES, EdgeSpec, check_precision, resolve_precision
+from .edge_ops import static_spec_maker, edge_apply
 
-__all__ = ["bspline_kan", "bspline_forward", "bspline_backward", "choose_strategy", "resolve_precision",
+__all__ = ["bspline_kan", "bspline_spec", "bspline_static_spec", "apply_checked", "check_knots", "choose_strategy", "resolve_precision",
            "STRATEGIES", "PRECISIONS", "PRECISION_UNIT_ROUNDOFF"]
 
-# Up to this many coefficients per input the dense basis (zeros included) is cheaper to multiply on cuBLAS
-# than to gather per edge with the per-thread stencil kernels (the CPU, and grids past the tiled kernels'
-# capacity); beyond it the stencil kernels, whose cost does not grow with G, win. Measured on an H200 with
-# `warpkan bench bspline` (fp32, fwd+bwd ms, gemm vs per-thread stencil): (2^17, 32->32, k=3) G=32 1.87 vs
-# 2.25, G=64 3.69 vs 2.30; wide layers with short bases (256->256 G=8, 512->512 G=5) 6-8x faster on gemm.
-# The CPU's switch is at the same place (scripts/cpu_strategy.py, one thread, fwd+bwd ms, gemm vs stencil):
-# (1024, 32->32, k=3) G=45 11.7 vs 13.3, G=64 14.3 vs 12.9; (256, 64->64) G=32 6.1 vs 13.1, G=100 17.9 vs 15.3.
-GEMM_MAX_COEFFICIENTS = 48
-# The same bound where the warp-tiled stencil kernels run (CUDA, G + 3k within their capacity). Their cost
-# grows with N in out (k + 1), the dense basis's with N in out (G + k + 1) at GEMM speed. H200, fp32, kernels
-# alone (fwd + bwd ms, tiled vs gemm in the bench): (2^17, 32->32, k=3) G=32 0.84 vs 1.87; 256->256 G=8 19.9
-# vs 8.5; 512->512 G=5 18.6 vs 2.9; (128, 40->256, G=5) 0.23 vs 0.05 (the tiled grid is too small to fill
-# the GPU).
-TILED_GEMM_MAX_COEFFICIENTS = 16
-# Beyond that bound the tiled kernels still lose where their grid is small and each warp's walk long: a warp
-# walks every input of its 32 rows for 32 outputs, so fewer than TILED_MIN_TILES tiles of (32 rows, 32 outputs)
-# cannot fill the GPU, and with TILED_LONG_WALK inputs or more that walk is the step. H200, a graphed fwd+bwd,
-# tiled vs gemm (fp32): (128, 784->32, G=21) 1.89 vs 0.084 ms; UKAN's range table (128, 784->32, 28
-# coefficients) 1.86 vs 0.28. With short walks the GPU times are close ((1024, 32->32, G=21) 0.108 vs 0.064,
-# (4096, 32->32, G=21) 0.126 vs 0.095) and the gemm strategy's extra launches and GEMMs cost more host time
-# than that in an eager step (UKAN (1024, 32->32), 44 coefficients: an eager step 0.95 ms tiled, 1.94 gemm).
-TILED_MIN_TILES = 256
-TILED_LONG_WALK = 128
-# Under bf16 the GEMMs run on tensor cores and the basis is half as wide in memory, so the dense basis also
-# wins on layers of BF16_GEMM_MIN_OUTPUTS outputs or more (the tiled kernels' work grows with the outputs, the
-# basis does not). H200, graphed fwd+bwd under bf16 autocast, tiled vs gemm: (32768, 64->256, G=21) 2.50 vs
-# 0.47 ms; UKAN's range table, 44 coefficients, (8192, 256->256) 3.21 vs 1.38; at 32 outputs it does not:
-# (65536, 32->32, G=21) 0.362 vs 0.383, UKAN's (65536, 32->32), 44 coefficients, 0.46 vs 0.74 (the tiled
-# time at 64 outputs, twice that at 32, is past the gemm time).
-BF16_GEMM_MIN_OUTPUTS = 64
-# An eager step of a small layer is bound by the host, and there the tiled route's one launch a pass beats
-# the gemm route's five launches and three GEMMs: so outside CUDA-graph capture, layers of fewer than
-# EAGER_TILED_MAX_TILES tiles with short walks take the tiled kernels even where the gemm route's GPU time is
-# shorter. H200, eager step ms, tiled vs gemm (graphed in brackets): KANLinear G=5 (1024, 32->32) 0.84 vs 1.09
-# (0.105 vs 0.044); (4096, 64->64) 0.81 vs 1.31 (0.242 vs 0.083); (128, 32->10) 1.03 vs 1.17; UKANLinear
-# (1024, 32->32), 36 coefficients, 1.55 vs 1.67; (128, 32->10), 28 coefficients, 1.40 vs 1.96. Captured, the
-# GPU time decides (the rule above).
-EAGER_TILED_MAX_TILES = 1024
-
-
-def choose_strategy(n_rows: int, n_in: int, n_out: int, n_coef: int, tiled_stencil: bool = False,
-                    precision: str = "fp32", host_bound: bool = False) -> str:
-    """The strategy "auto" resolves to for a shape; ``tiled_stencil``: the warp-tiled stencil kernels apply
-    (see :func:`warpkan.kernels.bspline.tiled_applies`); ``precision``: the gemm strategy's, resolved
-    ("fp32", "tf32" or "bf16"); ``host_bound``: an eager call, whose small steps wait on the host (False
-    under CUDA-graph capture, where only the GPU time counts). The bounds are measured (the constants'
-    comments)."""
-    if not tiled_stencil:
-        return "gemm" if n_coef <= GEMM_MAX_COEFFICIENTS else "stencil"
-    tiles = -(-n_rows // 32) * -(-n_out // 32)
-    long_walk = n_in >= TILED_LONG_WALK
-    if tiles < TILED_MIN_TILES and (long_walk or not host_bound):
-        return "gemm"
-    if host_bound and tiles < EAGER_TILED_MAX_TILES and not long_walk:
-        return "stencil"
-    if n_coef <= TILED_GEMM_MAX_COEFFICIENTS:
-        return "gemm"
-    if precision == "bf16" and n_coef <= GEMM_MAX_COEFFICIENTS and n_out >= BF16_GEMM_MIN_OUTPUTS:
-        return "gemm"
-    return "stencil"
+# how errors name the layer and its op
+LABEL = "KANLinear (warpkan::edge_forward)"
 
 
 def _io_scalar(x: Tensor) -> str | None:
@@ -112,245 +46,22 @@ def _io_scalar(x: Tensor) -> str | None:
     return IO_SCALAR_NAMES.get(WP_DTYPES.get(x.dtype))
 
 
-def _tiled(x: Tensor, coef: Tensor, spline_order: int) -> bool:
-    """The stencil strategy runs the warp-tiled kernels on one table (CUDA, grid within their capacity)."""
-    scalar = _io_scalar(x)
-    return scalar in ("float32", "float64") and edge_tiled.tiled_applies(kb.family_of(spline_order, True, scalar),
-                                                                         x.is_cuda, coef.shape[1])
-
-
-def resolve_auto(family, tiled: bool, x: Tensor, n_coef: int, n_out: int, precision: str) -> str:
-    """The strategy "auto" takes for a call of a spline family (B-spline, UKAN's range table) on x [N, in]:
-    :func:`choose_strategy` with the call's resolved precision, and host-bound unless the call is recorded
-    into a CUDA graph (``capture_step``, ``graphed_training_step``, ``torch.compile(mode="reduce-overhead")``),
-    where only the GPU time counts; ``tiled``: the warp-tiled stencil kernels apply. Where an eager call takes
-    the stencil kernels and a captured one would take the gemm strategy, the family's gemm module is loaded
-    here: the capture after eager warm-up steps must not load one."""
-    captured = x.is_cuda and torch.cuda.is_current_stream_capturing()
-    strategy = choose_strategy(x.shape[0], x.shape[1], n_out, n_coef, tiled, precision, not captured)
-    if (strategy == "stencil" and not captured and tiled
-            and choose_strategy(x.shape[0], x.shape[1], n_out, n_coef, tiled, precision) == "gemm"):
-        load_gemm_modules(family, precision, x.device)
-    return strategy
-
-
-def _resolve(strategy: str, x: Tensor, coef: Tensor, spline_order: int, uniform: bool,
-             precision: str) -> tuple[str, str]:
-    """(strategy, precision) resolved for one call (as ``ukan_ops._range_route`` does for UKAN's range table)."""
-    precision = resolve_precision(precision, x.dtype, x.device)
-    if strategy == "auto":
-        tiled = _tiled(x, coef, spline_order)
-        family = kb.family_of(spline_order, uniform, _io_scalar(x)) if tiled else None
-        strategy = resolve_auto(family, tiled, x, coef.shape[1], coef.shape[2], precision)
-    return strategy, precision
-
-
-# Recorded Warp launches (see RecordedLaunches): re-pointed at each call's tensors, replayed on torch's stream.
-_launch = RecordedLaunches()
-
-
-def _gemm_forward(x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, precision):
-    return gemm_forward(kb.family_of(spline_order, uniform, _io_scalar(x)), _bspline_frame, (grid,), (), x,
-                        base_weight_t, scaler_t, coef, use_base, precision)
-
-
-def _gemm_backward(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, need_x,
-                   need_params, precision):
-    return gemm_backward(kb.family_of(spline_order, uniform, _io_scalar(x)), _bspline_frame, (grid,), (), dy, x,
-                         base_weight_t, scaler_t, coef, use_base, precision, need_x, need_params)
-
-
-def _forward_impl(
-    x: Tensor,
-    grid: Tensor,
-    base_weight_t: Tensor,
-    scaler_t: Tensor,
-    coef: Tensor,
-    spline_order: int,
-    uniform: bool,
-    use_base: bool,
-    deterministic: bool,
-    strategy: str,
-    precision: str = "auto",
-) -> Tensor:
-    """x [N, in], grid [in, G+2k+1], base_weight_t / scaler_t [in, out], coef [in, G+k, out] -> y [N, out].
-
-    ``deterministic`` only affects the backward pass; it is an argument here so autograd can see it.
-    ``precision`` applies to the gemm strategy (module docstring).
-    """
-    x, grid = x.contiguous(), grid.contiguous()
-    strategy, precision = _resolve(strategy, x, coef, spline_order, uniform, precision)
-    if strategy == "gemm":
-        # the weight-combining kernel reads the parameters in any strides (no copy of a public-layout table)
-        return _gemm_forward(x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, precision)
-    base_weight_t, scaler_t, coef = (contiguous(t) for t in (base_weight_t, scaler_t, coef))
-    return edge_forward(kb.family_of(spline_order, uniform, _io_scalar(x)), _bspline_frame, (grid,), (), x,
-                        base_weight_t, scaler_t, coef, use_base)
-
-
 def _bspline_frame(grid):
     return kb.frame_of(grid)
+
+
+@static_spec_maker("bspline")
+def bspline_static_spec(spline_order: int, uniform: bool, scalar: str, n_coef: int, use_base: bool) -> EdgeSpec:
+    """The spec of a B-spline layer less its knots (:meth:`EdgeSpec.with_frame` adds them): the family of the
+    spline order, grid kind and scalar type, n_coef = G + k coefficients an input, the SiLU base rows fused."""
+    return EdgeSpec(kb.family_of(spline_order, uniform, scalar), _bspline_frame, (), (), n_coef, use_base)
 
 
 def bspline_spec(x: Tensor, grid: Tensor, spline_order: int, uniform: bool, use_base: bool) -> EdgeSpec:
     """The edge-engine spec of a B-spline layer for x's dtype: its family (order, grid kind), its knots ``grid``
     [in, G + 2k + 1] as the frame, G + k coefficients an input, and whether the SiLU base rows are fused."""
-    return EdgeSpec(kb.family_of(spline_order, uniform, _io_scalar(x)), _bspline_frame, (grid.contiguous(),), (),
-                    grid.shape[1] - spline_order - 1, use_base)
-
-
-bspline_forward = torch.library.custom_op("warpkan::bspline_forward", _forward_impl, mutates_args=())
-
-
-@bspline_forward.register_fake
-def _(x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, deterministic, strategy,
-      precision="auto"):
-    return x.new_empty((x.shape[0], coef.shape[2]))
-
-
-def _backward_impl(
-    dy: Tensor,
-    x: Tensor,
-    grid: Tensor,
-    base_weight_t: Tensor,
-    scaler_t: Tensor,
-    coef: Tensor,
-    spline_order: int,
-    uniform: bool,
-    use_base: bool,
-    deterministic: bool,
-    strategy: str,
-    need_x: bool,
-    need_params: bool,
-    precision: str = "auto",
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Gradients (dx, d_base_weight_t, d_scaler_t, d_coef), the parameters' in the parameters' own strides
-    (a public-layout parameter's gradient is then taken by AccumulateGrad without a copy); the ones not asked
-    for come back empty."""
-    dy, x, grid = dy.contiguous(), x.contiguous(), grid.contiguous()
-    strategy, precision = _resolve(strategy, x, coef, spline_order, uniform, precision)
-    if strategy == "gemm":
-        return _gemm_backward(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, need_x,
-                              need_params, precision)
-    grads = _stencil_backward(dy, x, grid, *(contiguous(t) for t in (base_weight_t, scaler_t, coef)), spline_order,
-                              uniform, use_base, deterministic, need_x, need_params)
-    return grads[:1] + tuple(_strided_like(g, t) for g, t in zip(grads[1:], (base_weight_t, scaler_t, coef)))
-
-
-def _strided_like(grad: Tensor, like: Tensor) -> Tensor:
-    """``grad`` (contiguous) in the strides ``torch.empty_like(like)`` has: copied only where they differ (a
-    public-layout parameter's, by the transpose kernel: :func:`copy_into`)."""
-    if grad.numel() == 0 or like.is_contiguous():
-        return grad
-    out = torch.empty_like(like)
-    return grad if out.stride() == grad.stride() else copy_into(grad, out)
-
-
-def _stencil_backward(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, deterministic,
-                      need_x, need_params):
-    """The stencil strategy's gradients, on contiguous arguments (contiguous gradients)."""
-    return edge_backward(kb.family_of(spline_order, uniform, _io_scalar(x)), _bspline_frame, (grid,), (), dy, x,
-                         base_weight_t, scaler_t, coef, use_base, deterministic, need_x, need_params)
-
-
-bspline_backward = torch.library.custom_op("warpkan::bspline_backward", _backward_impl, mutates_args=())
-
-
-@bspline_backward.register_fake
-def _(dy, x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, deterministic, strategy, need_x,
-      need_params, precision="auto"):
-    return grad_buffers(x.contiguous(), base_weight_t, scaler_t, coef, need_x, need_params)
-
-
-def _setup_context(ctx, inputs, output):
-    x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base, deterministic, strategy, precision = inputs
-    ctx.save_for_backward(x, grid, base_weight_t, scaler_t, coef)
-    ctx.config = (spline_order, uniform, use_base, deterministic, strategy)
-    ctx.precision = precision
-    ctx.op_inputs = inputs  # for create_graph=True (_higher_backward): the op's inputs, with their history
-
-
-def _backward(ctx, dy):
-    x, grid, base_weight_t, scaler_t, coef = ctx.saved_tensors
-    need_x = ctx.needs_input_grad[0]
-    need_params = any(ctx.needs_input_grad[2:5])
-    if not (need_x or need_params):
-        return (None,) * 11
-    dx, d_base, d_scaler, d_coef = bspline_backward(
-        dy, x, grid, base_weight_t, scaler_t, coef, *ctx.config, need_x, need_params, ctx.precision
-    )
-    return _input_grads(ctx, dx, d_base, d_scaler, d_coef, need_x, need_params)
-
-
-def _input_grads(ctx, dx, d_base, d_scaler, d_coef, need_x, need_params):
-    use_base = ctx.config[2]
-    return (
-        dx if need_x else None,
-        None,
-        d_base if need_params and use_base and ctx.needs_input_grad[2] else None,
-        d_scaler if need_params and ctx.needs_input_grad[3] else None,
-        d_coef if need_params and ctx.needs_input_grad[4] else None,
-        None, None, None, None, None, None,
-    )
-
-
-def _higher_backward(ctx, inputs, dy):
-    """The gradients as differentiable graphs, for ``create_graph=True`` (any strategy: the same map): the
-    engine's dense basis and its x-derivatives to the third order (``edge_driver.differentiable_backward``), the
-    combined weight (made once a node) and the split of its gradient."""
-    x, grid, base_weight_t, scaler_t, coef, spline_order, uniform, use_base = inputs[:8]
-    need_x = ctx.needs_input_grad[0]
-    need_params = any(ctx.needs_input_grad[2:5]) and params_used_by_this_backward(ctx)
-    if not (need_x or need_params):
-        return (None,) * 11
-    spec = bspline_spec(x, grid, spline_order, uniform, use_base)
-    weight = node_combined_weight(ctx, spec.family, base_weight_t, scaler_t, coef, use_base)
-    dx, d_weight = differentiable_backward(spec, dy, x.contiguous(), weight, need_x, need_params)
-    d_base = d_scaler = d_coef = None
-    if need_params:
-        d_base, d_scaler, d_coef = split_weight_grad(d_weight, scaler_t, coef, use_base)
-    return _input_grads(ctx, dx, d_base, d_scaler, d_coef, need_x, need_params)
-
-
-# how errors name the op
-LABEL = "KANLinear (warpkan::bspline_forward)"
-bspline_forward.register_autograd(first_order_backward(LABEL, _backward, _higher_backward), setup_context=_setup_context)
-
-
-def _eager_backward(ctx, dy):
-    x, grid, base_weight_t, scaler_t, coef = ctx.saved_tensors
-    need_x = ctx.needs_input_grad[0]
-    need_params = any(ctx.needs_input_grad[2:5])
-    if not (need_x or need_params):
-        return (None,) * 11
-    dx, d_base, d_scaler, d_coef = _backward_impl(
-        dy, x, grid, base_weight_t, scaler_t, coef, *ctx.config, need_x, need_params, ctx.precision
-    )
-    return _input_grads(ctx, dx, d_base, d_scaler, d_coef, need_x, need_params)
-
-
-# In eager mode each custom-op call cost about 0.3 ms of host time on the GPU machine (torch 2.11, mostly
-# inside torch's custom-op wrapper), which dominated small layers. The eager route takes the parameters in
-# their public layout ([out, in], [out, in, G + k]) and makes the kernel-layout views inside (see
-# eager_function). The gemm strategy reads them and writes their gradients in the parameters' own strides, so
-# AccumulateGrad takes the gradients as they are; the stencil strategy reads a contiguous kernel-layout copy
-# of a public-layout parameter (made once a step, _stencil_operands), and the route copies its gradient back
-# into the parameter's strides (both copies by the transpose kernel on CUDA: _common.copy_into; none of them
-# for KANLinear(contiguous_parameters=False), whose storage is the kernel layout).
-_PUBLIC_LAYOUTS = {2: TRANSPOSED, 3: TRANSPOSED, 4: (lambda t: t.permute(1, 2, 0), lambda g: g.permute(2, 0, 1))}
-
-
-def _stencil_operands(inputs: tuple) -> tuple:
-    """The stencil strategy reads the parameters in the kernels' layout: made contiguous once, for the forward
-    and the backward pass (the gemm strategy reads them in any strides)."""
-    x, grid, base_weight_t, scaler_t, coef, spline_order, *config = inputs
-    if _resolve(config[3], x, coef, spline_order, config[0], config[4])[0] == "gemm":
-        return inputs
-    return (x, grid, contiguous(base_weight_t), contiguous(scaler_t), contiguous(coef), spline_order, *config)
-
-
-_EagerBSpline = eager_function("_EagerBSpline", _forward_impl, _setup_context, _eager_backward, _PUBLIC_LAYOUTS,
-                               LABEL, prepare=_stencil_operands, higher=_higher_backward)
+    return bspline_static_spec(spline_order, uniform, _io_scalar(x), grid.shape[1] - spline_order - 1,
+                               use_base).with_frame((grid.contiguous(),))
 
 
 def bspline_kan(
@@ -375,7 +86,7 @@ def bspline_kan(
 
     ``strategy``: "stencil" evaluates each edge locally in Warp (cost independent of G); "gemm" expands the
     bases of row chunks in Warp and contracts them with cuBLAS (fast for short bases); "auto" picks by shape
-    (:func:`choose_strategy`).
+    (:func:`choose_strategy`, :mod:`warpkan.kernels.edge.strategy`).
 
     ``precision`` (gemm strategy): "fp32", "tf32", "bf16", or "auto": bf16 under bf16 autocast, else torch's
     ``torch.get_float32_matmul_precision()`` rule ("highest" -> fp32, "high" -> tf32, "medium" -> bf16), as
@@ -433,11 +144,11 @@ def check_knots(grid: Tensor, uniform: bool) -> None:
 def apply_checked(x: Tensor, grid: Tensor, base_weight: Tensor | None, spline_weight: Tensor, spline_scaler: Tensor,
                   spline_order: int, uniform: bool, deterministic: bool, strategy: str, precision: str) -> Tensor:
     """:func:`bspline_kan` on arguments already checked (``KANLinear`` checks its parameters and configuration
-    once, at construction, and x per call): a small layer's eager step is host-bound."""
+    once, at construction, and x per call): a small layer's eager step is host-bound. The parameters go to the
+    op pair in efficient-kan's layout ("kanlinear": the op's views are made inside the autograd node)."""
     n_in = spline_scaler.shape[1]
     use_base = base_weight is not None
-    if not use_base:
-        base_weight = spline_scaler  # any [out, in] tensor: the kernels skip the base term
-    op = op_or_eager(bspline_forward, _EagerBSpline, x)
-    return on_rows(x, n_in, lambda x2: op(x2, grid, base_weight, spline_scaler, spline_weight, spline_order, uniform,
-                                          use_base, deterministic, strategy, precision))
+    static_args = (spline_order, uniform, _io_scalar(x), spline_weight.shape[2], use_base)
+    return on_rows(x, n_in, lambda x2: edge_apply(
+        x2, "bspline", static_args, (grid.contiguous(),), base_weight, spline_scaler, spline_weight, None,
+        strategy, precision, deterministic, layout="kanlinear", label=LABEL))

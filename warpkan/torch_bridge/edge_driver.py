@@ -4,7 +4,7 @@ on torch tensors, and the one precision rule of their GEMMs.
 A family's op hands over its family, a frame maker and the tensors the frame holds; this module picks the
 kernels and allocates the outputs. Every tensor argument must be contiguous.
 
-- ``stencil`` (:func:`edge_forward`, :func:`edge_backward`): the engine's kernels evaluate each edge's K
+- ``stencil`` (:func:`stencil_forward`, :func:`stencil_backward`): the engine's kernels evaluate each edge's K
   bases locally; the warp-tiled ones where a table plan applies on CUDA (recorded once per signature and
   replayed), the per-thread ones elsewhere (on torch's stream, scratch from torch's allocator).
 - ``gemm`` (:func:`gemm_forward`, :func:`gemm_backward`): the engine writes the transposed dense basis of a
@@ -52,7 +52,7 @@ from ._common import (RecordedLaunches, TorchWorkspace, autocast_dtype, check_te
                       matmul_precision, needed_grads, runs_registered_op, to_warp, warp_device, warp_stream)
 
 __all__ = ["STRATEGIES", "PRECISIONS", "PRECISION_UNIT_ROUNDOFF", "check_strategy", "check_precision",
-           "resolve_precision", "edge_forward", "edge_backward", "gemm_forward", "gemm_backward", "expand_basis",
+           "resolve_precision", "stencil_forward", "stencil_backward", "gemm_forward", "gemm_backward", "expand_basis",
            "EdgeSpec", "combined_weight", "node_cached", "node_combined_weight", "split_weight_grad",
            "differentiable_backward", "grad_buffers", "MAX_X_DERIVATIVE", "dense_basis", "contract_basis",
            "expand_contract", "edge_dense_basis", "edge_contract_basis", "edge_expand_contract", "spec_of",
@@ -120,7 +120,7 @@ _TILED_FORWARD = keyword_launcher(_tiled_forward)
 _TILED_BACKWARD = keyword_launcher(_tiled_backward)
 
 
-def edge_forward(family, make_frame, frame_tensors: tuple, frame_config: tuple, x: Tensor, base_weight_t: Tensor,
+def stencil_forward(family, make_frame, frame_tensors: tuple, frame_config: tuple, x: Tensor, base_weight_t: Tensor,
                  scaler_t: Tensor, coef: Tensor, use_base: bool, bias: "Tensor | None" = None,
                  deterministic: bool = False) -> Tensor:
     """y [N, out] of the engine's forward (the forward is deterministic on every path)."""
@@ -156,10 +156,10 @@ def grad_buffers(x, base_weight_t, scaler_t, coef, need_x, need_params, zero=Fal
     return make(x, need_x), make(base_weight_t, need_params), make(scaler_t, need_params), make(coef, need_params)
 
 
-def edge_backward(family, make_frame, frame_tensors: tuple, frame_config: tuple, dy: Tensor, x: Tensor,
+def stencil_backward(family, make_frame, frame_tensors: tuple, frame_config: tuple, dy: Tensor, x: Tensor,
                   base_weight_t: Tensor, scaler_t: Tensor, coef: Tensor, use_base: bool, deterministic: bool,
                   need_x: bool, need_params: bool, entry_order: "Tensor | None" = None) -> tuple:
-    """(dx, d_base_weight_t, d_scaler_t, d_coef) of :func:`edge_forward`; those not asked for come back empty.
+    """(dx, d_base_weight_t, d_scaler_t, d_coef) of :func:`stencil_forward`; those not asked for come back empty.
     The tiled pass (overwriting the gradients: no fill) where its plan applies and the parameter gradients are
     asked for; else the per-thread kernels into zero-filled buffers. ``entry_order``: see
     ``kernels.edge.launch.launch_backward`` (shared tables)."""
@@ -436,6 +436,12 @@ class EdgeSpec(tuple):
         """Whether the dense basis leads with each input's SiLU row (the fused base path)."""
         return self[5]
 
+    def with_frame(self, frame_tensors) -> "EdgeSpec":
+        """This spec with ``frame_tensors`` as its frame's tensors (a family's static spec, made once, given a
+        call's tensors)."""
+        family, make_frame, _, frame_config, n_coef, use_base = self
+        return EdgeSpec(family, make_frame, frame_tensors, frame_config, n_coef, use_base)
+
     def launch_config(self) -> tuple:
         """The spec as the keyword configuration of a recorded launch (``RecordedLaunches``)."""
         return _frame_config(*self)
@@ -444,9 +450,13 @@ class EdgeSpec(tuple):
         """The spec less its frame tensors as a string, registered (:func:`spec_of`): what a custom-op schema
         can carry. Families go by their compile key, frame makers by their qualified name."""
         family, make_frame, _, frame_config, n_coef, use_base = self
-        key = "|".join((_static_name(family), _static_name(make_frame), ",".join(map(_static_name, frame_config)),
-                        str(n_coef), str(int(use_base))))
-        _STATIC_SPECS.setdefault(key, (family, make_frame, frame_config, n_coef, use_base))
+        static = (family, make_frame, frame_config, n_coef, use_base)
+        key = _STATIC_KEYS.get(static)  # made once a static part: this runs per traced call
+        if key is None:
+            key = "|".join((_static_name(family), _static_name(make_frame), ",".join(map(_static_name, frame_config)),
+                            str(n_coef), str(int(use_base))))
+            _STATIC_SPECS.setdefault(key, static)
+            _STATIC_KEYS[static] = key
         return key
 
 
@@ -459,6 +469,7 @@ def _static_name(value) -> str:
 
 
 _STATIC_SPECS: dict = {}  # EdgeSpec.static_key() -> the spec's static part
+_STATIC_KEYS: dict = {}  # and back
 
 
 def spec_of(static_key: str, frame_tensors) -> EdgeSpec:

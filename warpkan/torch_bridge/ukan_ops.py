@@ -1,34 +1,32 @@
-"""torch.library custom ops of the UKAN layer, on the Warp kernels of ``warpkan.kernels.ukan``.
+"""UKANLinear's ops: the touched pairs, the CG-MLP range table, and the layer's two tables on the edge engine's
+one op pair (:mod:`warpkan.torch_bridge.edge_ops`).
 
-On the sparse touched-pair path two ops do the Warp work; the CG-MLP between them is ordinary torch (a small
-dense GEMM on the table rows), so autograd carries the table's gradient into the MLP's parameters:
+On the sparse touched-pair path:
 
 - ``warpkan::ukan_pairs(x, grid_delta, spline_order, capacity)``: the distinct (feature, group) pairs x
   touches (plus the g - 1 neighbours) in a table of ``capacity`` rows, and for each element its window in
   that table. Every output size is a function of the shapes and the capacity (no host read-back), so the
   layer runs under CUDA-graph capture and ``torch.compile`` with static shapes. The number of rows the data
   needed comes back as a one-element device tensor.
-- ``warpkan::ukan_spline(x, ..., table, ...)``: the spline (and optional SiLU base) on the table
-  ``[capacity * K, out]``, differentiable in x, table, base weight and scaler
-  (``warpkan::ukan_spline_backward``): the edge engine's kernels on the shared-table UKAN family
-  (:func:`warpkan.kernels.edge.ukan_family.ukan_table_family`), each element's window from the pair search.
+- the CG-MLP between them is ordinary torch (a small dense GEMM on the table rows), so autograd carries the
+  table's gradient into the MLP's parameters;
+- the spline (and optional SiLU base) on the table ``[capacity * K, out]`` (:func:`spline_layer`): the op pair on
+  the shared-table UKAN family (:func:`table_spec`; :func:`warpkan.kernels.edge.ukan_family.ukan_table_family`),
+  each element's window from the pair search, its backward atomic-free in the search's element order.
 
-The dense-range path (see ``warpkan.kernels.ukan``) has three more (and their backward ops):
+The dense-range path (see ``warpkan.kernels.ukan``):
 
 - ``warpkan::ukan_group_range(x, grid_delta, spline_order)``: each feature's lowest touched group and the
   widest span, on the device;
 - ``warpkan::ukan_range_table`` (backward ``warpkan::ukan_range_table_backward``): the CG-MLP itself on
   every feature's contiguous groups, in Warp (its input rows formed on the device, fixed-order gradient sums);
-- ``warpkan::ukan_range_spline`` (backward ``warpkan::ukan_range_spline_backward``): the spline on the
-  CG-MLP output ``[in * Rt, K * out]`` ((m, o) columns: the CG-MLP's output rows are permuted so), which is the
-  edge engine's coefficient table ``[in, Rt K, out]`` as it lies: the UKAN edge family
-  (:mod:`warpkan.kernels.edge.ukan_family`) on the engine's kernels (warp-tiled on CUDA where the table fits).
+- the spline on the CG-MLP output ``[in * Rt, K * out]`` ((m, o) columns: the CG-MLP's output rows are permuted
+  so), which is the edge engine's coefficient table ``[in, Rt K, out]`` as it lies: the op pair on the UKAN edge
+  family (:func:`range_spec`; :mod:`warpkan.kernels.edge.ukan_family`), routed as KANLinear's.
 
-Their Warp launches are recorded once per (pointers, shapes) signature and replayed (the B-spline ops'
-launch cache), so a small layer pays about 5 us per launch. Eager calls skip the custom-op dispatch: the
-table and the spline run as one ``autograd.Function`` node through the same implementations
-(:func:`range_layer`), and the pair path's spline as another (:func:`spline_layer`). Both take base_weight and
-spline_scaler as the layer exposes them ([out, in]) and make the op's transposed views inside the node.
+Eagerly the range table and the spline run as one ``autograd.Function`` node through the same implementations
+(:func:`range_layer`); under tracing, ``ukan_range_table`` then ``edge_forward``. Both take base_weight and
+spline_scaler as the layer exposes them ([out, in]) and make the transposed views inside the node.
 """
 
 from __future__ import annotations
@@ -40,24 +38,20 @@ from torch import Tensor
 from ..kernels import ukan as ku
 from ..kernels.edge.ukan_family import (ukan_family, ukan_frame_of, ukan_pairs_family, ukan_pairs_frame_of,
                                         ukan_table_family, ukan_table_frame_of)
-from ..kernels.edge import tiled as edge_tiled
-from .bspline_ops import resolve_auto
-from .edge_driver import (EdgeSpec, combined_weight, differentiable_backward, edge_backward, edge_forward,
-                          gemm_backward, gemm_forward, node_cached, node_combined_weight, resolve_precision)
-from ._common import (TRANSPOSED, RecordedLaunches, contiguous, eager_function, first_order_backward,
-                      forward_mode_message, kernel_copies, op_or_eager, params_used_by_this_backward,
-                      refuse_transforms, to_warp, use_registered_op, warp_stream, with_strides)
+from .edge_driver import EdgeSpec, combined_weight, differentiable_backward, node_cached, node_combined_weight
+from .edge_ops import static_spec_maker, edge_apply, register_higher_view, resolve_route, run_backward, run_forward
+from ._common import (RecordedLaunches, contiguous, first_order_backward, forward_mode_message, kernel_copies,
+                      params_used_by_this_backward, refuse_transforms, to_warp, use_registered_op, warp_stream,
+                      with_strides)
 
 # how errors name the layer and its ops
-LABEL = "UKANLinear (warpkan::ukan_pairs, ukan_group_range, ukan_range_table, ukan_range_spline, ukan_spline)"
-SPLINE_LABEL = "UKANLinear (warpkan::ukan_spline)"
+LABEL = "UKANLinear (warpkan::ukan_pairs, ukan_group_range, ukan_range_table, edge_forward)"
+SPLINE_LABEL = "UKANLinear (warpkan::ukan_pairs + edge_forward)"
 RANGE_TABLE_LABEL = "UKANLinear (warpkan::ukan_range_table)"
-RANGE_SPLINE_LABEL = "UKANLinear (warpkan::ukan_range_spline)"
-RANGE_LAYER_LABEL = "UKANLinear (warpkan::ukan_range_table + ukan_range_spline)"
+RANGE_LAYER_LABEL = "UKANLinear (warpkan::ukan_range_table + edge_forward)"
 
-__all__ = ["ukan_pairs", "ukan_spline", "ukan_spline_backward", "ukan_range_spline", "ukan_range_spline_backward",
-           "group_range", "group_range_op", "ukan_range_table", "range_layer", "spline_layer",
-           "positional_encoding"]
+__all__ = ["ukan_pairs", "pairs_of", "group_range", "group_range_op", "ukan_range_table", "range_layer",
+           "spline_layer", "range_spec", "table_spec", "range_table_torch", "positional_encoding"]
 
 _TORCH_INT = {ku.wp.int32: torch.int32, ku.wp.int64: torch.int64}
 
@@ -129,114 +123,37 @@ def _(x, grid_delta, spline_order, capacity):
     return _pair_outputs(x, capacity, alloc, alloc)
 
 
-def _table_args(x: Tensor, window: Tensor, local_u: Tensor, pair_feature: Tensor, table: Tensor,
-                grid_delta: float, spline_order: int) -> tuple:
-    """(family, frame maker, frame tensors, frame config, coef) of the engine's view of the pair table: the
-    shared-table UKAN family (each element's window from the pair search), coef the one table [P K, out] seen by
-    every input (a zero input stride)."""
-    family = ukan_table_family(spline_order, "float64" if x.dtype == torch.float64 else "float32")
-    coef = table.unsqueeze(0).expand(x.shape[1], -1, -1)
-    return family, _table_frame, (window, local_u, pair_feature), (float(grid_delta), family.scalar_name), coef
+@static_spec_maker("ukan_table")
+def table_static_spec(spline_order: int, scalar: str, grid_delta: float, n_coef: int, use_base: bool) -> EdgeSpec:
+    """The touched-pair table's spec less its frame tensors: the shared-table UKAN family (each element's window
+    from the pair search), whose one table [P K, out] (``n_coef`` = P K rows) every input reads (the op pair's
+    shared ``coef`` [1, P K, out])."""
+    family = ukan_table_family(spline_order, scalar)
+    return EdgeSpec(family, _table_frame, (), (float(grid_delta), family.scalar_name), n_coef, use_base)
+
+
+def table_spec(x: Tensor, window: Tensor, local_u: Tensor, pair_feature: Tensor, grid_delta: float,
+               spline_order: int, use_base: bool, n_coef: int) -> EdgeSpec:
+    """The spec of the touched-pair table of ``ukan_pairs(x)`` (:func:`table_static_spec`) with its frame: each
+    element's window and local coordinate, each table row's feature."""
+    return table_static_spec(spline_order, _scalar(x), float(grid_delta), n_coef, use_base).with_frame(
+        (window.contiguous(), local_u.contiguous(), pair_feature.contiguous()))
+
+
+def _scalar(x: Tensor) -> str:
+    return "float64" if x.dtype == torch.float64 else "float32"
 
 
 def _table_frame(window, local_u, pair_feature, h: float, scalar: str):
     return ukan_table_frame_of(window, local_u, pair_feature, h, scalar)
 
 
-def _spline_forward_impl(x: Tensor, sorted_elem: Tensor, window: Tensor, local_u: Tensor, pair_feature: Tensor,
-                         table: Tensor, base_weight_t: Tensor, scaler_t: Tensor, grid_delta: float, spline_order: int,
-                         use_base: bool) -> Tensor:
-    """y [N, out] from x [N, in], the pairs of ``ukan_pairs(x)`` and table [C * K, out]; base_weight_t /
-    scaler_t [in, out]: the edge engine's kernels on the shared-table UKAN family (``sorted_elem`` serves the
-    backward)."""
-    x, window, local_u, pair_feature, table = (t.contiguous() for t in (x, window, local_u, pair_feature, table))
-    base_weight_t, scaler_t = contiguous(base_weight_t), contiguous(scaler_t)
-    family, make_frame, frame_tensors, frame_config, coef = _table_args(x, window, local_u, pair_feature, table,
-                                                                        grid_delta, spline_order)
-    return edge_forward(family, make_frame, frame_tensors, frame_config, x, base_weight_t, scaler_t, coef, use_base)
-
-
-ukan_spline = torch.library.custom_op("warpkan::ukan_spline", _spline_forward_impl, mutates_args=())
-
-
-@ukan_spline.register_fake
-def _(x, sorted_elem, window, local_u, pair_feature, table, base_weight_t, scaler_t, grid_delta, spline_order,
-      use_base):
-    return x.new_empty((x.shape[0], scaler_t.shape[1]))
-
-
-def _spline_backward_impl(dy: Tensor, x: Tensor, sorted_elem: Tensor, window: Tensor, local_u: Tensor,
-                          pair_feature: Tensor, table: Tensor, base_weight_t: Tensor, scaler_t: Tensor,
-                          grid_delta: float, spline_order: int, use_base: bool, need_x: bool, need_params: bool
-                          ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(dx, d_base_weight_t, d_scaler_t, d_table); the ones not asked for come back empty. The engine's
-    atomic-free kernels (every gradient bitwise reproducible), taking the elements in the pair search's sorted
-    order."""
-    dy, x, sorted_elem, window, local_u, pair_feature, table = (
-        t.contiguous() for t in (dy, x, sorted_elem, window, local_u, pair_feature, table))
-    base_weight_t, scaler_t = contiguous(base_weight_t), contiguous(scaler_t)
-    family, make_frame, frame_tensors, frame_config, coef = _table_args(x, window, local_u, pair_feature, table,
-                                                                        grid_delta, spline_order)
-    dx, d_base, d_scaler, d_coef = edge_backward(family, make_frame, frame_tensors, frame_config, dy, x,
-                                                 base_weight_t, scaler_t, coef, use_base, True, need_x, need_params,
-                                                 entry_order=sorted_elem)
-    return dx, d_base, d_scaler, d_coef[0] if need_params else d_coef
-
-
-ukan_spline_backward = torch.library.custom_op("warpkan::ukan_spline_backward", _spline_backward_impl,
-                                               mutates_args=())
-
-
-def _grad_buffers(x, base_weight_t, table, need_x, need_params, alloc):
-    def make(shape, needed):
-        return alloc(shape if needed else (0,), dtype=x.dtype, device=x.device)
-
-    return (
-        make(x.shape, need_x),
-        make(base_weight_t.shape, need_params),
-        make(base_weight_t.shape, need_params),
-        make(table.shape, need_params),
-    )
-
-
-@ukan_spline_backward.register_fake
-def _(dy, x, sorted_elem, window, local_u, pair_feature, table, base_weight_t, scaler_t, grid_delta, spline_order,
-      use_base, need_x, need_params):
-    return _grad_buffers(x, base_weight_t, table, need_x, need_params, torch.empty)
-
-
-def _setup_context(ctx, inputs, output):
-    (x, sorted_elem, window, local_u, pair_feature, table, base_weight_t, scaler_t, grid_delta, spline_order,
-     use_base) = inputs
-    ctx.save_for_backward(x, sorted_elem, window, local_u, pair_feature, table, base_weight_t, scaler_t)
-    ctx.config = (grid_delta, spline_order, use_base)
-    ctx.op_inputs = inputs  # for create_graph=True (_spline_higher)
-
-
-def _backward(ctx, dy, backward_op=ukan_spline_backward):
-    saved = ctx.saved_tensors
-    need_x = ctx.needs_input_grad[0]
-    need_params = any(ctx.needs_input_grad[5:8])
-    if not (need_x or need_params):
-        return (None,) * 11
-    dx, d_base, d_scaler, d_table = backward_op(dy, *saved, *ctx.config, need_x, need_params)
-    use_base = ctx.config[2]
-    return (
-        dx if need_x else None,
-        None, None, None, None,
-        d_table if need_params and ctx.needs_input_grad[5] else None,
-        d_base if need_params and use_base and ctx.needs_input_grad[6] else None,
-        d_scaler if need_params and ctx.needs_input_grad[7] else None,
-        None, None, None,
-    )
-
-
 def _pair_args(x: Tensor, table: Tensor, grid_delta: float, spline_order: int) -> tuple:
     """(family, frame maker, frame tensors, frame config, coef) of the engine's view of the touched-pair table
     read per feature (the UKAN pairs family): coef [in, Cmax K, out] gathers each feature's rows, differentiably,
     padded with zeros to Cmax, the most rows a feature has. The pairs are those of ``ukan_pairs(x)`` again (the
-    same x gives the same pairs; the spline op is not given their groups), and their count is read back (this
-    path is eager)."""
+    same x gives the same pairs; the op is not given their groups), and their count is read back (this view
+    serves create_graph=True, which is eager)."""
     K = spline_order + 1
     n_in, n_out = x.shape[1], table.shape[1]
     capacity = table.shape[0] // K
@@ -260,37 +177,29 @@ def _pairs_frame(pair_group, first, count, h: float, scalar: str):
     return ukan_pairs_frame_of(pair_group, first, count, h, scalar)
 
 
-def _spline_higher(ctx, inputs, dy):
-    """The pair path's gradients as differentiable graphs, for ``create_graph=True``: the table read per feature
-    by the engine's UKAN pairs family (:func:`_pair_args`), as the dense-range path reads its range table."""
-    x, table, base_weight_t, scaler_t = inputs[0], inputs[5], inputs[6], inputs[7]
-    grid_delta, spline_order, use_base = inputs[8:11]
-    args = _pair_args(x, table, grid_delta, spline_order)
-    return _spline_higher_outputs(
-        ctx, 11, {5: table, 6: base_weight_t, 7: scaler_t}, 6, use_base,
-        lambda wrt: _table_spline_higher_grads(args, dy, x, base_weight_t, scaler_t, use_base,
-                                               ctx.needs_input_grad[0], wrt))
+def _table_higher_view(spec: EdgeSpec, x: Tensor, coef: Tensor) -> tuple:
+    """The pair table has no dense basis (one table for every input): create_graph=True differentiates it read
+    per feature by the UKAN pairs family (:func:`_pair_args`), as the dense-range path reads its range table."""
+    family, make_frame, frame_tensors, frame_config, per_feature = _pair_args(
+        x, coef[0], spec.frame_config[0], spec.family.n_bases - 1)
+    return EdgeSpec(family, make_frame, frame_tensors, frame_config, per_feature.shape[1], spec.use_base), per_feature
 
 
-ukan_spline.register_autograd(first_order_backward(SPLINE_LABEL, _backward, _spline_higher),
-                              setup_context=_setup_context)
-
-# The eager route (see eager_function): the op's implementations in one autograd.Function, with base_weight
-# and spline_scaler taken as UKANLinear exposes them, [out, in]
-_EagerSpline = eager_function("_EagerSpline", _spline_forward_impl, _setup_context,
-                              lambda ctx, dy: _backward(ctx, dy, _spline_backward_impl),
-                              {6: TRANSPOSED, 7: TRANSPOSED}, SPLINE_LABEL, prepare=lambda inputs: (
-                                  *inputs[:6], contiguous(inputs[6]), contiguous(inputs[7]), *inputs[8:]),
-                              higher=_spline_higher)
+register_higher_view(_table_frame, _table_higher_view)
 
 
 def spline_layer(x: Tensor, sorted_elem: Tensor, window: Tensor, local_u: Tensor, pair_feature: Tensor,
                  table: Tensor, base_weight: Tensor, spline_scaler: Tensor, grid_delta: float, spline_order: int,
                  use_base: bool) -> Tensor:
-    """:func:`ukan_spline` with base_weight / spline_scaler [out, in] (as UKANLinear exposes them): the
-    registered op under tracing, the eager route otherwise."""
-    return op_or_eager(ukan_spline, _EagerSpline, x)(x, sorted_elem, window, local_u, pair_feature, table,
-                                                  base_weight, spline_scaler, grid_delta, spline_order, use_base)
+    """y [N, out] from x [N, in], the pairs of ``ukan_pairs(x)`` and table [C K, out], differentiable in x, the
+    table, base_weight and spline_scaler [out, in] (as UKANLinear exposes them): the op pair
+    (``edge_ops.edge_apply``) on the shared-table spec, its backward the engine's atomic-free kernels (every
+    gradient bitwise reproducible), taking the elements in the pair search's sorted order ``sorted_elem``."""
+    static_args = (spline_order, _scalar(x), float(grid_delta), table.shape[0], use_base)
+    frame_tensors = (window.contiguous(), local_u.contiguous(), pair_feature.contiguous())
+    return edge_apply(x, "ukan_table", static_args, frame_tensors, base_weight if use_base else None,
+                      spline_scaler, table, None, "stencil", "auto", True, entry_order=sorted_elem,
+                      layout="ukan_table", label=SPLINE_LABEL)
 
 
 # ---------------------------------------------------------------------- dense-range path
@@ -452,180 +361,45 @@ def output_major(d_w_out: Tensor, d_b_out: Tensor, spline_order: int) -> tuple[T
             d_b_out.view(K, -1).t().reshape(d_b_out.shape))
 
 
-def _range_family(x: Tensor, spline_order: int):
-    return ukan_family(spline_order, "float64" if x.dtype == torch.float64 else "float32")
-
-
 def _range_frame(group_lo, h: float, n_groups: int, scalar: str):
     return ukan_frame_of(group_lo, h, n_groups, scalar)
 
 
+@static_spec_maker("ukan_range")
+def range_static_spec(spline_order: int, scalar: str, grid_delta: float, n_groups: int, n_coef: int,
+                      use_base: bool) -> EdgeSpec:
+    """The spec of a range table of ``n_groups`` groups a feature (n_coef = n_groups K coefficients) less its
+    frame tensor (each feature's lowest group): the UKAN family; ``use_base``: the SiLU base rows fused."""
+    family = ukan_family(spline_order, scalar)
+    return EdgeSpec(family, _range_frame, (), (float(grid_delta), n_groups, family.scalar_name), n_coef, use_base)
+
+
+def _range_static_args(x: Tensor, table: Tensor, grid_delta: float, spline_order: int, use_base: bool) -> tuple:
+    n_groups = table.shape[0] // x.shape[1]
+    return spline_order, _scalar(x), float(grid_delta), n_groups, n_groups * (spline_order + 1), use_base
+
+
+def _range_coef(x: Tensor, table: Tensor, spline_order: int) -> Tensor:
+    """table [in Rt, K out] in (m, o) column order is coef [in, Rt K, out] as it lies."""
+    return table.view(x.shape[1], -1, table.shape[1] // (spline_order + 1))
+
+
 def _range_args(x, group_lo, table, grid_delta, spline_order):
-    """(family, frame maker, frame tensors, frame config, coef) of the engine's view of a range table:
-    table [in Rt, K out] in (m, o) column order is coef [in, Rt K, out] as it lies."""
-    n_in = x.shape[1]
-    n_out = table.shape[1] // (spline_order + 1)
-    coef = table.view(n_in, -1, n_out)
-    family = _range_family(x, spline_order)
-    n_groups = table.shape[0] // n_in
-    return family, _range_frame, (group_lo,), (float(grid_delta), n_groups, family.scalar_name), coef
+    """(family, frame maker, frame tensors, frame config, coef) of the engine's view of a range table."""
+    spec, coef = range_spec(x, group_lo, table, grid_delta, spline_order, False)
+    return (*spec[:4], coef)
 
 
 def range_spec(x: Tensor, group_lo: Tensor, table: Tensor, grid_delta: float, spline_order: int,
                use_base: bool) -> tuple[EdgeSpec, Tensor]:
     """(the edge-engine spec, coef [in, Rt K, out]) of a range table [in Rt, K out] (:func:`range_table_torch`)
     from each feature's lowest group ``group_lo`` [in], for x's dtype; ``use_base``: the SiLU base rows fused."""
-    family, make_frame, frame_tensors, frame_config, coef = _range_args(x, group_lo, table, grid_delta, spline_order)
-    return EdgeSpec(family, make_frame, frame_tensors, frame_config, coef.shape[1], use_base), coef
-
-
-def _range_route(strategy: str, precision: str, x: Tensor, family, coef: Tensor) -> tuple[str, str]:
-    """(strategy, precision) resolved for one call of the dense-range spline: the B-spline layer's rule
-    (:func:`warpkan.torch_bridge.bspline_ops.choose_strategy`), since the range table is a B-spline's
-    coefficient table on a uniform grid (a per-feature offset aside), and the gemm strategy's precision rule."""
-    precision = resolve_precision(precision, x.dtype, x.device)
-    if strategy == "auto":
-        strategy = resolve_auto(family, edge_tiled.tiled_applies(family, x.is_cuda, coef.shape[1]), x, coef.shape[1],
-                                coef.shape[2], precision)
-    return strategy, precision
-
-
-def _range_forward_impl(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base,
-                        strategy="stencil", precision="fp32"):
-    x, group_lo, table = x.contiguous(), group_lo.contiguous(), table.contiguous()
-    base_weight_t, scaler_t = contiguous(base_weight_t), contiguous(scaler_t)
-    family, make_frame, frame_tensors, frame_config, coef = _range_args(x, group_lo, table, grid_delta, spline_order)
-    strategy, precision = _range_route(strategy, precision, x, family, coef)
-    if strategy == "gemm":
-        return gemm_forward(family, make_frame, frame_tensors, frame_config, x, base_weight_t, scaler_t, coef,
-                            use_base, precision)
-    return edge_forward(family, make_frame, frame_tensors, frame_config, x, base_weight_t, scaler_t, coef, use_base)
-
-
-@torch.library.custom_op("warpkan::ukan_range_spline", mutates_args=())
-def ukan_range_spline(
-    x: Tensor,
-    group_lo: Tensor,
-    table: Tensor,
-    base_weight_t: Tensor,
-    scaler_t: Tensor,
-    grid_delta: float,
-    spline_order: int,
-    use_base: bool,
-    deterministic: bool = False,
-    strategy: str = "stencil",
-    precision: str = "fp32",
-) -> Tensor:
-    """y [N, out] from x [N, in] on a dense per-feature table: ``table`` [in * Rt, K * out] is the CG-MLP
-    output for the groups group_lo[i] - 1 .. group_lo[i] + Rt - 2 of every feature i, in (m, o) column
-    order, and must cover every group x touches (``group_range``). The edge engine's forward on it (the UKAN
-    family; the SiLU base path fused). ``deterministic`` selects the backward's atomic-free kernels;
-    ``strategy`` ("stencil", "gemm", "auto") and ``precision`` are the edge driver's
-    (:mod:`warpkan.torch_bridge.edge_driver`), resolved per call as for ``KANLinear``."""
-    return _range_forward_impl(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base,
-                               strategy, precision)
-
-
-@ukan_range_spline.register_fake
-def _(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base, deterministic=False,
-      strategy="stencil", precision="fp32"):
-    return x.new_empty((x.shape[0], scaler_t.shape[1]))
-
-
-def _range_backward_impl(dy, x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base,
-                         deterministic, need_x, need_params, strategy="stencil", precision="fp32"):
-    dy, x, group_lo, table = (t.contiguous() for t in (dy, x, group_lo, table))
-    base_weight_t, scaler_t = contiguous(base_weight_t), contiguous(scaler_t)
-    family, make_frame, frame_tensors, frame_config, coef = _range_args(x, group_lo, table, grid_delta, spline_order)
-    strategy, precision = _range_route(strategy, precision, x, family, coef)
-    if strategy == "gemm":  # cuBLAS and fixed-order kernels: deterministic as it is
-        dx, d_base, d_scaler, d_coef = gemm_backward(family, make_frame, frame_tensors, frame_config, dy, x,
-                                                     base_weight_t, scaler_t, coef, use_base, precision, need_x,
-                                                     need_params)
-    else:
-        dx, d_base, d_scaler, d_coef = edge_backward(family, make_frame, frame_tensors, frame_config, dy, x,
-                                                     base_weight_t, scaler_t, coef, use_base, deterministic, need_x,
-                                                     need_params)
-    return dx, d_base, d_scaler, d_coef.view(table.shape) if need_params else d_coef
-
-
-@torch.library.custom_op("warpkan::ukan_range_spline_backward", mutates_args=())
-def ukan_range_spline_backward(
-    dy: Tensor,
-    x: Tensor,
-    group_lo: Tensor,
-    table: Tensor,
-    base_weight_t: Tensor,
-    scaler_t: Tensor,
-    grid_delta: float,
-    spline_order: int,
-    use_base: bool,
-    deterministic: bool,
-    need_x: bool,
-    need_params: bool,
-    strategy: str = "stencil",
-    precision: str = "fp32",
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(dx, d_base_weight_t, d_scaler_t, d_table) of :func:`ukan_range_spline`; the ones not asked for come
-    back empty (the edge engine's backward: atomic-free with ``deterministic``)."""
-    return _range_backward_impl(dy, x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base,
-                                deterministic, need_x, need_params, strategy, precision)
-
-
-@ukan_range_spline_backward.register_fake
-def _(dy, x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base, deterministic, need_x,
-      need_params, strategy="stencil", precision="fp32"):
-    return _grad_buffers(x, base_weight_t, table, need_x, need_params, torch.empty)
-
-
-def _range_setup_context(ctx, inputs, output):
-    (x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base, deterministic, strategy,
-     precision) = inputs
-    ctx.save_for_backward(x, group_lo, table, base_weight_t, scaler_t)
-    ctx.config = (grid_delta, spline_order, use_base, deterministic)
-    ctx.route = (strategy, precision)
-    ctx.op_inputs = inputs  # for create_graph=True (_range_spline_higher)
-
-
-def _range_spline_higher(ctx, inputs, dy):
-    x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base = inputs[:8]
-    return _spline_higher_outputs(
-        ctx, 11, {2: table, 3: base_weight_t, 4: scaler_t}, 3, use_base,
-        lambda wrt: range_spline_higher_grads(dy, x, group_lo, table, base_weight_t, scaler_t, grid_delta,
-                                              spline_order, use_base, ctx.needs_input_grad[0], wrt))
-
-
-def _range_backward_with(backward):
-    def range_backward(ctx, dy):
-        need_x = ctx.needs_input_grad[0]
-        need_params = any(ctx.needs_input_grad[2:5])
-        if not (need_x or need_params):
-            return (None,) * 11
-        grads = backward(dy.contiguous(), *ctx.saved_tensors, *ctx.config, need_x, need_params, *ctx.route)
-        return _range_input_grads(ctx, *grads, need_x, need_params)
-
-    return range_backward
-
-
-def _range_input_grads(ctx, dx, d_base, d_scaler, d_table, need_x, need_params):
-    use_base = ctx.config[2]
-    return (
-        dx if need_x else None,
-        None,
-        d_table if need_params and ctx.needs_input_grad[2] else None,
-        d_base if need_params and use_base and ctx.needs_input_grad[3] else None,
-        d_scaler if need_params and ctx.needs_input_grad[4] else None,
-        None, None, None, None, None, None,
-    )
-
-
-ukan_range_spline.register_autograd(
-    first_order_backward(RANGE_SPLINE_LABEL, _range_backward_with(ukan_range_spline_backward), _range_spline_higher),
-    setup_context=_range_setup_context)
+    spec = range_static_spec(*_range_static_args(x, table, grid_delta, spline_order, use_base))
+    return spec.with_frame((group_lo,)), _range_coef(x, table, spline_order)
 
 
 class _EagerRangeLayer(torch.autograd.Function):
-    """The eager route of the dense-range layer: :func:`ukan_range_table` then :func:`ukan_range_spline`, their
+    """The eager route of the dense-range layer: :func:`ukan_range_table` then the op pair's spline, their
     own implementations and gradient formulas in one autograd node (see ``eager_function``).
 
     Autograd runs a backward node's Python on its device thread, where this interpreter ran bytecode about
@@ -644,12 +418,16 @@ class _EagerRangeLayer(torch.autograd.Function):
         # the node's inputs with their history: for create_graph=True, and rows_per_feature for a table recompute
         ctx.raw_inputs = (x, group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
                           base_weight, spline_scaler, grid_delta, spline_order, use_base)
-        base_weight_t, scaler_t = contiguous(base_weight.t()), contiguous(spline_scaler.t())
+        base_weight_t = contiguous(base_weight.t()) if use_base else None
+        scaler_t = contiguous(spline_scaler.t())
         w_out, b_out = coefficient_major(w_out, b_out, spline_order)
+        x, group_lo = x.contiguous(), group_lo.contiguous()
         table, *rows = _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out,
                                          b_out, keep_rows=True)
-        y = _range_forward_impl(x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base,
-                                strategy, precision)
+        spec, coef = range_spec(x, group_lo, table, grid_delta, spline_order, use_base)
+        # the route resolved once, for the forward and the backward
+        strategy, precision = resolve_route(spec, x, coef.shape[2], strategy, precision)
+        y = run_forward(spec, x, base_weight_t, scaler_t, coef, None, strategy, precision)
         ctx.save_for_backward(x, group_lo, base_weight_t, scaler_t, embedding, w_hidden, b_hidden, w_out, b_out)
         ctx.config = (pe_dim, grid_delta, spline_order, use_base, deterministic)
         ctx.route = (strategy, precision)
@@ -685,10 +463,11 @@ class _EagerRangeLayer(torch.autograd.Function):
         if table is None:
             rows_per_feature = ctx.raw_inputs[2]
             table = _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out)
-        dx, d_base, d_scaler, d_table = _range_backward_impl(dy, x, group_lo, table, base_weight_t, scaler_t,
-                                                             grid_delta, spline_order, use_base, deterministic,
-                                                             need_x, need_params, *ctx.route)
-        del table
+        spec, coef = range_spec(x, group_lo, table, grid_delta, spline_order, use_base)
+        dx, d_base, d_scaler, d_coef, _ = run_backward(spec, dy.contiguous(), x, base_weight_t, scaler_t, coef, None,
+                                                       *ctx.route, deterministic, need_x, need_params, False)
+        d_table = d_coef.view(table.shape) if need_params else d_coef
+        del table, coef
         if need_x:
             grads[0] = dx
         # in the parameters' own strides where the transpose kernel copied them (see eager_function)
@@ -752,7 +531,7 @@ def _table_spline_higher_grads(args, dy, x, base_weight_t, scaler_t, use_base, n
 
 def range_spline_higher_grads(dy, x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base,
                               need_x, wrt: list, ctx=None):
-    """(dx, gradients of ``wrt``) of :func:`ukan_range_spline` as differentiable graphs (create_graph=True):
+    """(dx, gradients of ``wrt``) of the range spline as differentiable graphs (create_graph=True):
     the range table as the UKAN family reads it (:func:`_table_spline_higher_grads`)."""
     return _table_spline_higher_grads(_range_args(x, group_lo, table, grid_delta, spline_order), dy, x,
                                       base_weight_t, scaler_t, use_base, need_x, wrt, ctx)
@@ -780,14 +559,16 @@ def range_layer(x: Tensor, group_lo: Tensor, rows_per_feature: int, pe_dim: int,
                 spline_scaler: Tensor, grid_delta: float, spline_order: int, use_base: bool,
                 deterministic: bool = False, strategy: str = "stencil", precision: str = "fp32") -> Tensor:
     """y [N, out] of the dense-range path: the CG-MLP table on each feature's rows_per_feature groups from
-    group_lo - 1 (:func:`ukan_range_table`), then the spline on it (:func:`ukan_range_spline`); base_weight and
+    group_lo - 1 (:func:`ukan_range_table`), then the spline on it (``edge_forward``); base_weight and
     spline_scaler [out, in]. Under tracing, those two registered ops; eagerly, one autograd node running the
     same implementations (refused under torch.func transforms)."""
     if use_registered_op(x):
         w_out, b_out = coefficient_major(w_out, b_out, spline_order)
         table = ukan_range_table(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out)
-        return ukan_range_spline(x, group_lo, table, base_weight.t(), spline_scaler.t(), grid_delta, spline_order,
-                                 use_base, deterministic, strategy, precision)
+        return edge_apply(x, "ukan_range", _range_static_args(x, table, grid_delta, spline_order, use_base),
+                          (group_lo,), base_weight if use_base else None, spline_scaler,
+                          _range_coef(x, table, spline_order), None, strategy, precision, deterministic,
+                          layout="ukan_range", label=RANGE_LAYER_LABEL)
     refuse_transforms(RANGE_LAYER_LABEL)
     return _EagerRangeLayer.apply(x, group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
                                   base_weight, spline_scaler, grid_delta, spline_order, use_base, deterministic,

@@ -1,0 +1,429 @@
+"""The one op pair of the edge families: ``warpkan::edge_forward`` and ``warpkan::edge_backward``.
+
+Every edge layer is the edge engine's map for one :class:`~warpkan.torch_bridge.edge_driver.EdgeSpec` (the
+family, its frame, coefficients per input, whether the SiLU base rows are fused)::
+
+    y[n, o] = sum_i base_weight_t[i, o] silu(x[n, i])                      (the spec's use_base)
+            + sum_i scaler_t[i, o] sum_m B_m(x[n, i]) coef[i, slot + m, o]  (scaler_t None: unscaled)
+            + bias[o]                                                       (bias given)
+
+KANLinear (B-spline families), PolyKANLinear / ChebyKANLinear (polynomial families, unscaled, with a bias) and
+UKANLinear (its range table and its touched-pair table, a table shared by every input: ``coef`` [1, n_coef,
+out]) differ only in the spec and in the layout their modules keep the parameters in. The registered ops carry
+the spec as its static key (:meth:`EdgeSpec.static_key`) plus its frame tensors, as ``edge_dense_basis`` and
+``edge_jet`` do; the eager routes carry the spec itself.
+
+Schema::
+
+    edge_forward(x, frame_tensors, base_weight_t?, scaler_t?, coef, bias?, entry_order?, spec, strategy,
+                 precision, deterministic) -> y
+    edge_backward(dy, x, frame_tensors, base_weight_t?, scaler_t?, coef, entry_order?, spec, strategy, precision,
+                  deterministic, need_x, need_params, need_bias) -> (dx, d_base_weight_t, d_scaler_t, d_coef, d_bias)
+
+``base_weight_t`` is given exactly when the spec fuses the base path; ``entry_order`` is the touched-pair
+table's element order (the pair search's sort) that its atomic-free coefficient gradient follows. Gradients not
+asked for (or of an input not given) come back empty; the parameters' in ``torch.empty_like``'s strides of each
+parameter (a public-layout parameter's gradient is then taken by AccumulateGrad without a copy).
+
+Routes. :func:`resolve_route` picks the strategy (:mod:`warpkan.kernels.edge.strategy`: the spline rule,
+gemm for the polynomial families, the stencil kernels for a shared table) and the gemm strategy's precision
+(:func:`warpkan.torch_bridge.edge_driver.resolve_precision`). Eager calls run :func:`edge_apply`'s
+``autograd.Function`` (one node a layer call, the custom-op dispatch skipped: ``_common.eager_function``),
+resolving the route once for the forward and the backward; traced code (``torch.compile``, export, opcheck)
+sees the registered ops. ``create_graph=True`` differentiates the engine's dense basis
+(:func:`_higher_backward`), through a family's higher-order view where it has one
+(:func:`register_higher_view`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+from ..kernels.edge import tiled as edge_tiled
+from ..kernels.edge.strategy import SINGLE_SLOT_AUTO_STRATEGY, choose_strategy
+from . import _common
+from ._common import (TRANSPOSED, contiguous, copy_into, eager_function, first_order_backward,
+                      params_used_by_this_backward, refuse_transforms)
+from .edge_driver import (EdgeSpec, combined_weight, differentiable_backward, gemm_backward, gemm_forward,
+                          load_gemm_modules, node_combined_weight, resolve_precision, spec_of, split_weight_grad,
+                          stencil_backward, stencil_forward)
+
+__all__ = ["edge_forward", "edge_backward", "edge_apply", "static_spec_maker", "resolve_route", "resolve_auto", "register_higher_view",
+           "forward_impl", "backward_impl", "LAYOUTS"]
+
+# the ops' inputs, by position (the eager routes take the same)
+X, FRAME, BASE, SCALER, COEF, BIAS, ENTRY_ORDER, SPEC, STRATEGY, PRECISION, DETERMINISTIC = range(11)
+N_INPUTS = 11
+LABEL = "edge layer (warpkan::edge_forward)"
+_FLOATS = (torch.float32, torch.float64)
+
+
+def resolve_auto(family, tiled: bool, x: Tensor, n_coef: int, n_out: int, precision: str) -> str:
+    """The strategy "auto" takes for a call of a spline family on x [N, in]: :func:`choose_strategy` with the
+    call's resolved precision, host-bound unless the call is recorded into a CUDA graph (``capture_step``,
+    ``graphed_training_step``, ``torch.compile(mode="reduce-overhead")``), where only the GPU time counts;
+    ``tiled``: the warp-tiled stencil kernels apply. Where an eager call takes the stencil kernels and a captured
+    one would take the gemm strategy, the family's gemm module is loaded here: the capture after eager warm-up
+    steps must not load one."""
+    captured = x.is_cuda and torch.cuda.is_current_stream_capturing()
+    strategy = choose_strategy(x.shape[0], x.shape[1], n_out, n_coef, tiled, precision, not captured)
+    if (strategy == "stencil" and not captured and tiled
+            and choose_strategy(x.shape[0], x.shape[1], n_out, n_coef, tiled, precision) == "gemm"):
+        load_gemm_modules(family, precision, x.device)
+    return strategy
+
+
+def resolve_route(spec: EdgeSpec, x: Tensor, n_out: int, strategy: str, precision: str) -> tuple[str, str]:
+    """(strategy, precision) of one call on x [N, in]: "auto" resolved by the family's rule (module
+    docstring), the precision by the gemm strategy's rule (float64: "fp32", its own dtype)."""
+    precision = resolve_precision(precision, x.dtype, x.device)
+    family = spec.family
+    if family.shared_table:
+        if strategy == "gemm":
+            raise ValueError(f"strategy='gemm' needs a dense basis, which the shared-table family {family.key} "
+                             "(UKAN's touched-pair table) does not have; use 'stencil' or 'auto'")
+        return "stencil", precision
+    if strategy == "auto":
+        if family.single_slot:
+            return SINGLE_SLOT_AUTO_STRATEGY, precision
+        tiled = x.dtype in _FLOATS and edge_tiled.tiled_applies(family, x.is_cuda, spec.n_coef)
+        strategy = resolve_auto(family, tiled, x, spec.n_coef, n_out, precision)
+    return strategy, precision
+
+
+_ONES: dict = {}
+
+
+def _unit_scaler(x: Tensor, n_in: int, n_out: int) -> Tensor:
+    """[in, out] ones, the stencil kernels' scaler of an unscaled family: a stride-0 view of one cached element
+    (not cached while a CUDA graph is captured: its memory would belong to the graph)."""
+    key = (x.dtype, x.device)
+    one = _ONES.get(key)
+    if one is None:
+        one = torch.ones((), dtype=x.dtype, device=x.device)
+        if not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+            _ONES[key] = one
+    return one.expand(n_in, n_out)
+
+
+def _stencil_operands(spec: EdgeSpec, x: Tensor, base_weight_t, scaler_t, coef: Tensor) -> tuple:
+    """What the stencil kernels read: contiguous parameters (a shared table seen by every input through a zero
+    input stride), ones for an unscaled family's scaler, the scaler in the place of an absent base weight (the
+    kernels skip the base term)."""
+    n_in, n_out = x.shape[1], coef.shape[2]
+    scaler_t = _unit_scaler(x, n_in, n_out) if scaler_t is None else contiguous(scaler_t)
+    base_weight_t = scaler_t if base_weight_t is None else contiguous(base_weight_t)
+    coef = contiguous(coef)
+    if spec.family.shared_table:
+        coef = coef.expand(n_in, -1, -1)
+    return base_weight_t, scaler_t, coef
+
+
+def _strided_like(grad: Tensor, like: Tensor) -> Tensor:
+    """``grad`` (contiguous) in the strides ``torch.empty_like(like)`` has: copied only where they differ (a
+    public-layout parameter's, by the transpose kernel: :func:`copy_into`)."""
+    if grad.numel() == 0 or like.is_contiguous():
+        return grad
+    out = torch.empty_like(like)
+    return grad if out.stride() == grad.stride() else copy_into(grad, out)
+
+
+def _spec(spec, frame_tensors) -> EdgeSpec:
+    return spec if isinstance(spec, EdgeSpec) else spec_of(spec, frame_tensors)
+
+
+def run_forward(spec: EdgeSpec, x: Tensor, base_weight_t, scaler_t, coef: Tensor, bias, strategy: str,
+                precision: str) -> Tensor:
+    """y [N, out] on a resolved route (x contiguous)."""
+    if strategy == "gemm":
+        # the weight-combining kernel reads the parameters in any strides (no copy of a public-layout table); an
+        # unscaled family's weight is its table as it lies
+        return gemm_forward(*spec[:4], x, scaler_t if base_weight_t is None else base_weight_t, scaler_t,
+                            coef if scaler_t is not None else contiguous(coef), spec.use_base, precision, bias=bias)
+    return stencil_forward(*spec[:4], x, *_stencil_operands(spec, x, base_weight_t, scaler_t, coef), spec.use_base,
+                           bias=bias)
+
+
+def run_backward(spec: EdgeSpec, dy: Tensor, x: Tensor, base_weight_t, scaler_t, coef: Tensor, entry_order,
+                 strategy: str, precision: str, deterministic: bool, need_x: bool, need_params: bool,
+                 need_bias: bool) -> tuple:
+    """(dx, d_base_weight_t, d_scaler_t, d_coef, d_bias) on a resolved route (dy, x contiguous)."""
+    empty = x.new_empty((0,))
+    d_bias = dy.sum(dim=0) if need_bias else empty
+    if not (need_x or need_params):
+        return empty, empty, empty, empty, d_bias
+    if strategy == "gemm":  # cuBLAS and fixed-order kernels: deterministic as it is
+        dx, d_base, d_scaler, d_coef = gemm_backward(*spec[:4], dy, x,
+                                                     scaler_t if base_weight_t is None else base_weight_t, scaler_t,
+                                                     coef if scaler_t is not None else contiguous(coef),
+                                                     spec.use_base, precision, need_x, need_params)
+        if need_params and scaler_t is None:
+            d_coef = _strided_like(d_coef, coef)
+    else:
+        shared = spec.family.shared_table  # its backward is the atomic-free one, in the pair search's order
+        operands = _stencil_operands(spec, x, base_weight_t, scaler_t, coef)
+        dx, d_base, d_scaler, d_coef = stencil_backward(*spec[:4], dy, x, *operands, spec.use_base,
+                                                        deterministic or shared, need_x, need_params,
+                                                        entry_order=entry_order if shared else None)
+        if need_params:
+            d_coef = d_coef[:1] if shared else _strided_like(d_coef, coef)
+            d_base = _strided_like(d_base, base_weight_t) if base_weight_t is not None else empty
+            d_scaler = _strided_like(d_scaler, scaler_t) if scaler_t is not None else empty
+    if base_weight_t is None:
+        d_base = empty
+    # an op's outputs must not alias one another: one empty tensor each
+    grads = [dx, d_base, d_scaler, d_coef, d_bias]
+    for k, grad in enumerate(grads):
+        if grad.numel() == 0 and any(grad is other for other in grads[:k]):
+            grads[k] = x.new_empty((0,))
+    return tuple(grads)
+
+
+def forward_impl(x, frame_tensors, base_weight_t, scaler_t, coef, bias, entry_order, spec, strategy, precision,
+                 deterministic) -> Tensor:
+    """y [N, out] (module docstring); ``spec`` a static key or the EdgeSpec itself; ``deterministic`` only
+    affects the backward pass (an argument here so that autograd sees it)."""
+    spec = _spec(spec, frame_tensors)
+    x = x.contiguous()
+    strategy, precision = resolve_route(spec, x, coef.shape[2], strategy, precision)
+    return run_forward(spec, x, base_weight_t, scaler_t, coef, bias, strategy, precision)
+
+
+def backward_impl(dy, x, frame_tensors, base_weight_t, scaler_t, coef, entry_order, spec, strategy, precision,
+                  deterministic, need_x, need_params, need_bias) -> tuple:
+    """(dx, d_base_weight_t, d_scaler_t, d_coef, d_bias) of :func:`forward_impl` (module docstring)."""
+    spec = _spec(spec, frame_tensors)
+    dy, x = dy.contiguous(), x.contiguous()
+    strategy, precision = resolve_route(spec, x, coef.shape[2], strategy, precision)
+    return run_backward(spec, dy, x, base_weight_t, scaler_t, coef, entry_order, strategy, precision, deterministic,
+                        need_x, need_params, need_bias)
+
+
+_FORWARD_SCHEMA = ("(Tensor x, Tensor[] frame_tensors, Tensor? base_weight_t, Tensor? scaler_t, Tensor coef, "
+                   "Tensor? bias, Tensor? entry_order, str spec, str strategy, str precision, bool deterministic) "
+                   "-> Tensor")
+_BACKWARD_SCHEMA = ("(Tensor dy, Tensor x, Tensor[] frame_tensors, Tensor? base_weight_t, Tensor? scaler_t, "
+                    "Tensor coef, Tensor? entry_order, str spec, str strategy, str precision, bool deterministic, "
+                    "bool need_x, bool need_params, bool need_bias) -> (Tensor, Tensor, Tensor, Tensor, Tensor)")
+
+edge_forward = torch.library.custom_op("warpkan::edge_forward", forward_impl, mutates_args=(),
+                                       schema=_FORWARD_SCHEMA)
+edge_backward = torch.library.custom_op("warpkan::edge_backward", backward_impl, mutates_args=(),
+                                        schema=_BACKWARD_SCHEMA)
+
+
+@edge_forward.register_fake
+def _(x, frame_tensors, base_weight_t, scaler_t, coef, bias, entry_order, spec, strategy, precision, deterministic):
+    return x.new_empty((x.shape[0], coef.shape[2]))
+
+
+@edge_backward.register_fake
+def _(dy, x, frame_tensors, base_weight_t, scaler_t, coef, entry_order, spec, strategy, precision, deterministic,
+      need_x, need_params, need_bias):
+    empty = x.new_empty((0,))
+
+    def grad(t, needed):
+        return torch.empty_like(t) if needed and t is not None else empty
+
+    return (x.new_empty(x.shape) if need_x else empty, grad(base_weight_t, need_params),
+            grad(scaler_t, need_params), grad(coef, need_params),
+            x.new_empty((coef.shape[2],)) if need_bias else empty)
+
+
+def _setup_context(ctx, inputs, output):
+    x, frame_tensors, base_weight_t, scaler_t, coef, bias, entry_order, spec = inputs[:SPEC + 1]
+    ctx.save_for_backward(x, base_weight_t, scaler_t, coef, entry_order, *frame_tensors)
+    ctx.route = inputs[SPEC:]  # spec, strategy, precision, deterministic
+    ctx.has_bias = bias is not None
+    ctx.op_inputs = inputs  # for create_graph=True (_higher_backward): the inputs, with their history
+
+
+def _input_grads(ctx, dx, d_base, d_scaler, d_coef, d_bias, n_frame: int) -> tuple:
+    need = ctx.needs_input_grad
+    # a registered op's Tensor[] input takes a list of gradients; the eager route's tuple of frame tensors none
+    frame = [None] * n_frame if isinstance(ctx.route[0], str) else None
+    return (dx if need[X] else None, frame, d_base if need[BASE] else None, d_scaler if need[SCALER] else None,
+            d_coef if need[COEF] else None, d_bias if need[BIAS] else None, None, None, None, None, None)
+
+
+def _backward_with(run):
+    def backward(ctx, dy):
+        x, base_weight_t, scaler_t, coef, entry_order, *frame_tensors = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        need_params = need[BASE] or need[SCALER] or need[COEF]
+        need_bias = ctx.has_bias and need[BIAS]
+        if not (need[X] or need_params or need_bias):
+            return _input_grads(ctx, None, None, None, None, None, len(frame_tensors))
+        grads = run(dy, x, frame_tensors, base_weight_t, scaler_t, coef, entry_order, *ctx.route, need[X],
+                    need_params, need_bias)
+        return _input_grads(ctx, *grads, len(frame_tensors))
+
+    return backward
+
+
+# ------------------------------------------------------------------------------------------- create_graph=True
+# make_frame -> view(spec, x, coef) -> (spec, coef): what a family's create_graph=True formula differentiates
+# instead of the layer's own spec (a coefficient table made from ``coef`` by differentiable torch ops)
+_HIGHER_VIEWS: dict = {}
+
+
+def register_higher_view(make_frame, view) -> None:
+    """The higher-order view of the specs built on ``make_frame``: ``view(spec, x, coef) -> (spec, coef)``, the
+    spec and coefficient table (made from ``coef`` by differentiable torch ops) whose dense basis the
+    ``create_graph=True`` formula differentiates instead of the layer's own. For families whose own spec has no
+    dense basis (a shared table: UKAN's pair table, read per feature instead) or whose derivatives are taken
+    elsewhere (a LUT layer's, from the exact recurrence)."""
+    _HIGHER_VIEWS[make_frame] = view
+
+
+def _higher_backward(ctx, inputs, dy):
+    """The gradients as differentiable graphs, for ``create_graph=True`` (any strategy: the same map): the
+    engine's dense basis and its x-derivatives to the third order (``edge_driver.differentiable_backward``),
+    the combined weight (made once a node where the table is the layer's own) and the split of its gradient."""
+    x, frame_tensors, base_weight_t, scaler_t, coef, bias, entry_order, spec = inputs[:SPEC + 1]
+    spec = _spec(spec, frame_tensors)
+    need = ctx.needs_input_grad
+    wanted = ([i for i in (BASE, SCALER, COEF) if need[i]] if params_used_by_this_backward(ctx) else [])
+    need_bias = ctx.has_bias and need[BIAS]
+    view = _HIGHER_VIEWS.get(spec.make_frame)
+    view_spec, view_coef = view(spec, x, coef) if view is not None else (spec, coef)
+    n_out = coef.shape[2]
+    if scaler_t is None:
+        weight = view_coef.reshape(-1, n_out)
+    elif view_coef is coef:
+        weight = node_combined_weight(ctx, spec.family, scaler_t if base_weight_t is None else base_weight_t,
+                                      scaler_t, coef, spec.use_base)
+    else:
+        weight = combined_weight(base_weight_t, scaler_t, view_coef, spec.use_base)
+    dx, d_weight = differentiable_backward(view_spec, dy, x.contiguous(), weight, need[X], bool(wanted))
+    grads = [None] * N_INPUTS
+    grads[X] = dx
+    if wanted and view_coef is not coef:
+        for i, g in zip(wanted, torch.autograd.grad(weight, [inputs[i] for i in wanted], d_weight,
+                                                    create_graph=True, allow_unused=True)):
+            grads[i] = g
+    elif wanted and scaler_t is None:
+        grads[COEF] = d_weight.view(coef.shape)
+    elif wanted:
+        grads[BASE], grads[SCALER], grads[COEF] = split_weight_grad(d_weight, scaler_t, coef, spec.use_base)
+    if need_bias:
+        grads[BIAS] = dy.sum(dim=0)
+    if isinstance(inputs[SPEC], str):
+        grads[FRAME] = [None] * len(frame_tensors)
+    return tuple(g if k in (X, FRAME) or need[k] else None for k, g in enumerate(grads))
+
+
+edge_forward.register_autograd(first_order_backward(LABEL, _backward_with(edge_backward), _higher_backward),
+                               setup_context=_setup_context)
+
+
+# ------------------------------------------------------------------------------------------------ eager routes
+# The parameter layouts the layers keep (``eager_function`` layouts: the route takes those inputs as the module
+# exposes them and makes the op's views inside the node; a view made outside would be an autograd node of its
+# own, 10-20 us of a small layer's step on the GPU machine):
+# - "kernel": the op's own ([in, out], [in, n_coef, out]);
+# - "kanlinear": efficient-kan's [out, in] weights and [out, in, G + k] spline weight (KANLinear, and UKANLinear's
+#   [out, in] weights with its range table in the kernel layout);
+# - "polykan": PolyKANLinear's coefficients [in, out, D + 1];
+# - "ukan_table": UKANLinear's [out, in] weights and its shared pair table [P K, out].
+_PERMUTE_120 = (lambda t: t.permute(1, 2, 0), lambda g: g.permute(2, 0, 1))
+_SWAP_LAST = (lambda t: t.permute(0, 2, 1), lambda g: g.permute(0, 2, 1))
+_SHARED_TABLE = (lambda t: t.unsqueeze(0), lambda g: g.squeeze(0))
+LAYOUTS = {
+    "kernel": {},
+    "kanlinear": {BASE: TRANSPOSED, SCALER: TRANSPOSED, COEF: _PERMUTE_120},
+    "ukan_range": {BASE: TRANSPOSED, SCALER: TRANSPOSED},
+    "polykan": {COEF: _SWAP_LAST},
+    "ukan_table": {BASE: TRANSPOSED, SCALER: TRANSPOSED, COEF: _SHARED_TABLE},
+}
+
+
+def _prepare(inputs: tuple) -> tuple:
+    """The eager route's inputs with the route resolved once for the forward and the backward (where an eager
+    call resolves "auto" is where it runs both passes), and the contiguous copies of public-layout parameters
+    made once a step where the kernels read the kernel layout (the stencil kernels; the GEMMs of an unscaled
+    family, on its table as it lies; the combine kernel of a scaled family reads any strides)."""
+    x, frame_tensors, base_weight_t, scaler_t, coef, bias, entry_order, spec, strategy, precision, deterministic \
+        = inputs
+    x = x.contiguous()
+    strategy, precision = resolve_route(spec, x, coef.shape[2], strategy, precision)
+    if strategy == "stencil":
+        base_weight_t, scaler_t, coef = (None if t is None else contiguous(t) for t in (base_weight_t, scaler_t, coef))
+    elif scaler_t is None:  # an unscaled family's GEMMs read its table as it lies
+        coef = contiguous(coef)
+    return (x, frame_tensors, base_weight_t, scaler_t, coef, bias, entry_order, spec, strategy, precision,
+            deterministic)
+
+
+def _eager_backward(dy, x, frame_tensors, base_weight_t, scaler_t, coef, entry_order, spec, strategy, precision,
+                    deterministic, need_x, need_params, need_bias) -> tuple:
+    return run_backward(spec, dy.contiguous(), x, base_weight_t, scaler_t, coef, entry_order, strategy, precision,
+                        deterministic, need_x, need_params, need_bias)
+
+
+_ROUTES: dict = {}
+
+
+def _route(layout: str, label: str):
+    """The eager route of the parameter layout ``layout`` whose errors name the layer ``label`` (made once a
+    pair)."""
+    route = _ROUTES.get((layout, label))
+    if route is None:
+        route = _ROUTES[(layout, label)] = eager_function(
+            f"EagerEdge_{layout}", forward_impl, _setup_context, _backward_with(_eager_backward),
+            LAYOUTS[layout], label=label, prepare=_prepare, higher=_higher_backward)
+    return route
+
+
+_STATIC_SPEC_MAKERS: dict = {}  # name -> a family's static spec maker
+
+
+def static_spec_maker(name: str):
+    """Declare ``make(*plain arguments) -> EdgeSpec`` (without frame tensors) the static spec maker ``name`` of a
+    family: cached, and called by name from :func:`edge_apply` (a name is what torch.compile's trace can carry
+    to :func:`_traced_key`)."""
+    def declare(make):
+        cached = functools.lru_cache(maxsize=None)(make)
+        _STATIC_SPEC_MAKERS[name] = cached
+        return cached
+
+    return declare
+
+
+def _traced_key(maker: str, static_args: tuple) -> str:
+    """The static key of a static spec maker's spec, worked out once when torch.compile traces a call: the
+    family objects behind it are Warp structs and kernels, which Dynamo cannot trace."""
+    return _STATIC_SPEC_MAKERS[maker](*static_args).static_key()
+
+
+# torch.compiler.assume_constant_result(_traced_key), without importing torch._dynamo (and sympy) with warpkan:
+# the decorator is this one attribute
+_traced_key._dynamo_marked_constant = True
+
+
+def edge_apply(x: Tensor, maker: str, static_args: tuple, frame_tensors: tuple, base_weight_t: "Tensor | None",
+               scaler_t: "Tensor | None", coef: Tensor, bias: "Tensor | None", strategy: str, precision: str,
+               deterministic: bool, entry_order: "Tensor | None" = None, layout: str = "kernel",
+               label: str = LABEL) -> Tensor:
+    """y [N, out] of an edge layer on x [N, in], differentiable: the eager route (one autograd node), or under
+    tracing and on meta tensors (``_common.use_registered_op``) the registered :func:`edge_forward`.
+
+    Args:
+        maker: the name of the family's static spec maker (:func:`static_spec_maker`): ``maker(*static_args)``
+            is its EdgeSpec without frame tensors (plain arguments only); ``frame_tensors``, the call's.
+        layout: the parameters' layout (:data:`LAYOUTS`); the op's views are made inside the node.
+        label: how errors (higher-order and torch.func refusals) name the layer.
+    """
+    if _common.use_registered_op(x):  # read from _common: the tests patch it there
+        to_op = {i: views[0] for i, views in LAYOUTS[layout].items()}
+        params = [to_op[i](t) if i in to_op and t is not None else t
+                  for i, t in ((BASE, base_weight_t), (SCALER, scaler_t), (COEF, coef))]
+        return edge_forward(x, list(frame_tensors), *params, bias, entry_order,
+                            _traced_key(maker, static_args), strategy, precision, deterministic)
+    refuse_transforms(label)
+    spec = _STATIC_SPEC_MAKERS[maker](*static_args).with_frame(frame_tensors)
+    return _route(layout, label).run(x, frame_tensors, base_weight_t, scaler_t, coef, bias, entry_order, spec,
+                                     strategy, precision, deterministic)
