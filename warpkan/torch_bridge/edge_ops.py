@@ -223,14 +223,11 @@ def _(x, frame_tensors, base_weight_t, scaler_t, coef, bias, entry_order, spec, 
 @edge_backward.register_fake
 def _(dy, x, frame_tensors, base_weight_t, scaler_t, coef, entry_order, spec, strategy, precision, deterministic,
       need_x, need_params, need_bias):
-    empty = x.new_empty((0,))
+    def grad(t, needed):  # an empty tensor each where not needed (the outputs alias nothing)
+        return torch.empty_like(t) if needed and t is not None else x.new_empty((0,))
 
-    def grad(t, needed):
-        return torch.empty_like(t) if needed and t is not None else empty
-
-    return (x.new_empty(x.shape) if need_x else empty, grad(base_weight_t, need_params),
-            grad(scaler_t, need_params), grad(coef, need_params),
-            x.new_empty((coef.shape[2],)) if need_bias else empty)
+    return (grad(x, need_x), grad(base_weight_t, need_params), grad(scaler_t, need_params), grad(coef, need_params),
+            x.new_empty((coef.shape[2],)) if need_bias else x.new_empty((0,)))
 
 
 def _setup_context(ctx, inputs, output):
