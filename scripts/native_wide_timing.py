@@ -8,6 +8,10 @@ Each row also says how far the two native strategies lie apart (y, dx and every 
 
     python scripts/native_wide_timing.py --out DIR [--device cuda] [--quick]
 
+``--tile-shapes 64x64x32,128x64x32`` times the native gemm path once per float32 tile shape (rows x outputs x
+depth; each a module to build, 25-35 s on the GPU) in place of the layer's own pick from
+``warpkan.kernels.edge.tile_gemm.TILE_SHAPES``: what a change of that list would be measured with.
+
 Target (docs/perf-notes-engine.md): the native gemm path within 1.5x of the torch bridge's gemm path at
 KANLinear (65536, 256 -> 256, G = 8). On CUDA the times come from CUDA events around ``--repeat`` passes after
 ``--warmup`` passes (the first of which builds the Warp modules: compilation is not timed); on the CPU from
@@ -124,19 +128,51 @@ def _torch_row(kind, n_rows, n_in, n_out, size, device, timer, warmup, repeat):
         return {"fwd_ms": timer(forward, warmup, repeat), "step_ms": timer(step, warmup, repeat)}
 
 
-def measure(case, device, warmup, repeat):
+@contextlib.contextmanager
+def _float32_tiles(shape):
+    """The float32 layers' tile shape for the block (None: the list as it is)."""
+    from warpkan.kernels.edge import tile_gemm
+
+    listed = tile_gemm.TILE_SHAPES["float32"]
+    if shape is not None:
+        tile_gemm.TILE_SHAPES["float32"] = (shape,)
+    try:
+        yield
+    finally:
+        tile_gemm.TILE_SHAPES["float32"] = listed
+
+
+def _parse_tile_shapes(text):
+    from warpkan.kernels.edge.tile_gemm import TileShape
+
+    if not text:
+        return []
+    return [TileShape(*(int(v) for v in item.split("x"))) for item in text.split(",")]
+
+
+def _parse_case(text):
+    kind, *sizes = text.split(",")
+    if kind not in ("KANLinear", "PolyKANLinear") or len(sizes) != 4:
+        raise SystemExit(f"--case must be LAYER,ROWS,IN,OUT,SIZE with LAYER KANLinear or PolyKANLinear, got {text!r}")
+    return (kind, *(int(v) for v in sizes))
+
+
+def measure(case, device, warmup, repeat, tile_shapes=()):
     kind, n_rows, n_in, n_out, size = case
     timer = _timer(device)
     rng = np.random.default_rng(0)
     x = wp.array(rng.uniform(-1, 1, (n_rows, n_in)).astype(np.float32), device=device, requires_grad=True)
     dy = wp.array(rng.standard_normal((n_rows, n_out)).astype(np.float32), device=device)
     rows, results = [], {}
-    for strategy in ("stencil", "gemm"):
+    variants = [("stencil", None)] + [("gemm", shape) for shape in tile_shapes or [None]]
+    for strategy, shape in variants:
         layer = _native_layer(kind, n_in, n_out, size, strategy, device)
-        forward, step = _native_passes(layer, x, dy)
-        fwd = timer(forward, warmup, repeat)
-        rows.append({"path": f"native {strategy}", "fwd_ms": fwd, "step_ms": timer(step, warmup, repeat)})
-        results[strategy] = _native_results(layer, x, dy)
+        with _float32_tiles(shape):
+            forward, step = _native_passes(layer, x, dy)
+            fwd = timer(forward, warmup, repeat)
+            path = f"native {strategy}" + (f" {shape.name}" if shape is not None else "")
+            rows.append({"path": path, "fwd_ms": fwd, "step_ms": timer(step, warmup, repeat)})
+            results.setdefault(strategy, _native_results(layer, x, dy))
     apart = max(float(np.abs(a - b).max()) / max(float(np.abs(a).max()), 1e-30)
                 for a, b in zip(results["stencil"], results["gemm"]))
     torch_row = _torch_row(kind, n_rows, n_in, n_out, size, device, timer, warmup, repeat)
@@ -167,18 +203,26 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="small shapes (a CPU check of the script)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--case", action="append", default=[], metavar="LAYER,ROWS,IN,OUT,SIZE",
+                        help="time this case instead of the default list (repeatable), e.g. KANLinear,4096,64,64,5 "
+                        "(SIZE: the grid size, or a PolyKANLinear's degree)")
+    parser.add_argument("--tile-shapes", default="", help="float32 tile shapes to time the native gemm path with, "
+                        "e.g. 64x64x32,128x64x32 (default: the layer's own pick)")
     args = parser.parse_args(argv)
+    tile_shapes = _parse_tile_shapes(args.tile_shapes)
     wp.init()
     device = args.device or ("cuda" if wp.is_cuda_available() else "cpu")
     rows = []
-    for case in QUICK_CASES if args.quick else CASES:
-        rows += measure(case, device, args.warmup, args.repeat)
+    cases = [_parse_case(text) for text in args.case] or (QUICK_CASES if args.quick else CASES)
+    for case in cases:
+        rows += measure(case, device, args.warmup, args.repeat, tile_shapes)
         print(_table(rows), flush=True)
     head = rows[0]["case"]
+    gemm_ms = min(r["step_ms"] for r in rows if r["case"] == head and r["path"].startswith("native gemm"))
     times = {r["path"]: r["step_ms"] for r in rows if r["case"] == head}
     summary = {"device": str(wp.get_device(device).name), "warp": wp.config.version, "rows": rows}
     if "torch bridge gemm" in times:
-        ratio = times["native gemm"] / times["torch bridge gemm"]
+        ratio = gemm_ms / times["torch bridge gemm"]
         summary["target"] = {"case": head, "native_gemm_over_torch_gemm": ratio, "target_ratio": TARGET_RATIO,
                              "met": ratio <= TARGET_RATIO}
         print(f"{head}: native gemm / torch bridge gemm = {ratio:.2f}x (target <= {TARGET_RATIO}x)")
