@@ -277,3 +277,14 @@ def test_auto_follows_the_torch_layers_rule(monkeypatch):
     KANLinear(8, 8, grid_size=8, device="cpu")(x)
     wide_grid(x)
     assert calls == ["launch_gemm_forward", "launch_forward"]
+
+
+def test_precompile_builds_the_tile_gemm_modules(capsys):
+    from warpkan.cli import main
+
+    assert main(["precompile", "--device", "cpu", "--orders", "2", "--uniform-only", "--family", "bspline",
+                 "--dtype", "float32", "float64"]) == 0
+    out = capsys.readouterr().out
+    for scalar in ("float32", "float64"):
+        for tiles in tile_gemm.TILE_SHAPES[scalar]:
+            assert tile_gemm.tile_gemm_module(scalar, tiles) in out

@@ -40,7 +40,7 @@ from . import launch as edge
 from .dense import dense_width
 from .family import EdgeFamily
 
-__all__ = ["TileShape", "TILE_SHAPES", "tile_shape", "tile_gemm_kernels", "chunk_rows", "weight_grad_splits",
+__all__ = ["TileShape", "TILE_SHAPES", "tile_shape", "tile_gemm_kernels", "tile_gemm_module", "tile_gemm_modules", "chunk_rows", "weight_grad_splits",
            "launch_gemm_forward", "launch_gemm_backward", "GEMM_CHUNK_BYTES", "CPU_GEMM_CHUNK_BYTES"]
 
 
@@ -62,7 +62,8 @@ class TileShape:
 # The fixed list the tile shape is taken from (each entry of a scalar type is one module, 25-35 s to build on the
 # GPU, once per machine: Warp's kernel cache keeps it): float32 64 x 64 tiles (32 KiB of operands and
 # accumulator), 32 outputs wide for layers of at most 32 outputs (half the padding work there); float64 32 x 32
-# (the same bytes as a float32 32 x 64 tile). All of them stay within the 48 KiB of static shared memory.
+# (the same bytes as a float32 32 x 64 tile). Built for sm_90, the float32 64 x 64 kernels take 32-48 KiB of shared
+# memory a block: within the 48 KiB a block gets without opting in to more.
 TILE_SHAPES = {
     "float32": (TileShape(64, 64, 32), TileShape(64, 32, 32)),
     "float64": (TileShape(32, 32, 32),),
@@ -94,6 +95,17 @@ class TileGemmKernels:
     basis_grad: wp.Kernel
 
 
+def tile_gemm_module(scalar: str, tiles: TileShape) -> str:
+    """The name of the module of :func:`tile_gemm_kernels`."""
+    return f"warpkan_tile_gemm_{scalar}_{tiles.name}"
+
+
+def tile_gemm_modules(scalar: str) -> list[str]:
+    """Every tile-GEMM module a layer of this scalar type may launch (one per listed tile shape), its kernels
+    built: what ``warpkan precompile`` loads for the Warp-native layers' gemm strategy."""
+    return [tile_gemm_kernels(scalar, tiles).module for tiles in TILE_SHAPES[scalar]]
+
+
 @functools.lru_cache(maxsize=None)
 def tile_gemm_kernels(scalar: str, tiles: TileShape) -> TileGemmKernels:
     """The three GEMM kernels of one scalar type and tile shape, in one module (all three run in a training
@@ -101,7 +113,10 @@ def tile_gemm_kernels(scalar: str, tiles: TileShape) -> TileGemmKernels:
     it is dropped (Warp's bounds-checked tiles), so any shape works."""
     dtype = SCALARS[scalar]
     tm, tn, tk = tiles.rows, tiles.cols, tiles.depth
-    module = f"warpkan_tile_gemm_{scalar}_{tiles.name}"
+    module = tile_gemm_module(scalar, tiles)
+    # the module's own block size is the launches': a load without one (``warpkan precompile``) builds the
+    # variant the launches run (Warp builds a tile module once per block size)
+    wp.set_module_options({"block_dim": BLOCK_DIM}, module)
     kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
 
     @kernel
