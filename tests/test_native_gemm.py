@@ -243,12 +243,12 @@ def test_gemm_gradients_accumulate_and_empty_batch(device):
 
 
 def test_strategy_argument_is_checked():
+    """What a bad strategy is told (every bad value of every layer: tests/test_bad_input.py's sweep)."""
     for make in (lambda s: KANLinear(2, 3, strategy=s, device="cpu"),
                  lambda s: PolyKANLinear(2, 3, 2, strategy=s, device="cpu"),
                  lambda s: ChebyKANLinear(2, 3, 2, strategy=s, device="cpu")):
-        for bad in ("fast", "GEMM", None, 1):
-            with pytest.raises(ValueError, match=r"strategy must be one of \('auto', 'stencil', 'gemm'\)"):
-                make(bad)
+        with pytest.raises(ValueError, match=r"strategy must be one of \('auto', 'stencil', 'gemm'\), got 'fast'"):
+            make("fast")
         assert make("stencil").strategy == "stencil"
         assert copy.deepcopy(make("gemm")).strategy == "gemm"
 

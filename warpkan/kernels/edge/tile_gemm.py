@@ -13,9 +13,9 @@ where ``contract`` is the engine's dense contraction with the bases' x-derivativ
 Why the dense basis goes through memory rather than being built in shared memory inside the GEMM kernel:
 
 - the contractions are the work: at (65536, 256 -> 256, G = 8, k = 3), width 3072, each is 103 GFLOP, about
-  3.4 ms at tile_matmul's 29-34 TFLOP/s in fp32 (``DESIGN.md``), while writing and reading back a pass's basis
-  (0.8 GB) takes about 0.4 ms at HBM speed; a fused build could save at most that, and would evaluate the
-  basis of a row tile once per output tile;
+  3.4 ms at the 29-34 TFLOP/s tile_matmul reached in fp32 on an H200 (warp-lang 1.19, 4096^3), while writing
+  and reading back a pass's basis (0.8 GB) takes about 0.4 ms at HBM speed; a fused build could save at most
+  that, and would evaluate the basis of a row tile once per output tile;
 - compile time: a module holding ``tile_matmul`` takes 25-35 s to build on the GPU. Here the three GEMM kernels
   depend on the scalar type and the tile shape alone (a short fixed list: :data:`TILE_SHAPES`), so every
   family, order, grid kind and polynomial basis shares them; a fused kernel would be one such module per family
