@@ -33,8 +33,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from ..kernels import bspline as kb
 from ..kernels.edge import tiled as edge_tiled
 # the rule and its measured bounds live where the Warp-native layers (no torch) read them too
-from ..kernels.edge.strategy import (BF16_GEMM_MIN_OUTPUTS, EAGER_TILED_MAX_TILES, GEMM_MAX_COEFFICIENTS,  # noqa: F401
-                                     TILED_GEMM_MAX_COEFFICIENTS, TILED_LONG_WALK, TILED_MIN_TILES, choose_strategy)
+from ..kernels.edge.strategy import choose_strategy
 from .edge_driver import (PRECISION_UNIT_ROUNDOFF, PRECISIONS, STRATEGIES, EdgeSpec, check_precision,
                           differentiable_backward, edge_backward, edge_forward, gemm_backward, gemm_forward,
                           load_gemm_modules,

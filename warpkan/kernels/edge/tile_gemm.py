@@ -40,8 +40,9 @@ from . import launch as edge
 from .dense import dense_width
 from .family import EdgeFamily
 
-__all__ = ["TileShape", "TILE_SHAPES", "tile_shape", "tile_gemm_kernels", "tile_gemm_module", "tile_gemm_modules", "chunk_rows", "weight_grad_splits",
-           "launch_gemm_forward", "launch_gemm_backward", "GEMM_CHUNK_BYTES", "CPU_GEMM_CHUNK_BYTES"]
+__all__ = ["TileShape", "TILE_SHAPES", "tile_shape", "tile_gemm_kernels", "tile_gemm_module", "tile_gemm_modules",
+           "chunk_rows", "weight_grad_splits", "launch_gemm_forward", "launch_gemm_backward", "GEMM_CHUNK_BYTES",
+           "CPU_GEMM_CHUNK_BYTES"]
 
 
 @dataclass(frozen=True)
