@@ -11,6 +11,7 @@ Each row also says how far the two native strategies lie apart (y, dx and every 
 ``--tile-shapes 64x64x32,128x64x32`` times the native gemm path once per float32 tile shape (rows x outputs x
 depth; each a module to build, 25-35 s on the GPU) in place of the layer's own pick from
 ``warpkan.kernels.edge.tile_gemm.TILE_SHAPES``: what a change of that list would be measured with.
+``--scalar-gemm`` adds each native gemm variant with Warp's scalar tile_matmul in place of cuBLASDx.
 
 Target (docs/perf-notes-engine.md): the native gemm path within 1.5x of the torch bridge's gemm path at
 KANLinear (65536, 256 -> 256, G = 8). On CUDA the times come from CUDA events around ``--repeat`` passes after
@@ -129,17 +130,26 @@ def _torch_row(kind, n_rows, n_in, n_out, size, device, timer, warmup, repeat):
 
 
 @contextlib.contextmanager
-def _float32_tiles(shape):
-    """The float32 layers' tile shape for the block (None: the list as it is)."""
+def _float32_tiles(shape, scalar_gemm: bool = False):
+    """The float32 layers' tile shape for the block (None: the list as it is); ``scalar_gemm``: their
+    tile_matmul by Warp's cooperative scalar GEMM instead of cuBLASDx (the module option
+    ``enable_mathdx_gemm=False``: no LTO build, and for small tiles sometimes faster)."""
     from warpkan.kernels.edge import tile_gemm
 
     listed = tile_gemm.TILE_SHAPES["float32"]
     if shape is not None:
         tile_gemm.TILE_SHAPES["float32"] = (shape,)
+    modules = [tile_gemm.tile_gemm_module("float32", s) for s in tile_gemm.TILE_SHAPES["float32"]]
+    if scalar_gemm:
+        for module in modules:
+            wp.set_module_options({"enable_mathdx_gemm": False}, module)
     try:
         yield
     finally:
         tile_gemm.TILE_SHAPES["float32"] = listed
+        if scalar_gemm:
+            for module in modules:
+                wp.set_module_options({"enable_mathdx_gemm": None}, module)
 
 
 def _parse_tile_shapes(text):
@@ -157,20 +167,22 @@ def _parse_case(text):
     return (kind, *(int(v) for v in sizes))
 
 
-def measure(case, device, warmup, repeat, tile_shapes=()):
+def measure(case, device, warmup, repeat, tile_shapes=(), scalar_gemm=False):
     kind, n_rows, n_in, n_out, size = case
     timer = _timer(device)
     rng = np.random.default_rng(0)
     x = wp.array(rng.uniform(-1, 1, (n_rows, n_in)).astype(np.float32), device=device, requires_grad=True)
     dy = wp.array(rng.standard_normal((n_rows, n_out)).astype(np.float32), device=device)
     rows, results = [], {}
-    variants = [("stencil", None)] + [("gemm", shape) for shape in tile_shapes or [None]]
-    for strategy, shape in variants:
+    variants = [("stencil", None, False)] + [("gemm", shape, scalar) for shape in tile_shapes or [None]
+                                              for scalar in ((False, True) if scalar_gemm else (False,))]
+    for strategy, shape, scalar in variants:
         layer = _native_layer(kind, n_in, n_out, size, strategy, device)
-        with _float32_tiles(shape):
+        with _float32_tiles(shape, scalar):
             forward, step = _native_passes(layer, x, dy)
             fwd = timer(forward, warmup, repeat)
-            path = f"native {strategy}" + (f" {shape.name}" if shape is not None else "")
+            path = (f"native {strategy}" + (f" {shape.name}" if shape is not None else "")
+                    + (" scalar tile_matmul" if scalar else ""))
             rows.append({"path": path, "fwd_ms": fwd, "step_ms": timer(step, warmup, repeat)})
             results.setdefault(strategy, _native_results(layer, x, dy))
     apart = max(float(np.abs(a - b).max()) / max(float(np.abs(a).max()), 1e-30)
@@ -208,6 +220,8 @@ def main(argv=None):
                         "(SIZE: the grid size, or a PolyKANLinear's degree)")
     parser.add_argument("--tile-shapes", default="", help="float32 tile shapes to time the native gemm path with, "
                         "e.g. 64x64x32,128x64x32 (default: the layer's own pick)")
+    parser.add_argument("--scalar-gemm", action="store_true", help="also time each native gemm variant with "
+                        "Warp's scalar tile_matmul in place of cuBLASDx")
     args = parser.parse_args(argv)
     tile_shapes = _parse_tile_shapes(args.tile_shapes)
     wp.init()
@@ -215,7 +229,7 @@ def main(argv=None):
     rows = []
     cases = [_parse_case(text) for text in args.case] or (QUICK_CASES if args.quick else CASES)
     for case in cases:
-        rows += measure(case, device, args.warmup, args.repeat, tile_shapes)
+        rows += measure(case, device, args.warmup, args.repeat, tile_shapes, args.scalar_gemm)
         print(_table(rows), flush=True)
     head = rows[0]["case"]
     gemm_ms = min(r["step_ms"] for r in rows if r["case"] == head and r["path"].startswith("native gemm"))
