@@ -8,7 +8,7 @@ Each row also says how far the two native strategies lie apart (y, dx and every 
 
     python scripts/native_wide_timing.py --out DIR [--device cuda] [--quick]
 
-``--tile-shapes 64x64x32,128x64x32`` times the native gemm path once per float32 tile shape (rows x outputs x
+``--tile-shapes 64x64x32,32x64x32`` times the native gemm path once per float32 tile shape (rows x outputs x
 depth; each a module to build, 25-35 s on the GPU) in place of the layer's own pick from
 ``warpkan.kernels.edge.tile_gemm.TILE_SHAPES``: what a change of that list would be measured with.
 ``--scalar-gemm`` adds each native gemm variant with Warp's scalar tile_matmul in place of cuBLASDx.
@@ -219,7 +219,7 @@ def main(argv=None):
                         help="time this case instead of the default list (repeatable), e.g. KANLinear,4096,64,64,5 "
                         "(SIZE: the grid size, or a PolyKANLinear's degree)")
     parser.add_argument("--tile-shapes", default="", help="float32 tile shapes to time the native gemm path with, "
-                        "e.g. 64x64x32,128x64x32 (default: the layer's own pick)")
+                        "e.g. 64x64x32,32x64x32 (default: the layer's own pick)")
     parser.add_argument("--scalar-gemm", action="store_true", help="also time each native gemm variant with "
                         "Warp's scalar tile_matmul in place of cuBLASDx")
     args = parser.parse_args(argv)
