@@ -1,5 +1,5 @@
 """Eager (host-bound) and graphed steps of small layers by strategy, the measurements behind the eager side of
-"auto" (bspline_ops.EAGER_TILED_MAX_TILES). On the GPU machine: python scripts/strategy_eager_vs_graphed.py strategies"""
+"auto" (warpkan.kernels.edge.strategy.EAGER_TILED_MAX_TILES). On the GPU machine: python scripts/strategy_eager_vs_graphed.py strategies"""
 import sys
 import torch
 from host_cost import eager_ms  # scripts/host_cost.py

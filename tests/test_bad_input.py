@@ -42,6 +42,7 @@ BAD = {
     "inits": ["swish", None, 3, ("swish",), ("identity", "swish", "gelu"), ("identity", "relu"), (1, 2)],
     "wp_dtype": ["float32", None, np.float32, wp.float16, wp.int32],
     "wp_device": ["gpu", 123, "cuda:77"],
+    "strategy": ["fast", "GEMM", None, 1, ("gemm",)],
 }
 
 
@@ -72,13 +73,15 @@ TORCH_LAYERS = {
 }
 
 NATIVE = {"device": "wp_device", "dtype": "wp_dtype"}
+STRATEGY = {"strategy": "strategy"}  # the native layers with a gemm strategy
 NATIVE_LAYERS = {
-    "KANLinear": (dict(in_features=4, out_features=3, device="cpu"), {**TORCH_LAYERS["KANLinear"][1], **NATIVE}),
+    "KANLinear": (dict(in_features=4, out_features=3, device="cpu"),
+                  {**TORCH_LAYERS["KANLinear"][1], **NATIVE, **STRATEGY}),
     "UKANLinear": (dict(in_features=4, out_features=3, device="cpu"), {**TORCH_LAYERS["UKANLinear"][1], **NATIVE}),
     "PolyKANLinear": (dict(in_features=4, out_features=3, degree=3, device="cpu"),
-                      {**TORCH_LAYERS["PolyKANLinear"][1], **NATIVE}),
+                      {**TORCH_LAYERS["PolyKANLinear"][1], **NATIVE, **STRATEGY}),
     "ChebyKANLinear": (dict(in_features=4, out_features=3, degree=3, device="cpu"),
-                       {**TORCH_LAYERS["ChebyKANLinear"][1], **NATIVE}),
+                       {**TORCH_LAYERS["ChebyKANLinear"][1], **NATIVE, **STRATEGY}),
     "GroupRational": (dict(num_features=8, num_groups=2, device="cpu"),
                       {**TORCH_LAYERS["GroupRational"][1], **NATIVE}),
     "GRKANLinear": (dict(in_features=8, out_features=3, num_groups=2, device="cpu"),

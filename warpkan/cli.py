@@ -124,6 +124,12 @@ def cmd_precompile(args) -> int:
                 # dense-basis kernels of each basis dtype, and on CUDA the warp-tiled kernels
                 for module in registry.family_modules(family, is_cuda):
                     _load_timed(module, device)
+        # the Warp-native layers' gemm strategy: the tile GEMMs, shared by every family of a dtype
+        from .kernels.edge.tile_gemm import tile_gemm_modules
+
+        for scalar in args.dtype:
+            for module in tile_gemm_modules(scalar):
+                _load_timed(module, device)
         if is_cuda:  # the torch layers' copies of public-layout parameters (torch's copy on the CPU)
             from .kernels._transpose import transpose_module
 

@@ -7,7 +7,8 @@ One of each, so that a fix or a measurement lands in one place:
   buffers (partial sums, sort keys) that a launcher asks for by name;
 - :func:`split_rows`, :func:`row_chunks`: how a reduction over rows is cut into chunks, a function of the
   shapes alone (so the summation order, and the result, is the same on every run);
-- :func:`combine_chunks_kernel`, :func:`launch_combine_chunks`: the fixed-order sum of per-chunk partials;
+- :func:`combine_chunks_kernel`, :func:`launch_combine_chunks`: the fixed-order sum of per-chunk partials
+  (:func:`launch_accumulate`: the one-chunk case, ``dst += src``);
 - :func:`lane_sum`, :func:`lane_group_width`, :func:`on_stream` (defined in ``_common``, re-exported here).
 """
 
@@ -28,6 +29,7 @@ __all__ = [
     "row_chunks",
     "combine_chunks_kernel",
     "launch_combine_chunks",
+    "launch_accumulate",
     "lane_sum",
     "lane_group_width",
     "on_stream",
@@ -221,3 +223,15 @@ def launch_combine_chunks(partial: "wp.array3d", out: "wp.array2d", accumulate: 
         return [] if record else None
     return launch(combine_chunks_kernel(name), tuple(out.shape), [partial, int(accumulate)], [out],
                   device=out.device, stream=stream, record=record)
+
+
+def launch_accumulate(src: "wp.array", dst: "wp.array", stream=None) -> None:
+    """dst += src for two contiguous arrays of one shape and dtype (a gradient computed into scratch, added
+    into the caller's under Warp's adjoint convention): :func:`launch_combine_chunks` with one chunk."""
+    if tuple(src.shape) != tuple(dst.shape):
+        raise ValueError(f"src must have the shape of dst {tuple(dst.shape)}, got {tuple(src.shape)}")
+    if dst.size == 0:
+        return
+    rows = dst.shape[0]
+    launch_combine_chunks(src.reshape((1, rows, dst.size // rows)), dst.reshape((rows, dst.size // rows)),
+                          accumulate=True, stream=stream)

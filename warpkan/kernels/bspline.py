@@ -39,8 +39,9 @@ import warp as wp
 
 from .. import _checks
 from ._common import scalar_name
-from ._runtime import Workspace, clear_workspaces
+from ._runtime import Workspace, clear_workspaces, launch_accumulate, workspace_for
 from .edge import launch as edge
+from .edge import tile_gemm
 from .edge import tiled as edge_tiled
 from .edge.bspline_family import MAX_SPLINE_ORDER, bspline_family, bspline_frame_of, uniform_basis_matrix
 from .edge.dense import dense_width
@@ -53,6 +54,8 @@ __all__ = [
     "frame_of",
     "launch_forward",
     "launch_backward",
+    "launch_gemm_forward",
+    "launch_gemm_backward",
     "grid_is_uniform",
     "uniform_knots",
     "check_grid",
@@ -199,6 +202,55 @@ def launch_backward(dy, x, grid, base_weight_t, scaler_t, coef, order: int, unif
     edge.launch_backward(family_of(order, uniform, x), frame_of(grid), dy, x, base_weight_t, scaler_t, coef,
                          use_base=use_base, dx=dx, d_base_weight_t=d_base_weight_t, d_scaler_t=d_scaler_t,
                          d_coef=d_coef, deterministic=deterministic, stream=stream, workspace=workspace, tiled=tiled)
+
+
+def _combined_weight(family, ws, base_weight_t, scaler_t, coef, use_base: bool, stream):
+    """W = [base_weight_t; coef * scaler_t] [dense_width, out] in scratch (the gemm strategy's weight)."""
+    n_in, n_coef, n_out = coef.shape
+    weight = ws.get("gemm_weight", (dense_width(n_in, n_coef, use_base), n_out), coef.dtype)
+    edge.launch_combine_weights(family, base_weight_t, scaler_t, coef, weight, use_base, stream)
+    return weight
+
+
+def launch_gemm_forward(x, grid, base_weight_t, scaler_t, coef, y, order: int, uniform: bool, use_base: bool = True,
+                        stream=None, workspace=None) -> None:
+    """y as :func:`launch_forward` computes it, by the gemm strategy (the dense basis times the combined weight
+    with ``wp.tile_matmul``: :mod:`warpkan.kernels.edge.tile_gemm`). Overwrites y. x and y contiguous."""
+    check_shapes(x, grid, base_weight_t, scaler_t, coef, order)
+    family = family_of(order, uniform, x)
+    ws = workspace or workspace_for(x.device, stream)
+    weight = _combined_weight(family, ws, base_weight_t, scaler_t, coef, use_base, stream)
+    tile_gemm.launch_gemm_forward(family, frame_of(grid), x, coef.shape[1], weight, y, use_base, stream=stream,
+                                  workspace=ws)
+
+
+def launch_gemm_backward(dy, x, grid, base_weight_t, scaler_t, coef, order: int, uniform: bool, use_base: bool = True,
+                         dx=None, d_base_weight_t=None, d_scaler_t=None, d_coef=None, stream=None,
+                         workspace=None) -> None:
+    """Accumulate (+=) the gradients of :func:`launch_gemm_forward` into whichever of dx, d_base_weight_t,
+    d_scaler_t, d_coef are given (contiguous): the combined weight's gradient (deterministic), split into the
+    parameters' (the engine's split kernel) and added into theirs."""
+    check_shapes(x, grid, base_weight_t, scaler_t, coef, order)
+    n_in, n_coef, n_out = coef.shape
+    if tuple(dy.shape) != (x.shape[0], n_out):
+        raise ValueError(f"dy must have shape {(x.shape[0], n_out)}, got {tuple(dy.shape)}")
+    family = family_of(order, uniform, x)
+    ws = workspace or workspace_for(x.device, stream)
+    weight = _combined_weight(family, ws, base_weight_t, scaler_t, coef, use_base, stream)
+    params = (d_base_weight_t, d_scaler_t, d_coef)
+    d_weight = None
+    if any(p is not None for p in params):
+        d_weight = ws.get("gemm_d_weight", tuple(weight.shape), x.dtype, zero=True)
+    tile_gemm.launch_gemm_backward(family, frame_of(grid), dy, x, n_coef, weight, use_base, dx=dx, d_weight=d_weight,
+                                   stream=stream, workspace=ws)
+    if d_weight is None:
+        return
+    split = (ws.get("gemm_d_base", (n_in, n_out), x.dtype), ws.get("gemm_d_scaler", (n_in, n_out), x.dtype),
+             ws.get("gemm_d_coef", (n_in, n_coef, n_out), x.dtype))
+    edge.launch_split_param_grads(family, d_weight, scaler_t, coef, *split, use_base, stream)
+    for part, grad in zip(split, params):
+        if grad is not None:
+            launch_accumulate(part, grad, stream)
 
 
 def tiled_applies(x, coef, order: int, uniform: bool = True) -> bool:

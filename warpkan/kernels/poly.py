@@ -62,6 +62,7 @@ from .. import _checks
 from ._common import SCALARS, scalar_name
 from ._runtime import launch, launch_combine_chunks
 from .edge import launch as edge
+from .edge import tile_gemm
 from .edge.poly_family import capacity_for, lut_derivative_family, poly_family, poly_frame_of
 
 __all__ = [
@@ -79,6 +80,8 @@ __all__ = [
     "unit_scaler",
     "launch_forward",
     "launch_backward",
+    "launch_gemm_forward",
+    "launch_gemm_backward",
     "evaluate_basis",
     "clear_caches",
     "on_clear_caches",
@@ -311,6 +314,15 @@ def launch_forward(x, coeffs, y, basis: str = "chebyshev", bias=None, lut=None, 
                         use_base=False, stream=stream, workspace=workspace)
 
 
+def _bias_grad(dy, d_bias, stream) -> None:
+    """d_bias += the column sums of dy, by the fixed-order chunk combine (deterministic)."""
+    n_rows, n_out = dy.shape
+    if d_bias is not None and n_rows:
+        launch_combine_chunks(dy.reshape((n_rows, 1, n_out)) if dy.is_contiguous else
+                              wp.clone(dy).reshape((n_rows, 1, n_out)), d_bias.reshape((1, n_out)), accumulate=True,
+                              stream=stream)
+
+
 def launch_backward(dy, x, coeffs, basis: str = "chebyshev", lut=None, alpha: float = 1.0, beta: float = 1.0,
                     dx=None, d_coeffs=None, d_bias=None, stream=None, workspace=None) -> None:
     """Accumulate (+=) the gradients of :func:`launch_forward` into whichever of dx, d_coeffs, d_bias are given
@@ -320,10 +332,7 @@ def launch_backward(dy, x, coeffs, basis: str = "chebyshev", lut=None, alpha: fl
     n_basis, n_out = coeffs.shape[1], coeffs.shape[2]
     if tuple(dy.shape) != (n_rows, n_out):
         raise ValueError(f"dy must have shape {(n_rows, n_out)}, got {tuple(dy.shape)}")
-    if d_bias is not None and n_rows:
-        launch_combine_chunks(dy.reshape((n_rows, 1, n_out)) if dy.is_contiguous else
-                              wp.clone(dy).reshape((n_rows, 1, n_out)), d_bias.reshape((1, n_out)), accumulate=True,
-                              stream=stream)
+    _bias_grad(dy, d_bias, stream)
     if dx is None and d_coeffs is None:
         return
     family = family_of(n_basis, basis, lut is not None, scalar_name(x))
@@ -334,3 +343,36 @@ def launch_backward(dy, x, coeffs, basis: str = "chebyshev", lut=None, alpha: fl
     edge.launch_backward(family, frame_of(family, n_basis, alpha, beta, lut), dy, x, ones, ones, coeffs,
                          use_base=False, dx=dx, d_base_weight_t=d_base, d_scaler_t=d_scaler, d_coef=d_coeffs,
                          stream=stream, workspace=workspace)
+
+
+def launch_gemm_forward(x, coeffs, y, basis: str = "chebyshev", bias=None, lut=None, alpha: float = 1.0,
+                        beta: float = 1.0, stream=None, workspace=None) -> None:
+    """y as :func:`launch_forward` computes it, by the gemm strategy: the dense basis times the coefficient
+    table [in (D + 1), out] itself with ``wp.tile_matmul`` (:mod:`warpkan.kernels.edge.tile_gemm`), the bias
+    added by the same kernel. Overwrites y. x, coeffs and y contiguous."""
+    _check(x, coeffs, bias, lut)
+    if tuple(y.shape) != (x.shape[0], coeffs.shape[2]):
+        raise ValueError(f"y must have shape {(x.shape[0], coeffs.shape[2])}, got {tuple(y.shape)}")
+    n_in, n_basis, n_out = coeffs.shape
+    family = family_of(n_basis, basis, lut is not None, scalar_name(x))
+    tile_gemm.launch_gemm_forward(family, frame_of(family, n_basis, alpha, beta, lut), x, n_basis,
+                                  coeffs.reshape((n_in * n_basis, n_out)), y, False, bias=bias, stream=stream,
+                                  workspace=workspace)
+
+
+def launch_gemm_backward(dy, x, coeffs, basis: str = "chebyshev", lut=None, alpha: float = 1.0, beta: float = 1.0,
+                         dx=None, d_coeffs=None, d_bias=None, stream=None, workspace=None) -> None:
+    """Accumulate (+=) the gradients of :func:`launch_gemm_forward` into whichever of dx, d_coeffs, d_bias are
+    given (contiguous; every one deterministic): the coefficient gradient is the GEMM's weight gradient, summed
+    straight into d_coeffs."""
+    _check(x, coeffs, None, lut)
+    n_in, n_basis, n_out = coeffs.shape
+    if tuple(dy.shape) != (x.shape[0], n_out):
+        raise ValueError(f"dy must have shape {(x.shape[0], n_out)}, got {tuple(dy.shape)}")
+    _bias_grad(dy, d_bias, stream)
+    family = family_of(n_basis, basis, lut is not None, scalar_name(x))
+    width = n_in * n_basis
+    tile_gemm.launch_gemm_backward(family, frame_of(family, n_basis, alpha, beta, lut), dy, x, n_basis,
+                                   coeffs.reshape((width, n_out)), False, dx=dx,
+                                   d_weight=d_coeffs.reshape((width, n_out)) if d_coeffs is not None else None,
+                                   stream=stream, workspace=workspace)

@@ -1,4 +1,4 @@
-"""What every Warp-native layer shares: the checks of its ``dtype`` and ``device`` arguments, and the
+"""What every Warp-native layer shares: the checks of its ``dtype``, ``device`` and ``strategy`` arguments, and the
 handling of its input (checked like the torch layers check theirs; a strided input copied to a contiguous
 one on the tape, so its gradient still reaches the caller's array; an empty batch)."""
 
@@ -9,7 +9,10 @@ from typing import Any
 import numpy as np
 import warp as wp
 
-__all__ = ["NP_DTYPES", "check_dtype", "check_device", "layer_input"]
+from .. import _checks
+from ..kernels.edge.strategy import STRATEGIES
+
+__all__ = ["NP_DTYPES", "check_dtype", "check_device", "check_strategy", "layer_input"]
 
 # the floating types the Warp-native layers compute in, and their numpy twins (parameters are made in numpy)
 NP_DTYPES = {wp.float32: np.float32, wp.float64: np.float64}
@@ -38,6 +41,11 @@ def check_device(device) -> wp.Device:
         available = ", ".join(str(d) for d in wp.get_devices())
         raise ValueError(f"device must be a Warp device or the name of one (here: {available}), got {device!r} "
                          f"({error})") from None
+
+
+def check_strategy(strategy) -> str:
+    """``strategy`` when it is "auto", "stencil" or "gemm", else ValueError naming the argument."""
+    return _checks.one_of("strategy", strategy, STRATEGIES)
 
 
 def _type_name(value) -> str:

@@ -9,8 +9,10 @@ import numpy as np
 import warp as wp
 
 from ..kernels import bspline as kb
+from ..kernels.edge import tiled as edge_tiled
+from ..kernels.edge.strategy import choose_strategy
 from ._common import NP_DTYPES as _NP_DTYPES
-from ._common import check_device, check_dtype, layer_input
+from ._common import check_device, check_dtype, check_strategy, layer_input
 from ._state import WarpState
 from ._tape import active_tape, new_output, record_backward
 
@@ -38,10 +40,13 @@ class KANLinear(WarpState):
             extend k intervals past each end).
         use_base: include the base path ``base_weight @ silu(x)`` (else no base weight is trained).
         scale_noise: scale of the initial spline coefficients, uniform in ``+-scale_noise / (2 grid_size)``.
-        deterministic: make every gradient bitwise reproducible from run to run.
+        deterministic: make every gradient bitwise reproducible from run to run (the gemm strategy's always are).
         device: the Warp device (or its name) of the parameters (Warp's default device when None).
         dtype: ``wp.float32`` or ``wp.float64``.
         seed: seed of the numpy generator that draws the initial parameters.
+        strategy: ``"stencil"`` (the engine's per-edge kernels), ``"gemm"`` (the dense basis multiplied with the
+            combined weight by ``wp.tile_matmul``: :mod:`warpkan.kernels.edge.tile_gemm`) or ``"auto"``, which
+            picks one per call by the torch layer's rule (:func:`warpkan.kernels.edge.strategy.choose_strategy`).
     """
 
     def __init__(
@@ -57,10 +62,12 @@ class KANLinear(WarpState):
         device=None,
         dtype=wp.float32,
         seed: int = 0,
+        strategy: str = "auto",
     ):
         dtype = check_dtype(dtype)
         in_features, out_features, grid_size, spline_order, (lo, hi) = kb.check_layer_args(
             in_features, out_features, grid_size, spline_order, grid_range)
+        self.strategy = check_strategy(strategy)
         self.in_features, self.out_features = in_features, out_features
         self.grid_size, self.spline_order = grid_size, spline_order
         self.use_base, self.deterministic = use_base, deterministic
@@ -96,18 +103,35 @@ class KANLinear(WarpState):
         if x.shape[0] == 0:
             return y
         args = (x, self.grid, self.base_weight_t, self.scaler_t, self.coef)
-        kb.launch_forward(*args, y, self.spline_order, self.uniform, self.use_base)
+        gemm = self.resolve_strategy(x.shape[0]) == "gemm"
+        if gemm:
+            kb.launch_gemm_forward(*args, y, self.spline_order, self.uniform, self.use_base)
+        else:
+            kb.launch_forward(*args, y, self.spline_order, self.uniform, self.use_base)
 
         def backward():
-            kb.launch_backward(
-                y.grad, *args, self.spline_order, self.uniform, self.use_base,
-                dx=x.grad if x.requires_grad else None,
-                d_base_weight_t=self.base_weight_t.grad, d_scaler_t=self.scaler_t.grad, d_coef=self.coef.grad,
-                deterministic=self.deterministic,
-            )
+            grads = dict(dx=x.grad if x.requires_grad else None, d_base_weight_t=self.base_weight_t.grad,
+                         d_scaler_t=self.scaler_t.grad, d_coef=self.coef.grad)
+            if gemm:
+                kb.launch_gemm_backward(y.grad, *args, self.spline_order, self.uniform, self.use_base, **grads)
+            else:
+                kb.launch_backward(y.grad, *args, self.spline_order, self.uniform, self.use_base, **grads,
+                                   deterministic=self.deterministic)
 
         record_backward(tape, backward, [x, y, self.base_weight_t, self.scaler_t, self.coef])
         return y
+
+    def resolve_strategy(self, n_rows: int) -> str:
+        """The strategy a call on ``n_rows`` rows takes: the layer's, or for "auto" the torch layer's rule
+        (:func:`~warpkan.kernels.edge.strategy.choose_strategy` at full fp32 precision; host-bound unless
+        Warp is capturing a CUDA graph on the layer's device)."""
+        if self.strategy != "auto":
+            return self.strategy
+        n_coef = self.grid_size + self.spline_order
+        family = kb.family_of(self.spline_order, self.uniform, self.coef)
+        tiled = edge_tiled.tiled_applies(family, self.device.is_cuda, n_coef)
+        return choose_strategy(n_rows, self.in_features, self.out_features, n_coef, tiled, "fp32",
+                               host_bound=not self.device.is_capturing)
 
     # ---------------------------------------------------------------- state (efficient-kan layout)
     def state_dict(self) -> dict:

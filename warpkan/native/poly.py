@@ -7,8 +7,9 @@ import numpy as np
 import warp as wp
 
 from ..kernels import poly as kp
+from ..kernels.edge.strategy import SINGLE_SLOT_AUTO_STRATEGY
 from ._common import NP_DTYPES as _NP_DTYPES
-from ._common import check_device, check_dtype, layer_input
+from ._common import check_device, check_dtype, check_strategy, layer_input
 from ._state import WarpState
 from ._tape import active_tape, new_output, record_backward
 
@@ -43,6 +44,9 @@ class PolyKANLinear(WarpState):
         device: the Warp device (or its name) of the parameters (Warp's default device when None).
         dtype: ``wp.float32`` or ``wp.float64``.
         seed: seed of the numpy generator that draws the initial coefficients.
+        strategy: ``"stencil"`` (the engine's per-edge kernels), ``"gemm"`` (the dense basis multiplied with the
+            coefficient table by ``wp.tile_matmul``: :mod:`warpkan.kernels.edge.tile_gemm`) or ``"auto"``: the
+            torch layer's choice, gemm at every shape (:data:`warpkan.kernels.edge.strategy.SINGLE_SLOT_AUTO_STRATEGY`).
     """
 
     def __init__(
@@ -59,10 +63,12 @@ class PolyKANLinear(WarpState):
         device=None,
         dtype=wp.float32,
         seed: int = 0,
+        strategy: str = "auto",
     ):
         dtype = check_dtype(dtype)
         in_features, out_features, degree, mode, lut_size, alpha, beta = kp.check_layer_args(
             in_features, out_features, degree, basis, mode, lut_size, alpha, beta)
+        self.strategy = check_strategy(strategy)
         self.in_features, self.out_features, self.degree = in_features, out_features, degree
         self.basis, self.mode, self.lut_size = basis, mode, lut_size
         self.alpha, self.beta = alpha, beta
@@ -97,10 +103,11 @@ class PolyKANLinear(WarpState):
             return y
         tables = self._tables()
         config = dict(basis=self.basis, lut=tables, alpha=self.alpha, beta=self.beta)
-        kp.launch_forward(x, self.coeffs, y, bias=self.bias, **config)
+        gemm = self.resolve_strategy(x.shape[0]) == "gemm"
+        (kp.launch_gemm_forward if gemm else kp.launch_forward)(x, self.coeffs, y, bias=self.bias, **config)
 
         def backward():
-            kp.launch_backward(
+            (kp.launch_gemm_backward if gemm else kp.launch_backward)(
                 y.grad, x, self.coeffs, **config,
                 dx=x.grad if x.requires_grad else None,
                 d_coeffs=self.coeffs.grad,
@@ -109,6 +116,11 @@ class PolyKANLinear(WarpState):
 
         record_backward(tape, backward, [x, y, *self.parameters()])
         return y
+
+    def resolve_strategy(self, n_rows: int) -> str:
+        """The strategy a call on ``n_rows`` rows takes: the layer's, or for "auto" the torch layer's (gemm at
+        every shape)."""
+        return SINGLE_SLOT_AUTO_STRATEGY if self.strategy == "auto" else self.strategy
 
     # ---------------------------------------------------------------- state (the torch layer's names)
     def state_dict(self) -> dict:
@@ -158,9 +170,11 @@ class ChebyKANLinear(PolyKANLinear):
         device: the Warp device (or its name) of the parameters (Warp's default device when None).
         dtype: ``wp.float32`` or ``wp.float64``.
         seed: seed of the numpy generator that draws the initial coefficients.
+        strategy: ``"auto"``, ``"stencil"`` or ``"gemm"`` (see :class:`PolyKANLinear`).
     """
 
     def __init__(self, in_features: int, out_features: int, degree: int, mode: str = "lut",
-                 lut_size: int = DEFAULT_LUT_SIZE, bias: bool = False, device=None, dtype=wp.float32, seed: int = 0):
+                 lut_size: int = DEFAULT_LUT_SIZE, bias: bool = False, device=None, dtype=wp.float32, seed: int = 0,
+                 strategy: str = "auto"):
         super().__init__(in_features, out_features, degree, basis="chebyshev", mode=mode, lut_size=lut_size,
-                         bias=bias, device=device, dtype=dtype, seed=seed)
+                         bias=bias, device=device, dtype=dtype, seed=seed, strategy=strategy)

@@ -48,6 +48,7 @@ from torch import Tensor
 from ..kernels.edge import launch as edge
 from ..kernels.edge import tiled as edge_tiled
 from ..kernels.edge.dense import dense_kernels, dense_width
+from ..kernels.edge.strategy import STRATEGIES
 from ._common import (RecordedLaunches, TorchWorkspace, autocast_dtype, check_tensor, keyword_launcher,
                       matmul_precision, needed_grads, runs_registered_op, to_warp, warp_device, warp_stream)
 
@@ -58,7 +59,6 @@ __all__ = ["STRATEGIES", "PRECISIONS", "PRECISION_UNIT_ROUNDOFF", "check_strateg
            "expand_contract", "edge_dense_basis", "edge_contract_basis", "edge_expand_contract", "spec_of",
            "EdgeView", "check_view_rows"]
 
-STRATEGIES = ("auto", "stencil", "gemm")
 PRECISIONS = ("auto", "fp32", "tf32", "bf16")
 # Relative rounding of each GEMM operand under each precision (see the module docstring's error bound).
 PRECISION_UNIT_ROUNDOFF = {"fp32": 2.0**-24, "tf32": 2.0**-10, "bf16": 2.0**-8}

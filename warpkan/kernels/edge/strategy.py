@@ -1,16 +1,19 @@
 """The rule the strategy "auto" follows for the spline edge families (B-spline KANLinear, UKAN's dense range
 table): measured bounds on the layer's shape, the gemm strategy's precision, and whether the call waits on the
 host (an eager call) or only on the GPU (a call recorded into a CUDA graph). Pure Python (no torch): the torch
-bridge and the Warp-native layers follow the same rule.
+bridge and the Warp-native layers follow the same rule. The bounds were measured with the torch bridge's gemm
+strategy (cuBLAS, or MKL on the CPU); the Warp-native layers' gemm strategy multiplies with ``wp.tile_matmul``
+(:mod:`.tile_gemm`), whose own figures are in ``docs/perf-notes-engine.md``.
 
 The polynomial families (one window of D + 1 bases an input) take the gemm strategy everywhere
 (:data:`SINGLE_SLOT_AUTO_STRATEGY`); shared-table families (UKAN's touched-pair table) have no dense basis and
 take the stencil kernels.
 """
 
-__all__ = ["choose_strategy", "SINGLE_SLOT_AUTO_STRATEGY", "GEMM_MAX_COEFFICIENTS", "TILED_GEMM_MAX_COEFFICIENTS",
+__all__ = ["STRATEGIES", "choose_strategy", "SINGLE_SLOT_AUTO_STRATEGY", "GEMM_MAX_COEFFICIENTS", "TILED_GEMM_MAX_COEFFICIENTS",
            "TILED_MIN_TILES", "TILED_LONG_WALK", "BF16_GEMM_MIN_OUTPUTS", "EAGER_TILED_MAX_TILES"]
 
+STRATEGIES = ("auto", "stencil", "gemm")
 # The strategy "auto" resolves to for the polynomial families, on every device and at every shape: it was the
 # faster one wherever measured. CUDA: replayed from a CUDA graph (GPU time alone), at every PolyKAN configuration
 # (H100, `warpkan bench poly`, fwd+bwd: 0.035 against 0.24 ms at (128, 40, 256, 8), 0.076 against 1.9 at

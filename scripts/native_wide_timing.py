@@ -1,0 +1,251 @@
+"""Wide Warp-native layers: one training pass (forward + backward under ``wp.Tape``) of ``warpkan.KANLinear`` and
+``warpkan.PolyKANLinear`` with the stencil strategy (the engine's per-edge kernels) and the gemm strategy (the
+dense basis times the weight with ``wp.tile_matmul``) side by side, and, where torch is importable, the torch
+bridge's ``KANLinear`` / ``PolyKANLinear`` with ``strategy="gemm"`` (cuBLAS) at the same shape, all fp32.
+
+Each row also says how far the two native strategies lie apart (y, dx and every parameter gradient, max
+|difference| over max |value|): the same map, so a few float32 units.
+
+    python scripts/native_wide_timing.py --out DIR [--device cuda] [--quick]
+
+``--tile-shapes 64x64x32,32x64x32`` times the native gemm path once per float32 tile shape (rows x outputs x
+depth; each a module to build, 25-35 s on the GPU) in place of the layer's own pick from
+``warpkan.kernels.edge.tile_gemm.TILE_SHAPES``: what a change of that list would be measured with.
+``--scalar-gemm`` adds each native gemm variant with Warp's scalar tile_matmul in place of cuBLASDx.
+
+Target (docs/perf-notes-engine.md): the native gemm path within 1.5x of the torch bridge's gemm path at
+KANLinear (65536, 256 -> 256, G = 8). On CUDA the times come from CUDA events around ``--repeat`` passes after
+``--warmup`` passes (the first of which builds the Warp modules: compilation is not timed); on the CPU from
+the wall clock after a synchronize.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import time
+
+import numpy as np
+import warp as wp
+
+CASES = [  # (layer, rows, in, out, grid size or degree)
+    ("KANLinear", 65536, 256, 256, 8),
+    ("KANLinear", 4096, 64, 64, 5),
+    ("PolyKANLinear", 65536, 256, 256, 8),
+]
+QUICK_CASES = [("KANLinear", 512, 32, 32, 8), ("KANLinear", 256, 16, 16, 5), ("PolyKANLinear", 512, 32, 32, 8)]
+TARGET_RATIO = 1.5  # native gemm / torch gemm at the first case
+
+
+def _native_layer(kind, n_in, n_out, size, strategy, device):
+    import warpkan
+
+    if kind == "KANLinear":
+        return warpkan.KANLinear(n_in, n_out, grid_size=size, device=device, strategy=strategy)
+    return warpkan.PolyKANLinear(n_in, n_out, size, device=device, strategy=strategy)
+
+
+def _timer(device: str):
+    """ms of ``repeat`` calls of ``fn`` after ``warmup`` calls: CUDA events on the device's stream, else the
+    wall clock after a synchronize."""
+    def run(fn, warmup: int, repeat: int) -> float:
+        for _ in range(warmup):
+            fn()
+        wp.synchronize_device(device)
+        if wp.get_device(device).is_cuda:
+            start, stop = wp.Event(device, enable_timing=True), wp.Event(device, enable_timing=True)
+            wp.record_event(start)
+            for _ in range(repeat):
+                fn()
+            wp.record_event(stop)
+            wp.synchronize_event(stop)
+            return wp.get_event_elapsed_time(start, stop) / repeat
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            fn()
+        wp.synchronize_device(device)
+        return (time.perf_counter() - t0) * 1e3 / repeat
+
+    return run
+
+
+def _native_passes(layer, x, dy):
+    """(forward, forward + backward): the forward alone, and one pass under a fresh tape whose backward
+    accumulates into x.grad and the parameters' gradients."""
+    def forward():
+        layer(x)
+
+    def step():
+        tape = wp.Tape()
+        with tape:
+            y = layer(x)
+        tape.backward(grads={y: dy})
+
+    return forward, step
+
+
+def _native_results(layer, x, dy):
+    """(y, dx, parameter gradients) of one pass from zeroed gradients, as numpy arrays."""
+    x.grad.zero_()
+    for p in layer.parameters():
+        p.grad.zero_()
+    tape = wp.Tape()
+    with tape:
+        y = layer(x)
+    tape.backward(grads={y: dy})
+    return [y.numpy().copy(), x.grad.numpy().copy()] + [p.grad.numpy().copy() for p in layer.parameters()]
+
+
+def _torch_row(kind, n_rows, n_in, n_out, size, device, timer, warmup, repeat):
+    try:
+        import torch
+    except ImportError:
+        return None
+    from warpkan import torch_bridge as tb
+
+    torch_device = "cuda" if wp.get_device(device).is_cuda else "cpu"
+    torch.manual_seed(0)
+    if kind == "KANLinear":
+        layer = tb.KANLinear(n_in, n_out, grid_size=size, strategy="gemm", precision="fp32", device=torch_device)
+    else:
+        layer = tb.PolyKANLinear(n_in, n_out, size, strategy="gemm", precision="fp32", device=torch_device)
+    x = torch.rand(n_rows, n_in, device=torch_device) * 2 - 1
+    x.requires_grad_(True)
+    dy = torch.randn(n_rows, n_out, device=torch_device)
+
+    def forward():
+        with torch.no_grad():
+            layer(x)
+
+    def step():
+        layer(x).backward(dy)
+
+    # torch runs on its own current stream; the events are recorded on Warp's stream of the device, so put
+    # Warp on torch's stream for the measurement
+    stream = wp.stream_from_torch(torch.cuda.current_stream()) if torch_device == "cuda" else None
+    with wp.ScopedStream(stream) if stream is not None else contextlib.nullcontext():
+        return {"fwd_ms": timer(forward, warmup, repeat), "step_ms": timer(step, warmup, repeat)}
+
+
+@contextlib.contextmanager
+def _float32_tiles(shape, scalar_gemm: bool = False):
+    """The float32 layers' tile shape for the block (None: the list as it is); ``scalar_gemm``: their
+    tile_matmul by Warp's cooperative scalar GEMM instead of cuBLASDx (the module option
+    ``enable_mathdx_gemm=False``: no LTO build, and for small tiles sometimes faster)."""
+    from warpkan.kernels.edge import tile_gemm
+
+    listed = tile_gemm.TILE_SHAPES["float32"]
+    if shape is not None:
+        tile_gemm.TILE_SHAPES["float32"] = (shape,)
+    modules = [tile_gemm.tile_gemm_module("float32", s) for s in tile_gemm.TILE_SHAPES["float32"]]
+    if scalar_gemm:
+        for module in modules:
+            wp.set_module_options({"enable_mathdx_gemm": False}, module)
+    try:
+        yield
+    finally:
+        tile_gemm.TILE_SHAPES["float32"] = listed
+        if scalar_gemm:
+            for module in modules:
+                wp.set_module_options({"enable_mathdx_gemm": None}, module)
+
+
+def _parse_tile_shapes(text):
+    from warpkan.kernels.edge.tile_gemm import TileShape
+
+    if not text:
+        return []
+    return [TileShape(*(int(v) for v in item.split("x"))) for item in text.split(",")]
+
+
+def _parse_case(text):
+    kind, *sizes = text.split(",")
+    if kind not in ("KANLinear", "PolyKANLinear") or len(sizes) != 4:
+        raise SystemExit(f"--case must be LAYER,ROWS,IN,OUT,SIZE with LAYER KANLinear or PolyKANLinear, got {text!r}")
+    return (kind, *(int(v) for v in sizes))
+
+
+def measure(case, device, warmup, repeat, tile_shapes=(), scalar_gemm=False):
+    kind, n_rows, n_in, n_out, size = case
+    timer = _timer(device)
+    rng = np.random.default_rng(0)
+    x = wp.array(rng.uniform(-1, 1, (n_rows, n_in)).astype(np.float32), device=device, requires_grad=True)
+    dy = wp.array(rng.standard_normal((n_rows, n_out)).astype(np.float32), device=device)
+    rows, results = [], {}
+    variants = [("stencil", None, False)] + [("gemm", shape, scalar) for shape in tile_shapes or [None]
+                                              for scalar in ((False, True) if scalar_gemm else (False,))]
+    for strategy, shape, scalar in variants:
+        layer = _native_layer(kind, n_in, n_out, size, strategy, device)
+        with _float32_tiles(shape, scalar):
+            forward, step = _native_passes(layer, x, dy)
+            fwd = timer(forward, warmup, repeat)
+            path = (f"native {strategy}" + (f" {shape.name}" if shape is not None else "")
+                    + (" scalar tile_matmul" if scalar else ""))
+            rows.append({"path": path, "fwd_ms": fwd, "step_ms": timer(step, warmup, repeat)})
+            results.setdefault(strategy, _native_results(layer, x, dy))
+    apart = max(float(np.abs(a - b).max()) / max(float(np.abs(a).max()), 1e-30)
+                for a, b in zip(results["stencil"], results["gemm"]))
+    torch_row = _torch_row(kind, n_rows, n_in, n_out, size, device, timer, warmup, repeat)
+    if torch_row is not None:
+        rows.append({"path": "torch bridge gemm", **torch_row})
+    label = f"{kind} ({n_rows}, {n_in}->{n_out}, {'G' if kind == 'KANLinear' else 'D'}={size})"
+    for row in rows:
+        row["case"] = label
+        row["strategies_apart"] = apart
+    return rows
+
+
+def _table(rows) -> str:
+    lines = ["| case | path | fwd ms | fwd+bwd ms | vs torch gemm | stencil vs gemm apart |",
+             "|---|---|---|---|---|---|"]
+    torch_ms = {r["case"]: r["step_ms"] for r in rows if r["path"] == "torch bridge gemm"}
+    for r in rows:
+        ratio = f"{r['step_ms'] / torch_ms[r['case']]:.2f}x" if r["case"] in torch_ms else "-"
+        lines.append(f"| {r['case']} | {r['path']} | {r['fwd_ms']:.3f} | {r['step_ms']:.3f} | {ratio} | "
+                     f"{r['strategies_apart']:.1e} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="folder for native_wide_timing.json and .md")
+    parser.add_argument("--device", default=None, help="Warp device (default: cuda when present, else cpu)")
+    parser.add_argument("--quick", action="store_true", help="small shapes (a CPU check of the script)")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--case", action="append", default=[], metavar="LAYER,ROWS,IN,OUT,SIZE",
+                        help="time this case instead of the default list (repeatable), e.g. KANLinear,4096,64,64,5 "
+                        "(SIZE: the grid size, or a PolyKANLinear's degree)")
+    parser.add_argument("--tile-shapes", default="", help="float32 tile shapes to time the native gemm path with, "
+                        "e.g. 64x64x32,32x64x32 (default: the layer's own pick)")
+    parser.add_argument("--scalar-gemm", action="store_true", help="also time each native gemm variant with "
+                        "Warp's scalar tile_matmul in place of cuBLASDx")
+    args = parser.parse_args(argv)
+    tile_shapes = _parse_tile_shapes(args.tile_shapes)
+    wp.init()
+    device = args.device or ("cuda" if wp.is_cuda_available() else "cpu")
+    rows = []
+    cases = [_parse_case(text) for text in args.case] or (QUICK_CASES if args.quick else CASES)
+    for case in cases:
+        rows += measure(case, device, args.warmup, args.repeat, tile_shapes, args.scalar_gemm)
+        print(_table(rows), flush=True)
+    head = rows[0]["case"]
+    gemm_ms = min(r["step_ms"] for r in rows if r["case"] == head and r["path"].startswith("native gemm"))
+    times = {r["path"]: r["step_ms"] for r in rows if r["case"] == head}
+    summary = {"device": str(wp.get_device(device).name), "warp": wp.config.version, "rows": rows}
+    if "torch bridge gemm" in times:
+        ratio = gemm_ms / times["torch bridge gemm"]
+        summary["target"] = {"case": head, "native_gemm_over_torch_gemm": ratio, "target_ratio": TARGET_RATIO,
+                             "met": ratio <= TARGET_RATIO}
+        print(f"{head}: native gemm / torch bridge gemm = {ratio:.2f}x (target <= {TARGET_RATIO}x)")
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "native_wide_timing.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    with open(os.path.join(args.out, "native_wide_timing.md"), "w") as f:
+        f.write(f"Warp-native wide layers, fp32, {summary['device']}\n\n{_table(rows)}\n")
+
+
+if __name__ == "__main__":
+    main()
