@@ -1,0 +1,135 @@
+"""``warpkan precompile`` covers what a layer loads: a layer's first training step (forward and backward, on the
+CPU) loads no Warp module that the precompile list of its configuration leaves out, and launches each listed
+module at the block size the list gives it."""
+
+import sys
+
+import pytest
+import torch
+import warp as wp
+import warp._src.context as wp_context
+
+from warpkan.kernels import precompile
+from warpkan.kernels.precompile import PrecompileConfig
+from warpkan.torch_bridge import GEGLUFFN, KATMLP, GRKANLinear, KANLinear, PolyKANLinear, UKANLinear, jet
+from warpkan.torch_bridge._common import RecordedLaunches
+
+
+class Loads:
+    """The modules Warp loads (every launch, recorded or not, loads its module first) and the block sizes the
+    launches ask for, while recording."""
+
+    def __init__(self, monkeypatch):
+        self.modules, self.launches = set(), set()
+        load = wp_context.Module.load
+
+        def recording_load(module, device, block_dim=None, *args, **kwargs):
+            self.modules.add(module.name)
+            return load(module, device, block_dim, *args, **kwargs)
+
+        monkeypatch.setattr(wp_context.Module, "load", recording_load)
+        for name in ("launch", "launch_tiled"):
+            monkeypatch.setattr(wp, name, self._recording_launch(getattr(wp, name)))
+
+    def _recording_launch(self, launch):
+        def recording(kernel, *args, block_dim=256, **kwargs):
+            self.launches.add((kernel.module.name, block_dim))
+            return launch(kernel, *args, block_dim=block_dim, **kwargs)
+
+        return recording
+
+
+@pytest.fixture
+def loads(monkeypatch):
+    # a replayed launch skips the module load: forget every recorded launch (those of earlier tests too)
+    for name, module in list(sys.modules.items()):
+        if name.startswith("warpkan.torch_bridge"):
+            for value in list(vars(module).values()):
+                if isinstance(value, RecordedLaunches):
+                    value.clear()
+    return Loads(monkeypatch)
+
+
+def _inputs(rows: int, features: int, dtype=torch.float32, scale: float = 1.0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(rows * 131 + features)
+    x = (torch.rand(rows, features, generator=generator, dtype=torch.float64) * 2 - 1) * scale
+    return x.to(dtype).requires_grad_(True)
+
+
+def _step(layer, x):
+    layer(x).square().sum().backward()
+
+
+def _taylor_step(model, x, pairs):
+    u = jet(model, x, pairs=pairs)
+    (u.d(1) - u.d2(*pairs[0])).square().mean().backward()
+
+
+def _kan_nonuniform():
+    layer = KANLinear(5, 3)
+    layer.update_grid(_inputs(40, 5).detach())
+    return layer
+
+
+def _create_graph_step(layer, x):
+    (dx,) = torch.autograd.grad(layer(x).sum(), x, create_graph=True)
+    dx.square().sum().backward()
+
+
+torch.manual_seed(0)
+# (id, families, config, step): each step builds its layer and runs forward + backward once
+CASES = [
+    ("kan_k3_fp32", ["bspline"], PrecompileConfig(orders=(3,), grid=5, uniform_only=True),
+     lambda: _step(KANLinear(5, 3), _inputs(37, 5))),
+    ("kan_k2_fp64", ["bspline"], PrecompileConfig(orders=(2,), dtypes=("float64",), grid=7, uniform_only=True),
+     lambda: _step(KANLinear(4, 3, grid_size=7, spline_order=2, dtype=torch.float64), _inputs(29, 4, torch.float64))),
+    ("kan_stencil", ["bspline"], PrecompileConfig(orders=(1,), grid=5, uniform_only=True),
+     lambda: _step(KANLinear(4, 6, spline_order=1, strategy="stencil"), _inputs(31, 4))),
+    ("kan_nonuniform", ["bspline"], PrecompileConfig(orders=(3,), grid=5),
+     lambda: _step(_kan_nonuniform(), _inputs(23, 5))),
+    ("ukan_range", ["ukan"], PrecompileConfig(orders=(3,)), lambda: _step(UKANLinear(4, 3), _inputs(27, 4))),
+    ("ukan_table", ["ukan"], PrecompileConfig(orders=(2,)),
+     lambda: _step(UKANLinear(3, 2, spline_order=2, grid_delta=0.001), _inputs(26, 3, scale=10.0))),
+    ("poly_lut", ["poly"], PrecompileConfig(orders=(4,)), lambda: _step(PolyKANLinear(4, 3, 4), _inputs(25, 4))),
+    ("poly_exact", ["poly"], PrecompileConfig(orders=(6,)),
+     lambda: _step(PolyKANLinear(4, 3, 6, basis="legendre", mode="exact"), _inputs(24, 4))),
+    ("rational", ["rational"], PrecompileConfig(group_size=2),
+     lambda: _step(GRKANLinear(16, 5, num_groups=8), _inputs(21, 16))),
+    ("katmlp", ["rational"], PrecompileConfig(), lambda: _step(KATMLP(8, 16), _inputs(19, 8))),
+    ("geglu_small", ["geglu"], PrecompileConfig(hidden=8, inter=24), lambda: _step(GEGLUFFN(8, 24), _inputs(3, 8))),
+    ("geglu_large", ["geglu"], PrecompileConfig(hidden=8, inter=24), lambda: _step(GEGLUFFN(8, 24), _inputs(20, 8))),
+    ("taylor_kan", ["bspline"], PrecompileConfig(orders=(3,), grid=5, uniform_only=True, jets=((2, 1),)),
+     lambda: _taylor_step(torch.nn.Sequential(KANLinear(2, 32), KANLinear(32, 1)), _inputs(18, 2), [(0, 0)])),
+    ("taylor_poly_rational", ["poly", "rational"], PrecompileConfig(orders=(3, 4), jets=((2, 2),)),
+     lambda: _taylor_step(torch.nn.Sequential(PolyKANLinear(2, 8, 4), GRKANLinear(8, 8),
+                                              PolyKANLinear(8, 1, 3, mode="exact")), _inputs(17, 2), [(0, 0), (0, 1)])),
+    ("create_graph", ["poly", "rational"], PrecompileConfig(orders=(4,), create_graph=True),
+     lambda: (_create_graph_step(PolyKANLinear(3, 2, 4), _inputs(15, 3)),
+              _create_graph_step(GRKANLinear(8, 8), _inputs(14, 8)))),
+]
+
+
+@pytest.mark.parametrize("names, config, step", [case[1:] for case in CASES], ids=[case[0] for case in CASES])
+def test_first_step_loads_only_precompiled_modules(loads, names, config, step):
+    cpu = precompile.modules(names, config, is_cuda=False)
+    cuda = precompile.modules(names, config, is_cuda=True)
+    step()
+    assert loads.modules, "the step loaded no Warp module: nothing was checked"
+    missing = loads.modules - {build.name for build in cpu}
+    assert not missing, f"the step loaded modules precompile does not list: {sorted(missing)}"
+    # the block sizes the launches ask for (those the CPU launches ask for, the edge engine asking for one
+    # thread a block there) are the ones listed for CUDA
+    asked = {launch for launch in loads.launches if launch[1] != 1}
+    assert asked <= set(cuda), f"launched at block sizes precompile does not list: {sorted(asked - set(cuda))}"
+    assert len({build.name for build in cpu}) == len(cpu)  # one build a module on the CPU
+
+
+def test_precompile_lists_nothing_twice_and_only_the_asked_dtypes():
+    config = PrecompileConfig(orders=(3,), dtypes=("float64",))
+    for name in precompile.LAYER_FAMILIES:
+        for is_cuda in (False, True):
+            builds = precompile.family_modules(name, config, is_cuda)
+            assert builds and len(builds) == len(set(builds)), name
+            assert not any("float32" in build.name for build in builds), (name, builds)
+    with pytest.raises(ValueError, match="unknown layer family 'spline'"):
+        precompile.family_modules("spline", config, False)
