@@ -120,11 +120,18 @@ def _parse_pair(option: str, text: str) -> tuple:
 
 def _precompile_configs(args) -> list:
     """The configurations to compile for: one per --config (its keys narrowing the options), else the options."""
+    from .kernels.poly import basis_names
     from .kernels.precompile import PrecompileConfig
 
-    common = dict(dtypes=tuple(args.dtype), uniform_only=args.uniform_only, create_graph=args.create_graph,
+    unknown = [name for name in args.basis or () if name not in basis_names()]
+    if unknown:
+        raise CommandError(f"unknown basis {', '.join(unknown)}; known: {', '.join(basis_names())}", status=2)
+    options = {"bases": args.basis, "poly_modes": args.poly_mode, "rational_variants": args.rational_variant}
+    common = {name: tuple(value) for name, value in options.items() if value}  # the rest: every one
+    common.update(dtypes=tuple(args.dtype), uniform_only=args.uniform_only, create_graph=args.create_graph,
                   jets=tuple(_parse_pair("--taylor", text) for text in args.taylor or ()),
-                  rational_orders=tuple(_parse_pair("--rational-order", text) for text in args.rational_order or ["5,4"]))
+                  rational_orders=tuple(_parse_pair("--rational-order", text)
+                                        for text in args.rational_order or ["5,4"]))
     if not args.config:
         return [PrecompileConfig(orders=tuple(sorted(set(args.orders))), **common)]
     configs = []
@@ -232,9 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     pre = sub.add_parser("precompile", parents=[common], help="compile the KAN layers' kernels ahead of time",
                          description="Compile every Warp kernel module the layers of the asked families, orders and "
-                         "dtypes can load (B-spline KANLinear, UKAN, polynomial, group-rational, GEGLU; torch and "
-                         "Warp-native), at the block sizes their launches use, into Warp's kernel cache, so that the "
-                         "first training step does not wait for them.")
+                         "dtypes can load (B-spline KANLinear, UKAN, polynomial, group-rational, GEGLU), at the "
+                         "block sizes their launches use, into Warp's kernel cache, so that the first training "
+                         "step does not wait for them.")
     pre.add_argument("--family", action="append", choices=["bspline", "ukan", "poly", "rational", "geglu"],
                      help="a layer family to compile (repeatable; default: every one)")
     pre.add_argument("--device", action="append",
@@ -251,8 +258,14 @@ def build_parser() -> argparse.ArgumentParser:
                      "rational and GEGLU layers)")
     pre.add_argument("--uniform-only", action="store_true",
                      help="skip the non-uniform-grid kernels (used after update_grid)")
+    pre.add_argument("--basis", action="append",
+                     help="a polynomial layer's basis: chebyshev, legendre, ... (repeatable; default: every one)")
+    pre.add_argument("--poly-mode", action="append", choices=["exact", "lut"],
+                     help="a polynomial layer's mode (repeatable; default: both)")
     pre.add_argument("--rational-order", action="append", default=[], metavar="M,N",
                      help="a rational layer's (numerator, denominator) order (repeatable; default: 5,4)")
+    pre.add_argument("--rational-variant", action="append", choices=["A", "B"],
+                     help="a rational layer's variant (repeatable; default: both)")
     pre.add_argument("--taylor", action="append", metavar="D,P",
                      help="also the Taylor-mode kernels of jets of D directions and P second-derivative pairs, "
                      "e.g. 2,1 for u_t and u_xx of u(x, t) (repeatable)")

@@ -35,7 +35,8 @@ LAYER_FAMILIES = {"bspline": ("bspline",), "ukan": ("ukan", "ukan_pairs", "ukan_
 class PrecompileConfig:
     """What to compile for. ``orders``: spline orders and polynomial degrees; ``dtypes``: parameter / I/O
     dtypes; ``grid``: a B-spline layer's grid size (only its table's tiled kernels; None: every table size);
-    ``rational_orders``: (m, n) pairs; ``group_size``: channels a rational group (None: every vector width);
+    ``bases`` and ``poly_modes``: a polynomial layer's bases and modes ("exact", "lut"); ``rational_orders``: (m, n)
+    pairs; ``rational_variants``: "A", "B"; ``group_size``: channels a rational group (None: every vector width);
     ``hidden``, ``inter``, ``small_batch_rows``: a GEGLU layer's sizes (None: every vector width and path)."""
 
     orders: tuple = (1, 2, 3, 4, 5)
@@ -44,7 +45,10 @@ class PrecompileConfig:
     grid: "int | None" = None
     jets: tuple = ()
     create_graph: bool = False
+    bases: tuple = tuple(BASES)
+    poly_modes: tuple = ("exact", "lut")
     rational_orders: tuple = ((5, 4),)
+    rational_variants: tuple = rational.VARIANTS
     group_size: "int | None" = None
     hidden: "int | None" = None
     inter: "int | None" = None
@@ -68,9 +72,9 @@ def _edge_extras(name: str, key: dict, config: PrecompileConfig) -> list:
         return list(ukan.ukan_modules(key["order"], key["scalar_name"]))
     if name == "poly" and key["basis"] == "lut":
         capacity, scalar = key["capacity"], key["scalar_name"]
-        builds = [build for basis in BASES for build in poly.lut_modules(capacity, basis)]
+        builds = [build for basis in config.bases for build in poly.lut_modules(capacity, basis)]
         if higher:
-            builds += [build for basis in BASES
+            builds += [build for basis in config.bases
                        for build in poly.higher_order_modules(capacity, basis, True, scalar, config.jets)]
         return builds
     return []
@@ -82,14 +86,25 @@ def _runs_taylor_mode(registry_name: str, key: dict) -> bool:
     return registry_name in ("bspline", "ukan") or (registry_name == "poly" and key["basis"] != "lut")
 
 
+def _asked_for(key: dict, config: PrecompileConfig) -> bool:
+    """Whether ``config`` asks for an edge family's compile key."""
+    if not registry.key_matches(key, config.orders) or key["scalar_name"] not in config.dtypes:
+        return False
+    if config.uniform_only and key.get("uniform") is False:
+        return False
+    if "basis" in key:  # a polynomial family: the LUT one, or an exact one of an asked basis
+        if key["basis"] == "lut":
+            return "lut" in config.poly_modes
+        return "exact" in config.poly_modes and key["basis"] in config.bases
+    return True
+
+
 def _edge_modules(name: str, config: PrecompileConfig, is_cuda: bool) -> list:
     builds = []
     for registry_name in LAYER_FAMILIES[name]:
         for family in registry.families(registry_name):
             key = registry.key_of(family)
-            if not registry.key_matches(key, config.orders) or key["scalar_name"] not in config.dtypes:
-                continue
-            if config.uniform_only and key.get("uniform") is False:
+            if not _asked_for(key, config):
                 continue
             jets = config.jets if _runs_taylor_mode(registry_name, key) else ()
             builds += _edge_family_modules(name, family, key, config, is_cuda, jets)
@@ -101,7 +116,7 @@ def _edge_modules(name: str, config: PrecompileConfig, is_cuda: bool) -> list:
 def _rational_modules(config: PrecompileConfig) -> list:
     builds = []
     for m, n in config.rational_orders:
-        for variant in rational.VARIANTS:
+        for variant in config.rational_variants:
             for dtype in config.dtypes:
                 builds += rational.rational_modules(m, n, variant, dtype, config.group_size, coef_name=dtype)
                 if config.create_graph or config.jets:

@@ -26,9 +26,9 @@ entries of its own (each (row, column) entry of G belongs to one (n, i)), so the
 buffer: no second buffer, no second evaluation.
 
 Rows go in chunks (``row0``, and the chunk's row count from the basis's width); z and dz are the whole stacks.
-The counts D and P are compile-time (a module ``warpkan_edge_<key>_jet_d<D>_p<P>`` per jet shape, built only
-when a layer runs in Taylor mode); the pairs themselves are kernel arguments (``PairIndex``: at most
-``MAX_PAIRS``), so no device tensor is made per call.
+The counts D and P are compile-time (a module ``warpkan_edge_<key>_jet_d<D>_p<P>`` per jet shape, built when a
+layer runs in Taylor mode, or ahead of time by ``warpkan precompile --taylor D,P``); the pairs themselves are
+kernel arguments (``PairIndex``: at most ``MAX_PAIRS``), so no device tensor is made per call.
 """
 
 
