@@ -71,6 +71,12 @@ def _kan_nonuniform():
     return layer
 
 
+def _autocast_step(layer, x):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+    y.float().square().sum().backward()
+
+
 def _create_graph_step(layer, x):
     (dx,) = torch.autograd.grad(layer(x).sum(), x, create_graph=True)
     dx.square().sum().backward()
@@ -85,6 +91,8 @@ CASES = [
      lambda: _step(KANLinear(4, 3, grid_size=7, spline_order=2, dtype=torch.float64), _inputs(29, 4, torch.float64))),
     ("kan_stencil", ["bspline"], PrecompileConfig(orders=(1,), grid=5, uniform_only=True),
      lambda: _step(KANLinear(4, 6, spline_order=1, strategy="stencil"), _inputs(31, 4))),
+    ("kan_autocast_bf16", ["bspline"], PrecompileConfig(orders=(3,), grid=5, uniform_only=True),
+     lambda: _autocast_step(KANLinear(5, 3), _inputs(33, 5))),
     ("kan_nonuniform", ["bspline"], PrecompileConfig(orders=(3,), grid=5),
      lambda: _step(_kan_nonuniform(), _inputs(23, 5))),
     ("ukan_range", ["ukan"], PrecompileConfig(orders=(3,)), lambda: _step(UKANLinear(4, 3), _inputs(27, 4))),
@@ -96,8 +104,13 @@ CASES = [
      lambda: _step(PolyKANLinear(4, 3, 6, basis="legendre", mode="exact"), _inputs(24, 4))),
     ("rational", ["rational"], PrecompileConfig(group_size=2, rational_variants=("A",)),
      lambda: _step(GRKANLinear(16, 5, num_groups=8), _inputs(21, 16))),
+    ("rational_bf16", ["rational"], PrecompileConfig(dtypes=("bfloat16",), group_size=4, rational_variants=("B",)),
+     lambda: _step(GRKANLinear(16, 5, num_groups=4, variant="B", dtype=torch.bfloat16),
+                   _inputs(22, 16, torch.bfloat16))),
     ("katmlp", ["rational"], PrecompileConfig(), lambda: _step(KATMLP(8, 16), _inputs(19, 8))),
     ("geglu_small", ["geglu"], PrecompileConfig(hidden=8, inter=24), lambda: _step(GEGLUFFN(8, 24), _inputs(3, 8))),
+    ("geglu_bf16", ["geglu"], PrecompileConfig(dtypes=("bfloat16",), hidden=8, inter=24, small_batch_rows=12),
+     lambda: (_step(GEGLUFFN(8, 24, small_batch_rows=12, dtype=torch.bfloat16), _inputs(11, 8, torch.bfloat16)))),
     ("geglu_large", ["geglu"], PrecompileConfig(hidden=8, inter=24), lambda: _step(GEGLUFFN(8, 24), _inputs(20, 8))),
     ("taylor_kan", ["bspline"], PrecompileConfig(orders=(3,), grid=5, uniform_only=True, jets=((2, 1),)),
      lambda: _taylor_step(torch.nn.Sequential(KANLinear(2, 32), KANLinear(32, 1)), _inputs(18, 2), [(0, 0)])),

@@ -143,7 +143,8 @@ def _precompile_configs(args) -> list:
         configs.append(PrecompileConfig(orders=(config.get("order", 3),), grid=config.get("grid"),
                                         group_size=features // groups if groups else None,
                                         hidden=config.get("hidden"), inter=config.get("inter"),
-                                        small_batch_rows=config.get("rows", 8), **common))
+                                        small_batch_rows=config.get("rows", PrecompileConfig.small_batch_rows),
+                                        **common))
     return configs
 
 

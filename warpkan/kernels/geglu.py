@@ -54,6 +54,7 @@ __all__ = [
     "check_layer_args",
     "ACTIVATIONS",
     "MAX_SMALL_ROWS",
+    "DEFAULT_SMALL_BATCH_ROWS",
     "GEGLUVariant",
     "SmallVariant",
     "activation_code",
@@ -81,6 +82,14 @@ __all__ = [
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "gelu_sigmoid")
 MAX_SMALL_ROWS = 16
+
+# Measured on an H200 (fp16, 4096/12288, CUDA-graph replay; docs/perf-notes-geglu.md): the tensor-core
+# streaming path, with its last three launches as programmatic dependents, takes 0.082-0.085 ms for 4-8 rows
+# (its first projection alone streams at 3.9-4.0 TB/s, the second at 3.6, against 4.35-4.45 TB/s for the
+# Warp read probe over the same two buffers), 5-7% ahead of cuBLAS GEMM+gate (0.089 in the same run), and
+# falls behind it from 16 rows on (the batch rows take a growing share of each copy stage and of the mma
+# work). So streaming serves up to 8 rows.
+DEFAULT_SMALL_BATCH_ROWS = 8
 
 # Compile-time row capacity of the weight-streaming kernels -> (weight rows per block, unroll, block_dim of
 # the first projection, block_dim of the second). The accumulator holds (weight rows x row capacity)
@@ -1177,19 +1186,19 @@ _PROBE_SNIPPET = """
 
 @functools.lru_cache(maxsize=None)
 def geglu_modules(io_name: str, n_hidden: "int | None" = None, n_inter: "int | None" = None,
-                  small_batch_rows: int = 8, is_cuda: bool = False) -> tuple:
+                  small_batch_rows: int = DEFAULT_SMALL_BATCH_ROWS) -> tuple:
     """The modules (:class:`ModuleBuild`, at their launches' block sizes) a layer launches for batches of any
     size, its arrays aligned: the gate kernels at the vector width of ``n_inter`` (every width when None); for
-    batches of up to ``small_batch_rows`` rows, the tensor-core streaming kernels of each batch capacity on
-    CUDA where :func:`tc_eligible` (shapes None: where it may be), else the weight-streaming kernels of each row
-    capacity."""
+    batches of up to ``small_batch_rows`` rows, the tensor-core streaming kernels of each batch capacity where
+    :func:`tc_eligible` (shapes None: where it may be; on any device, as the layer takes them), else the
+    weight-streaming kernels of each row capacity."""
     itemsize = wp.types.type_size_in_bytes(_io_scalar(io_name))
     widths = ([1 << p for p in range((16 // itemsize).bit_length())] if n_inter is None
               else [dense_vector_width(itemsize, n_inter, ())])
     builds = [ModuleBuild(get_variant(io_name, vec).module, DEFAULT_BLOCK_DIM) for vec in widths]
     small_rows = range(1, small_batch_rows + 1)
     unknown = n_hidden is None or n_inter is None
-    tensor_core = is_cuda and io_name in TC_IO and (unknown or tc_eligible(io_name, 1, n_hidden, n_inter))
+    tensor_core = io_name in TC_IO and (unknown or tc_eligible(io_name, 1, n_hidden, n_inter))
     if tensor_core:
         for n_tiles in sorted({tc_n_tiles(rows) for rows in small_rows if rows <= TC_MAX_ROWS}):
             module = get_tc_variant(io_name, n_tiles).module

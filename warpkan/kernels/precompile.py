@@ -52,7 +52,7 @@ class PrecompileConfig:
     group_size: "int | None" = None
     hidden: "int | None" = None
     inter: "int | None" = None
-    small_batch_rows: int = 8
+    small_batch_rows: int = geglu.DEFAULT_SMALL_BATCH_ROWS
 
 
 def _edge_family_modules(name: str, family, key: dict, config: PrecompileConfig, is_cuda: bool,
@@ -134,7 +134,7 @@ def family_modules(name: str, config: PrecompileConfig, is_cuda: bool) -> tuple:
         builds = _rational_modules(config)
     elif name == "geglu":
         builds = [build for dtype in config.dtypes for build in
-                  geglu.geglu_modules(dtype, config.hidden, config.inter, config.small_batch_rows, is_cuda)]
+                  geglu.geglu_modules(dtype, config.hidden, config.inter, config.small_batch_rows)]
     else:
         builds = _edge_modules(name, config, is_cuda)
     if is_cuda:
