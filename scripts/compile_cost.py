@@ -9,7 +9,10 @@ nothing compiled earlier (in this process or in the user's cache) is reused:
   ``warpkan precompile`` does;
 - ``step after``: in a second process on that cache, build the layer and run its first step: it should compile
   nothing (``compiled`` counts the modules Warp compiled);
-- ``step cold``: on a cache of its own, the same first step with no precompile: what precompile saves.
+- ``step cold``: on a cache of its own, the same first step with no precompile: what precompile saves;
+- ``old``: the precompile before it listed every module with its block size (the edge families' modules of the
+  configuration's keys, every table size, each at Warp's default block size of 256, and the transpose kernel on
+  CUDA), then the first step on that cache: what it left to compile.
 
     python scripts/compile_cost.py --device cpu --out compile-cost          # every configuration
     python scripts/compile_cost.py --device cpu --quick --out compile-cost  # two small ones (a smoke run)
@@ -78,6 +81,33 @@ def _first_step(kind: str, device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _old_precompile(names: list, config, device: str) -> int:
+    """What ``warpkan precompile`` compiled before it listed every module with its block size; the count."""
+    import warp as wp
+
+    from warpkan.kernels.edge import registry
+    from warpkan.kernels.precompile import LAYER_FAMILIES
+
+    is_cuda = wp.get_device(device).is_cuda
+    modules = []
+    for registry_name in [name for family in names for name in LAYER_FAMILIES[family]]:
+        for family in registry.families(registry_name):
+            key = registry.key_of(family)
+            if not registry.key_matches(key, config.orders) or key["scalar_name"] not in config.dtypes:
+                continue
+            if config.uniform_only and key.get("uniform") is False:
+                continue
+            modules += [build.name for build in registry.family_modules(family, is_cuda)]
+    if is_cuda:
+        from warpkan.kernels._transpose import transpose_modules
+
+        modules += [build.name for build in transpose_modules()]
+    modules = list(dict.fromkeys(modules))
+    for name in modules:
+        wp.load_module(name, device=device)  # the module's default block size
+    return len(modules)
+
+
 def _child(case: str, phase: str, device: str) -> dict:
     """One measurement in this (fresh) process: the seconds it took and the modules Warp compiled and loaded."""
     import warp as wp
@@ -116,6 +146,10 @@ def _child(case: str, phase: str, device: str) -> dict:
         for build in builds:
             load(build, device)
         listed = len(builds)
+    elif phase == "old":
+        from warpkan.kernels.precompile import PrecompileConfig
+
+        listed = _old_precompile(names, PrecompileConfig(**config_args), device)
     else:
         _first_step(kind, device)
     seconds = time.perf_counter() - start
@@ -132,14 +166,19 @@ def _measure(case: str, phase: str, device: str, cache: str) -> dict:
 
 
 def measure(case: str, device: str) -> dict:
-    with tempfile.TemporaryDirectory() as warm, tempfile.TemporaryDirectory() as cold:
+    with tempfile.TemporaryDirectory() as warm, tempfile.TemporaryDirectory() as cold, \
+            tempfile.TemporaryDirectory() as old_cache:
         pre = _measure(case, "precompile", device, warm)
         after = _measure(case, "step", device, warm)
         first = _measure(case, "step", device, cold)
+        old = _measure(case, "old", device, old_cache)
+        after_old = _measure(case, "step", device, old_cache)
     return {"config": case, "modules": pre["listed"], "precompile_s": pre["seconds"],
             "precompile_compiled": pre["compiled"], "step_after_s": after["seconds"],
             "step_after_compiled": after["compiled"], "step_cold_s": first["seconds"],
-            "step_cold_compiled": first["compiled"], "step_loaded": first["loaded"]}
+            "step_cold_compiled": first["compiled"], "step_loaded": first["loaded"],
+            "old_modules": old["listed"], "old_precompile_s": old["seconds"],
+            "step_after_old_s": after_old["seconds"], "step_after_old_compiled": after_old["compiled"]}
 
 
 LEGEND = {
@@ -149,17 +188,23 @@ LEGEND = {
                     "in a fresh process; compiled: the modules it still had to compile (0 expected)",
     "step_cold_s": "the same first step on an empty cache, no precompile; compiled: the modules it compiled, "
                    "loaded: the modules it loaded",
+    "old_modules": "modules the earlier precompile compiled for the configuration (edge families only, every table "
+                   "size, at Warp's default block size), and its seconds",
+    "step_after_old_s": "the first step after that earlier precompile; compiled: the modules it still compiled",
 }
 
 
 def markdown(rows: list[dict], device: str) -> str:
     lines = [f"# Cold compile cost per layer configuration ({device})", "",
-             "| config | modules | precompile_s | step_after_s (compiled) | step_cold_s (compiled / loaded) |",
-             "|---|---:|---:|---:|---:|"]
+             "| config | modules | precompile_s | step_after_s (compiled) | step_cold_s (compiled / loaded) "
+             "| old_modules (s) | step_after_old_s (compiled) |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         lines.append(f"| {row['config']} | {row['modules']} | {row['precompile_s']:.2f} | "
                      f"{row['step_after_s']:.2f} ({row['step_after_compiled']}) | "
-                     f"{row['step_cold_s']:.2f} ({row['step_cold_compiled']} / {row['step_loaded']}) |")
+                     f"{row['step_cold_s']:.2f} ({row['step_cold_compiled']} / {row['step_loaded']}) | "
+                     f"{row['old_modules']} ({row['old_precompile_s']:.2f}) | "
+                     f"{row['step_after_old_s']:.2f} ({row['step_after_old_compiled']}) |")
     lines.append("")
     lines += [f"- {column}: {text}" for column, text in LEGEND.items()]
     return "\n".join(lines) + "\n"
@@ -172,7 +217,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help=f"only {' and '.join(QUICK_CASES)}")
     parser.add_argument("--case", action="append", choices=list(CASES), help="a configuration (repeatable)")
     parser.add_argument("--child", choices=list(CASES), help=argparse.SUPPRESS)
-    parser.add_argument("--phase", choices=["precompile", "step"], help=argparse.SUPPRESS)
+    parser.add_argument("--phase", choices=["precompile", "old", "step"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(_child(args.child, args.phase, args.device)))
