@@ -30,6 +30,7 @@ def test_precompile_cpu(capsys):
     (["--taylor", "2"], "--taylor 2: expected two integers"),
     (["--rational-order", "5;4"], "--rational-order 5;4: expected two integers"),
     (["--basis", "bessel"], "unknown basis bessel; known: chebyshev"),
+    (["--family", "ukan_pairs"], "unknown family ukan_pairs; known: bspline, ukan, poly, rational, geglu"),
 ])
 def test_precompile_bad_options_are_usage_errors(capsys, argv, message):
     assert message in _one_line_error(capsys, ["precompile", "--device", "cpu", *argv], status=2)

@@ -110,6 +110,8 @@ CASES = [
     ("rational_bf16", ["rational"], PrecompileConfig(dtypes=("bfloat16",), group_size=4, rational_variants=("B",)),
      lambda d: _step(GRKANLinear(16, 5, num_groups=4, variant="B", dtype=BF16, device=d), _inputs(22, 16, d, BF16))),
     ("katmlp", ["rational"], PrecompileConfig(), lambda d: _step(KATMLP(8, 16, device=d), _inputs(19, 8, d))),
+    ("katmlp_autocast_bf16", ["rational"], PrecompileConfig(dtypes=("float32", "bfloat16"), rational_variants=("A",)),
+     lambda d: _autocast_step(KATMLP(8, 16, device=d), _inputs(13, 8, d))),
     ("geglu_small", ["geglu"], PrecompileConfig(hidden=8, inter=24),
      lambda d: _step(GEGLUFFN(8, 24, device=d), _inputs(3, 8, d))),
     ("geglu_bf16", ["geglu"], PrecompileConfig(dtypes=("bfloat16",), hidden=8, inter=24, small_batch_rows=12),

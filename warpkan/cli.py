@@ -87,10 +87,12 @@ def cmd_info(args) -> int:
     return 0
 
 
-CONFIG_KEYS = {"order": "spline order or polynomial degree", "grid": "B-spline grid size",
-               "in": "input features", "out": "output features", "groups": "rational groups (of in features)",
-               "hidden": "GEGLU hidden size", "inter": "GEGLU intermediate size",
-               "rows": "GEGLU small-batch rows (small_batch_rows)"}
+# precompile --config's keys: what each says of the layer (a kernel module depends on all but out)
+CONFIG_KEYS = {"order": "spline order or polynomial degree, default 3",
+               "grid": "a B-spline grid size: only its table's kernels", "in": "input features",
+               "out": "output features", "groups": "a rational layer's groups, of in features",
+               "hidden": "a GEGLU layer's hidden size", "inter": "its intermediate size",
+               "rows": "its small_batch_rows"}
 
 
 def _parse_config(text: str) -> dict:
@@ -243,20 +245,20 @@ def build_parser() -> argparse.ArgumentParser:
                          "dtypes can load (B-spline KANLinear, UKAN, polynomial, group-rational, GEGLU), at the "
                          "block sizes their launches use, into Warp's kernel cache, so that the first training "
                          "step does not wait for them.")
-    pre.add_argument("--family", action="append", choices=["bspline", "ukan", "poly", "rational", "geglu"],
-                     help="a layer family to compile (repeatable; default: every one)")
+    pre.add_argument("--family", action="append",
+                     help="a layer family to compile: bspline, ukan, poly, rational or geglu (repeatable; default: "
+                     "every one)")
     pre.add_argument("--device", action="append",
                      help="cpu, cuda or cuda:N to compile for (repeatable; default: cuda when present, else cpu)")
     pre.add_argument("--config", action="append",
-                     help="one layer configuration, key=integer pairs: order (spline order or polynomial degree, "
-                     "default 3), grid (a B-spline grid size: only its table's kernels), in and groups (a rational "
-                     "layer's group size), hidden, inter and rows (a GEGLU layer's sizes and small_batch_rows), "
-                     "e.g. in=32,out=32,grid=64,order=3 (repeatable; overrides --orders)")
+                     help="one layer configuration, key=integer pairs, e.g. in=32,out=32,grid=64,order=3, the keys: "
+                     + "; ".join(f"{key} ({text})" for key, text in CONFIG_KEYS.items())
+                     + " (repeatable; overrides --orders)")
     pre.add_argument("--orders", type=int, nargs="+", default=[1, 2, 3, 4, 5], metavar="K",
                      help="spline orders (or polynomial degrees) to compile (default: 1 2 3 4 5)")
     pre.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "float64", "float16", "bfloat16"],
                      help="parameter dtypes to compile for (default: float32; float16 and bfloat16 serve the "
-                     "rational and GEGLU layers)")
+                     "rational and GEGLU layers, of that dtype or under autocast)")
     pre.add_argument("--uniform-only", action="store_true",
                      help="skip the non-uniform-grid kernels (used after update_grid)")
     pre.add_argument("--basis", action="append",

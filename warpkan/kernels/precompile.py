@@ -118,7 +118,9 @@ def _rational_modules(config: PrecompileConfig) -> list:
     for m, n in config.rational_orders:
         for variant in config.rational_variants:
             for dtype in config.dtypes:
-                builds += rational.rational_modules(m, n, variant, dtype, config.group_size, coef_name=dtype)
+                # 16-bit input: a layer of that dtype, or a float32 layer under autocast
+                for coef_name in dict.fromkeys((dtype, "float64" if dtype == "float64" else "float32")):
+                    builds += rational.rational_modules(m, n, variant, dtype, config.group_size, coef_name)
                 if config.create_graph or config.jets:
                     builds += rational_jet.jet_modules(m, n, variant, "float64" if dtype == "float64" else "float32")
     return builds
