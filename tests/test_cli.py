@@ -17,8 +17,23 @@ def test_info(capsys):
 
 
 def test_precompile_cpu(capsys):
-    assert main(["precompile", "--device", "cpu", "--orders", "2", "--uniform-only"]) == 0
-    assert "warpkan_edge_bspline_uniform_k2_float32" in capsys.readouterr().out
+    assert main(["precompile", "--device", "cpu", "--family", "bspline", "--family", "geglu", "--orders", "2",
+                 "--uniform-only"]) == 0
+    out = capsys.readouterr().out
+    assert "warpkan_edge_bspline_uniform_k2_float32" in out and "warpkan_geglu_float32_v4" in out
+    assert "threads a block" not in out  # the CPU runs one
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--config", "order=3,depth=2"], "unknown key 'depth'"),
+    (["--config", "in=10,groups=3"], "groups must divide in"),
+    (["--taylor", "2"], "--taylor 2: expected two integers"),
+    (["--rational-order", "5;4"], "--rational-order 5;4: expected two integers"),
+    (["--basis", "bessel"], "unknown basis bessel; known: chebyshev"),
+    (["--family", "ukan_pairs"], "unknown family ukan_pairs; known: bspline, ukan, poly, rational, geglu"),
+])
+def test_precompile_bad_options_are_usage_errors(capsys, argv, message):
+    assert message in _one_line_error(capsys, ["precompile", "--device", "cpu", *argv], status=2)
 
 
 def test_precompile_lists_every_tiled_module():
@@ -39,9 +54,10 @@ def test_precompile_lists_every_tiled_module():
         for n_coef in (1, 4, 12, 40, 67, 90, 150, 259, 400, 2000):
             assert set(kbt.planned_modules(family, n_coef)) <= set(names), (family.key, n_coef)
     # k = 5: the 80-row banded backward does not fit shared memory, so it is not built
-    assert not any(name.endswith("c80_bwd_banded") for name in kbt.tiled_modules(family_of(5, True, "float32")))
+    k5 = [build.name for build in kbt.tiled_modules(family_of(5, True, "float32"))]
+    assert not any(name.endswith("c80_bwd_banded") for name in k5)
     # float64, 12 bases: the 48-row forward does not fit (2 x 48 x 32 x 8 + 8 x 32 x 14 x 8 bytes), the backward does
-    poly = kbt.tiled_modules(poly_family("chebyshev", 12, "float64"))
+    poly = [build.name for build in kbt.tiled_modules(poly_family("chebyshev", 12, "float64"))]
     assert not any(name.endswith("_tiled_c48") for name in poly) and any(name.endswith("_tiled_c48_bwd") for name in poly)
 
 

@@ -17,6 +17,7 @@ import torch
 import warp as wp
 
 from warpkan.kernels.edge import registry, tiled
+from warpkan.kernels._modules import load
 from warpkan.kernels.edge._values import edge_values
 from warpkan.kernels.edge.bspline_family import bspline_frame_of
 from warpkan.kernels.edge.dense import dense_kernels
@@ -513,7 +514,7 @@ def test_module_names_belong_to_one_family():
     owner = {}
     for family in ALL_FAMILIES:
         shared = combine_rows_kernel(family.scalar_name).module.name
-        for name in registry.family_modules(family, is_cuda=True):
+        for name in {build.name for build in registry.family_modules(family, is_cuda=True)}:
             if name == shared:
                 continue
             assert owner.setdefault(name, family.key) == family.key, f"{name}: {owner[name]} and {family.key}"
@@ -521,10 +522,12 @@ def test_module_names_belong_to_one_family():
 
 @pytest.mark.parametrize("family", ALL_FAMILIES, ids=_key)
 def test_every_registered_variant_builds_on_cpu(family):
-    names = registry.family_modules(family, is_cuda=False)
+    builds = registry.family_modules(family, is_cuda=False)
+    names = [build.name for build in builds]
     assert names and len(names) == len(set(names))
-    for name in names:
-        wp.load_module(name, device="cpu")
+    for build in builds:
+        load(build, "cpu")
+        name = build.name
         module = wp.get_module(name)
         assert module.kernels, f"{name}: no kernels"
 
@@ -576,7 +579,8 @@ def test_layer_builds_at_most_six_modules(family):
     for kind, n_coef in sizes:
         for is_cuda in (True, False):
             for basis_dtype in basis_dtypes:
-                names = registry.layer_modules(family, n_coef, is_cuda, basis_dtype)
+                builds = registry.layer_modules(family, n_coef, is_cuda, basis_dtype)
+                names = [build.name for build in builds]
                 where = f"{family.key} {kind} n_coef={n_coef} cuda={is_cuda} basis={basis_dtype}"
                 assert len(names) <= MAX_MODULES_PER_LAYER, f"{where}: {len(names)} modules {names}"
                 assert len(names) == len(set(names)), where

@@ -278,7 +278,7 @@ def test_cuda_kernels_compile_and_keep_their_loads_in_flight(tmp_path):
     """The CUDA path compiles (Warp's NVRTC, for sm_90, no GPU needed) and, in each kernel, a thread's eight
     global loads are issued together before their values go to shared memory (a load consumed right away
     would hold its warp until it returns), then one barrier, then eight stores."""
-    kt.transpose_module()
+    kt.transpose_modules()
     module = kt.transpose_kernel(4).module
     (ptx,) = wp.compile_aot_module(module, device=None, arch=90, module_dir=str(tmp_path), use_ptx=True)
     text = ptx.read_text()

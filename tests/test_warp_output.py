@@ -52,7 +52,8 @@ def test_a_programs_own_log_level_is_kept(child_env):
 
 
 def test_command_line_is_quiet_unless_verbose(child_env):
-    command = ["-m", "warpkan.cli", "precompile", "--device", "cpu", "--orders", "3", "--uniform-only"]
+    command = ["-m", "warpkan.cli", "precompile", "--device", "cpu", "--family", "bspline", "--orders", "3",
+               "--uniform-only"]
     out, err = _run(command, child_env(WARPKAN_VERBOSE=None))
     assert "warpkan_edge_bspline_uniform_k3_float32 " in out  # the command's own lines
     assert BANNER not in out and "Module " not in out and err == "", out + err

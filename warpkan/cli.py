@@ -87,64 +87,99 @@ def cmd_info(args) -> int:
     return 0
 
 
+# precompile --config's keys: what each says of the layer (a kernel module depends on all but out)
+CONFIG_KEYS = {"order": "spline order or polynomial degree, default 3",
+               "grid": "a B-spline grid size: only its table's kernels", "in": "input features",
+               "out": "output features", "groups": "a rational layer's groups, of in features",
+               "hidden": "a GEGLU layer's hidden size", "inter": "its intermediate size",
+               "rows": "its small_batch_rows"}
+
+
 def _parse_config(text: str) -> dict:
-    """'in=32,out=32,grid=64,order=3' -> dict of ints."""
+    """'in=32,out=32,grid=64,order=3' -> dict of ints, every key one of CONFIG_KEYS."""
     config = {}
     for item in text.split(","):
         key, _, value = item.partition("=")
+        key = key.strip()
         try:
-            config[key.strip()] = int(value)
+            config[key] = int(value)
         except ValueError:
             raise CommandError(f"--config {text}: expected key=integer pairs, e.g. in=32,out=32,grid=64,order=3",
                                status=2) from None
+        if key not in CONFIG_KEYS:
+            raise CommandError(f"--config {text}: unknown key {key!r}; known: {', '.join(CONFIG_KEYS)}", status=2)
     return config
+
+
+def _parse_pair(option: str, text: str) -> tuple:
+    """'2,1' -> (2, 1) for an option of two integers."""
+    try:
+        first, second = (int(part) for part in text.split(","))
+    except ValueError:
+        raise CommandError(f"{option} {text}: expected two integers, e.g. 2,1", status=2) from None
+    return first, second
+
+
+def _precompile_configs(args) -> list:
+    """The configurations to compile for: one per --config (its keys narrowing the options), else the options."""
+    from .kernels.poly import basis_names
+    from .kernels.precompile import PrecompileConfig
+
+    unknown = [name for name in args.basis or () if name not in basis_names()]
+    if unknown:
+        raise CommandError(f"unknown basis {', '.join(unknown)}; known: {', '.join(basis_names())}", status=2)
+    options = {"bases": args.basis, "poly_modes": args.poly_mode, "rational_variants": args.rational_variant}
+    common = {name: tuple(value) for name, value in options.items() if value}  # the rest: every one
+    common.update(dtypes=tuple(args.dtype), uniform_only=args.uniform_only, create_graph=args.create_graph,
+                  jets=tuple(_parse_pair("--taylor", text) for text in args.taylor or ()),
+                  rational_orders=tuple(_parse_pair("--rational-order", text)
+                                        for text in args.rational_order or ["5,4"]))
+    if not args.config:
+        return [PrecompileConfig(orders=tuple(sorted(set(args.orders))), **common)]
+    configs = []
+    for text in args.config:
+        config = _parse_config(text)
+        groups, features = config.get("groups"), config.get("in")
+        if groups is not None and (features is None or groups <= 0 or features % groups):
+            raise CommandError(f"--config {text}: groups must divide in (a rational layer's features)", status=2)
+        configs.append(PrecompileConfig(orders=(config.get("order", 3),), grid=config.get("grid"),
+                                        group_size=features // groups if groups else None,
+                                        hidden=config.get("hidden"), inter=config.get("inter"),
+                                        small_batch_rows=config.get("rows", PrecompileConfig.small_batch_rows),
+                                        **common))
+    return configs
 
 
 def cmd_precompile(args) -> int:
     import warp as wp
 
-    from .kernels.edge import registry
+    from .kernels import precompile
+    from .kernels._modules import distinct
 
     devices = [_check_device(device, torch_needed=False) for device in args.device] if args.device else [_default_device()]
-    orders = sorted({_parse_config(c).get("order", 3) for c in args.config} if args.config else set(args.orders))
-    names = args.family or registry.family_names()
-    unknown = [name for name in names if name not in registry.family_names()]
+    names = args.family or list(precompile.LAYER_FAMILIES)
+    unknown = [name for name in names if name not in precompile.LAYER_FAMILIES]
     if unknown:
-        raise CommandError(f"unknown family {', '.join(unknown)}; known: {', '.join(registry.family_names())}", status=2)
+        raise CommandError(f"unknown family {', '.join(unknown)}; known: {', '.join(precompile.LAYER_FAMILIES)}",
+                           status=2)
+    configs = _precompile_configs(args)
     for device in devices:
         is_cuda = wp.get_device(device).is_cuda
-        for name in names:
-            for family in registry.families(name):
-                key = registry.key_of(family)
-                if not registry.key_matches(key, orders) or key.get("scalar_name") not in args.dtype:
-                    continue
-                if args.uniform_only and key.get("uniform") is False:
-                    continue
-                # every module a layer of this key can launch: the stencil kernels and their combine, the
-                # dense-basis kernels of each basis dtype, and on CUDA the warp-tiled kernels
-                for module in registry.family_modules(family, is_cuda):
-                    _load_timed(module, device)
-        # the Warp-native layers' gemm strategy: the tile GEMMs, shared by every family of a dtype
-        from .kernels.edge.tile_gemm import tile_gemm_modules
-
-        for scalar in args.dtype:
-            for module in tile_gemm_modules(scalar):
-                _load_timed(module, device)
-        if is_cuda:  # the torch layers' copies of public-layout parameters (torch's copy on the CPU)
-            from .kernels._transpose import transpose_module
-
-            _load_timed(transpose_module(), device)
+        # every module a layer of these configurations can load, at the block sizes its launches use
+        for build in distinct(build for config in configs for build in precompile.modules(names, config, is_cuda)):
+            _load_timed(build, device, is_cuda)
     return 0
 
 
-def _load_timed(module: str, device) -> None:
+def _load_timed(build, device, is_cuda: bool) -> None:
     import time
 
-    import warp as wp
+    from .kernels._modules import load
 
     start = time.perf_counter()
-    wp.load_module(module, device=device)
-    print(f"{module:45s} on {device}: {time.perf_counter() - start:6.2f} s", flush=True)
+    load(build, device)
+    block = f" ({build.block_dim} threads a block)" if is_cuda else ""  # one on the CPU
+    print(f"{build.name:45s} on {device}{block}: {time.perf_counter() - start:6.2f} s", flush=True)
 
 
 def cmd_bench(args) -> int:
@@ -205,23 +240,41 @@ def build_parser() -> argparse.ArgumentParser:
                           "Warp's kernel-cache folder.")
     info.set_defaults(fn=cmd_info)
 
-    pre = sub.add_parser("precompile", parents=[common], help="compile the KAN edge kernels ahead of time",
-                         description="Compile the edge-engine kernels of the KAN layer families (every registered "
-                         "compile key: B-spline KANLinear, UKAN, polynomial; torch and Warp-native) into Warp's kernel "
-                         "cache, so that the first training step does not wait for them.")
+    pre = sub.add_parser("precompile", parents=[common], help="compile the KAN layers' kernels ahead of time",
+                         description="Compile every Warp kernel module the layers of the asked families, orders and "
+                         "dtypes can load (B-spline KANLinear, UKAN, polynomial, group-rational, GEGLU), at the "
+                         "block sizes their launches use, into Warp's kernel cache, so that the first training "
+                         "step does not wait for them.")
     pre.add_argument("--family", action="append",
-                     help="an edge family to compile (repeatable; default: every registered one)")
+                     help="a layer family to compile: bspline, ukan, poly, rational or geglu (repeatable; default: "
+                     "every one)")
     pre.add_argument("--device", action="append",
                      help="cpu, cuda or cuda:N to compile for (repeatable; default: cuda when present, else cpu)")
     pre.add_argument("--config", action="append",
-                     help="a layer configuration whose spline order to compile, e.g. in=32,out=32,grid=64,order=3 "
-                     "(repeatable; overrides --orders)")
+                     help="one layer configuration, key=integer pairs, e.g. in=32,out=32,grid=64,order=3, the keys: "
+                     + "; ".join(f"{key} ({text})" for key, text in CONFIG_KEYS.items())
+                     + " (repeatable; overrides --orders)")
     pre.add_argument("--orders", type=int, nargs="+", default=[1, 2, 3, 4, 5], metavar="K",
                      help="spline orders (or polynomial degrees) to compile (default: 1 2 3 4 5)")
-    pre.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "float64"],
-                     help="parameter dtypes to compile for (default: float32)")
+    pre.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "float64", "float16", "bfloat16"],
+                     help="parameter dtypes to compile for (default: float32; float16 and bfloat16 serve the "
+                     "rational and GEGLU layers, of that dtype or under autocast)")
     pre.add_argument("--uniform-only", action="store_true",
                      help="skip the non-uniform-grid kernels (used after update_grid)")
+    pre.add_argument("--basis", action="append",
+                     help="a polynomial layer's basis: chebyshev, legendre, ... (repeatable; default: every one)")
+    pre.add_argument("--poly-mode", action="append", choices=["exact", "lut"],
+                     help="a polynomial layer's mode (repeatable; default: both)")
+    pre.add_argument("--rational-order", action="append", default=[], metavar="M,N",
+                     help="a rational layer's (numerator, denominator) order (repeatable; default: 5,4)")
+    pre.add_argument("--rational-variant", action="append", choices=["A", "B"],
+                     help="a rational layer's variant (repeatable; default: both)")
+    pre.add_argument("--taylor", action="append", metavar="D,P",
+                     help="also the Taylor-mode kernels of jets of D directions and P second-derivative pairs, "
+                     "e.g. 2,1 for u_t and u_xx of u(x, t) (repeatable)")
+    pre.add_argument("--create-graph", action="store_true",
+                     help="also the kernels of a create_graph=True backward (a LUT layer's derivative family, the "
+                     "rational Taylor-series kernels)")
     pre.set_defaults(fn=cmd_precompile)
 
     bench = sub.add_parser("bench", parents=[common], help="benchmarks against peer implementations: JSON and markdown",

@@ -46,9 +46,10 @@ import functools
 import warp as wp
 
 from .. import _checks
+from ._modules import ModuleBuild
 from ._runtime import launch
 
-__all__ = ["TILE", "BLOCK_ROWS", "THREADS", "WORDS", "MAX_ELEMENTS", "transpose_kernel", "transpose_module",
+__all__ = ["TILE", "BLOCK_ROWS", "THREADS", "WORDS", "MAX_ELEMENTS", "transpose_kernel", "transpose_modules",
            "launch_transpose", "transpose_launch_dim"]
 
 TILE = 32  # a tile is TILE x TILE elements; a warp moves one row of it
@@ -144,9 +145,10 @@ def _kernels() -> dict:
     return {size: _kernel(size) for size in WORDS}
 
 
-def transpose_module() -> str:
-    """The name of the kernels' module (built), for ahead-of-time compilation."""
-    return _kernels()[4].module.name
+def transpose_modules() -> tuple:
+    """The kernels' module (:class:`ModuleBuild`, built), launched at ``THREADS`` a block: what the torch layers'
+    copies of public-layout parameters load on CUDA."""
+    return (ModuleBuild(_kernels()[4].module.name, THREADS),)
 
 
 def transpose_kernel(itemsize: int) -> wp.Kernel:

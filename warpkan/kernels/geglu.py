@@ -45,6 +45,7 @@ import warp as wp
 
 from .. import _checks
 from ._common import dense_vector_view, dense_vector_width, vector_io
+from ._modules import DEFAULT_BLOCK_DIM, ModuleBuild, distinct
 from ._dependent_launch import (DEPENDENTS_SNIPPET, WAIT_SNIPPET, DependentLaunch, allow_dependents,
                                 wait_for_previous_grid)
 from ._runtime import launch
@@ -53,6 +54,7 @@ __all__ = [
     "check_layer_args",
     "ACTIVATIONS",
     "MAX_SMALL_ROWS",
+    "DEFAULT_SMALL_BATCH_ROWS",
     "GEGLUVariant",
     "SmallVariant",
     "activation_code",
@@ -74,11 +76,20 @@ __all__ = [
     "device_shape",
     "resident_warps_per_sm",
     "launch_tc_forward",
+    "geglu_modules",
     "launch_read_probe",
 ]
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "gelu_sigmoid")
 MAX_SMALL_ROWS = 16
+
+# Measured on an H200 (fp16, 4096/12288, CUDA-graph replay; docs/perf-notes-geglu.md): the tensor-core
+# streaming path, with its last three launches as programmatic dependents, takes 0.082-0.085 ms for 4-8 rows
+# (its first projection alone streams at 3.9-4.0 TB/s, the second at 3.6, against 4.35-4.45 TB/s for the
+# Warp read probe over the same two buffers), 5-7% ahead of cuBLAS GEMM+gate (0.089 in the same run), and
+# falls behind it from 16 rows on (the batch rows take a growing share of each copy stage and of the mma
+# work). So streaming serves up to 8 rows.
+DEFAULT_SMALL_BATCH_ROWS = 8
 
 # Compile-time row capacity of the weight-streaming kernels -> (weight rows per block, unroll, block_dim of
 # the first projection, block_dim of the second). The accumulator holds (weight rows x row capacity)
@@ -634,6 +645,7 @@ TC_MAX_ROWS = 64
 TC_IO = ("float16", "bfloat16")
 TC_N_TILES = (1, 2, 4, 8)  # batch capacities of 8, 16, 32, 64 rows
 TC_UNIT = 8  # k per 16-byte unit: hidden and inter must be multiples of it
+_TC_PROJECTION_BLOCK_DIM = 32  # one warp a block (launch_tc_forward); the combines take the default
 # per batch capacity (n_tiles): (m_tiles: weight rows per warp / 16, k_chunk: k per pipeline stage, stages,
 # resident warps per SM). Swept on the H200 with scripts/geglu_tune.py; within 1-2% of each other at 8 rows
 # with plain launches. With the dependent launches, 5 warps an SM serve 4-8 rows best (0.083 against 0.084-0.085
@@ -1114,7 +1126,8 @@ def launch_tc_forward(
     def projection(act, weight, plan, partial):
         # one warp a block: each warp's copy ring is its own (no block barrier) and fills the static limit
         return recorded(variant.projection, plan.n_warps * 32,
-                        [act, weight, n_rows, plan.n_groups, plan.n_chunks, plan.n_warps], [partial], block_dim=32)
+                        [act, weight, n_rows, plan.n_groups, plan.n_chunks, plan.n_warps], [partial],
+                        block_dim=_TC_PROJECTION_BLOCK_DIM)
 
     def schedule(plan):
         return [plan.n_chunks, plan.n_warps, plan.n_groups * plan.n_chunks]
@@ -1172,6 +1185,32 @@ _PROBE_SNIPPET = """
 
 
 @functools.lru_cache(maxsize=None)
+def geglu_modules(io_name: str, n_hidden: "int | None" = None, n_inter: "int | None" = None,
+                  small_batch_rows: int = DEFAULT_SMALL_BATCH_ROWS) -> tuple:
+    """The modules (:class:`ModuleBuild`, at their launches' block sizes) a layer launches for batches of any
+    size, its arrays aligned: the gate kernels at the vector width of ``n_inter`` (every width when None); for
+    batches of up to ``small_batch_rows`` rows, the tensor-core streaming kernels of each batch capacity where
+    :func:`tc_eligible` (shapes None: where it may be; on any device, as the layer takes them), else the
+    weight-streaming kernels of each row capacity."""
+    itemsize = wp.types.type_size_in_bytes(_io_scalar(io_name))
+    widths = ([1 << p for p in range((16 // itemsize).bit_length())] if n_inter is None
+              else [dense_vector_width(itemsize, n_inter, ())])
+    builds = [ModuleBuild(get_variant(io_name, vec).module, DEFAULT_BLOCK_DIM) for vec in widths]
+    small_rows = range(1, small_batch_rows + 1)
+    unknown = n_hidden is None or n_inter is None
+    tensor_core = io_name in TC_IO and (unknown or tc_eligible(io_name, 1, n_hidden, n_inter))
+    if tensor_core:
+        for n_tiles in sorted({tc_n_tiles(rows) for rows in small_rows if rows <= TC_MAX_ROWS}):
+            module = get_tc_variant(io_name, n_tiles).module
+            builds += [ModuleBuild(module, _TC_PROJECTION_BLOCK_DIM), ModuleBuild(module, DEFAULT_BLOCK_DIM)]
+    if unknown or not tensor_core:
+        for rows in sorted({small_rows_bucket(rows) for rows in small_rows if rows <= MAX_SMALL_ROWS}):
+            variant = get_small_variant(io_name, rows)
+            builds += [ModuleBuild(variant.module, variant.up_block_dim),
+                       ModuleBuild(variant.module, variant.down_block_dim)]
+    return distinct(builds)
+
+
 def _probe_kernel():
     @wp.func_native(_PROBE_SNIPPET)
     def read_words(data: wp.array2d(dtype=wp.float16), out: wp.array1d(dtype=wp.int32), tid: int, stride: int): ...

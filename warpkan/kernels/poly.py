@@ -60,9 +60,12 @@ import warp as wp
 
 from .. import _checks
 from ._common import SCALARS, scalar_name
+from ._modules import ModuleBuild, distinct
 from ._runtime import launch, launch_combine_chunks
 from .edge import launch as edge
 from .edge import tile_gemm
+from .edge.dense import dense_modules
+from .edge.jet import jet_modules
 from .edge.poly_family import capacity_for, lut_derivative_family, poly_family, poly_frame_of
 
 __all__ = [
@@ -76,6 +79,8 @@ __all__ = [
     "lut_error_bound",
     "family_of",
     "derivative_family_of",
+    "lut_modules",
+    "higher_order_modules",
     "frame_of",
     "unit_scaler",
     "launch_forward",
@@ -253,6 +258,21 @@ def derivative_family_of(n_basis: int, basis: str, lut: bool, scalar: str):
     (:func:`warpkan.kernels.edge.poly_family.lut_derivative_family`)."""
     capacity = capacity_for(n_basis)
     return lut_derivative_family(basis, capacity, scalar) if lut else poly_family(basis, capacity, scalar)
+
+
+def lut_modules(n_basis: int, basis: str) -> tuple:
+    """The module (:class:`ModuleBuild`) that builds a LUT layer's tables (:func:`build_lut`: the exact basis
+    tabulated in float64, at the default block size)."""
+    return (ModuleBuild(_tabulate_kernel(poly_family(basis, capacity_for(n_basis), "float64")).module.name),)
+
+
+def higher_order_modules(n_basis: int, basis: str, lut: bool, scalar: str, jets=()) -> tuple:
+    """The modules (:class:`ModuleBuild`) of a layer's higher-order routes: the dense-basis kernels of its
+    :func:`derivative_family_of` (a ``create_graph=True`` backward) and its Taylor-mode kernels for each
+    (directions, pairs) in ``jets``."""
+    family = derivative_family_of(n_basis, basis, lut, scalar)
+    return distinct([*dense_modules(family, scalar), *(build for n_first, n_pairs in jets
+                                                       for build in jet_modules(family, n_first, n_pairs))])
 
 
 def frame_of(family, n_basis: int, alpha: float = 1.0, beta: float = 1.0, lut=None):

@@ -47,6 +47,7 @@ import warp as wp
 
 from .. import _checks
 from ._common import IO_SCALAR_NAMES, dense_vector_view, dense_vector_width, vector_io
+from ._modules import ModuleBuild, distinct
 from ._runtime import FlatWorkspace, launch, split_rows, workspace_for
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "RationalKernels",
     "RationalLayout",
     "get_kernels",
+    "rational_modules",
     "vector_width",
     "layout",
     "large_x_threshold",
@@ -971,6 +973,19 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
         combine=_combine_kernel(*combination),
         module=cfg.module,
     )
+
+
+def rational_modules(num_order: int, den_order: int, variant: str, io_name: str, group_size: "int | None" = None,
+                     coef_name: "str | None" = None) -> tuple:
+    """The modules (:class:`ModuleBuild`, at ``BLOCK_DIM``) the forward and backward launch for groups of
+    ``group_size`` channels whose arrays are aligned (a less aligned array narrows the vector width, as
+    :func:`launch_forward` does); every vector width of ``io_name`` when ``group_size`` is None."""
+    max_vec = IO_TYPES[io_name][2]
+    widths = ([1 << p for p in range(max_vec.bit_length())] if group_size is None else
+              [vector_width(io_name, group_size, max_bytes) for max_bytes in (FORWARD_VECTOR_BYTES,
+                                                                               BACKWARD_VECTOR_BYTES)])
+    return distinct(ModuleBuild(get_kernels(num_order, den_order, variant, io_name, vec, coef_name).module, BLOCK_DIM)
+                    for vec in widths)
 
 
 def clear_kernel_caches() -> None:

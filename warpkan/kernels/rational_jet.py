@@ -24,7 +24,9 @@ from dataclasses import dataclass
 
 import warp as wp
 
-__all__ = ["SERIES", "JetKernels", "jet_kernels", "partial_chunks"]
+from ._modules import ModuleBuild
+
+__all__ = ["SERIES", "JetKernels", "jet_kernels", "jet_modules", "partial_chunks"]
 
 SERIES = 5  # Taylor coefficients carried: x-derivatives to the fourth order
 _SCALARS = {"float32": wp.float32, "float64": wp.float64}
@@ -181,6 +183,12 @@ def _rational_funcs(num_order: int, den_order: int, variant: str, scalar_name: s
         return p, q, sign_s
 
     return numerator_and_denominator, direction, psi_factor
+
+
+def jet_modules(num_order: int, den_order: int, variant: str, scalar_name: str) -> tuple:
+    """The module (:class:`ModuleBuild`) of the Taylor-series kernels of one combination, which Taylor mode and a
+    ``create_graph=True`` backward launch at the default block size."""
+    return (ModuleBuild(jet_kernels(num_order, den_order, variant, scalar_name).module),)
 
 
 @functools.lru_cache(maxsize=None)

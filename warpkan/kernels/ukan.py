@@ -61,6 +61,7 @@ from dataclasses import dataclass
 import warp as wp
 
 from ._common import SCALARS, first_at_least, on_stream, scalar_name
+from ._modules import ModuleBuild, builds
 from .. import _checks
 from .edge.bspline_family import MAX_SPLINE_ORDER
 from .edge.ukan_family import CELL_LIMIT, ukan_locate_func, ukan_table_family, ukan_table_frame_of, window_codec
@@ -75,6 +76,7 @@ __all__ = [
     "PairBuffers",
     "get_variant",
     "get_dense_variant",
+    "ukan_modules",
     "pair_scratch",
     "table_capacity",
     "launch_pairs",
@@ -417,6 +419,13 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
     )
 
 
+
+
+def ukan_modules(order: int, scalar_name: str = "float32") -> tuple:
+    """The modules (:class:`ModuleBuild`) of a UKAN layer's own kernels of one (order, scalar type), all launched
+    at the default block size: the pair search and group-range kernels, and the CG-MLP's. Its spline runs the
+    edge engine's UKAN families (:mod:`.edge.registry`: ``ukan``, ``ukan_pairs``, ``ukan_table``)."""
+    return (ModuleBuild(get_variant(order, scalar_name).module), *builds([get_dense_variant(scalar_name).features]))
 
 
 def _check_h(grid_delta) -> float:

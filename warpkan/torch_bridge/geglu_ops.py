@@ -35,13 +35,7 @@ from ._common import (RecordedLaunches, check_tensor, eager_function, first_orde
 __all__ = ["geglu_ffn", "geglu_ffn_forward", "geglu_ffn_backward", "GEGLU_DTYPES", "DEFAULT_SMALL_BATCH_ROWS"]
 
 GEGLU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-# Measured on an H200 (fp16, 4096/12288, CUDA-graph replay; docs/perf-notes-geglu.md): the tensor-core
-# streaming path, with its last three launches as programmatic dependents, takes 0.082-0.085 ms for 4-8 rows
-# (its first projection alone streams at 3.9-4.0 TB/s, the second at 3.6, against 4.35-4.45 TB/s for the
-# Warp read probe over the same two buffers), 5-7% ahead of cuBLAS GEMM+gate (0.089 in the same run), and
-# falls behind it from 16 rows on (the batch rows take a growing share of each copy stage and of the mma
-# work). So streaming serves up to 8 rows.
-DEFAULT_SMALL_BATCH_ROWS = 8
+DEFAULT_SMALL_BATCH_ROWS = kg.DEFAULT_SMALL_BATCH_ROWS  # the streaming paths serve up to this many rows
 _TC_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 

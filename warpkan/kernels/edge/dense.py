@@ -15,10 +15,11 @@ from dataclasses import dataclass
 
 import warp as wp
 
+from .._modules import ModuleBuild
 from ._values import edge_values
 from .family import EdgeFamily
 
-__all__ = ["DenseKernels", "dense_kernels", "ROW_TILE", "dense_dim", "dense_width"]
+__all__ = ["DenseKernels", "dense_kernels", "dense_modules", "ROW_TILE", "dense_dim", "dense_width"]
 
 ROW_TILE = 32  # consecutive rows of one input per warp
 
@@ -52,6 +53,12 @@ def dense_entry(tid: int, n_in: int):
     rest = tid - tile * tile_size
     i = rest // ROW_TILE
     return tile * ROW_TILE + rest - i * ROW_TILE, i
+
+
+def dense_modules(family: EdgeFamily, basis_name: str) -> tuple:
+    """The module (:class:`ModuleBuild`) of the dense-basis kernels of ``basis_name``, launched at the default
+    block size."""
+    return (ModuleBuild(dense_kernels(family, basis_name).module),)
 
 
 @functools.lru_cache(maxsize=None)

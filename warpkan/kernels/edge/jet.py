@@ -26,9 +26,9 @@ entries of its own (each (row, column) entry of G belongs to one (n, i)), so the
 buffer: no second buffer, no second evaluation.
 
 Rows go in chunks (``row0``, and the chunk's row count from the basis's width); z and dz are the whole stacks.
-The counts D and P are compile-time (a module ``warpkan_edge_<key>_jet_d<D>_p<P>`` per jet shape, built only
-when a layer runs in Taylor mode); the pairs themselves are kernel arguments (``PairIndex``: at most
-``MAX_PAIRS``), so no device tensor is made per call.
+The counts D and P are compile-time (a module ``warpkan_edge_<key>_jet_d<D>_p<P>`` per jet shape, built when a
+layer runs in Taylor mode, or ahead of time by ``warpkan precompile --taylor D,P``); the pairs themselves are
+kernel arguments (``PairIndex``: at most ``MAX_PAIRS``), so no device tensor is made per call.
 """
 
 
@@ -37,11 +37,12 @@ from dataclasses import dataclass
 
 import warp as wp
 
+from .._modules import ModuleBuild
 from ._values import edge_values
 from .dense import dense_entry, row_writer
 from .family import EdgeFamily
 
-__all__ = ["JetKernels", "jet_kernels", "MAX_DIRECTIONS", "MAX_PAIRS", "PairIndex"]
+__all__ = ["JetKernels", "jet_kernels", "jet_modules", "MAX_DIRECTIONS", "MAX_PAIRS", "PairIndex"]
 
 MAX_DIRECTIONS = 8
 MAX_PAIRS = 8
@@ -150,6 +151,14 @@ def _jet_funcs(family: EdgeFamily, D: int, P: int) -> _JetFuncs:
             write_rows(basis_t, row, col, n_coef, start, b2 * q + b1 * zp, one)
 
     return _JetFuncs(comps, load_components, direction, contractions, write_basis, weight_dots)
+
+
+def jet_modules(family: EdgeFamily, n_first: int, n_pairs: int) -> tuple:
+    """The module (:class:`ModuleBuild`) of the Taylor-mode kernels for jets of ``n_first`` directions and
+    ``n_pairs`` pairs (none for a shared-table family), launched at the default block size."""
+    if family.shared_table:
+        return ()
+    return (ModuleBuild(jet_kernels(family, n_first, n_pairs).module),)
 
 
 @functools.lru_cache(maxsize=None)

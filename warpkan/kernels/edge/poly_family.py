@@ -420,9 +420,9 @@ def lut_derivative_family(basis: str, capacity: int, scalar_name: str = "float32
     """The family of a LUT layer's higher-order routes, of one (basis, capacity, scalar type): the values from
     the value table, every u-derivative from the basis's exact recurrence (see the module docstring).
 
-    Not in the registry (``warpkan precompile`` does not build it): only a ``create_graph=True`` backward and
-    Taylor mode launch it, and only its dense-basis and Taylor-mode kernels, built at their first use as the
-    Taylor-mode kernels of every family are."""
+    Not in the registry: only a ``create_graph=True`` backward and Taylor mode launch it, and only its
+    dense-basis and Taylor-mode kernels (:func:`warpkan.kernels.poly.higher_order_modules`), which
+    ``warpkan precompile`` builds when asked for those routes (``--create-graph``, ``--taylor``)."""
     _check_key(basis, capacity, scalar_name, BASES)
     return _lut_derivative_family(basis, capacity, scalar_name)
 

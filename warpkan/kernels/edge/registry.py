@@ -6,21 +6,23 @@ kind); everything else is a kernel argument. For one key, the modules are:
 - ``warpkan_edge_<key>``: every stencil kernel (one block size: one build);
 - ``warpkan_edge_combine_rows_<scalar>``: the fixed-order combine of row-chunked sums, shared by all keys;
 - ``warpkan_edge_<key>_dense_<basis dtype>``: the dense-basis (GEMM) kernels, per basis dtype;
-- on CUDA, the tiled kernels: ``..._tiled_c<capacity>`` (forward and helpers) and ``..._c<capacity>_bwd``, and
-  the banded tables of longer grids.
+- on CUDA, the tiled kernels: ``..._tiled_helpers``, ``..._tiled_c<capacity>`` (forward) and
+  ``..._c<capacity>_bwd``, and the banded tables of longer grids.
 
-One layer configuration (a key and a table size) builds at most six of them: :func:`layer_modules`.
+One layer configuration (a key and a table size) builds at most six of them: :func:`layer_modules`. A Taylor-mode
+layer adds ``warpkan_edge_<key>_jet_d<D>_p<P>`` for its jet shape. Each is listed as a
+:class:`~warpkan.kernels._modules.ModuleBuild`: the module and the block size its launches use.
 
 Each family module declares its builder and keys (its ``FAMILIES``); this module reads them, and no family module
 imports it.
 """
 
-import warp as wp
-
+from .._modules import distinct
 from . import bspline_family, poly_family, tiled, ukan_family
-from .dense import dense_kernels
+from .dense import dense_modules
 from .family import EdgeFamily
-from .stencil import combine_rows_kernel, stencil_kernels
+from .jet import jet_modules
+from .stencil import stencil_modules
 
 __all__ = ["FAMILY_BUILDERS", "families", "family_names", "key_of", "key_matches", "family_modules",
            "layer_modules"]
@@ -72,28 +74,29 @@ def _dense_names(family: EdgeFamily) -> list[str]:
     return [family.scalar_name] + (["bfloat16"] if family.scalar_name == "float32" else [])
 
 
-def family_modules(family: EdgeFamily, is_cuda: bool) -> tuple:
-    """Every module a layer of this key may launch (any table size, every basis dtype), its kernels built."""
-    names = [stencil_kernels(family).module, combine_rows_kernel(family.scalar_name).module.name]
-    names += [dense_kernels(family, basis).module for basis in _dense_names(family)]
+def family_modules(family: EdgeFamily, is_cuda: bool, jets=()) -> tuple:
+    """Every module (:class:`ModuleBuild`) a layer of this key may launch (any table size, every basis dtype),
+    its kernels built; and the Taylor-mode modules of each (directions, pairs) in ``jets``."""
+    builds = list(stencil_modules(family))
+    for basis in _dense_names(family):
+        builds += dense_modules(family, basis)
     if is_cuda:
-        names += tiled.tiled_modules(family)
-    return tuple(names)
+        builds += tiled.tiled_modules(family)
+    for n_first, n_pairs in jets:
+        builds += jet_modules(family, n_first, n_pairs)
+    return distinct(builds)
 
 
-def layer_modules(family: EdgeFamily, n_coef: int, is_cuda: bool, basis_dtype: "str | None" = None) -> tuple:
-    """The modules one layer configuration (a key and ``n_coef`` coefficients per input) builds: the stencil
-    kernels and their combine, the dense-basis kernels of its basis dtype (the scalar type unless given), and on
-    CUDA the tiled kernels its table plans pick."""
-    names = [stencil_kernels(family).module, combine_rows_kernel(family.scalar_name).module.name]
+def layer_modules(family: EdgeFamily, n_coef: int, is_cuda: bool, basis_dtype: "str | None" = None,
+                  jets=()) -> tuple:
+    """The modules (:class:`ModuleBuild`) one layer configuration (a key and ``n_coef`` coefficients per input)
+    builds: the stencil kernels and their combine, the dense-basis kernels of its basis dtype (the scalar type
+    unless given), on CUDA the tiled kernels its table plans pick, and the Taylor-mode modules of ``jets``."""
+    builds = list(stencil_modules(family))
     if not family.shared_table:
-        names.append(dense_kernels(family, basis_dtype or family.scalar_name).module)
+        builds += dense_modules(family, basis_dtype or family.scalar_name)
     if is_cuda:
-        names += tiled.planned_modules(family, n_coef)
-    return tuple(dict.fromkeys(names))
-
-
-def load(names, device) -> None:
-    """Build (and load) the named modules on ``device``."""
-    for name in names:
-        wp.load_module(name, device=device)
+        builds += tiled.planned_modules(family, n_coef)
+    for n_first, n_pairs in jets:
+        builds += jet_modules(family, n_first, n_pairs)
+    return distinct(builds)

@@ -23,10 +23,12 @@ from dataclasses import dataclass
 import warp as wp
 
 from .._common import SCALARS, first_at_least, lane_sum, load4_funcs
+from .._modules import ModuleBuild
 from ._values import edge_values
 from .family import EdgeFamily
 
-__all__ = ["StencilKernels", "stencil_kernels", "combine_rows_kernel", "FORWARD_ROWS", "OUT_TILE", "BLOCK_DIM", "ENTRIES_PER_CHUNK"]
+__all__ = ["StencilKernels", "stencil_kernels", "stencil_modules", "combine_rows_kernel", "FORWARD_ROWS", "OUT_TILE",
+           "BLOCK_DIM", "ENTRIES_PER_CHUNK"]
 
 OUT_TILE = 4
 FORWARD_ROWS = 2
@@ -69,6 +71,13 @@ def stencil_kernels(family: EdgeFamily) -> StencilKernels:
     backward_bucketed = _backward_bucketed(family, kernel)
     return StencilKernels(module, forward, backward_x, backward_rows, combine_rows, bucket_keys, bucket_offsets,
                           backward_coef, backward_bucketed)
+
+
+def stencil_modules(family: EdgeFamily) -> tuple:
+    """The modules (:class:`ModuleBuild`) the stencil launchers use: the family's own and the shared combine of
+    row-chunked sums, both launched at ``BLOCK_DIM``."""
+    return (ModuleBuild(stencil_kernels(family).module, BLOCK_DIM),
+            ModuleBuild(combine_rows_kernel(family.scalar_name).module.name, BLOCK_DIM))
 
 
 @functools.lru_cache(maxsize=None)

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import warp as wp
 
 from .._common import on_stream
+from .._modules import DEFAULT_BLOCK_DIM, ModuleBuild, distinct
 from .._runtime import launch, workspace_for
 from ._values import edge_values
 from .family import EdgeFamily
@@ -872,44 +873,56 @@ def _banded_backward(family, kernel, values, backward_op, band_queue, warps, Fra
     return backward
 
 
+def _forward_build(family: EdgeFamily, capacity: int, banded: bool) -> ModuleBuild:
+    return ModuleBuild(_forward_kernel(family, capacity, banded).module.name, FORWARD_WARPS * LANES)
+
+
+def _backward_build(family: EdgeFamily, capacity: int, banded: bool) -> ModuleBuild:
+    return ModuleBuild(_backward_kernel(family, capacity, banded).module.name,
+                       CAPACITIES[family.scalar_name][capacity] * LANES)
+
+
+def _helpers_build(family: EdgeFamily) -> ModuleBuild:
+    return ModuleBuild(helper_kernels(family)[0].module.name, DEFAULT_BLOCK_DIM)
+
+
 def tiled_modules(family: EdgeFamily) -> tuple:
-    """The Warp modules of every tiled kernel a layer of this family may launch on CUDA: the helpers, each
-    whole-table capacity's forward and backward where their shared memory fits, and the banded ones. Builds
-    their kernels, so that ``wp.load_module`` finds them (``warpkan precompile``)."""
+    """The Warp modules (:class:`ModuleBuild`, at their launches' block sizes) of every tiled kernel a layer of
+    this family may launch on CUDA: the helpers, each whole-table capacity's forward and backward where their
+    shared memory fits, and the banded ones. Builds their kernels, so that ``wp.load_module`` finds them
+    (``warpkan precompile``)."""
     if family.shared_table:  # never tiled (tiled_applies)
         return ()
     scalar = family.scalar_name
-    names = [helper_kernels(family)[0].module.name]
+    builds = [_helpers_build(family)]
     for capacity in CAPACITIES.get(scalar, {}):
         if table_fits(family, capacity, False):
-            names.append(_forward_kernel(family, capacity, False).module.name)
+            builds.append(_forward_build(family, capacity, False))
         if table_fits(family, capacity, True):
-            names.append(_backward_kernel(family, capacity, False).module.name)
+            builds.append(_backward_build(family, capacity, False))
     if family.single_slot:  # no bands
-        return tuple(names)
+        return distinct(builds)
     for capacity in sorted({capacity for capacity, _bands in FORWARD_BANDED_CAPACITIES.get(scalar, ())
                             if table_fits(family, capacity, False)}):
         # a table that needs one band of this capacity runs its whole-table kernel
-        names += [_forward_kernel(family, capacity, False).module.name, _forward_kernel(family, capacity, True).module.name]
+        builds += [_forward_build(family, capacity, False), _forward_build(family, capacity, True)]
     for capacity in sorted({capacity for capacity, _bands in BANDED_CAPACITIES.get(scalar, ())
                             if banded_backward_fits(family, capacity)}):
-        names.append(_backward_kernel(family, capacity, True).module.name)
-    return tuple(names)
+        builds.append(_backward_build(family, capacity, True))
+    return distinct(builds)
 
 
 def planned_modules(family: EdgeFamily, n_coef: int) -> tuple:
-    """The tiled modules one layer with ``n_coef`` coefficients per input launches on CUDA (forward and
-    backward plans), building their kernels."""
-    names = []
+    """The tiled modules (:class:`ModuleBuild`) one layer with ``n_coef`` coefficients per input launches on
+    CUDA (forward and backward plans, and the helpers they use), building their kernels."""
+    builds = []
     plan = forward_plan(family, True, n_coef)
     if plan is not None:
-        names.append(_forward_kernel(family, plan.capacity, plan.banded).module.name)
-        names.append(_pad_kernel(family, plan).module.name)
+        builds += [_forward_build(family, plan.capacity, plan.banded), _helpers_build(family)]
     plan = backward_plan(family, True, n_coef)
     if plan is not None:
-        names.append(_backward_kernel(family, plan.capacity, plan.banded).module.name)
-        names.append(_pad_kernel(family, plan).module.name)
-    return tuple(dict.fromkeys(names))
+        builds += [_backward_build(family, plan.capacity, plan.banded), _helpers_build(family)]
+    return distinct(builds)
 
 
 def _tiles(n_out: int) -> int:
@@ -966,7 +979,7 @@ def launch_tiled_forward(family: EdgeFamily, frame, x, base_weight_t, scaler_t, 
             launch(pad_coef, tuple(coef_pad.shape), [coef, scaler_t, 0], [coef_pad, None, None, None, None],
                    x.device, stream)
         n_tiles = _tiles(n_out)
-        block = FORWARD_WARPS * LANES
+        block = _forward_build(family, plan.capacity, plan.banded).block_dim
         args = ([x, frame, base_weight_t, coef_pad, bias, int(use_base), int(bias is not None), n_tiles, plan.n_bands,
                  plan.band_cells], [y])
         cmds += launch(forward, -(-n_rows // block) * n_tiles * block, *args, x.device, stream, record, block) or []
@@ -1028,16 +1041,18 @@ def launch_tiled_backward(family: EdgeFamily, frame, dy, x, base_weight_t, scale
     dx_write = 1 if n_tiles > 1 else (2 if overwrite else 0)
     zero_grads = (2 if dx is not None and n_tiles > 1 else 1) if overwrite else 0
     steps = [(pad_coef, tuple(coef_pad.shape), [coef, scaler_t, zero_grads],
-              [coef_pad, dx, d_base_weight_t, d_scaler_t, d_coef], 256),
+              [coef_pad, dx, d_base_weight_t, d_scaler_t, d_coef], _helpers_build(family).block_dim),
              # dx and the partials may be None (null arrays): the kernel does not touch what it was not asked for
              (backward, -(-n_chunks // warps) * n_in * plan.n_bands * n_tiles * warps * LANES,
               [dy, x, frame, base_weight_t, scaler_t, coef, coef_pad, int(use_base), n_tiles, rows_per_chunk,
                plan.n_bands, plan.band_cells, int(dx is not None), dx_write, int(deterministic)],
               [dx, d_base_weight_t, d_scaler_t, d_coef, partial_coef if deterministic else None,
-               partial_params if deterministic else None], warps * LANES)]
+               partial_params if deterministic else None],
+              _backward_build(family, plan.capacity, plan.banded).block_dim)]
     if deterministic:  # one table (backward_takes): its capacity's module has the combine
         steps.append((helper_kernels(family)[1], (n_in, n_coef + 1, n_out),
-                      [partial_coef, partial_params, int(use_base)], [d_base_weight_t, d_scaler_t, d_coef], 256))
+                      [partial_coef, partial_params, int(use_base)], [d_base_weight_t, d_scaler_t, d_coef],
+                      _helpers_build(family).block_dim))
     cmds = []
     with on_stream(None if record else stream):
         for kernel, dim, inputs, outputs, block in steps:
