@@ -1,0 +1,391 @@
+"""The engine's fused small-layer kernels: the gemm strategy of a small layer in one forward kernel and two
+backward kernels, written with Warp's tile API.
+
+Why: at small shapes the gemm strategy (:mod:`.dense` and cuBLAS through the host framework) is a chain of
+7-10 launches of a few microseconds each (weight combine, basis expansion, GEMMs, contraction, split), and
+the layer is bound by their count, not by its arithmetic. These kernels compute the same maps,
+
+    y = A W (+ bias),   dA = dy W^T (contracted with dA/dx into dx),   dW = A^T dy,
+
+with A [rows, width] the dense basis of :mod:`.dense` (the silu column of each input when the base path is
+fused, then its n_coef bases) and W [width, out] the gemm strategy's combined weight (``[base_weight_t;
+coef * scaler_t]``, or the coefficient table [in n_coef, out] of an unscaled family), built in shared
+memory instead of global memory.
+
+Chunks of whole inputs. A block takes the width in chunks of ``TILES.width`` columns, each holding whole
+inputs: with ``stride = n_coef + use_base`` columns an input (its silu column first, then its bases), chunk c
+holds the inputs ``c P .. c P + P - 1``, P = width // stride, and its columns past ``P stride`` are zero. The
+chunk's rows of W are gathered in that order through an index tile (``tile_load_indexed``; -1, the padding,
+reads zero) and dW's rows scattered through the same tile (``tile_store_indexed``; -1 is skipped). Whole
+inputs a chunk: every x-gradient entry dx[n, i] lies in one chunk, so one thread contracts it and writes it
+once (no atomics, no sum across chunks or blocks).
+
+- **Forward** (one kernel): a block per (row tile, output tile). Per chunk: the basis tile A [rows, width] in
+  shared memory (a thread per (row, input) entry evaluates the family's bases once, :mod:`._values`, and
+  writes its stride columns), W's chunk rows [width, outs], ``acc += A W`` (``tile_matmul``). Then
+  ``y = acc + bias``.
+- **Backward** (at most two kernels): (1) a block per (row tile, chunk): ``dA = dy W_chunk^T`` over the output
+  tiles, contracted per entry with dB/dx (and silu') into dx, and the row tile's partial ``A^T dy`` of the
+  chunk's rows of dW; (2) ``d_weight`` = the sum of the row tiles' partials in row-tile order
+  (``launch_combine_chunks``), skipped when one row tile writes ``d_weight`` itself. Deterministic: every sum
+  has a fixed order. Splitting ``d_weight`` into the parameters is the caller's (``launch_split_param_grads``).
+
+Per-thread writes into a shared tile go through ``tile_scatter_masked``, which synchronises the block after
+each call: a chunk costs about rows x width / block threads barriers to build (every thread writes stride
+columns per step of its entries).
+
+Compile keys: a module per (family key, tile configuration), from the short list :data:`TILES` (a module with
+``tile_matmul`` takes ~30 s to compile on the GPU).
+"""
+
+import functools
+from dataclasses import dataclass
+
+import warp as wp
+
+from .._runtime import launch, launch_combine_chunks, workspace_for
+from ._values import edge_values
+from .dense import basis_entry, dense_width
+from .family import EdgeFamily
+
+__all__ = ["FusedTiles", "TILES", "BLOCK_DIM", "MAX_ROWS", "MAX_CHUNKS", "MAX_OUT", "FusedKernels",
+           "fused_kernels", "fused_modules", "fused_tiles", "fused_applies", "fused_chunks", "fused_partial_shape",
+           "launch_fused_forward", "launch_fused_backward"]
+
+
+@dataclass(frozen=True)
+class FusedTiles:
+    """One tile configuration: rows of x a block, width of a basis chunk, outputs of a y / dy tile."""
+
+    rows: int
+    width: int
+    outs: int
+
+    @property
+    def name(self) -> str:
+        return f"r{self.rows}_w{self.width}_o{self.outs}"
+
+
+# The tile configurations (one module each per family key): 64 outputs a tile, or 32 for narrow layers and
+# float64 (half the shared memory of a float32 tile per element).
+TILES = (FusedTiles(32, 64, 64), FusedTiles(32, 64, 32))
+BLOCK_DIM = 128  # threads a block on the GPU (Warp runs one on the CPU)
+# Where the fused kernels are meant to run (:func:`fused_applies`): few enough rows that the partials of dW
+# stay small (a row tile each), few enough chunks for the forward's serial loop over them, and few enough
+# output tiles for the backward's loop over them.
+MAX_ROWS = 2048
+MAX_CHUNKS = 64
+MAX_OUT = 1024
+
+
+@dataclass(frozen=True)
+class FusedKernels:
+    module: str
+    tiles: FusedTiles
+    forward: wp.Kernel
+    backward: wp.Kernel
+
+
+def fused_tiles(family: EdgeFamily, n_out: int) -> FusedTiles:
+    """The tile configuration of a layer: 32 outputs a tile for float64 or at most 32 outputs, else 64."""
+    return TILES[1] if family.scalar_name == "float64" or n_out <= 32 else TILES[0]
+
+
+def fused_chunks(n_in: int, n_coef: int, use_base: bool, tiles: FusedTiles) -> int:
+    """Chunks of whole inputs (see the module docstring) the width of a layer takes; 0 for no inputs."""
+    per_chunk = tiles.width // (n_coef + int(use_base))
+    return -(-n_in // per_chunk) if per_chunk > 0 else 0
+
+
+def fused_applies(family: EdgeFamily, n_rows: int, n_in: int, n_coef: int, n_out: int, use_base: bool = True) -> bool:
+    """Whether the fused kernels take this layer: a family with a table per input (not a shared table, whose
+    dense basis would have a column per row of the whole table), an input's columns within one chunk, and a
+    small layer (:data:`MAX_ROWS`, :data:`MAX_CHUNKS`, :data:`MAX_OUT`), where the gemm strategy's launches
+    dominate. The limits are where the kernels' shape is meant to hold, not measured crossovers."""
+    if family.shared_table or n_coef < 1:
+        return False
+    tiles = fused_tiles(family, n_out)
+    if n_coef + int(use_base) > tiles.width:
+        return False
+    return n_rows <= MAX_ROWS and n_out <= MAX_OUT and fused_chunks(n_in, n_coef, use_base, tiles) <= MAX_CHUNKS
+
+
+def fused_partial_shape(n_rows: int, n_in: int, n_coef: int, n_out: int, use_base: bool,
+                        tiles: FusedTiles) -> tuple:
+    """Shape of the backward's per-row-tile partials of d_weight ([row tiles, width, out]); no partials (and no
+    combine) for one row tile: the shape is then (0, width, out)."""
+    n_tiles = -(-n_rows // tiles.rows)
+    return (n_tiles if n_tiles > 1 else 0, dense_width(n_in, n_coef, use_base), n_out)
+
+
+@functools.lru_cache(maxsize=None)
+def fused_kernels(family: EdgeFamily, tiles: FusedTiles) -> FusedKernels:
+    if family.shared_table:
+        raise ValueError(f"the fused kernels take a table per input; {family.key} shares one table among its "
+                         "inputs (its layers run the stencil kernels)")
+    if tiles not in TILES:
+        raise ValueError(f"tiles must be one of {TILES}, got {tiles}")
+    module = f"warpkan_edge_{family.key}_fused_{tiles.name}"
+    kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
+    weight_rows, basis_tile, contract_tile = _tile_funcs(family, tiles)
+    forward = _forward_kernel(family, tiles, kernel, weight_rows, basis_tile)
+    backward = _backward_kernel(family, tiles, kernel, weight_rows, basis_tile, contract_tile)
+    return FusedKernels(module, tiles, forward, backward)
+
+
+def fused_modules(family: EdgeFamily) -> list[str]:
+    """The Warp modules of the fused kernels of a family (every tile configuration), built: what a precompile
+    step loads."""
+    if family.shared_table:
+        return []
+    return [fused_kernels(family, tiles).module for tiles in TILES]
+
+
+def _tile_funcs(family: EdgeFamily, tiles: FusedTiles):
+    """The block-wide pieces of a chunk: the index tile of its rows of W, its basis tile, and the contraction of
+    its basis gradient into dx (see the module docstring for the chunk layout)."""
+    scalar, Frame, first = family.scalar, family.Frame, family.first
+    ROWS, WIDTH = tiles.rows, tiles.width
+    values = edge_values(family)
+    bases_at, bases_dx_at, silu = values.bases_at, values.bases_dx_at, values.silu
+    entry = basis_entry(family)
+    zero = scalar(0.0)
+
+    @wp.func
+    def weight_rows(i0: int, per_chunk: int, stride: int, n_in: int, n_coef: int, use_base: int, lane: int):
+        # column c of the chunk is column j of input i0 + c // stride: W's row of that input's silu (j = 0 when
+        # use_base) or of its coefficient j - use_base; -1 past the chunk's inputs
+        rows = wp.tile_zeros(shape=(WIDTH,), dtype=wp.int32, storage="shared")
+        n_threads = wp.block_dim()
+        for step in range((WIDTH + n_threads - 1) // n_threads):
+            c = step * n_threads + lane
+            k = c // stride
+            j = c - k * stride
+            i = i0 + k
+            row = int(-1)
+            if k < per_chunk and i < n_in:
+                if use_base != 0 and j == 0:
+                    row = i
+                else:
+                    row = use_base * n_in + i * n_coef + j - use_base
+            wp.tile_scatter_masked(rows, c, row, c < WIDTH)
+        return rows
+
+    @wp.func
+    def basis_tile(x: wp.array2d(dtype=scalar), frame: Frame, row0: int, i0: int, per_chunk: int, stride: int,
+                   use_base: int, lane: int):
+        # A[r, k stride + j]: entry (row0 + r, input i0 + k) of the dense basis (zero past the rows or inputs)
+        a = wp.tile_zeros(shape=(ROWS, WIDTH), dtype=scalar, storage="shared")
+        n_threads = wp.block_dim()
+        n_entries = ROWS * per_chunk
+        for step in range((n_entries + n_threads - 1) // n_threads):
+            e = step * n_threads + lane
+            r = e // per_chunk
+            k = e - r * per_chunk
+            n = row0 + r
+            i = i0 + k
+            b = family.vec()
+            start = int(0)
+            base_value = zero
+            if e < n_entries and n < x.shape[0] and i < x.shape[1]:
+                xv = x[n, i]
+                valid, slot, b = bases_at(frame, n, i, xv)
+                start = slot + first + use_base  # the column of b[0]; b is zero when invalid
+                if use_base != 0:
+                    base_value, d_silu, d2_silu = silu(xv)
+            for j in range(stride):
+                value = entry(b, j - start)
+                if use_base != 0 and j == 0:
+                    value = base_value
+                wp.tile_scatter_masked(a, r, k * stride + j, value, e < n_entries)
+        return a
+
+    @wp.func
+    def contract_tile(x: wp.array2d(dtype=scalar), frame: Frame, row0: int, i0: int, per_chunk: int, stride: int,
+                      use_base: int, lane: int, d_a: wp.tile(dtype=scalar, shape=(ROWS, WIDTH)),
+                      dx: wp.array2d(dtype=scalar)):
+        # dx[n, i] = dA[r, k stride] silu'(x) (use_base) + sum_j dA[r, k stride + j] dB/dx: one thread an entry,
+        # written once (overwrites)
+        n_threads = wp.block_dim()
+        n_entries = ROWS * per_chunk
+        for step in range((n_entries + n_threads - 1) // n_threads):
+            e = step * n_threads + lane
+            r = e // per_chunk
+            k = e - r * per_chunk
+            n = row0 + r
+            i = i0 + k
+            if e < n_entries and n < x.shape[0] and i < x.shape[1]:
+                xv = x[n, i]
+                valid, slot, b, db = bases_dx_at(frame, n, i, xv)
+                start = slot + first + use_base
+                col = k * stride
+                acc = zero
+                for j in range(use_base, stride):
+                    acc = acc + d_a[r, col + j] * entry(db, j - start)
+                if use_base != 0:
+                    silu_value, d_silu, d2_silu = silu(xv)
+                    acc = acc + d_a[r, col] * d_silu
+                dx[n, i] = acc
+
+    return weight_rows, basis_tile, contract_tile
+
+
+def _forward_kernel(family: EdgeFamily, tiles: FusedTiles, kernel, weight_rows, basis_tile):
+    scalar, Frame = family.scalar, family.Frame
+    ROWS, WIDTH, OUTS = tiles.rows, tiles.width, tiles.outs
+
+    @kernel
+    def fused_forward(x: wp.array2d(dtype=scalar), frame: Frame, weight: wp.array2d(dtype=scalar),
+                      bias: wp.array(dtype=scalar), use_base: int, n_coef: int, y: wp.array2d(dtype=scalar)):
+        row_tile, out_tile, lane = wp.tid()
+        row0 = row_tile * ROWS
+        out0 = out_tile * OUTS
+        n_in = x.shape[1]
+        stride = n_coef + use_base
+        per_chunk = WIDTH // stride
+        acc = wp.tile_zeros(shape=(ROWS, OUTS), dtype=scalar, storage="shared")
+        for chunk in range((n_in + per_chunk - 1) // per_chunk):
+            i0 = chunk * per_chunk
+            rows = weight_rows(i0, per_chunk, stride, n_in, n_coef, use_base, lane)
+            a = basis_tile(x, frame, row0, i0, per_chunk, stride, use_base, lane)
+            w = wp.tile_load_indexed(weight, indices=rows, shape=(WIDTH, OUTS), offset=(0, out0), axis=0,
+                                     storage="shared")
+            wp.tile_matmul(a, w, acc)
+        # y = acc (+ bias), element by element: consecutive threads take consecutive outputs of a row
+        n_threads = wp.block_dim()
+        for step in range((ROWS * OUTS + n_threads - 1) // n_threads):
+            e = step * n_threads + lane
+            r = e // OUTS
+            c = e - r * OUTS
+            n = row0 + r
+            o = out0 + c
+            if e < ROWS * OUTS and n < y.shape[0] and o < y.shape[1]:
+                value = acc[r, c]
+                if bias.shape[0] > 0:
+                    value = value + bias[o]
+                y[n, o] = value
+
+    return fused_forward
+
+
+def _backward_kernel(family: EdgeFamily, tiles: FusedTiles, kernel, weight_rows, basis_tile, contract_tile):
+    scalar, Frame = family.scalar, family.Frame
+    ROWS, WIDTH, OUTS = tiles.rows, tiles.width, tiles.outs
+
+    @kernel
+    def fused_backward(dy: wp.array2d(dtype=scalar), x: wp.array2d(dtype=scalar), frame: Frame,
+                       weight: wp.array2d(dtype=scalar), use_base: int, n_coef: int, dx: wp.array2d(dtype=scalar),
+                       d_partial: wp.array3d(dtype=scalar)):
+        # d_partial [row tiles, width, out]: this row tile's A^T dy in rows of W (d_weight itself for one row
+        # tile); an empty dx or d_partial is not computed
+        row_tile, chunk, lane = wp.tid()
+        row0 = row_tile * ROWS
+        n_in = x.shape[1]
+        stride = n_coef + use_base
+        per_chunk = WIDTH // stride
+        i0 = chunk * per_chunk
+        rows = weight_rows(i0, per_chunk, stride, n_in, n_coef, use_base, lane)
+        a = basis_tile(x, frame, row0, i0, per_chunk, stride, use_base, lane)
+        d_a = wp.tile_zeros(shape=(ROWS, WIDTH), dtype=scalar, storage="shared")
+        for out_tile in range((dy.shape[1] + OUTS - 1) // OUTS):
+            out0 = out_tile * OUTS
+            g = wp.tile_load(dy, shape=(ROWS, OUTS), offset=(row0, out0), storage="shared")
+            if dx.shape[0] > 0:
+                w = wp.tile_load_indexed(weight, indices=rows, shape=(WIDTH, OUTS), offset=(0, out0), axis=0,
+                                         storage="shared")
+                wp.tile_matmul(g, wp.tile_transpose(w), d_a)
+            if d_partial.shape[0] > 0:
+                part = wp.tile_matmul(wp.tile_transpose(a), g)
+                wp.tile_store_indexed(d_partial[row_tile], indices=rows, t=part, offset=(0, out0), axis=0)
+        if dx.shape[0] > 0:
+            contract_tile(x, frame, row0, i0, per_chunk, stride, use_base, lane, d_a, dx)
+
+    return fused_backward
+
+
+def _block(device) -> int:
+    return BLOCK_DIM if device.is_cuda else 1
+
+
+def _check_layer(family: EdgeFamily, x, n_coef: int, weight, use_base: bool) -> tuple:
+    """(width, out) of the combined weight; ValueError/TypeError naming the argument for arrays that do not make
+    one layer of ``family``."""
+    for name, arr in (("x", x), ("weight", weight)):
+        if arr.dtype != family.scalar:
+            raise TypeError(f"{name} must be {family.scalar_name} (the family's scalar), got "
+                            f"{wp.types.type_repr(arr.dtype)}")
+        if arr.ndim != 2:
+            raise ValueError(f"{name} must be 2-D, got shape {tuple(arr.shape)}")
+    if family.shared_table:
+        raise ValueError(f"family must have a table per input; {family.key} shares one")
+    most = max(t.width for t in TILES) - int(use_base)
+    if not 1 <= n_coef <= most:
+        raise ValueError(f"n_coef must be 1 .. {most} (an input's columns within one chunk), got {n_coef}")
+    width = dense_width(x.shape[1], n_coef, use_base)
+    if weight.shape[0] != width:
+        raise ValueError(f"weight must have {width} rows for x {tuple(x.shape)}, n_coef {n_coef}, use_base "
+                         f"{use_base}, got shape {tuple(weight.shape)}")
+    return width, weight.shape[1]
+
+
+def _check_out(name: str, arr, shape: tuple, family: EdgeFamily) -> None:
+    if arr is None:
+        return
+    if arr.dtype != family.scalar:
+        raise TypeError(f"{name} must be {family.scalar_name}, got {wp.types.type_repr(arr.dtype)}")
+    if tuple(arr.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(arr.shape)}")
+
+
+def launch_fused_forward(family: EdgeFamily, frame, x, n_coef: int, weight, bias, y, use_base: bool = True,
+                         stream=None, record: bool = False):
+    """y [rows, out] = A(x) weight (+ bias) in one kernel (see the module docstring): x [rows, in], weight the
+    combined weight [dense_width(in, n_coef, use_base), out], bias [out] or None. Overwrites y. Returns what
+    ``launch`` returns (the recorded launch as a one-element list when ``record``; [] when there is nothing to
+    compute)."""
+    width, n_out = _check_layer(family, x, n_coef, weight, use_base)
+    n_rows = x.shape[0]
+    _check_out("y", y, (n_rows, n_out), family)
+    _check_out("bias", bias, (n_out,), family)
+    if n_rows == 0 or n_out == 0:
+        return [] if record else None
+    tiles = fused_tiles(family, n_out)
+    dim = (-(-n_rows // tiles.rows), -(-n_out // tiles.outs))
+    return launch(fused_kernels(family, tiles).forward, dim, [x, frame, weight, bias, int(use_base), int(n_coef)],
+                  [y], x.device, stream, record, block_dim=_block(x.device), tiled=True)
+
+
+def launch_fused_backward(family: EdgeFamily, frame, dy, x, n_coef: int, weight, dx=None, d_weight=None,
+                          use_base: bool = True, stream=None, record: bool = False, workspace=None):
+    """dx [rows, in] and d_weight [width, out] (either may be None: not computed) of
+    :func:`launch_fused_forward`, in one kernel, plus the fixed-order combine of the row tiles' partials of
+    d_weight when there are several (scratch from ``workspace``, :func:`fused_partial_shape`; a recording
+    caller passes a workspace whose buffers outlive the recording). Overwrites dx and d_weight. Returns what
+    ``launch`` returns (a list of the recorded launches when ``record``)."""
+    width, n_out = _check_layer(family, x, n_coef, weight, use_base)
+    n_rows, n_in = x.shape
+    _check_out("dy", dy, (n_rows, n_out), family)
+    _check_out("dx", dx, (n_rows, n_in), family)
+    _check_out("d_weight", d_weight, (width, n_out), family)
+    recorded = []
+    if n_out == 0:
+        d_weight = None  # nothing to write; dx is written (zeros)
+    if (dx is None and d_weight is None) or n_in == 0:
+        return recorded if record else None
+    tiles = fused_tiles(family, n_out)
+    n_tiles = max(1, -(-n_rows // tiles.rows))  # one at least: an empty batch still writes d_weight (zeros)
+    partial_shape = fused_partial_shape(n_rows, n_in, n_coef, n_out, use_base, tiles)
+    partial = None
+    if d_weight is not None:
+        if partial_shape[0] == 0:
+            partial = d_weight.reshape((1, width, n_out))
+        else:
+            ws = workspace or workspace_for(x.device, stream)
+            partial = ws.get("fused_partial", partial_shape, family.scalar)
+    cmd = launch(fused_kernels(family, tiles).backward, (n_tiles, fused_chunks(n_in, n_coef, use_base, tiles)),
+                 [dy, x, frame, weight, int(use_base), int(n_coef)], [dx, partial], x.device, stream, record,
+                 block_dim=_block(x.device), tiled=True)
+    recorded += cmd or []
+    if d_weight is not None and partial_shape[0] > 0:
+        recorded += launch_combine_chunks(partial, d_weight, accumulate=False, stream=stream, record=record) or []
+    return recorded if record else None
