@@ -1,0 +1,264 @@
+"""Forward + backward of small KAN layers, CUDA-graphed: the fused tile kernels (warpkan.kernels.edge.fused)
+against the gemm strategy (edge_driver.gemm_forward / gemm_backward) and the best torch form, side by side.
+
+    python scripts/fused_small_timing.py --out DIR            # on the GPU machine
+    python scripts/fused_small_timing.py --quick --out DIR    # a CPU smoke run (eager, small sizes)
+
+Each path runs one training step of one layer on the same float32 tensors: y and every gradient (x and the
+parameters). The fused path is what a layer would launch: for KANLinear the weight combine, the fused forward,
+the fused backward (and its partials' combine) and the split into the parameter gradients; for PolyKAN the
+coefficient table is the weight, so the fused forward and backward alone. The torch forms are Chebyshev's
+recurrence + einsum and acos/cos (warpkan.bench.poly) and efficient-kan's KANLinear
+(warpkan.reference.efficient_kan). On CUDA each step is captured in a CUDA graph and replayed (CUDA events
+after warm-up; compilation and capture excluded), and the eager time is given too; on the CPU it runs eagerly.
+Before timing, the fused path's y, dx and dW are checked against the gemm strategy's (relative max error
+printed and written).
+
+Writes DIR/fused_small_timing.json and DIR/fused_small_timing.md. The target: the fused path at least 1.4x
+faster than the best torch form (graphed) at the two PolyKAN configurations.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import warp as wp
+
+from warpkan.bench.poly import _TorchPolyLayer
+from warpkan.bench.timing import graphed, time_fn, training_step
+from warpkan.kernels._runtime import Workspace
+from warpkan.kernels.edge import fused
+from warpkan.kernels.edge import launch as edge
+from warpkan.kernels.edge.dense import dense_width
+from warpkan.reference.efficient_kan import EfficientKANLinear
+from warpkan.torch_bridge import edge_driver
+from warpkan.torch_bridge._common import warp_stream
+from warpkan.torch_bridge.bspline_ops import bspline_spec
+from warpkan.torch_bridge.poly_ops import basis_spec
+
+# (kind, rows, in, out, degree or G)
+CASES = [("polykan", 128, 40, 256, 8), ("polykan", 64, 256, 512, 15), ("kanlinear", 128, 784, 32, 5),
+         ("kanlinear", 1024, 32, 32, 5), ("kanlinear", 128, 32, 10, 5)]
+QUICK_CASES = [("polykan", 16, 8, 12, 8), ("kanlinear", 16, 8, 6, 5)]
+SPLINE_ORDER = 3
+TARGET_SPEEDUP = 1.4  # fused against the best torch form, PolyKAN cases
+
+
+class Step:
+    """One path's training step on fixed tensors: ``run()`` overwrites its outputs; ``outputs()`` gives
+    (y, dx, dW) for the cross-check (dW in the combined weight's layout)."""
+
+    def __init__(self, run, outputs):
+        self.run, self.outputs = run, outputs
+
+
+def _frame(spec):
+    return spec.make_frame(*[wp.from_torch(t) for t in spec.frame_tensors], *spec.frame_config)
+
+
+def _fused_step(spec, x, dy, weight_of, split, n_out) -> Step:
+    """The fused kernels on torch's stream: ``weight_of(stream)`` makes (or is) the combined weight, ``split``
+    turns d_weight into the parameter gradients (None: d_weight is the coefficients' own gradient)."""
+    family, n_coef, use_base = spec.family, spec.n_coef, spec.use_base
+    width = dense_width(x.shape[1], n_coef, use_base)
+    frame, view = _frame(spec), wp.from_torch
+    y = x.new_empty((x.shape[0], n_out))
+    dx = torch.empty_like(x)
+    d_weight = x.new_empty((width, n_out))
+    workspace = Workspace(wp.device_from_torch(x.device))  # sized once, before any capture
+    tiles = fused.fused_tiles(family, n_out)
+    shape = fused.fused_partial_shape(x.shape[0], x.shape[1], n_coef, n_out, use_base, tiles)
+    if shape[0]:
+        workspace.get("fused_partial", shape, family.scalar)
+    xv, dyv, yv, dxv, dwv = (view(t) for t in (x, dy, y, dx, d_weight))
+
+    def run():
+        stream = warp_stream(x.device)
+        weight = view(weight_of(stream))
+        fused.launch_fused_forward(family, frame, xv, n_coef, weight, None, yv, use_base, stream=stream)
+        fused.launch_fused_backward(family, frame, dyv, xv, n_coef, weight, dxv, dwv, use_base, stream=stream,
+                                    workspace=workspace)
+        if split is not None:
+            split(dwv, stream)
+
+    return Step(run, lambda: (y, dx, d_weight))
+
+
+def _poly_paths(x, dy, n_out, degree, mode):
+    lut_size = 4096 if mode == "lut" else 0
+    spec = basis_spec(x, "chebyshev", lut_size, 1.0, 1.0, degree + 1)
+    gen = torch.Generator(device=x.device).manual_seed(1)
+    coef = torch.randn(x.shape[1], degree + 1, n_out, device=x.device, generator=gen) / (x.shape[1] * (degree + 1))
+    weight = coef.view(-1, n_out)
+    fused_step = _fused_step(spec, x, dy, lambda stream: weight, None, n_out)
+    engine = (spec.family, spec.make_frame, spec.frame_tensors, spec.frame_config)
+    result = {}
+
+    def gemm():
+        result["y"] = edge_driver.gemm_forward(*engine, x, None, None, coef, False, "fp32")
+        result["grads"] = edge_driver.gemm_backward(*engine, dy, x, None, None, coef, False, "fp32", True, True)
+
+    def gemm_outputs():
+        dx, _, _, d_coef = result["grads"]
+        return result["y"], dx, d_coef.view(-1, n_out)
+
+    return {f"fused {mode}": fused_step, f"gemm {mode}": Step(gemm, gemm_outputs)}
+
+
+def _kanlinear_paths(x, dy, n_out, grid_size):
+    n_in, k = x.shape[1], SPLINE_ORDER
+    h = 2.0 / grid_size
+    grid = (torch.arange(-k, grid_size + k + 1, device=x.device) * h - 1.0).expand(n_in, -1).contiguous()
+    spec = bspline_spec(x, grid, k, True, True)
+    gen = torch.Generator(device=x.device).manual_seed(1)
+    base_weight_t = torch.randn(n_in, n_out, device=x.device, generator=gen) / n_in
+    scaler_t = 1.0 + 0.1 * torch.randn(n_in, n_out, device=x.device, generator=gen)
+    coef = torch.randn(n_in, spec.n_coef, n_out, device=x.device, generator=gen) / n_in
+    family, view = spec.family, wp.from_torch
+    weight = x.new_empty((dense_width(n_in, spec.n_coef, True), n_out))
+    grads = [torch.empty_like(t) for t in (base_weight_t, scaler_t, coef)]
+    params = [view(t) for t in (base_weight_t, scaler_t, coef)]
+    weight_view, grad_views = view(weight), [view(t) for t in grads]
+
+    def combine(stream):
+        edge.launch_combine_weights(family, *params, weight_view, True, stream=stream)
+        return weight
+
+    def split(d_weight, stream):
+        edge.launch_split_param_grads(family, d_weight, params[1], params[2], *grad_views, True, stream=stream)
+
+    fused_step = _fused_step(spec, x, dy, combine, split, n_out)
+    engine = (spec.family, spec.make_frame, spec.frame_tensors, spec.frame_config)
+    result = {}
+
+    def gemm():
+        result["y"] = edge_driver.gemm_forward(*engine, x, base_weight_t, scaler_t, coef, True, "fp32")
+        result["grads"] = edge_driver.gemm_backward(*engine, dy, x, base_weight_t, scaler_t, coef, True, "fp32",
+                                                    True, True)
+
+    def gemm_outputs():
+        # the combined weight's gradient, rebuilt from the split: [d_base; d_coef / scaler]
+        dx, d_base, _, d_coef = result["grads"]
+        return result["y"], dx, torch.cat([d_base, (d_coef / scaler_t.unsqueeze(1)).reshape(-1, n_out)])
+
+    return {"fused": fused_step, "gemm": Step(gemm, gemm_outputs)}
+
+
+def _torch_paths(kind, x, n_out, size, dy):
+    def step_of(model):
+        model = model.to(x.device)
+        step = training_step(model, x, dy)
+        return Step(step, None)
+
+    if kind == "polykan":
+        return {"torch recurrence+einsum": step_of(_TorchPolyLayer(x.shape[1], n_out, size, "recurrence")),
+                "torch acos/cos": step_of(_TorchPolyLayer(x.shape[1], n_out, size, "acos"))}
+    return {"torch efficient-kan": step_of(EfficientKANLinear(x.shape[1], n_out, size, SPLINE_ORDER))}
+
+
+def _rel_err(a, b) -> float:
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item() if b.numel() else 0.0
+
+
+def _cross_check(paths) -> dict:
+    """max relative error of each fused path's (y, dx, dW) against the gemm path of its mode."""
+    errors = {}
+    for name, step in paths.items():
+        if not name.startswith("fused"):
+            continue
+        gemm = paths[name.replace("fused", "gemm")]
+        step.run()
+        gemm.run()
+        ours, ref = step.outputs(), gemm.outputs()
+        errors[name] = {label: _rel_err(a, b) for label, a, b in zip(("y", "dx", "dW"), ours, ref)}
+    return errors
+
+
+def _time(step: Step, device: str, quick: bool) -> dict:
+    repeat = 5 if quick else 100
+    row = {"eager_ms": time_fn(step.run, device, warmup=3, repeat=repeat)}
+    if device.startswith("cuda"):
+        row["graphed_ms"] = time_fn(graphed(step.run), device, warmup=5, repeat=repeat)
+    return row
+
+
+def run_case(case, device: str, quick: bool) -> list[dict]:
+    kind, n_rows, n_in, n_out, size = case
+    torch.manual_seed(0)
+    x = (torch.rand(n_rows, n_in, device=device) * 2.2 - 1.1).requires_grad_()
+    dy = torch.randn(n_rows, n_out, device=device)
+    xd = x.detach()
+    if kind == "polykan":
+        ours = {**_poly_paths(xd, dy, n_out, size, "exact"), **_poly_paths(xd, dy, n_out, size, "lut")}
+        spec = basis_spec(xd, "chebyshev", 0, 1.0, 1.0, size + 1)
+    else:
+        ours = _kanlinear_paths(xd, dy, n_out, size)
+        spec = bspline_spec(xd, torch.zeros(n_in, size + 2 * SPLINE_ORDER + 1, device=device), SPLINE_ORDER, True,
+                            True)
+    applies = fused.fused_applies(spec.family, n_rows, n_in, spec.n_coef, n_out, spec.use_base)
+    errors = _cross_check(ours)
+    label = f"{kind} ({n_rows}, {n_in}->{n_out}, {'D' if kind == 'polykan' else 'G'}={size})"
+    rows = []
+    for name, step in {**ours, **_torch_paths(kind, x, n_out, size, dy)}.items():
+        row = {"case": label, "impl": name, **_time(step, device, quick)}
+        if name in errors:
+            row["rel_err_vs_gemm"] = errors[name]
+            row["fused_applies"] = applies
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    key = "graphed_ms" if device.startswith("cuda") else "eager_ms"
+    best_torch = min(r[key] for r in rows if r["impl"].startswith("torch"))
+    for row in rows:
+        row["speedup_vs_best_torch"] = best_torch / row[key]
+    return rows
+
+
+def _markdown(rows, device: str) -> str:
+    key = "graphed_ms" if device.startswith("cuda") else "eager_ms"
+    lines = [f"fwd+bwd step, float32, {device}; speedup against the best torch form ({key})", "",
+             "| case | impl | graphed ms | eager ms | speedup vs best torch | rel. err vs gemm (y / dx / dW) |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        err = r.get("rel_err_vs_gemm")
+        err_text = " / ".join(f"{err[k]:.1e}" for k in ("y", "dx", "dW")) if err else ""
+        if "fused_applies" in r and not r["fused_applies"]:
+            err_text += " (outside fused_applies)"
+        graphed_ms = f"{r['graphed_ms']:.4f}" if "graphed_ms" in r else "-"
+        lines.append(f"| {r['case']} | {r['impl']} | {graphed_ms} | {r['eager_ms']:.4f} | "
+                     f"{r['speedup_vs_best_torch']:.2f}x | {err_text} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="folder for fused_small_timing.json / .md")
+    parser.add_argument("--quick", action="store_true", help="small sizes, few repeats (a CPU smoke run)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    print(f"device {args.device}, torch {torch.__version__}, warp {wp.__version__}", flush=True)
+    t0 = time.perf_counter()
+    rows = []
+    for case in QUICK_CASES if args.quick else CASES:
+        rows += run_case(case, args.device, args.quick)
+    with open(os.path.join(args.out, "fused_small_timing.json"), "w") as f:
+        json.dump({"device": args.device, "torch": torch.__version__, "warp": wp.__version__, "rows": rows}, f,
+                  indent=1)
+    table = _markdown(rows, args.device)
+    with open(os.path.join(args.out, "fused_small_timing.md"), "w") as f:
+        f.write(table)
+    print(table)
+    for row in rows:
+        if row["case"].startswith("polykan") and row["impl"].startswith("fused"):
+            verdict = "meets" if row["speedup_vs_best_torch"] >= TARGET_SPEEDUP else "misses"
+            print(f"{row['case']} {row['impl']}: {row['speedup_vs_best_torch']:.2f}x the best torch form, "
+                  f"{verdict} the {TARGET_SPEEDUP}x target")
+    print(f"total {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
