@@ -49,51 +49,61 @@ TARGET_SPEEDUP = 1.4  # fused against the best torch form, PolyKAN cases
 
 class Step:
     """One path's training step on fixed tensors: ``run()`` overwrites its outputs; ``outputs()`` gives
-    (y, dx, dW) for the cross-check (dW in the combined weight's layout)."""
+    (y, dx, dW) for the cross-check (dW in the combined weight's layout) against the ``reference`` step."""
 
-    def __init__(self, run, outputs):
-        self.run, self.outputs = run, outputs
+    def __init__(self, run, outputs, reference=None):
+        self.run, self.outputs, self.reference = run, outputs, reference
+
+
+def _tile_choices(family, n_out, all_tiles: bool) -> dict:
+    """{label suffix: tiles}: the launchers' own choice (suffix ""), and with ``all_tiles`` every other one."""
+    default = fused.fused_tiles(family, n_out)
+    others = [t for t in fused.TILES if t != default] if all_tiles else []
+    return {"": None, **{f" [{t.name}]": t for t in others}}
 
 
 def _frame(spec):
     return spec.make_frame(*[wp.from_torch(t) for t in spec.frame_tensors], *spec.frame_config)
 
 
-def _fused_step(spec, x, dy, weight_of, split, n_out) -> Step:
+def _fused_step(spec, x, dy, weight_of, split, n_out, tiles=None) -> Step:
     """The fused kernels on torch's stream: ``weight_of(stream)`` makes (or is) the combined weight, ``split``
-    turns d_weight into the parameter gradients (None: d_weight is the coefficients' own gradient)."""
+    turns d_weight into the parameter gradients (None: d_weight is the coefficients' own gradient); ``tiles``
+    None: the launchers' own choice."""
     family, n_coef, use_base = spec.family, spec.n_coef, spec.use_base
     width = dense_width(x.shape[1], n_coef, use_base)
     frame, view = _frame(spec), wp.from_torch
     y = x.new_empty((x.shape[0], n_out))
     dx = torch.empty_like(x)
     d_weight = x.new_empty((width, n_out))
-    workspace = Workspace(wp.device_from_torch(x.device))  # sized once, before any capture
-    tiles = fused.fused_tiles(family, n_out)
-    shape = fused.fused_partial_shape(x.shape[0], x.shape[1], n_coef, n_out, use_base, tiles)
-    if shape[0]:
-        workspace.get("fused_partial", shape, family.scalar)
+    # scratch sized once, before any capture (a capture must not allocate)
+    workspace = Workspace(wp.device_from_torch(x.device))
+    plan = fused.fused_plan(family, x.shape[0], x.shape[1], n_coef, n_out, use_base, tiles)
+    for name, shape in (("fused_forward_partial", plan.forward_partial_shape(x.shape[0], n_out)),
+                        ("fused_backward_partial", plan.backward_partial_shape(n_out))):
+        if shape[0]:
+            workspace.get(name, shape, family.scalar)
     xv, dyv, yv, dxv, dwv = (view(t) for t in (x, dy, y, dx, d_weight))
 
     def run():
         stream = warp_stream(x.device)
         weight = view(weight_of(stream))
-        fused.launch_fused_forward(family, frame, xv, n_coef, weight, None, yv, use_base, stream=stream)
+        fused.launch_fused_forward(family, frame, xv, n_coef, weight, None, yv, use_base, stream=stream,
+                                   workspace=workspace, tiles=tiles)
         fused.launch_fused_backward(family, frame, dyv, xv, n_coef, weight, dxv, dwv, use_base, stream=stream,
-                                    workspace=workspace)
+                                    workspace=workspace, tiles=tiles)
         if split is not None:
             split(dwv, stream)
 
     return Step(run, lambda: (y, dx, d_weight))
 
 
-def _poly_paths(x, dy, n_out, degree, mode):
+def _poly_paths(x, dy, n_out, degree, mode, all_tiles):
     lut_size = 4096 if mode == "lut" else 0
     spec = basis_spec(x, "chebyshev", lut_size, 1.0, 1.0, degree + 1)
     gen = torch.Generator(device=x.device).manual_seed(1)
     coef = torch.randn(x.shape[1], degree + 1, n_out, device=x.device, generator=gen) / (x.shape[1] * (degree + 1))
     weight = coef.view(-1, n_out)
-    fused_step = _fused_step(spec, x, dy, lambda stream: weight, None, n_out)
     engine = (spec.family, spec.make_frame, spec.frame_tensors, spec.frame_config)
     result = {}
 
@@ -105,10 +115,15 @@ def _poly_paths(x, dy, n_out, degree, mode):
         dx, _, _, d_coef = result["grads"]
         return result["y"], dx, d_coef.view(-1, n_out)
 
-    return {f"fused {mode}": fused_step, f"gemm {mode}": Step(gemm, gemm_outputs)}
+    gemm_step = Step(gemm, gemm_outputs)
+    paths = {f"fused {mode}{suffix}": _fused_step(spec, x, dy, lambda stream: weight, None, n_out, tiles)
+             for suffix, tiles in _tile_choices(spec.family, n_out, all_tiles).items()}
+    for step in paths.values():
+        step.reference = gemm_step
+    return {**paths, f"gemm {mode}": gemm_step}
 
 
-def _kanlinear_paths(x, dy, n_out, grid_size):
+def _kanlinear_paths(x, dy, n_out, grid_size, all_tiles):
     n_in, k = x.shape[1], SPLINE_ORDER
     h = 2.0 / grid_size
     grid = (torch.arange(-k, grid_size + k + 1, device=x.device) * h - 1.0).expand(n_in, -1).contiguous()
@@ -130,7 +145,6 @@ def _kanlinear_paths(x, dy, n_out, grid_size):
     def split(d_weight, stream):
         edge.launch_split_param_grads(family, d_weight, params[1], params[2], *grad_views, True, stream=stream)
 
-    fused_step = _fused_step(spec, x, dy, combine, split, n_out)
     engine = (spec.family, spec.make_frame, spec.frame_tensors, spec.frame_config)
     result = {}
 
@@ -144,7 +158,12 @@ def _kanlinear_paths(x, dy, n_out, grid_size):
         dx, d_base, _, d_coef = result["grads"]
         return result["y"], dx, torch.cat([d_base, (d_coef / scaler_t.unsqueeze(1)).reshape(-1, n_out)])
 
-    return {"fused": fused_step, "gemm": Step(gemm, gemm_outputs)}
+    gemm_step = Step(gemm, gemm_outputs)
+    paths = {f"fused{suffix}": _fused_step(spec, x, dy, combine, split, n_out, tiles)
+             for suffix, tiles in _tile_choices(family, n_out, all_tiles).items()}
+    for step in paths.values():
+        step.reference = gemm_step
+    return {**paths, "gemm": gemm_step}
 
 
 def _torch_paths(kind, x, n_out, size, dy):
@@ -167,12 +186,11 @@ def _cross_check(paths) -> dict:
     """max relative error of each fused path's (y, dx, dW) against the gemm path of its mode."""
     errors = {}
     for name, step in paths.items():
-        if not name.startswith("fused"):
+        if step.reference is None:
             continue
-        gemm = paths[name.replace("fused", "gemm")]
         step.run()
-        gemm.run()
-        ours, ref = step.outputs(), gemm.outputs()
+        step.reference.run()
+        ours, ref = step.outputs(), step.reference.outputs()
         errors[name] = {label: _rel_err(a, b) for label, a, b in zip(("y", "dx", "dW"), ours, ref)}
     return errors
 
@@ -185,17 +203,18 @@ def _time(step: Step, device: str, quick: bool) -> dict:
     return row
 
 
-def run_case(case, device: str, quick: bool) -> list[dict]:
+def run_case(case, device: str, quick: bool, all_tiles: bool = False) -> list[dict]:
     kind, n_rows, n_in, n_out, size = case
     torch.manual_seed(0)
     x = (torch.rand(n_rows, n_in, device=device) * 2.2 - 1.1).requires_grad_()
     dy = torch.randn(n_rows, n_out, device=device)
     xd = x.detach()
     if kind == "polykan":
-        ours = {**_poly_paths(xd, dy, n_out, size, "exact"), **_poly_paths(xd, dy, n_out, size, "lut")}
+        ours = {**_poly_paths(xd, dy, n_out, size, "exact", all_tiles),
+                **_poly_paths(xd, dy, n_out, size, "lut", all_tiles)}
         spec = basis_spec(xd, "chebyshev", 0, 1.0, 1.0, size + 1)
     else:
-        ours = _kanlinear_paths(xd, dy, n_out, size)
+        ours = _kanlinear_paths(xd, dy, n_out, size, all_tiles)
         spec = bspline_spec(xd, torch.zeros(n_in, size + 2 * SPLINE_ORDER + 1, device=device), SPLINE_ORDER, True,
                             True)
     applies = fused.fused_applies(spec.family, n_rows, n_in, spec.n_coef, n_out, spec.use_base)
@@ -237,13 +256,20 @@ def main(argv=None):
     parser.add_argument("--out", required=True, help="folder for fused_small_timing.json / .md")
     parser.add_argument("--quick", action="store_true", help="small sizes, few repeats (a CPU smoke run)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--all-tiles", action="store_true",
+                        help="also time every other tile configuration of the fused kernels (a module each: ~30 s "
+                             "of compilation on the GPU)")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
+    if args.device == "cpu":
+        # Warp runs a CPU kernel on one thread: one torch thread too (on a shared machine torch's thread pool
+        # also waits on busy cores: 100+ ms a step of these tiny layers was measured with two threads)
+        torch.set_num_threads(1)
     print(f"device {args.device}, torch {torch.__version__}, warp {wp.__version__}", flush=True)
     t0 = time.perf_counter()
     rows = []
     for case in QUICK_CASES if args.quick else CASES:
-        rows += run_case(case, args.device, args.quick)
+        rows += run_case(case, args.device, args.quick, args.all_tiles)
     with open(os.path.join(args.out, "fused_small_timing.json"), "w") as f:
         json.dump({"device": args.device, "torch": torch.__version__, "warp": wp.__version__, "rows": rows}, f,
                   indent=1)

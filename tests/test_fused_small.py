@@ -157,6 +157,16 @@ def test_bspline_awkward_sizes(device, shape, dtype):
     _check(layer, _off_knot(layer.x64, _knots(n_in, grid_size, 3, True, n_rows), 3))
 
 
+def test_bspline_split_forward_and_row_tile_partials(device):
+    """A width of 9 chunks over one row tile: the forward runs two chunk groups and adds their partial y; 70 rows:
+    the backward adds three row tiles' partial dW."""
+    for n_rows in (5, 70):
+        layer = _bspline_layer(n_rows, 60, 7, 5, 3, False, True, torch.float64, device, seed=n_rows)
+        plan = fused.fused_plan(layer.spec.family, n_rows, 60, layer.spec.n_coef, 7, True)
+        assert plan.splits == 2 and plan.row_tiles == -(-n_rows // plan.tiles.rows)
+        _check(layer, _off_knot(layer.x64, _knots(60, 5, 3, False, n_rows), 3))
+
+
 def test_bspline_without_bias(device):
     _check(_bspline_layer(19, 4, 6, 5, 2, False, True, torch.float64, device, bias=False))
 
@@ -251,9 +261,20 @@ def test_fused_applies_to_small_per_input_tables():
     assert fused.fused_applies(cheb, 128, 40, 9, 256, use_base=False)  # PolyKAN (128, 40->256, D=8)
     assert fused.fused_applies(cheb, 64, 256, 16, 512, use_base=False)  # PolyKAN (64, 256->512, D=15)
     assert fused.fused_applies(cubic, 1024, 32, 8, 32)  # KANLinear (1024, 32->32, G=5)
+    assert fused.fused_applies(cubic, 128, 784, 8, 32)  # KANLinear (128, 784->32, G=5): 112 chunks, split
     assert not fused.fused_applies(cubic, 1 << 16, 32, 8, 32)  # many rows: the GEMMs' regime
     assert not fused.fused_applies(cubic, 128, 32, 64, 32)  # an input's 65 columns exceed a chunk
-    assert not fused.fused_applies(cubic, 128, 784, 8, 32)  # 112 chunks for the forward's serial loop
+    assert not fused.fused_applies(cubic, 2048, 512, 8, 512)  # 64 row tiles of a 4608 x 512 partial dW
+
+
+def test_plans_split_long_widths_and_keep_short_ones_whole():
+    from warpkan.kernels import poly as kp
+    cheb = kp.family_of(16, "chebyshev", False, "float32")
+    wide = fused.fused_plan(cheb, 64, 256, 16, 512, False)  # 16 tiles of 64 chunks
+    assert (wide.row_tiles, wide.out_tiles, wide.chunks) == (2, 8, 64)
+    assert wide.splits == 8 and wide.splits * wide.chunks_per_split == wide.chunks
+    narrow = fused.fused_plan(cheb, 128, 40, 9, 256, False)  # 6 chunks: one kernel
+    assert narrow.splits == 1 and narrow.forward_partial_shape(128, 256)[0] == 0
 
 
 def test_shared_table_family_is_refused():

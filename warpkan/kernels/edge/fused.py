@@ -23,7 +23,8 @@ once (no atomics, no sum across chunks or blocks).
 - **Forward** (one kernel): a block per (row tile, output tile). Per chunk: the basis tile A [rows, width] in
   shared memory (a thread per (row, input) entry evaluates the family's bases once, :mod:`._values`, and
   writes its stride columns), W's chunk rows [width, outs], ``acc += A W`` (``tile_matmul``). Then
-  ``y = acc + bias``.
+  ``y = acc + bias``. A layer of few tiles and many chunks splits its chunks into groups, a block each
+  (:data:`TARGET_BLOCKS`), whose partial y a second launch adds in group order.
 - **Backward** (at most two kernels): (1) a block per (row tile, chunk): ``dA = dy W_chunk^T`` over the output
   tiles, contracted per entry with dB/dx (and silu') into dx, and the row tile's partial ``A^T dy`` of the
   chunk's rows of dW; (2) ``d_weight`` = the sum of the row tiles' partials in row-tile order
@@ -48,9 +49,9 @@ from ._values import edge_values
 from .dense import basis_entry, dense_width
 from .family import EdgeFamily
 
-__all__ = ["FusedTiles", "TILES", "BLOCK_DIM", "MAX_ROWS", "MAX_CHUNKS", "MAX_OUT", "FusedKernels",
-           "fused_kernels", "fused_modules", "fused_tiles", "fused_applies", "fused_chunks", "fused_partial_shape",
-           "launch_fused_forward", "launch_fused_backward"]
+__all__ = ["FusedTiles", "FusedPlan", "TILES", "BLOCK_DIM", "MAX_ROWS", "MAX_OUT", "MAX_PARTIAL",
+           "TARGET_BLOCKS", "MIN_CHUNKS_PER_SPLIT", "FusedKernels", "fused_kernels", "fused_modules", "fused_tiles",
+           "fused_plan", "fused_applies", "launch_fused_forward", "launch_fused_backward"]
 
 
 @dataclass(frozen=True)
@@ -70,12 +71,18 @@ class FusedTiles:
 # float64 (half the shared memory of a float32 tile per element).
 TILES = (FusedTiles(32, 64, 64), FusedTiles(32, 64, 32))
 BLOCK_DIM = 128  # threads a block on the GPU (Warp runs one on the CPU)
-# Where the fused kernels are meant to run (:func:`fused_applies`): few enough rows that the partials of dW
-# stay small (a row tile each), few enough chunks for the forward's serial loop over them, and few enough
-# output tiles for the backward's loop over them.
+# Where the fused kernels are meant to run (:func:`fused_applies`): few enough rows and outputs for a small
+# layer (the backward loops over the output tiles), and per-row-tile partials of dW of at most MAX_PARTIAL
+# elements. Where the kernels' shape is meant to hold, not measured crossovers.
 MAX_ROWS = 2048
-MAX_CHUNKS = 64
 MAX_OUT = 1024
+MAX_PARTIAL = 1 << 22
+# The forward splits its chunks into groups, a block each, until about TARGET_BLOCKS blocks run (a wave on a
+# large GPU), keeping at least MIN_CHUNKS_PER_SPLIT chunks a group: a layer of few row and output tiles and a
+# long width (PolyKAN 256 -> 512 at batch 64: 16 tiles of 64 chunks) would otherwise run its whole width on a
+# few SMs, one chunk after the other. The groups' partial y are then added in group order by a second launch.
+TARGET_BLOCKS = 128
+MIN_CHUNKS_PER_SPLIT = 4
 
 
 @dataclass(frozen=True)
@@ -86,36 +93,60 @@ class FusedKernels:
     backward: wp.Kernel
 
 
+@dataclass(frozen=True)
+class FusedPlan:
+    """How the fused kernels cover one layer: the tiles, the grid, and the scratch of the partial sums."""
+
+    tiles: FusedTiles
+    width: int  # columns of the dense basis (rows of W)
+    row_tiles: int  # at least 1 (an empty batch still writes a zero dW)
+    out_tiles: int
+    chunks: int  # chunks of whole inputs (see the module docstring)
+    splits: int  # the forward's chunk groups (1: the forward kernel writes y itself)
+
+    @property
+    def chunks_per_split(self) -> int:
+        return -(-self.chunks // self.splits)
+
+    def forward_partial_shape(self, n_rows: int, n_out: int) -> tuple:
+        """[splits, rows, out] partial y of the forward's chunk groups; none (leading 0) for one group."""
+        return (self.splits if self.splits > 1 else 0, n_rows, n_out)
+
+    def backward_partial_shape(self, n_out: int) -> tuple:
+        """[row tiles, width, out] partial dW of the backward's row tiles; none (leading 0) for one row tile."""
+        return (self.row_tiles if self.row_tiles > 1 else 0, self.width, n_out)
+
+
 def fused_tiles(family: EdgeFamily, n_out: int) -> FusedTiles:
     """The tile configuration of a layer: 32 outputs a tile for float64 or at most 32 outputs, else 64."""
     return TILES[1] if family.scalar_name == "float64" or n_out <= 32 else TILES[0]
 
 
-def fused_chunks(n_in: int, n_coef: int, use_base: bool, tiles: FusedTiles) -> int:
-    """Chunks of whole inputs (see the module docstring) the width of a layer takes; 0 for no inputs."""
+def fused_plan(family: EdgeFamily, n_rows: int, n_in: int, n_coef: int, n_out: int, use_base: bool,
+               tiles: "FusedTiles | None" = None) -> FusedPlan:
+    """The plan of a layer (``tiles``: one of :data:`TILES`, default :func:`fused_tiles`)."""
+    tiles = tiles or fused_tiles(family, n_out)
     per_chunk = tiles.width // (n_coef + int(use_base))
-    return -(-n_in // per_chunk) if per_chunk > 0 else 0
+    if per_chunk < 1:
+        raise ValueError(f"n_coef must be at most {tiles.width - int(use_base)} (an input's columns within one "
+                         f"chunk), got {n_coef}")
+    chunks = -(-n_in // per_chunk)
+    row_tiles, out_tiles = max(1, -(-n_rows // tiles.rows)), -(-n_out // tiles.outs)
+    splits = max(1, min(-(-TARGET_BLOCKS // max(1, row_tiles * out_tiles)), chunks // MIN_CHUNKS_PER_SPLIT))
+    splits = -(-chunks // -(-chunks // splits)) if chunks else 1  # no empty group
+    return FusedPlan(tiles, dense_width(n_in, n_coef, use_base), row_tiles, out_tiles, chunks, splits)
 
 
 def fused_applies(family: EdgeFamily, n_rows: int, n_in: int, n_coef: int, n_out: int, use_base: bool = True) -> bool:
     """Whether the fused kernels take this layer: a family with a table per input (not a shared table, whose
     dense basis would have a column per row of the whole table), an input's columns within one chunk, and a
-    small layer (:data:`MAX_ROWS`, :data:`MAX_CHUNKS`, :data:`MAX_OUT`), where the gemm strategy's launches
-    dominate. The limits are where the kernels' shape is meant to hold, not measured crossovers."""
-    if family.shared_table or n_coef < 1:
+    small layer (:data:`MAX_ROWS`, :data:`MAX_OUT`, :data:`MAX_PARTIAL`), where the gemm strategy's launches
+    dominate."""
+    if family.shared_table or n_coef < 1 or n_coef + int(use_base) > fused_tiles(family, n_out).width:
         return False
-    tiles = fused_tiles(family, n_out)
-    if n_coef + int(use_base) > tiles.width:
-        return False
-    return n_rows <= MAX_ROWS and n_out <= MAX_OUT and fused_chunks(n_in, n_coef, use_base, tiles) <= MAX_CHUNKS
-
-
-def fused_partial_shape(n_rows: int, n_in: int, n_coef: int, n_out: int, use_base: bool,
-                        tiles: FusedTiles) -> tuple:
-    """Shape of the backward's per-row-tile partials of d_weight ([row tiles, width, out]); no partials (and no
-    combine) for one row tile: the shape is then (0, width, out)."""
-    n_tiles = -(-n_rows // tiles.rows)
-    return (n_tiles if n_tiles > 1 else 0, dense_width(n_in, n_coef, use_base), n_out)
+    plan = fused_plan(family, n_rows, n_in, n_coef, n_out, use_base)
+    partial = plan.backward_partial_shape(n_out)
+    return n_rows <= MAX_ROWS and n_out <= MAX_OUT and partial[0] * partial[1] * partial[2] <= MAX_PARTIAL
 
 
 @functools.lru_cache(maxsize=None)
@@ -236,22 +267,28 @@ def _forward_kernel(family: EdgeFamily, tiles: FusedTiles, kernel, weight_rows, 
 
     @kernel
     def fused_forward(x: wp.array2d(dtype=scalar), frame: Frame, weight: wp.array2d(dtype=scalar),
-                      bias: wp.array(dtype=scalar), use_base: int, n_coef: int, y: wp.array2d(dtype=scalar)):
-        row_tile, out_tile, lane = wp.tid()
+                      bias: wp.array(dtype=scalar), use_base: int, n_coef: int, chunks_per_split: int,
+                      y: wp.array3d(dtype=scalar)):
+        # y [splits, rows, out]: the sum over chunk group `split` (y itself for one group); the bias in group 0
+        row_tile, out_tile, split, lane = wp.tid()
         row0 = row_tile * ROWS
         out0 = out_tile * OUTS
         n_in = x.shape[1]
         stride = n_coef + use_base
         per_chunk = WIDTH // stride
+        first_chunk = split * chunks_per_split
+        end_chunk = wp.min(first_chunk + chunks_per_split, (n_in + per_chunk - 1) // per_chunk)
         acc = wp.tile_zeros(shape=(ROWS, OUTS), dtype=scalar, storage="shared")
-        for chunk in range((n_in + per_chunk - 1) // per_chunk):
+        for chunk in range(first_chunk, end_chunk):
             i0 = chunk * per_chunk
             rows = weight_rows(i0, per_chunk, stride, n_in, n_coef, use_base, lane)
             a = basis_tile(x, frame, row0, i0, per_chunk, stride, use_base, lane)
             w = wp.tile_load_indexed(weight, indices=rows, shape=(WIDTH, OUTS), offset=(0, out0), axis=0,
                                      storage="shared")
             wp.tile_matmul(a, w, acc)
-        # y = acc (+ bias), element by element: consecutive threads take consecutive outputs of a row
+        # out = acc (+ bias), element by element: consecutive threads take consecutive outputs of a row
+        out = y[split]
+        with_bias = split == 0 and bias.shape[0] > 0
         n_threads = wp.block_dim()
         for step in range((ROWS * OUTS + n_threads - 1) // n_threads):
             e = step * n_threads + lane
@@ -259,11 +296,11 @@ def _forward_kernel(family: EdgeFamily, tiles: FusedTiles, kernel, weight_rows, 
             c = e - r * OUTS
             n = row0 + r
             o = out0 + c
-            if e < ROWS * OUTS and n < y.shape[0] and o < y.shape[1]:
+            if e < ROWS * OUTS and n < out.shape[0] and o < out.shape[1]:
                 value = acc[r, c]
-                if bias.shape[0] > 0:
+                if with_bias:
                     value = value + bias[o]
-                y[n, o] = value
+                out[n, o] = value
 
     return fused_forward
 
@@ -338,30 +375,43 @@ def _check_out(name: str, arr, shape: tuple, family: EdgeFamily) -> None:
 
 
 def launch_fused_forward(family: EdgeFamily, frame, x, n_coef: int, weight, bias, y, use_base: bool = True,
-                         stream=None, record: bool = False):
-    """y [rows, out] = A(x) weight (+ bias) in one kernel (see the module docstring): x [rows, in], weight the
-    combined weight [dense_width(in, n_coef, use_base), out], bias [out] or None. Overwrites y. Returns what
-    ``launch`` returns (the recorded launch as a one-element list when ``record``; [] when there is nothing to
-    compute)."""
+                         stream=None, record: bool = False, workspace=None, tiles: "FusedTiles | None" = None):
+    """y [rows, out] = A(x) weight (+ bias) (see the module docstring): x [rows, in], weight the combined weight
+    [dense_width(in, n_coef, use_base), out], bias [out] or None. One kernel, plus the fixed-order sum of the
+    chunk groups' partial y when the plan splits the width (scratch from ``workspace``,
+    ``FusedPlan.forward_partial_shape``; a recording caller passes a workspace whose buffers outlive the
+    recording). ``tiles``: one of :data:`TILES` (default :func:`fused_tiles`). Overwrites y. Returns what
+    ``launch`` returns (a list of the recorded launches when ``record``; None otherwise)."""
     width, n_out = _check_layer(family, x, n_coef, weight, use_base)
     n_rows = x.shape[0]
     _check_out("y", y, (n_rows, n_out), family)
     _check_out("bias", bias, (n_out,), family)
+    recorded = []
     if n_rows == 0 or n_out == 0:
-        return [] if record else None
-    tiles = fused_tiles(family, n_out)
-    dim = (-(-n_rows // tiles.rows), -(-n_out // tiles.outs))
-    return launch(fused_kernels(family, tiles).forward, dim, [x, frame, weight, bias, int(use_base), int(n_coef)],
-                  [y], x.device, stream, record, block_dim=_block(x.device), tiled=True)
+        return recorded if record else None
+    plan = fused_plan(family, n_rows, x.shape[1], n_coef, n_out, use_base, tiles)
+    partial_shape = plan.forward_partial_shape(n_rows, n_out)
+    if partial_shape[0]:
+        partial = (workspace or workspace_for(x.device, stream)).get("fused_forward_partial", partial_shape,
+                                                                      family.scalar)
+    else:
+        partial = y.reshape((1, n_rows, n_out))
+    recorded += launch(fused_kernels(family, plan.tiles).forward, (plan.row_tiles, plan.out_tiles, plan.splits),
+                       [x, frame, weight, bias, int(use_base), int(n_coef), plan.chunks_per_split], [partial],
+                       x.device, stream, record, block_dim=_block(x.device), tiled=True) or []
+    if partial_shape[0]:
+        recorded += launch_combine_chunks(partial, y, accumulate=False, stream=stream, record=record) or []
+    return recorded if record else None
 
 
 def launch_fused_backward(family: EdgeFamily, frame, dy, x, n_coef: int, weight, dx=None, d_weight=None,
-                          use_base: bool = True, stream=None, record: bool = False, workspace=None):
+                          use_base: bool = True, stream=None, record: bool = False, workspace=None,
+                          tiles: "FusedTiles | None" = None):
     """dx [rows, in] and d_weight [width, out] (either may be None: not computed) of
-    :func:`launch_fused_forward`, in one kernel, plus the fixed-order combine of the row tiles' partials of
-    d_weight when there are several (scratch from ``workspace``, :func:`fused_partial_shape`; a recording
-    caller passes a workspace whose buffers outlive the recording). Overwrites dx and d_weight. Returns what
-    ``launch`` returns (a list of the recorded launches when ``record``)."""
+    :func:`launch_fused_forward`, in one kernel, plus the fixed-order sum of the row tiles' partials of
+    d_weight when there are several (scratch from ``workspace``, ``FusedPlan.backward_partial_shape``).
+    Overwrites dx and d_weight. Returns what ``launch`` returns (a list of the recorded launches when
+    ``record``; None otherwise)."""
     width, n_out = _check_layer(family, x, n_coef, weight, use_base)
     n_rows, n_in = x.shape
     _check_out("dy", dy, (n_rows, n_out), family)
@@ -372,20 +422,18 @@ def launch_fused_backward(family: EdgeFamily, frame, dy, x, n_coef: int, weight,
         d_weight = None  # nothing to write; dx is written (zeros)
     if (dx is None and d_weight is None) or n_in == 0:
         return recorded if record else None
-    tiles = fused_tiles(family, n_out)
-    n_tiles = max(1, -(-n_rows // tiles.rows))  # one at least: an empty batch still writes d_weight (zeros)
-    partial_shape = fused_partial_shape(n_rows, n_in, n_coef, n_out, use_base, tiles)
+    plan = fused_plan(family, n_rows, n_in, n_coef, n_out, use_base, tiles)
+    partial_shape = plan.backward_partial_shape(n_out)
     partial = None
     if d_weight is not None:
-        if partial_shape[0] == 0:
-            partial = d_weight.reshape((1, width, n_out))
+        if partial_shape[0]:
+            partial = (workspace or workspace_for(x.device, stream)).get("fused_backward_partial", partial_shape,
+                                                                          family.scalar)
         else:
-            ws = workspace or workspace_for(x.device, stream)
-            partial = ws.get("fused_partial", partial_shape, family.scalar)
-    cmd = launch(fused_kernels(family, tiles).backward, (n_tiles, fused_chunks(n_in, n_coef, use_base, tiles)),
-                 [dy, x, frame, weight, int(use_base), int(n_coef)], [dx, partial], x.device, stream, record,
-                 block_dim=_block(x.device), tiled=True)
-    recorded += cmd or []
-    if d_weight is not None and partial_shape[0] > 0:
+            partial = d_weight.reshape((1, width, n_out))
+    recorded += launch(fused_kernels(family, plan.tiles).backward, (plan.row_tiles, plan.chunks),
+                       [dy, x, frame, weight, int(use_base), int(n_coef)], [dx, partial], x.device, stream, record,
+                       block_dim=_block(x.device), tiled=True) or []
+    if d_weight is not None and partial_shape[0]:
         recorded += launch_combine_chunks(partial, d_weight, accumulate=False, stream=stream, record=record) or []
     return recorded if record else None
