@@ -55,21 +55,52 @@ class Step:
         self.run, self.outputs, self.reference = run, outputs, reference
 
 
-def _tile_choices(family, n_out, all_tiles: bool) -> dict:
-    """{label suffix: tiles}: the launchers' own choice (suffix ""), and with ``all_tiles`` every other one."""
+def parse_tiles(name: str) -> fused.FusedTiles:
+    """``r32_w64_o64`` -> FusedTiles(32, 64, 64)."""
+    parts = dict((p[0], int(p[1:])) for p in name.split("_"))
+    return fused.FusedTiles(parts["r"], parts["w"], parts["o"])
+
+
+def _tile_choices(family, n_out, extra_tiles) -> dict:
+    """{label suffix: tiles}: the launchers' own choice (suffix ""), then the ``extra_tiles`` other than it."""
     default = fused.fused_tiles(family, n_out)
-    others = [t for t in fused.TILES if t != default] if all_tiles else []
-    return {"": None, **{f" [{t.name}]": t for t in others}}
+    return {"": None, **{f" [{t.name}]": t for t in extra_tiles if t != default}}
 
 
 def _frame(spec):
     return spec.make_frame(*[wp.from_torch(t) for t in spec.frame_tensors], *spec.frame_config)
 
 
-def _fused_step(spec, x, dy, weight_of, split, n_out, tiles=None) -> Step:
+class _MinChunksPerSplit:
+    """fused.MIN_CHUNKS_PER_SPLIT set to ``value`` inside the block (None: left as it is)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __enter__(self):
+        self.saved = fused.MIN_CHUNKS_PER_SPLIT
+        if self.value is not None:
+            fused.MIN_CHUNKS_PER_SPLIT = self.value
+
+    def __exit__(self, *exc):
+        fused.MIN_CHUNKS_PER_SPLIT = self.saved
+
+
+def _fused_steps(spec, x, dy, weight_of, split, n_out, extra_tiles, min_chunks, label) -> dict:
+    """{name: step} of the fused path at the launchers' own tiles and each of ``extra_tiles``, each at the
+    module's MIN_CHUNKS_PER_SPLIT and each of ``min_chunks``."""
+    steps = {}
+    for suffix, tiles in _tile_choices(spec.family, n_out, extra_tiles).items():
+        for value in [None, *min_chunks]:
+            name = label + suffix + ("" if value is None else f" min_chunks={value}")
+            steps[name] = _fused_step(spec, x, dy, weight_of, split, n_out, tiles, value)
+    return steps
+
+
+def _fused_step(spec, x, dy, weight_of, split, n_out, tiles=None, min_chunks=None) -> Step:
     """The fused kernels on torch's stream: ``weight_of(stream)`` makes (or is) the combined weight, ``split``
     turns d_weight into the parameter gradients (None: d_weight is the coefficients' own gradient); ``tiles``
-    None: the launchers' own choice."""
+    None: the launchers' own choice; ``min_chunks``: MIN_CHUNKS_PER_SPLIT for this path."""
     family, n_coef, use_base = spec.family, spec.n_coef, spec.use_base
     width = dense_width(x.shape[1], n_coef, use_base)
     frame, view = _frame(spec), wp.from_torch
@@ -78,7 +109,8 @@ def _fused_step(spec, x, dy, weight_of, split, n_out, tiles=None) -> Step:
     d_weight = x.new_empty((width, n_out))
     # scratch sized once, before any capture (a capture must not allocate)
     workspace = Workspace(wp.device_from_torch(x.device))
-    plan = fused.fused_plan(family, x.shape[0], x.shape[1], n_coef, n_out, use_base, tiles)
+    with _MinChunksPerSplit(min_chunks):
+        plan = fused.fused_plan(family, x.shape[0], x.shape[1], n_coef, n_out, use_base, tiles)
     for name, shape in (("fused_forward_partial", plan.forward_partial_shape(x.shape[0], n_out)),
                         ("fused_backward_partial", plan.backward_partial_shape(n_out))):
         if shape[0]:
@@ -88,8 +120,9 @@ def _fused_step(spec, x, dy, weight_of, split, n_out, tiles=None) -> Step:
     def run():
         stream = warp_stream(x.device)
         weight = view(weight_of(stream))
-        fused.launch_fused_forward(family, frame, xv, n_coef, weight, None, yv, use_base, stream=stream,
-                                   workspace=workspace, tiles=tiles)
+        with _MinChunksPerSplit(min_chunks):
+            fused.launch_fused_forward(family, frame, xv, n_coef, weight, None, yv, use_base, stream=stream,
+                                       workspace=workspace, tiles=tiles)
         fused.launch_fused_backward(family, frame, dyv, xv, n_coef, weight, dxv, dwv, use_base, stream=stream,
                                     workspace=workspace, tiles=tiles)
         if split is not None:
@@ -98,7 +131,7 @@ def _fused_step(spec, x, dy, weight_of, split, n_out, tiles=None) -> Step:
     return Step(run, lambda: (y, dx, d_weight))
 
 
-def _poly_paths(x, dy, n_out, degree, mode, all_tiles):
+def _poly_paths(x, dy, n_out, degree, mode, extra_tiles, min_chunks):
     lut_size = 4096 if mode == "lut" else 0
     spec = basis_spec(x, "chebyshev", lut_size, 1.0, 1.0, degree + 1)
     gen = torch.Generator(device=x.device).manual_seed(1)
@@ -116,14 +149,13 @@ def _poly_paths(x, dy, n_out, degree, mode, all_tiles):
         return result["y"], dx, d_coef.view(-1, n_out)
 
     gemm_step = Step(gemm, gemm_outputs)
-    paths = {f"fused {mode}{suffix}": _fused_step(spec, x, dy, lambda stream: weight, None, n_out, tiles)
-             for suffix, tiles in _tile_choices(spec.family, n_out, all_tiles).items()}
+    paths = _fused_steps(spec, x, dy, lambda stream: weight, None, n_out, extra_tiles, min_chunks, f"fused {mode}")
     for step in paths.values():
         step.reference = gemm_step
     return {**paths, f"gemm {mode}": gemm_step}
 
 
-def _kanlinear_paths(x, dy, n_out, grid_size, all_tiles):
+def _kanlinear_paths(x, dy, n_out, grid_size, extra_tiles, min_chunks):
     n_in, k = x.shape[1], SPLINE_ORDER
     h = 2.0 / grid_size
     grid = (torch.arange(-k, grid_size + k + 1, device=x.device) * h - 1.0).expand(n_in, -1).contiguous()
@@ -159,8 +191,7 @@ def _kanlinear_paths(x, dy, n_out, grid_size, all_tiles):
         return result["y"], dx, torch.cat([d_base, (d_coef / scaler_t.unsqueeze(1)).reshape(-1, n_out)])
 
     gemm_step = Step(gemm, gemm_outputs)
-    paths = {f"fused{suffix}": _fused_step(spec, x, dy, combine, split, n_out, tiles)
-             for suffix, tiles in _tile_choices(family, n_out, all_tiles).items()}
+    paths = _fused_steps(spec, x, dy, combine, split, n_out, extra_tiles, min_chunks, "fused")
     for step in paths.values():
         step.reference = gemm_step
     return {**paths, "gemm": gemm_step}
@@ -203,18 +234,18 @@ def _time(step: Step, device: str, quick: bool) -> dict:
     return row
 
 
-def run_case(case, device: str, quick: bool, all_tiles: bool = False) -> list[dict]:
+def run_case(case, device: str, quick: bool, extra_tiles=(), min_chunks=()) -> list[dict]:
     kind, n_rows, n_in, n_out, size = case
     torch.manual_seed(0)
     x = (torch.rand(n_rows, n_in, device=device) * 2.2 - 1.1).requires_grad_()
     dy = torch.randn(n_rows, n_out, device=device)
     xd = x.detach()
     if kind == "polykan":
-        ours = {**_poly_paths(xd, dy, n_out, size, "exact", all_tiles),
-                **_poly_paths(xd, dy, n_out, size, "lut", all_tiles)}
+        ours = {**_poly_paths(xd, dy, n_out, size, "exact", extra_tiles, min_chunks),
+                **_poly_paths(xd, dy, n_out, size, "lut", extra_tiles, min_chunks)}
         spec = basis_spec(xd, "chebyshev", 0, 1.0, 1.0, size + 1)
     else:
-        ours = _kanlinear_paths(xd, dy, n_out, size, all_tiles)
+        ours = _kanlinear_paths(xd, dy, n_out, size, extra_tiles, min_chunks)
         spec = bspline_spec(xd, torch.zeros(n_in, size + 2 * SPLINE_ORDER + 1, device=device), SPLINE_ORDER, True,
                             True)
     applies = fused.fused_applies(spec.family, n_rows, n_in, spec.n_coef, n_out, spec.use_base)
@@ -256,9 +287,13 @@ def main(argv=None):
     parser.add_argument("--out", required=True, help="folder for fused_small_timing.json / .md")
     parser.add_argument("--quick", action="store_true", help="small sizes, few repeats (a CPU smoke run)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--all-tiles", action="store_true",
-                        help="also time every other tile configuration of the fused kernels (a module each: ~30 s "
-                             "of compilation on the GPU)")
+    parser.add_argument("--tiles", default="",
+                        help="comma-separated extra tile configurations of the fused kernels to time, e.g. "
+                             "r16_w64_o32,r64_w64_o64 (a module each per family: ~30+ s of compilation on the GPU)")
+    parser.add_argument("--min-chunks-per-split", default="",
+                        help="comma-separated values of fused.MIN_CHUNKS_PER_SPLIT to time the fused paths at "
+                             "too (the forward's chunk groups; no new module)")
+    parser.add_argument("--cases", default="", help="comma-separated indices into the case list (default all)")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     if args.device == "cpu":
@@ -268,8 +303,13 @@ def main(argv=None):
     print(f"device {args.device}, torch {torch.__version__}, warp {wp.__version__}", flush=True)
     t0 = time.perf_counter()
     rows = []
-    for case in QUICK_CASES if args.quick else CASES:
-        rows += run_case(case, args.device, args.quick, args.all_tiles)
+    cases = QUICK_CASES if args.quick else CASES
+    if args.cases:
+        cases = [cases[int(i)] for i in args.cases.split(",")]
+    extra_tiles = [parse_tiles(name) for name in args.tiles.split(",") if name]
+    min_chunks = [int(v) for v in args.min_chunks_per_split.split(",") if v]
+    for case in cases:
+        rows += run_case(case, args.device, args.quick, extra_tiles, min_chunks)
     with open(os.path.join(args.out, "fused_small_timing.json"), "w") as f:
         json.dump({"device": args.device, "torch": torch.__version__, "warp": wp.__version__, "rows": rows}, f,
                   indent=1)

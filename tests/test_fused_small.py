@@ -300,7 +300,27 @@ def test_bad_arrays_name_the_argument():
     with pytest.raises(ValueError, match="bias must have shape"):
         fused.launch_fused_forward(family, frame, view(x), n_coef, view(weight), view(torch.zeros(4).double()),
                                    view(y))
-    with pytest.raises(ValueError, match="n_coef must be"):
-        fused.launch_fused_forward(family, frame, view(x), 64, view(weight), None, view(y))
+    wide = torch.zeros(3 + 3 * 64, 5, dtype=torch.float64)  # 65 columns an input: past a 64-column chunk
+    with pytest.raises(ValueError, match="n_coef must be at most 63"):
+        fused.launch_fused_forward(family, frame, view(x), 64, view(wide), None, view(y))
     with pytest.raises(ValueError, match=r"dx must have shape \(4, 3\)"):
         fused.launch_fused_backward(family, frame, view(y), view(x), n_coef, view(weight), dx=view(y))
+
+
+def test_other_tile_configurations(device):
+    """A caller's own tiles (a module of their own): smaller than every default, so rows, chunks and outputs all
+    span several tiles; and tiles Warp's GEMM would not take are refused."""
+    layer = _bspline_layer(37, 9, 21, 5, 2, False, True, torch.float64, device, seed=4)
+    tiles = fused.FusedTiles(16, 32, 16)
+    family, frame, n_coef, view = layer.spec.family, layer.frame(), layer.spec.n_coef, wp.from_torch
+    x, weight, bias, dy = (layer.on_device(t) for t in (layer.x64, layer.weight64, layer.bias64, layer.dy64))
+    y, dx, d_weight = torch.empty_like(dy), torch.empty_like(x), torch.empty_like(weight)
+    fused.launch_fused_forward(family, frame, view(x), n_coef, view(weight), view(bias), view(y), True, tiles=tiles)
+    fused.launch_fused_backward(family, frame, view(dy), view(x), n_coef, view(weight), view(dx), view(d_weight),
+                                True, tiles=tiles)
+    y_ref, dx_ref, dw_ref = layer.run_reference()
+    mask = _off_knot(layer.x64, _knots(9, 5, 2, False, 4), 2)
+    for name, got, want in (("y", y, y_ref), ("dx", dx[mask], dx_ref[mask]), ("dW", d_weight, dw_ref)):
+        assert (got.cpu() - want).abs().max() <= RTOL64 * max(1.0, want.abs().max()), name
+    with pytest.raises(ValueError, match="tile rows must be a multiple of 8"):
+        fused.FusedTiles(12, 64, 64)

@@ -12,7 +12,7 @@ fused, then its n_coef bases) and W [width, out] the gemm strategy's combined we
 coef * scaler_t]``, or the coefficient table [in n_coef, out] of an unscaled family), built in shared
 memory instead of global memory.
 
-Chunks of whole inputs. A block takes the width in chunks of ``TILES.width`` columns, each holding whole
+Chunks of whole inputs. A block takes the width in chunks of ``tiles.width`` columns, each holding whole
 inputs: with ``stride = n_coef + use_base`` columns an input (its silu column first, then its bases), chunk c
 holds the inputs ``c P .. c P + P - 1``, P = width // stride, and its columns past ``P stride`` are zero. The
 chunk's rows of W are gathered in that order through an index tile (``tile_load_indexed``; -1, the padding,
@@ -62,13 +62,20 @@ class FusedTiles:
     width: int
     outs: int
 
+    def __post_init__(self):
+        for name in ("rows", "width", "outs"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or not 8 <= value <= 128 or value % 8:
+                raise ValueError(f"tile {name} must be a multiple of 8 in 8 .. 128, got {value!r}")
+
     @property
     def name(self) -> str:
         return f"r{self.rows}_w{self.width}_o{self.outs}"
 
 
-# The tile configurations (one module each per family key): 64 outputs a tile, or 32 for narrow layers and
-# float64 (half the shared memory of a float32 tile per element).
+# The tile configurations the launchers choose from (one module each per family key): 64 outputs a tile, or 32
+# for narrow layers and float64 (half the shared memory of a float32 tile per element). A caller may pass
+# another FusedTiles (a module of its own): the timing script measures candidates that way.
 TILES = (FusedTiles(32, 64, 64), FusedTiles(32, 64, 32))
 BLOCK_DIM = 128  # threads a block on the GPU (Warp runs one on the CPU)
 # Where the fused kernels are meant to run (:func:`fused_applies`): few enough rows and outputs for a small
@@ -124,7 +131,7 @@ def fused_tiles(family: EdgeFamily, n_out: int) -> FusedTiles:
 
 def fused_plan(family: EdgeFamily, n_rows: int, n_in: int, n_coef: int, n_out: int, use_base: bool,
                tiles: "FusedTiles | None" = None) -> FusedPlan:
-    """The plan of a layer (``tiles``: one of :data:`TILES`, default :func:`fused_tiles`)."""
+    """The plan of a layer (``tiles`` default: :func:`fused_tiles`)."""
     tiles = tiles or fused_tiles(family, n_out)
     per_chunk = tiles.width // (n_coef + int(use_base))
     if per_chunk < 1:
@@ -154,8 +161,8 @@ def fused_kernels(family: EdgeFamily, tiles: FusedTiles) -> FusedKernels:
     if family.shared_table:
         raise ValueError(f"the fused kernels take a table per input; {family.key} shares one table among its "
                          "inputs (its layers run the stencil kernels)")
-    if tiles not in TILES:
-        raise ValueError(f"tiles must be one of {TILES}, got {tiles}")
+    if not isinstance(tiles, FusedTiles):
+        raise TypeError(f"tiles must be a FusedTiles, got {type(tiles).__name__}")
     module = f"warpkan_edge_{family.key}_fused_{tiles.name}"
     kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
     weight_rows, basis_tile, contract_tile = _tile_funcs(family, tiles)
@@ -355,9 +362,8 @@ def _check_layer(family: EdgeFamily, x, n_coef: int, weight, use_base: bool) -> 
             raise ValueError(f"{name} must be 2-D, got shape {tuple(arr.shape)}")
     if family.shared_table:
         raise ValueError(f"family must have a table per input; {family.key} shares one")
-    most = max(t.width for t in TILES) - int(use_base)
-    if not 1 <= n_coef <= most:
-        raise ValueError(f"n_coef must be 1 .. {most} (an input's columns within one chunk), got {n_coef}")
+    if n_coef < 1:  # the upper bound is the tiles' (fused_plan)
+        raise ValueError(f"n_coef must be at least 1, got {n_coef}")
     width = dense_width(x.shape[1], n_coef, use_base)
     if weight.shape[0] != width:
         raise ValueError(f"weight must have {width} rows for x {tuple(x.shape)}, n_coef {n_coef}, use_base "
@@ -380,7 +386,7 @@ def launch_fused_forward(family: EdgeFamily, frame, x, n_coef: int, weight, bias
     [dense_width(in, n_coef, use_base), out], bias [out] or None. One kernel, plus the fixed-order sum of the
     chunk groups' partial y when the plan splits the width (scratch from ``workspace``,
     ``FusedPlan.forward_partial_shape``; a recording caller passes a workspace whose buffers outlive the
-    recording). ``tiles``: one of :data:`TILES` (default :func:`fused_tiles`). Overwrites y. Returns what
+    recording). ``tiles``: the tile configuration (default :func:`fused_tiles`). Overwrites y. Returns what
     ``launch`` returns (a list of the recorded launches when ``record``; None otherwise)."""
     width, n_out = _check_layer(family, x, n_coef, weight, use_base)
     n_rows = x.shape[0]
