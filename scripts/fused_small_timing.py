@@ -15,7 +15,13 @@ Before timing, the fused path's y, dx and dW are checked against the gemm strate
 printed and written).
 
 Writes DIR/fused_small_timing.json and DIR/fused_small_timing.md. The target: the fused path at least 1.4x
-faster than the best torch form (graphed) at the two PolyKAN configurations.
+faster than the best torch form (graphed) at the two PolyKAN configurations. A fused path whose outputs differ
+from the gemm strategy's by more than CHECK_RTOL (relative to the largest entry) is marked MISMATCH.
+
+Tuning on the GPU, without new modules: ``--plans TARGET_BLOCKS=512,MIN_CHUNKS_PER_SPLIT=1`` times the fused
+paths at other values of the plan's constants too. Other tile configurations (a module each per family, ~30 s
+or more of compilation each on the GPU: split them over several runs with ``--cases``), e.g.
+``--cases 0,1 --tiles r16_w64_o32,r32_w32_o32,r64_w64_o64``.
 """
 
 import argparse
@@ -45,6 +51,7 @@ CASES = [("polykan", 128, 40, 256, 8), ("polykan", 64, 256, 512, 15), ("kanlinea
 QUICK_CASES = [("polykan", 16, 8, 12, 8), ("kanlinear", 16, 8, 6, 5)]
 SPLINE_ORDER = 3
 TARGET_SPEEDUP = 1.4  # fused against the best torch form, PolyKAN cases
+CHECK_RTOL = 1e-4  # fused against the gemm strategy, both float32: a few roundings of sums of 10^2-10^4 terms
 
 
 class Step:
@@ -71,36 +78,50 @@ def _frame(spec):
     return spec.make_frame(*[wp.from_torch(t) for t in spec.frame_tensors], *spec.frame_config)
 
 
-class _MinChunksPerSplit:
-    """fused.MIN_CHUNKS_PER_SPLIT set to ``value`` inside the block (None: left as it is)."""
+PLAN_CONSTANTS = ("TARGET_BLOCKS", "MIN_CHUNKS_PER_SPLIT")  # the fused plan's tunables (no new module)
 
-    def __init__(self, value):
-        self.value = value
+
+def parse_plan(text: str) -> dict:
+    """``TARGET_BLOCKS=512+MIN_CHUNKS_PER_SPLIT=1`` -> {name: value}, names from PLAN_CONSTANTS."""
+    plan = dict(item.split("=") for item in text.split("+"))
+    unknown = set(plan) - set(PLAN_CONSTANTS)
+    if unknown:
+        raise SystemExit(f"unknown plan constants {sorted(unknown)}; known: {PLAN_CONSTANTS}")
+    return {name: int(value) for name, value in plan.items()}
+
+
+class _PlanConstants:
+    """The fused module's plan constants set to ``values`` inside the block ({}: left as they are)."""
+
+    def __init__(self, values: dict):
+        self.values = values
 
     def __enter__(self):
-        self.saved = fused.MIN_CHUNKS_PER_SPLIT
-        if self.value is not None:
-            fused.MIN_CHUNKS_PER_SPLIT = self.value
+        self.saved = {name: getattr(fused, name) for name in self.values}
+        for name, value in self.values.items():
+            setattr(fused, name, value)
 
     def __exit__(self, *exc):
-        fused.MIN_CHUNKS_PER_SPLIT = self.saved
+        for name, value in self.saved.items():
+            setattr(fused, name, value)
 
 
-def _fused_steps(spec, x, dy, weight_of, split, n_out, extra_tiles, min_chunks, label) -> dict:
-    """{name: step} of the fused path at the launchers' own tiles and each of ``extra_tiles``, each at the
-    module's MIN_CHUNKS_PER_SPLIT and each of ``min_chunks``."""
+def _fused_steps(spec, x, dy, weight_of, split, n_out, extra_tiles, plans, label) -> dict:
+    """{name: step} of the fused path at the launchers' own tiles and each of ``extra_tiles``, each with the
+    module's plan constants and each of ``plans``."""
     steps = {}
     for suffix, tiles in _tile_choices(spec.family, n_out, extra_tiles).items():
-        for value in [None, *min_chunks]:
-            name = label + suffix + ("" if value is None else f" min_chunks={value}")
-            steps[name] = _fused_step(spec, x, dy, weight_of, split, n_out, tiles, value)
+        for plan in [{}, *plans]:
+            name = label + suffix + "".join(f" {k.lower()}={v}" for k, v in plan.items())
+            steps[name] = _fused_step(spec, x, dy, weight_of, split, n_out, tiles, plan)
     return steps
 
 
-def _fused_step(spec, x, dy, weight_of, split, n_out, tiles=None, min_chunks=None) -> Step:
+def _fused_step(spec, x, dy, weight_of, split, n_out, tiles=None, plan_constants=None) -> Step:
     """The fused kernels on torch's stream: ``weight_of(stream)`` makes (or is) the combined weight, ``split``
     turns d_weight into the parameter gradients (None: d_weight is the coefficients' own gradient); ``tiles``
-    None: the launchers' own choice; ``min_chunks``: MIN_CHUNKS_PER_SPLIT for this path."""
+    None: the launchers' own choice; ``plan_constants``: the fused module's plan constants for this path."""
+    plan_constants = plan_constants or {}
     family, n_coef, use_base = spec.family, spec.n_coef, spec.use_base
     width = dense_width(x.shape[1], n_coef, use_base)
     frame, view = _frame(spec), wp.from_torch
@@ -109,7 +130,7 @@ def _fused_step(spec, x, dy, weight_of, split, n_out, tiles=None, min_chunks=Non
     d_weight = x.new_empty((width, n_out))
     # scratch sized once, before any capture (a capture must not allocate)
     workspace = Workspace(wp.device_from_torch(x.device))
-    with _MinChunksPerSplit(min_chunks):
+    with _PlanConstants(plan_constants):
         plan = fused.fused_plan(family, x.shape[0], x.shape[1], n_coef, n_out, use_base, tiles)
     for name, shape in (("fused_forward_partial", plan.forward_partial_shape(x.shape[0], n_out)),
                         ("fused_backward_partial", plan.backward_partial_shape(n_out))):
@@ -120,7 +141,7 @@ def _fused_step(spec, x, dy, weight_of, split, n_out, tiles=None, min_chunks=Non
     def run():
         stream = warp_stream(x.device)
         weight = view(weight_of(stream))
-        with _MinChunksPerSplit(min_chunks):
+        with _PlanConstants(plan_constants):
             fused.launch_fused_forward(family, frame, xv, n_coef, weight, None, yv, use_base, stream=stream,
                                        workspace=workspace, tiles=tiles)
         fused.launch_fused_backward(family, frame, dyv, xv, n_coef, weight, dxv, dwv, use_base, stream=stream,
@@ -131,7 +152,7 @@ def _fused_step(spec, x, dy, weight_of, split, n_out, tiles=None, min_chunks=Non
     return Step(run, lambda: (y, dx, d_weight))
 
 
-def _poly_paths(x, dy, n_out, degree, mode, extra_tiles, min_chunks):
+def _poly_paths(x, dy, n_out, degree, mode, extra_tiles, plans):
     lut_size = 4096 if mode == "lut" else 0
     spec = basis_spec(x, "chebyshev", lut_size, 1.0, 1.0, degree + 1)
     gen = torch.Generator(device=x.device).manual_seed(1)
@@ -149,13 +170,13 @@ def _poly_paths(x, dy, n_out, degree, mode, extra_tiles, min_chunks):
         return result["y"], dx, d_coef.view(-1, n_out)
 
     gemm_step = Step(gemm, gemm_outputs)
-    paths = _fused_steps(spec, x, dy, lambda stream: weight, None, n_out, extra_tiles, min_chunks, f"fused {mode}")
+    paths = _fused_steps(spec, x, dy, lambda stream: weight, None, n_out, extra_tiles, plans, f"fused {mode}")
     for step in paths.values():
         step.reference = gemm_step
     return {**paths, f"gemm {mode}": gemm_step}
 
 
-def _kanlinear_paths(x, dy, n_out, grid_size, extra_tiles, min_chunks):
+def _kanlinear_paths(x, dy, n_out, grid_size, extra_tiles, plans):
     n_in, k = x.shape[1], SPLINE_ORDER
     h = 2.0 / grid_size
     grid = (torch.arange(-k, grid_size + k + 1, device=x.device) * h - 1.0).expand(n_in, -1).contiguous()
@@ -191,7 +212,7 @@ def _kanlinear_paths(x, dy, n_out, grid_size, extra_tiles, min_chunks):
         return result["y"], dx, torch.cat([d_base, (d_coef / scaler_t.unsqueeze(1)).reshape(-1, n_out)])
 
     gemm_step = Step(gemm, gemm_outputs)
-    paths = _fused_steps(spec, x, dy, combine, split, n_out, extra_tiles, min_chunks, "fused")
+    paths = _fused_steps(spec, x, dy, combine, split, n_out, extra_tiles, plans, "fused")
     for step in paths.values():
         step.reference = gemm_step
     return {**paths, "gemm": gemm_step}
@@ -234,22 +255,26 @@ def _time(step: Step, device: str, quick: bool) -> dict:
     return row
 
 
-def run_case(case, device: str, quick: bool, extra_tiles=(), min_chunks=()) -> list[dict]:
+def run_case(case, device: str, quick: bool, extra_tiles=(), plans=()) -> list[dict]:
     kind, n_rows, n_in, n_out, size = case
     torch.manual_seed(0)
     x = (torch.rand(n_rows, n_in, device=device) * 2.2 - 1.1).requires_grad_()
     dy = torch.randn(n_rows, n_out, device=device)
     xd = x.detach()
     if kind == "polykan":
-        ours = {**_poly_paths(xd, dy, n_out, size, "exact", extra_tiles, min_chunks),
-                **_poly_paths(xd, dy, n_out, size, "lut", extra_tiles, min_chunks)}
+        ours = {**_poly_paths(xd, dy, n_out, size, "exact", extra_tiles, plans),
+                **_poly_paths(xd, dy, n_out, size, "lut", extra_tiles, plans)}
         spec = basis_spec(xd, "chebyshev", 0, 1.0, 1.0, size + 1)
     else:
-        ours = _kanlinear_paths(xd, dy, n_out, size, extra_tiles, min_chunks)
+        ours = _kanlinear_paths(xd, dy, n_out, size, extra_tiles, plans)
         spec = bspline_spec(xd, torch.zeros(n_in, size + 2 * SPLINE_ORDER + 1, device=device), SPLINE_ORDER, True,
                             True)
     applies = fused.fused_applies(spec.family, n_rows, n_in, spec.n_coef, n_out, spec.use_base)
     errors = _cross_check(ours)
+    for name, err in errors.items():
+        if max(err.values()) > CHECK_RTOL:
+            print(f"MISMATCH {kind} {n_rows} {n_in}->{n_out} {name}: relative errors {err} against the gemm "
+                  "strategy", flush=True)
     label = f"{kind} ({n_rows}, {n_in}->{n_out}, {'D' if kind == 'polykan' else 'G'}={size})"
     rows = []
     for name, step in {**ours, **_torch_paths(kind, x, n_out, size, dy)}.items():
@@ -274,6 +299,8 @@ def _markdown(rows, device: str) -> str:
     for r in rows:
         err = r.get("rel_err_vs_gemm")
         err_text = " / ".join(f"{err[k]:.1e}" for k in ("y", "dx", "dW")) if err else ""
+        if err and max(err.values()) > CHECK_RTOL:
+            err_text += " MISMATCH"
         if "fused_applies" in r and not r["fused_applies"]:
             err_text += " (outside fused_applies)"
         graphed_ms = f"{r['graphed_ms']:.4f}" if "graphed_ms" in r else "-"
@@ -290,9 +317,10 @@ def main(argv=None):
     parser.add_argument("--tiles", default="",
                         help="comma-separated extra tile configurations of the fused kernels to time, e.g. "
                              "r16_w64_o32,r64_w64_o64 (a module each per family: ~30+ s of compilation on the GPU)")
-    parser.add_argument("--min-chunks-per-split", default="",
-                        help="comma-separated values of fused.MIN_CHUNKS_PER_SPLIT to time the fused paths at "
-                             "too (the forward's chunk groups; no new module)")
+    parser.add_argument("--plans", default="",
+                        help="comma-separated variants of the fused plan's constants to time too, each NAME=V "
+                             "joined by '+', e.g. MIN_CHUNKS_PER_SPLIT=1,TARGET_BLOCKS=512+MIN_CHUNKS_PER_SPLIT=2 "
+                             f"(names: {', '.join(PLAN_CONSTANTS)}; no new module)")
     parser.add_argument("--cases", default="", help="comma-separated indices into the case list (default all)")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -307,9 +335,9 @@ def main(argv=None):
     if args.cases:
         cases = [cases[int(i)] for i in args.cases.split(",")]
     extra_tiles = [parse_tiles(name) for name in args.tiles.split(",") if name]
-    min_chunks = [int(v) for v in args.min_chunks_per_split.split(",") if v]
+    plans = [parse_plan(text) for text in args.plans.split(",") if text]
     for case in cases:
-        rows += run_case(case, args.device, args.quick, extra_tiles, min_chunks)
+        rows += run_case(case, args.device, args.quick, extra_tiles, plans)
     with open(os.path.join(args.out, "fused_small_timing.json"), "w") as f:
         json.dump({"device": args.device, "torch": torch.__version__, "warp": wp.__version__, "rows": rows}, f,
                   indent=1)

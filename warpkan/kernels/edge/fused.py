@@ -211,11 +211,14 @@ def _tile_funcs(family: EdgeFamily, tiles: FusedTiles):
 
     @wp.func
     def basis_tile(x: wp.array2d(dtype=scalar), frame: Frame, row0: int, i0: int, per_chunk: int, stride: int,
-                   use_base: int, lane: int):
-        # A[r, k stride + j]: entry (row0 + r, input i0 + k) of the dense basis (zero past the rows or inputs)
+                   use_base: int, lane: int, needed: bool):
+        # A[r, k stride + j]: entry (row0 + r, input i0 + k) of the dense basis (zero past the rows or inputs);
+        # all zero, without its barriers, when not needed
         a = wp.tile_zeros(shape=(ROWS, WIDTH), dtype=scalar, storage="shared")
         n_threads = wp.block_dim()
-        n_entries = ROWS * per_chunk
+        n_entries = int(0)
+        if needed:
+            n_entries = ROWS * per_chunk
         for step in range((n_entries + n_threads - 1) // n_threads):
             e = step * n_threads + lane
             r = e // per_chunk
@@ -289,7 +292,7 @@ def _forward_kernel(family: EdgeFamily, tiles: FusedTiles, kernel, weight_rows, 
         for chunk in range(first_chunk, end_chunk):
             i0 = chunk * per_chunk
             rows = weight_rows(i0, per_chunk, stride, n_in, n_coef, use_base, lane)
-            a = basis_tile(x, frame, row0, i0, per_chunk, stride, use_base, lane)
+            a = basis_tile(x, frame, row0, i0, per_chunk, stride, use_base, lane, True)
             w = wp.tile_load_indexed(weight, indices=rows, shape=(WIDTH, OUTS), offset=(0, out0), axis=0,
                                      storage="shared")
             wp.tile_matmul(a, w, acc)
@@ -329,7 +332,7 @@ def _backward_kernel(family: EdgeFamily, tiles: FusedTiles, kernel, weight_rows,
         per_chunk = WIDTH // stride
         i0 = chunk * per_chunk
         rows = weight_rows(i0, per_chunk, stride, n_in, n_coef, use_base, lane)
-        a = basis_tile(x, frame, row0, i0, per_chunk, stride, use_base, lane)
+        a = basis_tile(x, frame, row0, i0, per_chunk, stride, use_base, lane, d_partial.shape[0] > 0)
         d_a = wp.tile_zeros(shape=(ROWS, WIDTH), dtype=scalar, storage="shared")
         for out_tile in range((dy.shape[1] + OUTS - 1) // OUTS):
             out0 = out_tile * OUTS
