@@ -87,9 +87,12 @@ MAX_PARTIAL = 1 << 22
 # The forward splits its chunks into groups, a block each, until about TARGET_BLOCKS blocks run (a wave on a
 # large GPU), keeping at least MIN_CHUNKS_PER_SPLIT chunks a group: a layer of few row and output tiles and a
 # long width (PolyKAN 256 -> 512 at batch 64: 16 tiles of 64 chunks) would otherwise run its whole width on a
-# few SMs, one chunk after the other. The groups' partial y are then added in group order by a second launch.
+# few SMs, one chunk after the other. The groups' partial y are then added in group order by a second launch
+# (a few microseconds in a CUDA graph, about what a chunk's step of loads, barriers and GEMM is expected to
+# cost: hence groups of two chunks or more). Both are estimates, not yet measured on the GPU
+# (scripts/fused_small_timing.py --plans sweeps them).
 TARGET_BLOCKS = 128
-MIN_CHUNKS_PER_SPLIT = 4
+MIN_CHUNKS_PER_SPLIT = 2
 
 
 @dataclass(frozen=True)
