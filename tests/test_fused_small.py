@@ -279,6 +279,17 @@ def test_plans_split_long_widths_and_keep_short_ones_whole():
     assert (short.chunks, short.splits, short.chunks_per_split) == (6, 3, 2)
 
 
+def test_fused_modules_are_the_launchers_choices():
+    from warpkan.kernels import bspline as kb
+    for scalar, count in (("float32", 2), ("float64", 1)):  # float64 always takes 32 outputs a tile
+        family = kb.family_of(3, True, scalar)
+        names = fused.fused_modules(family)
+        assert len(names) == len(set(names)) == count
+        for n_out in (1, 32, 33, fused.MAX_OUT):
+            assert fused.fused_kernels(family, fused.fused_tiles(family, n_out)).module in names
+            assert all(family.key in name for name in names)
+
+
 def test_shared_table_family_is_refused():
     from warpkan.kernels.edge import registry
     shared = [f for f in registry.families() if f.shared_table]
