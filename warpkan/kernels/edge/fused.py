@@ -20,11 +20,11 @@ reads zero) and dW's rows scattered through the same tile (``tile_store_indexed`
 inputs a chunk: every x-gradient entry dx[n, i] lies in one chunk, so one thread contracts it and writes it
 once (no atomics, no sum across chunks or blocks).
 
-- **Forward** (one kernel, and a combine when split): a block per (row tile, output tile). Per chunk: the basis tile A [rows, width] in
-  shared memory (a thread per (row, input) entry evaluates the family's bases once, :mod:`._values`, and
-  writes its stride columns), W's chunk rows [width, outs], ``acc += A W`` (``tile_matmul``). Then
-  ``y = acc + bias``. A layer of few tiles and many chunks splits its chunks into groups, a block each
-  (:data:`TARGET_BLOCKS`), whose partial y a second launch adds in group order.
+- **Forward** (one kernel, and a combine when split): a block per (row tile, output tile). Per chunk: the
+  basis tile A [rows, width] in shared memory (a thread per (row, input) entry evaluates the family's bases
+  once, :mod:`._values`, and writes its stride columns), W's chunk rows [width, outs], ``acc += A W``
+  (``tile_matmul``). Then ``y = acc + bias``. A layer of few tiles and many chunks splits its chunks into
+  groups, a block each (:data:`TARGET_BLOCKS`), whose partial y a second launch adds in group order.
 - **Backward** (at most two kernels): (1) a block per (row tile, chunk): ``dA = dy W_chunk^T`` over the output
   tiles, contracted per entry with dB/dx (and silu') into dx, and the row tile's partial ``A^T dy`` of the
   chunk's rows of dW; (2) ``d_weight`` = the sum of the row tiles' partials in row-tile order
