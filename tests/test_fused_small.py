@@ -217,6 +217,26 @@ def test_poly_lut_matches_dense_engine(device, dtype):
     _check(layer)
 
 
+@pytest.fixture
+def cpu_blocks():
+    """Warp's CPU blocks of BLOCK_DIM threads with barriers, as on the GPU, for the test (then restored): the
+    block-wide loops run with their lanes apart and the shared tiles written by several threads."""
+    saved = wp.config.enable_cpu_blocks
+    wp.config.enable_cpu_blocks = True
+    yield
+    wp.config.enable_cpu_blocks = saved
+
+
+@pytest.mark.parametrize("case", ["bspline", "poly"])
+def test_block_wide_paths_with_cpu_blocks(cpu_blocks, case):
+    if case == "bspline":  # split forward, three row tiles, two output tiles, a partly empty last chunk
+        layer = _bspline_layer(70, 23, 37, 5, 3, False, True, torch.float64, "cpu", seed=7)
+        mask = _off_knot(layer.x64, _knots(23, 5, 3, False, 7), 3)
+    else:
+        layer, mask = _poly_layer(45, 13, 70, 15, "chebyshev", 0, torch.float32, "cpu", seed=7), None
+    _check(layer, mask)
+
+
 # ------------------------------------------------------------------------------------------- partial requests
 
 def test_backward_computes_only_what_is_asked(device):

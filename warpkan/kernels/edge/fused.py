@@ -357,7 +357,10 @@ def _backward_kernel(family: EdgeFamily, tiles: FusedTiles, kernel, weight_rows,
 
 
 def _block(device) -> int:
-    return BLOCK_DIM if device.is_cuda else 1
+    """Threads a block: BLOCK_DIM on the GPU, and on the CPU where ``wp.config.enable_cpu_blocks`` runs Warp's
+    blocks as threads with barriers (the tests run the block-wide code paths that way); else one (Warp's CPU
+    default: a block is one thread, which walks every entry itself)."""
+    return BLOCK_DIM if device.is_cuda or wp.config.enable_cpu_blocks else 1
 
 
 def _check_layer(family: EdgeFamily, x, n_coef: int, weight, use_base: bool) -> tuple:
