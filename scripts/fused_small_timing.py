@@ -68,9 +68,9 @@ def parse_tiles(name: str) -> fused.FusedTiles:
     return fused.FusedTiles(parts["r"], parts["w"], parts["o"])
 
 
-def _tile_choices(family, n_out, extra_tiles) -> dict:
+def _tile_choices(family, n_rows, n_out, extra_tiles) -> dict:
     """{label suffix: tiles}: the launchers' own choice (suffix ""), then the ``extra_tiles`` other than it."""
-    default = fused.fused_tiles(family, n_out)
+    default = fused.fused_tiles(family, n_rows, n_out)
     return {"": None, **{f" [{t.name}]": t for t in extra_tiles if t != default}}
 
 
@@ -110,7 +110,7 @@ def _fused_steps(spec, x, dy, weight_of, split, n_out, extra_tiles, plans, label
     """{name: step} of the fused path at the launchers' own tiles and each of ``extra_tiles``, each with the
     module's plan constants and each of ``plans``."""
     steps = {}
-    for suffix, tiles in _tile_choices(spec.family, n_out, extra_tiles).items():
+    for suffix, tiles in _tile_choices(spec.family, x.shape[0], n_out, extra_tiles).items():
         for plan in [{}, *plans]:
             name = label + suffix + "".join(f" {k.lower()}={v}" for k, v in plan.items())
             steps[name] = _fused_step(spec, x, dy, weight_of, split, n_out, tiles, plan)

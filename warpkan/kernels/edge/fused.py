@@ -75,10 +75,13 @@ class FusedTiles:
         return f"r{self.rows}_w{self.width}_o{self.outs}"
 
 
-# The tile configurations the launchers choose from (one module each per family key): 64 outputs a tile, or 32
-# for narrow layers and float64 (half the shared memory of a float32 tile per element). A caller may pass
-# another FusedTiles (a module of its own): the timing script measures candidates that way.
-TILES = (FusedTiles(32, 64, 64), FusedTiles(32, 64, 32))
+# The tile configurations the launchers choose from (one module each per family key, :func:`fused_tiles`):
+# 64 outputs a tile, or 32 for narrow layers and float64 (half the shared memory of a float32 tile per
+# element); 64 rows for a float32 batch of 33-64 rows, which then takes one row tile: the backward writes dW
+# itself, without partials (PolyKAN (64, 256 -> 512, D=15): 16 MB of partial dW written and read back
+# otherwise). A caller may pass another FusedTiles (a module of its own): the timing script measures
+# candidates that way.
+TILES = (FusedTiles(32, 64, 64), FusedTiles(32, 64, 32), FusedTiles(64, 64, 64))
 BLOCK_DIM = 128  # threads a block on the GPU (Warp runs one on the CPU)
 # Where the fused kernels are meant to run (:func:`fused_applies`): few enough rows and outputs for a small
 # layer (the backward loops over the output tiles), and per-row-tile partials of dW of at most MAX_PARTIAL
@@ -129,15 +132,18 @@ class FusedPlan:
         return (self.row_tiles if self.row_tiles > 1 else 0, self.width, n_out)
 
 
-def fused_tiles(family: EdgeFamily, n_out: int) -> FusedTiles:
-    """The tile configuration of a layer: 32 outputs a tile for float64 or at most 32 outputs, else 64."""
-    return TILES[1] if family.scalar_name == "float64" or n_out <= 32 else TILES[0]
+def fused_tiles(family: EdgeFamily, n_rows: int, n_out: int) -> FusedTiles:
+    """The tile configuration of a layer (see :data:`TILES`): 32 outputs a tile for float64 or at most 32
+    outputs; else 64, on 64 rows for a batch of 33-64 rows."""
+    if family.scalar_name == "float64" or n_out <= 32:
+        return TILES[1]
+    return TILES[2] if 32 < n_rows <= 64 else TILES[0]
 
 
 def fused_plan(family: EdgeFamily, n_rows: int, n_in: int, n_coef: int, n_out: int, use_base: bool,
                tiles: "FusedTiles | None" = None) -> FusedPlan:
     """The plan of a layer (``tiles`` default: :func:`fused_tiles`)."""
-    tiles = tiles or fused_tiles(family, n_out)
+    tiles = tiles or fused_tiles(family, n_rows, n_out)
     per_chunk = tiles.width // (n_coef + int(use_base))
     if per_chunk < 1:
         raise ValueError(f"n_coef must be at most {tiles.width - int(use_base)} (an input's columns within one "
@@ -154,7 +160,7 @@ def fused_applies(family: EdgeFamily, n_rows: int, n_in: int, n_coef: int, n_out
     dense basis would have a column per row of the whole table), an input's columns within one chunk, and a
     small layer (:data:`MAX_ROWS`, :data:`MAX_OUT`, :data:`MAX_PARTIAL`), where the gemm strategy's launches
     dominate."""
-    if family.shared_table or n_coef < 1 or n_coef + int(use_base) > fused_tiles(family, n_out).width:
+    if family.shared_table or n_coef < 1 or n_coef + int(use_base) > fused_tiles(family, n_rows, n_out).width:
         return False
     plan = fused_plan(family, n_rows, n_in, n_coef, n_out, use_base)
     partial = plan.backward_partial_shape(n_out)
@@ -178,10 +184,10 @@ def fused_kernels(family: EdgeFamily, tiles: FusedTiles) -> FusedKernels:
 
 def fused_modules(family: EdgeFamily) -> list[str]:
     """The Warp modules the launchers may choose for a family (each of :data:`TILES` that
-    :func:`fused_tiles` picks for some width of output), built: what a precompile step loads."""
+    :func:`fused_tiles` picks for some layer), built: what a precompile step loads."""
     if family.shared_table:
         return []
-    chosen = {fused_tiles(family, n_out) for n_out in (1, MAX_OUT)}
+    chosen = {fused_tiles(family, n_rows, n_out) for n_rows in (1, 64, MAX_ROWS) for n_out in (1, MAX_OUT)}
     return [fused_kernels(family, tiles).module for tiles in TILES if tiles in chosen]
 
 
