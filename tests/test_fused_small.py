@@ -202,16 +202,17 @@ def test_poly_lut_matches_dense_engine(device, dtype):
     table), so the reference is the engine's own dense basis and its contraction in float64 (both tested
     against the reference elsewhere)."""
     layer = _poly_layer(23, 9, 17, 8, "chebyshev", 1024, dtype, device, seed=3)
-    spec64 = basis_spec(layer.x64, "chebyshev", 1024, 1.0, 1.0, 9)
 
     def run_reference(dtype=torch.float64):
-        spec = basis_spec(layer.x64.to(dtype), "chebyshev", 1024, 1.0, 1.0, 9) if dtype != torch.float64 else spec64
-        x, weight, dy = (t.to(dtype) for t in (layer.x64, layer.weight64, layer.dy64))
+        # on the layer's device (a GPU machine need not have a CPU compiler), compared on the CPU
+        x, weight, dy, bias = (t.to(dtype).to(layer.device) for t in (layer.x64, layer.weight64, layer.dy64,
+                                                                        layer.bias64))
+        spec = basis_spec(x, "chebyshev", 1024, 1.0, 1.0, 9)
         basis_t = edge_driver.expand_basis(spec.family, spec.make_frame, spec.frame_tensors, spec.frame_config, x,
                                            spec.n_coef, False)
-        y = basis_t.t() @ weight + layer.bias64.to(dtype)
+        y = basis_t.t() @ weight + bias
         dx = edge_driver.contract_basis((weight @ dy.t()).contiguous(), x, None, 1, spec)
-        return [t.double() for t in (y, dx, basis_t @ dy)]
+        return [t.double().cpu() for t in (y, dx, basis_t @ dy)]
 
     layer.run_reference = run_reference
     _check(layer)

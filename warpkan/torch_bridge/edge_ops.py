@@ -51,7 +51,8 @@ from .edge_driver import (EdgeSpec, combined_weight, differentiable_backward, ge
                           load_gemm_modules, node_combined_weight, resolve_precision, spec_of, split_weight_grad,
                           stencil_backward, stencil_forward)
 
-__all__ = ["edge_forward", "edge_backward", "edge_apply", "static_spec_maker", "resolve_route", "resolve_auto", "register_higher_view",
+__all__ = ["edge_forward", "edge_backward", "edge_apply", "static_spec_maker", "resolve_route", "resolve_auto",
+           "ready_for_capture", "register_higher_view",
            "forward_impl", "backward_impl", "LAYOUTS"]
 
 # the ops' inputs, by position (the eager routes take the same)
@@ -70,10 +71,18 @@ def resolve_auto(family, tiled: bool, x: Tensor, n_coef: int, n_out: int, precis
     steps must not load one."""
     captured = x.is_cuda and torch.cuda.is_current_stream_capturing()
     strategy = choose_strategy(x.shape[0], x.shape[1], n_out, n_coef, tiled, precision, not captured)
-    if (strategy == "stencil" and not captured and tiled
-            and choose_strategy(x.shape[0], x.shape[1], n_out, n_coef, tiled, precision) == "gemm"):
-        load_gemm_modules(family, precision, x.device)
+    if strategy == "stencil" and not captured and tiled:
+        ready_for_capture(family, x, n_coef, n_out, precision)
     return strategy
+
+
+def ready_for_capture(family, x: Tensor, n_coef: int, n_out: int, precision: str) -> None:
+    """Where an eager call of a spline family runs the tiled stencil kernels and a call of the same shape
+    recorded into a CUDA graph would take the gemm strategy: that strategy's module loaded, and this thread's
+    cuBLAS handles made (``edge_driver.load_gemm_modules``), so that a capture after eager warm-up steps does
+    neither. The forward runs on the caller's thread and the backward on autograd's: each pass calls this."""
+    if choose_strategy(x.shape[0], x.shape[1], n_out, n_coef, True, precision) == "gemm":
+        load_gemm_modules(family, precision, x.device)
 
 
 def resolve_route(spec: EdgeSpec, x: Tensor, n_out: int, strategy: str, precision: str) -> tuple[str, str]:
@@ -164,6 +173,8 @@ def run_backward(spec: EdgeSpec, dy: Tensor, x: Tensor, base_weight_t, scaler_t,
             d_coef = _strided_like(d_coef, coef)
     else:
         shared = spec.family.shared_table  # its backward is the atomic-free one, in the pair search's order
+        if x.is_cuda and not (shared or spec.family.single_slot) and not torch.cuda.is_current_stream_capturing():
+            ready_for_capture(spec.family, x, spec.n_coef, coef.shape[2], precision)  # on autograd's thread
         operands = _stencil_operands(spec, x, base_weight_t, scaler_t, coef)
         dx, d_base, d_scaler, d_coef = stencil_backward(*spec[:4], dy, x, *operands, spec.use_base,
                                                         deterministic or shared, need_x, need_params,
