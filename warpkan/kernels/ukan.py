@@ -30,7 +30,11 @@ Rt K - 2) and holds the SiLU base instead. Like KANLinear's gemm strategy, the b
 written as a transposed dense basis ``[in W, rows]`` by coalesced stores (zeros included, no fill) and
 contracted with cuBLAS; dx folds the basis gradient back per element, and one kernel splits the combined
 weight's gradient into d table, d scaler and d base weight in a fixed order. The cell is located in float64
-relative to ``lo_i``, so |x| = 1e6 keeps full precision here too.
+relative to ``lo_i``, so |x| = 1e6 keeps full precision here too. The CG-MLP of the range (its rows are
+(feature i, group lo_i - 1 + j)) runs as one fused tile generator (``generator_*`` below: input rows, hidden
+layer and table rows a block in shared memory by ``wp.tile_matmul``; the backward as per-block partials and
+a fixed-order combine), or, where its tiles would not fit or :data:`CG_GENERATOR` says "simt", on the SIMT
+kernels (``range_*``).
 
 **Sparse pairs** (below; any span, cost independent of it). The pipeline has no host read-back: every size is a function of the shapes, so it runs under CUDA-graph
 capture and ``torch.compile`` with static shapes.
@@ -93,6 +97,13 @@ __all__ = [
     "launch_range_mlp_forward",
     "launch_range_mlp_backward",
     "range_mlp_partial_shape",
+    "CG_GENERATOR",
+    "use_tile_generator",
+    "generator_widths",
+    "generator_shared_bytes",
+    "generator_partial_shapes",
+    "launch_generator_forward",
+    "launch_generator_backward",
 ]
 
 _GROUP_BIAS = 2**40  # g + bias > 0 for every clamped g (and g - 1)
@@ -1427,9 +1438,11 @@ def _generator_backward_kernel(scalar_name: str, widths: tuple):
 
 @functools.lru_cache(maxsize=None)
 def _generator_combine_kernel(scalar_name: str):
-    """The generator's parameter gradients from the blocks' partials, and the embedding's from its rows."""
+    """The generator's parameter gradients from the blocks' partials, and the embedding's from its rows. A
+    module of its own: built the first time a backward runs, it would otherwise change the hash of a CG-MLP
+    module that is already loaded and make Warp build all of its kernels again."""
     scalar = SCALARS[scalar_name]
-    kernel = _mlp_kernel_decorator(scalar_name)
+    kernel = _kernel_decorator(f"warpkan_ukan_generator_combine_{scalar_name}")
     zero = scalar(0.0)
 
     @kernel
