@@ -629,8 +629,8 @@ def test_range_generator_shared_memory_bound(scalar, widths):
         meta = ModuleBuilder(kernel.module, options, target="cpu").build_meta()
         return max(v for k, v in meta.items() if k.endswith("forward_smem_bytes"))
 
-    estimates = (warp_estimate(ku._generator_forward_kernel(scalar, widths)),
-                 warp_estimate(ku._generator_backward_kernel(scalar, widths)))
+    estimates = (warp_estimate(ku._generator_forward_kernel(scalar, widths, "range")),
+                 warp_estimate(ku._generator_backward_kernel(scalar, widths, "range")))
     bounds = ku.generator_shared_bytes(wp.types.type_size_in_bytes(getattr(wp, scalar)), widths)
     for estimate, bound in zip(estimates, bounds):
         assert estimate <= bound <= estimate + ku._GENERATOR_SHARED_SLACK
@@ -658,8 +658,12 @@ def test_dense_range_layer_with_either_generator(device, monkeypatch, generator)
 
 
 # ---------------------------------------------------------------------- Warp-native layer
-def test_native_matches_torch_layer_under_tape(device):
+@pytest.mark.parametrize("generator", ["tile", "simt"])
+def test_native_matches_torch_layer_under_tape(device, monkeypatch, generator):
+    # the CG-MLP on the pair rows by either generator; a second recorded step accumulates into the gradients
     from warpkan.native.ukan import UKANLinear as NativeUKAN
+
+    monkeypatch.setattr(ku, "CG_GENERATOR", generator)
 
     native = NativeUKAN(3, 4, spline_order=3, grid_delta=H, pe_dim=4, embed_dim=3, hidden_dim=6,
                         device=device, dtype=wp.float64, seed=1)
@@ -686,6 +690,14 @@ def test_native_matches_torch_layer_under_tape(device):
     np.testing.assert_allclose(native.base_weight_t.grad.numpy().T, grads_ref["base_weight"].cpu().numpy(), rtol=1e-11, atol=1e-12)
     dx = x.grad.numpy()
     np.testing.assert_allclose(np.delete(dx, 4, 0), np.delete(grads_ref["x"].cpu().numpy(), 4, 0), rtol=1e-11, atol=1e-12)
+    tape = wp.Tape()
+    with tape:
+        y = native(x)
+    y.grad = wp.array(dy_t.cpu().numpy(), dtype=wp.float64, device=device)
+    tape.backward()
+    for name, attr in torch_names.items():
+        np.testing.assert_allclose(getattr(native, attr).grad.numpy(), 2 * grads_ref[name].cpu().numpy(),
+                                   rtol=1e-11, atol=1e-12, err_msg=name)
 
 
 def test_native_bad_input_and_empty(device):

@@ -104,6 +104,8 @@ __all__ = [
     "generator_partial_shapes",
     "launch_generator_forward",
     "launch_generator_backward",
+    "launch_pair_generator_forward",
+    "launch_pair_generator_backward",
 ]
 
 _GROUP_BIAS = 2**40  # g + bias > 0 for every clamped g (and g - 1)
@@ -1130,6 +1132,7 @@ def launch_range_mlp_backward(d_table, group_lo, embedding, w_hidden, b_hidden, 
 
 CG_GENERATOR = "tile"  # the dense-range CG-MLP: "tile" (the fused generator) or "simt" (the per-output kernels)
 CG_GENERATORS = ("tile", "simt")
+GENERATOR_ROW_MAPS = ("range", "pairs")  # table row -> (feature, group): the dense range, the touched pairs
 GENERATOR_ROWS = 32  # table rows a block
 GENERATOR_COLS = 32  # table columns a tile_matmul of the output layer
 GENERATOR_WIDTHS = (8, 16, 32, 64, 128)  # tile widths of pe_dim, embed_dim and hidden_dim
@@ -1229,19 +1232,62 @@ def _generator_funcs(scalar_name: str):
 
 
 @functools.lru_cache(maxsize=None)
-def _generator_funcs_of_widths(scalar_name: str, widths: tuple):
-    """The generator's block-level @wp.funcs of one (scalar, widths). Each phase is a function of its own so
-    that its temporary tiles live in its own frame: Warp sizes a kernel's shared memory as the sum of the
-    kernel's own shared tiles plus the largest frame of the functions it calls."""
+def _generator_funcs_of_widths(scalar_name: str, widths: tuple, rows: str):
+    """The generator's block-level @wp.funcs of one (scalar, widths, row map). Each phase is a function of its
+    own so that its temporary tiles live in its own frame: Warp sizes a kernel's shared memory as the sum of
+    the kernel's own shared tiles plus the largest frame of the functions it calls.
+
+    ``rows`` names the map from table row to (feature, group), from the kernels' ``row_groups`` (int64) and
+    ``row_features`` (int32): "range", row p = i Rt + j is feature i at group row_groups[i] - 1 + j (the
+    dense range; row_features unused); "pairs", row p is feature row_features[p] at group row_groups[p] (the
+    touched pairs)."""
+    if rows not in GENERATOR_ROW_MAPS:
+        raise ValueError(f"rows must be one of {GENERATOR_ROW_MAPS}, got {rows!r}")
     scalar = SCALARS[scalar_name]
     PE_W, E_W, H_W = widths
     ROWS, COLS = GENERATOR_ROWS, GENERATOR_COLS
     row_feature, row_group, encoding_entry, silu, silu_backward = _generator_funcs(scalar_name)
 
     @wp.func
+    def range_rows(
+        first_row: int,
+        row_groups: wp.array(dtype=wp.int64),
+        row_features: wp.array(dtype=wp.int32),
+        rows_per_feature: int,
+        n_rows: int,
+        feature: wp.tile(dtype=int, shape=(ROWS,), storage="shared"),
+        group: wp.tile(dtype=wp.int64, shape=(ROWS,), storage="shared"),
+    ):
+        r = wp.tile_arange(ROWS, dtype=int)
+        wp.tile_assign(feature, wp.tile_map(wp.static(row_feature), r, wp.tile_full(ROWS, first_row, dtype=int),
+                                            wp.tile_full(ROWS, rows_per_feature, dtype=int),
+                                            wp.tile_full(ROWS, n_rows, dtype=int)))
+        lowest = wp.tile_load_indexed(row_groups, indices=feature, shape=(ROWS,), axis=0)
+        wp.tile_assign(group, wp.tile_map(wp.static(row_group), r, feature, lowest,
+                                          wp.tile_full(ROWS, first_row, dtype=int),
+                                          wp.tile_full(ROWS, rows_per_feature, dtype=int)))
+
+    @wp.func
+    def pair_rows(
+        first_row: int,
+        row_groups: wp.array(dtype=wp.int64),
+        row_features: wp.array(dtype=wp.int32),
+        rows_per_feature: int,
+        n_rows: int,
+        feature: wp.tile(dtype=int, shape=(ROWS,), storage="shared"),
+        group: wp.tile(dtype=wp.int64, shape=(ROWS,), storage="shared"),
+    ):
+        # rows past the table read feature 0, group 0: computed, never stored
+        wp.tile_assign(feature, wp.tile_load(row_features, shape=(ROWS,), offset=(first_row,)))
+        wp.tile_assign(group, wp.tile_load(row_groups, shape=(ROWS,), offset=(first_row,)))
+
+    row_map = range_rows if rows == "range" else pair_rows
+
+    @wp.func
     def input_rows(
         first_row: int,
-        group_lo: wp.array(dtype=wp.int64),
+        row_groups: wp.array(dtype=wp.int64),
+        row_features: wp.array(dtype=wp.int32),
         rows_per_feature: int,
         n_rows: int,
         embedding: wp.array2d(dtype=scalar),
@@ -1250,13 +1296,10 @@ def _generator_funcs_of_widths(scalar_name: str, widths: tuple):
         embedding_rows: wp.tile(dtype=scalar, shape=(ROWS, E_W), storage="shared"),
     ):
         # the block's input rows: the encoding of each row's group (zeros past pe_dim) and its feature's
-        # embedding (zeros past embed_dim, and in rows past the table)
-        r = wp.tile_arange(ROWS, dtype=int)
-        feature = wp.tile_map(wp.static(row_feature), r, wp.tile_full(ROWS, first_row, dtype=int),
-                              wp.tile_full(ROWS, rows_per_feature, dtype=int), wp.tile_full(ROWS, n_rows, dtype=int))
-        lowest = wp.tile_load_indexed(group_lo, indices=feature, shape=(ROWS,), axis=0)
-        group = wp.tile_map(wp.static(row_group), r, feature, lowest, wp.tile_full(ROWS, first_row, dtype=int),
-                            wp.tile_full(ROWS, rows_per_feature, dtype=int))
+        # embedding (zeros past embed_dim, and in range rows past the table)
+        feature = wp.tile_zeros(shape=(ROWS,), dtype=int, storage="shared")
+        group = wp.tile_zeros(shape=(ROWS,), dtype=wp.int64, storage="shared")
+        row_map(first_row, row_groups, row_features, rows_per_feature, n_rows, feature, group)
         groups = wp.tile_broadcast(wp.tile_reshape(group, shape=(ROWS, 1)), shape=(ROWS, PE_W))
         columns = wp.tile_broadcast(wp.tile_reshape(wp.tile_arange(PE_W, dtype=int), shape=(1, PE_W)),
                                     shape=(ROWS, PE_W))
@@ -1349,18 +1392,20 @@ def _generator_funcs_of_widths(scalar_name: str, widths: tuple):
 
 
 @functools.lru_cache(maxsize=None)
-def _generator_forward_kernel(scalar_name: str, widths: tuple):
-    """The fused CG-MLP forward of the dense range: a block's table rows."""
+def _generator_forward_kernel(scalar_name: str, widths: tuple, rows: str):
+    """The fused CG-MLP forward: a block's table rows (``rows``: the row map, see
+    :func:`_generator_funcs_of_widths`)."""
     scalar = SCALARS[scalar_name]
     PE_W, E_W, H_W = widths
     ROWS, COLS = GENERATOR_ROWS, GENERATOR_COLS
     silu = _generator_funcs(scalar_name)[3]
-    input_rows, hidden_layer, output_columns = _generator_funcs_of_widths(scalar_name, widths)[:3]
-    kernel = _generator_kernel_decorator(scalar_name, widths, "forward")
+    input_rows, hidden_layer, output_columns = _generator_funcs_of_widths(scalar_name, widths, rows)[:3]
+    kernel = _generator_kernel_decorator(scalar_name, widths, f"forward_{rows}")
 
     @kernel
     def generator_forward(
-        group_lo: wp.array(dtype=wp.int64),
+        row_groups: wp.array(dtype=wp.int64),
+        row_features: wp.array(dtype=wp.int32),
         rows_per_feature: int,
         embedding: wp.array2d(dtype=scalar),
         pe_dim: int,
@@ -1374,8 +1419,8 @@ def _generator_forward_kernel(scalar_name: str, widths: tuple):
         first_row = block * ROWS
         encoding_rows = wp.tile_zeros(shape=(ROWS, PE_W), dtype=scalar, storage="shared")
         embedding_rows = wp.tile_zeros(shape=(ROWS, E_W), dtype=scalar, storage="shared")
-        input_rows(first_row, group_lo, rows_per_feature, table.shape[0], embedding, pe_dim, encoding_rows,
-                   embedding_rows)
+        input_rows(first_row, row_groups, row_features, rows_per_feature, table.shape[0], embedding, pe_dim,
+                   encoding_rows, embedding_rows)
         hidden = wp.tile_zeros(shape=(ROWS, H_W), dtype=scalar, storage="shared")
         hidden_layer(encoding_rows, embedding_rows, pe_dim, w_hidden, b_hidden, hidden)
         wp.tile_assign(hidden, wp.tile_map(wp.static(silu), hidden))  # the pre-activations are not needed again
@@ -1386,21 +1431,22 @@ def _generator_forward_kernel(scalar_name: str, widths: tuple):
 
 
 @functools.lru_cache(maxsize=None)
-def _generator_backward_kernel(scalar_name: str, widths: tuple):
-    """The fused CG-MLP backward of the dense range: a block's partials of every parameter gradient, and its
-    rows' embedding gradients."""
+def _generator_backward_kernel(scalar_name: str, widths: tuple, rows: str):
+    """The fused CG-MLP backward: a block's partials of every parameter gradient, and its rows' embedding
+    gradients."""
     scalar = SCALARS[scalar_name]
     PE_W, E_W, H_W = widths
     ROWS, COLS = GENERATOR_ROWS, GENERATOR_COLS
     silu, silu_backward = _generator_funcs(scalar_name)[3:]
     input_rows, hidden_layer, output_columns, output_columns_backward, hidden_layer_backward = (
-        _generator_funcs_of_widths(scalar_name, widths))
-    kernel = _generator_kernel_decorator(scalar_name, widths, "backward")
+        _generator_funcs_of_widths(scalar_name, widths, rows))
+    kernel = _generator_kernel_decorator(scalar_name, widths, f"backward_{rows}")
 
     @kernel
     def generator_backward(
         d_table: wp.array2d(dtype=scalar),
-        group_lo: wp.array(dtype=wp.int64),
+        row_groups: wp.array(dtype=wp.int64),
+        row_features: wp.array(dtype=wp.int32),
         rows_per_feature: int,
         embedding: wp.array2d(dtype=scalar),
         pe_dim: int,
@@ -1420,8 +1466,8 @@ def _generator_backward_kernel(scalar_name: str, widths: tuple):
         first_row = block * ROWS
         encoding_rows = wp.tile_zeros(shape=(ROWS, PE_W), dtype=scalar, storage="shared")
         embedding_rows = wp.tile_zeros(shape=(ROWS, E_W), dtype=scalar, storage="shared")
-        input_rows(first_row, group_lo, rows_per_feature, d_table.shape[0], embedding, pe_dim, encoding_rows,
-                   embedding_rows)
+        input_rows(first_row, row_groups, row_features, rows_per_feature, d_table.shape[0], embedding, pe_dim,
+                   encoding_rows, embedding_rows)
         pre = wp.tile_zeros(shape=(ROWS, H_W), dtype=scalar, storage="shared")
         hidden_layer(encoding_rows, embedding_rows, pe_dim, w_hidden, b_hidden, pre)
         hidden = wp.tile_zeros(shape=(ROWS, H_W), dtype=scalar, storage="shared")
@@ -1454,6 +1500,7 @@ def _generator_combine_kernel(scalar_name: str):
         part_b_hidden: wp.array2d(dtype=scalar),
         d_embedding_rows: wp.array2d(dtype=scalar),
         rows_per_feature: int,
+        accumulate: int,
         d_w_out: wp.array2d(dtype=scalar),
         d_b_out: wp.array(dtype=scalar),
         d_w_hidden: wp.array2d(dtype=scalar),
@@ -1461,7 +1508,8 @@ def _generator_combine_kernel(scalar_name: str):
         d_embedding: wp.array2d(dtype=scalar),
     ):
         # flat entry q over [W_out (B x H) | b_out (B) | W_hidden (H x A) | b_hidden (H) | embedding (in x E)];
-        # each the sum of the blocks' partials in block order (the embedding: of its feature's rows in order)
+        # each the sum of the blocks' partials in block order (the embedding, launched for range rows only:
+        # of its feature's rows in order), added to the gradient with ``accumulate``, else stored
         q = wp.tid()
         n_b = d_w_out.shape[0]
         n_h = d_w_out.shape[1]
@@ -1472,11 +1520,15 @@ def _generator_combine_kernel(scalar_name: str):
         if q < n_b * n_h:
             b = q // n_h
             h = q - b * n_h
+            if accumulate:
+                acc = d_w_out[b, h]
             for block in range(n_blocks):
                 acc = acc + part_w_out[block, b, h]
             d_w_out[b, h] = acc
         elif q < n_b * n_h + n_b:
             b = q - n_b * n_h
+            if accumulate:
+                acc = d_b_out[b]
             for block in range(n_blocks):
                 acc = acc + part_b_out[block, b]
             d_b_out[b] = acc
@@ -1484,6 +1536,8 @@ def _generator_combine_kernel(scalar_name: str):
             r = q - n_b * n_h - n_b
             h = r // n_a
             a = r - h * n_a
+            if accumulate:
+                acc = d_w_hidden[h, a]
             if a < pe_dim:
                 for block in range(n_blocks):
                     acc = acc + part_w_encoding[block, h, a]
@@ -1493,6 +1547,8 @@ def _generator_combine_kernel(scalar_name: str):
             d_w_hidden[h, a] = acc
         elif q < n_b * n_h + n_b + n_h * n_a + n_h:
             h = q - n_b * n_h - n_b - n_h * n_a
+            if accumulate:
+                acc = d_b_hidden[h]
             for block in range(n_blocks):
                 acc = acc + part_b_hidden[block, h]
             d_b_hidden[h] = acc
@@ -1501,6 +1557,8 @@ def _generator_combine_kernel(scalar_name: str):
             r = q - n_b * n_h - n_b - n_h * n_a - n_h
             i = r // n_e
             e = r - i * n_e
+            if accumulate:
+                acc = d_embedding[i, e]
             for j in range(rows_per_feature):
                 acc = acc + d_embedding_rows[i * rows_per_feature + j, e]
             d_embedding[i, e] = acc
@@ -1539,18 +1597,46 @@ def _launch_tiled(kernel, n_blocks, inputs, device, stream, record):
     return [cmd] if record else []
 
 
+def _generator_forward(rows, row_groups, row_features, rows_per_feature, embedding, w_hidden, b_hidden, w_out,
+                       b_out, table, pe_dim, stream, record):
+    if table.shape[0] == 0 or table.shape[1] == 0:
+        return []
+    name, widths, n_blocks = _generator_config(table, embedding, w_hidden, pe_dim)
+    return _launch_tiled(_generator_forward_kernel(name, widths, rows), n_blocks,
+                         [row_groups, row_features, rows_per_feature, embedding, int(pe_dim), w_hidden, b_hidden, w_out,
+                          b_out, table], table.device, stream, record)
+
+
+def _generator_backward(rows, d_table, row_groups, row_features, rows_per_feature, embedding, w_hidden, b_hidden,
+                        w_out, partials, grads, pe_dim, accumulate, stream, record):
+    """The backward kernel and the combine; the combine leaves d_embedding (the last of ``grads``) to the
+    caller unless the rows are a range's."""
+    name, widths, n_blocks = _generator_config(d_table, embedding, w_hidden, pe_dim)
+    d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding = grads
+    n_entries = (d_w_out.shape[0] * d_w_out.shape[1] + d_b_out.shape[0] + d_w_hidden.shape[0] * d_w_hidden.shape[1]
+                 + d_b_hidden.shape[0])
+    if rows == "range":
+        n_entries += d_embedding.shape[0] * d_embedding.shape[1]
+    device = d_table.device
+    return (_launch_tiled(_generator_backward_kernel(name, widths, rows), n_blocks,
+                          [d_table, row_groups, row_features, rows_per_feature, embedding, int(pe_dim), w_hidden,
+                           b_hidden, w_out, *partials], device, stream, record)
+            + _launch(_generator_combine_kernel(name), (n_entries,),
+                      [*partials, rows_per_feature, int(accumulate), *grads], device, stream, record))
+
+
+def _no_row_features(device):
+    return wp.empty(0, dtype=wp.int32, device=device)
+
+
 def launch_generator_forward(group_lo, embedding, w_hidden, b_hidden, w_out, b_out, table, pe_dim, stream=None,
                              record=False):
     """The CG-MLP on the dense range by the fused tile generator: table [in Rt, B] = w_out silu(w_hidden f +
     b_hidden) + b_out, the input row f of row i Rt + j being (the encoding of group group_lo[i] - 1 + j,
     embedding[i]) (what :func:`launch_range_mlp_forward` computes, in one launch and no row scratch)."""
-    if table.shape[0] == 0 or table.shape[1] == 0:
-        return []
-    name, widths, n_blocks = _generator_config(table, embedding, w_hidden, pe_dim)
     rows_per_feature = table.shape[0] // group_lo.shape[0]
-    return _launch_tiled(_generator_forward_kernel(name, widths), n_blocks,
-                         [group_lo, rows_per_feature, embedding, int(pe_dim), w_hidden, b_hidden, w_out, b_out, table],
-                         table.device, stream, record)
+    return _generator_forward("range", group_lo, _no_row_features(table.device), rows_per_feature, embedding,
+                              w_hidden, b_hidden, w_out, b_out, table, pe_dim, stream, record)
 
 
 def launch_generator_backward(d_table, group_lo, embedding, w_hidden, b_hidden, w_out, part_w_out, part_b_out,
@@ -1561,15 +1647,35 @@ def launch_generator_backward(d_table, group_lo, embedding, w_hidden, b_hidden, 
     their fixed-order sum (bitwise reproducible)."""
     if d_table.shape[0] == 0:
         return []
-    name, widths, n_blocks = _generator_config(d_table, embedding, w_hidden, pe_dim)
     rows_per_feature = d_table.shape[0] // group_lo.shape[0]
-    device = d_table.device
     partials = [part_w_out, part_b_out, part_w_encoding, part_w_embedding, part_b_hidden, d_embedding_rows]
-    n_entries = (d_w_out.shape[0] * d_w_out.shape[1] + d_b_out.shape[0] + d_w_hidden.shape[0] * d_w_hidden.shape[1]
-                 + d_b_hidden.shape[0] + d_embedding.shape[0] * d_embedding.shape[1])
-    return (_launch_tiled(_generator_backward_kernel(name, widths), n_blocks,
-                          [d_table, group_lo, rows_per_feature, embedding, int(pe_dim), w_hidden, b_hidden, w_out,
-                           *partials], device, stream, record)
-            + _launch(_generator_combine_kernel(name), (n_entries,),
-                      [*partials, rows_per_feature, d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding], device,
-                      stream, record))
+    return _generator_backward("range", d_table, group_lo, _no_row_features(d_table.device), rows_per_feature,
+                               embedding, w_hidden, b_hidden, w_out, partials,
+                               (d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding), pe_dim, False, stream, record)
+
+
+def launch_pair_generator_forward(pair_feature, pair_group, embedding, w_hidden, b_hidden, w_out, b_out, table,
+                                  pe_dim, stream=None):
+    """The CG-MLP on the touched-pair rows by the fused tile generator: table [P, B] = w_out silu(w_hidden f +
+    b_hidden) + b_out, the input row f of row p being (the encoding of group pair_group[p],
+    embedding[pair_feature[p]]) (what launch_features and two launch_dense_forward compute)."""
+    return _generator_forward("pairs", pair_group, pair_feature, 0, embedding, w_hidden, b_hidden, w_out, b_out, table,
+                              pe_dim, stream, False)
+
+
+def launch_pair_generator_backward(d_table, pair_feature, pair_group, rows_needed, embedding, w_hidden, b_hidden,
+                                   w_out, d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding, pe_dim, stream=None):
+    """Accumulate (+=) every parameter gradient of :func:`launch_pair_generator_forward` from d_table [P, B]:
+    the blocks' partials and their fixed-order sum, then the embedding's by each feature's rows in order
+    (:func:`launch_embedding_backward`). Scratch allocated here."""
+    if d_table.shape[0] == 0:
+        return
+    device = d_table.device
+    shapes = generator_partial_shapes(d_table.shape[0], d_table.shape[1], int(pe_dim), embedding.shape[1],
+                                      w_hidden.shape[0])
+    partials = [wp.empty(shape, dtype=d_table.dtype, device=device) for shape in shapes.values()]
+    with on_stream(stream):
+        _generator_backward("pairs", d_table, pair_group, pair_feature, 0, embedding, w_hidden, b_hidden, w_out,
+                            partials, (d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding), pe_dim, True, None,
+                            False)
+        launch_embedding_backward(partials[-1], pair_feature, rows_needed, 0, d_embedding)
