@@ -616,9 +616,10 @@ def test_range_generator_choice(monkeypatch):
         ku.use_tile_generator(4, 16, 8, 32)
 
 
+@pytest.mark.parametrize("rows", ["range", "pairs"])
 @pytest.mark.parametrize("scalar", ["float32", "float64"])
 @pytest.mark.parametrize("widths", [(8, 8, 8), (16, 8, 32), (8, 128, 16), (64, 64, 64)])
-def test_range_generator_shared_memory_bound(scalar, widths):
+def test_generator_shared_memory_bound(scalar, widths, rows):
     # the bound that picks the generator covers what Warp asks of the device for a block (its code generator's
     # estimate, the dynamic shared memory a launch configures; read here from Warp's module builder, without
     # compiling), and is close to it
@@ -629,8 +630,8 @@ def test_range_generator_shared_memory_bound(scalar, widths):
         meta = ModuleBuilder(kernel.module, options, target="cpu").build_meta()
         return max(v for k, v in meta.items() if k.endswith("forward_smem_bytes"))
 
-    estimates = (warp_estimate(ku._generator_forward_kernel(scalar, widths, "range")),
-                 warp_estimate(ku._generator_backward_kernel(scalar, widths, "range")))
+    estimates = (warp_estimate(ku._generator_forward_kernel(scalar, widths, rows)),
+                 warp_estimate(ku._generator_backward_kernel(scalar, widths, rows)))
     bounds = ku.generator_shared_bytes(wp.types.type_size_in_bytes(getattr(wp, scalar)), widths)
     for estimate, bound in zip(estimates, bounds):
         assert estimate <= bound <= estimate + ku._GENERATOR_SHARED_SLACK

@@ -49,7 +49,8 @@ capture and ``torch.compile`` with static shapes.
    The pass also records, per element, its window start and local coordinate (``window``, ``local_u``), so
    the spline kernels never locate the cell again (no float64 there).
 2. **CG-MLP** on the table rows: ``table [capacity, K, out]``. The torch bridge runs it with torch (a dense
-   GEMM); the Warp-native layer uses the SIMT dense kernels at the bottom of this file.
+   GEMM); the Warp-native layer uses the fused tile generator at the bottom of this file (or the SIMT dense
+   kernels, see :data:`CG_GENERATOR`).
 3./4. **The spline and its gradients** run on the edge engine's per-thread kernels, with the shared-table UKAN
    family (:func:`warpkan.kernels.edge.ukan_family.ukan_table_family`): its ``locate`` reads each element's
    window and local coordinate from the pair pass, and the one table ``[capacity K, out]`` is the engine's
@@ -1115,8 +1116,9 @@ def launch_range_mlp_backward(d_table, group_lo, embedding, w_hidden, b_hidden, 
             + _launch(variant.range_param_combine, (n_entries,), combine_args, device, stream, record))
 
 
-# ---- the CG-MLP of the dense range as one fused tile generator. A block takes GENERATOR_ROWS consecutive
-# table rows p = i Rt + j (feature i, group group_lo[i] - 1 + j): it forms their input rows in shared memory
+# ---- the CG-MLP as one fused tile generator, on the dense range's rows (p = i Rt + j: feature i, group
+# group_lo[i] - 1 + j) or on the touched pairs' (the Warp-native layer). A block takes GENERATOR_ROWS
+# consecutive table rows: it forms their input rows in shared memory
 # (the encoding, float64 phases, and the gathered embedding rows), the hidden layer by tile_matmul and SiLU,
 # and the table rows by one tile_matmul per GENERATOR_COLS output columns, without a round trip of the
 # input rows or the hidden layer through global memory. The backward recomputes the rows, and each block
@@ -1130,7 +1132,9 @@ def launch_range_mlp_backward(d_table, group_lo, embedding, w_hidden, b_hidden, 
 # one compiled module serves every size up to the next width, and the encoding's padding columns meet
 # embedding weights with a zero.
 
-CG_GENERATOR = "tile"  # the dense-range CG-MLP: "tile" (the fused generator) or "simt" (the per-output kernels)
+# the CG-MLP of the torch layer's dense range and of the Warp-native layer: "tile" (the fused generator) or
+# "simt" (the per-output kernels), both kept until the GPU measurement (scripts/ukan_generator_timing.py)
+CG_GENERATOR = "tile"
 CG_GENERATORS = ("tile", "simt")
 GENERATOR_ROW_MAPS = ("range", "pairs")  # table row -> (feature, group): the dense range, the touched pairs
 GENERATOR_ROWS = 32  # table rows a block
@@ -1176,8 +1180,8 @@ def generator_widths(scalar_bytes: int, pe_dim: int, embed_dim: int, hidden_dim:
 
 
 def use_tile_generator(scalar_bytes: int, pe_dim: int, embed_dim: int, hidden_dim: int) -> bool:
-    """Whether the dense-range CG-MLP runs on the fused tile generator: :data:`CG_GENERATOR` says "tile" and
-    the sizes fit it (:func:`generator_widths`)."""
+    """Whether a UKAN CG-MLP (the torch layer's dense range, the Warp-native layer's pairs) runs on the fused
+    tile generator: :data:`CG_GENERATOR` says "tile" and the sizes fit it (:func:`generator_widths`)."""
     if CG_GENERATOR not in CG_GENERATORS:
         raise ValueError(f"CG_GENERATOR must be one of {CG_GENERATORS}, got {CG_GENERATOR!r}")
     return CG_GENERATOR == "tile" and generator_widths(scalar_bytes, pe_dim, embed_dim, hidden_dim) is not None
