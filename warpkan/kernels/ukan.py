@@ -1139,6 +1139,7 @@ CG_GENERATORS = ("tile", "simt")
 GENERATOR_ROW_MAPS = ("range", "pairs")  # table row -> (feature, group): the dense range, the touched pairs
 GENERATOR_ROWS = 32  # table rows a block
 GENERATOR_COLS = 32  # table columns a tile_matmul of the output layer
+GENERATOR_BLOCK_COLS = 4 * GENERATOR_COLS  # table columns a block
 GENERATOR_WIDTHS = (8, 16, 32, 64, 128)  # tile widths of pe_dim, embed_dim and hidden_dim
 _GENERATOR_BLOCK_DIM = 128
 
@@ -1155,7 +1156,7 @@ def generator_shared_bytes(scalar_bytes: int, widths: tuple) -> tuple[int, int]:
     rows, cols = GENERATOR_ROWS, GENERATOR_COLS
     hidden_frame = hidden_w * (pe_w + embed_w)  # w_hidden's two column ranges
     forward = rows * (pe_w + embed_w + hidden_w) + max(hidden_frame, cols * hidden_w + rows * cols)
-    backward = rows * (pe_w + embed_w + 3 * hidden_w) + max(
+    backward = rows * (pe_w + embed_w + 2 * hidden_w) + max(  # either backward kernel
         hidden_frame,
         rows * cols + 2 * cols * hidden_w + rows + cols,  # output_columns_backward
         hidden_w * (pe_w + 2 * embed_w) + rows + hidden_w + rows * embed_w,  # hidden_layer_backward
@@ -1397,11 +1398,13 @@ def _generator_funcs_of_widths(scalar_name: str, widths: tuple, rows: str):
 
 @functools.lru_cache(maxsize=None)
 def _generator_forward_kernel(scalar_name: str, widths: tuple, rows: str):
-    """The fused CG-MLP forward: a block's table rows (``rows``: the row map, see
-    :func:`_generator_funcs_of_widths`)."""
+    """The fused CG-MLP forward: a block's table rows, GENERATOR_BLOCK_COLS columns of them (``rows``: the row
+    map, see :func:`_generator_funcs_of_widths`). The blocks of one row block each form the rows' hidden layer
+    again: a few small products, for a grid wide enough to fill the GPU when the table has few rows and many
+    columns."""
     scalar = SCALARS[scalar_name]
     PE_W, E_W, H_W = widths
-    ROWS, COLS = GENERATOR_ROWS, GENERATOR_COLS
+    ROWS, COLS, BLOCK_COLS = GENERATOR_ROWS, GENERATOR_COLS, GENERATOR_BLOCK_COLS
     silu = _generator_funcs(scalar_name)[3]
     input_rows, hidden_layer, output_columns = _generator_funcs_of_widths(scalar_name, widths, rows)[:3]
     kernel = _generator_kernel_decorator(scalar_name, widths, f"forward_{rows}")
@@ -1419,7 +1422,7 @@ def _generator_forward_kernel(scalar_name: str, widths: tuple, rows: str):
         b_out: wp.array(dtype=scalar),
         table: wp.array2d(dtype=scalar),
     ):
-        block, lane = wp.tid()
+        block, col_block, lane = wp.tid()
         first_row = block * ROWS
         encoding_rows = wp.tile_zeros(shape=(ROWS, PE_W), dtype=scalar, storage="shared")
         embedding_rows = wp.tile_zeros(shape=(ROWS, E_W), dtype=scalar, storage="shared")
@@ -1428,26 +1431,40 @@ def _generator_forward_kernel(scalar_name: str, widths: tuple, rows: str):
         hidden = wp.tile_zeros(shape=(ROWS, H_W), dtype=scalar, storage="shared")
         hidden_layer(encoding_rows, embedding_rows, pe_dim, w_hidden, b_hidden, hidden)
         wp.tile_assign(hidden, wp.tile_map(wp.static(silu), hidden))  # the pre-activations are not needed again
-        for col in range(0, table.shape[1], COLS):
+        first_col = col_block * BLOCK_COLS
+        for col in range(first_col, wp.min(first_col + BLOCK_COLS, table.shape[1]), COLS):
             output_columns(hidden, w_out, b_out, first_row, col, table)
 
     return generator_forward
 
 
 @functools.lru_cache(maxsize=None)
-def _generator_backward_kernel(scalar_name: str, widths: tuple, rows: str):
-    """The fused CG-MLP backward: a block's partials of every parameter gradient, and its rows' embedding
-    gradients."""
+def _generator_backward_kernels(scalar_name: str, widths: tuple, rows: str):
+    """The fused CG-MLP backward, two kernels. ``output``: a block's GENERATOR_BLOCK_COLS columns of the output
+    layer (its rows' hidden layer formed again), their partials of d w_out and d b_out, and its columns' share
+    of the rows' hidden gradient (d_hidden_parts [column blocks, rows, H]). ``hidden``: a block's rows, their
+    hidden gradient summed over the column blocks in order, its partials of d w_hidden and d b_hidden, and the
+    rows' embedding gradients. Rows past the table read a zero table gradient, so they add nothing."""
     scalar = SCALARS[scalar_name]
     PE_W, E_W, H_W = widths
-    ROWS, COLS = GENERATOR_ROWS, GENERATOR_COLS
+    ROWS, COLS, BLOCK_COLS = GENERATOR_ROWS, GENERATOR_COLS, GENERATOR_BLOCK_COLS
     silu, silu_backward = _generator_funcs(scalar_name)[3:]
     input_rows, hidden_layer, output_columns, output_columns_backward, hidden_layer_backward = (
         _generator_funcs_of_widths(scalar_name, widths, rows))
     kernel = _generator_kernel_decorator(scalar_name, widths, f"backward_{rows}")
 
+    @wp.func
+    def add_hidden_part(
+        d_hidden: wp.tile(dtype=scalar, shape=(ROWS, H_W), storage="shared"),
+        d_hidden_parts: wp.array3d(dtype=scalar),
+        col_block: int,
+        first_row: int,
+    ):
+        part = wp.tile_load(d_hidden_parts, shape=(1, ROWS, H_W), offset=(col_block, first_row, 0))
+        wp.tile_assign(d_hidden, d_hidden + wp.tile_reshape(part, shape=(ROWS, H_W)))
+
     @kernel
-    def generator_backward(
+    def generator_backward_output(
         d_table: wp.array2d(dtype=scalar),
         row_groups: wp.array(dtype=wp.int64),
         row_features: wp.array(dtype=wp.int32),
@@ -1459,31 +1476,54 @@ def _generator_backward_kernel(scalar_name: str, widths: tuple, rows: str):
         w_out: wp.array2d(dtype=scalar),
         part_w_out: wp.array3d(dtype=scalar),
         part_b_out: wp.array2d(dtype=scalar),
-        part_w_encoding: wp.array3d(dtype=scalar),
-        part_w_embedding: wp.array3d(dtype=scalar),
-        part_b_hidden: wp.array2d(dtype=scalar),
-        d_embedding_rows: wp.array2d(dtype=scalar),
+        d_hidden_parts: wp.array3d(dtype=scalar),
     ):
-        # the forward's rows again (recomputed, not kept); rows past the table read a zero table gradient, so
-        # they add nothing to any partial
-        block, lane = wp.tid()
+        block, col_block, lane = wp.tid()
         first_row = block * ROWS
         encoding_rows = wp.tile_zeros(shape=(ROWS, PE_W), dtype=scalar, storage="shared")
         embedding_rows = wp.tile_zeros(shape=(ROWS, E_W), dtype=scalar, storage="shared")
         input_rows(first_row, row_groups, row_features, rows_per_feature, d_table.shape[0], embedding, pe_dim,
                    encoding_rows, embedding_rows)
+        hidden = wp.tile_zeros(shape=(ROWS, H_W), dtype=scalar, storage="shared")
+        hidden_layer(encoding_rows, embedding_rows, pe_dim, w_hidden, b_hidden, hidden)
+        wp.tile_assign(hidden, wp.tile_map(wp.static(silu), hidden))
+        d_hidden = wp.tile_zeros(shape=(ROWS, H_W), dtype=scalar, storage="shared")
+        first_col = col_block * BLOCK_COLS
+        for col in range(first_col, wp.min(first_col + BLOCK_COLS, d_table.shape[1]), COLS):
+            output_columns_backward(d_table, w_out, hidden, block, first_row, col, d_hidden, part_w_out, part_b_out)
+        wp.tile_store(d_hidden_parts, wp.tile_reshape(d_hidden, shape=(1, ROWS, H_W)), offset=(col_block, first_row, 0))
+
+    @kernel
+    def generator_backward_hidden(
+        d_hidden_parts: wp.array3d(dtype=scalar),
+        row_groups: wp.array(dtype=wp.int64),
+        row_features: wp.array(dtype=wp.int32),
+        rows_per_feature: int,
+        embedding: wp.array2d(dtype=scalar),
+        pe_dim: int,
+        w_hidden: wp.array2d(dtype=scalar),
+        b_hidden: wp.array(dtype=scalar),
+        part_w_encoding: wp.array3d(dtype=scalar),
+        part_w_embedding: wp.array3d(dtype=scalar),
+        part_b_hidden: wp.array2d(dtype=scalar),
+        d_embedding_rows: wp.array2d(dtype=scalar),
+    ):
+        block, lane = wp.tid()
+        first_row = block * ROWS
+        encoding_rows = wp.tile_zeros(shape=(ROWS, PE_W), dtype=scalar, storage="shared")
+        embedding_rows = wp.tile_zeros(shape=(ROWS, E_W), dtype=scalar, storage="shared")
+        input_rows(first_row, row_groups, row_features, rows_per_feature, d_hidden_parts.shape[1], embedding,
+                   pe_dim, encoding_rows, embedding_rows)
         pre = wp.tile_zeros(shape=(ROWS, H_W), dtype=scalar, storage="shared")
         hidden_layer(encoding_rows, embedding_rows, pe_dim, w_hidden, b_hidden, pre)
-        hidden = wp.tile_zeros(shape=(ROWS, H_W), dtype=scalar, storage="shared")
-        wp.tile_assign(hidden, wp.tile_map(wp.static(silu), pre))
         d_hidden = wp.tile_zeros(shape=(ROWS, H_W), dtype=scalar, storage="shared")
-        for col in range(0, d_table.shape[1], COLS):
-            output_columns_backward(d_table, w_out, hidden, block, first_row, col, d_hidden, part_w_out, part_b_out)
+        for col_block in range(d_hidden_parts.shape[0]):  # in order: deterministic
+            add_hidden_part(d_hidden, d_hidden_parts, col_block, first_row)
         wp.tile_assign(pre, wp.tile_map(wp.static(silu_backward), d_hidden, pre))  # pre now holds d_pre
         hidden_layer_backward(pre, encoding_rows, embedding_rows, w_hidden, pe_dim, block, first_row, part_w_encoding,
                               part_w_embedding, part_b_hidden, d_embedding_rows)
 
-    return generator_backward
+    return generator_backward_output, generator_backward_hidden
 
 
 @functools.lru_cache(maxsize=None)
@@ -1581,7 +1621,12 @@ def generator_partial_shapes(n_rows: int, n_table_cols: int, pe_dim: int, embed_
         "part_w_embedding": (n_blocks, hidden_dim, embed_dim),
         "part_b_hidden": (n_blocks, hidden_dim),
         "d_embedding_rows": (n_rows, embed_dim),
+        "d_hidden_parts": (_column_blocks(n_table_cols), n_rows, hidden_dim),
     }
+
+
+def _column_blocks(n_table_cols: int) -> int:
+    return max(1, -(-n_table_cols // GENERATOR_BLOCK_COLS))
 
 
 def _generator_config(table, embedding, w_hidden, pe_dim):
@@ -1594,9 +1639,10 @@ def _generator_config(table, embedding, w_hidden, pe_dim):
     return name, widths, -(-table.shape[0] // GENERATOR_ROWS)
 
 
-def _launch_tiled(kernel, n_blocks, inputs, device, stream, record):
-    """One tiled launch, or (record=True) its recorded command in a list, for a caller's launch cache."""
-    cmd = wp.launch_tiled(kernel, dim=[n_blocks], inputs=inputs, device=device, stream=stream,
+def _launch_tiled(kernel, blocks: list, inputs, device, stream, record):
+    """One tiled launch of a grid of ``blocks``, or (record=True) its recorded command in a list, for a caller's
+    launch cache."""
+    cmd = wp.launch_tiled(kernel, dim=blocks, inputs=inputs, device=device, stream=stream,
                           block_dim=_GENERATOR_BLOCK_DIM, record_tape=False, record_cmd=record)
     return [cmd] if record else []
 
@@ -1606,7 +1652,7 @@ def _generator_forward(rows, row_groups, row_features, rows_per_feature, embeddi
     if table.shape[0] == 0 or table.shape[1] == 0:
         return []
     name, widths, n_blocks = _generator_config(table, embedding, w_hidden, pe_dim)
-    return _launch_tiled(_generator_forward_kernel(name, widths, rows), n_blocks,
+    return _launch_tiled(_generator_forward_kernel(name, widths, rows), [n_blocks, _column_blocks(table.shape[1])],
                          [row_groups, row_features, rows_per_feature, embedding, int(pe_dim), w_hidden, b_hidden, w_out,
                           b_out, table], table.device, stream, record)
 
@@ -1622,11 +1668,15 @@ def _generator_backward(rows, d_table, row_groups, row_features, rows_per_featur
     if rows == "range":
         n_entries += d_embedding.shape[0] * d_embedding.shape[1]
     device = d_table.device
-    return (_launch_tiled(_generator_backward_kernel(name, widths, rows), n_blocks,
-                          [d_table, row_groups, row_features, rows_per_feature, embedding, int(pe_dim), w_hidden,
-                           b_hidden, w_out, *partials], device, stream, record)
+    part_w_out, part_b_out, part_w_encoding, part_w_embedding, part_b_hidden, d_embedding_rows, d_hidden_parts = partials
+    output_kernel, hidden_kernel = _generator_backward_kernels(name, widths, rows)
+    rows_args = [row_groups, row_features, rows_per_feature, embedding, int(pe_dim), w_hidden, b_hidden]
+    return (_launch_tiled(output_kernel, [n_blocks, d_hidden_parts.shape[0]],
+                          [d_table, *rows_args, w_out, part_w_out, part_b_out, d_hidden_parts], device, stream, record)
+            + _launch_tiled(hidden_kernel, [n_blocks], [d_hidden_parts, *rows_args, part_w_encoding, part_w_embedding,
+                                                       part_b_hidden, d_embedding_rows], device, stream, record)
             + _launch(_generator_combine_kernel(name), (n_entries,),
-                      [*partials, rows_per_feature, int(accumulate), *grads], device, stream, record))
+                      [*partials[:6], rows_per_feature, int(accumulate), *grads], device, stream, record))
 
 
 def _no_row_features(device):
@@ -1644,15 +1694,17 @@ def launch_generator_forward(group_lo, embedding, w_hidden, b_hidden, w_out, b_o
 
 
 def launch_generator_backward(d_table, group_lo, embedding, w_hidden, b_hidden, w_out, part_w_out, part_b_out,
-                              part_w_encoding, part_w_embedding, part_b_hidden, d_embedding_rows, d_w_out, d_b_out,
-                              d_w_hidden, d_b_hidden, d_embedding, pe_dim, stream=None, record=False):
+                              part_w_encoding, part_w_embedding, part_b_hidden, d_embedding_rows, d_hidden_parts,
+                              d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding, pe_dim, stream=None,
+                              record=False):
     """Every parameter gradient of :func:`launch_generator_forward` from d_table [in Rt, B], written, not
     accumulated: the blocks' tile_matmul partials (scratch shaped by :func:`generator_partial_shapes`), then
     their fixed-order sum (bitwise reproducible)."""
     if d_table.shape[0] == 0:
         return []
     rows_per_feature = d_table.shape[0] // group_lo.shape[0]
-    partials = [part_w_out, part_b_out, part_w_encoding, part_w_embedding, part_b_hidden, d_embedding_rows]
+    partials = [part_w_out, part_b_out, part_w_encoding, part_w_embedding, part_b_hidden, d_embedding_rows,
+                d_hidden_parts]
     return _generator_backward("range", d_table, group_lo, _no_row_features(d_table.device), rows_per_feature,
                                embedding, w_hidden, b_hidden, w_out, partials,
                                (d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding), pe_dim, False, stream, record)
@@ -1682,4 +1734,4 @@ def launch_pair_generator_backward(d_table, pair_feature, pair_group, rows_neede
         _generator_backward("pairs", d_table, pair_group, pair_feature, 0, embedding, w_hidden, b_hidden, w_out,
                             partials, (d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding), pe_dim, True, None,
                             False)
-        launch_embedding_backward(partials[-1], pair_feature, rows_needed, 0, d_embedding)
+        launch_embedding_backward(partials[5], pair_feature, rows_needed, 0, d_embedding)
