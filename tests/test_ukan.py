@@ -9,6 +9,7 @@ import torch
 import warp as wp
 
 import warpkan.torch_bridge as tb
+from warpkan.kernels import ukan as ku
 from warpkan.kernels.ukan import CELL_LIMIT, table_capacity
 from warpkan.reference import ukan as ru
 from warpkan.torch_bridge import UKANLinear
@@ -507,9 +508,173 @@ def test_dense_range_opcheck_and_empty(device):
     assert layer.cg_out.weight.grad is not None and torch.all(layer.cg_out.weight.grad == 0)
 
 
+# ---------------------------------------------------------------------- the dense range's CG-MLP generator
+def cg_mlp_params(n_in, pe_dim, embed_dim, hidden_dim, n_cols, device, dtype=torch.float64, seed=0):
+    """(embedding, w_hidden, b_hidden, w_out, b_out) of a CG-MLP, nn.Linear-scaled, requiring grad."""
+    gen = torch.Generator().manual_seed(seed)
+    n_feat = pe_dim + embed_dim
+
+    def uniform(shape, fan_in):
+        return ((torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1) / math.sqrt(fan_in))
+
+    values = (torch.randn(n_in, embed_dim, generator=gen, dtype=torch.float64), uniform((hidden_dim, n_feat), n_feat),
+              uniform((hidden_dim,), n_feat), uniform((n_cols, hidden_dim), hidden_dim),
+              uniform((n_cols,), hidden_dim))
+    return [v.to(device=device, dtype=dtype).requires_grad_() for v in values]
+
+
+def table_and_grads(make_table, params, d_table):
+    table = make_table(*params)
+    return table.detach(), torch.autograd.grad(table, params, d_table, allow_unused=True)
+
+
+def range_table_op(group_lo, rows, pe_dim):
+    return lambda *params: tb.ukan_ops.ukan_range_table(group_lo, rows, pe_dim, *params)
+
+
+def range_table_reference(group_lo, rows, pe_dim):
+    return lambda *params: tb.ukan_ops.range_table_torch(group_lo, rows, pe_dim, *params)
+
+
+GENERATOR_SIZES = [
+    # (in, rows per feature, pe_dim, embed_dim, hidden_dim, table columns)
+    (1, 1, 16, 8, 32, 40),  # one feature, one group
+    (3, 7, 2, 5, 7, 11),  # prime embed, hidden and output widths
+    (5, 13, 0, 3, 13, 131),  # no encoding; output columns past two tile widths
+    (2, 40, 6, 0, 3, 17),  # no embedding
+    (4, 100, 16, 8, 32, 4),  # many groups: 400 rows, many blocks, features across block edges
+    (3, 5, 64, 64, 48, 20),  # wide tiles (64, 64, 64): past the shared memory budget in float64 (SIMT)
+    (3, 5, 10, 120, 8, 33),  # the widest embedding tile
+    (2, 3, 4, 3, 129, 8),  # hidden wider than the widest tile: the SIMT generator
+]
+
+
+@pytest.mark.parametrize("generator", ["tile", "simt"])
+@pytest.mark.parametrize("n_in,rows,pe_dim,embed_dim,hidden_dim,n_cols", GENERATOR_SIZES)
+def test_range_generator_matches_torch_cg_mlp_float64(device, monkeypatch, generator, n_in, rows, pe_dim, embed_dim,
+                                                      hidden_dim, n_cols):
+    monkeypatch.setattr(ku, "CG_GENERATOR", generator)
+    group_lo = torch.randint(-50, 50, (n_in,), generator=torch.Generator().manual_seed(1)).to(device)
+    params = cg_mlp_params(n_in, pe_dim, embed_dim, hidden_dim, n_cols, device)
+    d_table = torch.randn(n_in * rows, n_cols, dtype=torch.float64, device=device)
+    table, grads = table_and_grads(range_table_op(group_lo, rows, pe_dim), params, d_table)
+    expected, grads_ref = table_and_grads(range_table_reference(group_lo, rows, pe_dim), params, d_table)
+    torch.testing.assert_close(table, expected, rtol=1e-12, atol=1e-12)
+    for name, grad, grad_ref in zip(("embedding", "w_hidden", "b_hidden", "w_out", "b_out"), grads, grads_ref):
+        torch.testing.assert_close(grad, grad_ref, rtol=1e-11, atol=1e-11, msg=name)
+
+
+def test_range_generator_float32_within_reference_error(device):
+    # tolerance from the reference itself: how far the float32 torch CG-MLP lands from the float64 one
+    n_in, rows, pe_dim, embed_dim, hidden_dim, n_cols = 6, 11, 16, 8, 32, 72
+    group_lo = torch.tensor([-300, -7, 0, 5, 64, 1000], device=device)
+    params64 = cg_mlp_params(n_in, pe_dim, embed_dim, hidden_dim, n_cols, device)
+    params32 = [p.detach().float().requires_grad_() for p in params64]
+    d_table = torch.randn(n_in * rows, n_cols, dtype=torch.float64, device=device)
+    exact, grads64 = table_and_grads(range_table_reference(group_lo, rows, pe_dim), params64, d_table)
+    ref32, grads_ref32 = table_and_grads(range_table_reference(group_lo, rows, pe_dim), params32, d_table.float())
+    ours, grads32 = table_and_grads(range_table_op(group_lo, rows, pe_dim), params32, d_table.float())
+
+    def check(value, reference32, value64, what):
+        budget = 4 * (reference32.double() - value64).abs().max().item() + 1e-6 * value64.abs().max().item()
+        assert (value.double() - value64).abs().max().item() <= budget, what
+
+    check(ours, ref32, exact, "table")
+    for name, grad, grad_ref, grad64 in zip(("embedding", "w_hidden", "b_hidden", "w_out", "b_out"), grads32,
+                                            grads_ref32, grads64):
+        check(grad, grad_ref, grad64, name)
+
+
+@pytest.mark.parametrize("generator", ["tile", "simt"])
+def test_range_generator_keeps_encoding_precision_at_huge_groups(device, monkeypatch, generator):
+    # |g| ~ 1e7: the encoding's phase g f_j needs float64 (in float32 g itself is off by up to 0.5, so sin and
+    # cos of the low frequencies would be off by O(1)); the table and every gradient stay at float64 accuracy
+    monkeypatch.setattr(ku, "CG_GENERATOR", generator)
+    group_lo = torch.tensor([10_000_001, -9_999_999, 12_345_677], device=device)
+    rows, pe_dim = 6, 16
+    params = cg_mlp_params(3, pe_dim, 4, 9, 12, device)
+    d_table = torch.randn(3 * rows, 12, dtype=torch.float64, device=device)
+    table, grads = table_and_grads(range_table_op(group_lo, rows, pe_dim), params, d_table)
+    expected, grads_ref = table_and_grads(range_table_reference(group_lo, rows, pe_dim), params, d_table)
+    torch.testing.assert_close(table, expected, rtol=1e-12, atol=1e-12)
+    for grad, grad_ref in zip(grads, grads_ref):
+        torch.testing.assert_close(grad, grad_ref, rtol=1e-11, atol=1e-11)
+    # the table rows of consecutive groups differ: the encoding did not collapse at this magnitude
+    assert (table[1:rows] - table[:rows - 1]).abs().amax(dim=1).min() > 1e-3
+
+
+def test_range_generator_gradients_bitwise_reproducible(device):
+    group_lo = torch.tensor([-3, 4, 0, 9], device=device)
+    params = cg_mlp_params(4, 16, 8, 32, 64, device, dtype=torch.float32)
+    d_table = torch.randn(4 * 50, 64, device=device)
+    first = table_and_grads(range_table_op(group_lo, 50, 16), params, d_table)
+    second = table_and_grads(range_table_op(group_lo, 50, 16), params, d_table)
+    assert torch.equal(first[0], second[0])
+    assert all(torch.equal(a, b) for a, b in zip(first[1], second[1]))
+
+
+def test_range_generator_choice(monkeypatch):
+    assert ku.CG_GENERATOR == "tile"  # the default until the GPU A/B decides
+    assert ku.use_tile_generator(4, 16, 8, 32) and ku.generator_widths(4, 16, 8, 32) == (16, 8, 32)
+    assert ku.generator_widths(8, 0, 5, 33) == (8, 8, 64)
+    assert not ku.use_tile_generator(4, 16, 8, ku.GENERATOR_WIDTHS[-1] + 1)
+    assert ku.use_tile_generator(4, 64, 64, 64) and not ku.use_tile_generator(8, 64, 64, 64)  # shared memory
+    monkeypatch.setattr(ku, "CG_GENERATOR", "simt")
+    assert not ku.use_tile_generator(4, 16, 8, 32)
+    monkeypatch.setattr(ku, "CG_GENERATOR", "fused")
+    with pytest.raises(ValueError, match="CG_GENERATOR must be one of"):
+        ku.use_tile_generator(4, 16, 8, 32)
+
+
+@pytest.mark.parametrize("rows", ["range", "pairs"])
+@pytest.mark.parametrize("scalar", ["float32", "float64"])
+@pytest.mark.parametrize("widths", [(8, 8, 8), (16, 8, 32), (8, 128, 16), (64, 64, 64)])
+def test_generator_shared_memory_bound(scalar, widths, rows):
+    # the bound that picks the generator covers what Warp asks of the device for a block (its code generator's
+    # estimate, the dynamic shared memory a launch configures; read here from Warp's module builder, without
+    # compiling), and is close to it
+    from warp._src.context import ModuleBuilder
+
+    def warp_estimate(kernel):
+        options = kernel.module.options | {"block_dim": ku._GENERATOR_BLOCK_DIM, "output_arch": None}
+        meta = ModuleBuilder(kernel.module, options, target="cpu").build_meta()
+        return max(v for k, v in meta.items() if k.endswith("forward_smem_bytes"))
+
+    estimates = (warp_estimate(ku._generator_forward_kernel(scalar, widths, rows)),
+                 warp_estimate(ku._generator_backward_kernels(scalar, widths, rows)[0]))  # its module: both
+    bounds = ku.generator_shared_bytes(wp.types.type_size_in_bytes(getattr(wp, scalar)), widths)
+    for estimate, bound in zip(estimates, bounds):
+        assert estimate <= bound <= estimate + ku._GENERATOR_SHARED_SLACK
+
+
+@pytest.mark.parametrize("generator", ["tile", "simt"])
+def test_dense_range_layer_with_either_generator(device, monkeypatch, generator):
+    # the eager range layer (the table and its rows kept for the backward, or recomputed after a retained
+    # graph's first backward) on either generator: forward and every gradient against the reference
+    monkeypatch.setattr(ku, "CG_GENERATOR", generator)
+    layer = make_layer(4, 3, device, pe_dim=6, embed_dim=5, hidden_dim=11)
+    x = torch.randn(23, 4, dtype=torch.float64, device=device) * 2
+    dy = torch.randn(23, 3, dtype=torch.float64, device=device)
+    x = x.requires_grad_()
+    y = layer(x)
+    assert layer._last is None  # the dense-range path
+    names, params = zip(*params_of(layer))
+    first = torch.autograd.grad(y, (x, *params), dy, retain_graph=True)
+    second = torch.autograd.grad(y, (x, *params), dy)
+    y_ref, grads_ref = forward_and_grads(lambda t: reference(layer, t), layer, x, dy)
+    torch.testing.assert_close(y.detach(), y_ref, rtol=1e-12, atol=1e-12)
+    for name, grad, again in zip(("x", *names), first, second):
+        torch.testing.assert_close(grad, grads_ref[name], rtol=1e-11, atol=1e-12, msg=name)
+        assert torch.equal(grad, again), name
+
+
 # ---------------------------------------------------------------------- Warp-native layer
-def test_native_matches_torch_layer_under_tape(device):
+@pytest.mark.parametrize("generator", ["tile", "simt"])
+def test_native_matches_torch_layer_under_tape(device, monkeypatch, generator):
+    # the CG-MLP on the pair rows by either generator; a second recorded step accumulates into the gradients
     from warpkan.native.ukan import UKANLinear as NativeUKAN
+
+    monkeypatch.setattr(ku, "CG_GENERATOR", generator)
 
     native = NativeUKAN(3, 4, spline_order=3, grid_delta=H, pe_dim=4, embed_dim=3, hidden_dim=6,
                         device=device, dtype=wp.float64, seed=1)
@@ -536,6 +701,14 @@ def test_native_matches_torch_layer_under_tape(device):
     np.testing.assert_allclose(native.base_weight_t.grad.numpy().T, grads_ref["base_weight"].cpu().numpy(), rtol=1e-11, atol=1e-12)
     dx = x.grad.numpy()
     np.testing.assert_allclose(np.delete(dx, 4, 0), np.delete(grads_ref["x"].cpu().numpy(), 4, 0), rtol=1e-11, atol=1e-12)
+    tape = wp.Tape()
+    with tape:
+        y = native(x)
+    y.grad = wp.array(dy_t.cpu().numpy(), dtype=wp.float64, device=device)
+    tape.backward()
+    for name, attr in torch_names.items():
+        np.testing.assert_allclose(getattr(native, attr).grad.numpy(), 2 * grads_ref[name].cpu().numpy(),
+                                   rtol=1e-11, atol=1e-12, err_msg=name)
 
 
 def test_native_bad_input_and_empty(device):

@@ -30,7 +30,11 @@ Rt K - 2) and holds the SiLU base instead. Like KANLinear's gemm strategy, the b
 written as a transposed dense basis ``[in W, rows]`` by coalesced stores (zeros included, no fill) and
 contracted with cuBLAS; dx folds the basis gradient back per element, and one kernel splits the combined
 weight's gradient into d table, d scaler and d base weight in a fixed order. The cell is located in float64
-relative to ``lo_i``, so |x| = 1e6 keeps full precision here too.
+relative to ``lo_i``, so |x| = 1e6 keeps full precision here too. The CG-MLP of the range (its rows are
+(feature i, group lo_i - 1 + j)) runs as one fused tile generator (``generator_*`` below: input rows, hidden
+layer and table rows a block in shared memory by ``wp.tile_matmul``; the backward as per-block partials and
+a fixed-order combine), or, where its tiles would not fit or :data:`CG_GENERATOR` says "simt", on the SIMT
+kernels (``range_*``).
 
 **Sparse pairs** (below; any span, cost independent of it). The pipeline has no host read-back: every size is a function of the shapes, so it runs under CUDA-graph
 capture and ``torch.compile`` with static shapes.
@@ -45,7 +49,8 @@ capture and ``torch.compile`` with static shapes.
    The pass also records, per element, its window start and local coordinate (``window``, ``local_u``), so
    the spline kernels never locate the cell again (no float64 there).
 2. **CG-MLP** on the table rows: ``table [capacity, K, out]``. The torch bridge runs it with torch (a dense
-   GEMM); the Warp-native layer uses the SIMT dense kernels at the bottom of this file.
+   GEMM); the Warp-native layer uses the fused tile generator at the bottom of this file (or the SIMT dense
+   kernels, see :data:`CG_GENERATOR`).
 3./4. **The spline and its gradients** run on the edge engine's per-thread kernels, with the shared-table UKAN
    family (:func:`warpkan.kernels.edge.ukan_family.ukan_table_family`): its ``locate`` reads each element's
    window and local coordinate from the pair pass, and the one table ``[capacity K, out]`` is the engine's
@@ -95,6 +100,15 @@ __all__ = [
     "launch_range_mlp_forward",
     "launch_range_mlp_backward",
     "range_mlp_partial_shape",
+    "CG_GENERATOR",
+    "use_tile_generator",
+    "generator_widths",
+    "generator_shared_bytes",
+    "generator_partial_shapes",
+    "launch_generator_forward",
+    "launch_generator_backward",
+    "launch_pair_generator_forward",
+    "launch_pair_generator_backward",
 ]
 
 _GROUP_BIAS = 2**40  # g + bias > 0 for every clamped g (and g - 1)
@@ -1109,3 +1123,624 @@ def launch_range_mlp_backward(d_table, group_lo, embedding, w_hidden, b_hidden, 
             + _launch(variant.dense_backward_input, tuple(d_features.shape), [d_pre, w_hidden, d_pre, 0, d_features],
                       device, stream, record)
             + _launch(variant.range_param_combine, (n_entries,), combine_args, device, stream, record))
+
+
+# ---- the CG-MLP as one fused tile generator, on the dense range's rows (p = i Rt + j: feature i, group
+# group_lo[i] - 1 + j) or on the touched pairs' (the Warp-native layer). A block takes GENERATOR_ROWS
+# consecutive table rows: it forms their input rows in shared memory
+# (the encoding, float64 phases, and the gathered embedding rows), the hidden layer by tile_matmul and SiLU,
+# and the table rows by one tile_matmul per GENERATOR_COLS output columns, without a round trip of the
+# input rows or the hidden layer through global memory. The backward recomputes the rows, and each block
+# writes its share of every parameter gradient as tile_matmul partials (the bias sums too, as products with
+# a row of ones: a fixed summation order); one SIMT kernel adds the blocks' partials in block order and the
+# embedding rows in row order. No atomics: every gradient is bitwise reproducible.
+#
+# The input rows are kept as two tiles, the encoding [rows, PE_W] and the embedding [rows, E_W], against the
+# two column ranges of w_hidden: tiles are padded to widths from GENERATOR_WIDTHS (zeros past the real width,
+# which tile_load / tile_load_indexed supply past an array's extent and the encoding writes past pe_dim), so
+# one compiled module serves every size up to the next width, and the encoding's padding columns meet
+# embedding weights with a zero.
+
+# the CG-MLP of the torch layer's dense range and of the Warp-native layer: "tile" (the fused generator) or
+# "simt" (the per-output kernels), both kept until the GPU measurement (scripts/ukan_generator_timing.py)
+CG_GENERATOR = "tile"
+CG_GENERATORS = ("tile", "simt")
+GENERATOR_ROW_MAPS = ("range", "pairs")  # table row -> (feature, group): the dense range, the touched pairs
+GENERATOR_ROWS = 32  # table rows a block
+GENERATOR_COLS = 32  # table columns a tile_matmul of the output layer
+GENERATOR_BLOCK_COLS = 4 * GENERATOR_COLS  # table columns a block
+GENERATOR_WIDTHS = (8, 16, 32, 64, 128)  # tile widths of pe_dim, embed_dim and hidden_dim
+_GENERATOR_BLOCK_DIM = 128
+
+
+_GENERATOR_SHARED_BUDGET = 112 * 1024  # bytes of shared memory a block: two blocks an SM on the H200 (228 KiB)
+_GENERATOR_SHARED_SLACK = 1024  # the row-index tiles and alignment, over the tiles counted below
+
+
+def generator_shared_bytes(scalar_bytes: int, widths: tuple) -> tuple[int, int]:
+    """(forward, backward): an upper bound of the shared memory a block of the generator asks for, which Warp
+    sizes as the kernel's own shared tiles plus the largest frame of the functions it calls (see
+    :func:`_generator_funcs_of_widths`)."""
+    pe_w, embed_w, hidden_w = widths
+    rows, cols = GENERATOR_ROWS, GENERATOR_COLS
+    hidden_frame = hidden_w * (pe_w + embed_w)  # w_hidden's two column ranges
+    forward = rows * (pe_w + embed_w + hidden_w) + max(hidden_frame, cols * hidden_w + rows * cols)
+    backward = rows * (pe_w + embed_w + 2 * hidden_w) + max(  # either backward kernel
+        hidden_frame,
+        rows * cols + 2 * cols * hidden_w + rows + cols,  # output_columns_backward
+        hidden_w * (pe_w + 2 * embed_w) + rows + hidden_w + rows * embed_w,  # hidden_layer_backward
+    )
+    return (forward * scalar_bytes + _GENERATOR_SHARED_SLACK, backward * scalar_bytes + _GENERATOR_SHARED_SLACK)
+
+
+def generator_widths(scalar_bytes: int, pe_dim: int, embed_dim: int, hidden_dim: int):
+    """The tile widths (pe, embed, hidden) of the fused generator for these CG-MLP sizes in a scalar type of
+    ``scalar_bytes`` bytes, or None where one is wider than the widest tile or the blocks would need more shared
+    memory than the budget (the SIMT kernels then run the CG-MLP)."""
+    widths = []
+    for size in (pe_dim, embed_dim, hidden_dim):
+        fitting = [w for w in GENERATOR_WIDTHS if w >= size]
+        if not fitting:
+            return None
+        widths.append(fitting[0])
+    widths = tuple(widths)
+    if max(generator_shared_bytes(scalar_bytes, widths)) > _GENERATOR_SHARED_BUDGET:
+        return None
+    return widths
+
+
+def use_tile_generator(scalar_bytes: int, pe_dim: int, embed_dim: int, hidden_dim: int) -> bool:
+    """Whether a UKAN CG-MLP (the torch layer's dense range, the Warp-native layer's pairs) runs on the fused
+    tile generator: :data:`CG_GENERATOR` says "tile" and the sizes fit it (:func:`generator_widths`)."""
+    if CG_GENERATOR not in CG_GENERATORS:
+        raise ValueError(f"CG_GENERATOR must be one of {CG_GENERATORS}, got {CG_GENERATOR!r}")
+    return CG_GENERATOR == "tile" and generator_widths(scalar_bytes, pe_dim, embed_dim, hidden_dim) is not None
+
+
+def _generator_kernel_decorator(scalar_name: str, widths: tuple, part: str):
+    """``wp.kernel`` into a module of its own per (scalar, widths, forward or backward): a tile_matmul module
+    takes tens of seconds to compile on the GPU, so a forward-only use never compiles the backward."""
+    pe_w, embed_w, hidden_w = widths
+    return _kernel_decorator(f"warpkan_ukan_generator_{part}_{scalar_name}_{pe_w}_{embed_w}_{hidden_w}")
+
+
+@functools.lru_cache(maxsize=None)
+def _generator_funcs(scalar_name: str):
+    """The element functions of the generator's tiles, one set per scalar type."""
+    scalar = SCALARS[scalar_name]
+    zero = scalar(0.0)
+    silu_and_grad = _mlp_silu_and_grad_func(scalar_name)
+
+    @wp.func
+    def row_feature(r: int, first_row: int, rows_per_feature: int, n_rows: int):
+        # the feature of table row first_row + r; -1 past the table (gathers read zeros there)
+        p = first_row + r
+        if p >= n_rows:
+            return -1
+        return p // rows_per_feature
+
+    @wp.func
+    def row_group(r: int, feature: int, lowest: wp.int64, first_row: int, rows_per_feature: int):
+        # group lowest - 1 + j of row p = feature Rt + j
+        if feature < 0:
+            return wp.int64(0)
+        return lowest - wp.int64(1) + wp.int64(first_row + r - feature * rows_per_feature)
+
+    @wp.func
+    def encoding_entry(g: wp.int64, a: int, pe_dim: int):
+        if a < pe_dim:
+            return scalar(group_encoding(g, a, pe_dim))
+        return zero
+
+    @wp.func
+    def silu(x: scalar):
+        act, dact = silu_and_grad(x)
+        return act
+
+    @wp.func
+    def silu_backward(d_act: scalar, x: scalar):
+        act, dact = silu_and_grad(x)
+        return d_act * dact
+
+    return row_feature, row_group, encoding_entry, silu, silu_backward
+
+
+@functools.lru_cache(maxsize=None)
+def _generator_funcs_of_widths(scalar_name: str, widths: tuple, rows: str):
+    """The generator's block-level @wp.funcs of one (scalar, widths, row map). Each phase is a function of its
+    own so that its temporary tiles live in its own frame: Warp sizes a kernel's shared memory as the sum of
+    the kernel's own shared tiles plus the largest frame of the functions it calls.
+
+    ``rows`` names the map from table row to (feature, group), from the kernels' ``row_groups`` (int64) and
+    ``row_features`` (int32): "range", row p = i Rt + j is feature i at group row_groups[i] - 1 + j (the
+    dense range; row_features unused); "pairs", row p is feature row_features[p] at group row_groups[p] (the
+    touched pairs)."""
+    if rows not in GENERATOR_ROW_MAPS:
+        raise ValueError(f"rows must be one of {GENERATOR_ROW_MAPS}, got {rows!r}")
+    scalar = SCALARS[scalar_name]
+    PE_W, E_W, H_W = widths
+    ROWS, COLS = GENERATOR_ROWS, GENERATOR_COLS
+    row_feature, row_group, encoding_entry, silu, silu_backward = _generator_funcs(scalar_name)
+
+    @wp.func
+    def range_rows(
+        first_row: int,
+        row_groups: wp.array(dtype=wp.int64),
+        row_features: wp.array(dtype=wp.int32),
+        rows_per_feature: int,
+        n_rows: int,
+        feature: wp.tile(dtype=int, shape=(ROWS,), storage="shared"),
+        group: wp.tile(dtype=wp.int64, shape=(ROWS,), storage="shared"),
+    ):
+        r = wp.tile_arange(ROWS, dtype=int)
+        wp.tile_assign(feature, wp.tile_map(wp.static(row_feature), r, wp.tile_full(ROWS, first_row, dtype=int),
+                                            wp.tile_full(ROWS, rows_per_feature, dtype=int),
+                                            wp.tile_full(ROWS, n_rows, dtype=int)))
+        lowest = wp.tile_load_indexed(row_groups, indices=feature, shape=(ROWS,), axis=0)
+        wp.tile_assign(group, wp.tile_map(wp.static(row_group), r, feature, lowest,
+                                          wp.tile_full(ROWS, first_row, dtype=int),
+                                          wp.tile_full(ROWS, rows_per_feature, dtype=int)))
+
+    @wp.func
+    def pair_rows(
+        first_row: int,
+        row_groups: wp.array(dtype=wp.int64),
+        row_features: wp.array(dtype=wp.int32),
+        rows_per_feature: int,
+        n_rows: int,
+        feature: wp.tile(dtype=int, shape=(ROWS,), storage="shared"),
+        group: wp.tile(dtype=wp.int64, shape=(ROWS,), storage="shared"),
+    ):
+        # rows past the table read feature 0, group 0: computed, never stored
+        wp.tile_assign(feature, wp.tile_load(row_features, shape=(ROWS,), offset=(first_row,)))
+        wp.tile_assign(group, wp.tile_load(row_groups, shape=(ROWS,), offset=(first_row,)))
+
+    row_map = range_rows if rows == "range" else pair_rows
+
+    @wp.func
+    def input_rows(
+        first_row: int,
+        row_groups: wp.array(dtype=wp.int64),
+        row_features: wp.array(dtype=wp.int32),
+        rows_per_feature: int,
+        n_rows: int,
+        embedding: wp.array2d(dtype=scalar),
+        pe_dim: int,
+        encoding_rows: wp.tile(dtype=scalar, shape=(ROWS, PE_W), storage="shared"),
+        embedding_rows: wp.tile(dtype=scalar, shape=(ROWS, E_W), storage="shared"),
+    ):
+        # the block's input rows: the encoding of each row's group (zeros past pe_dim) and its feature's
+        # embedding (zeros past embed_dim, and in range rows past the table)
+        feature = wp.tile_zeros(shape=(ROWS,), dtype=int, storage="shared")
+        group = wp.tile_zeros(shape=(ROWS,), dtype=wp.int64, storage="shared")
+        row_map(first_row, row_groups, row_features, rows_per_feature, n_rows, feature, group)
+        groups = wp.tile_broadcast(wp.tile_reshape(group, shape=(ROWS, 1)), shape=(ROWS, PE_W))
+        columns = wp.tile_broadcast(wp.tile_reshape(wp.tile_arange(PE_W, dtype=int), shape=(1, PE_W)),
+                                    shape=(ROWS, PE_W))
+        wp.tile_assign(encoding_rows, wp.tile_map(wp.static(encoding_entry), groups, columns,
+                                                  wp.tile_full(shape=(ROWS, PE_W), value=pe_dim, dtype=int)))
+        wp.tile_assign(embedding_rows, wp.tile_load_indexed(embedding, indices=feature, shape=(ROWS, E_W), axis=0))
+
+    @wp.func
+    def hidden_layer(
+        encoding_rows: wp.tile(dtype=scalar, shape=(ROWS, PE_W), storage="shared"),
+        embedding_rows: wp.tile(dtype=scalar, shape=(ROWS, E_W), storage="shared"),
+        pe_dim: int,
+        w_hidden: wp.array2d(dtype=scalar),
+        b_hidden: wp.array(dtype=scalar),
+        pre: wp.tile(dtype=scalar, shape=(ROWS, H_W), storage="shared"),
+    ):
+        # pre = [encoding, embedding] w_hidden^T + b_hidden: w_hidden's encoding columns (past pe_dim, embedding
+        # columns, which meet the encoding's zeros) and its embedding columns
+        w_encoding = wp.tile_load(w_hidden, shape=(H_W, PE_W), offset=(0, 0), storage="shared")
+        w_embedding = wp.tile_load(w_hidden, shape=(H_W, E_W), offset=(0, pe_dim), storage="shared")
+        wp.tile_assign(pre, wp.tile_broadcast(wp.tile_reshape(wp.tile_load(b_hidden, shape=(H_W,)), shape=(1, H_W)),
+                                              shape=(ROWS, H_W)))
+        wp.tile_matmul(encoding_rows, wp.tile_transpose(w_encoding), pre)
+        wp.tile_matmul(embedding_rows, wp.tile_transpose(w_embedding), pre)
+
+    @wp.func
+    def output_columns(
+        hidden: wp.tile(dtype=scalar, shape=(ROWS, H_W), storage="shared"),
+        w_out: wp.array2d(dtype=scalar),
+        b_out: wp.array(dtype=scalar),
+        first_row: int,
+        col: int,
+        table: wp.array2d(dtype=scalar),
+    ):
+        w = wp.tile_load(w_out, shape=(COLS, H_W), offset=(col, 0), storage="shared")
+        out = wp.tile_zeros(shape=(ROWS, COLS), dtype=scalar, storage="shared")
+        wp.tile_assign(out, wp.tile_broadcast(
+            wp.tile_reshape(wp.tile_load(b_out, shape=(COLS,), offset=(col,)), shape=(1, COLS)), shape=(ROWS, COLS)))
+        wp.tile_matmul(hidden, wp.tile_transpose(w), out)
+        wp.tile_store(table, out, offset=(first_row, col))
+
+    @wp.func
+    def output_columns_backward(
+        d_table: wp.array2d(dtype=scalar),
+        w_out: wp.array2d(dtype=scalar),
+        hidden: wp.tile(dtype=scalar, shape=(ROWS, H_W), storage="shared"),
+        block: int,
+        first_row: int,
+        col: int,
+        d_hidden: wp.tile(dtype=scalar, shape=(ROWS, H_W), storage="shared"),
+        part_w_out: wp.array3d(dtype=scalar),
+        part_b_out: wp.array2d(dtype=scalar),
+    ):
+        # d_hidden += d_out w_out[cols]; the block's partials of d w_out[cols] = d_out^T hidden and of d b_out
+        # (a row of ones times d_out: a fixed summation order)
+        d_out = wp.tile_load(d_table, shape=(ROWS, COLS), offset=(first_row, col), storage="shared")
+        w = wp.tile_load(w_out, shape=(COLS, H_W), offset=(col, 0), storage="shared")
+        wp.tile_matmul(d_out, w, d_hidden)
+        d_w = wp.tile_matmul(wp.tile_transpose(d_out), hidden)
+        wp.tile_store(part_w_out, wp.tile_reshape(d_w, shape=(1, COLS, H_W)), offset=(block, col, 0))
+        ones = wp.tile_ones(shape=(1, ROWS), dtype=scalar, storage="shared")
+        wp.tile_store(part_b_out, wp.tile_matmul(ones, d_out), offset=(block, col))
+
+    @wp.func
+    def hidden_layer_backward(
+        d_pre: wp.tile(dtype=scalar, shape=(ROWS, H_W), storage="shared"),
+        encoding_rows: wp.tile(dtype=scalar, shape=(ROWS, PE_W), storage="shared"),
+        embedding_rows: wp.tile(dtype=scalar, shape=(ROWS, E_W), storage="shared"),
+        w_hidden: wp.array2d(dtype=scalar),
+        pe_dim: int,
+        block: int,
+        first_row: int,
+        part_w_encoding: wp.array3d(dtype=scalar),
+        part_w_embedding: wp.array3d(dtype=scalar),
+        part_b_hidden: wp.array2d(dtype=scalar),
+        d_embedding_rows: wp.array2d(dtype=scalar),
+    ):
+        d_pre_t = wp.tile_transpose(d_pre)
+        wp.tile_store(part_w_encoding, wp.tile_reshape(wp.tile_matmul(d_pre_t, encoding_rows), shape=(1, H_W, PE_W)),
+                      offset=(block, 0, 0))
+        wp.tile_store(part_w_embedding,
+                      wp.tile_reshape(wp.tile_matmul(d_pre_t, embedding_rows), shape=(1, H_W, E_W)),
+                      offset=(block, 0, 0))
+        ones = wp.tile_ones(shape=(1, ROWS), dtype=scalar, storage="shared")
+        wp.tile_store(part_b_hidden, wp.tile_matmul(ones, d_pre), offset=(block, 0))
+        w_embedding = wp.tile_load(w_hidden, shape=(H_W, E_W), offset=(0, pe_dim), storage="shared")
+        wp.tile_store(d_embedding_rows, wp.tile_matmul(d_pre, w_embedding), offset=(first_row, 0))
+
+    return input_rows, hidden_layer, output_columns, output_columns_backward, hidden_layer_backward
+
+
+@functools.lru_cache(maxsize=None)
+def _generator_forward_kernel(scalar_name: str, widths: tuple, rows: str):
+    """The fused CG-MLP forward: a block's table rows, GENERATOR_BLOCK_COLS columns of them (``rows``: the row
+    map, see :func:`_generator_funcs_of_widths`). The blocks of one row block each form the rows' hidden layer
+    again: a few small products, for a grid wide enough to fill the GPU when the table has few rows and many
+    columns."""
+    scalar = SCALARS[scalar_name]
+    PE_W, E_W, H_W = widths
+    ROWS, COLS, BLOCK_COLS = GENERATOR_ROWS, GENERATOR_COLS, GENERATOR_BLOCK_COLS
+    silu = _generator_funcs(scalar_name)[3]
+    input_rows, hidden_layer, output_columns = _generator_funcs_of_widths(scalar_name, widths, rows)[:3]
+    kernel = _generator_kernel_decorator(scalar_name, widths, f"forward_{rows}")
+
+    @kernel
+    def generator_forward(
+        row_groups: wp.array(dtype=wp.int64),
+        row_features: wp.array(dtype=wp.int32),
+        rows_per_feature: int,
+        embedding: wp.array2d(dtype=scalar),
+        pe_dim: int,
+        w_hidden: wp.array2d(dtype=scalar),
+        b_hidden: wp.array(dtype=scalar),
+        w_out: wp.array2d(dtype=scalar),
+        b_out: wp.array(dtype=scalar),
+        table: wp.array2d(dtype=scalar),
+    ):
+        block, col_block, lane = wp.tid()
+        first_row = block * ROWS
+        encoding_rows = wp.tile_zeros(shape=(ROWS, PE_W), dtype=scalar, storage="shared")
+        embedding_rows = wp.tile_zeros(shape=(ROWS, E_W), dtype=scalar, storage="shared")
+        input_rows(first_row, row_groups, row_features, rows_per_feature, table.shape[0], embedding, pe_dim,
+                   encoding_rows, embedding_rows)
+        hidden = wp.tile_zeros(shape=(ROWS, H_W), dtype=scalar, storage="shared")
+        hidden_layer(encoding_rows, embedding_rows, pe_dim, w_hidden, b_hidden, hidden)
+        wp.tile_assign(hidden, wp.tile_map(wp.static(silu), hidden))  # the pre-activations are not needed again
+        first_col = col_block * BLOCK_COLS
+        for col in range(first_col, wp.min(first_col + BLOCK_COLS, table.shape[1]), COLS):
+            output_columns(hidden, w_out, b_out, first_row, col, table)
+
+    return generator_forward
+
+
+@functools.lru_cache(maxsize=None)
+def _generator_backward_kernels(scalar_name: str, widths: tuple, rows: str):
+    """The fused CG-MLP backward, two kernels. ``output``: a block's GENERATOR_BLOCK_COLS columns of the output
+    layer (its rows' hidden layer formed again), their partials of d w_out and d b_out, and its columns' share
+    of the rows' hidden gradient (d_hidden_parts [column blocks, rows, H]). ``hidden``: a block's rows, their
+    hidden gradient summed over the column blocks in order, its partials of d w_hidden and d b_hidden, and the
+    rows' embedding gradients. Rows past the table read a zero table gradient, so they add nothing."""
+    scalar = SCALARS[scalar_name]
+    PE_W, E_W, H_W = widths
+    ROWS, COLS, BLOCK_COLS = GENERATOR_ROWS, GENERATOR_COLS, GENERATOR_BLOCK_COLS
+    silu, silu_backward = _generator_funcs(scalar_name)[3:]
+    input_rows, hidden_layer, output_columns, output_columns_backward, hidden_layer_backward = (
+        _generator_funcs_of_widths(scalar_name, widths, rows))
+    kernel = _generator_kernel_decorator(scalar_name, widths, f"backward_{rows}")
+
+    @wp.func
+    def add_hidden_part(
+        d_hidden: wp.tile(dtype=scalar, shape=(ROWS, H_W), storage="shared"),
+        d_hidden_parts: wp.array3d(dtype=scalar),
+        col_block: int,
+        first_row: int,
+    ):
+        part = wp.tile_load(d_hidden_parts, shape=(1, ROWS, H_W), offset=(col_block, first_row, 0))
+        wp.tile_assign(d_hidden, d_hidden + wp.tile_reshape(part, shape=(ROWS, H_W)))
+
+    @kernel
+    def generator_backward_output(
+        d_table: wp.array2d(dtype=scalar),
+        row_groups: wp.array(dtype=wp.int64),
+        row_features: wp.array(dtype=wp.int32),
+        rows_per_feature: int,
+        embedding: wp.array2d(dtype=scalar),
+        pe_dim: int,
+        w_hidden: wp.array2d(dtype=scalar),
+        b_hidden: wp.array(dtype=scalar),
+        w_out: wp.array2d(dtype=scalar),
+        part_w_out: wp.array3d(dtype=scalar),
+        part_b_out: wp.array2d(dtype=scalar),
+        d_hidden_parts: wp.array3d(dtype=scalar),
+    ):
+        block, col_block, lane = wp.tid()
+        first_row = block * ROWS
+        encoding_rows = wp.tile_zeros(shape=(ROWS, PE_W), dtype=scalar, storage="shared")
+        embedding_rows = wp.tile_zeros(shape=(ROWS, E_W), dtype=scalar, storage="shared")
+        input_rows(first_row, row_groups, row_features, rows_per_feature, d_table.shape[0], embedding, pe_dim,
+                   encoding_rows, embedding_rows)
+        hidden = wp.tile_zeros(shape=(ROWS, H_W), dtype=scalar, storage="shared")
+        hidden_layer(encoding_rows, embedding_rows, pe_dim, w_hidden, b_hidden, hidden)
+        wp.tile_assign(hidden, wp.tile_map(wp.static(silu), hidden))
+        d_hidden = wp.tile_zeros(shape=(ROWS, H_W), dtype=scalar, storage="shared")
+        first_col = col_block * BLOCK_COLS
+        for col in range(first_col, wp.min(first_col + BLOCK_COLS, d_table.shape[1]), COLS):
+            output_columns_backward(d_table, w_out, hidden, block, first_row, col, d_hidden, part_w_out, part_b_out)
+        wp.tile_store(d_hidden_parts, wp.tile_reshape(d_hidden, shape=(1, ROWS, H_W)), offset=(col_block, first_row, 0))
+
+    @kernel
+    def generator_backward_hidden(
+        d_hidden_parts: wp.array3d(dtype=scalar),
+        row_groups: wp.array(dtype=wp.int64),
+        row_features: wp.array(dtype=wp.int32),
+        rows_per_feature: int,
+        embedding: wp.array2d(dtype=scalar),
+        pe_dim: int,
+        w_hidden: wp.array2d(dtype=scalar),
+        b_hidden: wp.array(dtype=scalar),
+        part_w_encoding: wp.array3d(dtype=scalar),
+        part_w_embedding: wp.array3d(dtype=scalar),
+        part_b_hidden: wp.array2d(dtype=scalar),
+        d_embedding_rows: wp.array2d(dtype=scalar),
+    ):
+        block, lane = wp.tid()
+        first_row = block * ROWS
+        encoding_rows = wp.tile_zeros(shape=(ROWS, PE_W), dtype=scalar, storage="shared")
+        embedding_rows = wp.tile_zeros(shape=(ROWS, E_W), dtype=scalar, storage="shared")
+        input_rows(first_row, row_groups, row_features, rows_per_feature, d_hidden_parts.shape[1], embedding,
+                   pe_dim, encoding_rows, embedding_rows)
+        pre = wp.tile_zeros(shape=(ROWS, H_W), dtype=scalar, storage="shared")
+        hidden_layer(encoding_rows, embedding_rows, pe_dim, w_hidden, b_hidden, pre)
+        d_hidden = wp.tile_zeros(shape=(ROWS, H_W), dtype=scalar, storage="shared")
+        for col_block in range(d_hidden_parts.shape[0]):  # in order: deterministic
+            add_hidden_part(d_hidden, d_hidden_parts, col_block, first_row)
+        wp.tile_assign(pre, wp.tile_map(wp.static(silu_backward), d_hidden, pre))  # pre now holds d_pre
+        hidden_layer_backward(pre, encoding_rows, embedding_rows, w_hidden, pe_dim, block, first_row, part_w_encoding,
+                              part_w_embedding, part_b_hidden, d_embedding_rows)
+
+    return generator_backward_output, generator_backward_hidden
+
+
+@functools.lru_cache(maxsize=None)
+def _generator_combine_kernel(scalar_name: str):
+    """The generator's parameter gradients from the blocks' partials, and the embedding's from its rows. A
+    module of its own: built the first time a backward runs, it would otherwise change the hash of a CG-MLP
+    module that is already loaded and make Warp build all of its kernels again."""
+    scalar = SCALARS[scalar_name]
+    kernel = _kernel_decorator(f"warpkan_ukan_generator_combine_{scalar_name}")
+    zero = scalar(0.0)
+
+    @kernel
+    def generator_combine(
+        part_w_out: wp.array3d(dtype=scalar),
+        part_b_out: wp.array2d(dtype=scalar),
+        part_w_encoding: wp.array3d(dtype=scalar),
+        part_w_embedding: wp.array3d(dtype=scalar),
+        part_b_hidden: wp.array2d(dtype=scalar),
+        d_embedding_rows: wp.array2d(dtype=scalar),
+        rows_per_feature: int,
+        accumulate: int,
+        d_w_out: wp.array2d(dtype=scalar),
+        d_b_out: wp.array(dtype=scalar),
+        d_w_hidden: wp.array2d(dtype=scalar),
+        d_b_hidden: wp.array(dtype=scalar),
+        d_embedding: wp.array2d(dtype=scalar),
+    ):
+        # flat entry q over [W_out (B x H) | b_out (B) | W_hidden (H x A) | b_hidden (H) | embedding (in x E)];
+        # each the sum of the blocks' partials in block order (the embedding, launched for range rows only:
+        # of its feature's rows in order), added to the gradient with ``accumulate``, else stored
+        q = wp.tid()
+        n_b = d_w_out.shape[0]
+        n_h = d_w_out.shape[1]
+        n_a = d_w_hidden.shape[1]
+        pe_dim = part_w_encoding.shape[2]
+        n_blocks = part_w_out.shape[0]
+        acc = zero
+        if q < n_b * n_h:
+            b = q // n_h
+            h = q - b * n_h
+            if accumulate:
+                acc = d_w_out[b, h]
+            for block in range(n_blocks):
+                acc = acc + part_w_out[block, b, h]
+            d_w_out[b, h] = acc
+        elif q < n_b * n_h + n_b:
+            b = q - n_b * n_h
+            if accumulate:
+                acc = d_b_out[b]
+            for block in range(n_blocks):
+                acc = acc + part_b_out[block, b]
+            d_b_out[b] = acc
+        elif q < n_b * n_h + n_b + n_h * n_a:
+            r = q - n_b * n_h - n_b
+            h = r // n_a
+            a = r - h * n_a
+            if accumulate:
+                acc = d_w_hidden[h, a]
+            if a < pe_dim:
+                for block in range(n_blocks):
+                    acc = acc + part_w_encoding[block, h, a]
+            else:
+                for block in range(n_blocks):
+                    acc = acc + part_w_embedding[block, h, a - pe_dim]
+            d_w_hidden[h, a] = acc
+        elif q < n_b * n_h + n_b + n_h * n_a + n_h:
+            h = q - n_b * n_h - n_b - n_h * n_a
+            if accumulate:
+                acc = d_b_hidden[h]
+            for block in range(n_blocks):
+                acc = acc + part_b_hidden[block, h]
+            d_b_hidden[h] = acc
+        else:
+            n_e = d_embedding.shape[1]
+            r = q - n_b * n_h - n_b - n_h * n_a - n_h
+            i = r // n_e
+            e = r - i * n_e
+            if accumulate:
+                acc = d_embedding[i, e]
+            for j in range(rows_per_feature):
+                acc = acc + d_embedding_rows[i * rows_per_feature + j, e]
+            d_embedding[i, e] = acc
+
+    return generator_combine
+
+
+def generator_partial_shapes(n_rows: int, n_table_cols: int, pe_dim: int, embed_dim: int, hidden_dim: int) -> dict:
+    """Shapes of the scratch of :func:`launch_generator_backward`, by argument name: a function of the shapes
+    alone (so is the summation order)."""
+    n_blocks = max(1, -(-n_rows // GENERATOR_ROWS))
+    return {
+        "part_w_out": (n_blocks, n_table_cols, hidden_dim),
+        "part_b_out": (n_blocks, n_table_cols),
+        "part_w_encoding": (n_blocks, hidden_dim, pe_dim),
+        "part_w_embedding": (n_blocks, hidden_dim, embed_dim),
+        "part_b_hidden": (n_blocks, hidden_dim),
+        "d_embedding_rows": (n_rows, embed_dim),
+        "d_hidden_parts": (_column_blocks(n_table_cols), n_rows, hidden_dim),
+    }
+
+
+def _column_blocks(n_table_cols: int) -> int:
+    return max(1, -(-n_table_cols // GENERATOR_BLOCK_COLS))
+
+
+def _generator_config(table, embedding, w_hidden, pe_dim):
+    name = scalar_name(table, "table")
+    widths = generator_widths(wp.types.type_size_in_bytes(SCALARS[name]), pe_dim, embedding.shape[1], w_hidden.shape[0])
+    if widths is None:
+        raise ValueError(f"the tile generator takes pe_dim, embed_dim and hidden_dim up to {GENERATOR_WIDTHS[-1]} "
+                         f"within {_GENERATOR_SHARED_BUDGET} bytes of shared memory a block ({name}), got "
+                         f"{pe_dim}, {embedding.shape[1]} and {w_hidden.shape[0]}")
+    return name, widths, -(-table.shape[0] // GENERATOR_ROWS)
+
+
+def _launch_tiled(kernel, blocks: list, inputs, device, stream, record):
+    """One tiled launch of a grid of ``blocks``, or (record=True) its recorded command in a list, for a caller's
+    launch cache."""
+    cmd = wp.launch_tiled(kernel, dim=blocks, inputs=inputs, device=device, stream=stream,
+                          block_dim=_GENERATOR_BLOCK_DIM, record_tape=False, record_cmd=record)
+    return [cmd] if record else []
+
+
+def _generator_forward(rows, row_groups, row_features, rows_per_feature, embedding, w_hidden, b_hidden, w_out,
+                       b_out, table, pe_dim, stream, record):
+    if table.shape[0] == 0 or table.shape[1] == 0:
+        return []
+    name, widths, n_blocks = _generator_config(table, embedding, w_hidden, pe_dim)
+    return _launch_tiled(_generator_forward_kernel(name, widths, rows), [n_blocks, _column_blocks(table.shape[1])],
+                         [row_groups, row_features, rows_per_feature, embedding, int(pe_dim), w_hidden, b_hidden, w_out,
+                          b_out, table], table.device, stream, record)
+
+
+def _generator_backward(rows, d_table, row_groups, row_features, rows_per_feature, embedding, w_hidden, b_hidden,
+                        w_out, partials, grads, pe_dim, accumulate, stream, record):
+    """The backward kernel and the combine; the combine leaves d_embedding (the last of ``grads``) to the
+    caller unless the rows are a range's."""
+    name, widths, n_blocks = _generator_config(d_table, embedding, w_hidden, pe_dim)
+    d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding = grads
+    n_entries = (d_w_out.shape[0] * d_w_out.shape[1] + d_b_out.shape[0] + d_w_hidden.shape[0] * d_w_hidden.shape[1]
+                 + d_b_hidden.shape[0])
+    if rows == "range":
+        n_entries += d_embedding.shape[0] * d_embedding.shape[1]
+    device = d_table.device
+    part_w_out, part_b_out, part_w_encoding, part_w_embedding, part_b_hidden, d_embedding_rows, d_hidden_parts = partials
+    output_kernel, hidden_kernel = _generator_backward_kernels(name, widths, rows)
+    rows_args = [row_groups, row_features, rows_per_feature, embedding, int(pe_dim), w_hidden, b_hidden]
+    return (_launch_tiled(output_kernel, [n_blocks, d_hidden_parts.shape[0]],
+                          [d_table, *rows_args, w_out, part_w_out, part_b_out, d_hidden_parts], device, stream, record)
+            + _launch_tiled(hidden_kernel, [n_blocks], [d_hidden_parts, *rows_args, part_w_encoding, part_w_embedding,
+                                                       part_b_hidden, d_embedding_rows], device, stream, record)
+            + _launch(_generator_combine_kernel(name), (n_entries,),
+                      [*partials[:6], rows_per_feature, int(accumulate), *grads], device, stream, record))
+
+
+def _no_row_features(device):
+    return wp.empty(0, dtype=wp.int32, device=device)
+
+
+def launch_generator_forward(group_lo, embedding, w_hidden, b_hidden, w_out, b_out, table, pe_dim, stream=None,
+                             record=False):
+    """The CG-MLP on the dense range by the fused tile generator: table [in Rt, B] = w_out silu(w_hidden f +
+    b_hidden) + b_out, the input row f of row i Rt + j being (the encoding of group group_lo[i] - 1 + j,
+    embedding[i]) (what :func:`launch_range_mlp_forward` computes, in one launch and no row scratch)."""
+    rows_per_feature = table.shape[0] // group_lo.shape[0]
+    return _generator_forward("range", group_lo, _no_row_features(table.device), rows_per_feature, embedding,
+                              w_hidden, b_hidden, w_out, b_out, table, pe_dim, stream, record)
+
+
+def launch_generator_backward(d_table, group_lo, embedding, w_hidden, b_hidden, w_out, part_w_out, part_b_out,
+                              part_w_encoding, part_w_embedding, part_b_hidden, d_embedding_rows, d_hidden_parts,
+                              d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding, pe_dim, stream=None,
+                              record=False):
+    """Every parameter gradient of :func:`launch_generator_forward` from d_table [in Rt, B], written, not
+    accumulated: the blocks' tile_matmul partials (scratch shaped by :func:`generator_partial_shapes`), then
+    their fixed-order sum (bitwise reproducible)."""
+    if d_table.shape[0] == 0:
+        return []
+    rows_per_feature = d_table.shape[0] // group_lo.shape[0]
+    partials = [part_w_out, part_b_out, part_w_encoding, part_w_embedding, part_b_hidden, d_embedding_rows,
+                d_hidden_parts]
+    return _generator_backward("range", d_table, group_lo, _no_row_features(d_table.device), rows_per_feature,
+                               embedding, w_hidden, b_hidden, w_out, partials,
+                               (d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding), pe_dim, False, stream, record)
+
+
+def launch_pair_generator_forward(pair_feature, pair_group, embedding, w_hidden, b_hidden, w_out, b_out, table,
+                                  pe_dim, stream=None):
+    """The CG-MLP on the touched-pair rows by the fused tile generator: table [P, B] = w_out silu(w_hidden f +
+    b_hidden) + b_out, the input row f of row p being (the encoding of group pair_group[p],
+    embedding[pair_feature[p]]) (what launch_features and two launch_dense_forward compute)."""
+    return _generator_forward("pairs", pair_group, pair_feature, 0, embedding, w_hidden, b_hidden, w_out, b_out, table,
+                              pe_dim, stream, False)
+
+
+def launch_pair_generator_backward(d_table, pair_feature, pair_group, rows_needed, embedding, w_hidden, b_hidden,
+                                   w_out, d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding, pe_dim, stream=None):
+    """Accumulate (+=) every parameter gradient of :func:`launch_pair_generator_forward` from d_table [P, B]:
+    the blocks' partials and their fixed-order sum, then the embedding's by each feature's rows in order
+    (:func:`launch_embedding_backward`). Scratch allocated here."""
+    if d_table.shape[0] == 0:
+        return
+    device = d_table.device
+    shapes = generator_partial_shapes(d_table.shape[0], d_table.shape[1], int(pe_dim), embedding.shape[1],
+                                      w_hidden.shape[0])
+    partials = [wp.empty(shape, dtype=d_table.dtype, device=device) for shape in shapes.values()]
+    with on_stream(stream):
+        _generator_backward("pairs", d_table, pair_group, pair_feature, 0, embedding, w_hidden, b_hidden, w_out,
+                            partials, (d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding), pe_dim, True, None,
+                            False)
+        launch_embedding_backward(partials[5], pair_feature, rows_needed, 0, d_embedding)

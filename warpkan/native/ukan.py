@@ -1,7 +1,8 @@
 """Warp-native UKAN layer: parameters in ``wp.array``s, differentiable under ``wp.Tape``.
 
-The same kernels as ``warpkan.torch_bridge.UKANLinear``; here the CG-MLP also runs in Warp (the SIMT dense
-kernels of ``warpkan.kernels.ukan``), and one hand-written backward, recorded with ``Tape.record_func``,
+The same kernels as ``warpkan.torch_bridge.UKANLinear``; here the CG-MLP also runs in Warp, on the touched
+pairs' rows (the fused tile generator of ``warpkan.kernels.ukan``, or its SIMT dense kernels where the tiles
+do not fit or ``CG_GENERATOR`` says "simt"), and one hand-written backward, recorded with ``Tape.record_func``,
 carries the gradient from the output through the spline into the coefficient table and on through the
 CG-MLP into its weights and the feature embedding.
 """
@@ -140,13 +141,20 @@ class UKANLinear(WarpState):
                 n_pairs = -(-needed // 1024) * 1024
                 pairs = touched_pairs(n_pairs)
         self.last_rows_needed = pairs.rows_needed
-        features = empty((n_pairs, self.pe_dim + self.embed_dim))
-        pre1, hid = empty((n_pairs, hidden)), empty((n_pairs, hidden))
         table_flat = empty((n_pairs, out * K))
         table = empty((n_pairs * K, out))
-        ku.launch_features(pairs.pair_feature, pairs.pair_group, self.feature_embedding, self.pe_dim, features)
-        ku.launch_dense_forward(features, self.w1, self.b1, True, pre1, hid)
-        ku.launch_dense_forward(hid, self.w2, self.b2, False, table_flat, table_flat)
+        # the CG-MLP on the pair rows: the fused tile generator (which recomputes its rows in the backward), or
+        # the SIMT kernels, whose rows the backward reuses
+        tile = ku.use_tile_generator(wp.types.type_size_in_bytes(dtype), self.pe_dim, self.embed_dim, hidden)
+        if tile:
+            ku.launch_pair_generator_forward(pairs.pair_feature, pairs.pair_group, self.feature_embedding, self.w1,
+                                             self.b1, self.w2, self.b2, table_flat, self.pe_dim)
+        else:
+            features = empty((n_pairs, self.pe_dim + self.embed_dim))
+            pre1, hid = empty((n_pairs, hidden)), empty((n_pairs, hidden))
+            ku.launch_features(pairs.pair_feature, pairs.pair_group, self.feature_embedding, self.pe_dim, features)
+            ku.launch_dense_forward(features, self.w1, self.b1, True, pre1, hid)
+            ku.launch_dense_forward(hid, self.w2, self.b2, False, table_flat, table_flat)
         ku.launch_reorder_table(table_flat, table, k, to_kernel_order=True)
         y = new_output((n_rows, out), dtype, device, tape)
         ku.launch_forward(x, pairs, table, self.base_weight_t, self.scaler_t, y, h, k, self.use_base)
@@ -163,6 +171,12 @@ class UKANLinear(WarpState):
                 return
             d_table_flat = empty((n_pairs, out * K))
             ku.launch_reorder_table(d_table_flat, d_table, k, to_kernel_order=False)
+            if tile:
+                ku.launch_pair_generator_backward(d_table_flat, pairs.pair_feature, pairs.pair_group,
+                                                  pairs.rows_needed, self.feature_embedding, self.w1, self.b1, self.w2,
+                                                  self.w2.grad, self.b2.grad, self.w1.grad, self.b1.grad,
+                                                  self.feature_embedding.grad, self.pe_dim)
+                return
             d_hid = empty((n_pairs, hidden))
             ku.launch_dense_backward(d_table_flat, hid, self.w2, self.w2.grad,
                                      self.b2.grad, d_in=d_hid, pre_in=pre1, silu_in=True)

@@ -242,10 +242,15 @@ def _(x, grid_delta, spline_order):
 
 def _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
                       keep_rows=False):
-    """The table; with ``keep_rows``, (table, features, pre, hidden) for a backward that reuses them."""
+    """The table; with ``keep_rows``, (table, *rows): the (features, pre, hidden) that the SIMT generator's
+    backward reuses, none from the tile generator (its backward recomputes them in shared memory)."""
     group_lo, embedding, w_hidden, b_hidden, w_out, b_out = (
         t.contiguous() for t in (group_lo, embedding, w_hidden, b_hidden, w_out, b_out))
     n_rows = group_lo.shape[0] * rows_per_feature
+    if ku.use_tile_generator(embedding.element_size(), pe_dim, embedding.shape[1], w_hidden.shape[0]):
+        table = embedding.new_empty((n_rows, w_out.shape[0]))
+        _launch(ku.launch_generator_forward, (group_lo, embedding, w_hidden, b_hidden, w_out, b_out, table), pe_dim)
+        return (table,) if keep_rows else table
     features = embedding.new_empty((n_rows, w_hidden.shape[1]))
     pre = embedding.new_empty((n_rows, w_hidden.shape[0]))
     hidden = torch.empty_like(pre)
@@ -279,13 +284,21 @@ def _range_table_grads(embedding, w_hidden, w_out, alloc):
 
 
 def _range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b_hidden, w_out, rows=None):
-    """The parameter gradients; ``rows``: the forward's (features, pre, hidden), else recomputed."""
+    """The parameter gradients; ``rows``: the forward's (features, pre, hidden) of the SIMT generator, else
+    recomputed (the tile generator always recomputes them)."""
     d_table, group_lo, embedding, w_hidden, b_hidden, w_out = (
         t.contiguous() for t in (d_table, group_lo, embedding, w_hidden, b_hidden, w_out))
     d_embedding, d_w_hidden, d_b_hidden, d_w_out, d_b_out = _range_table_grads(embedding, w_hidden, w_out,
                                                                                 torch.empty)
+    grads = (d_embedding, d_w_hidden, d_b_hidden, d_w_out, d_b_out)
     n_rows, n_hidden = d_table.shape[0], w_hidden.shape[0]
-    recompute = rows is None
+    if ku.use_tile_generator(embedding.element_size(), pe_dim, embedding.shape[1], n_hidden):
+        shapes = ku.generator_partial_shapes(n_rows, w_out.shape[0], pe_dim, embedding.shape[1], n_hidden)
+        partials = tuple(d_table.new_empty(shape) for shape in shapes.values())
+        _launch(ku.launch_generator_backward, (d_table, group_lo, embedding, w_hidden, b_hidden, w_out, *partials,
+                                               d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding), pe_dim)
+        return grads
+    recompute = not rows
     if recompute:
         rows = (d_table.new_empty((n_rows, w_hidden.shape[1])), d_table.new_empty((n_rows, n_hidden)),
                 d_table.new_empty((n_rows, n_hidden)))
@@ -295,7 +308,7 @@ def _range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b
     _launch(ku.launch_range_mlp_backward, (d_table, group_lo, embedding, w_hidden, b_hidden, w_out, features, pre,
                                            hidden, d_pre, d_features, partial, d_w_out, d_b_out, d_w_hidden, d_b_hidden,
                                            d_embedding), pe_dim, recompute)
-    return d_embedding, d_w_hidden, d_b_hidden, d_w_out, d_b_out
+    return grads
 
 
 @torch.library.custom_op("warpkan::ukan_range_table_backward", mutates_args=())
