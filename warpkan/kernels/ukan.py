@@ -435,11 +435,20 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
 
 
 
-def ukan_modules(order: int, scalar_name: str = "float32") -> tuple:
-    """The modules (:class:`ModuleBuild`) of a UKAN layer's own kernels of one (order, scalar type), all launched
-    at the default block size: the pair search and group-range kernels, and the CG-MLP's. Its spline runs the
-    edge engine's UKAN families (:mod:`.edge.registry`: ``ukan``, ``ukan_pairs``, ``ukan_table``)."""
-    return (ModuleBuild(get_variant(order, scalar_name).module), *builds([get_dense_variant(scalar_name).features]))
+def ukan_modules(order: int, scalar_name: str = "float32", mlp_sizes: tuple = (16, 8, 32)) -> tuple:
+    """The modules (:class:`ModuleBuild`) of a UKAN layer's own kernels of one (order, scalar type): the pair
+    search and group-range kernels and the CG-MLP's (the default block size), and the fused tile generator's of
+    the CG-MLP ``mlp_sizes`` (pe_dim, embed_dim, hidden_dim; UKANLinear's defaults) for both row maps, where the
+    generator takes those sizes. Its spline runs the edge engine's UKAN families (:mod:`.edge.registry`:
+    ``ukan``, ``ukan_pairs``, ``ukan_table``)."""
+    found = [ModuleBuild(get_variant(order, scalar_name).module), *builds([get_dense_variant(scalar_name).features])]
+    widths = generator_widths(8 if scalar_name == "float64" else 4, *mlp_sizes)
+    if CG_GENERATOR == "tile" and widths is not None:
+        for rows in ("range", "pairs"):
+            found += builds([_generator_forward_kernel(scalar_name, widths, rows),
+                             *_generator_backward_kernels(scalar_name, widths, rows)], _GENERATOR_BLOCK_DIM)
+        found += builds([_generator_combine_kernel(scalar_name)])
+    return tuple(found)
 
 
 def _check_h(grid_delta) -> float:
