@@ -894,3 +894,38 @@ def test_capture_after_eager_steps_of_the_other_strategy_cuda(kind, child_env, t
     done = subprocess.run([sys.executable, str(script), kind], env=child_env(), capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout[-2000:] + done.stderr[-4000:]
+
+
+def test_eager_gemm_step_keeps_the_forward_basis(monkeypatch):
+    """The eager route's gemm strategy keeps the forward's dense basis (one chunk, within KEEP_BASIS_BYTES) for
+    the backward, which expands no basis of its own: one expansion a step where there were two. The gradients
+    are those of the step that expands again (KEEP_BASIS_BYTES = 0), and a retained graph's second backward
+    (which reads the kept basis again: the backward writes its basis gradient elsewhere) gives them again."""
+    from warpkan.torch_bridge import edge_driver
+
+    expansions = []
+    launch = edge_driver._launch
+
+    def counting(launcher, *args):
+        expansions.extend([1] if launcher is edge_driver._EXPAND else [])
+        return launch(launcher, *args)
+
+    monkeypatch.setattr(edge_driver, "_launch", counting)
+    grads = {}
+    for keep_bytes in (edge_driver.KEEP_BASIS_BYTES, 0):
+        monkeypatch.setattr(edge_driver, "KEEP_BASIS_BYTES", keep_bytes)
+        torch.manual_seed(0)
+        layer = KANLinear(7, 5, grid_size=6, strategy="gemm", dtype=torch.float64)
+        x = (torch.rand(37, 7, dtype=torch.float64) * 2 - 1).requires_grad_()
+        expansions.clear()
+        y = layer(x)
+        y.backward(torch.ones_like(y), retain_graph=True)
+        grads[keep_bytes] = [t.grad.clone() for t in (x, *layer.parameters())]
+        assert len(expansions) == (1 if keep_bytes else 2), (keep_bytes, expansions)
+        for t in (x, *layer.parameters()):
+            t.grad = None
+        y.backward(torch.ones_like(y))
+        for first, again in zip(grads[keep_bytes], (x.grad, *(p.grad for p in layer.parameters()))):
+            torch.testing.assert_close(again, first, rtol=0, atol=0)
+    for kept, expanded in zip(grads[edge_driver.KEEP_BASIS_BYTES], grads[0]):
+        torch.testing.assert_close(kept, expanded, rtol=0, atol=0)

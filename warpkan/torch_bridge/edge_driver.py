@@ -69,6 +69,11 @@ GEMM_CHUNK_BYTES = 128 * 2**20
 # memory in between. Measured with scripts/cpu_strategy.py (one thread, fwd+bwd, KANLinear G=32 k=3):
 # (1024, 32->32) 22.6 -> 8.7 ms, (4096, 32->32) 91 -> 32 ms, (4096, 16->16) 40 -> 14.5 ms.
 CPU_GEMM_CHUNK_BYTES = 2**20
+# A forward's dense basis of at most this many bytes, made in one chunk, is kept for its backward (the eager
+# routes' gemm strategy), which then reads it instead of writing it again: one launch and one pass over the
+# basis fewer a step, for a basis-sized buffer held from the forward to the backward (as efficient-kan's
+# autograd holds its basis). Under bf16 the KAN-Mixer's token-mixing layers hold 38 MB each.
+KEEP_BASIS_BYTES = 256 * 2**20
 _FLOAT32_MATMUL_RULE = {"highest": "fp32", "high": "tf32", "medium": "bf16"}
 
 
@@ -310,9 +315,13 @@ def expand_basis(family, make_frame, frame_tensors: tuple, frame_config: tuple, 
 
 
 def gemm_forward(family, make_frame, frame_tensors: tuple, frame_config: tuple, x: Tensor, base_weight_t, scaler_t,
-                 coef: Tensor, use_base: bool, precision: str, bias: "Tensor | None" = None) -> Tensor:
+                 coef: Tensor, use_base: bool, precision: str, bias: "Tensor | None" = None,
+                 keep: "list | None" = None) -> Tensor:
     """y [N, out] by the gemm strategy; ``precision`` resolved (not "auto"). ``scaler_t`` None: an unscaled
-    family without a base path (the polynomial one), whose weight is the coefficient table itself."""
+    family without a base path (the polynomial one), whose weight is the coefficient table itself.
+
+    ``keep`` (a list): where the whole dense basis is one chunk of at most :data:`KEEP_BASIS_BYTES`, it is
+    appended there for :func:`gemm_backward` (``basis=``), which then does not expand it again."""
     n_rows, n_in = x.shape
     n_coef, n_out = coef.shape[1], coef.shape[2]
     width = dense_width(n_in, n_coef, use_base)
@@ -325,6 +334,8 @@ def gemm_forward(family, make_frame, frame_tensors: tuple, frame_config: tuple, 
     weight = _gemm_weight(family, base_weight_t, scaler_t, coef, use_base, basis_dtype)
     chunk = _chunk_rows(n_rows, width, weight.element_size(), x.is_cuda)
     scratch = x.new_empty((chunk * width,), dtype=basis_dtype)
+    if keep is not None and chunk == n_rows and scratch.numel() * scratch.element_size() <= KEEP_BASIS_BYTES:
+        keep.append(scratch.view(width, n_rows))
     config = _frame_config(family, make_frame, frame_tensors, frame_config, n_coef, use_base)
     with matmul_precision(precision, x.device):
         for start in range(0, n_rows, chunk):
@@ -339,9 +350,12 @@ def gemm_forward(family, make_frame, frame_tensors: tuple, frame_config: tuple, 
 
 
 def gemm_backward(family, make_frame, frame_tensors: tuple, frame_config: tuple, dy: Tensor, x: Tensor, base_weight_t,
-                  scaler_t, coef: Tensor, use_base: bool, precision: str, need_x: bool, need_params: bool) -> tuple:
+                  scaler_t, coef: Tensor, use_base: bool, precision: str, need_x: bool, need_params: bool,
+                  basis: "Tensor | None" = None) -> tuple:
     """(dx, d_base_weight_t, d_scaler_t, d_coef) of :func:`gemm_forward`, each written by its last op (no
-    zero fills); those not asked for (and, unscaled, the base and scaler ones) come back empty."""
+    zero fills); those not asked for (and, unscaled, the base and scaler ones) come back empty. ``basis``: the
+    forward's dense basis of every row (``gemm_forward(keep=)``), read instead of expanding it again (and not
+    written: a retained graph's second backward reads it too)."""
     n_rows, n_in = x.shape
     n_coef, n_out = coef.shape[1], coef.shape[2]
     width = dense_width(n_in, n_coef, use_base)
@@ -363,19 +377,21 @@ def gemm_backward(family, make_frame, frame_tensors: tuple, frame_config: tuple,
     d_weight = (x.new_empty((width, n_out)) if scaled else d_coef.view(width, n_out)) if need_params else None
     # the basis gradient reuses the basis's scratch: in stream order the d_weight GEMM has read the basis before
     # the dA GEMM overwrites it
-    chunk = _chunk_rows(n_rows, width, 2 if bf16 else x.element_size(), x.is_cuda)
-    scratch = x.new_empty((chunk * width,), dtype=basis_dtype)
+    chunk = n_rows if basis is not None else _chunk_rows(n_rows, width, 2 if bf16 else x.element_size(), x.is_cuda)
+    scratch = x.new_empty((chunk * width,), dtype=basis_dtype) if need_x or basis is None else None
     config = _frame_config(family, make_frame, frame_tensors, frame_config, n_coef, use_base)
     with matmul_precision(precision, x.device):
         for start in range(0, n_rows, chunk):
             stop = min(start + chunk, n_rows)
-            part = scratch[: width * (stop - start)].view(width, stop - start)
+            part = scratch[: width * (stop - start)].view(width, stop - start) if scratch is not None else None
             if need_params:
-                _launch(_EXPAND, (x[start:stop], None, *frame_tensors, part), config)
+                if basis is None:
+                    _launch(_EXPAND, (x[start:stop], None, *frame_tensors, part), config)
+                kept_or_part = basis if basis is not None else part
                 if start == 0:
-                    _mm(part, dy_mm[start:stop], out=d_weight)
+                    _mm(kept_or_part, dy_mm[start:stop], out=d_weight)
                 else:
-                    _mm_add(d_weight, part, dy_mm[start:stop])
+                    _mm_add(d_weight, kept_or_part, dy_mm[start:stop])
             if need_x:
                 _mm(weight, dy_mm[start:stop].t(), out=part)
                 _launch(_CONTRACT, (x[start:stop], None, *frame_tensors, part, dx[start:stop]), config)

@@ -38,6 +38,7 @@ sees the registered ops. ``create_graph=True`` differentiates the engine's dense
 from __future__ import annotations
 
 import functools
+import threading
 
 import torch
 from torch import Tensor
@@ -145,21 +146,23 @@ def _spec(spec, frame_tensors) -> EdgeSpec:
 
 
 def run_forward(spec: EdgeSpec, x: Tensor, base_weight_t, scaler_t, coef: Tensor, bias, strategy: str,
-                precision: str) -> Tensor:
-    """y [N, out] on a resolved route (x contiguous)."""
+                precision: str, keep: "list | None" = None) -> Tensor:
+    """y [N, out] on a resolved route (x contiguous); ``keep``: see ``edge_driver.gemm_forward``."""
     if strategy == "gemm":
         # the weight-combining kernel reads the parameters in any strides (no copy of a public-layout table); an
         # unscaled family's weight is its table as it lies
         return gemm_forward(*spec[:4], x, scaler_t if base_weight_t is None else base_weight_t, scaler_t,
-                            coef if scaler_t is not None else contiguous(coef), spec.use_base, precision, bias=bias)
+                            coef if scaler_t is not None else contiguous(coef), spec.use_base, precision, bias=bias,
+                            keep=keep)
     return stencil_forward(*spec[:4], x, *_stencil_operands(spec, x, base_weight_t, scaler_t, coef), spec.use_base,
                            bias=bias)
 
 
 def run_backward(spec: EdgeSpec, dy: Tensor, x: Tensor, base_weight_t, scaler_t, coef: Tensor, entry_order,
                  strategy: str, precision: str, deterministic: bool, need_x: bool, need_params: bool,
-                 need_bias: bool) -> tuple:
-    """(dx, d_base_weight_t, d_scaler_t, d_coef, d_bias) on a resolved route (dy, x contiguous)."""
+                 need_bias: bool, basis: "Tensor | None" = None) -> tuple:
+    """(dx, d_base_weight_t, d_scaler_t, d_coef, d_bias) on a resolved route (dy, x contiguous); ``basis``: the
+    forward's kept dense basis (``run_forward(keep=)``), if any."""
     empty = x.new_empty((0,))
     d_bias = dy.sum(dim=0) if need_bias else empty
     if not (need_x or need_params):
@@ -168,7 +171,7 @@ def run_backward(spec: EdgeSpec, dy: Tensor, x: Tensor, base_weight_t, scaler_t,
         dx, d_base, d_scaler, d_coef = gemm_backward(*spec[:4], dy, x,
                                                      scaler_t if base_weight_t is None else base_weight_t, scaler_t,
                                                      coef if scaler_t is not None else contiguous(coef),
-                                                     spec.use_base, precision, need_x, need_params)
+                                                     spec.use_base, precision, need_x, need_params, basis=basis)
         if need_params and scaler_t is None:
             d_coef = _strided_like(d_coef, coef)
     else:
@@ -257,7 +260,7 @@ def _input_grads(ctx, dx, d_base, d_scaler, d_coef, d_bias, n_frame: int) -> tup
             d_coef if need[COEF] else None, d_bias if need[BIAS] else None, None, None, None, None, None)
 
 
-def _backward_with(run):
+def _backward_with(run, takes_kept_basis: bool = False):
     def backward(ctx, dy):
         x, base_weight_t, scaler_t, coef, entry_order, *frame_tensors = ctx.saved_tensors
         need = ctx.needs_input_grad
@@ -265,8 +268,9 @@ def _backward_with(run):
         need_bias = ctx.has_bias and need[BIAS]
         if not (need[X] or need_params or need_bias):
             return _input_grads(ctx, None, None, None, None, None, len(frame_tensors))
+        kept = (ctx.kept_basis,) if takes_kept_basis else ()
         grads = run(dy, x, frame_tensors, base_weight_t, scaler_t, coef, entry_order, *ctx.route, need[X],
-                    need_params, need_bias)
+                    need_params, need_bias, *kept)
         return _input_grads(ctx, *grads, len(frame_tensors))
 
     return backward
@@ -362,14 +366,36 @@ def _prepare(inputs: tuple) -> tuple:
         base_weight_t, scaler_t, coef = (None if t is None else contiguous(t) for t in (base_weight_t, scaler_t, coef))
     elif scaler_t is None:  # an unscaled family's GEMMs read its table as it lies
         coef = contiguous(coef)
+    _node.keep = [] if strategy == "gemm" else None  # a node is being built: its forward may keep the basis
     return (x, frame_tensors, base_weight_t, scaler_t, coef, bias, entry_order, spec, strategy, precision,
             deterministic)
 
 
+# What the eager route's forward hands its node (on the thread building it): the dense basis the gemm strategy
+# kept for the backward (``edge_driver.gemm_forward(keep=)``). _prepare opens it (only a node's forward runs
+# _prepare: a call that builds no node keeps nothing), the forward fills it, _eager_setup_context takes it.
+_node = threading.local()
+
+
+def _eager_forward(x, frame_tensors, base_weight_t, scaler_t, coef, bias, entry_order, spec, strategy, precision,
+                   deterministic) -> Tensor:
+    keep, _node.keep = getattr(_node, "keep", None), None
+    x = x.contiguous()
+    strategy, precision = resolve_route(spec, x, coef.shape[2], strategy, precision)
+    y = run_forward(spec, x, base_weight_t, scaler_t, coef, bias, strategy, precision, keep)
+    _node.kept = keep[0] if keep else None
+    return y
+
+
+def _eager_setup_context(ctx, inputs, output):
+    _setup_context(ctx, inputs, output)
+    ctx.kept_basis, _node.kept = getattr(_node, "kept", None), None
+
+
 def _eager_backward(dy, x, frame_tensors, base_weight_t, scaler_t, coef, entry_order, spec, strategy, precision,
-                    deterministic, need_x, need_params, need_bias) -> tuple:
+                    deterministic, need_x, need_params, need_bias, kept_basis) -> tuple:
     return run_backward(spec, dy.contiguous(), x, base_weight_t, scaler_t, coef, entry_order, strategy, precision,
-                        deterministic, need_x, need_params, need_bias)
+                        deterministic, need_x, need_params, need_bias, kept_basis)
 
 
 _ROUTES: dict = {}
@@ -381,7 +407,7 @@ def _route(layout: str, label: str):
     route = _ROUTES.get((layout, label))
     if route is None:
         route = _ROUTES[(layout, label)] = eager_function(
-            f"EagerEdge_{layout}", forward_impl, _setup_context, _backward_with(_eager_backward),
+            f"EagerEdge_{layout}", _eager_forward, _eager_setup_context, _backward_with(_eager_backward, True),
             LAYOUTS[layout], label=label, prepare=_prepare, higher=_higher_backward)
     return route
 
