@@ -265,6 +265,13 @@ def test_auto_follows_the_torch_layers_rule(monkeypatch):
     assert KANLinear(8, 8, grid_size=60, device="cpu", strategy="gemm").resolve_strategy(100) == "gemm"
     assert PolyKANLinear(8, 8, 3, device="cpu").resolve_strategy(5) == "gemm"
     assert PolyKANLinear(8, 8, 3, device="cpu", strategy="stencil").resolve_strategy(5) == "stencil"
+    # CUDA: the stencil kernels for B-spline layers, whose tile GEMMs measured slower at every shape
+    from warpkan.native import bspline as native_bspline_rule
+
+    assert native_bspline_rule.CUDA_AUTO_STRATEGY == "stencil"
+    if wp.is_cuda_available():
+        assert KANLinear(8, 8, grid_size=8, device="cuda").resolve_strategy(65536) == "stencil"
+        assert KANLinear(8, 8, grid_size=8, device="cuda", strategy="gemm").resolve_strategy(65536) == "gemm"
     # and the call takes the path the rule names
     from warpkan.native import bspline as native_bspline
 

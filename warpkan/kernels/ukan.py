@@ -1255,7 +1255,7 @@ def _generator_funcs(scalar_name: str):
 
 
 @functools.lru_cache(maxsize=None)
-def _generator_funcs_of_widths(scalar_name: str, widths: tuple, rows: str):
+def _generator_input_funcs(scalar_name: str, widths: tuple, rows: str):
     """The generator's block-level @wp.funcs of one (scalar, widths, row map). Each phase is a function of its
     own so that its temporary tiles live in its own frame: Warp sizes a kernel's shared memory as the sum of
     the kernel's own shared tiles plus the largest frame of the functions it calls.
@@ -1268,7 +1268,7 @@ def _generator_funcs_of_widths(scalar_name: str, widths: tuple, rows: str):
         raise ValueError(f"rows must be one of {GENERATOR_ROW_MAPS}, got {rows!r}")
     scalar = SCALARS[scalar_name]
     PE_W, E_W, H_W = widths
-    ROWS, COLS = GENERATOR_ROWS, GENERATOR_COLS
+    ROWS = GENERATOR_ROWS
     row_feature, row_group, encoding_entry, silu, silu_backward = _generator_funcs(scalar_name)
 
     @wp.func
@@ -1348,6 +1348,17 @@ def _generator_funcs_of_widths(scalar_name: str, widths: tuple, rows: str):
         wp.tile_matmul(encoding_rows, wp.tile_transpose(w_encoding), pre)
         wp.tile_matmul(embedding_rows, wp.tile_transpose(w_embedding), pre)
 
+    return input_rows, hidden_layer
+
+
+@functools.lru_cache(maxsize=None)
+def _generator_layer_funcs(scalar_name: str, widths: tuple):
+    """The generator's block-level @wp.funcs of the output layer and of the backward's layers, one set per
+    (scalar, widths) (see :func:`_generator_input_funcs` for why each phase is a function)."""
+    scalar = SCALARS[scalar_name]
+    PE_W, E_W, H_W = widths
+    ROWS, COLS = GENERATOR_ROWS, GENERATOR_COLS
+
     @wp.func
     def output_columns(
         hidden: wp.tile(dtype=scalar, shape=(ROWS, H_W), storage="shared"),
@@ -1411,7 +1422,13 @@ def _generator_funcs_of_widths(scalar_name: str, widths: tuple, rows: str):
         w_embedding = wp.tile_load(w_hidden, shape=(H_W, E_W), offset=(0, pe_dim), storage="shared")
         wp.tile_store(d_embedding_rows, wp.tile_matmul(d_pre, w_embedding), offset=(first_row, 0))
 
-    return input_rows, hidden_layer, output_columns, output_columns_backward, hidden_layer_backward
+    return output_columns, output_columns_backward, hidden_layer_backward
+
+
+def _generator_funcs_of_widths(scalar_name: str, widths: tuple, rows: str):
+    """(input_rows, hidden_layer, output_columns, output_columns_backward, hidden_layer_backward) of one
+    (scalar, widths, row map): :func:`_generator_input_funcs` and :func:`_generator_layer_funcs`."""
+    return (*_generator_input_funcs(scalar_name, widths, rows), *_generator_layer_funcs(scalar_name, widths))
 
 
 @functools.lru_cache(maxsize=None)

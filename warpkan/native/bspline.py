@@ -16,7 +16,13 @@ from ._common import check_device, check_dtype, check_strategy, layer_input
 from ._state import WarpState
 from ._tape import active_tape, new_output, record_backward
 
-__all__ = ["KANLinear"]
+__all__ = ["KANLinear", "CUDA_AUTO_STRATEGY"]
+
+# "auto" on CUDA. The tile GEMMs of the gemm strategy lost to the stencil kernels at every B-spline shape
+# measured (H200, fp32 fwd+bwd ms, `python scripts/native_wide_timing.py`): (65536, 256->256, G=8) 25.8 against
+# 19.0, (4096, 64->64, G=5) 1.59 against 0.58; the torch bridge's gemm strategy, on cuBLAS, took 8.6 and 1.3.
+# (The polynomial layers' gemm strategy won: PolyKANLinear (65536, 256->256, D=8) 20.4 against 54.3.)
+CUDA_AUTO_STRATEGY = "stencil"
 
 
 class KANLinear(WarpState):
@@ -122,11 +128,14 @@ class KANLinear(WarpState):
         return y
 
     def resolve_strategy(self, n_rows: int) -> str:
-        """The strategy a call on ``n_rows`` rows takes: the layer's, or for "auto" the torch layer's rule
+        """The strategy a call on ``n_rows`` rows takes: the layer's, or for "auto" on CUDA the stencil kernels
+        (:data:`CUDA_AUTO_STRATEGY`), and elsewhere the torch layer's rule
         (:func:`~warpkan.kernels.edge.strategy.choose_strategy` at full fp32 precision; host-bound unless
         Warp is capturing a CUDA graph on the layer's device)."""
         if self.strategy != "auto":
             return self.strategy
+        if self.device.is_cuda:
+            return CUDA_AUTO_STRATEGY
         n_coef = self.grid_size + self.spline_order
         family = kb.family_of(self.spline_order, self.uniform, self.coef)
         tiled = edge_tiled.tiled_applies(family, self.device.is_cuda, n_coef)

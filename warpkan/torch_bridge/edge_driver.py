@@ -216,10 +216,13 @@ def _mm_add(c: Tensor, a: Tensor, b: Tensor) -> None:
         c.add_(torch.mm(a, b) if a.is_cuda else torch.mm(a.float(), b.float()).bfloat16())
 
 
-def _chunk_rows(n_rows: int, width: int, bytes_per_entry: int, is_cuda: bool) -> int:
+def _chunk_rows(n_rows: int, width: int, bytes_per_entry: int, is_cuda: bool, keep: bool = False) -> int:
     """Rows per chunk of the dense basis: at most GEMM_CHUNK_BYTES of scratch (CPU_GEMM_CHUNK_BYTES on the
-    CPU), a multiple of 64 rows (aligned leading dimensions for the tensor-core GEMMs) when more than 64 fit."""
+    CPU), a multiple of 64 rows (aligned leading dimensions for the tensor-core GEMMs) when more than 64 fit.
+    ``keep`` (CUDA): a basis to keep for the backward goes in one chunk of up to KEEP_BASIS_BYTES."""
     limit = GEMM_CHUNK_BYTES if is_cuda else min(GEMM_CHUNK_BYTES, CPU_GEMM_CHUNK_BYTES)
+    if keep and is_cuda and n_rows * width * bytes_per_entry <= KEEP_BASIS_BYTES:
+        return max(n_rows, 1)
     rows = max(1, limit // max(1, width * bytes_per_entry))
     if rows > 64:
         rows -= rows % 64
@@ -320,8 +323,9 @@ def gemm_forward(family, make_frame, frame_tensors: tuple, frame_config: tuple, 
     """y [N, out] by the gemm strategy; ``precision`` resolved (not "auto"). ``scaler_t`` None: an unscaled
     family without a base path (the polynomial one), whose weight is the coefficient table itself.
 
-    ``keep`` (a list): where the whole dense basis is one chunk of at most :data:`KEEP_BASIS_BYTES`, it is
-    appended there for :func:`gemm_backward` (``basis=``), which then does not expand it again."""
+    ``keep`` (a list): where the whole dense basis takes at most :data:`KEEP_BASIS_BYTES` (and, on the CPU, one
+    cache-sized chunk), it is written in one chunk and appended there for :func:`gemm_backward` (``basis=``),
+    which then does not expand it again."""
     n_rows, n_in = x.shape
     n_coef, n_out = coef.shape[1], coef.shape[2]
     width = dense_width(n_in, n_coef, use_base)
@@ -332,7 +336,7 @@ def gemm_forward(family, make_frame, frame_tensors: tuple, frame_config: tuple, 
         return y.copy_(bias.expand(n_rows, n_out)) if bias is not None else y.zero_()
     basis_dtype = torch.bfloat16 if precision == "bf16" else x.dtype
     weight = _gemm_weight(family, base_weight_t, scaler_t, coef, use_base, basis_dtype)
-    chunk = _chunk_rows(n_rows, width, weight.element_size(), x.is_cuda)
+    chunk = _chunk_rows(n_rows, width, weight.element_size(), x.is_cuda, keep is not None)
     scratch = x.new_empty((chunk * width,), dtype=basis_dtype)
     if keep is not None and chunk == n_rows and scratch.numel() * scratch.element_size() <= KEEP_BASIS_BYTES:
         keep.append(scratch.view(width, n_rows))
