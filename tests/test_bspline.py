@@ -897,17 +897,19 @@ def test_capture_after_eager_steps_of_the_other_strategy_cuda(kind, child_env, t
 
 
 def test_eager_gemm_step_keeps_the_forward_basis(monkeypatch):
-    """The eager route's gemm strategy keeps the forward's dense basis (one chunk, within KEEP_BASIS_BYTES) for
-    the backward, which expands no basis of its own: one expansion a step where there were two. The gradients
+    """The eager route's gemm strategy keeps the forward's combined weight and dense basis (one chunk, within
+    KEEP_BASIS_BYTES) for the backward, which makes neither again: one expansion and one weight-combining
+    launch a step where there were two of each. The gradients
     are those of the step that expands again (KEEP_BASIS_BYTES = 0), and a retained graph's second backward
     (which reads the kept basis again: the backward writes its basis gradient elsewhere) gives them again."""
     from warpkan.torch_bridge import edge_driver
 
-    expansions = []
+    expansions, combines = [], []
     launch = edge_driver._launch
 
     def counting(launcher, *args):
         expansions.extend([1] if launcher is edge_driver._EXPAND else [])
+        combines.extend([1] if launcher is edge_driver._COMBINE else [])
         return launch(launcher, *args)
 
     monkeypatch.setattr(edge_driver, "_launch", counting)
@@ -918,10 +920,12 @@ def test_eager_gemm_step_keeps_the_forward_basis(monkeypatch):
         layer = KANLinear(7, 5, grid_size=6, strategy="gemm", dtype=torch.float64)
         x = (torch.rand(37, 7, dtype=torch.float64) * 2 - 1).requires_grad_()
         expansions.clear()
+        combines.clear()
         y = layer(x)
         y.backward(torch.ones_like(y), retain_graph=True)
         grads[keep_bytes] = [t.grad.clone() for t in (x, *layer.parameters())]
         assert len(expansions) == (1 if keep_bytes else 2), (keep_bytes, expansions)
+        assert len(combines) == 1  # the combined weight is kept whatever the basis's size
         for t in (x, *layer.parameters()):
             t.grad = None
         y.backward(torch.ones_like(y))

@@ -70,8 +70,8 @@ GEMM_CHUNK_BYTES = 128 * 2**20
 # (1024, 32->32) 22.6 -> 8.7 ms, (4096, 32->32) 91 -> 32 ms, (4096, 16->16) 40 -> 14.5 ms.
 CPU_GEMM_CHUNK_BYTES = 2**20
 # A forward's dense basis of at most this many bytes, made in one chunk, is kept for its backward (the eager
-# routes' gemm strategy), which then reads it instead of writing it again: one launch and one pass over the
-# basis fewer a step, for a basis-sized buffer held from the forward to the backward (as efficient-kan's
+# routes' gemm strategy; with the combined weight, which is small), which then reads it instead of writing it
+# again: two launches and one pass over the basis fewer a step, for a basis-sized buffer held from the forward to the backward (as efficient-kan's
 # autograd holds its basis). Under bf16 the KAN-Mixer's token-mixing layers hold 38 MB each.
 KEEP_BASIS_BYTES = 256 * 2**20
 _FLOAT32_MATMUL_RULE = {"highest": "fp32", "high": "tf32", "medium": "bf16"}
@@ -319,13 +319,13 @@ def expand_basis(family, make_frame, frame_tensors: tuple, frame_config: tuple, 
 
 def gemm_forward(family, make_frame, frame_tensors: tuple, frame_config: tuple, x: Tensor, base_weight_t, scaler_t,
                  coef: Tensor, use_base: bool, precision: str, bias: "Tensor | None" = None,
-                 keep: "list | None" = None) -> Tensor:
+                 keep: "dict | None" = None) -> Tensor:
     """y [N, out] by the gemm strategy; ``precision`` resolved (not "auto"). ``scaler_t`` None: an unscaled
     family without a base path (the polynomial one), whose weight is the coefficient table itself.
 
-    ``keep`` (a list): where the whole dense basis takes at most :data:`KEEP_BASIS_BYTES` (and, on the CPU, one
-    cache-sized chunk), it is written in one chunk and appended there for :func:`gemm_backward` (``basis=``),
-    which then does not expand it again."""
+    ``keep`` (a dict): what :func:`gemm_backward` (``kept=``) then reads instead of making it again: the combined
+    weight (``"weight"``), and, where the whole dense basis takes at most :data:`KEEP_BASIS_BYTES` (and, on the
+    CPU, one cache-sized chunk), the basis written in one chunk (``"basis"``)."""
     n_rows, n_in = x.shape
     n_coef, n_out = coef.shape[1], coef.shape[2]
     width = dense_width(n_in, n_coef, use_base)
@@ -338,8 +338,10 @@ def gemm_forward(family, make_frame, frame_tensors: tuple, frame_config: tuple, 
     weight = _gemm_weight(family, base_weight_t, scaler_t, coef, use_base, basis_dtype)
     chunk = _chunk_rows(n_rows, width, weight.element_size(), x.is_cuda, keep is not None)
     scratch = x.new_empty((chunk * width,), dtype=basis_dtype)
-    if keep is not None and chunk == n_rows and scratch.numel() * scratch.element_size() <= KEEP_BASIS_BYTES:
-        keep.append(scratch.view(width, n_rows))
+    if keep is not None:
+        keep["weight"] = weight
+        if chunk == n_rows and scratch.numel() * scratch.element_size() <= KEEP_BASIS_BYTES:
+            keep["basis"] = scratch.view(width, n_rows)
     config = _frame_config(family, make_frame, frame_tensors, frame_config, n_coef, use_base)
     with matmul_precision(precision, x.device):
         for start in range(0, n_rows, chunk):
@@ -355,11 +357,11 @@ def gemm_forward(family, make_frame, frame_tensors: tuple, frame_config: tuple, 
 
 def gemm_backward(family, make_frame, frame_tensors: tuple, frame_config: tuple, dy: Tensor, x: Tensor, base_weight_t,
                   scaler_t, coef: Tensor, use_base: bool, precision: str, need_x: bool, need_params: bool,
-                  basis: "Tensor | None" = None) -> tuple:
+                  kept: "dict | None" = None) -> tuple:
     """(dx, d_base_weight_t, d_scaler_t, d_coef) of :func:`gemm_forward`, each written by its last op (no
-    zero fills); those not asked for (and, unscaled, the base and scaler ones) come back empty. ``basis``: the
-    forward's dense basis of every row (``gemm_forward(keep=)``), read instead of expanding it again (and not
-    written: a retained graph's second backward reads it too)."""
+    zero fills); those not asked for (and, unscaled, the base and scaler ones) come back empty. ``kept``: what
+    the forward kept (``gemm_forward(keep=)``): its combined weight, and the dense basis of every row, read
+    instead of making them again (and not written: a retained graph's second backward reads them too)."""
     n_rows, n_in = x.shape
     n_coef, n_out = coef.shape[1], coef.shape[2]
     width = dense_width(n_in, n_coef, use_base)
@@ -376,7 +378,10 @@ def gemm_backward(family, make_frame, frame_tensors: tuple, frame_config: tuple,
     bf16 = precision == "bf16"
     basis_dtype = torch.bfloat16 if bf16 else x.dtype
     dy_mm = dy.to(basis_dtype)
-    weight = _gemm_weight(family, base_weight_t, scaler_t, coef, use_base, basis_dtype) if need_x else None
+    basis = kept.get("basis") if kept else None
+    weight = kept.get("weight") if kept else None
+    if need_x and weight is None:
+        weight = _gemm_weight(family, base_weight_t, scaler_t, coef, use_base, basis_dtype)
     # unscaled, the weight's gradient is the coefficients' (in their layout): written in place
     d_weight = (x.new_empty((width, n_out)) if scaled else d_coef.view(width, n_out)) if need_params else None
     # the basis gradient reuses the basis's scratch: in stream order the d_weight GEMM has read the basis before

@@ -146,7 +146,7 @@ def _spec(spec, frame_tensors) -> EdgeSpec:
 
 
 def run_forward(spec: EdgeSpec, x: Tensor, base_weight_t, scaler_t, coef: Tensor, bias, strategy: str,
-                precision: str, keep: "list | None" = None) -> Tensor:
+                precision: str, keep: "dict | None" = None) -> Tensor:
     """y [N, out] on a resolved route (x contiguous); ``keep``: see ``edge_driver.gemm_forward``."""
     if strategy == "gemm":
         # the weight-combining kernel reads the parameters in any strides (no copy of a public-layout table); an
@@ -160,9 +160,9 @@ def run_forward(spec: EdgeSpec, x: Tensor, base_weight_t, scaler_t, coef: Tensor
 
 def run_backward(spec: EdgeSpec, dy: Tensor, x: Tensor, base_weight_t, scaler_t, coef: Tensor, entry_order,
                  strategy: str, precision: str, deterministic: bool, need_x: bool, need_params: bool,
-                 need_bias: bool, basis: "Tensor | None" = None) -> tuple:
-    """(dx, d_base_weight_t, d_scaler_t, d_coef, d_bias) on a resolved route (dy, x contiguous); ``basis``: the
-    forward's kept dense basis (``run_forward(keep=)``), if any."""
+                 need_bias: bool, kept: "dict | None" = None) -> tuple:
+    """(dx, d_base_weight_t, d_scaler_t, d_coef, d_bias) on a resolved route (dy, x contiguous); ``kept``: what
+    the forward kept (``run_forward(keep=)``), if anything."""
     empty = x.new_empty((0,))
     d_bias = dy.sum(dim=0) if need_bias else empty
     if not (need_x or need_params):
@@ -171,7 +171,7 @@ def run_backward(spec: EdgeSpec, dy: Tensor, x: Tensor, base_weight_t, scaler_t,
         dx, d_base, d_scaler, d_coef = gemm_backward(*spec[:4], dy, x,
                                                      scaler_t if base_weight_t is None else base_weight_t, scaler_t,
                                                      coef if scaler_t is not None else contiguous(coef),
-                                                     spec.use_base, precision, need_x, need_params, basis=basis)
+                                                     spec.use_base, precision, need_x, need_params, kept=kept)
         if need_params and scaler_t is None:
             d_coef = _strided_like(d_coef, coef)
     else:
@@ -260,7 +260,7 @@ def _input_grads(ctx, dx, d_base, d_scaler, d_coef, d_bias, n_frame: int) -> tup
             d_coef if need[COEF] else None, d_bias if need[BIAS] else None, None, None, None, None, None)
 
 
-def _backward_with(run, takes_kept_basis: bool = False):
+def _backward_with(run, takes_kept: bool = False):
     def backward(ctx, dy):
         x, base_weight_t, scaler_t, coef, entry_order, *frame_tensors = ctx.saved_tensors
         need = ctx.needs_input_grad
@@ -268,7 +268,7 @@ def _backward_with(run, takes_kept_basis: bool = False):
         need_bias = ctx.has_bias and need[BIAS]
         if not (need[X] or need_params or need_bias):
             return _input_grads(ctx, None, None, None, None, None, len(frame_tensors))
-        kept = (ctx.kept_basis,) if takes_kept_basis else ()
+        kept = (ctx.kept,) if takes_kept else ()
         grads = run(dy, x, frame_tensors, base_weight_t, scaler_t, coef, entry_order, *ctx.route, need[X],
                     need_params, need_bias, *kept)
         return _input_grads(ctx, *grads, len(frame_tensors))
@@ -366,13 +366,13 @@ def _prepare(inputs: tuple) -> tuple:
         base_weight_t, scaler_t, coef = (None if t is None else contiguous(t) for t in (base_weight_t, scaler_t, coef))
     elif scaler_t is None:  # an unscaled family's GEMMs read its table as it lies
         coef = contiguous(coef)
-    _node.keep = [] if strategy == "gemm" else None  # a node is being built: its forward may keep the basis
+    _node.keep = {} if strategy == "gemm" else None  # a node is being built: its forward may keep the basis
     return (x, frame_tensors, base_weight_t, scaler_t, coef, bias, entry_order, spec, strategy, precision,
             deterministic)
 
 
-# What the eager route's forward hands its node (on the thread building it): the dense basis the gemm strategy
-# kept for the backward (``edge_driver.gemm_forward(keep=)``). _prepare opens it (only a node's forward runs
+# What the eager route's forward hands its node (on the thread building it): the dense basis and weight the gemm
+# strategy kept for the backward (``edge_driver.gemm_forward(keep=)``). _prepare opens it (only a node's forward runs
 # _prepare: a call that builds no node keeps nothing), the forward fills it, _eager_setup_context takes it.
 _node = threading.local()
 
@@ -383,19 +383,19 @@ def _eager_forward(x, frame_tensors, base_weight_t, scaler_t, coef, bias, entry_
     x = x.contiguous()
     strategy, precision = resolve_route(spec, x, coef.shape[2], strategy, precision)
     y = run_forward(spec, x, base_weight_t, scaler_t, coef, bias, strategy, precision, keep)
-    _node.kept = keep[0] if keep else None
+    _node.kept = keep or None
     return y
 
 
 def _eager_setup_context(ctx, inputs, output):
     _setup_context(ctx, inputs, output)
-    ctx.kept_basis, _node.kept = getattr(_node, "kept", None), None
+    ctx.kept, _node.kept = getattr(_node, "kept", None), None
 
 
 def _eager_backward(dy, x, frame_tensors, base_weight_t, scaler_t, coef, entry_order, spec, strategy, precision,
-                    deterministic, need_x, need_params, need_bias, kept_basis) -> tuple:
+                    deterministic, need_x, need_params, need_bias, kept) -> tuple:
     return run_backward(spec, dy.contiguous(), x, base_weight_t, scaler_t, coef, entry_order, strategy, precision,
-                        deterministic, need_x, need_params, need_bias, kept_basis)
+                        deterministic, need_x, need_params, need_bias, kept)
 
 
 _ROUTES: dict = {}

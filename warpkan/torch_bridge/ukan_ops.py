@@ -440,9 +440,9 @@ class _EagerRangeLayer(torch.autograd.Function):
         spec, coef = range_spec(x, group_lo, table, grid_delta, spline_order, use_base)
         # the route resolved once, for the forward and the backward
         strategy, precision = resolve_route(spec, x, coef.shape[2], strategy, precision)
-        keep = []  # the dense basis, where the gemm strategy keeps it for the backward
+        keep = {}  # what the gemm strategy keeps for the backward (its weight, and its basis where it fits)
         y = run_forward(spec, x, base_weight_t, scaler_t, coef, None, strategy, precision, keep)
-        ctx.kept_basis = keep[0] if keep else None
+        ctx.kept = keep or None
         ctx.save_for_backward(x, group_lo, base_weight_t, scaler_t, embedding, w_hidden, b_hidden, w_out, b_out)
         ctx.config = (pe_dim, grid_delta, spline_order, use_base, deterministic)
         ctx.route = (strategy, precision)
@@ -481,7 +481,7 @@ class _EagerRangeLayer(torch.autograd.Function):
         spec, coef = range_spec(x, group_lo, table, grid_delta, spline_order, use_base)
         dx, d_base, d_scaler, d_coef, _ = run_backward(spec, dy.contiguous(), x, base_weight_t, scaler_t, coef, None,
                                                        *ctx.route, deterministic, need_x, need_params, False,
-                                                       ctx.kept_basis)
+                                                       ctx.kept)
         d_table = d_coef.view(table.shape) if need_params else d_coef
         del table, coef
         if need_x:
