@@ -933,3 +933,17 @@ def test_eager_gemm_step_keeps_the_forward_basis(monkeypatch):
             torch.testing.assert_close(again, first, rtol=0, atol=0)
     for kept, expanded in zip(grads[edge_driver.KEEP_BASIS_BYTES], grads[0]):
         torch.testing.assert_close(kept, expanded, rtol=0, atol=0)
+
+
+def test_kept_basis_is_a_saved_tensor():
+    """What the gemm strategy keeps for the backward goes through save_for_backward, so that saved-tensor hooks
+    (activation checkpointing, offloading) see the basis as they see every other saved tensor."""
+    layer = KANLinear(7, 5, grid_size=6, strategy="gemm", dtype=torch.float64)
+    x = torch.rand(37, 7, dtype=torch.float64, requires_grad=True)
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(tuple(t.shape)) or t, lambda t: t):
+        y = layer(x)
+    width = 7 + 7 * (6 + 3)  # the SiLU rows and G + k basis rows of each input
+    assert (width, 37) in packed and (width, 5) in packed, packed  # the basis and the combined weight
+    y.sum().backward()
+    assert x.grad is not None

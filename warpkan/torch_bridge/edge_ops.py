@@ -244,9 +244,15 @@ def _(dy, x, frame_tensors, base_weight_t, scaler_t, coef, entry_order, spec, st
             x.new_empty((coef.shape[2],)) if need_bias else x.new_empty((0,)))
 
 
-def _setup_context(ctx, inputs, output):
+def _setup_context(ctx, inputs, output, kept: "dict | None" = None):
+    """Saves the inputs the backward reads, and (the eager route) what the forward kept for it: as saved
+    tensors, so that activation checkpointing and saved-tensor hooks treat the kept basis as they treat the
+    rest."""
     x, frame_tensors, base_weight_t, scaler_t, coef, bias, entry_order, spec = inputs[:SPEC + 1]
-    ctx.save_for_backward(x, base_weight_t, scaler_t, coef, entry_order, *frame_tensors)
+    ctx.kept_names = tuple(kept) if kept else ()
+    ctx.n_frame = len(frame_tensors)
+    ctx.save_for_backward(x, base_weight_t, scaler_t, coef, entry_order, *frame_tensors,
+                          *(kept[name] for name in ctx.kept_names))
     ctx.route = inputs[SPEC:]  # spec, strategy, precision, deterministic
     ctx.has_bias = bias is not None
     ctx.op_inputs = inputs  # for create_graph=True (_higher_backward): the inputs, with their history
@@ -262,13 +268,14 @@ def _input_grads(ctx, dx, d_base, d_scaler, d_coef, d_bias, n_frame: int) -> tup
 
 def _backward_with(run, takes_kept: bool = False):
     def backward(ctx, dy):
-        x, base_weight_t, scaler_t, coef, entry_order, *frame_tensors = ctx.saved_tensors
+        x, base_weight_t, scaler_t, coef, entry_order, *rest = ctx.saved_tensors
+        frame_tensors, kept_tensors = rest[:ctx.n_frame], rest[ctx.n_frame:]
         need = ctx.needs_input_grad
         need_params = need[BASE] or need[SCALER] or need[COEF]
         need_bias = ctx.has_bias and need[BIAS]
         if not (need[X] or need_params or need_bias):
             return _input_grads(ctx, None, None, None, None, None, len(frame_tensors))
-        kept = (ctx.kept,) if takes_kept else ()
+        kept = (dict(zip(ctx.kept_names, kept_tensors)),) if takes_kept else ()
         grads = run(dy, x, frame_tensors, base_weight_t, scaler_t, coef, entry_order, *ctx.route, need[X],
                     need_params, need_bias, *kept)
         return _input_grads(ctx, *grads, len(frame_tensors))
@@ -388,8 +395,8 @@ def _eager_forward(x, frame_tensors, base_weight_t, scaler_t, coef, bias, entry_
 
 
 def _eager_setup_context(ctx, inputs, output):
-    _setup_context(ctx, inputs, output)
-    ctx.kept, _node.kept = getattr(_node, "kept", None), None
+    kept, _node.kept = getattr(_node, "kept", None), None
+    _setup_context(ctx, inputs, output, kept)
 
 
 def _eager_backward(dy, x, frame_tensors, base_weight_t, scaler_t, coef, entry_order, spec, strategy, precision,
