@@ -343,7 +343,7 @@ def _edge_spec(kind, x, use_base):
         group_lo, span = ukan_ops.group_range(x.detach(), 0.3, order)
         n_groups = int(span.item()) + 1
         table = torch.zeros(n_in * n_groups, (order + 1) * n_out, dtype=x.dtype, device=x.device)
-        family, make_frame, frame_tensors, frame_config, coef = ukan_ops._range_args(x, group_lo, table, 0.3, order)
+        return ukan_ops.range_spec(x, group_lo, table, 0.3, order, use_base)[0]
     else:
         table = torch.zeros(64 * (order + 1), n_out, dtype=x.dtype, device=x.device)
         family, make_frame, frame_tensors, frame_config, coef = ukan_ops._pair_args(x.detach(), table, 0.3, order)

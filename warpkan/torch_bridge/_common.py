@@ -623,6 +623,12 @@ def call_precision(precision: str, cast_to: torch.dtype | None, dtype: torch.dty
     return precision
 
 
+def kernel_scalar(x: torch.Tensor) -> str:
+    """The scalar type the edge and UKAN kernels compute a float tensor ``x`` in: "float64" for float64, else
+    "float32"."""
+    return "float64" if x.dtype == torch.float64 else "float32"
+
+
 def autocast_dtype(device: torch.device) -> torch.dtype | None:
     """The autocast dtype active for ``device``, or None (always on the meta device, which has no autocast)."""
     if device.type != "meta" and torch.is_autocast_enabled(device.type):

@@ -60,8 +60,13 @@ def bspline_static_spec(spline_order: int, uniform: bool, scalar: str, n_coef: i
 def bspline_spec(x: Tensor, grid: Tensor, spline_order: int, uniform: bool, use_base: bool) -> EdgeSpec:
     """The edge-engine spec of a B-spline layer for x's dtype: its family (order, grid kind), its knots ``grid``
     [in, G + 2k + 1] as the frame, G + k coefficients an input, and whether the SiLU base rows are fused."""
-    return bspline_static_spec(spline_order, uniform, _io_scalar(x), grid.shape[1] - spline_order - 1,
-                               use_base).with_frame((grid.contiguous(),))
+    return bspline_static_spec(*_static_args(x, grid, spline_order, uniform, use_base)).with_frame(
+        (grid.contiguous(),))
+
+
+def _static_args(x: Tensor, grid: Tensor, spline_order: int, uniform: bool, use_base: bool) -> tuple:
+    """:func:`bspline_static_spec`'s arguments for x's dtype and the knots ``grid`` [in, G + 2k + 1]."""
+    return spline_order, uniform, _io_scalar(x), grid.shape[1] - spline_order - 1, use_base
 
 
 def bspline_kan(
@@ -148,7 +153,7 @@ def apply_checked(x: Tensor, grid: Tensor, base_weight: Tensor | None, spline_we
     op pair in efficient-kan's layout ("kanlinear": the op's views are made inside the autograd node)."""
     n_in = spline_scaler.shape[1]
     use_base = base_weight is not None
-    static_args = (spline_order, uniform, _io_scalar(x), spline_weight.shape[2], use_base)
+    static_args = _static_args(x, grid, spline_order, uniform, use_base)
     return on_rows(x, n_in, lambda x2: edge_apply(
         x2, "bspline", static_args, (grid.contiguous(),), base_weight, spline_scaler, spline_weight, None,
         strategy, precision, deterministic, layout="kanlinear", label=LABEL))

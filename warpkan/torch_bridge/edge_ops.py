@@ -200,10 +200,14 @@ def forward_impl(x, frame_tensors, base_weight_t, scaler_t, coef, bias, entry_or
                  deterministic) -> Tensor:
     """y [N, out] (module docstring); ``spec`` a static key or the EdgeSpec itself; ``deterministic`` only
     affects the backward pass (an argument here so that autograd sees it)."""
-    spec = _spec(spec, frame_tensors)
+    return _resolved_forward(_spec(spec, frame_tensors), x, base_weight_t, scaler_t, coef, bias, strategy, precision)
+
+
+def _resolved_forward(spec: EdgeSpec, x, base_weight_t, scaler_t, coef, bias, strategy: str, precision: str,
+                      keep: "dict | None" = None) -> Tensor:
     x = x.contiguous()
     strategy, precision = resolve_route(spec, x, coef.shape[2], strategy, precision)
-    return run_forward(spec, x, base_weight_t, scaler_t, coef, bias, strategy, precision)
+    return run_forward(spec, x, base_weight_t, scaler_t, coef, bias, strategy, precision, keep)
 
 
 def backward_impl(dy, x, frame_tensors, base_weight_t, scaler_t, coef, entry_order, spec, strategy, precision,
@@ -387,9 +391,7 @@ _node = threading.local()
 def _eager_forward(x, frame_tensors, base_weight_t, scaler_t, coef, bias, entry_order, spec, strategy, precision,
                    deterministic) -> Tensor:
     keep, _node.keep = getattr(_node, "keep", None), None
-    x = x.contiguous()
-    strategy, precision = resolve_route(spec, x, coef.shape[2], strategy, precision)
-    y = run_forward(spec, x, base_weight_t, scaler_t, coef, bias, strategy, precision, keep)
+    y = _resolved_forward(spec, x, base_weight_t, scaler_t, coef, bias, strategy, precision, keep)
     _node.kept = keep or None
     return y
 

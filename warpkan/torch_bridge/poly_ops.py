@@ -28,7 +28,7 @@ from .. import _checks
 from ..kernels import poly as kp
 from ..kernels.edge.strategy import SINGLE_SLOT_AUTO_STRATEGY
 from . import _common
-from ._common import check_tensor, on_rows, warp_device
+from ._common import check_tensor, kernel_scalar, on_rows, warp_device
 from .edge_driver import PRECISIONS, STRATEGIES, EdgeSpec, check_precision, check_strategy
 from .edge_ops import static_spec_maker, edge_apply, register_higher_view
 
@@ -42,10 +42,6 @@ AUTO_STRATEGY = SINGLE_SLOT_AUTO_STRATEGY
 LABEL = "PolyKANLinear/ChebyKANLinear (warpkan::edge_forward)"
 
 
-def _scalar(x) -> str:
-    return "float64" if x.dtype in (torch.float64, wp.float64) else "float32"
-
-
 _tables_cache: dict = {}
 
 
@@ -57,7 +53,7 @@ def _tables(x, basis: str, n_basis: int, lut_size: int, alpha: float, beta: floa
     key = (basis, n_basis, lut_size, alpha, beta, x.dtype, x.device)
     found = _tables_cache.get(key)
     if found is None:
-        values, grads = kp.build_lut(basis, n_basis - 1, lut_size, alpha, beta, _scalar(x), warp_device(x.device))
+        values, grads = kp.build_lut(basis, n_basis - 1, lut_size, alpha, beta, kernel_scalar(x), warp_device(x.device))
         found = _tables_cache[key] = (wp.to_torch(values), wp.to_torch(grads))
     return found
 
@@ -95,7 +91,7 @@ def derivative_spec(x: Tensor, basis: str, lut_size: int, alpha: float, beta: fl
 
 def _engine_args_of(x, n_basis, basis, lut_size, alpha, beta) -> tuple:
     """(family, frame maker, frame tensors, frame config) of the layer on the edge engine."""
-    family, make_frame, _, frame_config = poly_static_spec(n_basis, basis, lut_size, alpha, beta, _scalar(x))[:4]
+    family, make_frame, _, frame_config = poly_static_spec(n_basis, basis, lut_size, alpha, beta, kernel_scalar(x))[:4]
     return family, make_frame, _tables(x, basis, n_basis, lut_size, alpha, beta), frame_config
 
 
@@ -118,7 +114,7 @@ def derivative_engine_args(x, n_basis, basis, lut_size, alpha, beta) -> tuple:
     if not lut_size:
         return _engine_args_of(x, n_basis, basis, 0, alpha, beta)
     return _lut_derivative_args(_tables(x, basis, n_basis, lut_size, alpha, beta)[0], n_basis, basis, alpha, beta,
-                                _scalar(x))
+                                kernel_scalar(x))
 
 
 def _lut_derivative_args(values, n_basis, basis, alpha, beta, scalar) -> tuple:
@@ -131,7 +127,7 @@ def _lut_higher_view(spec: EdgeSpec, x: Tensor, coef: Tensor) -> tuple:
     value table's values (:func:`derivative_engine_args`); its coefficients unchanged."""
     _, n_basis, basis, alpha, beta = spec.frame_config
     values = spec.frame_tensors[0]
-    return EdgeSpec(*_lut_derivative_args(values, n_basis, basis, alpha, beta, _scalar(x)), n_basis, False), coef
+    return EdgeSpec(*_lut_derivative_args(values, n_basis, basis, alpha, beta, kernel_scalar(x)), n_basis, False), coef
 
 
 register_higher_view(_lut_frame, _lut_higher_view)
@@ -150,7 +146,7 @@ def poly_apply(x, coeffs, bias, basis, lut_size, alpha, beta, strategy, precisio
         tables = poly_lut_tables(x.detach(), basis, n_basis, lut_size, alpha, beta)
     else:
         tables = _tables(x, basis, n_basis, lut_size, alpha, beta)
-    return edge_apply(x, "poly", (n_basis, basis, lut_size, alpha, beta, _scalar(x)), tables, None, None,
+    return edge_apply(x, "poly", (n_basis, basis, lut_size, alpha, beta, kernel_scalar(x)), tables, None, None,
                       coeffs, bias, strategy, precision, deterministic, layout="polykan" if layer_layout else "kernel",
                       label=LABEL)
 

@@ -38,9 +38,9 @@ from torch import Tensor
 from ..kernels import ukan as ku
 from ..kernels.edge.ukan_family import (ukan_family, ukan_frame_of, ukan_pairs_family, ukan_pairs_frame_of,
                                         ukan_table_family, ukan_table_frame_of)
-from .edge_driver import EdgeSpec, combined_weight, differentiable_backward, node_cached, node_combined_weight
+from .edge_driver import EdgeSpec, differentiable_backward, node_cached, node_combined_weight
 from .edge_ops import static_spec_maker, edge_apply, register_higher_view, resolve_route, run_backward, run_forward
-from ._common import (RecordedLaunches, contiguous, first_order_backward, forward_mode_message, kernel_copies,
+from ._common import (RecordedLaunches, contiguous, kernel_scalar, first_order_backward, forward_mode_message, kernel_copies,
                       params_used_by_this_backward, refuse_transforms, to_warp, use_registered_op, warp_stream,
                       with_strides)
 
@@ -136,12 +136,16 @@ def table_spec(x: Tensor, window: Tensor, local_u: Tensor, pair_feature: Tensor,
                spline_order: int, use_base: bool, n_coef: int) -> EdgeSpec:
     """The spec of the touched-pair table of ``ukan_pairs(x)`` (:func:`table_static_spec`) with its frame: each
     element's window and local coordinate, each table row's feature."""
-    return table_static_spec(spline_order, _scalar(x), float(grid_delta), n_coef, use_base).with_frame(
-        (window.contiguous(), local_u.contiguous(), pair_feature.contiguous()))
+    return table_static_spec(*_table_static_args(x, grid_delta, spline_order, use_base, n_coef)).with_frame(
+        _table_frame_tensors(window, local_u, pair_feature))
 
 
-def _scalar(x: Tensor) -> str:
-    return "float64" if x.dtype == torch.float64 else "float32"
+def _table_static_args(x: Tensor, grid_delta: float, spline_order: int, use_base: bool, n_coef: int) -> tuple:
+    return spline_order, kernel_scalar(x), float(grid_delta), n_coef, use_base
+
+
+def _table_frame_tensors(window: Tensor, local_u: Tensor, pair_feature: Tensor) -> tuple:
+    return window.contiguous(), local_u.contiguous(), pair_feature.contiguous()
 
 
 def _table_frame(window, local_u, pair_feature, h: float, scalar: str):
@@ -168,7 +172,7 @@ def _pair_args(x: Tensor, table: Tensor, grid_delta: float, spline_order: int) -
     start = torch.where(valid, (first.unsqueeze(1) + pair) * K, 0)
     rows = (start.unsqueeze(2) + torch.arange(K, device=x.device)).reshape(-1)  # [in, Cmax, K] table rows
     coef = torch.where(valid.repeat_interleave(K, 1).unsqueeze(2), table[rows].view(n_in, -1, n_out), 0.0)
-    family = ukan_pairs_family(spline_order, "float64" if x.dtype == torch.float64 else "float32")
+    family = ukan_pairs_family(spline_order, kernel_scalar(x))
     frame_tensors = (pair_group, first.to(torch.int32), count.to(torch.int32))
     return family, _pairs_frame, frame_tensors, (float(grid_delta), family.scalar_name), coef
 
@@ -195,8 +199,8 @@ def spline_layer(x: Tensor, sorted_elem: Tensor, window: Tensor, local_u: Tensor
     table, base_weight and spline_scaler [out, in] (as UKANLinear exposes them): the op pair
     (``edge_ops.edge_apply``) on the shared-table spec, its backward the engine's atomic-free kernels (every
     gradient bitwise reproducible), taking the elements in the pair search's sorted order ``sorted_elem``."""
-    static_args = (spline_order, _scalar(x), float(grid_delta), table.shape[0], use_base)
-    frame_tensors = (window.contiguous(), local_u.contiguous(), pair_feature.contiguous())
+    static_args = _table_static_args(x, grid_delta, spline_order, use_base, table.shape[0])
+    frame_tensors = _table_frame_tensors(window, local_u, pair_feature)
     return edge_apply(x, "ukan_table", static_args, frame_tensors, base_weight if use_base else None,
                       spline_scaler, table, None, "stencil", "auto", True, entry_order=sorted_elem,
                       layout="ukan_table", label=SPLINE_LABEL)
@@ -389,18 +393,12 @@ def range_static_spec(spline_order: int, scalar: str, grid_delta: float, n_group
 
 def _range_static_args(x: Tensor, table: Tensor, grid_delta: float, spline_order: int, use_base: bool) -> tuple:
     n_groups = table.shape[0] // x.shape[1]
-    return spline_order, _scalar(x), float(grid_delta), n_groups, n_groups * (spline_order + 1), use_base
+    return spline_order, kernel_scalar(x), float(grid_delta), n_groups, n_groups * (spline_order + 1), use_base
 
 
 def _range_coef(x: Tensor, table: Tensor, spline_order: int) -> Tensor:
     """table [in Rt, K out] in (m, o) column order is coef [in, Rt K, out] as it lies."""
     return table.view(x.shape[1], -1, table.shape[1] // (spline_order + 1))
-
-
-def _range_args(x, group_lo, table, grid_delta, spline_order):
-    """(family, frame maker, frame tensors, frame config, coef) of the engine's view of a range table."""
-    spec, coef = range_spec(x, group_lo, table, grid_delta, spline_order, False)
-    return (*spec[:4], coef)
 
 
 def range_spec(x: Tensor, group_lo: Tensor, table: Tensor, grid_delta: float, spline_order: int,
@@ -529,28 +527,18 @@ def _spline_higher_outputs(ctx, n_inputs: int, params: dict, base_index: int, us
     return tuple(out)
 
 
-def _table_spline_higher_grads(args, dy, x, base_weight_t, scaler_t, use_base, need_x, wrt: list, ctx=None):
-    """(dx, gradients of ``wrt``) of a UKAN spline on a table the engine reads as ``coef`` [in, n_coef, out]
-    (``args``: family, frame maker, frame tensors, frame config, coef), as differentiable graphs: the engine's
-    dense basis and its x-derivatives, the combined weight made from ``coef`` (and so from the table it was
-    made from), ``base_weight_t`` and ``scaler_t`` (``wrt``: those to differentiate, or what they are views
-    of). With the node's ``ctx``, the weight is made once a node (``wrt`` must then be the parameters
-    themselves, which every call's views lead to)."""
-    family, make_frame, frame_tensors, frame_config, coef = args
-    weight = (combined_weight(base_weight_t, scaler_t, coef, use_base) if ctx is None
-              else node_combined_weight(ctx, family, base_weight_t, scaler_t, coef, use_base))
-    spec = EdgeSpec(family, make_frame, frame_tensors, frame_config, coef.shape[1], use_base)
+def range_spline_higher_grads(ctx, dy, x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order,
+                              use_base, need_x, wrt: list):
+    """(dx, gradients of ``wrt``) of the range spline as differentiable graphs (create_graph=True): the
+    engine's dense basis of the range table's spec (:func:`range_spec`) and its x-derivatives, and the combined
+    weight made from the table (and so from what it was made from), ``base_weight_t`` and ``scaler_t``, once a
+    node (``node_combined_weight``: ``wrt`` must be the parameters themselves, which every call's views lead
+    to)."""
+    spec, coef = range_spec(x, group_lo, table, grid_delta, spline_order, use_base)
+    weight = node_combined_weight(ctx, spec.family, base_weight_t, scaler_t, coef, use_base)
     dx, d_weight = differentiable_backward(spec, dy, x.contiguous(), weight, need_x, bool(wrt))
     grads = torch.autograd.grad(weight, wrt, d_weight, create_graph=True, allow_unused=True) if wrt else ()
     return dx, grads
-
-
-def range_spline_higher_grads(dy, x, group_lo, table, base_weight_t, scaler_t, grid_delta, spline_order, use_base,
-                              need_x, wrt: list, ctx=None):
-    """(dx, gradients of ``wrt``) of the range spline as differentiable graphs (create_graph=True):
-    the range table as the UKAN family reads it (:func:`_table_spline_higher_grads`)."""
-    return _table_spline_higher_grads(_range_args(x, group_lo, table, grid_delta, spline_order), dy, x,
-                                      base_weight_t, scaler_t, use_base, need_x, wrt, ctx)
 
 
 def _range_layer_higher(ctx, dy):
@@ -566,8 +554,8 @@ def _range_layer_higher(ctx, dy):
     params = {4: embedding, 5: w_hidden, 6: b_hidden, 7: w_out, 8: b_out, 9: base_weight, 10: spline_scaler}
     return _spline_higher_outputs(
         ctx, 17, params, 9, use_base,
-        lambda wrt: range_spline_higher_grads(dy, x, group_lo, table, base_weight.t(), spline_scaler.t(), grid_delta,
-                                              spline_order, use_base, ctx.needs_input_grad[0], wrt, ctx))
+        lambda wrt: range_spline_higher_grads(ctx, dy, x, group_lo, table, base_weight.t(), spline_scaler.t(),
+                                              grid_delta, spline_order, use_base, ctx.needs_input_grad[0], wrt))
 
 
 def range_layer(x: Tensor, group_lo: Tensor, rows_per_feature: int, pe_dim: int, embedding: Tensor,
