@@ -1,8 +1,10 @@
 """Host cost of an eager training step per layer class at (1024, 32->32) against nn.Linear (and a cProfile of
 each with the backward on the calling thread: --prof), the public-layout table copies of the B-spline layer at
-long grids (regress), and whole-model bf16 steps eager and whole-step graphed (models). On the GPU machine:
+long grids (regress), whole-model bf16 steps eager and whole-step graphed (models), and the host time of a
+GroupRational's eager fwd+bwd at KAT-Tiny's two shapes under bf16 autocast, the GPU kept busy so that only the
+host is timed (rational). On the GPU machine:
 
-    python scripts/host_cost.py host [regress] [models] [--prof]
+    python scripts/host_cost.py host [regress] [models] [rational] [--prof]
 """
 import cProfile, io, pstats, statistics, sys, time
 import torch
@@ -101,6 +103,34 @@ def models():
         top = sorted(ev, key=lambda e: -e.self_device_time_total)[:5]
         print(f"MODEL {name}: eager {eager:.3f} ms, graphed {g:.3f} ms; graphed kernels: " + "; ".join(
             f"{e.key[:50]} {e.self_device_time_total/1e3:.3f}x{e.count}" for e in top), flush=True)
+
+
+def rational():
+    from warpkan.torch_bridge import GroupRational
+    # KAT-Tiny's FFN at batch 128: the first rational sees the LayerNorm's fp32 output [25216, 192], the second
+    # fc1's bf16 output [25216, 768]
+    for features, dtype in ((192, torch.float32), (768, torch.bfloat16)):
+        layer = GroupRational(features).to(dev)
+        x = torch.randn(128 * 197, features, device=dev, dtype=dtype, requires_grad=True)
+        dy = torch.randn_like(x)
+
+        def step():
+            layer(x).backward(dy)
+            x.grad = layer.weight_numerator.grad = layer.weight_denominator.grad = None
+
+        for mt in (True, False):
+            with torch.autograd.set_multithreading_enabled(mt):
+                for _ in range(20): step()
+                torch.cuda.synchronize()
+                ts = []
+                for _ in range(7):
+                    torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU spin: the 50 steps queue behind it
+                    t0 = time.perf_counter()
+                    for _ in range(50): step()
+                    ts.append((time.perf_counter() - t0) / 50 * 1e6)
+                    torch.cuda.synchronize()
+            print(f"RATIONAL [{x.shape[0]}, {features}] {str(dtype)[6:]} host us a fwd+bwd "
+                  f"({'autograd device thread' if mt else 'caller thread'}): {statistics.median(ts):.1f}", flush=True)
 
 
 if __name__ == "__main__":

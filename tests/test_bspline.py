@@ -947,3 +947,46 @@ def test_kept_basis_is_a_saved_tensor():
     assert (width, 37) in packed and (width, 5) in packed, packed  # the basis and the combined weight
     y.sum().backward()
     assert x.grad is not None
+
+
+@pytest.mark.parametrize("need_x", [True, False])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_eager_bound_backward_matches_the_general_path(device, need_x, deterministic, monkeypatch):
+    """An eager node of a small layer makes its backward's launch in its forward, on the caller's thread
+    (``edge_ops._bound_backward``: CUDA's tiled stencil pass). Its gradients are those of the general path (no
+    bound launch; bitwise where deterministic), and a retained graph's second backward (the general path: the
+    bound gradients went to autograd with the first) gives them again."""
+    from warpkan.torch_bridge import edge_ops
+
+    dev = torch.device(device)
+    made = []
+    bind = edge_ops._bound_backward
+
+    def recording(*args):
+        plan = bind(*args)
+        made.append(plan is not None)
+        return plan
+
+    grads = {}
+    for bound in (True, False):
+        monkeypatch.setattr(edge_ops, "_bound_backward", recording if bound else lambda *args: None)
+        torch.manual_seed(0)
+        layer = KANLinear(13, 11, grid_size=5, strategy="stencil", deterministic=deterministic, dtype=torch.float64,
+                          device=dev)
+        x = (torch.rand(37, 13, dtype=torch.float64, device=dev) * 2 - 1).requires_grad_(need_x)
+        dy = torch.randn(37, 11, dtype=torch.float64, device=dev)
+        y = layer(x)
+        y.backward(dy, retain_graph=True)
+        leaves = [t for t in (x, *layer.parameters()) if t.requires_grad]
+        first = [t.grad.clone() for t in leaves]
+        for t in leaves:
+            t.grad = None
+        y.backward(dy)
+        tolerance = dict(rtol=0, atol=0) if deterministic else dict(rtol=1e-12, atol=1e-12)
+        for again, was in zip((t.grad for t in leaves), first):
+            torch.testing.assert_close(again, was, **tolerance)
+        grads[bound] = first
+    assert made == [device == "cuda"]  # the tiled pass is CUDA's
+    for with_bound, general in zip(grads[True], grads[False]):
+        torch.testing.assert_close(with_bound, general, **(dict(rtol=0, atol=0) if deterministic else
+                                                            dict(rtol=1e-12, atol=1e-12)))

@@ -407,3 +407,32 @@ def test_cuda_graph_capture():
     torch.cuda.synchronize()
     for got, ref in zip(captured, eager):
         torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("need_x", [True, False])
+def test_eager_bound_backward_matches_the_registered_op(device, need_x):
+    """The eager node makes its backward's launch in its forward (on the caller's thread); its gradients equal,
+    bitwise, those of the registered op's backward; a retained graph's second backward (the general path: the
+    bound gradients went to autograd with the first), a non-contiguous dy and an x that needs no gradient
+    give them too."""
+    from warpkan.torch_bridge import rational_ops
+
+    dev = _torch_device(device)
+    torch.manual_seed(0)
+    x = torch.randn(4, 37, 24, device=dev).requires_grad_(need_x)
+    a = torch.randn(1, 6, device=dev, requires_grad=True)
+    b = torch.randn(4, 4, device=dev, requires_grad=True)
+    dy = torch.randn(4, 24, 37, device=dev).transpose(1, 2)  # non-contiguous: the general path's
+    leaves = [t for t in (x, a, b) if t.requires_grad]
+    results = []
+    for op in (rational_ops._EagerGroupRational.run, rational_ops.group_rational_forward):
+        y2 = op(x.reshape(-1, 24), a, b, 4, "A", True)
+        if op is not rational_ops.group_rational_forward:
+            assert y2.grad_fn.plan is not None  # the node (its ctx) holds its bound backward
+        y = y2.view(4, 37, 24)
+        for grad_out in (dy.contiguous(), dy.contiguous(), dy):  # bound, retained graph's second, non-contiguous
+            grads = torch.autograd.grad(y, leaves, grad_out, retain_graph=True)
+            results.append(grads)
+    for grads in results[1:]:
+        for got, want in zip(grads, results[0]):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -112,8 +112,10 @@ class RecordedLaunches:
             return None
         return slots
 
-    def __call__(self, launcher, tensors: tuple, *config) -> None:
-        # one flat key and one pass over the tensors: this runs per launch, often on autograd's device thread
+    @staticmethod
+    def _signature(launcher, tensors, config) -> tuple:
+        """(signature, ptrs, device) of a call: one flat key and one pass over the tensors (this runs per
+        launch, often on autograd's device thread)."""
         signature = [launcher, *config]
         ptrs = []
         device = None
@@ -127,8 +129,9 @@ class RecordedLaunches:
                 if device is None:
                     device = t.device
         signature.append(device)
-        signature, ptrs = tuple(signature), tuple(ptrs)
-        stream = warp_stream(device)
+        return tuple(signature), ptrs, device
+
+    def _replay(self, signature: tuple, ptrs: tuple, stream, launcher, tensors, config) -> None:
         with self._lock:  # re-pointing and launching must not interleave with another thread's
             entry = self._records.get(signature)
             if entry is None:
@@ -149,9 +152,44 @@ class RecordedLaunches:
             for cmd in cmds:
                 cmd.launch(stream)
 
+    def __call__(self, launcher, tensors: tuple, *config) -> None:
+        signature, ptrs, device = self._signature(launcher, tensors, config)
+        self._replay(signature, tuple(ptrs), warp_stream(device), launcher, tensors, config)
+
+    def bind(self, launcher, tensors: tuple, *config, late: tuple = ()) -> "BoundLaunch":
+        """The call ``self(launcher, tensors, *config)`` worked out now and made later, with the tensors at
+        positions ``late`` given then (:class:`BoundLaunch`); ``tensors[i]`` for such a position stands for
+        the later tensor's layout (shape, strides, dtype, device), which the caller guarantees."""
+        signature, ptrs, device = self._signature(launcher, tensors, config)
+        held = [None if i in late else t for i, t in enumerate(tensors)]  # not the stand-ins of late tensors
+        return BoundLaunch(self, launcher, signature, ptrs, device, held, config, late)
+
     def clear(self) -> None:
         with self._lock:
             self._records.clear()
+
+
+class BoundLaunch:
+    """A :class:`RecordedLaunches` call whose signature was worked out ahead (:meth:`RecordedLaunches.bind`):
+    calling it with the tensors of the ``late`` positions re-points and launches the record, with no pass over
+    the other tensors. A node's forward binds its backward's launch on the caller's thread, so that the
+    backward, which runs on autograd's device thread (where Python runs at about half speed on the GPU
+    machine: ``docs/perf-notes-host.md``), only fills in dy, x and dx. It holds the bound tensors: bind the
+    ones the backward must take from ``ctx.saved_tensors`` (x, so that saved-tensor hooks see it) late."""
+
+    __slots__ = ("owner", "launcher", "signature", "ptrs", "device", "tensors", "config", "late")
+
+    def __init__(self, owner, launcher, signature, ptrs, device, tensors, config, late):
+        self.owner, self.launcher, self.signature, self.ptrs = owner, launcher, signature, ptrs
+        self.device, self.tensors, self.config, self.late = device, tensors, config, late
+
+    def __call__(self, *late_tensors) -> None:
+        ptrs, tensors = self.ptrs.copy(), self.tensors.copy()
+        for i, t in zip(self.late, late_tensors):
+            ptrs[i] = t.data_ptr()
+            tensors[i] = t
+        self.owner._replay(self.signature, tuple(ptrs), warp_stream(self.device), self.launcher, tensors,
+                           self.config)
 
 
 def keyword_launcher(launcher):
@@ -449,8 +487,11 @@ class EagerRoute:
     def relayout(self, values: tuple, direction: int) -> tuple:
         """``values`` (the inputs, or their gradients) with each one the route takes in a public layout mapped
         by ``layouts[i][direction]``: 0 to the op's view, 1 back to the public layout. None stays None."""
-        layouts = self.layouts
-        return tuple(layouts[i][direction](v) if i in layouts and v is not None else v for i, v in enumerate(values))
+        values = list(values)
+        for i, maps in self.layouts.items():
+            if values[i] is not None:
+                values[i] = maps[direction](values[i])
+        return tuple(values)
 
     def op_inputs(self, inputs: tuple) -> tuple:
         """The inputs as the op takes them: the op's views of those in a public layout."""
@@ -519,7 +560,9 @@ def eager_function(name: str, forward_impl, setup_context, backward, layouts: di
     def jvp(ctx, *tangents):
         raise NotImplementedError(forward_mode_message(label))
 
-    once = torch.autograd.function.once_differentiable(public_backward if layouts or prepare else backward)
+    # first_order_backward calls it with grad mode off only (create_graph=True goes to ``higher``): what
+    # ``once_differentiable`` would add is a no_grad block around it, a few microseconds of a node's Python
+    first = public_backward if layouts or prepare else backward
 
     def higher_backward(ctx, op_inputs, *grads):
         grads = higher(ctx, route.op_inputs(ctx.raw_inputs), *grads)
@@ -527,7 +570,7 @@ def eager_function(name: str, forward_impl, setup_context, backward, layouts: di
 
     function = type(name, (torch.autograd.Function,), {
         "forward": staticmethod(forward),
-        "backward": staticmethod(first_order_backward(label, once, higher_backward if higher is not None else None)),
+        "backward": staticmethod(first_order_backward(label, first, higher_backward if higher is not None else None)),
         "jvp": staticmethod(jvp),
         "__doc__": f"{name}: eager route of a warpkan custom op (see warpkan.torch_bridge._common.eager_function).",
     })

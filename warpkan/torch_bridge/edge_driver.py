@@ -161,27 +161,50 @@ def grad_buffers(x, base_weight_t, scaler_t, coef, need_x, need_params, zero=Fal
     return make(x, need_x), make(base_weight_t, need_params), make(scaler_t, need_params), make(coef, need_params)
 
 
+def bind_tiled_backward(family, make_frame, frame_tensors: tuple, frame_config: tuple, dy_like: Tensor, x: Tensor,
+                        base_weight_t: Tensor, scaler_t: Tensor, coef: Tensor, use_base: bool, deterministic: bool,
+                        need_x: bool, need_params: bool) -> "tuple | None":
+    """The tiled pass of :func:`stencil_backward` (overwriting the gradients: no fill) made ahead, where its plan
+    applies and the parameter gradients are asked for: (launch, d_base_weight_t, d_scaler_t, d_coef), the launch
+    bound (``RecordedLaunches.bind``) with dy, x and dx given when called (``launch(dy, x, dx)``, or
+    ``launch(dy, x)`` without need_x; dy in the layout of ``dy_like``, dx in x's), and the parameter gradients
+    it writes (empty where not asked for). None where the tiled pass does not apply."""
+    n_rows, n_in, n_coef, n_out = x.shape[0], x.shape[1], coef.shape[1], coef.shape[2]
+    plan = edge_tiled.backward_plan(family, x.is_cuda, n_coef)
+    if not (plan is not None and edge_tiled.backward_takes(n_out, need_params, deterministic, need_x, plan.banded)
+            and n_rows and n_in and n_out):
+        return None
+    _, d_base, d_scaler, d_coef = grad_buffers(x, base_weight_t, scaler_t, coef, False, need_params)
+    coef_pad = x.new_empty(edge_tiled.coef_pad_shape(family, coef.shape))
+    partial_coef = partial_params = None
+    if deterministic:
+        coef_shape, params_shape = edge_tiled.partial_shapes(n_rows, n_in, n_coef, n_out)
+        partial_coef, partial_params = x.new_empty(coef_shape), x.new_empty(params_shape)
+    config = (("family", family), ("make_frame", make_frame), ("n_frame", len(frame_tensors)),
+              ("frame_config", frame_config), ("use_base", use_base), ("deterministic", deterministic))
+    tensors = (dy_like, x, *frame_tensors, base_weight_t, scaler_t, coef, coef_pad, x if need_x else None, d_base,
+               d_scaler, d_coef, partial_coef, partial_params)
+    late = (0, 1, 6 + len(frame_tensors)) if need_x else (0, 1)
+    return _launch.bind(_TILED_BACKWARD, tensors, config, late=late), d_base, d_scaler, d_coef
+
+
 def stencil_backward(family, make_frame, frame_tensors: tuple, frame_config: tuple, dy: Tensor, x: Tensor,
                   base_weight_t: Tensor, scaler_t: Tensor, coef: Tensor, use_base: bool, deterministic: bool,
                   need_x: bool, need_params: bool, entry_order: "Tensor | None" = None) -> tuple:
     """(dx, d_base_weight_t, d_scaler_t, d_coef) of :func:`stencil_forward`; those not asked for come back empty.
-    The tiled pass (overwriting the gradients: no fill) where its plan applies and the parameter gradients are
-    asked for; else the per-thread kernels into zero-filled buffers. ``entry_order``: see
+    The tiled pass (:func:`bind_tiled_backward`) where its plan applies and the parameter gradients are asked
+    for; else the per-thread kernels into zero-filled buffers. ``entry_order``: see
     ``kernels.edge.launch.launch_backward`` (shared tables)."""
-    n_rows, n_in, n_coef, n_out = x.shape[0], x.shape[1], coef.shape[1], coef.shape[2]
-    plan = edge_tiled.backward_plan(family, x.is_cuda, n_coef)
-    if (plan is not None and edge_tiled.backward_takes(n_out, need_params, deterministic, need_x, plan.banded)
-            and n_rows and n_in and n_out):
-        dx, d_base, d_scaler, d_coef = grad_buffers(x, base_weight_t, scaler_t, coef, need_x, need_params)
-        coef_pad = x.new_empty(edge_tiled.coef_pad_shape(family, coef.shape))
-        partial_coef = partial_params = None
-        if deterministic:
-            coef_shape, params_shape = edge_tiled.partial_shapes(n_rows, n_in, n_coef, n_out)
-            partial_coef, partial_params = x.new_empty(coef_shape), x.new_empty(params_shape)
-        config = (("family", family), ("make_frame", make_frame), ("n_frame", len(frame_tensors)),
-                  ("frame_config", frame_config), ("use_base", use_base), ("deterministic", deterministic))
-        _launch(_TILED_BACKWARD, (dy, x, *frame_tensors, base_weight_t, scaler_t, coef, coef_pad,
-                                  dx if need_x else None, d_base, d_scaler, d_coef, partial_coef, partial_params), config)
+    tiled = bind_tiled_backward(family, make_frame, frame_tensors, frame_config, dy, x, base_weight_t, scaler_t, coef,
+                                use_base, deterministic, need_x, need_params)
+    if tiled is not None:
+        launch, d_base, d_scaler, d_coef = tiled
+        if need_x:
+            dx = torch.empty_like(x)
+            launch(dy, x, dx)
+        else:
+            dx = x.new_empty((0,))
+            launch(dy, x)
         return dx, d_base, d_scaler, d_coef
     dx, d_base, d_scaler, d_coef = grad_buffers(x, base_weight_t, scaler_t, coef, need_x, need_params, zero=True)
     frame = make_frame(*(to_warp(t) for t in frame_tensors), *frame_config)

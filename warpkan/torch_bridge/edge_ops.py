@@ -48,7 +48,7 @@ from ..kernels.edge.strategy import SINGLE_SLOT_AUTO_STRATEGY, choose_strategy
 from . import _common
 from ._common import (TRANSPOSED, contiguous, copy_into, eager_function, first_order_backward,
                       params_used_by_this_backward, refuse_transforms)
-from .edge_driver import (EdgeSpec, combined_weight, differentiable_backward, gemm_backward, gemm_forward,
+from .edge_driver import (EdgeSpec, bind_tiled_backward, combined_weight, differentiable_backward, gemm_backward, gemm_forward,
                           load_gemm_modules, node_combined_weight, resolve_precision, spec_of, split_weight_grad,
                           stencil_backward, stencil_forward)
 
@@ -399,12 +399,72 @@ def _eager_forward(x, frame_tensors, base_weight_t, scaler_t, coef, bias, entry_
 def _eager_setup_context(ctx, inputs, output):
     kept, _node.kept = getattr(_node, "kept", None), None
     _setup_context(ctx, inputs, output, kept)
+    ctx.plan = _bound_backward(ctx, inputs, output)
+
+
+# A node whose gradients are small enough to hold from its forward to its backward makes its backward's launch in
+# the forward, on the caller's thread (the tiled stencil pass of a scaled family, where an eager call of a small
+# layer goes): the backward runs on autograd's device thread, where Python runs at about half the caller's speed
+# on the GPU machine (docs/perf-notes-host.md), and then only allocates dx and launches.
+BOUND_BACKWARD_MAX_BYTES = 1 << 20
+
+
+def _bound_backward(ctx, inputs, output) -> "tuple | None":
+    """(launch, d_base, d_scaler, d_coef, need_x, need_bias, ready_gemm) of the node's backward made ahead
+    (``edge_driver.bind_tiled_backward``; ``ready_gemm``: (family, precision) of the gemm strategy the backward
+    readies for a later capture, as ``run_backward`` does, or None), or None where the backward takes the
+    general path."""
+    x, frame_tensors, base_weight_t, scaler_t, coef, bias, entry_order, spec, strategy, precision, deterministic \
+        = inputs
+    family = spec.family
+    if (strategy != "stencil" or not x.is_cuda or base_weight_t is None or scaler_t is None or family.shared_table
+            or family.single_slot or torch.cuda.is_current_stream_capturing()):
+        return None
+    need = ctx.needs_input_grad
+    need_params = need[BASE] or need[SCALER] or need[COEF]
+    param_bytes = (2 * base_weight_t.numel() + coef.numel()) * coef.element_size()
+    if param_bytes > BOUND_BACKWARD_MAX_BYTES or not (base_weight_t.is_contiguous() and scaler_t.is_contiguous()
+                                                      and coef.is_contiguous()):
+        return None
+    bound = bind_tiled_backward(*spec[:4], output, x, base_weight_t, scaler_t, coef, spec.use_base, deterministic,
+                                need[X], need_params)
+    if bound is None:
+        return None
+    n_out = coef.shape[2]
+    gemm_later = choose_strategy(x.shape[0], x.shape[1], n_out, spec.n_coef, True, precision) == "gemm"
+    return (*bound, need[X], ctx.has_bias and need[BIAS], (family, precision) if gemm_later else None)
 
 
 def _eager_backward(dy, x, frame_tensors, base_weight_t, scaler_t, coef, entry_order, spec, strategy, precision,
                     deterministic, need_x, need_params, need_bias, kept) -> tuple:
     return run_backward(spec, dy.contiguous(), x, base_weight_t, scaler_t, coef, entry_order, strategy, precision,
                         deterministic, need_x, need_params, need_bias, kept)
+
+
+_general_eager_backward = _backward_with(_eager_backward, True)
+
+
+def _eager_node_backward(ctx, dy):
+    """The eager node's backward: its bound launch (:func:`_bound_backward`) where the forward made one and dy
+    lies as the forward's output did; the general path otherwise (a retained graph's second backward too: the
+    bound gradients went to autograd with the first)."""
+    plan, ctx.plan = ctx.plan, None
+    if plan is None or not dy.is_contiguous():
+        return _general_eager_backward(ctx, dy)
+    saved = ctx.saved_tensors
+    x = saved[0]
+    launch, d_base, d_scaler, d_coef, need_x, need_bias, ready_gemm = plan
+    if dy.dtype != x.dtype or not x.is_contiguous():
+        return _general_eager_backward(ctx, dy)
+    if ready_gemm is not None and not torch.cuda.is_current_stream_capturing():
+        load_gemm_modules(*ready_gemm, x.device)  # this thread's cuBLAS handles
+    if need_x:
+        dx = torch.empty_like(x)
+        launch(dy, x, dx)
+    else:
+        dx = None
+        launch(dy, x)
+    return _input_grads(ctx, dx, d_base, d_scaler, d_coef, dy.sum(dim=0) if need_bias else None, ctx.n_frame)
 
 
 _ROUTES: dict = {}
@@ -416,7 +476,7 @@ def _route(layout: str, label: str):
     route = _ROUTES.get((layout, label))
     if route is None:
         route = _ROUTES[(layout, label)] = eager_function(
-            f"EagerEdge_{layout}", _eager_forward, _eager_setup_context, _backward_with(_eager_backward, True),
+            f"EagerEdge_{layout}", _eager_forward, _eager_setup_context, _eager_node_backward,
             LAYOUTS[layout], label=label, prepare=_prepare, higher=_higher_backward)
     return route
 

@@ -189,9 +189,57 @@ group_rational_forward.register_autograd(first_order_backward(LABEL, _backward, 
                                          setup_context=_setup_context)
 
 
+# Where a small layer's step waits on the host, the backward's Python is what costs most: it runs on autograd's
+# device thread, at about half the caller's speed on the GPU machine (docs/perf-notes-host.md). So an eager node
+# makes its backward's launch in its forward, on the caller's thread: the coefficient views, the coefficient
+# gradients and partial sums (a few KiB), and the launch's signature, with dy, x and dx bound late
+# (``RecordedLaunches.bind``). The backward then checks dy and x, allocates dx and launches. A second backward of
+# a retained graph, an unaligned dy and create_graph=True take the general path.
+def _eager_setup_context(ctx, inputs, output):
+    _setup_context(ctx, inputs, output)
+    x, weight_numerator, weight_denominator, num_groups, variant, deterministic = inputs
+    need_x = ctx.needs_input_grad[0]
+    need_params = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
+    if not (x.numel() and (need_x or need_params) and x.is_contiguous()) or x.data_ptr() % 16:
+        ctx.plan = None
+        return
+    a, b = _coefficients(x, weight_numerator, weight_denominator)
+    dtype = a.dtype  # _coefficient_dtype's
+    da = torch.empty(weight_numerator.shape if need_params else (0,), dtype=dtype, device=x.device)
+    db = torch.empty(weight_denominator.shape if need_params else (0,), dtype=dtype, device=x.device)
+    size = _partials_size(x.shape[0], x.shape[1], num_groups, a.shape[1] - 1, b.shape[1], x.dtype,
+                          x.device) if need_params else 1
+    partials = torch.empty(size, dtype=torch.float64, device=x.device)
+    # x stands for dy (made contiguous in x's dtype) and dx (empty_like x) in the signature
+    launch = _LAUNCHES.bind(_record_backward, (x, x, a, b, x if need_x else None, da if need_params else None,
+                                               db if need_params else None, partials), num_groups, variant,
+                            late=(0, 1, 4) if need_x else (0, 1))
+    ctx.plan = (launch, da, db, need_x, need_params)
+
+
+def _eager_backward(ctx, dy):
+    plan, ctx.plan = ctx.plan, None  # the buffers go to autograd alone (AccumulateGrad takes them as they are)
+    x, weight_numerator, weight_denominator = ctx.saved_tensors
+    if (plan is None or dy.dtype != x.dtype or not (dy.is_contiguous() and x.is_contiguous())
+            or dy.data_ptr() % 16 or x.data_ptr() % 16):
+        return _backward(ctx, dy, _backward_impl)
+    launch, da, db, need_x, need_params = plan
+    if need_x:
+        dx = torch.empty_like(x)
+        launch(dy, x, dx)
+    else:
+        dx = None
+        launch(dy, x)
+    need = ctx.needs_input_grad
+    return (dx,
+            (da if da.dtype == weight_numerator.dtype else da.to(weight_numerator.dtype)) if need[1] else None,
+            (db if db.dtype == weight_denominator.dtype else db.to(weight_denominator.dtype)) if need[2] else None,
+            None, None, None)
+
+
 _EagerGroupRational = eager_function(
-    "_EagerGroupRational", _forward_impl, _setup_context, lambda ctx, dy: _backward(ctx, dy, _backward_impl),
-    label=LABEL, higher=_higher_backward)
+    "_EagerGroupRational", _forward_impl, _eager_setup_context, _eager_backward, label=LABEL,
+    higher=_higher_backward)
 
 
 def group_rational(
