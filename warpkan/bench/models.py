@@ -11,7 +11,7 @@ their twins, in one run, on synthetic inputs of the right shapes (no downloads):
 Each model trains in fp32 and in bf16 autocast, in four modes (:data:`MODES`). A step is what a training
 loop runs: forward, cross-entropy loss, backward, ``AdamW.step()``, ``zero_grad``; the columns are its
 median time (CUDA events around each of ``repeat`` back-to-back steps after warm-up,
-:func:`warpkan.bench.timing.time_fn`), the samples/s it gives, the first step's wall time (compilation
+:func:`warpkan.bench.timing.time_fn`; the median of ``rounds`` such timings, with their spread), the samples/s it gives, the first step's wall time (compilation
 included) and, on cuda, the peak memory a step allocates above the model and optimiser state
 (:func:`warpkan.bench.timing.peak_memory`; in the CUDA-graph modes, that of the call that records the
 graphs: the memory their pool keeps). The modes:
@@ -48,6 +48,7 @@ models.
 from __future__ import annotations
 
 import os
+import statistics
 import time
 
 import torch
@@ -61,8 +62,11 @@ from .poly import _TorchPolyLayer
 from .rational import _triton_peers
 from .timing import peak_memory, time_fn
 
-FULL = dict(repeat=20, warmup=3, backend="inductor")
-QUICK = dict(repeat=2, warmup=0, backend="aot_eager")
+# rounds: the step is timed that many times (``repeat`` steps each) and the median round kept; on the GPU
+# machine an eager KAT-Tiny step's round moved by up to 60% within one process (26.6 to 43.3 ms), so one round
+# can decide a 1.15x target by noise alone, and the spread column shows how far the rounds lay apart
+FULL = dict(repeat=20, warmup=3, rounds=3, backend="inductor")
+QUICK = dict(repeat=2, warmup=0, rounds=1, backend="aot_eager")
 PRECISIONS = ("fp32", "bf16 autocast")
 MODES = ("eager", "compile", "reduce-overhead", "graphed")
 CUDA_GRAPH_MODES = ("reduce-overhead", "graphed")  # measured on cuda only
@@ -307,8 +311,11 @@ def _measure(case: _Case, impl: str, precision: str, mode: str, device: str, set
         for _ in range(warm_calls - 1):
             step()
         peak = peak_memory(step, device)  # the call after the warm-up: it records the CUDA graphs, if any
-        ms = time_fn(step, device, warmup=settings["warmup"], repeat=settings["repeat"])
+        rounds = [time_fn(step, device, warmup=settings["warmup"] if r == 0 else 0, repeat=settings["repeat"])
+                  for r in range(settings["rounds"])]
+    ms = statistics.median(rounds)
     row["step_ms"] = ms
+    row["spread %"] = 100 * (max(rounds) - min(rounds)) / ms
     row["samples/s"] = case.batch / (ms * 1e-3)
     if peak is not None:
         row["peak_MiB"] = peak
@@ -454,7 +461,9 @@ LEGEND = {
     "mode": "eager, or torch.compile'd (see the module docstring)",
     "batch": "samples per step",
     "params_M": "trainable parameters, millions",
-    "step_ms": "one training step (forward, loss, backward, AdamW step, zero_grad), median ms",
+    "step_ms": "one training step (forward, loss, backward, AdamW step, zero_grad), median ms of the median "
+               "round (each round: repeat back-to-back steps)",
+    "spread %": "how far the rounds' medians lay apart: (slowest - fastest) / step_ms",
     "samples/s": "batch / step_ms",
     "graphs": "the graphs torch.compile made",
     "graph breaks": "torch.compile's graph breaks",
