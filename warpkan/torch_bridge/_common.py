@@ -191,6 +191,16 @@ class BoundLaunch:
         self.owner._replay(self.signature, tuple(ptrs), warp_stream(self.device), self.launcher, tensors,
                            self.config)
 
+    def backward(self, dy: torch.Tensor, x: torch.Tensor, need_x: bool) -> "torch.Tensor | None":
+        """A backward pass bound with dy, x and (where ``need_x``) dx late: dx (a new tensor like x, which the
+        launch writes; None without need_x) after the launch."""
+        if not need_x:
+            self(dy, x)
+            return None
+        dx = torch.empty_like(x)
+        self(dy, x, dx)
+        return dx
+
 
 def keyword_launcher(launcher):
     """``launcher`` with its keyword configuration moved to positions, as :class:`RecordedLaunches` calls it:

@@ -199,13 +199,8 @@ def stencil_backward(family, make_frame, frame_tensors: tuple, frame_config: tup
                                 use_base, deterministic, need_x, need_params)
     if tiled is not None:
         launch, d_base, d_scaler, d_coef = tiled
-        if need_x:
-            dx = torch.empty_like(x)
-            launch(dy, x, dx)
-        else:
-            dx = x.new_empty((0,))
-            launch(dy, x)
-        return dx, d_base, d_scaler, d_coef
+        dx = launch.backward(dy, x, need_x)
+        return dx if need_x else x.new_empty((0,)), d_base, d_scaler, d_coef
     dx, d_base, d_scaler, d_coef = grad_buffers(x, base_weight_t, scaler_t, coef, need_x, need_params, zero=True)
     frame = make_frame(*(to_warp(t) for t in frame_tensors), *frame_config)
     edge.launch_backward(family, frame, to_warp(dy), to_warp(x), to_warp(base_weight_t), to_warp(scaler_t),

@@ -458,12 +458,7 @@ def _eager_node_backward(ctx, dy):
         return _general_eager_backward(ctx, dy)
     if ready_gemm is not None and not torch.cuda.is_current_stream_capturing():
         load_gemm_modules(*ready_gemm, x.device)  # this thread's cuBLAS handles
-    if need_x:
-        dx = torch.empty_like(x)
-        launch(dy, x, dx)
-    else:
-        dx = None
-        launch(dy, x)
+    dx = launch.backward(dy, x, need_x)
     return _input_grads(ctx, dx, d_base, d_scaler, d_coef, dy.sum(dim=0) if need_bias else None, ctx.n_frame)
 
 

@@ -224,12 +224,7 @@ def _eager_backward(ctx, dy):
             or dy.data_ptr() % 16 or x.data_ptr() % 16):
         return _backward(ctx, dy, _backward_impl)
     launch, da, db, need_x, need_params = plan
-    if need_x:
-        dx = torch.empty_like(x)
-        launch(dy, x, dx)
-    else:
-        dx = None
-        launch(dy, x)
+    dx = launch.backward(dy, x, need_x)
     need = ctx.needs_input_grad
     return (dx,
             (da if da.dtype == weight_numerator.dtype else da.to(weight_numerator.dtype)) if need[1] else None,
