@@ -5,6 +5,11 @@ GroupRational's eager fwd+bwd at KAT-Tiny's two shapes under bf16 autocast, the 
 host is timed (rational). On the GPU machine:
 
     python scripts/host_cost.py host [regress] [models] [rational] [--prof]
+
+On a fresh GPU machine, build the kernels first, in a call of their own: UKANLinear's modules took over 200 s
+to build cold on the H200 machine, which cut a timed call short at its UKAN row.
+
+    python -m warpkan.cli precompile --config in=32,out=32
 """
 import cProfile, io, pstats, statistics, sys, time
 import torch
