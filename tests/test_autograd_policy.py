@@ -355,3 +355,40 @@ def test_warp_device_and_stream_of_an_indexless_cuda_device():
     indexed = torch.device("cuda", torch.cuda.current_device())
     assert warp_device(torch.device("cuda")) is warp_device(indexed)
     assert warp_stream(torch.device("cuda")) is warp_stream(indexed)
+
+
+_ROWS_LAYERS = {
+    "KANLinear": lambda dev: KANLinear(4, 3, grid_size=5, dtype=torch.float64, device=dev),
+    "PolyKANLinear": lambda dev: warpkan.torch_bridge.PolyKANLinear(4, 3, 5, dtype=torch.float64, device=dev),
+    "PolyKANLinear lut": lambda dev: warpkan.torch_bridge.PolyKANLinear(4, 3, 5, mode="lut", dtype=torch.float64,
+                                                                         device=dev),
+    "GroupRational": lambda dev: GroupRational(4, num_groups=2, dtype=torch.float64, device=dev),
+}
+
+
+@pytest.mark.parametrize("name", list(_ROWS_LAYERS))
+def test_nd_input_is_seen_as_rows_inside_the_node(device, name, eager_step_ops):
+    """The eager routes take x (..., in) whole and see its rows inside their autograd node (no view node on
+    either side): the output, the gradients, and with create_graph=True the first and second x-derivatives and
+    the parameter gradients of a loss built from them are those of the same rows given as a 2-D x."""
+    dev = torch.device(device)
+    torch.manual_seed(0)
+    layer = _ROWS_LAYERS[name](dev)
+    x3 = (torch.rand(2, 5, 4, dtype=torch.float64, device=dev) * 1.6 - 0.8).requires_grad_()
+    x2 = x3.detach().reshape(10, 4).requires_grad_()
+    results = []
+    for x in (x3, x2):
+        y = layer(x)
+        dx, = torch.autograd.grad(y.pow(2).sum(), x, create_graph=True)
+        dxx, = torch.autograd.grad(dx.sum(), x, create_graph=True)
+        loss = dx.pow(2).sum() + dxx.pow(2).sum()
+        params = torch.autograd.grad(loss, list(layer.parameters()), allow_unused=True)
+        results.append([y.reshape(10, -1), dx.reshape(10, 4), dxx.reshape(10, 4),
+                        *(p for p in params if p is not None)])
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    if device == "cpu":  # the node count is host bookkeeping: the same on every device
+        ops = eager_step_ops(layer, x3, torch.ones(2, 5, layer(x2).shape[-1], dtype=torch.float64))
+        nodes = {op for op in ops if op.startswith("autograd::engine::evaluate_function")}
+        assert not any("View" in node or "Reshape" in node for node in nodes), nodes
+        assert len(nodes) == 2, nodes  # the layer's node and AccumulateGrad

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 
 import ctypes
+import math
 import sys
 import threading
 from collections import OrderedDict
@@ -488,11 +489,12 @@ class EagerRoute:
     the inputs it takes in a public layout; ``label``, how errors name it ("KANLinear (warpkan::edge_forward)").
     A plain object, so that traced code reads it (:func:`op_or_eager`)."""
 
-    def __init__(self, function, forward_impl, layouts: dict, label: str):
+    def __init__(self, function, forward_impl, layouts: dict, label: str, rows: bool = False):
         self.function = function
         self.forward_impl = forward_impl
         self.layouts = layouts
         self.label = label
+        self.rows = rows
 
     def relayout(self, values: tuple, direction: int) -> tuple:
         """``values`` (the inputs, or their gradients) with each one the route takes in a public layout mapped
@@ -512,11 +514,26 @@ class EagerRoute:
         none is (inference, frozen inputs)."""
         if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
             return self.function.apply(*inputs)
+        if self.rows:  # no node is built: a reshape here is no node either
+            return on_rows(inputs[0], inputs[0].shape[-1],
+                           lambda x2: self.forward_impl(*self.op_inputs((x2, *inputs[1:]))))
         return self.forward_impl(*self.op_inputs(inputs))
 
 
+def _as_rows(t: torch.Tensor) -> torch.Tensor:
+    """t (..., n) as rows [N, n] (itself when 2-D; an empty batch gives N = 0)."""
+    return t if t.dim() == 2 else t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
+
+
+def _lead_back(grads, lead):
+    """``grads`` with the first (x's: [N, in] rows) seen as (*lead, in)."""
+    if lead is None or grads[0] is None:
+        return grads
+    return (grads[0].reshape(*lead, grads[0].shape[-1]), *grads[1:])
+
+
 def eager_function(name: str, forward_impl, setup_context, backward, layouts: dict | None = None,
-                   label: str | None = None, prepare=None, higher=None) -> EagerRoute:
+                   label: str | None = None, prepare=None, higher=None, rows: bool = False) -> EagerRoute:
     """The eager route of a custom op: an ``autograd.Function`` that runs the op's own implementation
     (``forward_impl(*inputs)``) and autograd formula (``setup_context(ctx, inputs, output)``,
     ``backward(ctx, *grads)``) without the custom-op dispatch. A ``torch.library.custom_op`` call (schema
@@ -539,7 +556,12 @@ def eager_function(name: str, forward_impl, setup_context, backward, layouts: di
     the backward is given, made once a step. The gradient of an input that ``prepare`` copied by the transpose
     kernel (a public-layout parameter's view, :func:`kernel_copies`) goes back in that input's strides by the
     same kernel, so that AccumulateGrad takes it as it is (its own copy of a gradient in other strides is
-    torch's generic one, which stays for the other inputs)."""
+    torch's generic one, which stays for the other inputs).
+
+    ``rows``: the op takes x (its first input) as rows [N, in] and gives [N, out]; the route takes x (..., in)
+    and gives (..., out), the rows seen inside the Function (forward, backward and create_graph formula alike).
+    A reshape outside would be an autograd view node on each side of the op (:func:`on_rows`, which the
+    registered op's callers use), 10-20 us of host time each on the GPU machine."""
     layouts = layouts or {}
     label = label or name
     route = None  # set below, once the Function exists
@@ -547,6 +569,9 @@ def eager_function(name: str, forward_impl, setup_context, backward, layouts: di
     def forward(ctx, *inputs):
         if higher is not None:
             ctx.raw_inputs = inputs  # the Function's inputs, with their history: for create_graph=True
+        ctx.lead = inputs[0].shape[:-1] if rows and inputs[0].dim() != 2 else None
+        if ctx.lead is not None:
+            inputs = (_as_rows(inputs[0]), *inputs[1:])
         inputs = route.op_inputs(inputs)
         if prepare is not None:
             prepared = prepare(inputs)
@@ -555,10 +580,12 @@ def eager_function(name: str, forward_impl, setup_context, backward, layouts: di
             inputs = prepared
         output = forward_impl(*inputs)
         setup_context(ctx, inputs, output)
-        return output
+        return output if ctx.lead is None else output.view(*ctx.lead, output.shape[-1])
 
     def public_backward(ctx, *grads):
-        grads = backward(ctx, *grads)
+        if ctx.lead is not None:
+            grads = (_as_rows(grads[0]), *grads[1:])
+        grads = _lead_back(backward(ctx, *grads), ctx.lead)
         restride = getattr(ctx, "input_strides", None)
         if restride:
             grads = list(grads)
@@ -572,10 +599,13 @@ def eager_function(name: str, forward_impl, setup_context, backward, layouts: di
 
     # first_order_backward calls it with grad mode off only (create_graph=True goes to ``higher``): what
     # ``once_differentiable`` would add is a no_grad block around it, a few microseconds of a node's Python
-    first = public_backward if layouts or prepare else backward
+    first = public_backward if layouts or prepare or rows else backward
 
     def higher_backward(ctx, op_inputs, *grads):
-        grads = higher(ctx, route.op_inputs(ctx.raw_inputs), *grads)
+        raw = ctx.raw_inputs
+        if ctx.lead is not None:  # the rows as differentiable reshapes, part of the graph being built
+            raw, grads = (_as_rows(raw[0]), *raw[1:]), (_as_rows(grads[0]), *grads[1:])
+        grads = _lead_back(tuple(higher(ctx, route.op_inputs(raw), *grads)), ctx.lead)
         return route.relayout(grads, 1) if layouts else grads
 
     function = type(name, (torch.autograd.Function,), {
@@ -584,7 +614,7 @@ def eager_function(name: str, forward_impl, setup_context, backward, layouts: di
         "jvp": staticmethod(jvp),
         "__doc__": f"{name}: eager route of a warpkan custom op (see warpkan.torch_bridge._common.eager_function).",
     })
-    route = EagerRoute(function, forward_impl, layouts, label)
+    route = EagerRoute(function, forward_impl, layouts, label, rows)
     return route
 
 

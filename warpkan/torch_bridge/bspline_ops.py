@@ -29,7 +29,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from ..kernels import bspline as kb
 from ..kernels._common import IO_SCALAR_NAMES
 from ..kernels.edge.strategy import choose_strategy
-from ._common import WP_DTYPES, autocast_dtype, check_tensor, on_rows
+from ._common import WP_DTYPES, autocast_dtype, check_tensor
 from .edge_driver import PRECISION_UNIT_ROUNDOFF, PRECISIONS, STRATEGIES, EdgeSpec, check_precision, resolve_precision
 from .edge_ops import static_spec_maker, edge_apply
 
@@ -151,9 +151,7 @@ def apply_checked(x: Tensor, grid: Tensor, base_weight: Tensor | None, spline_we
     """:func:`bspline_kan` on arguments already checked (``KANLinear`` checks its parameters and configuration
     once, at construction, and x per call): a small layer's eager step is host-bound. The parameters go to the
     op pair in efficient-kan's layout ("kanlinear": the op's views are made inside the autograd node)."""
-    n_in = spline_scaler.shape[1]
     use_base = base_weight is not None
     static_args = _static_args(x, grid, spline_order, uniform, use_base)
-    return on_rows(x, n_in, lambda x2: edge_apply(
-        x2, "bspline", static_args, (grid.contiguous(),), base_weight, spline_scaler, spline_weight, None,
-        strategy, precision, deterministic, layout="kanlinear", label=LABEL))
+    return edge_apply(x, "bspline", static_args, (grid.contiguous(),), base_weight, spline_scaler, spline_weight, None,
+                      strategy, precision, deterministic, layout="kanlinear", label=LABEL)

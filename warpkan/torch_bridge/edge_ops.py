@@ -46,10 +46,10 @@ from torch import Tensor
 from ..kernels.edge import tiled as edge_tiled
 from ..kernels.edge.strategy import SINGLE_SLOT_AUTO_STRATEGY, choose_strategy
 from . import _common
-from ._common import (TRANSPOSED, contiguous, copy_into, eager_function, first_order_backward,
+from ._common import (TRANSPOSED, contiguous, copy_into, eager_function, first_order_backward, on_rows,
                       params_used_by_this_backward, refuse_transforms)
-from .edge_driver import (EdgeSpec, bind_tiled_backward, combined_weight, differentiable_backward, gemm_backward, gemm_forward,
-                          load_gemm_modules, node_combined_weight, resolve_precision, spec_of, split_weight_grad,
+from .edge_driver import (EdgeSpec, bind_tiled_backward, combined_weight, differentiable_backward, gemm_backward,
+                          gemm_forward, load_gemm_modules, node_combined_weight, resolve_precision, spec_of, split_weight_grad,
                           stencil_backward, stencil_forward)
 
 __all__ = ["edge_forward", "edge_backward", "edge_apply", "static_spec_maker", "resolve_route", "resolve_auto",
@@ -472,7 +472,7 @@ def _route(layout: str, label: str):
     if route is None:
         route = _ROUTES[(layout, label)] = eager_function(
             f"EagerEdge_{layout}", _eager_forward, _eager_setup_context, _eager_node_backward,
-            LAYOUTS[layout], label=label, prepare=_prepare, higher=_higher_backward)
+            LAYOUTS[layout], label=label, prepare=_prepare, higher=_higher_backward, rows=True)
     return route
 
 
@@ -506,8 +506,9 @@ def edge_apply(x: Tensor, maker: str, static_args: tuple, frame_tensors: tuple, 
                scaler_t: "Tensor | None", coef: Tensor, bias: "Tensor | None", strategy: str, precision: str,
                deterministic: bool, entry_order: "Tensor | None" = None, layout: str = "kernel",
                label: str = LABEL) -> Tensor:
-    """y [N, out] of an edge layer on x [N, in], differentiable: the eager route (one autograd node), or under
-    tracing and on meta tensors (``_common.use_registered_op``) the registered :func:`edge_forward`.
+    """y (..., out) of an edge layer on x (..., in), differentiable: the eager route (one autograd node, x's rows
+    seen inside it), or under tracing and on meta tensors (``_common.use_registered_op``) the registered
+    :func:`edge_forward` on x's rows.
 
     Args:
         maker: the name of the family's static spec maker (:func:`static_spec_maker`): ``maker(*static_args)``
@@ -519,8 +520,9 @@ def edge_apply(x: Tensor, maker: str, static_args: tuple, frame_tensors: tuple, 
         to_op = {i: views[0] for i, views in LAYOUTS[layout].items()}
         params = [to_op[i](t) if i in to_op and t is not None else t
                   for i, t in ((BASE, base_weight_t), (SCALER, scaler_t), (COEF, coef))]
-        return edge_forward(x, list(frame_tensors), *params, bias, entry_order,
-                            _traced_key(maker, static_args), strategy, precision, deterministic)
+        key = _traced_key(maker, static_args)
+        return on_rows(x, x.shape[-1], lambda x2: edge_forward(x2, list(frame_tensors), *params, bias, entry_order,
+                                                               key, strategy, precision, deterministic))
     refuse_transforms(label)
     spec = _STATIC_SPEC_MAKERS[maker](*static_args).with_frame(frame_tensors)
     return _route(layout, label).run(x, frame_tensors, base_weight_t, scaler_t, coef, bias, entry_order, spec,

@@ -7,7 +7,7 @@ from torch import nn
 
 from ..kernels import poly as kp
 from ._common import (FLOAT_DTYPES, Float32Or64Module, autocast_dtype, check_device, check_input_dtype, check_tensor,
-                      layer_dtype, on_rows)
+                      layer_dtype)
 from .edge_driver import EdgeView, check_view_rows
 from .kan_linear import init_public, layout_parameter
 from .poly_ops import PRECISIONS, STRATEGIES, basis_spec, derivative_spec, poly_apply
@@ -147,9 +147,8 @@ class PolyKANLinear(Float32Or64Module):
         if self.precision in ("tf32", "bf16") and x.dtype != torch.float32:
             raise ValueError(f"precision={self.precision!r} needs a float32 layer, got {x.dtype}")
         lut_size = self.lut_size if self.mode == "lut" else 0
-        return on_rows(x, self.in_features, lambda x2: poly_apply(
-            x2, self.coeffs, self.bias, self.basis, lut_size, self.alpha, self.beta, self.strategy, self.precision,
-            self.deterministic, layer_layout=True))
+        return poly_apply(x, self.coeffs, self.bias, self.basis, lut_size, self.alpha, self.beta, self.strategy,
+                          self.precision, self.deterministic, layer_layout=True)
 
     def edge_view(self, x: torch.Tensor, *, exact_derivatives: bool = False) -> EdgeView:
         """The layer as the edge engine sees it at the rows ``x``: its polynomial family (exact or LUT) and

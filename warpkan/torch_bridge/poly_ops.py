@@ -28,7 +28,7 @@ from .. import _checks
 from ..kernels import poly as kp
 from ..kernels.edge.strategy import SINGLE_SLOT_AUTO_STRATEGY
 from . import _common
-from ._common import check_tensor, kernel_scalar, on_rows, warp_device
+from ._common import check_tensor, kernel_scalar, warp_device
 from .edge_driver import PRECISIONS, STRATEGIES, EdgeSpec, check_precision, check_strategy
 from .edge_ops import static_spec_maker, edge_apply, register_higher_view
 
@@ -135,7 +135,7 @@ register_higher_view(_lut_frame, _lut_higher_view)
 
 def poly_apply(x, coeffs, bias, basis, lut_size, alpha, beta, strategy, precision="auto", deterministic=False,
                layer_layout=False):
-    """The layer's map on x [N, in], differentiable (``edge_ops.edge_apply``). ``layer_layout``: coeffs come
+    """The layer's map on x (..., in), differentiable (``edge_ops.edge_apply``). ``layer_layout``: coeffs come
     as PolyKANLinear exposes them, [in, out, D + 1] (the kernel layout [in, D + 1, out] is made inside the
     autograd node: a view of kernel-layout storage, or a copy of a contiguous parameter, a batched transpose
     whose gradient goes back the same way: ``_common.copy_into``)."""
@@ -197,5 +197,4 @@ def poly_kan(
         check_tensor("bias", bias, shape=(n_out,), like=x)
     check_strategy(strategy)
     check_precision(precision, x.dtype)
-    return on_rows(x, n_in, lambda x2: poly_apply(x2, coeffs, bias, basis, lut_size, float(alpha), float(beta),
-                                                  strategy, precision, deterministic))
+    return poly_apply(x, coeffs, bias, basis, lut_size, float(alpha), float(beta), strategy, precision, deterministic)

@@ -75,19 +75,12 @@ def _record_backward(dy, x, a, b, dx, da, db, partials, num_groups, variant, rec
                               accumulate_params=False, partials=partials, record=record)
 
 
-def _rows(t: Tensor) -> Tensor:
-    """A contiguous (..., C) tensor seen as rows [N, C] (itself when 2-D). The registered ops take rows; the eager
-    route takes x (..., C) whole and views it inside its node, where a reshape outside would be an autograd
-    view node of its own on each side (10-20 us of host time each on the GPU machine)."""
-    return t if t.dim() == 2 else t.view(-1, t.shape[-1])
-
-
 def _forward_impl(x, weight_numerator, weight_denominator, num_groups, variant, deterministic):
     x = _aligned(x)
     a, b = _coefficients(x, weight_numerator, weight_denominator)
     y = torch.empty_like(x)
     if x.numel():
-        _LAUNCHES(_record_forward, (_rows(x), a, b, _rows(y)), num_groups, variant)
+        _LAUNCHES(_record_forward, (x, a, b, y), num_groups, variant)
     return y
 
 
@@ -113,13 +106,11 @@ def _backward_impl(dy, x, weight_numerator, weight_denominator, num_groups, vari
     dx, da, db = _grad_buffers(x, weight_numerator, weight_denominator, need_x, need_params,
                                torch.empty if x.numel() else torch.zeros)
     if x.numel() and (need_x or need_params):
-        x2 = _rows(x)
-        size = _partials_size(x2.shape[0], x2.shape[1], num_groups, a.shape[1] - 1, b.shape[1], x.dtype,
+        size = _partials_size(x.shape[0], x.shape[1], num_groups, a.shape[1] - 1, b.shape[1], x.dtype,
                               x.device) if need_params else 1
         partials = torch.empty(size, dtype=torch.float64, device=x.device)
-        _LAUNCHES(_record_backward, (_rows(dy), x2, a, b, _rows(dx) if need_x else None,
-                                     da if need_params else None, db if need_params else None, partials),
-                  num_groups, variant)
+        _LAUNCHES(_record_backward, (dy, x, a, b, dx if need_x else None, da if need_params else None,
+                                     db if need_params else None, partials), num_groups, variant)
     return dx, da, db
 
 
@@ -186,12 +177,8 @@ def _higher_backward(ctx, inputs, dy):
     x, weight_numerator, weight_denominator, num_groups, variant, deterministic = inputs
     need_x = ctx.needs_input_grad[0]
     need_params = (ctx.needs_input_grad[1] or ctx.needs_input_grad[2]) and params_used_by_this_backward(ctx)
-    # rows (the eager route's x may be (..., C)); reshapes here are part of the differentiable graph
-    dx, da, db = rational_higher.differentiable_backward(dy.reshape(-1, x.shape[-1]), x.reshape(-1, x.shape[-1]),
-                                                         weight_numerator, weight_denominator, variant, need_x,
-                                                         need_params)
-    if dx is not None:
-        dx = dx.view(x.shape)
+    dx, da, db = rational_higher.differentiable_backward(dy, x, weight_numerator, weight_denominator, variant,
+                                                         need_x, need_params)
     return (dx, da if need_params and ctx.needs_input_grad[1] else None,
             db if need_params and ctx.needs_input_grad[2] else None, None, None, None)
 
@@ -220,12 +207,11 @@ def _eager_setup_context(ctx, inputs, output):
     dtype = a.dtype  # _coefficient_dtype's
     da = torch.empty(weight_numerator.shape if need_params else (0,), dtype=dtype, device=x.device)
     db = torch.empty(weight_denominator.shape if need_params else (0,), dtype=dtype, device=x.device)
-    x2 = _rows(x)
-    size = _partials_size(x2.shape[0], x2.shape[1], num_groups, a.shape[1] - 1, b.shape[1], x.dtype,
+    size = _partials_size(x.shape[0], x.shape[1], num_groups, a.shape[1] - 1, b.shape[1], x.dtype,
                           x.device) if need_params else 1
     partials = torch.empty(size, dtype=torch.float64, device=x.device)
-    # x's rows stand for dy's (contiguous, in x's dtype) and dx's (empty_like x) in the signature
-    launch = _LAUNCHES.bind(_record_backward, (x2, x2, a, b, x2 if need_x else None, da if need_params else None,
+    # x stands for dy (contiguous, in x's dtype) and dx (empty_like x) in the signature
+    launch = _LAUNCHES.bind(_record_backward, (x, x, a, b, x if need_x else None, da if need_params else None,
                                                db if need_params else None, partials), num_groups, variant,
                             late=(0, 1, 4) if need_x else (0, 1))
     ctx.plan = (launch, da, db, need_x, need_params)
@@ -238,9 +224,7 @@ def _eager_backward(ctx, dy):
             or dy.data_ptr() % 16 or x.data_ptr() % 16):
         return _backward(ctx, dy, _backward_impl)
     launch, da, db, need_x, need_params = plan
-    dx = launch.backward(_rows(dy), _rows(x), need_x)
-    if dx is not None:
-        dx = dx.view(x.shape)
+    dx = launch.backward(dy, x, need_x)
     need = ctx.needs_input_grad
     return (dx,
             (da if da.dtype == weight_numerator.dtype else da.to(weight_numerator.dtype)) if need[1] else None,
@@ -250,7 +234,7 @@ def _eager_backward(ctx, dy):
 
 _EagerGroupRational = eager_function(
     "_EagerGroupRational", _forward_impl, _eager_setup_context, _eager_backward, label=LABEL,
-    higher=_higher_backward)
+    higher=_higher_backward, rows=True)
 
 
 def group_rational(
@@ -294,7 +278,7 @@ def apply_checked(x: Tensor, weight_numerator: Tensor, weight_denominator: Tenso
     """:func:`group_rational` on arguments already checked (``GroupRational`` checks its weights and
     configuration once, at construction, and x per call): a small layer's eager step is host-bound."""
     op = op_or_eager(group_rational_forward, _EagerGroupRational, x)
-    if op is not group_rational_forward:  # the eager route: x (..., C) whole, its rows viewed inside the node
+    if op is not group_rational_forward:  # the eager route takes x (..., C) whole (``eager_function(rows=)``)
         return op(x, weight_numerator, weight_denominator, num_groups, variant, deterministic)
     return on_rows(x, x.shape[-1],
                    lambda x2: op(x2, weight_numerator, weight_denominator, num_groups, variant, deterministic))
