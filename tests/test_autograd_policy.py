@@ -392,3 +392,26 @@ def test_nd_input_is_seen_as_rows_inside_the_node(device, name, eager_step_ops):
         nodes = {op for op in ops if op.startswith("autograd::engine::evaluate_function")}
         assert not any("View" in node or "Reshape" in node for node in nodes), nodes
         assert len(nodes) == 2, nodes  # the layer's node and AccumulateGrad
+
+
+@pytest.mark.parametrize("small_batch_rows", [0, 64])  # the concatenated GEMM path, the weight-streaming one
+def test_geglu_nd_input_is_seen_as_rows_inside_the_node(device, small_batch_rows, eager_step_ops):
+    """GEGLUFFN's eager route takes x (..., hidden) whole, as the edge layers' do: the output and gradients of a
+    3-D x are those of its rows as a 2-D x, and a step runs no view node."""
+    dev = torch.device(device)
+    torch.manual_seed(0)
+    layer = GEGLUFFN(8, 12, bias=True, small_batch_rows=small_batch_rows, dtype=torch.float64, device=dev)
+    x3 = torch.randn(2, 5, 8, dtype=torch.float64, device=dev, requires_grad=True)
+    x2 = x3.detach().reshape(10, 8).requires_grad_()
+    dy = torch.randn(10, 8, dtype=torch.float64, device=dev)
+    results = []
+    for x in (x3, x2):
+        y = layer(x)
+        grads = torch.autograd.grad(y, [x, *layer.parameters()], dy.view(y.shape))
+        results.append([y.reshape(10, 8), grads[0].reshape(10, 8), *grads[1:]])
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    if device == "cpu":
+        ops = eager_step_ops(layer, x3, dy.view(2, 5, 8))
+        nodes = {op for op in ops if op.startswith("autograd::engine::evaluate_function")}
+        assert not any("View" in node or "Reshape" in node for node in nodes), nodes

@@ -514,15 +514,23 @@ class EagerRoute:
         none is (inference, frozen inputs)."""
         if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
             return self.function.apply(*inputs)
-        if self.rows:  # no node is built: a reshape here is no node either
-            return on_rows(inputs[0], inputs[0].shape[-1],
-                           lambda x2: self.forward_impl(*self.op_inputs((x2, *inputs[1:]))))
+        if self.rows and inputs[0].dim() != 2:  # no node is built: reshapes here are no nodes either
+            x = inputs[0]
+            return _lead_output(self.forward_impl(*self.op_inputs((_as_rows(x), *inputs[1:]))), x.shape[:-1])
         return self.forward_impl(*self.op_inputs(inputs))
 
 
 def _as_rows(t: torch.Tensor) -> torch.Tensor:
     """t (..., n) as rows [N, n] (itself when 2-D; an empty batch gives N = 0)."""
     return t if t.dim() == 2 else t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
+
+
+def _lead_output(output, lead):
+    """An op's output on rows seen as (*lead, out): y, or the first of a tuple (the others, saved and
+    non-differentiable, stay rows)."""
+    if isinstance(output, tuple):
+        return (output[0].view(*lead, output[0].shape[-1]), *output[1:])
+    return output.view(*lead, output.shape[-1])
 
 
 def _lead_back(grads, lead):
@@ -558,8 +566,9 @@ def eager_function(name: str, forward_impl, setup_context, backward, layouts: di
     same kernel, so that AccumulateGrad takes it as it is (its own copy of a gradient in other strides is
     torch's generic one, which stays for the other inputs).
 
-    ``rows``: the op takes x (its first input) as rows [N, in] and gives [N, out]; the route takes x (..., in)
-    and gives (..., out), the rows seen inside the Function (forward, backward and create_graph formula alike).
+    ``rows``: the op takes x (its first input) as rows [N, in] and gives y [N, out] (or a tuple led by y); the
+    route takes x (..., in) and gives y (..., out), the rows seen inside the Function (forward, backward and
+    create_graph formula alike).
     A reshape outside would be an autograd view node on each side of the op (:func:`on_rows`, which the
     registered op's callers use), 10-20 us of host time each on the GPU machine."""
     layouts = layouts or {}
@@ -580,10 +589,10 @@ def eager_function(name: str, forward_impl, setup_context, backward, layouts: di
             inputs = prepared
         output = forward_impl(*inputs)
         setup_context(ctx, inputs, output)
-        return output if ctx.lead is None else output.view(*ctx.lead, output.shape[-1])
+        return output if ctx.lead is None else _lead_output(output, ctx.lead)
 
     def public_backward(ctx, *grads):
-        if ctx.lead is not None:
+        if ctx.lead is not None and grads[0] is not None:  # None: an unused y, where grads are not materialised
             grads = (_as_rows(grads[0]), *grads[1:])
         grads = _lead_back(backward(ctx, *grads), ctx.lead)
         restride = getattr(ctx, "input_strides", None)
@@ -604,7 +613,9 @@ def eager_function(name: str, forward_impl, setup_context, backward, layouts: di
     def higher_backward(ctx, op_inputs, *grads):
         raw = ctx.raw_inputs
         if ctx.lead is not None:  # the rows as differentiable reshapes, part of the graph being built
-            raw, grads = (_as_rows(raw[0]), *raw[1:]), (_as_rows(grads[0]), *grads[1:])
+            raw = (_as_rows(raw[0]), *raw[1:])
+            if grads[0] is not None:
+                grads = (_as_rows(grads[0]), *grads[1:])
         grads = _lead_back(tuple(higher(ctx, route.op_inputs(raw), *grads)), ctx.lead)
         return route.relayout(grads, 1) if layouts else grads
 

@@ -184,7 +184,7 @@ geglu_ffn_forward.register_autograd(first_order_backward(LABEL, _backward), setu
 # dispatch (tens to hundreds of microseconds of host time a call on the GPU machine, about the layer's whole
 # GPU time at small batch; see eager_function). Traced code sees the registered ops.
 _EagerGEGLU = eager_function("_EagerGEGLU", _forward_impl, _setup_context,
-                             lambda ctx, dout, duv: _backward(ctx, dout, duv, _backward_impl), label=LABEL)
+                             lambda ctx, dout, duv: _backward(ctx, dout, duv, _backward_impl), label=LABEL, rows=True)
 
 
 def geglu_ffn(
@@ -216,4 +216,6 @@ def geglu_ffn(
         check_tensor("b_o", b_o, shape=(n_hidden,), dtypes=GEGLU_DTYPES, like=x)
     small_batch_rows = _checks.non_negative_int("small_batch_rows", small_batch_rows)
     op = op_or_eager(geglu_ffn_forward, _EagerGEGLU, x)
+    if op is not geglu_ffn_forward:  # the eager route takes x (..., hidden) whole (``eager_function(rows=)``)
+        return op(x, w_uv, b_uv, w_o, b_o, activation, small_batch_rows)[0]
     return on_rows(x, n_hidden, lambda x2: op(x2, w_uv, b_uv, w_o, b_o, activation, small_batch_rows)[0])
