@@ -24,6 +24,34 @@ def test_precompile_cpu(capsys):
     assert "threads a block" not in out  # the CPU runs one
 
 
+def test_precompile_jobs_build_every_module_into_this_process_cache(tmp_path, capsys, monkeypatch):
+    """--jobs 2 builds the listed modules in two worker processes, into the kernel cache this process uses (a
+    fresh one here): a cache entry for every module, each reported once, and the run's summary line."""
+    import warp as wp
+
+    from warpkan.kernels import precompile
+    from warpkan.kernels.precompile import PrecompileConfig
+
+    cache = tmp_path / wp.config.version
+    monkeypatch.setattr(wp.config, "kernel_cache_dir", str(cache))
+    assert main(["precompile", "--device", "cpu", "--family", "geglu", "--jobs", "2"]) == 0
+    out = capsys.readouterr().out
+    listed = [build.name for build in precompile.modules(["geglu"], PrecompileConfig(), is_cuda=False)]
+    built = os.listdir(cache)
+    for name in listed:
+        assert sum(line.startswith(name + " ") for line in out.splitlines()) == 1, (name, out)
+        assert any(entry.startswith(f"wp_{name}_") for entry in built), (name, built)
+    assert f"{len(listed)} modules on cpu in " in out and "(2 at a time)" in out
+
+
+@pytest.mark.parametrize("argv", [["precompile", "--jobs", "0"], ["demo", "--steps", "-3"]])
+def test_non_positive_counts_are_argparse_errors(capsys, argv):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert "the value must be a positive int" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--config", "order=3,depth=2"], "unknown key 'depth'"),
     (["--config", "in=10,groups=3"], "groups must divide in"),

@@ -38,6 +38,11 @@ def _apply_level() -> None:
         wp.config.log_level = wp.LOG_WARNING
 
 
+def is_verbose() -> bool:
+    """Whether Warp's banner and module-load lines are shown (``WARPKAN_VERBOSE``, :func:`set_verbose`)."""
+    return _verbose
+
+
 def set_verbose(verbose: bool) -> None:
     """Show (True) or hide (False) Warp's banner and module-load lines from now on, as ``WARPKAN_VERBOSE``
     does at start-up."""

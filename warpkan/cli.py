@@ -6,6 +6,7 @@ import argparse
 import os
 import re
 import sys
+import time
 
 from . import _warp_output
 
@@ -150,6 +151,11 @@ def _precompile_configs(args) -> list:
     return configs
 
 
+# the default --jobs on CUDA at most: each worker process holds a CUDA context (some hundreds of MiB of GPU
+# memory) while it builds
+MAX_CUDA_JOBS = 8
+
+
 def cmd_precompile(args) -> int:
     import warp as wp
 
@@ -166,20 +172,18 @@ def cmd_precompile(args) -> int:
     for device in devices:
         is_cuda = wp.get_device(device).is_cuda
         # every module a layer of these configurations can load, at the block sizes its launches use
-        for build in distinct(build for config in configs for build in precompile.modules(names, config, is_cuda)):
-            _load_timed(build, device, is_cuda)
+        builds = distinct(build for config in configs for build in precompile.modules(names, config, is_cuda))
+        jobs = args.jobs or min(os.cpu_count() or 1, len(builds), MAX_CUDA_JOBS if is_cuda else len(builds))
+
+        def report(build, seconds, device=device, is_cuda=is_cuda):
+            block = f" ({build.block_dim} threads a block)" if is_cuda else ""  # one on the CPU
+            print(f"{build.name:45s} on {device}{block}: {seconds:6.2f} s", flush=True)
+
+        start = time.perf_counter()
+        precompile.load_all(builds, device, jobs, names, configs, is_cuda, report)
+        print(f"{len(builds)} modules on {device} in {time.perf_counter() - start:.1f} s "
+              f"({jobs} at a time)", flush=True)
     return 0
-
-
-def _load_timed(build, device, is_cuda: bool) -> None:
-    import time
-
-    from .kernels._modules import load
-
-    start = time.perf_counter()
-    load(build, device)
-    block = f" ({build.block_dim} threads a block)" if is_cuda else ""  # one on the CPU
-    print(f"{build.name:45s} on {device}{block}: {time.perf_counter() - start:6.2f} s", flush=True)
 
 
 def cmd_bench(args) -> int:
@@ -272,6 +276,10 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--taylor", action="append", metavar="D,P",
                      help="also the Taylor-mode kernels of jets of D directions and P second-derivative pairs, "
                      "e.g. 2,1 for u_t and u_xx of u(x, t) (repeatable)")
+    pre.add_argument("--jobs", type=_positive, default=None, metavar="N",
+                     help="modules to build at a time, each in a process of its own (default: one per CPU core, "
+                     f"at most {MAX_CUDA_JOBS} on CUDA, where each process holds a CUDA context while it builds; 1: "
+                     "one after the other, in this process)")
     pre.add_argument("--create-graph", action="store_true",
                      help="also the kernels of a create_graph=True backward (a LUT layer's derivative family, the "
                      "rational Taylor-series kernels)")

@@ -18,14 +18,15 @@ On CUDA every family adds the transpose kernel of the torch layers' parameter co
 add the Warp-native layers' tile GEMMs (:func:`.edge.tile_gemm.tile_gemm_modules`).
 """
 
+import time
 from dataclasses import dataclass
 
 from . import _transpose, geglu, poly, rational, rational_jet, ukan
-from ._modules import ModuleBuild, distinct
+from ._modules import ModuleBuild, distinct, load
 from .edge import registry, tile_gemm
 from .edge.poly_family import BASES
 
-__all__ = ["LAYER_FAMILIES", "PrecompileConfig", "family_modules", "modules"]
+__all__ = ["LAYER_FAMILIES", "PrecompileConfig", "family_modules", "modules", "load_all"]
 
 # layer family -> the edge-registry families its layers run (none: a family of its own kernels)
 LAYER_FAMILIES = {"bspline": ("bspline",), "ukan": ("ukan", "ukan_pairs", "ukan_table"), "poly": ("poly",),
@@ -151,3 +152,62 @@ def family_modules(name: str, config: PrecompileConfig, is_cuda: bool) -> tuple:
 def modules(names, config: PrecompileConfig, is_cuda: bool) -> tuple:
     """:func:`family_modules` of every family in ``names``, each module once."""
     return distinct(build for name in names for build in family_modules(name, config, is_cuda))
+
+
+# ------------------------------------------------------------------------------------------------- loading
+def _timed_load(build: ModuleBuild, device: str) -> tuple:
+    start = time.perf_counter()
+    load(build, device)
+    return build, time.perf_counter() - start
+
+
+def _worker_start(names, configs, is_cuda: bool, verbose: bool, cache_dir: str) -> None:
+    """A worker process's set-up: the parent's kernel cache, Warp's output as quiet as the parent's, and the
+    kernels of every listed module made in this process (Warp loads a module by name from the kernels defined
+    in the process)."""
+    import os
+
+    import warp as wp
+
+    from .. import _warp_output
+
+    # Warp's start-up puts its version's folder under the configured one: configure the parent's parent
+    version_folder = os.path.basename(os.path.normpath(cache_dir)) == wp.config.version
+    wp.config.kernel_cache_dir = os.path.dirname(os.path.normpath(cache_dir)) if version_folder else cache_dir
+    _warp_output.set_verbose(verbose)
+    _warp_output.start_warp()
+    for config in configs:
+        modules(names, config, is_cuda)
+
+
+def load_all(builds, device: str, jobs: int, names=(), configs=(), is_cuda: bool = False, report=None) -> None:
+    """Compile (or find in Warp's kernel cache) and load every module of ``builds`` on ``device``, ``jobs`` at a
+    time: one after the other in this process for ``jobs`` 1, else in ``jobs`` worker processes (spawned: no
+    CUDA state is inherited) that use this process's kernel cache, each making the kernels of
+    ``modules(names, config, is_cuda)`` for every config first. A module's build is one compiler run (NVRTC on CUDA, the C++ compiler on the CPU) that Warp makes in
+    one thread, and a configuration lists tens of them (UKAN's took over 200 s on the GPU machine, one after
+    the other), so separate processes build them side by side into the one kernel cache, each module by one
+    process. ``report(build, seconds)`` as each is done."""
+    builds = list(builds)
+    if jobs <= 1 or len(builds) <= 1:
+        for build in builds:
+            done = _timed_load(build, device)
+            if report is not None:
+                report(*done)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    import warp as wp
+
+    from .._warp_output import is_verbose, start_warp
+
+    start_warp()  # the kernel cache resolved, to hand to the workers
+    with ProcessPoolExecutor(max_workers=min(jobs, len(builds)), mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_worker_start,
+                             initargs=(tuple(names), tuple(configs), is_cuda, is_verbose(),
+                                       wp.config.kernel_cache_dir)) as pool:
+        for future in as_completed([pool.submit(_timed_load, build, device) for build in builds]):
+            done = future.result()
+            if report is not None:
+                report(*done)
