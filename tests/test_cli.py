@@ -91,8 +91,10 @@ def test_precompile_lists_every_tiled_module():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the warp-tiled kernels are CUDA-only")
 def test_precompile_cuda_compiles_tiled_modules(capsys):
-    assert main(["precompile", "--device", "cuda", "--orders", "1", "--uniform-only"]) == 0
+    # four worker processes: the parallel build on CUDA (each worker with a CUDA context of its own)
+    assert main(["precompile", "--device", "cuda", "--orders", "1", "--uniform-only", "--jobs", "4"]) == 0
     out = capsys.readouterr().out
+    assert "(4 at a time)" in out
     assert "warpkan_edge_bspline_uniform_k1_float32_tiled_c48_bwd_banded" in out
     assert "warpkan_transpose" in out  # the copies of public-layout parameters
 
