@@ -565,3 +565,26 @@ def test_chebykan_example_runs_and_lut_matches_exact(tmp_path):
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "ChebyKAN lut" in result.stdout and "MLP" in result.stdout and "within" in result.stdout
     assert out.exists() and out.stat().st_size > 0
+
+
+def test_lut_tables_made_while_tracing_stay_out_of_the_cache(monkeypatch):
+    """A LUT layer's tables asked for with traced x (fake tensors, as torch.compile's and AOTAutograd's traces of
+    a create_graph=True formula or a Taylor-mode spec pass them) come from the registered op, and the cache
+    holds only real tables: a later eager call (its frame read by pointer) works. Tables made while the mode was
+    active had been that mode's tensors, cached, and a later eager call of the same configuration failed on
+    them (no storage)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from warpkan.torch_bridge import poly_ops
+
+    monkeypatch.setattr(poly_ops, "_tables_cache", {})
+    with FakeTensorMode() as mode:
+        fake_x = mode.from_tensor(torch.rand(5, 3))
+        values, grads = poly_ops._tables(fake_x, "chebyshev", 5, 64, 1.0, 1.0)
+        assert values.shape == grads.shape == (64, 5)
+    for tables in poly_ops._tables_cache.values():
+        assert all(type(t) is torch.Tensor for t in tables), [type(t) for t in tables]
+    layer = warpkan.torch_bridge.PolyKANLinear(3, 2, 4, mode="lut", lut_size=64)
+    x = torch.rand(5, 3, requires_grad=True)
+    layer(x).sum().backward()
+    assert torch.isfinite(x.grad).all()

@@ -47,9 +47,18 @@ _tables_cache: dict = {}
 
 def _tables(x, basis: str, n_basis: int, lut_size: int, alpha: float, beta: float) -> tuple:
     """The LUT tables (values, grads) as torch tensors of x's dtype and device (zero-copy views of the Warp
-    tables); () in exact mode."""
+    tables, made once); () in exact mode. Where x is traced (``_common.runs_registered_op``: torch.compile,
+    export, meta, fake and functional tensors) they come from the registered :func:`poly_lut_tables`: Dynamo
+    cannot trace Warp, and tables made while a tracing mode is active would be that mode's tensors, without
+    storage, and the cache would hand them to every later eager call."""
     if lut_size == 0:
         return ()
+    if _common.runs_registered_op(x):
+        return poly_lut_tables(x.detach(), basis, n_basis, lut_size, alpha, beta)
+    return _cached_tables(x, basis, n_basis, lut_size, alpha, beta)
+
+
+def _cached_tables(x, basis: str, n_basis: int, lut_size: int, alpha: float, beta: float) -> tuple:
     key = (basis, n_basis, lut_size, alpha, beta, x.dtype, x.device)
     found = _tables_cache.get(key)
     if found is None:
@@ -140,12 +149,7 @@ def poly_apply(x, coeffs, bias, basis, lut_size, alpha, beta, strategy, precisio
     autograd node: a view of kernel-layout storage, or a copy of a contiguous parameter, a batched transpose
     whose gradient goes back the same way: ``_common.copy_into``)."""
     n_basis = coeffs.shape[2] if layer_layout else coeffs.shape[1]
-    if not lut_size:
-        tables = ()
-    elif _common.use_registered_op(x):  # the tables are made by Warp, which Dynamo cannot trace: an op of their own
-        tables = poly_lut_tables(x.detach(), basis, n_basis, lut_size, alpha, beta)
-    else:
-        tables = _tables(x, basis, n_basis, lut_size, alpha, beta)
+    tables = _tables(x, basis, n_basis, lut_size, alpha, beta)
     return edge_apply(x, "poly", (n_basis, basis, lut_size, alpha, beta, kernel_scalar(x)), tables, None, None,
                       coeffs, bias, strategy, precision, deterministic, layout="polykan" if layer_layout else "kernel",
                       label=LABEL)
@@ -156,7 +160,7 @@ def poly_lut_tables(like: Tensor, basis: str, n_basis: int, lut_size: int, alpha
                     ) -> tuple[Tensor, Tensor]:
     """The (values, grads) tables [lut_size, n_basis] of ``like``'s dtype and device, for traced code (copies of
     the cached ones: an op's outputs are its own)."""
-    return tuple(t.clone() for t in _tables(like, basis, n_basis, lut_size, alpha, beta))
+    return tuple(t.clone() for t in _cached_tables(like, basis, n_basis, lut_size, alpha, beta))
 
 
 @poly_lut_tables.register_fake
