@@ -529,8 +529,8 @@ def _lead_output(output, lead):
     """An op's output on rows seen as (*lead, out): y, or the first of a tuple (the others, saved and
     non-differentiable, stay rows)."""
     if isinstance(output, tuple):
-        return (output[0].view(*lead, output[0].shape[-1]), *output[1:])
-    return output.view(*lead, output.shape[-1])
+        return (output[0].reshape(*lead, output[0].shape[-1]), *output[1:])
+    return output.reshape(*lead, output.shape[-1])
 
 
 def _lead_back(grads, lead):
@@ -635,8 +635,7 @@ def on_rows(x: torch.Tensor, n_in: int, apply):
     host time on the GPU machine."""
     if x.dim() == 2:
         return apply(x)
-    y = apply(x.reshape(-1, n_in))
-    return y.reshape(*x.shape[:-1], y.shape[-1])
+    return _lead_output(apply(x.reshape(-1, n_in)), x.shape[:-1])
 
 
 # ``eager_function`` layout of a parameter the module exposes as [out, in] and stores as the op's [in, out]
@@ -645,15 +644,17 @@ TRANSPOSED = (torch.t, torch.t)
 
 def op_or_eager(op, eager: EagerRoute, x: torch.Tensor):
     """A callable on the eager route's inputs: the registered op under tracing and on meta tensors
-    (:func:`use_registered_op`; on the op's views of the inputs the route takes in a public layout), the eager
-    route otherwise (:meth:`EagerRoute.run`), refused under ``torch.func`` transforms
+    (:func:`use_registered_op`; on the op's views of the inputs the route takes in a public layout, and for a
+    route that takes x (..., in) whole, ``eager_function(rows=True)``, on x's rows: :func:`on_rows`), the
+    eager route otherwise (:meth:`EagerRoute.run`), refused under ``torch.func`` transforms
     (:func:`refuse_transforms`). ``x``: the op's first input."""
     if not use_registered_op(x):
         refuse_transforms(eager.label)
         return eager.run
-    if eager.layouts:
-        return lambda *inputs: op(*eager.op_inputs(inputs))
-    return op
+    call = (lambda *inputs: op(*eager.op_inputs(inputs))) if eager.layouts else op
+    if eager.rows:
+        return lambda x, *rest: on_rows(x, x.shape[-1], lambda rows: call(rows, *rest))
+    return call
 
 
 class TorchWorkspace:

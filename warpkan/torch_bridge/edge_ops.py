@@ -49,8 +49,8 @@ from . import _common
 from ._common import (TRANSPOSED, contiguous, copy_into, eager_function, first_order_backward, on_rows,
                       params_used_by_this_backward, refuse_transforms)
 from .edge_driver import (EdgeSpec, bind_tiled_backward, combined_weight, differentiable_backward, gemm_backward,
-                          gemm_forward, load_gemm_modules, node_combined_weight, resolve_precision, spec_of, split_weight_grad,
-                          stencil_backward, stencil_forward)
+                          gemm_forward, load_gemm_modules, node_combined_weight, resolve_precision, spec_of,
+                          split_weight_grad, stencil_backward, stencil_forward)
 
 __all__ = ["edge_forward", "edge_backward", "edge_apply", "static_spec_maker", "resolve_route", "resolve_auto",
            "ready_for_capture", "register_higher_view",
@@ -452,8 +452,7 @@ def _eager_node_backward(ctx, dy):
     plan, ctx.plan = ctx.plan, None
     if plan is None or not dy.is_contiguous():
         return _general_eager_backward(ctx, dy)
-    saved = ctx.saved_tensors
-    x = saved[0]
+    x = ctx.saved_tensors[0]  # unpacked as the general path does: saved-tensor hooks and version checks run
     launch, d_base, d_scaler, d_coef, need_x, need_bias, ready_gemm = plan
     if dy.dtype != x.dtype or not x.is_contiguous():
         return _general_eager_backward(ctx, dy)

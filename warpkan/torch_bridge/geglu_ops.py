@@ -29,7 +29,7 @@ from torch import Tensor
 
 from .. import _checks
 from ..kernels import geglu as kg
-from ._common import (RecordedLaunches, check_tensor, eager_function, first_order_backward, on_rows, op_or_eager,
+from ._common import (RecordedLaunches, check_tensor, eager_function, first_order_backward, op_or_eager,
                       warp_device)
 
 __all__ = ["geglu_ffn", "geglu_ffn_forward", "geglu_ffn_backward", "GEGLU_DTYPES", "DEFAULT_SMALL_BATCH_ROWS"]
@@ -216,6 +216,4 @@ def geglu_ffn(
         check_tensor("b_o", b_o, shape=(n_hidden,), dtypes=GEGLU_DTYPES, like=x)
     small_batch_rows = _checks.non_negative_int("small_batch_rows", small_batch_rows)
     op = op_or_eager(geglu_ffn_forward, _EagerGEGLU, x)
-    if op is not geglu_ffn_forward:  # the eager route takes x (..., hidden) whole (``eager_function(rows=)``)
-        return op(x, w_uv, b_uv, w_o, b_o, activation, small_batch_rows)[0]
-    return on_rows(x, n_hidden, lambda x2: op(x2, w_uv, b_uv, w_o, b_o, activation, small_batch_rows)[0])
+    return op(x, w_uv, b_uv, w_o, b_o, activation, small_batch_rows)[0]

@@ -21,7 +21,7 @@ from torch import Tensor
 from .. import _checks
 from ..kernels import rational as kr
 from . import rational_higher
-from ._common import (WP_DTYPES, RecordedLaunches, check_tensor, eager_function, first_order_backward, on_rows,
+from ._common import (WP_DTYPES, RecordedLaunches, check_tensor, eager_function, first_order_backward,
                       op_or_eager, params_used_by_this_backward, warp_device)
 
 __all__ = ["group_rational", "group_rational_forward", "group_rational_backward"]
@@ -278,7 +278,4 @@ def apply_checked(x: Tensor, weight_numerator: Tensor, weight_denominator: Tenso
     """:func:`group_rational` on arguments already checked (``GroupRational`` checks its weights and
     configuration once, at construction, and x per call): a small layer's eager step is host-bound."""
     op = op_or_eager(group_rational_forward, _EagerGroupRational, x)
-    if op is not group_rational_forward:  # the eager route takes x (..., C) whole (``eager_function(rows=)``)
-        return op(x, weight_numerator, weight_denominator, num_groups, variant, deterministic)
-    return on_rows(x, x.shape[-1],
-                   lambda x2: op(x2, weight_numerator, weight_denominator, num_groups, variant, deterministic))
+    return op(x, weight_numerator, weight_denominator, num_groups, variant, deterministic)
