@@ -173,7 +173,8 @@ def cmd_precompile(args) -> int:
         is_cuda = wp.get_device(device).is_cuda
         # every module a layer of these configurations can load, at the block sizes its launches use
         builds = distinct(build for config in configs for build in precompile.modules(names, config, is_cuda))
-        jobs = args.jobs or min(os.cpu_count() or 1, len(builds), MAX_CUDA_JOBS if is_cuda else len(builds))
+        cores = os.cpu_count() or 1
+        jobs = min(args.jobs or (min(cores, MAX_CUDA_JOBS) if is_cuda else cores), max(len(builds), 1))
 
         def report(build, seconds, device=device, is_cuda=is_cuda):
             block = f" ({build.block_dim} threads a block)" if is_cuda else ""  # one on the CPU

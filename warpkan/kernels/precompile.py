@@ -203,7 +203,7 @@ def load_all(builds, device: str, jobs: int, names=(), configs=(), is_cuda: bool
     from .._warp_output import is_verbose, start_warp
 
     start_warp()  # the kernel cache resolved, to hand to the workers
-    with ProcessPoolExecutor(max_workers=min(jobs, len(builds)), mp_context=multiprocessing.get_context("spawn"),
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
                              initializer=_worker_start,
                              initargs=(tuple(names), tuple(configs), is_cuda, is_verbose(),
                                        wp.config.kernel_cache_dir)) as pool:

@@ -533,6 +533,14 @@ def _lead_output(output, lead):
     return output.reshape(*lead, output.shape[-1])
 
 
+def _rows_in(values, lead):
+    """``values`` with the first (x, or y's gradient: (*lead, n)) as rows [N, n], where ``lead`` is not None
+    (a None gradient, of an unused y, stays None)."""
+    if lead is None or values[0] is None:
+        return values
+    return (_as_rows(values[0]), *values[1:])
+
+
 def _lead_back(grads, lead):
     """``grads`` with the first (x's: [N, in] rows) seen as (*lead, in)."""
     if lead is None or grads[0] is None:
@@ -568,9 +576,9 @@ def eager_function(name: str, forward_impl, setup_context, backward, layouts: di
 
     ``rows``: the op takes x (its first input) as rows [N, in] and gives y [N, out] (or a tuple led by y); the
     route takes x (..., in) and gives y (..., out), the rows seen inside the Function (forward, backward and
-    create_graph formula alike).
-    A reshape outside would be an autograd view node on each side of the op (:func:`on_rows`, which the
-    registered op's callers use), 10-20 us of host time each on the GPU machine."""
+    create_graph formula alike). A reshape outside would be an autograd view node on each side of the op
+    (:func:`on_rows`, which :func:`op_or_eager` applies to the registered op), 10-20 us of host time each on
+    the GPU machine."""
     layouts = layouts or {}
     label = label or name
     route = None  # set below, once the Function exists
@@ -579,9 +587,7 @@ def eager_function(name: str, forward_impl, setup_context, backward, layouts: di
         if higher is not None:
             ctx.raw_inputs = inputs  # the Function's inputs, with their history: for create_graph=True
         ctx.lead = inputs[0].shape[:-1] if rows and inputs[0].dim() != 2 else None
-        if ctx.lead is not None:
-            inputs = (_as_rows(inputs[0]), *inputs[1:])
-        inputs = route.op_inputs(inputs)
+        inputs = route.op_inputs(_rows_in(inputs, ctx.lead))
         if prepare is not None:
             prepared = prepare(inputs)
             ctx.input_strides = [(i, t.stride()) for i, (t, p) in enumerate(zip(inputs, prepared))
@@ -592,9 +598,7 @@ def eager_function(name: str, forward_impl, setup_context, backward, layouts: di
         return output if ctx.lead is None else _lead_output(output, ctx.lead)
 
     def public_backward(ctx, *grads):
-        if ctx.lead is not None and grads[0] is not None:  # None: an unused y, where grads are not materialised
-            grads = (_as_rows(grads[0]), *grads[1:])
-        grads = _lead_back(backward(ctx, *grads), ctx.lead)
+        grads = _lead_back(backward(ctx, *_rows_in(grads, ctx.lead)), ctx.lead)
         restride = getattr(ctx, "input_strides", None)
         if restride:
             grads = list(grads)
@@ -611,11 +615,8 @@ def eager_function(name: str, forward_impl, setup_context, backward, layouts: di
     first = public_backward if layouts or prepare or rows else backward
 
     def higher_backward(ctx, op_inputs, *grads):
-        raw = ctx.raw_inputs
-        if ctx.lead is not None:  # the rows as differentiable reshapes, part of the graph being built
-            raw = (_as_rows(raw[0]), *raw[1:])
-            if grads[0] is not None:
-                grads = (_as_rows(grads[0]), *grads[1:])
+        # the rows as differentiable reshapes, part of the graph being built
+        raw, grads = _rows_in(ctx.raw_inputs, ctx.lead), _rows_in(grads, ctx.lead)
         grads = _lead_back(tuple(higher(ctx, route.op_inputs(raw), *grads)), ctx.lead)
         return route.relayout(grads, 1) if layouts else grads
 
