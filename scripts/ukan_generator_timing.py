@@ -12,7 +12,11 @@ Times are medians of CUDA events after a warm-up that includes the compilation
 (:func:`warpkan.bench.timing.time_fn`); each case also reports the largest difference between the two
 generators' tables and gradients, relative to the largest entry.
 
-    python scripts/ukan_generator_timing.py --out DIR [--quick] [--device cuda]
+    python scripts/ukan_generator_timing.py --out DIR [--quick] [--device cuda] [--no-pairs]
+
+Each path's first call is timed on the wall clock too: with a fresh kernel cache (``WARP_CACHE_PATH=<empty
+folder>``) it includes the build of its modules, so that cuBLASDx's tile_matmul ("tile") and Warp's scalar one
+("tile scalar", :data:`warpkan.kernels.ukan.GENERATOR_GEMMS`) are compared on build time as well.
 
 ``--quick``: small shapes and few repeats, runnable on the CPU (a smoke test of the script, not a measurement).
 """
@@ -20,8 +24,10 @@ generators' tables and gradients, relative to the largest entry.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import time
 
 import torch
 
@@ -34,7 +40,30 @@ from warpkan.torch_bridge import UKANLinear
 from warpkan.torch_bridge import ukan_ops
 from warpkan.torch_bridge._common import to_warp, warp_stream
 
-GENERATORS = ("simt", "tile")
+# "tile scalar": the tile generator with Warp's scalar tile_matmul in place of cuBLASDx (no LTO build)
+GENERATORS = ("simt", "tile", "tile scalar")
+
+
+@contextlib.contextmanager
+def generator(name: str):
+    """The CG-MLP path ``name`` of :data:`GENERATORS` for the block; the first call's wall seconds (the build
+    of modules not in the kernel cache, which a fresh ``WARP_CACHE_PATH`` makes cold) go to ``first``."""
+    previous = ku.CG_GENERATOR, ku.GENERATOR_GEMM
+    ku.CG_GENERATOR = "simt" if name == "simt" else "tile"
+    ku.set_generator_gemm("scalar" if name.endswith("scalar") else "mathdx")
+    try:
+        yield
+    finally:
+        ku.CG_GENERATOR = previous[0]
+        ku.set_generator_gemm(previous[1])
+
+
+def first_call_s(fn, device: str) -> float:
+    torch.cuda.synchronize() if device.startswith("cuda") else None
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize() if device.startswith("cuda") else None
+    return time.perf_counter() - t0
 
 
 def bench_tables(device: str, quick: bool) -> list[dict]:
@@ -105,16 +134,13 @@ def measure(case: dict, device: str, repeat: int) -> dict:
            "CG-MLP (pe, embed, hidden)": f"({pe_dim}, {case['embed_dim']}, {case['hidden_dim']})",
            "tile applies": ku.use_tile_generator(embedding.element_size(), pe_dim, case["embed_dim"], case["hidden_dim"])}
     results = {}
-    previous = ku.CG_GENERATOR
-    try:
-        for generator in GENERATORS:
-            ku.CG_GENERATOR = generator
-            row[f"{generator} fwd ms"] = time_fn(forward, device, warmup=3, repeat=repeat)
-            row[f"{generator} fwd+bwd ms"] = time_fn(forward_backward, device, warmup=3, repeat=repeat)
+    for name in GENERATORS:
+        with generator(name):
+            row[f"{name} first call s"] = first_call_s(forward_backward, device)
+            row[f"{name} fwd ms"] = time_fn(forward, device, warmup=3, repeat=repeat)
+            row[f"{name} fwd+bwd ms"] = time_fn(forward_backward, device, warmup=3, repeat=repeat)
             table, grads = forward_backward()
-            results[generator] = (table, *grads)
-    finally:
-        ku.CG_GENERATOR = previous
+            results[name] = (table, *grads)
     _compare(row, results)
     return row
 
@@ -172,35 +198,38 @@ def measure_pairs(case: dict, device: str, repeat: int) -> dict:
            "CG-MLP (pe, embed, hidden)": f"({pe_dim}, {case['embed_dim']}, {hidden})",
            "tile applies": ku.use_tile_generator(params[0].element_size(), pe_dim, case["embed_dim"], hidden)}
     results = {}
-    for generator in GENERATORS:
-        tile = generator == "tile" and row["tile applies"]
-        row[f"{generator} fwd ms"] = time_fn(lambda: forward(tile), device, warmup=3, repeat=repeat)
-        row[f"{generator} fwd+bwd ms"] = time_fn(lambda: forward_backward(tile), device, warmup=3, repeat=repeat)
-        for g in grads:
-            g.zero_()
-        forward_backward(tile)
-        results[generator] = (table.clone(), *(g.clone() for g in grads))
+    for name in GENERATORS:
+        tile = name != "simt" and row["tile applies"]
+        with generator(name):
+            row[f"{name} first call s"] = first_call_s(lambda: forward_backward(tile), device)
+            row[f"{name} fwd ms"] = time_fn(lambda: forward(tile), device, warmup=3, repeat=repeat)
+            row[f"{name} fwd+bwd ms"] = time_fn(lambda: forward_backward(tile), device, warmup=3, repeat=repeat)
+            for g in grads:
+                g.zero_()
+            forward_backward(tile)
+            results[name] = (table.clone(), *(g.clone() for g in grads))
     _compare(row, results)
     return row
 
 
 def _compare(row: dict, results: dict) -> None:
-    row["fwd speedup"] = row["simt fwd ms"] / row["tile fwd ms"]
-    row["fwd+bwd speedup"] = row["simt fwd+bwd ms"] / row["tile fwd+bwd ms"]
+    for name in GENERATORS[1:]:
+        row[f"{name} fwd+bwd speedup"] = row["simt fwd+bwd ms"] / row[f"{name} fwd+bwd ms"]
     row["max rel diff"] = max(
         ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item() if b.numel() else 0.0
-        for a, b in zip(results["tile"], results["simt"]))
+        for name in GENERATORS[1:] for a, b in zip(results[name], results["simt"]))
 
 
-COLUMNS = ["case", "table", "CG-MLP (pe, embed, hidden)", "tile applies", "simt fwd ms", "tile fwd ms", "fwd speedup",
-           "simt fwd+bwd ms", "tile fwd+bwd ms", "fwd+bwd speedup", "max rel diff"]
+COLUMNS = ["case", "table", "CG-MLP (pe, embed, hidden)", "tile applies"] + [
+    f"{name} {what}" for what in ("first call s", "fwd ms", "fwd+bwd ms") for name in GENERATORS] + [
+    f"{name} fwd+bwd speedup" for name in GENERATORS[1:]] + ["max rel diff"]
 
 
 def markdown(rows: list[dict], device: str) -> str:
     def cell(value):
         return f"{value:.4g}" if isinstance(value, float) else str(value)
 
-    lines = [f"UKAN dense-range CG-MLP generator, SIMT vs tile, on {device} (median ms; speedup = simt / tile)", "",
+    lines = [f"UKAN dense-range CG-MLP generator, SIMT vs tile, on {device} (median ms; speedup = simt / tile; first call: wall s, the build included when the kernel cache is cold)", "",
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(cell(row[c]) for c in COLUMNS) + " |" for row in rows]
     return "\n".join(lines) + "\n"
@@ -211,11 +240,13 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="directory for ukan_generator_timing.json and .md")
     parser.add_argument("--quick", action="store_true", help="small shapes, few repeats (runs on the CPU)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--no-pairs", action="store_true", help="the torch layer's dense range only (not the "
+                        "Warp-native layer's touched pairs: two tile modules fewer to build)")
     args = parser.parse_args()
     repeat = 3 if args.quick else 50
     rows = []
     for case in bench_tables(args.device, args.quick) + model_tables(args.device, args.quick):
-        for measure_case in (measure, measure_pairs):
+        for measure_case in (measure,) if args.no_pairs else (measure, measure_pairs):
             rows.append(measure_case(case, args.device, repeat))
             print(markdown(rows[-1:], args.device).splitlines()[-1], flush=True)
     os.makedirs(args.out, exist_ok=True)

@@ -286,12 +286,18 @@ def test_auto_follows_the_torch_layers_rule(monkeypatch):
     assert calls == ["launch_gemm_forward", "launch_forward"]
 
 
-def test_precompile_builds_the_tile_gemm_modules(capsys):
+def test_precompile_builds_the_tile_gemm_modules_when_asked(capsys):
     from warpkan.cli import main
+    from warpkan.kernels import precompile
 
     assert main(["precompile", "--device", "cpu", "--orders", "2", "--uniform-only", "--family", "bspline",
-                 "--dtype", "float32", "float64"]) == 0
+                 "--dtype", "float32", "float64", "--native"]) == 0
     out = capsys.readouterr().out
-    for scalar in ("float32", "float64"):
-        for tiles in tile_gemm.TILE_SHAPES[scalar]:
-            assert tile_gemm.tile_gemm_module(scalar, tiles) in out
+    gemm_modules = [tile_gemm.tile_gemm_module(scalar, tiles) for scalar in ("float32", "float64")
+                    for tiles in tile_gemm.TILE_SHAPES[scalar]]
+    for module in gemm_modules:
+        assert module in out
+    # without --native (no torch layer loads them) none is listed, for either family that would add them
+    config = precompile.PrecompileConfig(orders=(2,), dtypes=("float32", "float64"), uniform_only=True)
+    listed = {build.name for build in precompile.modules(("bspline", "poly"), config, is_cuda=True)}
+    assert listed and not listed & set(gemm_modules)

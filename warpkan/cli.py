@@ -132,6 +132,7 @@ def _precompile_configs(args) -> list:
     options = {"bases": args.basis, "poly_modes": args.poly_mode, "rational_variants": args.rational_variant}
     common = {name: tuple(value) for name, value in options.items() if value}  # the rest: every one
     common.update(dtypes=tuple(args.dtype), uniform_only=args.uniform_only, create_graph=args.create_graph,
+                  native=args.native,
                   jets=tuple(_parse_pair("--taylor", text) for text in args.taylor or ()),
                   rational_orders=tuple(_parse_pair("--rational-order", text)
                                         for text in args.rational_order or ["5,4"]))
@@ -284,6 +285,10 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--create-graph", action="store_true",
                      help="also the kernels of a create_graph=True backward (a LUT layer's derivative family, the "
                      "rational Taylor-series kernels)")
+    pre.add_argument("--native", action="store_true",
+                     help="also the tile GEMMs of the Warp-native layers' gemm strategy (warpkan.KANLinear, "
+                     "warpkan.PolyKANLinear; no torch layer loads them), each a cuBLASDx module of two to three "
+                     "minutes' build on a GPU")
     pre.set_defaults(fn=cmd_precompile)
 
     bench = sub.add_parser("bench", parents=[common], help="benchmarks against peer implementations: JSON and markdown",

@@ -14,8 +14,10 @@ launch constants their launchers use), and nothing else.
 Higher-order routes only when asked: ``jets`` (Taylor mode, (directions, pairs) each) and ``create_graph``
 (a double backward) add the edge families' Taylor-mode modules, a LUT layer's derivative family
 (:func:`.poly.higher_order_modules`) and the rational Taylor-series kernels (:func:`.rational_jet.jet_modules`).
-On CUDA every family adds the transpose kernel of the torch layers' parameter copies; ``bspline`` and ``poly``
-add the Warp-native layers' tile GEMMs (:func:`.edge.tile_gemm.tile_gemm_modules`).
+On CUDA every family adds the transpose kernel of the torch layers' parameter copies. ``native`` adds, for
+``bspline`` and ``poly``, the Warp-native layers' tile GEMMs (:func:`.edge.tile_gemm.tile_gemm_modules`: their
+gemm strategy), which no torch layer loads: each is a cuBLASDx module of two to three minutes' build on the GPU
+machine.
 """
 
 import time
@@ -39,7 +41,8 @@ class PrecompileConfig:
     dtypes; ``grid``: a B-spline layer's grid size (only its table's tiled kernels; None: every table size);
     ``bases`` and ``poly_modes``: a polynomial layer's bases and modes ("exact", "lut"); ``rational_orders``: (m, n)
     pairs; ``rational_variants``: "A", "B"; ``group_size``: channels a rational group (None: every vector width);
-    ``hidden``, ``inter``, ``small_batch_rows``: a GEGLU layer's sizes (None: every vector width and path)."""
+    ``hidden``, ``inter``, ``small_batch_rows``: a GEGLU layer's sizes (None: every vector width and path);
+    ``native``: the Warp-native layers' tile GEMMs too."""
 
     orders: tuple = (1, 2, 3, 4, 5)
     dtypes: tuple = ("float32",)
@@ -55,6 +58,7 @@ class PrecompileConfig:
     hidden: "int | None" = None
     inter: "int | None" = None
     small_batch_rows: int = geglu.DEFAULT_SMALL_BATCH_ROWS
+    native: bool = False
 
 
 def _edge_family_modules(name: str, family, key: dict, config: PrecompileConfig, is_cuda: bool,
@@ -141,7 +145,7 @@ def family_modules(name: str, config: PrecompileConfig, is_cuda: bool) -> tuple:
                   geglu.geglu_modules(dtype, config.hidden, config.inter, config.small_batch_rows)]
     else:
         builds = _edge_modules(name, config, is_cuda)
-    if name in ("bspline", "poly"):  # the Warp-native layers' gemm strategy: the tile GEMMs of each dtype
+    if config.native and name in ("bspline", "poly"):  # the Warp-native layers' gemm strategy: its tile GEMMs
         builds += [ModuleBuild(module, tile_gemm.BLOCK_DIM) for dtype in config.dtypes
                    if dtype in tile_gemm.TILE_SHAPES for module in tile_gemm.tile_gemm_modules(dtype)]
     if is_cuda:

@@ -1206,11 +1206,33 @@ def use_tile_generator(scalar_bytes: int, pe_dim: int, embed_dim: int, hidden_di
     return CG_GENERATOR == "tile" and generator_widths(scalar_bytes, pe_dim, embed_dim, hidden_dim) is not None
 
 
+# how the generator's tile_matmuls multiply on CUDA: "mathdx" (cuBLASDx, linked as LTO code) or "scalar" (Warp's
+# cooperative scalar GEMM over the shared-memory tiles). The generator's products are small (32 rows against
+# at most 128 x 128 weights), and a cuBLASDx module took 100-150 s to build on the GPU machine
+GENERATOR_GEMMS = ("mathdx", "scalar")
+GENERATOR_GEMM = "scalar"
+_generator_module_names: set[str] = set()
+
+
+def set_generator_gemm(gemm: str) -> None:
+    """Switch the generator's tile_matmul between cuBLASDx and Warp's scalar GEMM (:data:`GENERATOR_GEMMS`),
+    for modules made before and after; a module built the other way is built again at its next launch."""
+    global GENERATOR_GEMM
+    if gemm not in GENERATOR_GEMMS:
+        raise ValueError(f"the generator's GEMM must be one of {GENERATOR_GEMMS}, got {gemm!r}")
+    GENERATOR_GEMM = gemm
+    for name in _generator_module_names:
+        wp.set_module_options({"enable_mathdx_gemm": gemm == "mathdx"}, name)
+
+
 def _generator_kernel_decorator(scalar_name: str, widths: tuple, part: str):
     """``wp.kernel`` into a module of its own per (scalar, widths, forward or backward): a tile_matmul module
     takes tens of seconds to compile on the GPU, so a forward-only use never compiles the backward."""
     pe_w, embed_w, hidden_w = widths
-    return _kernel_decorator(f"warpkan_ukan_generator_{part}_{scalar_name}_{pe_w}_{embed_w}_{hidden_w}")
+    name = f"warpkan_ukan_generator_{part}_{scalar_name}_{pe_w}_{embed_w}_{hidden_w}"
+    _generator_module_names.add(name)
+    wp.set_module_options({"enable_mathdx_gemm": GENERATOR_GEMM == "mathdx"}, name)
+    return _kernel_decorator(name)
 
 
 @functools.lru_cache(maxsize=None)

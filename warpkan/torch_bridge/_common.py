@@ -495,6 +495,9 @@ class EagerRoute:
         self.layouts = layouts
         self.label = label
         self.rows = rows
+        # the C-level apply: ``Function.apply``'s Python wrapper only serves functorch transforms (vmap, grad),
+        # which run through it still (see run), and costs a node a few microseconds of host time
+        self.apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, function)
 
     def relayout(self, values: tuple, direction: int) -> tuple:
         """``values`` (the inputs, or their gradients) with each one the route takes in a public layout mapped
@@ -513,7 +516,9 @@ class EagerRoute:
         """The Function where a gradient is wanted; the implementation alone, without building a node, where
         none is (inference, frozen inputs)."""
         if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
-            return self.function.apply(*inputs)
+            if torch._C._are_functorch_transforms_active():
+                return self.function.apply(*inputs)
+            return self.apply(*inputs)
         if self.rows and inputs[0].dim() != 2:  # no node is built: reshapes here are no nodes either
             x = inputs[0]
             return _lead_output(self.forward_impl(*self.op_inputs((_as_rows(x), *inputs[1:]))), x.shape[:-1])
