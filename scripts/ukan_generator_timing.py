@@ -41,7 +41,7 @@ from warpkan.torch_bridge import ukan_ops
 from warpkan.torch_bridge._common import to_warp, warp_stream
 
 # "tile scalar": the tile generator with Warp's scalar tile_matmul in place of cuBLASDx (no LTO build)
-GENERATORS = ("simt", "tile", "tile scalar")
+GENERATORS = ["simt", "tile", "tile scalar"]
 
 
 @contextlib.contextmanager
@@ -220,15 +220,17 @@ def _compare(row: dict, results: dict) -> None:
         for name in GENERATORS[1:] for a, b in zip(results[name], results["simt"]))
 
 
-COLUMNS = ["case", "table", "CG-MLP (pe, embed, hidden)", "tile applies"] + [
-    f"{name} {what}" for what in ("first call s", "fwd ms", "fwd+bwd ms") for name in GENERATORS] + [
-    f"{name} fwd+bwd speedup" for name in GENERATORS[1:]] + ["max rel diff"]
+def columns() -> list:
+    return ["case", "table", "CG-MLP (pe, embed, hidden)", "tile applies"] + [
+        f"{name} {what}" for what in ("first call s", "fwd ms", "fwd+bwd ms") for name in GENERATORS] + [
+        f"{name} fwd+bwd speedup" for name in GENERATORS[1:]] + ["max rel diff"]
 
 
 def markdown(rows: list[dict], device: str) -> str:
     def cell(value):
         return f"{value:.4g}" if isinstance(value, float) else str(value)
 
+    COLUMNS = columns()
     lines = [f"UKAN dense-range CG-MLP generator, SIMT vs tile, on {device} (median ms; speedup = simt / tile; first call: wall s, the build included when the kernel cache is cold)", "",
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(cell(row[c]) for c in COLUMNS) + " |" for row in rows]
@@ -242,7 +244,18 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--no-pairs", action="store_true", help="the torch layer's dense range only (not the "
                         "Warp-native layer's touched pairs: two tile modules fewer to build)")
+    parser.add_argument("--generators", default=",".join(GENERATORS),
+                        help=f"comma-separated paths to time, simt first (default: {','.join(GENERATORS)}); "
+                        "without \"tile\", no cuBLASDx module is built")
+    parser.add_argument("--block-cols", type=int, default=0, help="table columns a generator block "
+                        f"(a multiple of {ku.GENERATOR_COLS}; default: ku.GENERATOR_BLOCK_COLS)")
     args = parser.parse_args()
+    if args.block_cols:
+        ku.GENERATOR_BLOCK_COLS = args.block_cols
+    chosen = tuple(args.generators.split(","))
+    if chosen[0] != "simt" or not set(chosen) <= set(GENERATORS):
+        parser.error(f"--generators: simt first, then some of {GENERATORS[1:]}")
+    GENERATORS[:] = chosen
     repeat = 3 if args.quick else 50
     rows = []
     for case in bench_tables(args.device, args.quick) + model_tables(args.device, args.quick):

@@ -1208,7 +1208,8 @@ def use_tile_generator(scalar_bytes: int, pe_dim: int, embed_dim: int, hidden_di
 
 # how the generator's tile_matmuls multiply on CUDA: "mathdx" (cuBLASDx, linked as LTO code) or "scalar" (Warp's
 # cooperative scalar GEMM over the shared-memory tiles). The generator's products are small (32 rows against
-# at most 128 x 128 weights), and a cuBLASDx module took 100-150 s to build on the GPU machine
+# at most 128 x 128 weights): a scalar module builds in 0.2-4.6 s on the GPU machine, a cuBLASDx one took
+# 116-146 s, for a generator 1.05-2.1x slower forward + backward (docs/perf-notes-engine.md)
 GENERATOR_GEMMS = ("mathdx", "scalar")
 GENERATOR_GEMM = "scalar"
 _generator_module_names: set[str] = set()
