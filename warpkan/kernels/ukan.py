@@ -1227,8 +1227,8 @@ def set_generator_gemm(gemm: str) -> None:
 
 
 def _generator_kernel_decorator(scalar_name: str, widths: tuple, part: str):
-    """``wp.kernel`` into a module of its own per (scalar, widths, forward or backward): a tile_matmul module
-    takes tens of seconds to compile on the GPU, so a forward-only use never compiles the backward."""
+    """``wp.kernel`` into a module of its own per (scalar, widths, forward or backward), its tile_matmul by
+    :data:`GENERATOR_GEMM`: a forward-only use never builds the backward (a cuBLASDx module takes minutes)."""
     pe_w, embed_w, hidden_w = widths
     name = f"warpkan_ukan_generator_{part}_{scalar_name}_{pe_w}_{embed_w}_{hidden_w}"
     _generator_module_names.add(name)

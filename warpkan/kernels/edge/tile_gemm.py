@@ -16,7 +16,8 @@ Why the dense basis goes through memory rather than being built in shared memory
   3.4 ms at the 29-34 TFLOP/s tile_matmul reached in fp32 on an H200 (warp-lang 1.19, 4096^3), while writing
   and reading back a pass's basis (0.8 GB) takes about 0.4 ms at HBM speed; a fused build could save at most
   that, and would evaluate the basis of a row tile once per output tile;
-- compile time: a module holding ``tile_matmul`` takes 25-35 s to build on the GPU. Here the three GEMM kernels
+- compile time: a module holding ``tile_matmul`` (cuBLASDx, linked as LTO code) takes 25-35 s to build on the
+  GPU alone, and took 142-146 s with eight builds at a time. Here the three GEMM kernels
   depend on the scalar type and the tile shape alone (a short fixed list: :data:`TILE_SHAPES`), so every
   family, order, grid kind and polynomial basis shares them; a fused kernel would be one such module per family
   key and tile shape. The basis kernels are the engine's SIMT dense kernels (seconds to build), the ones the
@@ -60,8 +61,8 @@ class TileShape:
         return f"{self.rows}x{self.cols}x{self.depth}"
 
 
-# The fixed list the tile shape is taken from (each entry of a scalar type is one module, 25-35 s to build on the
-# GPU, once per machine: Warp's kernel cache keeps it): float32 64 x 64 tiles (32 KiB of operands and
+# The fixed list the tile shape is taken from (each entry of a scalar type is one module, 25-35 s or more to build
+# on the GPU, once per machine: Warp's kernel cache keeps it): float32 64 x 64 tiles (32 KiB of operands and
 # accumulator), 32 outputs wide for layers of at most 32 outputs (half the padding work there); float64 32 x 32
 # (the same bytes as a float32 32 x 64 tile). Built for sm_90, the float32 64 x 64 kernels take 32-48 KiB of shared
 # memory a block: within the 48 KiB a block gets without opting in to more.
