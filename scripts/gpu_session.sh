@@ -3,7 +3,8 @@
 #   bash scripts/gpu_session.sh "<pytest targets>" "<bench families>" ["<pytest -k expression>"]
 # The GPU machine's warp has no CPU compiler, so by default only the cuda-parametrised tests run there
 # (the CPU ones run in CI).
-# Runs the tests with cuda present and the benchmarks on cuda; logs and results go to $OUT.
+# Runs the tests with cuda present (one xdist worker per core but one: the whole -k cuda selection took 246 s
+# on the 16-core H200 machine from a cold kernel cache) and the benchmarks on cuda; logs and results go to $OUT.
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
@@ -14,7 +15,8 @@ select=${3:-cuda}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -m warpkan.cli info | tee -a "$OUT/gpu.txt"
 if [ "$tests" != "none" ]; then
-  python3 -m pytest $tests -k "$select" -q -p no:cacheprovider --timeout=900 2>&1 | tee "$OUT/tests.log" | tail -25
+  workers=$(( $(nproc) > 2 ? $(nproc) - 1 : 1 ))
+  python3 -m pytest $tests -k "$select" -q -p no:cacheprovider --timeout=900 -n "$workers" 2>&1 | tee "$OUT/tests.log" | tail -25
 fi
 for family in $families; do
   python3 -m warpkan.cli bench "$family" --device cuda --out "$OUT/bench" 2>&1 | tee "$OUT/bench-$family.log" | tail -40
