@@ -231,7 +231,8 @@ def markdown(rows: list[dict], device: str) -> str:
         return f"{value:.4g}" if isinstance(value, float) else str(value)
 
     COLUMNS = columns()
-    lines = [f"UKAN dense-range CG-MLP generator, SIMT vs tile, on {device} (median ms; speedup = simt / tile; first call: wall s, the build included when the kernel cache is cold)", "",
+    lines = [f"UKAN dense-range CG-MLP generator, SIMT vs tile, on {device} (median ms; speedup = simt / tile; "
+             "first call: wall s, the build included when the kernel cache is cold)", "",
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(cell(row[c]) for c in COLUMNS) + " |" for row in rows]
     return "\n".join(lines) + "\n"

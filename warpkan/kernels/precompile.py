@@ -191,7 +191,8 @@ def load_all(builds, device: str, jobs: int, names=(), configs=(), is_cuda: bool
     ``modules(names, config, is_cuda)`` for every config first. A module's build is one compiler run (NVRTC on
     CUDA, the C++ compiler on the CPU) that Warp makes in one thread, and a configuration lists tens of them
     (UKAN's 38 took 19 s one after the other on the GPU machine, 14 s with eight workers), so separate processes
-    build them side by side into the one kernel cache, each module by one process. ``report(build, seconds)`` as each is done."""
+    build them side by side into the one kernel cache, each module by one process. ``report(build, seconds)``
+    as each is done."""
     builds = list(builds)
     if jobs <= 1 or len(builds) <= 1:
         for build in builds:
