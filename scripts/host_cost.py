@@ -4,7 +4,10 @@ long grids (regress), whole-model bf16 steps eager and whole-step graphed (model
 GroupRational's eager fwd+bwd at KAT-Tiny's two shapes under bf16 autocast, the GPU kept busy so that only the
 host is timed (rational). On the GPU machine:
 
-    python scripts/host_cost.py host [regress] [models] [rational] [--prof]
+    python scripts/host_cost.py host [regress] [models] [rational] [--prof] [--cpu]
+
+``host`` times each layer's step and nn.Linear's in alternating rounds and reports the median ratio with the
+rounds' range: separate processes moved nn.Linear's own step by 35% on the GPU machine.
 
 On a fresh GPU machine, build the kernels first: UKANLinear's modules once took over 200 s to build cold (its
 CG-MLP generator on cuBLASDx), which cut a timed call short at its UKAN row; a configuration of every family
@@ -18,7 +21,7 @@ from torch.nn import functional as F
 from warpkan.bench.timing import time_fn, training_step, graphed
 from warpkan.torch_bridge import KANLinear, UKANLinear, PolyKANLinear, GRKANLinear, capture_step
 
-dev = "cuda"
+dev = "cpu" if "--cpu" in sys.argv else "cuda"  # --cpu: a smoke run of the script, not a measurement
 
 
 def make(name):
@@ -27,40 +30,64 @@ def make(name):
             "GRKANLinear": lambda: GRKANLinear(32, 32)}[name]().to(dev)
 
 
-def eager_ms(step):
-    """Wall-clock ms of one eager call of ``step`` in a loop (the median of 7 runs of 100, after 30 warm-up
-    calls): an eager step of a small layer is the host's time."""
-    for _ in range(30): step()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(7):
-        t0 = time.perf_counter()
-        for _ in range(100): step()
+def _sync():
+    if dev == "cuda":
         torch.cuda.synchronize()
-        ts.append((time.perf_counter() - t0) * 10)
-    return statistics.median(ts)
+
+
+def eager_round_ms(step, calls: int = 100) -> float:
+    """Wall-clock ms of one eager call of ``step``, over ``calls`` calls in a loop: an eager step of a small
+    layer is the host's time."""
+    _sync()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        step()
+    _sync()
+    return (time.perf_counter() - t0) * 1e3 / calls
+
+
+def paired_eager(step, base_step, rounds: int = 7) -> tuple:
+    """(median ms of ``step``, median ms of ``base_step``, median ratio, (lowest, highest) ratio): the two
+    timed in alternating rounds after 30 warm-up calls each, so that each round's ratio compares them under the
+    same state of the host (separate processes, or rounds minutes apart, moved nn.Linear's step by 35%)."""
+    for _ in range(30):
+        step()
+        base_step()
+    mine, base = [], []
+    for _ in range(rounds):
+        mine.append(eager_round_ms(step))
+        base.append(eager_round_ms(base_step))
+    ratios = [m / b for m, b in zip(mine, base)]
+    return statistics.median(mine), statistics.median(base), statistics.median(ratios), (min(ratios), max(ratios))
+
+
+def _layer_step(name):
+    layer = make(name)
+    x = torch.randn(1024, 32, device=dev, requires_grad=True)
+    dy = torch.randn(1024, 32, device=dev)
+    return training_step(layer, x, dy)
 
 
 def host():
-    base = None
-    for name in ["nn.Linear", "KANLinear", "UKANLinear", "PolyKANLinear", "GRKANLinear"]:
-        layer = make(name)
-        x = torch.randn(1024, 32, device=dev, requires_grad=True)
-        dy = torch.randn(1024, 32, device=dev)
-        step = training_step(layer, x, dy)
+    """Each layer class's eager step against nn.Linear's, in alternating rounds (autograd's device thread, the
+    default, and the backward on the caller's thread), and its graphed step."""
+    linear = _layer_step("nn.Linear")
+    for name in ["KANLinear", "UKANLinear", "PolyKANLinear", "GRKANLinear"]:
+        step = _layer_step(name)
         res = {}
         for mt in (True, False):
             with torch.autograd.set_multithreading_enabled(mt):
-                res[mt] = eager_ms(step)
-        g = time_fn(graphed(step), dev, warmup=3, repeat=50)
-        if base is None: base = res
-        print(f"HOST {name:14s} eager {res[True]:.3f} ms ({res[True]/base[True]:.2f}x Linear)  backward on the caller's thread "
-              f"{res[False]:.3f} ({res[False]/base[False]:.2f}x)  graphed {g:.4f}", flush=True)
-        if "--prof" in sys.argv and name != "nn.Linear":
+                res[mt] = paired_eager(step, linear)
+        g = time_fn(graphed(step), dev, warmup=3, repeat=50) if dev == "cuda" else float("nan")
+        (ms, base, ratio, (lo, hi)), (ms_c, base_c, ratio_c, (lo_c, hi_c)) = res[True], res[False]
+        print(f"HOST {name:14s} eager {ms:.3f} ms, nn.Linear {base:.3f}: {ratio:.2f}x ({lo:.2f}-{hi:.2f}x over the "
+              f"rounds)  backward on the caller's thread {ms_c:.3f} / {base_c:.3f}: {ratio_c:.2f}x ({lo_c:.2f}-"
+              f"{hi_c:.2f}x)  graphed {g:.4f}", flush=True)
+        if "--prof" in sys.argv:
             with torch.autograd.set_multithreading_enabled(False):
                 pr = cProfile.Profile(); pr.enable()
                 for _ in range(300): step()
-                torch.cuda.synchronize(); pr.disable()
+                _sync(); pr.disable()
             s = io.StringIO(); pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(16)
             print("\n".join(l for l in s.getvalue().splitlines() if l.strip())[-2600:], flush=True)
 
