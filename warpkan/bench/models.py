@@ -439,6 +439,16 @@ def _best(rows, model, impl_prefix, mode):
     return min(found, key=lambda r: r["step_ms"]) if found else None
 
 
+def _target_ratio(ours_ms: float, theirs_ms: float, sense: str) -> float:
+    """The ratio a target of ``sense`` (see :data:`TARGETS`) bounds: theirs over ours for a "speedup", ours
+    over theirs for a "slowdown"."""
+    return theirs_ms / ours_ms if sense == "speedup" else ours_ms / theirs_ms
+
+
+def _met(ratio: float, bound: float, sense: str) -> str:
+    return "yes" if (ratio >= bound if sense == "speedup" else ratio <= bound) else "no"
+
+
 def _targets(rows: list[dict]) -> list[tuple[dict, list[dict]]]:
     """(target row, the measured rows it compares) for each of :data:`TARGETS`."""
     out = []
@@ -453,11 +463,10 @@ def _targets(rows: list[dict]) -> list[tuple[dict, list[dict]]]:
         if a is None or b is None:
             row["met"] = "not measured"
         else:
-            ratio = b["step_ms"] / a["step_ms"] if sense == "speedup" else a["step_ms"] / b["step_ms"]
-            met = ratio >= bound if sense == "speedup" else ratio <= bound
+            ratio = _target_ratio(a["step_ms"], b["step_ms"], sense)
             row["measured"] = (f"{ratio:.2f}x: {a['impl']} {a['mode']} {a['step_ms']:.3g} ms, "
                                f"{b['impl']} {b['mode']} {b['step_ms']:.3g} ms")
-            row["met"] = "yes" if met else "no"
+            row["met"] = _met(ratio, bound, sense)
         out.append((row, [r for r in (a, b) if r is not None]))
     return out
 
@@ -545,7 +554,7 @@ def _paired_eager_ratios(case: _Case, ours: str, theirs: str, precision: str, se
     with torch._functorch.config.patch(**_DONATED_BUFFERS):
         for _ in range(settings["paired_rounds"]):
             mine, other = (time_fn(step, device, warmup=0, repeat=settings["repeat"]) for step in steps)
-            ratios.append(other / mine if sense == "speedup" else mine / other)
+            ratios.append(_target_ratio(mine, other, sense))
     return ratios
 
 
@@ -566,7 +575,7 @@ def _judge_eager_targets_in_pairs(targets, cases, device: str, settings: dict) -
         median = statistics.median(ratios)
         row["paired"] = (f"{median:.2f}x, median of {len(ratios)} alternating rounds "
                          f"({min(ratios):.2f}-{max(ratios):.2f}x)")
-        row["met"] = "yes" if (median >= bound if sense == "speedup" else median <= bound) else "no"
+        row["met"] = _met(median, bound, sense)
 
 
 def target_rows_and_profiles(rows: list[dict], cases, device: str, settings) -> list[dict]:

@@ -1223,7 +1223,12 @@ def set_generator_gemm(gemm: str) -> None:
         raise ValueError(f"the generator's GEMM must be one of {GENERATOR_GEMMS}, got {gemm!r}")
     GENERATOR_GEMM = gemm
     for name in _generator_module_names:
-        wp.set_module_options({"enable_mathdx_gemm": gemm == "mathdx"}, name)
+        _apply_generator_gemm(name)
+
+
+def _apply_generator_gemm(name: str) -> None:
+    """Module ``name``'s tile_matmul by :data:`GENERATOR_GEMM`."""
+    wp.set_module_options({"enable_mathdx_gemm": GENERATOR_GEMM == "mathdx"}, name)
 
 
 def _generator_kernel_decorator(scalar_name: str, widths: tuple, part: str):
@@ -1232,7 +1237,7 @@ def _generator_kernel_decorator(scalar_name: str, widths: tuple, part: str):
     pe_w, embed_w, hidden_w = widths
     name = f"warpkan_ukan_generator_{part}_{scalar_name}_{pe_w}_{embed_w}_{hidden_w}"
     _generator_module_names.add(name)
-    wp.set_module_options({"enable_mathdx_gemm": GENERATOR_GEMM == "mathdx"}, name)
+    _apply_generator_gemm(name)
     return _kernel_decorator(name)
 
 
