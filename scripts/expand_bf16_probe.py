@@ -30,8 +30,9 @@ import warp as wp
 import warpkan
 from warpkan.kernels import bspline as kb
 from warpkan.kernels.edge._values import edge_values
-from warpkan.kernels.edge.dense import ROW_TILE, basis_entry, dense_width
+from warpkan.kernels.edge.dense import basis_entry, dense_dim, dense_entry, dense_width
 from warpkan.kernels.edge.launch import launch_contract_basis_grad, launch_expand_basis
+from native_wide_timing import _timer  # CUDA events on Warp's stream (this script's folder is on sys.path)
 
 # (rows, in, grid size): the KAN-Mixer's token-mixing layers (batch 128 x dim 256 rows; 64 -> 256 and
 # 256 -> 64), and the create_graph microbenchmark's shape of the perf notes
@@ -47,8 +48,9 @@ class Bf16Pair:
 
 
 def pair_kernel(family):
-    """The expansion (order 0, no scale) with rows 2p and 2p + 1 of input i in thread (p, i), ``ROW_TILE``
-    consecutive pairs of one input a warp: each entry of the two rows one uint32 store of a bf16 pair."""
+    """The expansion (order 0, no scale) with rows 2p and 2p + 1 of input i in thread (p, i), the pairs mapped
+    to threads as the shipped kernels map rows (``dense_entry``): each entry of the two rows one uint32 store of a
+    bf16 pair."""
     scalar, first = family.scalar, family.first
     values = edge_values(family)
     bases_at, silu_order = values.bases_at, values.silu_order
@@ -58,12 +60,7 @@ def pair_kernel(family):
     def expand_pairs(x: wp.array2d(dtype=scalar), frame: family.Frame, use_base: int, n_coef: int,
                      basis2: wp.array2d(dtype=wp.uint32)):
         n_in = x.shape[1]
-        tile_size = ROW_TILE * n_in
-        tid = wp.tid()
-        tile = tid // tile_size
-        rest = tid - tile * tile_size
-        i = rest // ROW_TILE
-        p = tile * ROW_TILE + rest - i * ROW_TILE
+        p, i = dense_entry(wp.tid(), n_in)  # the shipped kernels' thread map, over pairs of rows
         n0 = 2 * p
         if n0 >= x.shape[0]:
             return
@@ -100,12 +97,7 @@ def contract_pair_kernel(family):
     def contract_pairs(x: wp.array2d(dtype=scalar), frame: family.Frame, use_base: int, n_coef: int,
                        d_basis2: wp.array2d(dtype=wp.uint32), dx: wp.array2d(dtype=scalar)):
         n_in = x.shape[1]
-        tile_size = ROW_TILE * n_in
-        tid = wp.tid()
-        tile = tid // tile_size
-        rest = tid - tile * tile_size
-        i = rest // ROW_TILE
-        p = tile * ROW_TILE + rest - i * ROW_TILE
+        p, i = dense_entry(wp.tid(), n_in)  # the shipped kernels' thread map, over pairs of rows
         n0 = 2 * p
         if n0 >= x.shape[0]:
             return
@@ -133,22 +125,6 @@ def contract_pair_kernel(family):
     return contract_pairs
 
 
-def _timer(device):
-    def run(fn, warmup, repeat):
-        for _ in range(warmup):
-            fn()
-        wp.synchronize_device(device)
-        start, stop = wp.Event(device, enable_timing=True), wp.Event(device, enable_timing=True)
-        wp.record_event(start)
-        for _ in range(repeat):
-            fn()
-        wp.record_event(stop)
-        wp.synchronize_event(stop)
-        return wp.get_event_elapsed_time(start, stop) / repeat * 1e3  # us
-
-    return run
-
-
 def measure(case, device, repeat):
     n_rows, n_in, grid_size = case
     layer = warpkan.KANLinear(n_in, 1, grid_size=grid_size, spline_order=ORDER, device=device)
@@ -163,7 +139,7 @@ def measure(case, device, repeat):
     paired_u32 = wp.array(ptr=paired.ptr, dtype=wp.uint32, shape=(width, n_rows // 2), device=device)
     kernel, contract_kernel = pair_kernel(family), contract_pair_kernel(family)
     n_pairs = n_rows // 2
-    pair_dim = -(-n_pairs // ROW_TILE) * ROW_TILE * n_in
+    pair_dim = dense_dim(n_pairs, n_in)
     # a basis gradient (bf16, as the backward's dA GEMM writes it) and the two contractions' dx
     grad_bits = rng.integers(0, 2**16, (width, n_rows), dtype=np.uint16)
     grad_bits = ((grad_bits & 0x807F) | 0x3F00).astype(np.uint16)  # finite values in +-[0.5, 1)
@@ -199,12 +175,12 @@ def measure(case, device, repeat):
     if not row["bitwise equal"] or row["contract max rel diff"] > 1e-6:
         raise SystemExit(f"a paired kernel differs from the shipped one: {row}")
     if wp.get_device(device).is_cuda:
-        timer = _timer(device)
+        timer = _timer(device)  # ms
         mbytes = width * n_rows * 2 / 1e6
         for name, fn in (("expand shipped", run_shipped), ("expand two rows a thread", run_pairs),
                          ("memset (store bound)", lambda: shipped.zero_()),
                          ("contract shipped", run_contract_shipped), ("contract two rows a thread", run_contract_pairs)):
-            us = timer(fn, 3, repeat)
+            us = timer(fn, 3, repeat) * 1e3
             row[f"{name} us"] = us
             row[f"{name} TB/s"] = mbytes / us  # the basis (or its gradient) once, MB per us
     return row

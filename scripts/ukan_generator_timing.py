@@ -59,10 +59,14 @@ def generator(name: str):
 
 
 def first_call_s(fn, device: str) -> float:
-    torch.cuda.synchronize() if device.startswith("cuda") else None
+    """Wall seconds of one call of ``fn``, its GPU work finished (and none queued before it)."""
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.synchronize()
     t0 = time.perf_counter()
     fn()
-    torch.cuda.synchronize() if device.startswith("cuda") else None
+    if cuda:
+        torch.cuda.synchronize()
     return time.perf_counter() - t0
 
 
