@@ -633,3 +633,62 @@ def test_kernel_functions_are_short():
     assert len(files) >= 20
     long = [entry for path in files for entry in _long_functions(path, MAX_FUNCTION_LINES, KERNELS_DIR)]
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The bfloat16 dense basis two rows a thread: the same bits as the one-row kernels
+# ----------------------------------------------------------------------------------------------------------------
+def _pair_layers():
+    from warpkan.torch_bridge import KANLinear, PolyKANLinear, UKANLinear
+
+    return {
+        "bspline G5 k3 (both pair kernels)": lambda: KANLinear(7, 3, grid_size=5, spline_order=3),
+        "bspline G12 k2 (expansion only)": lambda: KANLinear(5, 2, grid_size=12, spline_order=2),
+        "chebyshev degree 6, no base": lambda: PolyKANLinear(6, 3, 6, mode="exact"),
+        "fourier lut degree 4": lambda: PolyKANLinear(3, 2, 4, basis="fourier"),
+        "ukan dense range, fixed table": lambda: UKANLinear(4, 3, grid_delta=0.4, pe_dim=4, embed_dim=3, hidden_dim=8,
+                                                             table_groups=4),
+    }
+
+
+@pytest.mark.parametrize("n_rows", [1, 2, 37, 64, 130])
+@pytest.mark.parametrize("name", list(_pair_layers()))
+def test_bf16_row_pair_kernels_match_one_row_kernels(monkeypatch, name, n_rows):
+    """The bf16 expansion and contraction two rows a thread (``expand_basis_pairs``, ``contract_basis_grad_pairs``)
+    against the one-row kernels, bit for bit, on x with out-of-range, inf and NaN entries and a basis gradient
+    with non-finite entries (inside and outside rows' windows); odd row counts keep the one-row kernels."""
+    from warpkan.kernels.edge import launch as edge_launch
+    from warpkan.kernels.edge.dense import dense_width
+    from warpkan.torch_bridge._common import to_warp
+
+    torch.manual_seed(n_rows)
+    layer = _pair_layers()[name]()
+    x = torch.randn(n_rows, layer.in_features) * 1.5
+    x.view(-1)[::11] = 40.0
+    x.view(-1)[3::13] = float("nan")
+    x.view(-1)[5::17] = float("-inf")
+    spec = layer.edge_view(x).spec
+    frame = spec.make_frame(*(to_warp(t) for t in spec.frame_tensors), *spec.frame_config)
+    width = dense_width(x.shape[1], spec.n_coef, spec.use_base)
+    g = torch.randn(width, n_rows).bfloat16()
+    g.view(-1)[::23] = float("inf")
+    g.view(-1)[7::29] = float("nan")
+    x_wp = to_warp(x)
+    pairable = edge_launch._bf16_row_pairs(to_warp(torch.empty(width, n_rows, dtype=torch.bfloat16)))
+    assert (pairable is not None) == (n_rows % 2 == 0)
+
+    def run(pairs: bool):
+        monkeypatch.setattr(edge_launch, "BF16_ROW_PAIRS", pairs)
+        basis_t = torch.empty(width, n_rows, dtype=torch.bfloat16)
+        dx = torch.empty_like(x)
+        edge_launch.launch_expand_basis(spec.family, frame, x_wp, spec.n_coef, to_warp(basis_t), spec.use_base)
+        edge_launch.launch_contract_basis_grad(spec.family, frame, x_wp, spec.n_coef, to_warp(g), to_warp(dx),
+                                               spec.use_base)
+        wp.synchronize()
+        return basis_t.view(torch.int16), dx
+
+    (basis_one, dx_one), (basis_two, dx_two) = run(False), run(True)
+    assert torch.equal(basis_one, basis_two)
+    # every value equal, NaN where NaN (whose sign bit, meaningless, may differ)
+    torch.testing.assert_close(dx_two, dx_one, rtol=0, atol=0, equal_nan=True)
+    assert not torch.isfinite(dx_two).all()  # the non-finite entries reached some dx

@@ -936,3 +936,20 @@ def test_sparse_path_starts_from_the_last_batch_need(device, monkeypatch):
     y2 = layer(x)
     assert len(calls) == 1 and calls[0] >= needed
     assert torch.equal(y1, y2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_bench_graphs_every_capturable_row_cuda():
+    """`warpkan bench ukan` captures each training step in a CUDA graph: every row but the exact-table
+    UKANLinear's (which reads its table size back) has a graphed time, the paper's pure-torch method included
+    (its reference once copied its basis matrix from the host on every call, which capture refuses)."""
+    from warpkan.bench import ukan as bench_ukan
+
+    rows = bench_ukan.run("cuda", quick=True)
+    assert len(rows) == len(bench_ukan.QUICK_CASES) * len(bench_ukan.IMPLS)
+    for row in rows:
+        assert "note" not in row, row
+        if row["impl"] == "warpkan UKANLinear":
+            assert "graphed_total_ms" not in row and "graphed note" in row
+        else:
+            assert row["graphed_total_ms"] > 0, row

@@ -8,6 +8,8 @@ never a fallback.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -46,6 +48,13 @@ def cg_mlp(features: torch.Tensor, w1, b1, w2, b2) -> torch.Tensor:
     return F.linear(F.silu(F.linear(features, w1, b1)), w2, b2)
 
 
+@functools.lru_cache(maxsize=None)
+def _basis_matrix(spline_order: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The uniform B-spline basis matrix on the device, made once: a host-to-device copy on every call would
+    keep the reference (the paper's method in ``warpkan bench ukan``) out of a CUDA graph."""
+    return torch.tensor(uniform_basis_matrix(spline_order), dtype=dtype, device=device)
+
+
 def ukan_linear(x, grid_delta, spline_order, pe_dim, feature_embedding, w1, b1, w2, b2, spline_scaler,
                 base_weight=None, base_activation=F.silu):
     """UKANLinear forward for x (..., in). feature_embedding [in, E]; CG-MLP weights w1 [H, pe + E], b1 [H],
@@ -66,7 +75,7 @@ def ukan_linear(x, grid_delta, spline_order, pe_dim, feature_embedding, w1, b1, 
     both = torch.cat([coefficients(g - 1), coefficients(g)], dim=-1)  # [N, in, out, 2K]
     idx = (r.unsqueeze(-1) + torch.arange(K, device=x.device)).unsqueeze(2).expand(-1, -1, n_out, -1)
     window = torch.gather(both, -1, idx)  # [N, in, out, K]
-    M = torch.tensor(uniform_basis_matrix(spline_order), dtype=x.dtype, device=x.device)
+    M = _basis_matrix(spline_order, x.dtype, x.device)
     powers = torch.stack([u**p for p in range(K)], dim=-1)  # [N, in, K]
     bases = powers @ M
     spline = (window * bases.unsqueeze(2)).sum(-1)  # [N, in, out]

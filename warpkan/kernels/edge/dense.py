@@ -7,6 +7,13 @@ store of a warp covers consecutive addresses of one basis row; every entry, zero
 fill). ``y = basis_t^T W`` with ``W = [base_weight_t; coef * scaler]`` [width, out] is then one GEMM.
 
 The basis dtype is the scalar type or (float32 layers) bfloat16: a module per (family, basis dtype).
+
+A bfloat16 basis is also written and read two rows a thread (``expand_basis_pairs``,
+``contract_basis_grad_pairs``): rows 2p and 2p + 1 of an entry are one 4-byte store or load of a bf16 pair. The
+one-row kernels spend about 20 instructions on each 2-byte entry (the slot's compare-selects, the conversion,
+Warp's index wrap, a 64-bit address), so they are bound by instruction issue, not memory; sharing the index and
+address work between two rows made the KAN-Mixer's expansions 1.15-1.5x faster and its contractions 1.1-1.25x
+on the H200 (``scripts/expand_bf16_probe.py``), with the same bits.
 """
 
 
@@ -19,7 +26,8 @@ from .._modules import ModuleBuild
 from ._values import edge_values
 from .family import EdgeFamily
 
-__all__ = ["DenseKernels", "dense_kernels", "dense_modules", "ROW_TILE", "dense_dim", "dense_width", "basis_entry"]
+__all__ = ["DenseKernels", "dense_kernels", "dense_modules", "ROW_TILE", "dense_dim", "dense_width", "basis_entry",
+           "bf16_pair"]
 
 ROW_TILE = 32  # consecutive rows of one input per warp
 
@@ -33,6 +41,8 @@ class DenseKernels:
     contract_basis_grad_scaled: wp.Kernel
     expand_contract: wp.Kernel
     split_param_grads: wp.Kernel
+    expand_basis_pairs: "wp.Kernel | None"  # bfloat16 bases only
+    contract_basis_grad_pairs: "wp.Kernel | None"
 
 
 def dense_dim(n_rows: int, n_in: int) -> int:
@@ -77,8 +87,9 @@ def dense_kernels(family: EdgeFamily, basis_name: str) -> DenseKernels:
                                                                                    write_rows)
     expand_contract = _expand_contract_kernel(family, basis_type, kernel, write_rows)
     combine_weights, split_param_grads = _weight_kernels(family, basis_type, kernel)
+    pairs = _pair_kernels(family, kernel) if basis_type == wp.bfloat16 else (None, None)
     return DenseKernels(module, expand_basis, combine_weights, contract_basis_grad, contract_basis_grad_scaled,
-                        expand_contract, split_param_grads)
+                        expand_contract, split_param_grads, *pairs)
 
 
 @functools.lru_cache(maxsize=None)
@@ -188,6 +199,97 @@ def _basis_kernels(family: EdgeFamily, basis_type, kernel, write_rows):
         return kernel(contract_basis_grad)
 
     return expand_basis, contract_kernel(False), contract_kernel(True)
+
+
+@functools.cache
+def bf16_pair():
+    """The struct of entry j of rows 2p (lo) and 2p + 1 (hi) of a bfloat16 basis [width, rows]: one uint32 of
+    its [width, rows / 2] view. Made at first use: a ``wp.struct`` at import would start Warp (and fix its
+    kernel cache) whenever the package is imported."""
+
+    @wp.struct
+    class Bf16Pair:
+        lo: wp.bfloat16
+        hi: wp.bfloat16
+
+    return Bf16Pair
+
+
+def _pair_kernels(family: EdgeFamily, kernel):
+    """The first-order expansion (order 0, no scale) and contraction (order 1, no scale) of a bfloat16 basis, two
+    rows a thread, on its uint32 view [width, rows / 2] (even rows, 4-byte aligned: the launchers check). Threads
+    map to row pairs as the one-row kernels map rows; the bases are the family's own ``@wp.func``s, so the
+    expansion's bits are the one-row kernel's. The contraction reads every coefficient row of the pair (one load
+    for both rows) rather than each row's window of K (two loads of two bytes each), so the launcher takes it
+    only where the table is short (``launch.PAIR_CONTRACT_COEF_PER_BASIS``); of each row it adds the window's
+    products alone, in the one-row kernel's order: the same dx bit for bit."""
+    scalar, Frame, K, first = family.scalar, family.Frame, family.n_bases, family.first
+    values = edge_values(family)
+    bases_at, bases_dx_at, silu_order = values.bases_at, values.bases_dx_at, values.silu_order
+    entry = basis_entry(family)
+    zero = scalar(0.0)
+    Bf16Pair = bf16_pair()
+
+    @kernel
+    def expand_basis_pairs(x: wp.array2d(dtype=scalar), frame: Frame, use_base: int, n_coef: int,
+                           basis2: wp.array2d(dtype=wp.uint32)):
+        p, i = dense_entry(wp.tid(), x.shape[1])
+        n0 = 2 * p
+        if n0 >= x.shape[0]:
+            return
+        x0 = x[n0, i]
+        x1 = x[n0 + 1, i]
+        row = i * n_coef
+        pair = Bf16Pair()
+        if use_base:
+            pair.lo = wp.bfloat16(silu_order(x0, 0))
+            pair.hi = wp.bfloat16(silu_order(x1, 0))
+            basis2[i, p] = wp.cast(pair, wp.uint32)
+            row = row + x.shape[1]
+        valid0, slot0, b0 = bases_at(frame, n0, i, x0)
+        valid1, slot1, b1 = bases_at(frame, n0 + 1, i, x1)
+        start0 = slot0 + first
+        start1 = slot1 + first
+        for j in range(n_coef):
+            pair.lo = wp.bfloat16(entry(b0, j - start0))
+            pair.hi = wp.bfloat16(entry(b1, j - start1))
+            basis2[row + j, p] = wp.cast(pair, wp.uint32)
+
+    @kernel
+    def contract_basis_grad_pairs(x: wp.array2d(dtype=scalar), frame: Frame, use_base: int, n_coef: int,
+                                  d_basis2: wp.array2d(dtype=wp.uint32), dx: wp.array2d(dtype=scalar)):
+        p, i = dense_entry(wp.tid(), x.shape[1])
+        n0 = 2 * p
+        if n0 >= x.shape[0]:
+            return
+        x0 = x[n0, i]
+        x1 = x[n0 + 1, i]
+        acc0 = zero
+        acc1 = zero
+        row = i * n_coef
+        if use_base:
+            pair = wp.cast(d_basis2[i, p], Bf16Pair)
+            acc0 = scalar(pair.lo) * silu_order(x0, 1)
+            acc1 = scalar(pair.hi) * silu_order(x1, 1)
+            row = row + x.shape[1]
+        valid0, slot0, b0, db0 = bases_dx_at(frame, n0, i, x0)
+        valid1, slot1, b1, db1 = bases_dx_at(frame, n0 + 1, i, x1)
+        start0 = slot0 + first
+        start1 = slot1 + first
+        for j in range(n_coef):
+            pair = wp.cast(d_basis2[row + j, p], Bf16Pair)
+            m0 = j - start0
+            m1 = j - start1
+            # only the window's entries, as the one-row kernel adds them: a non-finite gradient entry outside
+            # a row's window stays out of its dx
+            if valid0 and m0 >= 0 and m0 < K:
+                acc0 = acc0 + entry(db0, m0) * scalar(pair.lo)
+            if valid1 and m1 >= 0 and m1 < K:
+                acc1 = acc1 + entry(db1, m1) * scalar(pair.hi)
+        dx[n0, i] = acc0
+        dx[n0 + 1, i] = acc1
+
+    return expand_basis_pairs, contract_basis_grad_pairs
 
 
 def _expand_contract_kernel(family: EdgeFamily, basis_type, kernel, write_rows):
