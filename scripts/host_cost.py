@@ -138,7 +138,26 @@ def models():
             f"{e.key[:50]} {e.self_device_time_total/1e3:.3f}x{e.count}" for e in top), flush=True)
 
 
+def _busy_host_us(step) -> float:
+    """Median host us of one call of ``step`` over 7 rounds of 50, each queued behind ~0.1 s of GPU spin, so
+    that only the host is timed."""
+    for _ in range(20): step()
+    _sync()
+    ts = []
+    for _ in range(7):
+        if dev == "cuda":
+            torch.cuda._sleep(200_000_000)
+        t0 = time.perf_counter()
+        for _ in range(50): step()
+        ts.append((time.perf_counter() - t0) / 50 * 1e6)
+        _sync()
+    return statistics.median(ts)
+
+
 def rational():
+    """The host time of one GroupRational fwd+bwd at KAT-Tiny's two shapes, against torch's GELU (what the
+    GELU ViT's FFN runs there) on the same x; with --prof, a cProfile of the rational's calls with the backward
+    on the caller's thread."""
     from warpkan.torch_bridge import GroupRational
     # KAT-Tiny's FFN at batch 128: the first rational sees the LayerNorm's fp32 output [25216, 192], the second
     # fc1's bf16 output [25216, 768]
@@ -151,19 +170,22 @@ def rational():
             layer(x).backward(dy)
             x.grad = layer.weight_numerator.grad = layer.weight_denominator.grad = None
 
+        def gelu_step():
+            F.gelu(x).backward(dy)
+            x.grad = None
+
         for mt in (True, False):
             with torch.autograd.set_multithreading_enabled(mt):
-                for _ in range(20): step()
-                torch.cuda.synchronize()
-                ts = []
-                for _ in range(7):
-                    torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU spin: the 50 steps queue behind it
-                    t0 = time.perf_counter()
-                    for _ in range(50): step()
-                    ts.append((time.perf_counter() - t0) / 50 * 1e6)
-                    torch.cuda.synchronize()
+                ours, gelu = _busy_host_us(step), _busy_host_us(gelu_step)
             print(f"RATIONAL [{x.shape[0]}, {features}] {str(dtype)[6:]} host us a fwd+bwd "
-                  f"({'autograd device thread' if mt else 'caller thread'}): {statistics.median(ts):.1f}", flush=True)
+                  f"({'autograd device thread' if mt else 'caller thread'}): {ours:.1f}, GELU {gelu:.1f}", flush=True)
+        if "--prof" in sys.argv:
+            with torch.autograd.set_multithreading_enabled(False):
+                pr = cProfile.Profile(); pr.enable()
+                for _ in range(300): step()
+                _sync(); pr.disable()
+            s = io.StringIO(); pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(30)
+            print("\n".join(l for l in s.getvalue().splitlines() if l.strip())[-5000:], flush=True)
 
 
 if __name__ == "__main__":
