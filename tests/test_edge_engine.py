@@ -653,7 +653,7 @@ def _pair_layers():
 
 @pytest.mark.parametrize("n_rows", [1, 2, 37, 64, 130])
 @pytest.mark.parametrize("name", list(_pair_layers()))
-def test_bf16_row_pair_kernels_match_one_row_kernels(monkeypatch, name, n_rows):
+def test_bf16_row_pair_kernels_match_one_row_kernels(device, monkeypatch, name, n_rows):
     """The bf16 expansion and contraction two rows a thread (``expand_basis_pairs``, ``contract_basis_grad_pairs``)
     against the one-row kernels, bit for bit, on x with out-of-range, inf and NaN entries and a basis gradient
     with non-finite entries (inside and outside rows' windows); odd row counts keep the one-row kernels."""
@@ -662,24 +662,26 @@ def test_bf16_row_pair_kernels_match_one_row_kernels(monkeypatch, name, n_rows):
     from warpkan.torch_bridge._common import to_warp
 
     torch.manual_seed(n_rows)
-    layer = _pair_layers()[name]()
-    x = torch.randn(n_rows, layer.in_features) * 1.5
+    layer = _pair_layers()[name]().to(device)
+    x = torch.randn(n_rows, layer.in_features, device=device) * 1.5
     x.view(-1)[::11] = 40.0
     x.view(-1)[3::13] = float("nan")
     x.view(-1)[5::17] = float("-inf")
     spec = layer.edge_view(x).spec
     frame = spec.make_frame(*(to_warp(t) for t in spec.frame_tensors), *spec.frame_config)
     width = dense_width(x.shape[1], spec.n_coef, spec.use_base)
-    g = torch.randn(width, n_rows).bfloat16()
+    g = torch.randn(width, n_rows, device=device).bfloat16()
     g.view(-1)[::23] = float("inf")
     g.view(-1)[7::29] = float("nan")
     x_wp = to_warp(x)
-    pairable = edge_launch._bf16_row_pairs(to_warp(torch.empty(width, n_rows, dtype=torch.bfloat16)))
+    if x.is_cuda:  # torch's stream has written x and g; Warp launches on its own
+        torch.cuda.synchronize()
+    pairable = edge_launch._bf16_row_pairs(to_warp(torch.empty(width, n_rows, dtype=torch.bfloat16, device=device)))
     assert (pairable is not None) == (n_rows % 2 == 0)
 
     def run(pairs: bool):
         monkeypatch.setattr(edge_launch, "BF16_ROW_PAIRS", pairs)
-        basis_t = torch.empty(width, n_rows, dtype=torch.bfloat16)
+        basis_t = torch.empty(width, n_rows, dtype=torch.bfloat16, device=device)
         dx = torch.empty_like(x)
         edge_launch.launch_expand_basis(spec.family, frame, x_wp, spec.n_coef, to_warp(basis_t), spec.use_base)
         edge_launch.launch_contract_basis_grad(spec.family, frame, x_wp, spec.n_coef, to_warp(g), to_warp(dx),
