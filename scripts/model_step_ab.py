@@ -1,0 +1,68 @@
+"""One model implementation of `warpkan bench models` (bf16 autocast, one mode) under a library switch, timed
+as the bench times it, with every GPU kernel of one profiled step: the A/B of a kernel change by its switch,
+one configuration per process (a recorded launch keeps the choice it was recorded with).
+
+    python scripts/model_step_ab.py --model KAN-Mixer --impl "warpkan KANLinear" [--mode graphed]
+        [--no-row-pairs] [--strategy stencil|gemm|auto] [--min-share 0.5]
+
+``--no-row-pairs``: the bf16 dense basis one row a thread (``launch.BF16_ROW_PAIRS = False``); ``--strategy``:
+every edge layer's strategy (KANLinear, UKANLinear, PolyKANLinear) instead of its own.
+"""
+import argparse
+
+import torch
+
+from warpkan.bench import models as bm
+from warpkan.kernels.edge import launch as edge_launch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--model", default="KAN-Mixer")
+parser.add_argument("--impl", default="warpkan KANLinear")
+parser.add_argument("--mode", default="graphed", choices=bm.MODES)
+parser.add_argument("--no-row-pairs", action="store_true")
+parser.add_argument("--strategy", default=None)
+parser.add_argument("--min-share", type=float, default=0.5, help="kernels listed: at least this %% of the step")
+parser.add_argument("--cpu", action="store_true", help="a smoke run of the script on the quick shapes (ops, not kernels)")
+args = parser.parse_args()
+
+edge_launch.BF16_ROW_PAIRS = not args.no_row_pairs
+device, precision, settings = ("cpu", "bf16 autocast", bm.QUICK) if args.cpu else ("cuda", "bf16 autocast", bm.FULL)
+case = next(c for c in bm._cases(device, quick=args.cpu) if c.name == args.model)
+if args.strategy:
+    build = case.impls[args.impl]
+
+    def with_strategy():
+        model = build()
+        for module in model.modules():
+            if hasattr(module, "strategy"):
+                module.strategy = args.strategy
+        return model
+
+    case.impls[args.impl] = with_strategy
+row = bm._measure(case, args.impl, precision, args.mode, device, settings)
+label = f"{args.model} | {args.impl} | {args.mode} | row pairs {not args.no_row_pairs} | strategy {args.strategy}"
+print(f"STEP {label}: {row['step_ms']:.3f} ms (spread {row['spread %']:.2f}%), peak {row.get('peak_MiB', 0):.0f} MiB",
+      flush=True)
+
+_, step, warm_calls = bm._prepared_step(case, args.impl, precision, args.mode, device, settings)
+for _ in range(max(3, warm_calls + 1)):
+    step()
+bm._synchronize(device)
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                        torch.profiler.ProfilerActivity.CUDA]) as prof:
+    step()
+    bm._synchronize(device)
+events = prof.key_averages()
+host_ranges = {e.key for e in events if e.device_type == torch.autograd.DeviceType.CPU}
+times: dict = {}
+kind = torch.autograd.DeviceType.CPU if args.cpu else torch.autograd.DeviceType.CUDA
+for e in events:
+    if e.device_type == kind and (args.cpu or e.key not in host_ranges):
+        key = bm._short_name(e.key)
+        count, us = times.get(key, (0, 0.0))
+        times[key] = (count + e.count, us + (e.self_cpu_time_total if args.cpu else e.self_device_time_total))
+total = sum(us for _, us in times.values())
+print(f"KERNELS {label}: {total / 1e3:.3f} ms")
+for key, (count, us) in sorted(times.items(), key=lambda item: -item[1][1]):
+    if 100 * us / total >= args.min_share:
+        print(f"  {us / 1e3:8.3f} ms {100 * us / total:5.1f}%  x{count:<4d} {key[:90]}")
