@@ -27,29 +27,40 @@ import time
 import numpy as np
 import warp as wp
 
-import warpkan
-from warpkan.kernels import bspline as kb
+import torch
+
 from warpkan.kernels.edge import launch as edge_launch
 from warpkan.kernels.edge.dense import dense_width
+from warpkan.torch_bridge import KANLinear, PolyKANLinear
+from warpkan.torch_bridge._common import to_warp
 from native_wide_timing import _timer  # CUDA events on Warp's stream (this script's folder is on sys.path)
 
-# (rows, in, grid size): the KAN-Mixer's token-mixing layers (batch 128 x dim 256 rows; 64 -> 256 and
-# 256 -> 64) and the create_graph microbenchmark's shape of the perf notes at G = 5; longer grids for the
-# contraction's rule
-CASES = [(32768, 256, 5), (32768, 64, 5), (65536, 32, 5), (32768, 64, 10), (32768, 64, 29)]
-QUICK_CASES = [(64, 8, 5), (130, 5, 4), (66, 3, 12)]
-ORDER = 3
+# (rows, in, layer): the KAN-Mixer's token-mixing layers (batch 128 x dim 256 rows; 64 -> 256 and 256 -> 64)
+# and the create_graph microbenchmark's shape of the perf notes at G = 5, k = 3; longer grids for the
+# contraction's rule; a Chebyshev layer of degree 8 (its window is its whole table)
+LAYERS = {"bspline G=5": lambda n_in: KANLinear(n_in, 1, grid_size=5, spline_order=3),
+          "bspline G=10": lambda n_in: KANLinear(n_in, 1, grid_size=10, spline_order=3),
+          "bspline G=29": lambda n_in: KANLinear(n_in, 1, grid_size=29, spline_order=3),
+          "chebyshev degree 8": lambda n_in: PolyKANLinear(n_in, 1, 8, mode="exact"),
+          "bspline G=4": lambda n_in: KANLinear(n_in, 1, grid_size=4, spline_order=3),
+          "bspline G=12 k=2": lambda n_in: KANLinear(n_in, 1, grid_size=12, spline_order=2)}
+CASES = [(32768, 256, "bspline G=5"), (32768, 64, "bspline G=5"), (65536, 32, "bspline G=5"),
+         (32768, 64, "bspline G=10"), (32768, 64, "bspline G=29"), (32768, 64, "chebyshev degree 8"),
+         (32768, 256, "chebyshev degree 8")]
+QUICK_CASES = [(64, 8, "bspline G=5"), (130, 5, "bspline G=4"), (66, 3, "bspline G=12 k=2"),
+               (34, 4, "chebyshev degree 8")]
 
 
 def measure(case, device, repeat):
-    n_rows, n_in, grid_size = case
-    layer = warpkan.KANLinear(n_in, 1, grid_size=grid_size, spline_order=ORDER, device=device)
-    family = kb.family_of(ORDER, True, "float32")
-    frame = kb.frame_of(layer.grid)
-    n_coef = grid_size + ORDER
-    width = dense_width(n_in, n_coef, True)
+    n_rows, n_in, layer_name = case
     rng = np.random.default_rng(0)
-    x = wp.array(rng.uniform(-1.2, 1.2, (n_rows, n_in)).astype(np.float32), device=device)  # some out of range
+    x_torch = torch.tensor(rng.uniform(-1.2, 1.2, (n_rows, n_in)).astype(np.float32))  # some out of range
+    spec = LAYERS[layer_name](n_in).edge_view(x_torch).spec
+    family, n_coef, use_base = spec.family, spec.n_coef, spec.use_base
+    frame_tensors = [t.to(device) for t in spec.frame_tensors]  # alive while the frame points at them
+    frame = spec.make_frame(*(to_warp(t) for t in frame_tensors), *spec.frame_config)
+    width = dense_width(n_in, n_coef, use_base)
+    x = wp.array(x_torch.numpy(), device=device)
     basis = {pairs: wp.empty((width, n_rows), dtype=wp.bfloat16, device=device) for pairs in (False, True)}
     dx = {pairs: wp.empty((n_rows, n_in), dtype=wp.float32, device=device) for pairs in (False, True)}
     # a basis gradient (bf16, as the backward's dA GEMM writes it): finite values in +-[0.5, 1)
@@ -60,11 +71,11 @@ def measure(case, device, repeat):
 
     def expand(pairs):
         edge_launch.BF16_ROW_PAIRS = pairs
-        edge_launch.launch_expand_basis(family, frame, x, n_coef, basis[pairs], use_base=True)
+        edge_launch.launch_expand_basis(family, frame, x, n_coef, basis[pairs], use_base=use_base)
 
     def contract(pairs):
         edge_launch.BF16_ROW_PAIRS = pairs
-        edge_launch.launch_contract_basis_grad(family, frame, x, n_coef, d_basis, dx[pairs], use_base=True)
+        edge_launch.launch_contract_basis_grad(family, frame, x, n_coef, d_basis, dx[pairs], use_base=use_base)
 
     def bits(array):  # the raw bf16 bits (numpy has no bfloat16)
         return wp.array(ptr=array.ptr, dtype=wp.uint16, shape=array.shape, device=device).numpy()
@@ -76,7 +87,8 @@ def measure(case, device, repeat):
             expand(pairs)
             contract(pairs)
         wp.synchronize_device(device)
-        row = {"case": f"({n_rows}, {n_in}), {n_coef} coefficients + base, basis [{width}, {n_rows}] bf16",
+        row = {"case": f"{layer_name} ({n_rows}, {n_in}), {n_coef} coefficients{' + base' if use_base else ''}, "
+                       f"basis [{width}, {n_rows}] bf16",
                "library takes the two-row contraction": n_coef <= rule * family.n_bases,
                "expansions equal": bool(np.array_equal(bits(basis[False]), bits(basis[True]))),
                "contractions equal": bool(np.array_equal(dx[False].numpy(), dx[True].numpy()))}
