@@ -12,8 +12,9 @@ A bfloat16 basis is also written and read two rows a thread (``expand_basis_pair
 ``contract_basis_grad_pairs``): rows 2p and 2p + 1 of an entry are one 4-byte store or load of a bf16 pair. The
 one-row kernels spend about 20 instructions on each 2-byte entry (the slot's compare-selects, the conversion,
 Warp's index wrap, a 64-bit address), so they are bound by instruction issue, not memory; sharing the index and
-address work between two rows made the KAN-Mixer's expansions 1.15-1.5x faster and its contractions 1.1-1.25x
-on the H200 (``scripts/expand_bf16_probe.py``), with the same bits.
+address work between two rows made the expansions 1.4-1.8x faster on the H200, and the contractions 1.05-1.12x
+(B-splines) and 2.2-2.3x (a Chebyshev layer) where they are taken (``scripts/expand_bf16_probe.py``), with the
+same bits.
 """
 
 

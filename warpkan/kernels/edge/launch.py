@@ -246,7 +246,8 @@ def _dense(family: EdgeFamily, basis_dtype):
 # layout allows; False keeps the one-row kernels (the A/B of scripts/expand_bf16_probe.py and of the tests). The
 # two-row contraction reads a row pair's whole table where the one-row kernel reads each row's window of K, so
 # it is taken only for tables of at most PAIR_CONTRACT_COEF_PER_BASIS * K coefficients (B-splines of G <= K + 1,
-# polynomials of every degree); it measured 1.1-1.25x faster at 8 coefficients of K = 4 (H200).
+# polynomials of every degree): at 8 coefficients of K = 4 it measured 1.05-1.12x faster, at 13 and 32 0.94x and
+# 0.83x (H200, docs/perf-notes-engine.md).
 BF16_ROW_PAIRS = True
 PAIR_CONTRACT_COEF_PER_BASIS = 2
 
