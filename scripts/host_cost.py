@@ -61,6 +61,17 @@ def paired_eager(step, base_step, rounds: int = 7) -> tuple:
     return statistics.median(mine), statistics.median(base), statistics.median(ratios), (min(ratios), max(ratios))
 
 
+def print_profile(step, functions: int) -> None:
+    """cProfile of 300 calls of ``step`` with the backward on the caller's thread (autograd's device thread
+    would hide it), its ``functions`` heaviest by own time."""
+    with torch.autograd.set_multithreading_enabled(False):
+        pr = cProfile.Profile(); pr.enable()
+        for _ in range(300): step()
+        _sync(); pr.disable()
+    s = io.StringIO(); pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(functions)
+    print("\n".join(l for l in s.getvalue().splitlines() if l.strip()), flush=True)
+
+
 def _layer_step(name):
     layer = make(name)
     x = torch.randn(1024, 32, device=dev, requires_grad=True)
@@ -84,12 +95,7 @@ def host():
               f"rounds)  backward on the caller's thread {ms_c:.3f} / {base_c:.3f}: {ratio_c:.2f}x ({lo_c:.2f}-"
               f"{hi_c:.2f}x)  graphed {g:.4f}", flush=True)
         if "--prof" in sys.argv:
-            with torch.autograd.set_multithreading_enabled(False):
-                pr = cProfile.Profile(); pr.enable()
-                for _ in range(300): step()
-                _sync(); pr.disable()
-            s = io.StringIO(); pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(16)
-            print("\n".join(l for l in s.getvalue().splitlines() if l.strip())[-2600:], flush=True)
+            print_profile(step, 16)
 
 
 def regress():
@@ -180,12 +186,7 @@ def rational():
             print(f"RATIONAL [{x.shape[0]}, {features}] {str(dtype)[6:]} host us a fwd+bwd "
                   f"({'autograd device thread' if mt else 'caller thread'}): {ours:.1f}, GELU {gelu:.1f}", flush=True)
         if "--prof" in sys.argv:
-            with torch.autograd.set_multithreading_enabled(False):
-                pr = cProfile.Profile(); pr.enable()
-                for _ in range(300): step()
-                _sync(); pr.disable()
-            s = io.StringIO(); pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(30)
-            print("\n".join(l for l in s.getvalue().splitlines() if l.strip())[-5000:], flush=True)
+            print_profile(step, 30)
 
 
 if __name__ == "__main__":

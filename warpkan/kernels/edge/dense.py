@@ -231,15 +231,26 @@ def _pair_kernels(family: EdgeFamily, kernel):
     zero = scalar(0.0)
     Bf16Pair = bf16_pair()
 
+    @wp.func
+    def row_pair(x: wp.array2d(dtype=scalar), tid: int):
+        # (p, i, rows 2p and 2p + 1 of x at input i, whether they exist): the one-row kernels' thread map over
+        # pairs of rows (the rows are even in number: the launchers check)
+        p, i = dense_entry(tid, x.shape[1])
+        x0 = zero
+        x1 = zero
+        inside = 2 * p < x.shape[0]
+        if inside:
+            x0 = x[2 * p, i]
+            x1 = x[2 * p + 1, i]
+        return p, i, x0, x1, inside
+
     @kernel
     def expand_basis_pairs(x: wp.array2d(dtype=scalar), frame: Frame, use_base: int, n_coef: int,
                            basis2: wp.array2d(dtype=wp.uint32)):
-        p, i = dense_entry(wp.tid(), x.shape[1])
-        n0 = 2 * p
-        if n0 >= x.shape[0]:
+        p, i, x0, x1, inside = row_pair(x, wp.tid())
+        if not inside:
             return
-        x0 = x[n0, i]
-        x1 = x[n0 + 1, i]
+        n0 = 2 * p
         row = i * n_coef
         pair = Bf16Pair()
         if use_base:
@@ -259,12 +270,10 @@ def _pair_kernels(family: EdgeFamily, kernel):
     @kernel
     def contract_basis_grad_pairs(x: wp.array2d(dtype=scalar), frame: Frame, use_base: int, n_coef: int,
                                   d_basis2: wp.array2d(dtype=wp.uint32), dx: wp.array2d(dtype=scalar)):
-        p, i = dense_entry(wp.tid(), x.shape[1])
-        n0 = 2 * p
-        if n0 >= x.shape[0]:
+        p, i, x0, x1, inside = row_pair(x, wp.tid())
+        if not inside:
             return
-        x0 = x[n0, i]
-        x1 = x[n0 + 1, i]
+        n0 = 2 * p
         acc0 = zero
         acc1 = zero
         row = i * n_coef
