@@ -10,8 +10,6 @@ every edge layer's strategy (KANLinear, UKANLinear, PolyKANLinear) instead of it
 """
 import argparse
 
-import torch
-
 from warpkan.bench import models as bm
 from warpkan.kernels.edge import launch as edge_launch
 
@@ -44,25 +42,9 @@ label = f"{args.model} | {args.impl} | {args.mode} | row pairs {not args.no_row_
 print(f"STEP {label}: {row['step_ms']:.3f} ms (spread {row['spread %']:.2f}%), peak {row.get('peak_MiB', 0):.0f} MiB",
       flush=True)
 
-_, step, warm_calls = bm._prepared_step(case, args.impl, precision, args.mode, device, settings)
-for _ in range(max(3, warm_calls + 1)):
-    step()
-bm._synchronize(device)
-with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                        torch.profiler.ProfilerActivity.CUDA]) as prof:
-    step()
-    bm._synchronize(device)
-events = prof.key_averages()
-host_ranges = {e.key for e in events if e.device_type == torch.autograd.DeviceType.CPU}
-times: dict = {}
-kind = torch.autograd.DeviceType.CPU if args.cpu else torch.autograd.DeviceType.CUDA
-for e in events:
-    if e.device_type == kind and (args.cpu or e.key not in host_ranges):
-        key = bm._short_name(e.key)
-        count, us = times.get(key, (0, 0.0))
-        times[key] = (count + e.count, us + (e.self_cpu_time_total if args.cpu else e.self_device_time_total))
+times = bm._profiled_step_times(case, args.impl, precision, args.mode, device, settings)
 total = sum(us for _, us in times.values())
-print(f"KERNELS {label}: {total / 1e3:.3f} ms")
+print(f"{'OPS' if args.cpu else 'KERNELS'} {label}: {total / 1e3:.3f} ms")
 for key, (count, us) in sorted(times.items(), key=lambda item: -item[1][1]):
     if 100 * us / total >= args.min_share:
         print(f"  {us / 1e3:8.3f} ms {100 * us / total:5.1f}%  x{count:<4d} {key[:90]}")

@@ -348,13 +348,10 @@ def _short_name(name: str) -> str:
     return (short or name)[:48]
 
 
-def _profile(case: _Case, measured: dict, device: str, settings: dict) -> dict:
-    """Where one training step of a measured configuration spends its time, by torch.profiler: on cuda the
-    GPU kernels (grouped by name, the top ones with their share) and how much of the step time the GPU was
-    busy (a step far from 100% is bound by the host: Python, autograd, launches); on the CPU the ops' self
-    times."""
-    impl, precision, mode = measured["impl"], measured["precision"], measured["mode"]
-    row = {"model": case.name, "impl": f"profile: {impl}", "precision": precision, "mode": mode}
+def _profiled_step_times(case: _Case, impl: str, precision: str, mode: str, device: str,
+                        settings: dict) -> dict[str, tuple[int, float]]:
+    """{name: (calls, us)} of one training step of a configuration, by torch.profiler after its warm-up: on cuda
+    the GPU kernels, on the CPU the ops' self times, grouped by :func:`_short_name`."""
     _, step, warm_calls = _prepared_step(case, impl, precision, mode, device, settings)
     cuda = device.startswith("cuda")
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
@@ -365,7 +362,7 @@ def _profile(case: _Case, measured: dict, device: str, settings: dict) -> dict:
         with torch.profiler.profile(activities=activities) as prof:
             step()
             _synchronize(device)
-    times: dict[str, float] = {}
+    times: dict[str, tuple[int, float]] = {}
     events = prof.key_averages()
     # a record_function range (the optimizer's step, a compiled region) is on the GPU timeline too, spanning
     # the kernels it launched: only kernels count
@@ -379,7 +376,20 @@ def _profile(case: _Case, measured: dict, device: str, settings: dict) -> dict:
             key, us = _short_name(event.key), event.self_cpu_time_total
         else:
             continue
-        times[key] = times.get(key, 0.0) + us
+        count, total = times.get(key, (0, 0.0))
+        times[key] = (count + event.count, total + us)
+    return times
+
+
+def _profile(case: _Case, measured: dict, device: str, settings: dict) -> dict:
+    """Where one training step of a measured configuration spends its time, by torch.profiler: on cuda the
+    GPU kernels (grouped by name, the top ones with their share) and how much of the step time the GPU was
+    busy (a step far from 100% is bound by the host: Python, autograd, launches); on the CPU the ops' self
+    times."""
+    impl, precision, mode = measured["impl"], measured["precision"], measured["mode"]
+    row = {"model": case.name, "impl": f"profile: {impl}", "precision": precision, "mode": mode}
+    times = {key: us for key, (_, us) in _profiled_step_times(case, impl, precision, mode, device, settings).items()}
+    cuda = device.startswith("cuda")
     total_ms = sum(times.values()) / 1e3
     top = sorted(times.items(), key=lambda item: -item[1])[:6]
     if cuda:
