@@ -299,12 +299,13 @@ def launch_contract_basis_grad(family: EdgeFamily, frame, x, n_coef: int, d_basi
     the K non-zero bases; ``order`` 2..3 (or 0): the derivatives of that order instead; ``scale`` [rows, in]
     (optional): dx[n, i] times scale[n, i]. Overwrites dx."""
     kernels = _dense(family, d_basis_t.dtype)
-    pairs = (_bf16_row_pairs(d_basis_t) if order == 1 and _unscaled(scale)
+    unscaled = _unscaled(scale)
+    pairs = (_bf16_row_pairs(d_basis_t) if order == 1 and unscaled
              and n_coef <= PAIR_CONTRACT_COEF_PER_BASIS * family.n_bases else None)
     if pairs is not None:
         return launch(kernels.contract_basis_grad_pairs, dense_dim(x.shape[0] // 2, x.shape[1]),
                       [x, frame, int(use_base), n_coef, pairs, dx], (), x.device, stream, record)
-    kernel = kernels.contract_basis_grad if scale is None else kernels.contract_basis_grad_scaled
+    kernel = kernels.contract_basis_grad if unscaled else kernels.contract_basis_grad_scaled
     return launch(kernel, dense_dim(*x.shape), [x, frame, int(use_base), n_coef, int(order), scale, d_basis_t, dx], (),
                   x.device, stream, record)
 
