@@ -3,6 +3,10 @@ command line (default: eager and graphed), every model and implementation, targe
 ones as the full run makes them.
 
     python scripts/bench_models_subset.py [--modes eager graphed reduce-overhead] [--models MNIST Speech ...]
+        [--foreach]
+
+``--foreach``: torch's default foreach AdamW in every step instead of the bench's fused one (the bench's figures
+before it took the fused optimizer).
 """
 import argparse
 import json
@@ -14,7 +18,10 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--modes", nargs="*", default=["eager", "graphed"])
 parser.add_argument("--models", nargs="*", default=None, help="name prefixes of the models to keep")
 parser.add_argument("--out", default=None)
+parser.add_argument("--foreach", action="store_true", help="torch's foreach AdamW instead of the fused one")
 args = parser.parse_args()
+if args.foreach:
+    bm.OPTIMIZER = {"foreach": True}
 bm.PRECISIONS = ("bf16 autocast",)
 bm.MODES = tuple(args.modes)
 all_cases = bm._cases

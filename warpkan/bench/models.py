@@ -9,7 +9,8 @@ their twins, in one run, on synthetic inputs of the right shapes (no downloads):
 | MNIST 784-32-10 (B=128) | ``KANLinear`` / ``UKANLinear`` | efficient-kan's formula; an MLP |
 
 Each model trains in fp32 and in bf16 autocast, in four modes (:data:`MODES`). A step is what a training
-loop runs: forward, cross-entropy loss, backward, ``AdamW.step()``, ``zero_grad``; the columns are its
+loop runs: forward, cross-entropy loss, backward, ``AdamW.step()`` (torch's fused AdamW, :data:`OPTIMIZER`),
+``zero_grad``; the columns are its
 median time (CUDA events around each of ``repeat`` back-to-back steps after warm-up,
 :func:`warpkan.bench.timing.time_fn`; the median of ``rounds`` such timings, with their spread), the
 samples/s it gives, the first step's wall time (compilation included) and, on cuda, the peak memory a step
@@ -274,6 +275,21 @@ def _training_step(model, optimizer, x, labels, device, precision):
     return step
 
 
+# The optimizer of every implementation's step: torch's fused AdamW updates every parameter in one kernel (two
+# launches a step, with the step counts), where the default foreach form launches about 16 multi-tensor kernels.
+# Those took 35-45% of the small networks' graphed steps (MNIST, Speech Commands) on the H200, for every
+# implementation alike. ``{"foreach": True}`` gives torch's default form back (``scripts/bench_models_subset.py
+# --foreach``).
+OPTIMIZER = {"fused": True}
+
+
+def _optimizer(model: nn.Module, device: str, graphed: bool = False) -> torch.optim.Optimizer:
+    """The step's AdamW (:data:`OPTIMIZER`); ``graphed``: capturable, for a step replayed from a CUDA graph
+    (on the GPU only: torch refuses it on the CPU, where such a step runs eagerly)."""
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, capturable=graphed and device.startswith("cuda"),
+                             **OPTIMIZER)
+
+
 def _prepared_step(case: _Case, impl: str, precision: str, mode: str, device: str, settings: dict):
     """(model, step, warm-up calls): the implementation built from seed 0 and prepared for ``mode``, with its
     AdamW and the batch, Dynamo's caches and counters cleared first so nothing carries over from another
@@ -288,8 +304,7 @@ def _prepared_step(case: _Case, impl: str, precision: str, mode: str, device: st
     if mode == "graphed":
         from ..torch_bridge import graphed_training_step
 
-        # capturable is for the GPU only (torch refuses it on the CPU, where the step runs eagerly)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, capturable=device.startswith("cuda"))
+        optimizer = _optimizer(model, device, graphed=True)
         graphed = graphed_training_step(model, optimizer, F.cross_entropy, x, labels,
                                         autocast_dtype=None if precision == "fp32" else torch.bfloat16)
         return model, lambda: graphed(x, labels), graphed.warmup
@@ -297,7 +312,7 @@ def _prepared_step(case: _Case, impl: str, precision: str, mode: str, device: st
         _compile(model, settings["backend"])
     elif mode == "reduce-overhead":
         model.compile(mode="reduce-overhead")  # whole: one graph, recorded once
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    optimizer = _optimizer(model, device)
     return model, _training_step(model, optimizer, x, labels, device, precision), 1
 
 
@@ -410,7 +425,7 @@ def _warp_build(cases: list[_Case], device: str) -> dict:
                 continue
             torch.manual_seed(0)
             model = build().to(device)
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            optimizer = _optimizer(model, device)
             x, labels = case.inputs(device)
             for precision in PRECISIONS:
                 _training_step(model, optimizer, x, labels, device, precision)()

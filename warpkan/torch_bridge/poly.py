@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 from ..kernels import poly as kp
-from ._common import (FLOAT_DTYPES, Float32Or64Module, autocast_dtype, check_device, check_input_dtype, check_tensor,
-                      layer_dtype)
+from ._common import (FLOAT_DTYPES, Float32Or64Module, autocast_dtype, call_precision, check_device,
+                      check_input_dtype, check_tensor, layer_dtype)
 from .edge_driver import EdgeView, check_view_rows
 from .kan_linear import init_public, layout_parameter
 from .poly_ops import PRECISIONS, STRATEGIES, basis_spec, derivative_spec, poly_apply
@@ -136,19 +136,21 @@ class PolyKANLinear(Float32Or64Module):
         if x.device != self.coeffs.device:
             raise ValueError(f"x must be on the layer's device {self.coeffs.device}, got {x.device}")
         cast_to = autocast_dtype(x.device)
+        # resolved here: inside, autocast is off and the op could no longer see it ("auto" is bf16 under it)
+        precision = call_precision(self.precision, cast_to, self.coeffs.dtype)
         if cast_to is not None:
             with torch.autocast(x.device.type, enabled=False):
-                return self._forward(x.to(self.coeffs.dtype)).to(cast_to)
+                return self._forward(x.to(self.coeffs.dtype), precision).to(cast_to)
         check_input_dtype(x, self.coeffs.dtype, FLOAT_DTYPES)
-        return self._forward(x)
+        return self._forward(x, precision)
 
-    def _forward(self, x):
+    def _forward(self, x, precision):
         # the configuration was checked at construction and x above: the op directly, no per-call re-checks
         if self.precision in ("tf32", "bf16") and x.dtype != torch.float32:
             raise ValueError(f"precision={self.precision!r} needs a float32 layer, got {x.dtype}")
         lut_size = self.lut_size if self.mode == "lut" else 0
         return poly_apply(x, self.coeffs, self.bias, self.basis, lut_size, self.alpha, self.beta, self.strategy,
-                          self.precision, self.deterministic, layer_layout=True)
+                          precision, self.deterministic, layer_layout=True)
 
     def edge_view(self, x: torch.Tensor, *, exact_derivatives: bool = False) -> EdgeView:
         """The layer as the edge engine sees it at the rows ``x``: its polynomial family (exact or LUT) and
