@@ -394,6 +394,60 @@ def test_nd_input_is_seen_as_rows_inside_the_node(device, name, eager_step_ops):
         assert len(nodes) == 2, nodes  # the layer's node and AccumulateGrad
 
 
+_AUTOCAST_LAYERS = {
+    "KANLinear gemm": lambda dev: KANLinear(8, 6, grid_size=4, strategy="gemm", device=dev),
+    "KANLinear stencil": lambda dev: KANLinear(8, 6, grid_size=4, strategy="stencil", device=dev),
+    "KANLinear gemm, torch base": lambda dev: KANLinear(8, 6, grid_size=4, strategy="gemm",
+                                                       base_activation=torch.nn.GELU, device=dev),
+    "PolyKANLinear": lambda dev: PolyKANLinear(8, 6, 5, bias=True, device=dev),
+    "PolyKANLinear lut": lambda dev: PolyKANLinear(8, 6, 5, mode="lut", bias=True, device=dev),
+}
+
+
+@pytest.mark.parametrize("name", list(_AUTOCAST_LAYERS))
+def test_autocast_output_is_made_inside_the_node(device, name, eager_step_ops):
+    """Under bf16 autocast an edge layer computes in fp32 (autocast off) and returns bf16. Its node gives y in
+    bf16 itself (the bf16 GEMM's own output on the gemm path; a conversion inside on the other routes) and
+    takes the bf16 dy: no fp32 copy of y or dy, no cast nodes around it. The results are those of the layer
+    run outside autocast at the precision "auto" resolves to (bf16), its y rounded to bf16: bitwise, but for
+    the bias gradient (an fp32 sum of the same values, whose order the reduction kernel picks by dtype). And
+    "auto" is the bf16 path: not the fp32 result rounded (PolyKANLinear once resolved it with autocast off)."""
+    dev = torch.device(device)
+    torch.manual_seed(0)
+    layer = _AUTOCAST_LAYERS[name](dev)
+    x = torch.randn(10, 8, device=dev)
+    dy = torch.randn(10, 6, device=dev).bfloat16()
+
+    def run(precision, autocast):
+        layer.precision = precision
+        xg = x.clone().requires_grad_()
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=autocast):
+            y = layer(xg)
+        layer.zero_grad(set_to_none=True)
+        y.backward(dy if autocast else dy.float())
+        return [y.detach(), xg.grad] + [p.grad.clone() for p in layer.parameters()]
+
+    y, *grads = run("auto", True)
+    assert y.dtype == torch.bfloat16
+    want, *want_grads = run("bf16", False)
+    assert torch.equal(y, want.to(torch.bfloat16))
+    for (param_name, _), got, expected in zip([("x", None), *layer.named_parameters()], grads, want_grads):
+        if param_name == "bias":
+            torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-5)
+        else:
+            assert torch.equal(got, expected), param_name
+    exact = run("fp32", False)[0]
+    if "stencil" not in name and "torch base" not in name:  # no bf16 path; the GEMM's rounding added to fp32
+        assert not torch.equal(y, exact.to(torch.bfloat16))
+    assert torch.equal(run("fp32", True)[0], exact.to(torch.bfloat16))
+    if device == "cpu":  # the node count is host bookkeeping: the same on every device
+        layer.precision = "auto"
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ops = eager_step_ops(layer, x.clone().requires_grad_(), dy)
+        nodes = {op for op in ops if op.startswith("autograd::engine::evaluate_function")}
+        assert not any("ToCopy" in node for node in nodes) or "torch base" in name, nodes
+
+
 @pytest.mark.parametrize("small_batch_rows", [0, 64])  # the concatenated GEMM path, the weight-streaming one
 def test_geglu_nd_input_is_seen_as_rows_inside_the_node(device, small_batch_rows, eager_step_ops):
     """GEGLUFFN's eager route takes x (..., hidden) whole, as the edge layers' do: the output and gradients of a

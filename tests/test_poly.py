@@ -474,35 +474,6 @@ def test_autocast_bf16_returns_bf16():
     torch.testing.assert_close(y.float(), layer(x), rtol=1e-2, atol=1e-2)
 
 
-def test_autocast_bf16_takes_the_bf16_gemm(device):
-    """precision="auto" under bf16 autocast is the gemm strategy's bf16 path, as for KANLinear: output and
-    gradients bitwise those of precision="bf16" outside autocast (the output then rounded to bf16), and not the
-    exact fp32 result rounded; precision="fp32" under autocast is that rounding."""
-    torch.manual_seed(0)
-    layer = PolyKANLinear(8, 6, 5, strategy="gemm", bias=True).to(device)
-    x = torch.randn(10, 8, device=device)
-    dy = torch.randn(10, 6, device=device).bfloat16()
-
-    def run(precision, autocast):
-        layer.precision = precision
-        xg = x.clone().requires_grad_()
-        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=autocast):
-            y = layer(xg)
-        layer.zero_grad(set_to_none=True)
-        y.backward(dy if autocast else dy.float())
-        return y.detach(), xg.grad, layer.coeffs.grad.clone(), layer.bias.grad.clone()
-
-    y, *grads = run("auto", True)
-    assert y.dtype == torch.bfloat16
-    want, *want_grads = run("bf16", False)
-    assert torch.equal(y, want.to(torch.bfloat16))
-    for got, expected in zip(grads, want_grads):
-        assert torch.equal(got, expected)
-    exact = run("fp32", False)[0]
-    assert not torch.equal(y, exact.to(torch.bfloat16))
-    assert torch.equal(run("fp32", True)[0], exact.to(torch.bfloat16))
-
-
 def test_module_repr_and_modes():
     layer = PolyKANLinear(3, 2, 4, basis="jacobi", alpha=0.5, beta=0.25, mode="exact", bias=True)
     text = repr(layer)

@@ -147,11 +147,13 @@ def check_knots(grid: Tensor, uniform: bool) -> None:
 
 
 def apply_checked(x: Tensor, grid: Tensor, base_weight: Tensor | None, spline_weight: Tensor, spline_scaler: Tensor,
-                  spline_order: int, uniform: bool, deterministic: bool, strategy: str, precision: str) -> Tensor:
+                  spline_order: int, uniform: bool, deterministic: bool, strategy: str, precision: str,
+                  out_dtype: "torch.dtype | None" = None) -> Tensor:
     """:func:`bspline_kan` on arguments already checked (``KANLinear`` checks its parameters and configuration
     once, at construction, and x per call): a small layer's eager step is host-bound. The parameters go to the
-    op pair in efficient-kan's layout ("kanlinear": the op's views are made inside the autograd node)."""
+    op pair in efficient-kan's layout ("kanlinear": the op's views are made inside the autograd node).
+    ``out_dtype``: y's dtype where it is not x's (an autocast caller's: ``edge_ops.edge_apply``)."""
     use_base = base_weight is not None
     static_args = _static_args(x, grid, spline_order, uniform, use_base)
     return edge_apply(x, "bspline", static_args, (grid.contiguous(),), base_weight, spline_scaler, spline_weight, None,
-                      strategy, precision, deterministic, layout="kanlinear", label=LABEL)
+                      strategy, precision, deterministic, layout="kanlinear", label=LABEL, out_dtype=out_dtype)

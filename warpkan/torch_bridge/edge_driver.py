@@ -337,9 +337,11 @@ def expand_basis(family, make_frame, frame_tensors: tuple, frame_config: tuple, 
 
 def gemm_forward(family, make_frame, frame_tensors: tuple, frame_config: tuple, x: Tensor, base_weight_t, scaler_t,
                  coef: Tensor, use_base: bool, precision: str, bias: "Tensor | None" = None,
-                 keep: "dict | None" = None) -> Tensor:
+                 keep: "dict | None" = None, out_dtype: "torch.dtype | None" = None) -> Tensor:
     """y [N, out] by the gemm strategy; ``precision`` resolved (not "auto"). ``scaler_t`` None: an unscaled
-    family without a base path (the polynomial one), whose weight is the coefficient table itself.
+    family without a base path (the polynomial one), whose weight is the coefficient table itself. ``out_dtype``
+    (default x's): y's dtype; bf16 with ``precision="bf16"`` is the GEMM's own output (an autocast caller's
+    dtype), with no fp32 copy of it.
 
     ``keep`` (a dict): what :func:`gemm_backward` (``kept=``) then reads instead of making it again: the combined
     weight (``"weight"``), and, where the whole dense basis takes at most :data:`KEEP_BASIS_BYTES` (and, on the
@@ -347,7 +349,7 @@ def gemm_forward(family, make_frame, frame_tensors: tuple, frame_config: tuple, 
     n_rows, n_in = x.shape
     n_coef, n_out = coef.shape[1], coef.shape[2]
     width = dense_width(n_in, n_coef, use_base)
-    y = x.new_empty((n_rows, n_out))
+    y = x.new_empty((n_rows, n_out), dtype=out_dtype)
     if n_rows == 0 or n_out == 0:
         return y
     if width == 0:
@@ -366,11 +368,11 @@ def gemm_forward(family, make_frame, frame_tensors: tuple, frame_config: tuple, 
             stop = min(start + chunk, n_rows)
             basis_t = scratch[: width * (stop - start)].view(width, stop - start)
             _launch(_EXPAND, (x[start:stop], None, *frame_tensors, basis_t), config)
-            if bias is not None and basis_dtype == x.dtype:
+            if bias is not None and basis_dtype == x.dtype == y.dtype:
                 torch.addmm(bias, basis_t.t(), weight, out=y[start:stop])
             else:
                 _mm(basis_t.t(), weight, out=y[start:stop])
-    return y.add_(bias) if bias is not None and basis_dtype != x.dtype else y
+    return y.add_(bias) if bias is not None and not basis_dtype == x.dtype == y.dtype else y
 
 
 def gemm_backward(family, make_frame, frame_tensors: tuple, frame_config: tuple, dy: Tensor, x: Tensor, base_weight_t,

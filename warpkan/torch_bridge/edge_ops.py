@@ -147,27 +147,36 @@ def _spec(spec, frame_tensors) -> EdgeSpec:
 
 
 def run_forward(spec: EdgeSpec, x: Tensor, base_weight_t, scaler_t, coef: Tensor, bias, strategy: str,
-                precision: str, keep: "dict | None" = None) -> Tensor:
-    """y [N, out] on a resolved route (x contiguous); ``keep``: see ``edge_driver.gemm_forward``."""
+                precision: str, keep: "dict | None" = None, out_dtype: "torch.dtype | None" = None) -> Tensor:
+    """y [N, out] on a resolved route (x contiguous); ``keep``: see ``edge_driver.gemm_forward``. ``out_dtype``
+    (default x's): y's dtype, an autocast caller's; the bf16 gemm path writes a bf16 y directly, other routes
+    convert theirs."""
+    out_dtype = out_dtype or x.dtype
     if strategy == "gemm":
+        direct = out_dtype == x.dtype or (out_dtype == torch.bfloat16 and precision == "bf16")
         # the weight-combining kernel reads the parameters in any strides (no copy of a public-layout table); an
         # unscaled family's weight is its table as it lies
-        return gemm_forward(*spec[:4], x, scaler_t if base_weight_t is None else base_weight_t, scaler_t,
-                            coef if scaler_t is not None else contiguous(coef), spec.use_base, precision, bias=bias,
-                            keep=keep)
-    return stencil_forward(*spec[:4], x, *_stencil_operands(spec, x, base_weight_t, scaler_t, coef), spec.use_base,
-                           bias=bias)
+        y = gemm_forward(*spec[:4], x, scaler_t if base_weight_t is None else base_weight_t, scaler_t,
+                         coef if scaler_t is not None else contiguous(coef), spec.use_base, precision, bias=bias,
+                         keep=keep, out_dtype=out_dtype if direct else None)
+    else:
+        y = stencil_forward(*spec[:4], x, *_stencil_operands(spec, x, base_weight_t, scaler_t, coef), spec.use_base,
+                            bias=bias)
+    return y.to(out_dtype)
 
 
 def run_backward(spec: EdgeSpec, dy: Tensor, x: Tensor, base_weight_t, scaler_t, coef: Tensor, entry_order,
                  strategy: str, precision: str, deterministic: bool, need_x: bool, need_params: bool,
                  need_bias: bool, kept: "dict | None" = None) -> tuple:
     """(dx, d_base_weight_t, d_scaler_t, d_coef, d_bias) on a resolved route (dy, x contiguous); ``kept``: what
-    the forward kept (``run_forward(keep=)``), if anything."""
+    the forward kept (``run_forward(keep=)``), if anything. dy may have the dtype of a ``run_forward(out_dtype=)``
+    y: the bf16 gemm path reads a bf16 dy as it is, other routes convert it."""
     empty = x.new_empty((0,))
-    d_bias = dy.sum(dim=0) if need_bias else empty
+    d_bias = dy.sum(dim=0, dtype=x.dtype) if need_bias else empty
     if not (need_x or need_params):
         return empty, empty, empty, empty, d_bias
+    if not (strategy == "gemm" and precision == "bf16"):
+        dy = dy.to(x.dtype)
     if strategy == "gemm":  # cuBLAS and fixed-order kernels: deterministic as it is
         dx, d_base, d_scaler, d_coef = gemm_backward(*spec[:4], dy, x,
                                                      scaler_t if base_weight_t is None else base_weight_t, scaler_t,
@@ -205,10 +214,10 @@ def forward_impl(x, frame_tensors, base_weight_t, scaler_t, coef, bias, entry_or
 
 
 def _resolved_forward(spec: EdgeSpec, x, base_weight_t, scaler_t, coef, bias, strategy: str, precision: str,
-                      keep: "dict | None" = None) -> Tensor:
+                      keep: "dict | None" = None, out_dtype: "torch.dtype | None" = None) -> Tensor:
     x = x.contiguous()
     strategy, precision = resolve_route(spec, x, coef.shape[2], strategy, precision)
-    return run_forward(spec, x, base_weight_t, scaler_t, coef, bias, strategy, precision, keep)
+    return run_forward(spec, x, base_weight_t, scaler_t, coef, bias, strategy, precision, keep, out_dtype)
 
 
 def backward_impl(dy, x, frame_tensors, base_weight_t, scaler_t, coef, entry_order, spec, strategy, precision,
@@ -309,6 +318,7 @@ def _higher_backward(ctx, inputs, dy):
     the combined weight (made once a node where the table is the layer's own) and the split of its gradient."""
     x, frame_tensors, base_weight_t, scaler_t, coef, bias, entry_order, spec = inputs[:SPEC + 1]
     spec = _spec(spec, frame_tensors)
+    dy = dy.to(x.dtype)  # an autocast caller's (the eager route's out_dtype)
     need = ctx.needs_input_grad
     wanted = ([i for i in (BASE, SCALER, COEF) if need[i]] if params_used_by_this_backward(ctx) else [])
     need_bias = ctx.has_bias and need[BIAS]
@@ -390,9 +400,9 @@ _node = threading.local()
 
 
 def _eager_forward(x, frame_tensors, base_weight_t, scaler_t, coef, bias, entry_order, spec, strategy, precision,
-                   deterministic) -> Tensor:
+                   deterministic, out_dtype=None) -> Tensor:
     keep, _node.keep = getattr(_node, "keep", None), None
-    y = _resolved_forward(spec, x, base_weight_t, scaler_t, coef, bias, strategy, precision, keep)
+    y = _resolved_forward(spec, x, base_weight_t, scaler_t, coef, bias, strategy, precision, keep, out_dtype)
     _node.kept = keep or None
     return y
 
@@ -400,7 +410,10 @@ def _eager_forward(x, frame_tensors, base_weight_t, scaler_t, coef, bias, entry_
 def _eager_setup_context(ctx, inputs, output):
     kept, _node.kept = getattr(_node, "kept", None), None
     _setup_context(ctx, inputs, output, kept)
-    ctx.plan = _bound_backward(ctx, inputs, output)
+    # the bound launch reads dy in x's dtype (an autocast caller's dy is converted first: _eager_node_backward)
+    x = inputs[X]
+    ctx.plan = _bound_backward(ctx, inputs, output if output.dtype == x.dtype else output.new_empty(
+        output.shape, dtype=x.dtype))
 
 
 # A node whose gradients are small enough to hold from its forward to its backward makes its backward's launch in
@@ -454,8 +467,9 @@ def _eager_node_backward(ctx, dy):
         return _general_eager_backward(ctx, dy)
     x = ctx.saved_tensors[0]  # unpacked as the general path does: saved-tensor hooks and version checks run
     launch, d_base, d_scaler, d_coef, need_x, need_bias, ready_gemm = plan
-    if dy.dtype != x.dtype or not x.is_contiguous():
+    if not x.is_contiguous():
         return _general_eager_backward(ctx, dy)
+    dy = dy.to(x.dtype)  # an autocast caller's (run_forward(out_dtype=))
     if ready_gemm is not None and not torch.cuda.is_current_stream_capturing():
         load_gemm_modules(*ready_gemm, x.device)  # this thread's cuBLAS handles
     dx = launch.backward(dy, x, need_x)
@@ -465,13 +479,14 @@ def _eager_node_backward(ctx, dy):
 _ROUTES: dict = {}
 
 
-def _route(layout: str, label: str):
-    """The eager route of the parameter layout ``layout`` whose errors name the layer ``label`` (made once a
-    pair)."""
-    route = _ROUTES.get((layout, label))
+def _route(layout: str, label: str, out_dtype: "torch.dtype | None" = None):
+    """The eager route of the parameter layout ``layout`` whose errors name the layer ``label`` and whose y
+    has the dtype ``out_dtype`` (None: x's), made once a triple."""
+    route = _ROUTES.get((layout, label, out_dtype))
     if route is None:
-        route = _ROUTES[(layout, label)] = eager_function(
-            f"EagerEdge_{layout}", _eager_forward, _eager_setup_context, _eager_node_backward,
+        forward = _eager_forward if out_dtype is None else functools.partial(_eager_forward, out_dtype=out_dtype)
+        route = _ROUTES[(layout, label, out_dtype)] = eager_function(
+            f"EagerEdge_{layout}", forward, _eager_setup_context, _eager_node_backward,
             LAYOUTS[layout], label=label, prepare=_prepare, higher=_higher_backward, rows=True)
     return route
 
@@ -505,7 +520,7 @@ _traced_key._dynamo_marked_constant = True
 def edge_apply(x: Tensor, maker: str, static_args: tuple, frame_tensors: tuple, base_weight_t: "Tensor | None",
                scaler_t: "Tensor | None", coef: Tensor, bias: "Tensor | None", strategy: str, precision: str,
                deterministic: bool, entry_order: "Tensor | None" = None, layout: str = "kernel",
-               label: str = LABEL) -> Tensor:
+               label: str = LABEL, out_dtype: "torch.dtype | None" = None) -> Tensor:
     """y (..., out) of an edge layer on x (..., in), differentiable: the eager route (one autograd node, x's rows
     seen inside it), or under tracing and on meta tensors (``_common.use_registered_op``) the registered
     :func:`edge_forward` on x's rows.
@@ -515,15 +530,23 @@ def edge_apply(x: Tensor, maker: str, static_args: tuple, frame_tensors: tuple, 
             is its EdgeSpec without frame tensors (plain arguments only); ``frame_tensors``, the call's.
         layout: the parameters' layout (:data:`LAYOUTS`); the op's views are made inside the node.
         label: how errors (higher-order and torch.func refusals) name the layer.
+        out_dtype: y's dtype, where it is not x's: an autocast caller's (a layer computes in its own dtype with
+            autocast off and returns the autocast dtype). The eager route makes it inside its node: the bf16 gemm
+            path's GEMM writes a bf16 y and its backward reads the bf16 dy, with no fp32 copies of either and no
+            cast nodes around the layer's node (4 launches and 2 nodes a layer call); other routes convert
+            inside. The registered op returns x's dtype, converted after it.
     """
+    if out_dtype == x.dtype:
+        out_dtype = None
     if _common.use_registered_op(x):  # read from _common: the tests patch it there
         to_op = {i: views[0] for i, views in LAYOUTS[layout].items()}
         params = [to_op[i](t) if i in to_op and t is not None else t
                   for i, t in ((BASE, base_weight_t), (SCALER, scaler_t), (COEF, coef))]
         key = _traced_key(maker, static_args)
-        return on_rows(x, x.shape[-1], lambda x2: edge_forward(x2, list(frame_tensors), *params, bias, entry_order,
-                                                               key, strategy, precision, deterministic))
+        y = on_rows(x, x.shape[-1], lambda x2: edge_forward(x2, list(frame_tensors), *params, bias, entry_order,
+                                                            key, strategy, precision, deterministic))
+        return y if out_dtype is None else y.to(out_dtype)
     refuse_transforms(label)
     spec = _STATIC_SPEC_MAKERS[maker](*static_args).with_frame(frame_tensors)
-    return _route(layout, label).run(x, frame_tensors, base_weight_t, scaler_t, coef, bias, entry_order, spec,
-                                     strategy, precision, deterministic)
+    return _route(layout, label, out_dtype).run(x, frame_tensors, base_weight_t, scaler_t, coef, bias, entry_order,
+                                                spec, strategy, precision, deterministic)

@@ -76,7 +76,8 @@ class KANLinear(Float32Or64Module):
     strictly increasing along each row.
 
     dtypes: the layer computes in float32 or float64. Under bf16/fp16 autocast it takes fp32 inputs and
-    parameters (fp32 accumulation) and returns the autocast dtype; ``.half()``, ``.bfloat16()`` and other
+    parameters (fp32 accumulation) and returns the autocast dtype, made inside its autograd node (the bf16
+    GEMM's own output where ``precision`` resolves to bf16); ``.half()``, ``.bfloat16()`` and other
     conversions to a 16-bit dtype are refused with a TypeError (the layer is left unchanged).
     ``deterministic=True`` makes every gradient bitwise reproducible from run to run.
 
@@ -228,19 +229,23 @@ class KANLinear(Float32Or64Module):
         precision = call_precision(self.precision, cast_to, self.grid.dtype)
         if cast_to is not None:
             with torch.autocast(x.device.type, enabled=False):
-                return self._forward(x.to(self.grid.dtype), precision).to(cast_to)
+                # y in the autocast dtype from the layer's node (edge_ops.edge_apply's out_dtype) where nothing is
+                # added to it; .to is then no op
+                return self._forward(x.to(self.grid.dtype), precision, cast_to).to(cast_to)
         check_input_dtype(x, self.grid.dtype, FLOAT_DTYPES)
         return self._forward(x, precision)
 
-    def _forward(self, x, precision):
+    def _forward(self, x, precision, out_dtype=None):
         # the parameters and the configuration were checked at construction, x by forward
         activation = self.base_activation
         fused = fuses_base(activation)
+        alone = activation is None or fused  # y is the node's output as it is
         y = apply_checked(
             x, self.grid, self.base_weight if fused else None, self.spline_weight, self.spline_scaler,
             self.spline_order, self._grid_uniform, self.deterministic, self.strategy, precision,
+            out_dtype if alone else None,
         )
-        if activation is None or fused:
+        if alone:
             return y
         return y + F.linear(activation(x), self.base_weight)
 

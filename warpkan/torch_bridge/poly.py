@@ -45,8 +45,9 @@ class PolyKANLinear(Float32Or64Module):
     follows bf16 autocast and torch's float32 matmul setting, "fp32", "tf32" and "bf16" force one (tf32 and bf16
     for float32 layers only); the stencil kernels ignore it.
 
-    dtypes: the layer computes in float32 or float64. Under bf16/fp16 autocast it computes in fp32 and returns
-    the autocast dtype; ``.half()``, ``.bfloat16()`` and other conversions to a 16-bit dtype are refused with a
+    dtypes: the layer computes in float32 or float64. Under bf16/fp16 autocast it takes x in fp32 (its
+    parameters stay fp32; the gemm strategy's contractions follow ``precision``, bf16 for "auto" under bf16
+    autocast) and returns the autocast dtype, made inside its autograd node; ``.half()``, ``.bfloat16()`` and other conversions to a 16-bit dtype are refused with a
     TypeError (the layer is left unchanged). NaN in one row of x makes that row of the output NaN; as under
     autograd, it also makes the coefficient gradients of that input NaN.
 
@@ -140,17 +141,18 @@ class PolyKANLinear(Float32Or64Module):
         precision = call_precision(self.precision, cast_to, self.coeffs.dtype)
         if cast_to is not None:
             with torch.autocast(x.device.type, enabled=False):
-                return self._forward(x.to(self.coeffs.dtype), precision).to(cast_to)
+                # y comes back in the autocast dtype from the layer's node (edge_ops.edge_apply's out_dtype)
+                return self._forward(x.to(self.coeffs.dtype), precision, cast_to)
         check_input_dtype(x, self.coeffs.dtype, FLOAT_DTYPES)
         return self._forward(x, precision)
 
-    def _forward(self, x, precision):
+    def _forward(self, x, precision, out_dtype=None):
         # the configuration was checked at construction and x above: the op directly, no per-call re-checks
         if self.precision in ("tf32", "bf16") and x.dtype != torch.float32:
             raise ValueError(f"precision={self.precision!r} needs a float32 layer, got {x.dtype}")
         lut_size = self.lut_size if self.mode == "lut" else 0
         return poly_apply(x, self.coeffs, self.bias, self.basis, lut_size, self.alpha, self.beta, self.strategy,
-                          precision, self.deterministic, layer_layout=True)
+                          precision, self.deterministic, layer_layout=True, out_dtype=out_dtype)
 
     def edge_view(self, x: torch.Tensor, *, exact_derivatives: bool = False) -> EdgeView:
         """The layer as the edge engine sees it at the rows ``x``: its polynomial family (exact or LUT) and

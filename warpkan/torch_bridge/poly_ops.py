@@ -143,16 +143,17 @@ register_higher_view(_lut_frame, _lut_higher_view)
 
 
 def poly_apply(x, coeffs, bias, basis, lut_size, alpha, beta, strategy, precision="auto", deterministic=False,
-               layer_layout=False):
+               layer_layout=False, out_dtype=None):
     """The layer's map on x (..., in), differentiable (``edge_ops.edge_apply``). ``layer_layout``: coeffs come
     as PolyKANLinear exposes them, [in, out, D + 1] (the kernel layout [in, D + 1, out] is made inside the
     autograd node: a view of kernel-layout storage, or a copy of a contiguous parameter, a batched transpose
-    whose gradient goes back the same way: ``_common.copy_into``)."""
+    whose gradient goes back the same way: ``_common.copy_into``). ``out_dtype``: y's dtype where it is not
+    x's (an autocast caller's)."""
     n_basis = coeffs.shape[2] if layer_layout else coeffs.shape[1]
     tables = _tables(x, basis, n_basis, lut_size, alpha, beta)
     return edge_apply(x, "poly", (n_basis, basis, lut_size, alpha, beta, kernel_scalar(x)), tables, None, None,
                       coeffs, bias, strategy, precision, deterministic, layout="polykan" if layer_layout else "kernel",
-                      label=LABEL)
+                      label=LABEL, out_dtype=out_dtype)
 
 
 @torch.library.custom_op("warpkan::poly_lut_tables", mutates_args=())
