@@ -126,7 +126,8 @@ def models():
     for name, (build, shape, classes) in cases.items():
         torch.manual_seed(0)
         model = build().to(dev)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, capturable=True)
+        # the optimizer of warpkan bench models (torch's fused AdamW)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, capturable=True, fused=True)
         x = torch.rand(shape, device=dev); labels = torch.randint(0, classes, (shape[0],), device=dev)
         def step():
             with torch.autocast("cuda", dtype=torch.bfloat16):
