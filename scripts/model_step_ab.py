@@ -8,8 +8,7 @@ one configuration per process (a recorded launch keeps the choice it was recorde
 
 ``--no-row-pairs``: the bf16 dense basis one row a thread (``launch.BF16_ROW_PAIRS = False``); ``--strategy``:
 every edge layer's strategy (KANLinear, UKANLinear, PolyKANLinear) instead of its own, ``--precision`` its gemm
-precision; ``--foreach``: torch's
-foreach AdamW instead of the bench's fused one.
+precision; ``--foreach``: torch's foreach AdamW instead of the bench's fused one.
 """
 import argparse
 

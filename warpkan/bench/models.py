@@ -10,13 +10,11 @@ their twins, in one run, on synthetic inputs of the right shapes (no downloads):
 
 Each model trains in fp32 and in bf16 autocast, in four modes (:data:`MODES`). A step is what a training
 loop runs: forward, cross-entropy loss, backward, ``AdamW.step()`` (torch's fused AdamW, :data:`OPTIMIZER`),
-``zero_grad``; the columns are its
-median time (CUDA events around each of ``repeat`` back-to-back steps after warm-up,
-:func:`warpkan.bench.timing.time_fn`; the median of ``rounds`` such timings, with their spread), the
+``zero_grad``; the columns are its median time (CUDA events around each of ``repeat`` back-to-back steps after
+warm-up, :func:`warpkan.bench.timing.time_fn`; the median of ``rounds`` such timings, with their spread), the
 samples/s it gives, the first step's wall time (compilation included) and, on cuda, the peak memory a step
-allocates above the model and optimiser state
-(:func:`warpkan.bench.timing.peak_memory`; in the CUDA-graph modes, that of the call that records the
-graphs: the memory their pool keeps). The modes:
+allocates above the model and optimiser state (:func:`warpkan.bench.timing.peak_memory`; in the CUDA-graph
+modes, that of the call that records the graphs: the memory their pool keeps). The modes:
 
 - ``eager``;
 - ``compile``: the blocks of the ViT and the Mixer compiled one by one (one block's graph compiled and reused

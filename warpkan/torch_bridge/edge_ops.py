@@ -175,7 +175,7 @@ def run_backward(spec: EdgeSpec, dy: Tensor, x: Tensor, base_weight_t, scaler_t,
     d_bias = dy.sum(dim=0, dtype=x.dtype) if need_bias else empty
     if not (need_x or need_params):
         return empty, empty, empty, empty, d_bias
-    if not (strategy == "gemm" and precision == "bf16"):
+    if strategy != "gemm":  # gemm_backward converts dy to its basis dtype itself (none for a bf16 dy and basis)
         dy = dy.to(x.dtype)
     if strategy == "gemm":  # cuBLAS and fixed-order kernels: deterministic as it is
         dx, d_base, d_scaler, d_coef = gemm_backward(*spec[:4], dy, x,
@@ -410,10 +410,7 @@ def _eager_forward(x, frame_tensors, base_weight_t, scaler_t, coef, bias, entry_
 def _eager_setup_context(ctx, inputs, output):
     kept, _node.kept = getattr(_node, "kept", None), None
     _setup_context(ctx, inputs, output, kept)
-    # the bound launch reads dy in x's dtype (an autocast caller's dy is converted first: _eager_node_backward)
-    x = inputs[X]
-    ctx.plan = _bound_backward(ctx, inputs, output if output.dtype == x.dtype else output.new_empty(
-        output.shape, dtype=x.dtype))
+    ctx.plan = _bound_backward(ctx, inputs, output)
 
 
 # A node whose gradients are small enough to hold from its forward to its backward makes its backward's launch in
@@ -440,7 +437,9 @@ def _bound_backward(ctx, inputs, output) -> "tuple | None":
     if param_bytes > BOUND_BACKWARD_MAX_BYTES or not (base_weight_t.is_contiguous() and scaler_t.is_contiguous()
                                                       and coef.is_contiguous()):
         return None
-    bound = bind_tiled_backward(*spec[:4], output, x, base_weight_t, scaler_t, coef, spec.use_base, deterministic,
+    # the bound launch reads dy in x's dtype (an autocast caller's dy is converted first: _eager_node_backward)
+    dy_like = output if output.dtype == x.dtype else output.new_empty(output.shape, dtype=x.dtype)
+    bound = bind_tiled_backward(*spec[:4], dy_like, x, base_weight_t, scaler_t, coef, spec.use_base, deterministic,
                                 need[X], need_params)
     if bound is None:
         return None
