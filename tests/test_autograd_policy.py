@@ -199,6 +199,42 @@ def test_functorch_transforms_refused(name, transform):
         run(layer, x)
 
 
+def test_tensors_made_under_tracing_or_transforms_are_not_cached():
+    """The module-level tensor caches (a LUT layer's tables, the stencil kernels' unit scaler, the UKAN
+    reference's basis matrix) keep no tensor made under a fake mode (the registered poly_lut_tables runs its
+    implementation there with a real x in a cold inductor cache's compile) or a torch.func transform (a layer
+    called in one makes its tables before it refuses): those have no storage once the mode or transform is
+    gone, and the next eager call failed on them ("Cannot access data pointer"), which made the suite flaky."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from warpkan.reference import ukan as ukan_ref
+    from warpkan.torch_bridge import edge_ops, poly_ops
+
+    caches = (poly_ops._tables_cache, edge_ops._ONES, ukan_ref._BASIS_MATRICES)
+
+    def cached():
+        return [t for cache in caches for value in cache.values() for t in (value if isinstance(value, tuple)
+                                                                             else (value,))]
+
+    for cache in caches:
+        cache.clear()
+    layer = PolyKANLinear(4, 3, 5, mode="lut", lut_size=64)
+    x = torch.randn(5, 4)
+    with FakeTensorMode():
+        poly_ops._cached_tables(x, "chebyshev", 6, 64, 1.0, 1.0)
+        edge_ops._unit_scaler(x, 4, 3)
+        ukan_ref._basis_matrix(3, torch.float32, torch.device("cpu"))
+    with pytest.raises(NotImplementedError, match="torch.func"):
+        torch.func.grad(lambda x: layer(x).sum())(x)
+    torch.func.grad(lambda t: (ukan_ref._basis_matrix(2, torch.float32, torch.device("cpu")) * t).sum())(x[0, 0])
+    assert not cached()
+    layer(x).sum().backward()  # the eager calls make and cache real tensors, and run on them
+    layer.strategy = "stencil"
+    layer(x).sum().backward()
+    ukan_ref._basis_matrix(3, torch.float32, torch.device("cpu"))
+    assert cached() and all(type(t) is torch.Tensor and t.data_ptr() for t in cached())
+
+
 @pytest.mark.parametrize("transform", DERIVATIVE_TRANSFORMS)
 def test_derivative_transform_error_points_to_the_torch_routes(transform):
     """The refusal of a derivative transform names what gives those derivatives through the layers in torch

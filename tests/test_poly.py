@@ -474,28 +474,6 @@ def test_autocast_bf16_returns_bf16():
     torch.testing.assert_close(y.float(), layer(x), rtol=1e-2, atol=1e-2)
 
 
-def test_tables_made_under_a_fake_mode_are_not_cached():
-    """The registered poly_lut_tables can run its implementation under a fake mode with a real x (seen in a cold
-    inductor cache's compile): tables made there are fake tensors, without storage. They must not be cached, or
-    the next eager LUT layer call fails on them ("Cannot access data pointer"); the same for the stencil
-    kernels' cached unit scaler."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from warpkan.torch_bridge import edge_ops, poly_ops
-
-    poly_ops._tables_cache.clear()
-    edge_ops._ONES.clear()
-    x = torch.randn(5, 4)
-    with FakeTensorMode():
-        poly_ops._cached_tables(x, "chebyshev", 6, 64, 1.0, 1.0)
-        edge_ops._unit_scaler(x, 4, 3)
-    assert all(type(t) is torch.Tensor for tables in poly_ops._tables_cache.values() for t in tables)
-    assert all(type(t) is torch.Tensor for t in edge_ops._ONES.values())
-    layer = PolyKANLinear(4, 3, 5, mode="lut", lut_size=64)
-    layer(x).sum().backward()  # the eager call makes and caches real tables
-    layer.strategy = "stencil"
-    layer(x).sum().backward()
-
-
 def test_module_repr_and_modes():
     layer = PolyKANLinear(3, 2, 4, basis="jacobi", alpha=0.5, beta=0.25, mode="exact", bias=True)
     text = repr(layer)

@@ -8,12 +8,12 @@ never a fallback.
 
 from __future__ import annotations
 
-import functools
 
 import torch
 import torch.nn.functional as F
 
 from ..kernels.bspline import uniform_basis_matrix
+from ..torch_bridge._common import cacheable
 from ..kernels.ukan import CELL_LIMIT, PE_BASE
 
 __all__ = ["locate", "positional_encoding", "cg_mlp", "ukan_linear"]
@@ -48,11 +48,20 @@ def cg_mlp(features: torch.Tensor, w1, b1, w2, b2) -> torch.Tensor:
     return F.linear(F.silu(F.linear(features, w1, b1)), w2, b2)
 
 
-@functools.lru_cache(maxsize=None)
+_BASIS_MATRICES: dict = {}
+
+
 def _basis_matrix(spline_order: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """The uniform B-spline basis matrix on the device, made once: a host-to-device copy on every call would
-    keep the reference (the paper's method in ``warpkan bench ukan``) out of a CUDA graph."""
-    return torch.tensor(uniform_basis_matrix(spline_order), dtype=dtype, device=device)
+    keep the reference (the paper's method in ``warpkan bench ukan``) out of a CUDA graph. Not kept when made
+    under a tracing mode or a torch.func transform (``cacheable``)."""
+    key = (spline_order, dtype, device)
+    matrix = _BASIS_MATRICES.get(key)
+    if matrix is None:
+        matrix = torch.tensor(uniform_basis_matrix(spline_order), dtype=dtype, device=device)
+        if cacheable(matrix):
+            _BASIS_MATRICES[key] = matrix
+    return matrix
 
 
 def ukan_linear(x, grid_delta, spline_order, pe_dim, feature_embedding, w1, b1, w2, b2, spline_scaler,

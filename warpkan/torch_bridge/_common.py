@@ -484,6 +484,14 @@ def runs_registered_op(x: torch.Tensor) -> bool:
     return use_registered_op(x) or type(x) not in (torch.Tensor, nn.Parameter)
 
 
+def cacheable(t: torch.Tensor) -> bool:
+    """Whether a tensor made now may be kept in a module-level cache for later calls: not a tracing mode's
+    (:func:`runs_registered_op`: fake, functional and meta tensors, or one made while compiling, without
+    storage of its own) nor a ``torch.func`` transform's wrapper (made while a transform runs, a factory's
+    result included; its level dies with the transform and it has no storage after)."""
+    return not (runs_registered_op(t) or torch._C._functorch.is_functorch_wrapped_tensor(t))
+
+
 class EagerRoute:
     """An op's eager route (see :func:`eager_function`): ``function``, the ``autograd.Function``; ``layouts``,
     the inputs it takes in a public layout; ``label``, how errors name it ("KANLinear (warpkan::edge_forward)").

@@ -109,13 +109,13 @@ _ONES: dict = {}
 
 def _unit_scaler(x: Tensor, n_in: int, n_out: int) -> Tensor:
     """[in, out] ones, the stencil kernels' scaler of an unscaled family: a stride-0 view of one cached element
-    (not cached while a CUDA graph is captured: its memory would belong to the graph; nor when made while a
-    tracing mode is active, whatever x is: it is then that mode's tensor, without storage)."""
+    (not cached while a CUDA graph is captured: its memory would belong to the graph; nor when made under a
+    tracing mode or a torch.func transform, whatever x is: ``_common.cacheable``)."""
     key = (x.dtype, x.device)
     one = _ONES.get(key)
     if one is None:
         one = torch.ones((), dtype=x.dtype, device=x.device)
-        if not (_common.runs_registered_op(one) or (x.is_cuda and torch.cuda.is_current_stream_capturing())):
+        if _common.cacheable(one) and not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
             _ONES[key] = one
     return one.expand(n_in, n_out)
 

@@ -59,15 +59,16 @@ def _tables(x, basis: str, n_basis: int, lut_size: int, alpha: float, beta: floa
 
 
 def _cached_tables(x, basis: str, n_basis: int, lut_size: int, alpha: float, beta: float) -> tuple:
-    """The tables, made once a configuration. Not cached when made while a tracing mode is active (the registered
-    :func:`poly_lut_tables` run under a fake mode with a real x): they are that mode's tensors, without storage,
-    and would reach every later eager call."""
+    """The tables, made once a configuration. Not cached when made under a tracing mode or a torch.func
+    transform (``_common.cacheable``: the registered :func:`poly_lut_tables` run under a fake mode with a real
+    x; a layer called in a transform, which it then refuses): those tensors have no storage once the mode or
+    transform is gone, and every later eager call would get them."""
     key = (basis, n_basis, lut_size, alpha, beta, x.dtype, x.device)
     found = _tables_cache.get(key)
     if found is None:
         values, grads = kp.build_lut(basis, n_basis - 1, lut_size, alpha, beta, kernel_scalar(x), warp_device(x.device))
         found = (wp.to_torch(values), wp.to_torch(grads))
-        if not _common.runs_registered_op(found[0]):
+        if _common.cacheable(found[0]):
             _tables_cache[key] = found
     return found
 
