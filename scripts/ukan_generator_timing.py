@@ -252,11 +252,11 @@ def main() -> None:
     parser.add_argument("--generators", default=",".join(GENERATORS),
                         help=f"comma-separated paths to time, simt first (default: {','.join(GENERATORS)}); "
                         "without \"tile\", no cuBLASDx module is built")
-    parser.add_argument("--block-cols", type=int, default=0, help="table columns a generator block "
-                        f"(a multiple of {ku.GENERATOR_COLS}; default: ku.GENERATOR_BLOCK_COLS)")
+    parser.add_argument("--target-blocks", type=int, default=0, help="blocks a generator launch is cut into at "
+                        "least, splitting the table's columns (default: ku.GENERATOR_TARGET_BLOCKS; 1: no split)")
     args = parser.parse_args()
-    if args.block_cols:
-        ku.GENERATOR_BLOCK_COLS = args.block_cols
+    if args.target_blocks:
+        ku.GENERATOR_TARGET_BLOCKS = args.target_blocks
     chosen = tuple(args.generators.split(","))
     if chosen[0] != "simt" or not set(chosen) <= set(GENERATORS):
         parser.error(f"--generators: simt first, then some of {GENERATORS[1:]}")

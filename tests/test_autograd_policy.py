@@ -437,6 +437,10 @@ _AUTOCAST_LAYERS = {
                                                        base_activation=torch.nn.GELU, device=dev),
     "PolyKANLinear": lambda dev: PolyKANLinear(8, 6, 5, bias=True, device=dev),
     "PolyKANLinear lut": lambda dev: PolyKANLinear(8, 6, 5, mode="lut", bias=True, device=dev),
+    # the dense-range path, on either strategy (its node runs the CG-MLP too)
+    "UKANLinear gemm": lambda dev: UKANLinear(8, 6, grid_delta=0.5, table_groups=6, strategy="gemm", device=dev),
+    "UKANLinear stencil": lambda dev: UKANLinear(8, 6, grid_delta=0.5, table_groups=6, strategy="stencil",
+                                                 device=dev),
 }
 
 

@@ -457,3 +457,105 @@ def test_eager_step_on_nd_input_is_one_autograd_node(eager_step_ops):
     layer(x2).backward(dy.reshape(10, 12))
     for got, want in zip((x2.grad.view(2, 5, 12), layer.weight_numerator.grad, layer.weight_denominator.grad), grads):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+def test_narrower_output_dtype_is_the_cast_result_bitwise(device, out_dtype):
+    """``out_dtype``: the kernel stores y in it and its backward reads dy in it. For an fp32 x and a 16-bit
+    out_dtype, the output is the fp32 result rounded once to out_dtype, and every gradient is that of the same
+    dy widened to fp32: what the composition ``F(x).to(out_dtype)`` computes, bitwise. Awkward sizes (3-D x, a
+    prime row count), on the eager node, the registered op and the general backward (a non-contiguous dy)."""
+    from warpkan.torch_bridge import rational_ops
+
+    dev = _torch_device(device)
+    torch.manual_seed(0)
+    x = torch.randn(3, 37, 24, device=dev)
+    a = torch.randn(1, 6, device=dev, requires_grad=True)
+    b = torch.randn(4, 4, device=dev, requires_grad=True)
+    dy = torch.randn(3, 24, 37, device=dev).transpose(1, 2).to(out_dtype)  # non-contiguous
+    results = []
+    for route in ("composition", "node", "op"):
+        for grad_out in (dy.contiguous(), dy):
+            xg = x.clone().requires_grad_()
+            if route == "composition":
+                y = group_rational(xg, a, b, 4, "A").to(out_dtype)
+            elif route == "node":
+                y = group_rational(xg, a, b, 4, "A", out_dtype=out_dtype)
+                assert y.grad_fn.plan is not None and "ToCopy" not in type(y.grad_fn).__name__
+            else:
+                y = rational_ops.group_rational_forward(xg.view(-1, 24), a, b, 4, "A", False).view(3, 37, 24)
+                y = y.to(out_dtype)
+            assert y.dtype == out_dtype
+            results.append([y.detach(), *torch.autograd.grad(y, [xg, a, b], grad_out)])
+    for got in results[1:]:
+        for g, w in zip(got, results[0]):
+            assert g.dtype == w.dtype and torch.equal(g, w)
+
+
+@pytest.mark.parametrize("x_dtype,out_dtype", [(torch.bfloat16, torch.float32), (torch.float16, torch.bfloat16)])
+def test_other_output_dtypes_within_one_rounding(device, x_dtype, out_dtype):
+    """A wider out_dtype keeps what the fp32 arithmetic computed (the composition would round it to x's dtype
+    first), and fp16 -> bf16 rounds once: y is the float64 reference at the rounded x within one rounding of
+    out_dtype (and the fp32 arithmetic's error); dx and the coefficient gradients as in the x-dtype tests."""
+    dev = _torch_device(device)
+    torch.manual_seed(1)
+    groups = 4
+    x = torch.randn(29, 24, device=dev).to(x_dtype)
+    a, b = (t.to(dev) for t in _coefficients(groups, True, "A", dtype=torch.float32))
+    dy = torch.randn(29, 24, device=dev).to(out_dtype)
+    xg, ag, bg = (t.clone().requires_grad_() for t in (x, a, b))
+    y = group_rational(xg, ag, bg, groups, "A", out_dtype=out_dtype)
+    assert y.dtype == out_dtype
+    y.backward(dy)
+    ref_y, ref_dx, ref_da, ref_db = _reference_grads(x, a, b, groups, "A", dy)
+    for got, ref, eps in ((y, ref_y, IO_EPS[out_dtype]), (xg.grad, ref_dx, IO_EPS[x_dtype])):
+        tol = (eps + 2.0**-20) * ref.abs() + 1e-6 * ref.abs().max()
+        assert ((got.cpu().double() - ref.cpu()).abs() <= tol.cpu()).all()
+    for got, ref in ((ag.grad, ref_da), (bg.grad, ref_db)):
+        torch.testing.assert_close(got.cpu().double(), ref.cpu(), rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+
+
+def test_output_dtype_refused_across_arithmetic_types():
+    a, b = _coefficients(4, True, "A", dtype=torch.float32)
+    with pytest.raises(TypeError, match="out_dtype"):
+        group_rational(torch.randn(3, 32), a, b, 4, out_dtype=torch.float64)
+    with pytest.raises(TypeError, match="out_dtype"):
+        group_rational(torch.randn(3, 32, dtype=torch.float64), a, b, 4, out_dtype=torch.float32)
+    with pytest.raises(TypeError, match="out_dtype"):
+        GroupRational(32, 4)(torch.randn(3, 32), out_dtype=torch.int32)
+    assert group_rational(torch.randn(3, 32), a, b, 4, out_dtype=torch.float32).dtype == torch.float32
+
+
+def test_grkan_under_autocast_casts_nothing(device):
+    """Under bf16 autocast a GR-KAN layer's rational gives the linear its bf16 input itself (an fp32 x, as a
+    LayerNorm gives it): no cast node around the rational, and the step's output and gradients equal, bitwise,
+    those of the composition that casts (the rational in fp32, then autocast's cast before the linear)."""
+    dev = _torch_device(device)
+    torch.manual_seed(0)
+    layer = GRKANLinear(16, 8, num_groups=4, device=dev)
+    x = torch.randn(5, 3, 16, device=dev)
+    dy = torch.randn(5, 3, 8, device=dev).bfloat16()
+
+    def step(composed):
+        layer.zero_grad(set_to_none=True)
+        xg = x.clone().requires_grad_()
+        with torch.autocast(dev.type, dtype=torch.bfloat16):
+            y = layer.linear(layer.rational(xg)) if composed else layer(xg)
+        y.backward(dy)
+        return [y.detach(), xg.grad] + [p.grad for p in layer.parameters()]
+
+    for got, want in zip(step(False), step(True)):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    # the only casts left are autocast's of the linear's weight and bias (a ToCopy node on a parameter)
+    with torch.autocast(dev.type, dtype=torch.bfloat16):
+        y = layer(x.clone().requires_grad_())
+    casts, stack, seen = [], [y.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if type(node).__name__ == "ToCopyBackward0":
+            casts.append({type(child).__name__ for child, _ in node.next_functions})
+        stack.extend(child for child, _ in node.next_functions)
+    assert casts == [{"AccumulateGrad"}] * 2, casts

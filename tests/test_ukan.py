@@ -564,6 +564,39 @@ def test_range_generator_matches_torch_cg_mlp_float64(device, monkeypatch, gener
         torch.testing.assert_close(grad, grad_ref, rtol=1e-11, atol=1e-11, msg=name)
 
 
+def test_generator_column_split():
+    # (column blocks, columns a block): whole GENERATOR_COLS products, as few a block as reach the target
+    cols = ku.GENERATOR_COLS
+    target = ku.GENERATOR_TARGET_BLOCKS
+    assert ku.column_split(1, 1) == (1, cols)
+    assert ku.column_split(ku.GENERATOR_ROWS * target, 10 * cols) == (1, 10 * cols)  # the rows fill the target
+    assert ku.column_split(ku.GENERATOR_ROWS, 5 * cols - 3) == (5, cols)  # one row block: a product a block
+    row_blocks = -(-target // 2)  # two column blocks wanted: 3 + 2 products of 5
+    assert ku.column_split(ku.GENERATOR_ROWS * row_blocks, 5 * cols) == (2, 3 * cols)
+    for n_rows in (1, 31, 33, 400, 5488, 70000):
+        for n_cols in (1, 40, 131, 1024):
+            col_blocks, block_cols = ku.column_split(n_rows, n_cols)
+            assert block_cols % cols == 0 and (col_blocks - 1) * block_cols < n_cols <= col_blocks * block_cols
+
+
+@pytest.mark.parametrize("target_blocks", [1, 6, 512])
+def test_range_generator_column_splits_float64(device, monkeypatch, target_blocks):
+    # 65 rows (3 row blocks), 131 columns (5 products): one column block of 5 products, 2 of 3 + 2, 5 of 1;
+    # every split gives the reference's table and gradients
+    monkeypatch.setattr(ku, "CG_GENERATOR", "tile")
+    monkeypatch.setattr(ku, "GENERATOR_TARGET_BLOCKS", target_blocks)
+    n_in, rows, pe_dim, embed_dim, hidden_dim, n_cols = 5, 13, 4, 3, 13, 131
+    assert ku.column_split(n_in * rows, n_cols)[0] == {1: 1, 6: 2, 512: 5}[target_blocks]
+    group_lo = torch.randint(-50, 50, (n_in,), generator=torch.Generator().manual_seed(2)).to(device)
+    params = cg_mlp_params(n_in, pe_dim, embed_dim, hidden_dim, n_cols, device)
+    d_table = torch.randn(n_in * rows, n_cols, dtype=torch.float64, device=device)
+    table, grads = table_and_grads(range_table_op(group_lo, rows, pe_dim), params, d_table)
+    expected, grads_ref = table_and_grads(range_table_reference(group_lo, rows, pe_dim), params, d_table)
+    torch.testing.assert_close(table, expected, rtol=1e-12, atol=1e-12)
+    for name, grad, grad_ref in zip(("embedding", "w_hidden", "b_hidden", "w_out", "b_out"), grads, grads_ref):
+        torch.testing.assert_close(grad, grad_ref, rtol=1e-11, atol=1e-11, msg=name)
+
+
 def test_range_generator_float32_within_reference_error(device):
     # tolerance from the reference itself: how far the float32 torch CG-MLP lands from the float64 one
     n_in, rows, pe_dim, embed_dim, hidden_dim, n_cols = 6, 11, 16, 8, 32, 72

@@ -266,6 +266,7 @@ class RationalKernels:
     io_name: str
     vec: int
     io_vector: type
+    out_vector: type  # y's and dy's
     acc: type
     coef: type  # scalar type of the coefficient arrays and of their gradients
     grad_vector: type  # m + 1 + n accumulators
@@ -304,6 +305,11 @@ class _Config:
     load_vec: object
     widen: object
     store_vec: object
+    out_vec: type  # y's and dy's vectors (io_vec unless the combination's output type differs)
+    load_out: object
+    widen_out: object
+    store_out: object
+    matUB_out: type  # the dy vectors of one backward step
     accV: type
     matUF: type  # the vectors of one forward step
     matUB: type  # the vectors of one backward step
@@ -321,7 +327,7 @@ class _Config:
 
 @functools.lru_cache(maxsize=None)
 def _config(num_order: int, den_order: int, variant: str, io_name: str, vec: int,
-            coef_name: "str | None") -> _Config:
+            coef_name: "str | None", out_name: "str | None" = None) -> _Config:
     """The arguments of get_kernels checked (ValueError/TypeError naming the bad one), and what follows from
     them."""
     if variant not in VARIANTS:
@@ -338,6 +344,10 @@ def _config(num_order: int, den_order: int, variant: str, io_name: str, vec: int
     if coef_name not in IO_TYPES:
         raise TypeError(f"coefficients must have a scalar type in {sorted(IO_TYPES)}, got {coef_name}")
     coef = IO_TYPES[coef_name][0]
+    out_name = out_name or io_name
+    if out_name not in IO_TYPES or IO_TYPES[out_name][1] != acc_name:
+        raise TypeError(f"y and dy must have a scalar type in {sorted(IO_TYPES)} of x's arithmetic type ({acc_name}), "
+                        f"got {out_name}")
     M = num_order + 1
     N = den_order
     D = max(num_order, den_order) + 1
@@ -351,11 +361,17 @@ def _config(num_order: int, den_order: int, variant: str, io_name: str, vec: int
     module = f"warpkan_rational_{variant}_{num_order}_{den_order}_{io_name}_v{vec}_u{UF}{UB}_b{BF}{BB}"
     if coef_name != acc_name:
         module += f"_w{coef_name}"
+    if out_name != io_name:
+        module += f"_o{out_name}"
+    out_vec = wp.types.vector(length=vec, dtype=IO_TYPES[out_name][0])
+    load_out, widen_out, store_out = vector_io(out_vec) if out_name != io_name else (load_vec, widen, store_vec)
     return _Config(
         num_order=num_order, den_order=den_order, is_a=variant == "A",
         M=M, N=N, K=M + N, D=D, V=vec,
         UF=UF, UB=UB, RUN=max(1, RUN_ELEMENTS // (vec * UB)), BF=BF, BB=BB,
         acc=acc, coef=coef, io_vec=io_vec, load_vec=load_vec, widen=widen, store_vec=store_vec,
+        out_vec=out_vec, load_out=load_out, widen_out=widen_out, store_out=store_out,
+        matUB_out=wp.types.matrix(shape=(UB, vec), dtype=IO_TYPES[out_name][0]),
         accV=wp.types.vector(length=vec, dtype=acc),
         matUF=wp.types.matrix(shape=(UF, vec), dtype=io_scalar),
         matUB=wp.types.matrix(shape=(UB, vec), dtype=io_scalar),
@@ -732,13 +748,13 @@ def _block_funcs(num_order: int, den_order: int, variant: str, io_name: str, vec
 
 @functools.lru_cache(maxsize=None)
 def _forward_kernel(num_order: int, den_order: int, variant: str, io_name: str, vec: int,
-                    coef_name: "str | None"):
-    """y = F(x), tiled (see the module docstring)."""
+                    coef_name: "str | None", out_name: "str | None" = None):
+    """y = F(x), tiled (see the module docstring); y of the scalar type ``out_name`` (x's when None)."""
     combination = (num_order, den_order, variant, io_name, vec, coef_name)
-    cfg = _config(*combination)
-    io_vec, coef, accV, matUF, vecUFi = cfg.io_vec, cfg.coef, cfg.accV, cfg.matUF, cfg.vecUFi
+    cfg = _config(*combination, out_name)
+    io_vec, out_vec, coef, accV, matUF, vecUFi = cfg.io_vec, cfg.out_vec, cfg.coef, cfg.accV, cfg.matUF, cfg.vecUFi
     V, UF = cfg.V, cfg.UF
-    load_vec, widen, store_vec = cfg.load_vec, cfg.widen, cfg.store_vec
+    load_vec, widen, store_out = cfg.load_vec, cfg.widen, cfg.store_out
     maths = _maths(*combination)
     any_large, element_value, plain_value = maths.any_large, maths.element_value, maths.plain_value
     blocks = _block_funcs(*combination)
@@ -755,7 +771,7 @@ def _forward_kernel(num_order: int, den_order: int, variant: str, io_name: str, 
         chunks: int,
         rows_per_chunk: int,
         blocks_per_group: int,
-        y: wp.array2d(dtype=io_vec),
+        y: wp.array2d(dtype=out_vec),
     ):
         hw_block, lane = wp.tid()
         lanes = wp.block_dim()
@@ -791,21 +807,23 @@ def _forward_kernel(num_order: int, den_order: int, variant: str, io_name: str, 
                     else:
                         for k in range(V):
                             yv[k] = plain_value(xv[k], av, bq)
-                    store_vec(y, rows_u[u], col0 + cols_u[u], yv)
+                    store_out(y, rows_u[u], col0 + cols_u[u], yv)
 
     return forward
 
 
 @functools.lru_cache(maxsize=None)
 def _backward_kernel(num_order: int, den_order: int, variant: str, io_name: str, vec: int,
-                     coef_name: "str | None"):
-    """dx and one fp64 partial row of coefficient gradients per block (see the module docstring)."""
+                     coef_name: "str | None", out_name: "str | None" = None):
+    """dx and one fp64 partial row of coefficient gradients per block (see the module docstring); dy of the
+    scalar type ``out_name`` (y's), dx of x's."""
     combination = (num_order, den_order, variant, io_name, vec, coef_name)
-    cfg = _config(*combination)
-    io_vec, coef, acc, accV, matUB, vecUBi, vecK = (
-        cfg.io_vec, cfg.coef, cfg.acc, cfg.accV, cfg.matUB, cfg.vecUBi, cfg.vecK)
+    cfg = _config(*combination, out_name)
+    io_vec, out_vec, coef, acc, accV, matUB, matUB_out, vecUBi, vecK = (
+        cfg.io_vec, cfg.out_vec, cfg.coef, cfg.acc, cfg.accV, cfg.matUB, cfg.matUB_out, cfg.vecUBi, cfg.vecK)
     V, UB, M, K, RUN, is_a = cfg.V, cfg.UB, cfg.M, cfg.K, cfg.RUN, cfg.is_a
     load_vec, widen, store_vec = cfg.load_vec, cfg.widen, cfg.store_vec
+    load_out, widen_out = cfg.load_out, cfg.widen_out
     totals = lane_totals(vecK, BLOCK_DIM)
     sgn = _basic_funcs(*combination).sgn
     maths = _maths(*combination)
@@ -816,7 +834,7 @@ def _backward_kernel(num_order: int, den_order: int, variant: str, io_name: str,
 
     @_kernel_decorator(cfg, cfg.BB)
     def backward(
-        dy: wp.array2d(dtype=io_vec),
+        dy: wp.array2d(dtype=out_vec),
         x: wp.array2d(dtype=io_vec),
         a: wp.array2d(dtype=coef),
         b: wp.array2d(dtype=coef),
@@ -849,17 +867,17 @@ def _backward_kernel(num_order: int, den_order: int, variant: str, io_name: str,
             rows_u = vecUBi()
             cols_u = vecUBi()
             xs = matUB()
-            gs = matUB()
+            gs = matUB_out()
             for u in range(UB):
                 rows_u[u] = row
                 cols_u[u] = col
                 xs[u] = load_vec(x, wp.min(row, row1 - 1), col0 + col)  # unconditional (see the forward)
-                gs[u] = load_vec(dy, wp.min(row, row1 - 1), col0 + col)
+                gs[u] = load_out(dy, wp.min(row, row1 - 1), col0 + col)
                 row, col = next_item(row, col, row_step, col_step, width)
             for u in range(UB):
                 if rows_u[u] < row1:
                     xv = widen(xs[u])
-                    gv = widen(gs[u])
+                    gv = widen_out(gs[u])
                     dxv = accV()
                     if any_large(xv):
                         for k in range(V):
@@ -895,9 +913,10 @@ def _backward_kernel(num_order: int, den_order: int, variant: str, io_name: str,
 
 @functools.lru_cache(maxsize=None)
 def _combine_kernel(num_order: int, den_order: int, variant: str, io_name: str, vec: int,
-                    coef_name: "str | None"):
-    """da and db from the backward's block partials, summed in a fixed order."""
-    cfg = _config(num_order, den_order, variant, io_name, vec, coef_name)
+                    coef_name: "str | None", out_name: "str | None" = None):
+    """da and db from the backward's block partials, summed in a fixed order (in the module of the
+    combination's other kernels)."""
+    cfg = _config(num_order, den_order, variant, io_name, vec, coef_name, out_name)
     acc, coef, M, N = cfg.acc, cfg.coef, cfg.M, cfg.N
 
     @_kernel_decorator(cfg)
@@ -950,13 +969,16 @@ def _combine_kernel(num_order: int, den_order: int, variant: str, io_name: str, 
 
 @functools.lru_cache(maxsize=None)
 def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec: int,
-                coef_name: "str | None" = None) -> RationalKernels:
+                coef_name: "str | None" = None, out_name: "str | None" = None) -> RationalKernels:
     """Build (lazily) the kernels of one combination; all of them live in one Warp module. ``coef_name``: the
     scalar type of the coefficient arrays and their gradients (default: the arithmetic type). The kernels
     widen the coefficients as they load them and narrow the gradients as they store them, so a bf16 module
     (weights in bf16) needs no cast launches around the kernels: each costs more host time than a small
-    layer's whole kernel."""
-    combination = (num_order, den_order, variant, io_name, vec, coef_name)
+    layer's whole kernel. ``out_name``: the scalar type of y and dy, where it is not x's (one of x's arithmetic
+    type: a bf16 y for an fp32 x, that a following bf16 layer reads without a cast launch)."""
+    if out_name == io_name:
+        out_name = None  # one combination, one module
+    combination = (num_order, den_order, variant, io_name, vec, coef_name, out_name)
     cfg = _config(*combination)
     return RationalKernels(
         num_order=num_order,
@@ -965,6 +987,7 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
         io_name=io_name,
         vec=vec,
         io_vector=cfg.io_vec,
+        out_vector=cfg.out_vec,
         acc=cfg.acc,
         coef=cfg.coef,
         grad_vector=cfg.vecK,
@@ -976,16 +999,17 @@ def get_kernels(num_order: int, den_order: int, variant: str, io_name: str, vec:
 
 
 def rational_modules(num_order: int, den_order: int, variant: str, io_name: str, group_size: "int | None" = None,
-                     coef_name: "str | None" = None) -> tuple:
+                     coef_name: "str | None" = None, out_name: "str | None" = None) -> tuple:
     """The modules (:class:`ModuleBuild`, at ``BLOCK_DIM``) the forward and backward launch for groups of
     ``group_size`` channels whose arrays are aligned (a less aligned array narrows the vector width, as
-    :func:`launch_forward` does); every vector width of ``io_name`` when ``group_size`` is None."""
+    :func:`launch_forward` does); every vector width of ``io_name`` when ``group_size`` is None. ``out_name``:
+    y's scalar type where it is not x's (see :func:`get_kernels`)."""
     max_vec = IO_TYPES[io_name][2]
     widths = ([1 << p for p in range(max_vec.bit_length())] if group_size is None else
               [vector_width(io_name, group_size, max_bytes) for max_bytes in (FORWARD_VECTOR_BYTES,
                                                                                BACKWARD_VECTOR_BYTES)])
-    return distinct(ModuleBuild(get_kernels(num_order, den_order, variant, io_name, vec, coef_name).module, BLOCK_DIM)
-                    for vec in widths)
+    return distinct(ModuleBuild(get_kernels(num_order, den_order, variant, io_name, vec, coef_name, out_name).module,
+                                BLOCK_DIM) for vec in widths)
 
 
 def clear_kernel_caches() -> None:
@@ -1030,9 +1054,10 @@ def target_blocks(device, pass_name: str, vec: int) -> int:
     return _TARGET_BLOCKS
 
 
-def _prepare(x, num_groups, a, b, variant, vec, arrays=(), max_bytes=16, pass_name="forward"):
+def _prepare(x, num_groups, a, b, variant, vec, arrays=(), max_bytes=16, pass_name="forward", out=None):
     """(kernels, layout). ``arrays``: the other [N, C] arrays of the launch; the vector
-    width (one memory access per vector) is narrowed until every base address is a multiple of it."""
+    width (one memory access per vector) is narrowed until every base address is a multiple of it. ``out``:
+    y (or dy), whose scalar type picks the kernels' output type."""
     n_rows, n_channels = x.shape
     io_name = io_name_of(x.dtype)
     m, n = check_coefficients(n_channels, num_groups, a, b)
@@ -1045,7 +1070,8 @@ def _prepare(x, num_groups, a, b, variant, vec, arrays=(), max_bytes=16, pass_na
         raise ValueError(f"vector width {vec} must divide the group size {group_size}")
     if any(ptr % (vec * itemsize) for ptr in pointers):
         raise ValueError(f"vector width {vec} needs arrays aligned to {vec * itemsize} bytes")
-    kernels = get_kernels(m, n, variant, io_name, vec, IO_SCALAR_NAMES[a.dtype])
+    out_name = io_name_of(out.dtype) if out is not None else None
+    kernels = get_kernels(m, n, variant, io_name, vec, IO_SCALAR_NAMES[a.dtype], out_name)
     lay = layout(n_rows, group_size // vec, num_groups, target_blocks(x.device, pass_name, vec))
     return kernels, lay
 
@@ -1062,16 +1088,17 @@ def launch_forward(
     record: bool = False,
 ):
     """y = F(x) for x, y [N, C] contiguous (fp32/fp64/fp16/bf16); a [1 or G, m+1], b [G, n] of one floating
-    type (any: the kernels widen them to the arithmetic type, fp32, or fp64 for fp64 x). Overwrites y.
-    ``record=True``: nothing runs; the launches come back as a list of ``wp.Launch`` (what the torch bridge
-    replays)."""
-    kernels, lay = _prepare(x, num_groups, a, b, variant, vec, (y,), FORWARD_VECTOR_BYTES)
+    type (any: the kernels widen them to the arithmetic type, fp32, or fp64 for fp64 x). Overwrites y, which
+    may have another scalar type of x's arithmetic type (an fp32 x, a bf16 y: what a bf16 layer after it
+    reads). ``record=True``: nothing runs; the launches come back as a list of ``wp.Launch`` (what the torch
+    bridge replays)."""
+    if tuple(y.shape) != tuple(x.shape):
+        raise ValueError(f"y must have the shape of x {tuple(x.shape)}, got {tuple(y.shape)}")
+    kernels, lay = _prepare(x, num_groups, a, b, variant, vec, (y,), FORWARD_VECTOR_BYTES, out=y)
     if x.shape[0] == 0 or x.shape[1] == 0:
         return [] if record else None
-    if tuple(y.shape) != tuple(x.shape) or y.dtype != x.dtype:
-        raise ValueError(f"y must have the shape and dtype of x {tuple(x.shape)}, got {tuple(y.shape)}")
     xv = dense_vector_view(x, kernels.io_vector, _ARRAYS)
-    yv = dense_vector_view(y, kernels.io_vector, _ARRAYS)
+    yv = dense_vector_view(y, kernels.out_vector, _ARRAYS)
     return launch(
         kernels.forward,
         [lay.num_blocks],
@@ -1100,7 +1127,7 @@ def launch_backward(
     partials: "wp.array | None" = None,
     record: bool = False,
 ):
-    """Gradients of ``launch_forward``. ``da`` and ``db`` (the scalar type and shapes of a and b) are
+    """Gradients of ``launch_forward`` (dy of y's scalar type, dx of x's). ``da`` and ``db`` (the scalar type and shapes of a and b) are
     accumulated (+=) when ``accumulate_params`` and ``dx`` when ``accumulate_dx`` (Warp's adjoint
     convention); otherwise they are overwritten (the torch op: no zeroing launch, no read of dx). ``da`` and
     ``db`` go together.
@@ -1112,9 +1139,9 @@ def launch_backward(
     ``_runtime.workspace_for(device, stream)`` otherwise. ``partials``: the fp64 buffer itself (at least
     :func:`backward_partials_size` values, read through a ``_runtime.FlatWorkspace``), instead.
     ``record=True``: nothing runs; the launches come back as a list of ``wp.Launch``."""
-    kernels, lay = _prepare(x, num_groups, a, b, variant, vec, (dy, dx), BACKWARD_VECTOR_BYTES, "backward")
-    if tuple(dy.shape) != tuple(x.shape) or dy.dtype != x.dtype:
-        raise ValueError(f"dy must have the shape and dtype of x {tuple(x.shape)}, got {tuple(dy.shape)}")
+    if tuple(dy.shape) != tuple(x.shape):
+        raise ValueError(f"dy must have the shape of x {tuple(x.shape)}, got {tuple(dy.shape)}")
+    kernels, lay = _prepare(x, num_groups, a, b, variant, vec, (dy, dx), BACKWARD_VECTOR_BYTES, "backward", out=dy)
     if (da is None) != (db is None):
         raise ValueError("da and db must be given together")
     need_params = da is not None
@@ -1127,7 +1154,7 @@ def launch_backward(
     if x.shape[0] == 0 or x.shape[1] == 0 or (dx is None and not need_params):
         return [] if record else None
     xv = dense_vector_view(x, kernels.io_vector, _ARRAYS)
-    dyv = dense_vector_view(dy, kernels.io_vector, _ARRAYS)
+    dyv = dense_vector_view(dy, kernels.out_vector, _ARRAYS)
     dxv = dense_vector_view(dx, kernels.io_vector, _ARRAYS) if dx is not None else xv  # unused when not needed
     k = kernels.grad_vector._length_
     rows, cols = (lay.num_blocks, k) if need_params else (1, 1)  # (1, 1): unused

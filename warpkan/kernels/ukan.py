@@ -1157,7 +1157,12 @@ CG_GENERATORS = ("tile", "simt")
 GENERATOR_ROW_MAPS = ("range", "pairs")  # table row -> (feature, group): the dense range, the touched pairs
 GENERATOR_ROWS = 32  # table rows a block
 GENERATOR_COLS = 32  # table columns a tile_matmul of the output layer
-GENERATOR_BLOCK_COLS = 4 * GENERATOR_COLS  # table columns a block
+# Blocks a generator launch is cut into, at least, where the table has columns enough: a block's rows are one
+# chain of small dependent products, so a launch of a few hundred blocks (a table of a few thousand rows) leaves
+# most of the GPU idle unless the columns are split across blocks too (each forms its rows' hidden layer
+# again). A constant, not the device's SM count: the split sets the backward's summation order, which is a
+# function of the shapes alone.
+GENERATOR_TARGET_BLOCKS = 512
 GENERATOR_WIDTHS = (8, 16, 32, 64, 128)  # tile widths of pe_dim, embed_dim and hidden_dim
 _GENERATOR_BLOCK_DIM = 128
 
@@ -1172,8 +1177,8 @@ def generator_shared_bytes(scalar_bytes: int, widths: tuple) -> tuple[int, int]:
     :func:`_generator_funcs_of_widths`)."""
     pe_w, embed_w, hidden_w = widths
     rows, cols = GENERATOR_ROWS, GENERATOR_COLS
-    hidden_frame = hidden_w * (pe_w + embed_w)  # w_hidden's two column ranges
-    forward = rows * (pe_w + embed_w + hidden_w) + max(hidden_frame, cols * hidden_w + rows * cols)
+    hidden_frame = hidden_w * (pe_w + embed_w + 2)  # w_hidden's two column ranges, a padding column each
+    forward = rows * (pe_w + embed_w + hidden_w) + max(hidden_frame, cols * (hidden_w + 1) + rows * cols)
     backward = rows * (pe_w + embed_w + 2 * hidden_w) + max(  # either backward kernel
         hidden_frame,
         rows * cols + 2 * cols * hidden_w + rows + cols,  # output_columns_backward
@@ -1296,6 +1301,7 @@ def _generator_input_funcs(scalar_name: str, widths: tuple, rows: str):
         raise ValueError(f"rows must be one of {GENERATOR_ROW_MAPS}, got {rows!r}")
     scalar = SCALARS[scalar_name]
     PE_W, E_W, H_W = widths
+    PE_PAD, E_PAD = PE_W + 1, E_W + 1  # the weight tiles' padded widths (see output_columns)
     ROWS = GENERATOR_ROWS
     row_feature, row_group, encoding_entry, silu, silu_backward = _generator_funcs(scalar_name)
 
@@ -1369,12 +1375,15 @@ def _generator_input_funcs(scalar_name: str, widths: tuple, rows: str):
     ):
         # pre = [encoding, embedding] w_hidden^T + b_hidden: w_hidden's encoding columns (past pe_dim, embedding
         # columns, which meet the encoding's zeros) and its embedding columns
-        w_encoding = wp.tile_load(w_hidden, shape=(H_W, PE_W), offset=(0, 0), storage="shared")
-        w_embedding = wp.tile_load(w_hidden, shape=(H_W, E_W), offset=(0, pe_dim), storage="shared")
+        # (each weight tile is read through a view of a tile one column wider: see output_columns)
+        w_encoding = wp.tile_load(w_hidden, shape=(H_W, PE_PAD), offset=(0, 0), storage="shared")
+        w_embedding = wp.tile_load(w_hidden, shape=(H_W, E_PAD), offset=(0, pe_dim), storage="shared")
         wp.tile_assign(pre, wp.tile_broadcast(wp.tile_reshape(wp.tile_load(b_hidden, shape=(H_W,)), shape=(1, H_W)),
                                               shape=(ROWS, H_W)))
-        wp.tile_matmul(encoding_rows, wp.tile_transpose(w_encoding), pre)
-        wp.tile_matmul(embedding_rows, wp.tile_transpose(w_embedding), pre)
+        wp.tile_matmul(encoding_rows, wp.tile_transpose(wp.tile_view(w_encoding, offset=(0, 0), shape=(H_W, PE_W))),
+                       pre)
+        wp.tile_matmul(embedding_rows, wp.tile_transpose(wp.tile_view(w_embedding, offset=(0, 0), shape=(H_W, E_W))),
+                       pre)
 
     return input_rows, hidden_layer
 
@@ -1385,6 +1394,7 @@ def _generator_layer_funcs(scalar_name: str, widths: tuple):
     (scalar, widths) (see :func:`_generator_input_funcs` for why each phase is a function)."""
     scalar = SCALARS[scalar_name]
     PE_W, E_W, H_W = widths
+    H_PAD = H_W + 1  # w_out's padded tile width (see output_columns)
     ROWS, COLS = GENERATOR_ROWS, GENERATOR_COLS
 
     @wp.func
@@ -1396,11 +1406,15 @@ def _generator_layer_funcs(scalar_name: str, widths: tuple):
         col: int,
         table: wp.array2d(dtype=scalar),
     ):
-        w = wp.tile_load(w_out, shape=(COLS, H_W), offset=(col, 0), storage="shared")
+        # w_out's rows are loaded into a tile one column wider than they are and read through a view: the
+        # transposed operand's row stride is then odd (H_W + 1), so the lanes of Warp's scalar GEMM, which
+        # read one element from each of 16 rows, hit 16 banks, not one (a 16-way shared-memory conflict on
+        # every step of the product). The extra column is never read.
+        w = wp.tile_load(w_out, shape=(COLS, H_PAD), offset=(col, 0), storage="shared")
         out = wp.tile_zeros(shape=(ROWS, COLS), dtype=scalar, storage="shared")
         wp.tile_assign(out, wp.tile_broadcast(
             wp.tile_reshape(wp.tile_load(b_out, shape=(COLS,), offset=(col,)), shape=(1, COLS)), shape=(ROWS, COLS)))
-        wp.tile_matmul(hidden, wp.tile_transpose(w), out)
+        wp.tile_matmul(hidden, wp.tile_transpose(wp.tile_view(w, offset=(0, 0), shape=(COLS, H_W))), out)
         wp.tile_store(table, out, offset=(first_row, col))
 
     @wp.func
@@ -1461,13 +1475,13 @@ def _generator_funcs_of_widths(scalar_name: str, widths: tuple, rows: str):
 
 @functools.lru_cache(maxsize=None)
 def _generator_forward_kernel(scalar_name: str, widths: tuple, rows: str):
-    """The fused CG-MLP forward: a block's table rows, GENERATOR_BLOCK_COLS columns of them (``rows``: the row
-    map, see :func:`_generator_funcs_of_widths`). The blocks of one row block each form the rows' hidden layer
-    again: a few small products, for a grid wide enough to fill the GPU when the table has few rows and many
-    columns."""
+    """The fused CG-MLP forward: a block's table rows, ``block_cols`` columns of them (``rows``: the row map,
+    see :func:`_generator_funcs_of_widths`; the split: :func:`column_split`). The blocks of one row block each
+    form the rows' hidden layer again: a few small products, for a grid wide enough to fill the GPU when the
+    table has few rows."""
     scalar = SCALARS[scalar_name]
     PE_W, E_W, H_W = widths
-    ROWS, COLS, BLOCK_COLS = GENERATOR_ROWS, GENERATOR_COLS, GENERATOR_BLOCK_COLS
+    ROWS, COLS = GENERATOR_ROWS, GENERATOR_COLS
     silu = _generator_funcs(scalar_name)[3]
     input_rows, hidden_layer, output_columns = _generator_funcs_of_widths(scalar_name, widths, rows)[:3]
     kernel = _generator_kernel_decorator(scalar_name, widths, f"forward_{rows}")
@@ -1484,6 +1498,7 @@ def _generator_forward_kernel(scalar_name: str, widths: tuple, rows: str):
         w_out: wp.array2d(dtype=scalar),
         b_out: wp.array(dtype=scalar),
         table: wp.array2d(dtype=scalar),
+        block_cols: int,
     ):
         block, col_block, lane = wp.tid()
         first_row = block * ROWS
@@ -1494,8 +1509,8 @@ def _generator_forward_kernel(scalar_name: str, widths: tuple, rows: str):
         hidden = wp.tile_zeros(shape=(ROWS, H_W), dtype=scalar, storage="shared")
         hidden_layer(encoding_rows, embedding_rows, pe_dim, w_hidden, b_hidden, hidden)
         wp.tile_assign(hidden, wp.tile_map(wp.static(silu), hidden))  # the pre-activations are not needed again
-        first_col = col_block * BLOCK_COLS
-        for col in range(first_col, wp.min(first_col + BLOCK_COLS, table.shape[1]), COLS):
+        first_col = col_block * block_cols
+        for col in range(first_col, wp.min(first_col + block_cols, table.shape[1]), COLS):
             output_columns(hidden, w_out, b_out, first_row, col, table)
 
     return generator_forward
@@ -1503,14 +1518,14 @@ def _generator_forward_kernel(scalar_name: str, widths: tuple, rows: str):
 
 @functools.lru_cache(maxsize=None)
 def _generator_backward_kernels(scalar_name: str, widths: tuple, rows: str):
-    """The fused CG-MLP backward, two kernels. ``output``: a block's GENERATOR_BLOCK_COLS columns of the output
+    """The fused CG-MLP backward, two kernels. ``output``: a block's ``block_cols`` columns of the output
     layer (its rows' hidden layer formed again), their partials of d w_out and d b_out, and its columns' share
     of the rows' hidden gradient (d_hidden_parts [column blocks, rows, H]). ``hidden``: a block's rows, their
     hidden gradient summed over the column blocks in order, its partials of d w_hidden and d b_hidden, and the
     rows' embedding gradients. Rows past the table read a zero table gradient, so they add nothing."""
     scalar = SCALARS[scalar_name]
     PE_W, E_W, H_W = widths
-    ROWS, COLS, BLOCK_COLS = GENERATOR_ROWS, GENERATOR_COLS, GENERATOR_BLOCK_COLS
+    ROWS, COLS = GENERATOR_ROWS, GENERATOR_COLS
     silu, silu_backward = _generator_funcs(scalar_name)[3:]
     input_rows, hidden_layer, output_columns, output_columns_backward, hidden_layer_backward = (
         _generator_funcs_of_widths(scalar_name, widths, rows))
@@ -1540,6 +1555,7 @@ def _generator_backward_kernels(scalar_name: str, widths: tuple, rows: str):
         part_w_out: wp.array3d(dtype=scalar),
         part_b_out: wp.array2d(dtype=scalar),
         d_hidden_parts: wp.array3d(dtype=scalar),
+        block_cols: int,
     ):
         block, col_block, lane = wp.tid()
         first_row = block * ROWS
@@ -1551,8 +1567,8 @@ def _generator_backward_kernels(scalar_name: str, widths: tuple, rows: str):
         hidden_layer(encoding_rows, embedding_rows, pe_dim, w_hidden, b_hidden, hidden)
         wp.tile_assign(hidden, wp.tile_map(wp.static(silu), hidden))
         d_hidden = wp.tile_zeros(shape=(ROWS, H_W), dtype=scalar, storage="shared")
-        first_col = col_block * BLOCK_COLS
-        for col in range(first_col, wp.min(first_col + BLOCK_COLS, d_table.shape[1]), COLS):
+        first_col = col_block * block_cols
+        for col in range(first_col, wp.min(first_col + block_cols, d_table.shape[1]), COLS):
             output_columns_backward(d_table, w_out, hidden, block, first_row, col, d_hidden, part_w_out, part_b_out)
         wp.tile_store(d_hidden_parts, wp.tile_reshape(d_hidden, shape=(1, ROWS, H_W)), offset=(col_block, first_row, 0))
 
@@ -1598,6 +1614,45 @@ def _generator_combine_kernel(scalar_name: str):
     kernel = _kernel_decorator(f"warpkan_ukan_generator_combine_{scalar_name}")
     zero = scalar(0.0)
 
+    # A thread an entry and few entries (a MNIST layer's combine has ~350 warps), so a sum over ~170 blocks
+    # that loads one partial at a time waits out a memory latency a block. The sums load 8 partials before
+    # adding them, in block order all the same (the result is that of the plain loop, bit for bit).
+    @wp.func
+    def sum_blocks3(acc: scalar, part: wp.array3d(dtype=scalar), a: int, b: int):
+        n = part.shape[0]
+        whole = n - n % 8
+        for block in range(0, whole, 8):
+            p0 = part[block, a, b]
+            p1 = part[block + 1, a, b]
+            p2 = part[block + 2, a, b]
+            p3 = part[block + 3, a, b]
+            p4 = part[block + 4, a, b]
+            p5 = part[block + 5, a, b]
+            p6 = part[block + 6, a, b]
+            p7 = part[block + 7, a, b]
+            acc = acc + p0 + p1 + p2 + p3 + p4 + p5 + p6 + p7
+        for block in range(whole, n):
+            acc = acc + part[block, a, b]
+        return acc
+
+    @wp.func
+    def sum_blocks2(acc: scalar, part: wp.array2d(dtype=scalar), a: int):
+        n = part.shape[0]
+        whole = n - n % 8
+        for block in range(0, whole, 8):
+            p0 = part[block, a]
+            p1 = part[block + 1, a]
+            p2 = part[block + 2, a]
+            p3 = part[block + 3, a]
+            p4 = part[block + 4, a]
+            p5 = part[block + 5, a]
+            p6 = part[block + 6, a]
+            p7 = part[block + 7, a]
+            acc = acc + p0 + p1 + p2 + p3 + p4 + p5 + p6 + p7
+        for block in range(whole, n):
+            acc = acc + part[block, a]
+        return acc
+
     @kernel
     def generator_combine(
         part_w_out: wp.array3d(dtype=scalar),
@@ -1622,23 +1677,18 @@ def _generator_combine_kernel(scalar_name: str):
         n_h = d_w_out.shape[1]
         n_a = d_w_hidden.shape[1]
         pe_dim = part_w_encoding.shape[2]
-        n_blocks = part_w_out.shape[0]
         acc = zero
         if q < n_b * n_h:
             b = q // n_h
             h = q - b * n_h
             if accumulate:
                 acc = d_w_out[b, h]
-            for block in range(n_blocks):
-                acc = acc + part_w_out[block, b, h]
-            d_w_out[b, h] = acc
+            d_w_out[b, h] = sum_blocks3(acc, part_w_out, b, h)
         elif q < n_b * n_h + n_b:
             b = q - n_b * n_h
             if accumulate:
                 acc = d_b_out[b]
-            for block in range(n_blocks):
-                acc = acc + part_b_out[block, b]
-            d_b_out[b] = acc
+            d_b_out[b] = sum_blocks2(acc, part_b_out, b)
         elif q < n_b * n_h + n_b + n_h * n_a:
             r = q - n_b * n_h - n_b
             h = r // n_a
@@ -1646,19 +1696,15 @@ def _generator_combine_kernel(scalar_name: str):
             if accumulate:
                 acc = d_w_hidden[h, a]
             if a < pe_dim:
-                for block in range(n_blocks):
-                    acc = acc + part_w_encoding[block, h, a]
+                acc = sum_blocks3(acc, part_w_encoding, h, a)
             else:
-                for block in range(n_blocks):
-                    acc = acc + part_w_embedding[block, h, a - pe_dim]
+                acc = sum_blocks3(acc, part_w_embedding, h, a - pe_dim)
             d_w_hidden[h, a] = acc
         elif q < n_b * n_h + n_b + n_h * n_a + n_h:
             h = q - n_b * n_h - n_b - n_h * n_a
             if accumulate:
                 acc = d_b_hidden[h]
-            for block in range(n_blocks):
-                acc = acc + part_b_hidden[block, h]
-            d_b_hidden[h] = acc
+            d_b_hidden[h] = sum_blocks2(acc, part_b_hidden, h)
         else:
             n_e = d_embedding.shape[1]
             r = q - n_b * n_h - n_b - n_h * n_a - n_h
@@ -1684,12 +1730,19 @@ def generator_partial_shapes(n_rows: int, n_table_cols: int, pe_dim: int, embed_
         "part_w_embedding": (n_blocks, hidden_dim, embed_dim),
         "part_b_hidden": (n_blocks, hidden_dim),
         "d_embedding_rows": (n_rows, embed_dim),
-        "d_hidden_parts": (_column_blocks(n_table_cols), n_rows, hidden_dim),
+        "d_hidden_parts": (column_split(n_rows, n_table_cols)[0], n_rows, hidden_dim),
     }
 
 
-def _column_blocks(n_table_cols: int) -> int:
-    return max(1, -(-n_table_cols // GENERATOR_BLOCK_COLS))
+def column_split(n_rows: int, n_table_cols: int) -> tuple[int, int]:
+    """(column blocks, table columns a block) of a generator launch on a table [n_rows, n_table_cols]: the
+    columns split in whole GENERATOR_COLS products over as few blocks as give GENERATOR_TARGET_BLOCKS blocks
+    in all (one where the rows alone give that many)."""
+    row_blocks = max(1, -(-n_rows // GENERATOR_ROWS))
+    products = max(1, -(-n_table_cols // GENERATOR_COLS))
+    wanted = min(products, max(1, -(-GENERATOR_TARGET_BLOCKS // row_blocks)))
+    products_per_block = -(-products // wanted)
+    return -(-products // products_per_block), products_per_block * GENERATOR_COLS
 
 
 def _generator_config(table, embedding, w_hidden, pe_dim):
@@ -1715,9 +1768,10 @@ def _generator_forward(rows, row_groups, row_features, rows_per_feature, embeddi
     if table.shape[0] == 0 or table.shape[1] == 0:
         return []
     name, widths, n_blocks = _generator_config(table, embedding, w_hidden, pe_dim)
-    return _launch_tiled(_generator_forward_kernel(name, widths, rows), [n_blocks, _column_blocks(table.shape[1])],
+    col_blocks, block_cols = column_split(table.shape[0], table.shape[1])
+    return _launch_tiled(_generator_forward_kernel(name, widths, rows), [n_blocks, col_blocks],
                          [row_groups, row_features, rows_per_feature, embedding, int(pe_dim), w_hidden, b_hidden, w_out,
-                          b_out, table], table.device, stream, record)
+                          b_out, table, block_cols], table.device, stream, record)
 
 
 def _generator_backward(rows, d_table, row_groups, row_features, rows_per_feature, embedding, w_hidden, b_hidden,
@@ -1734,8 +1788,13 @@ def _generator_backward(rows, d_table, row_groups, row_features, rows_per_featur
     part_w_out, part_b_out, part_w_encoding, part_w_embedding, part_b_hidden, d_embedding_rows, d_hidden_parts = partials
     output_kernel, hidden_kernel = _generator_backward_kernels(name, widths, rows)
     rows_args = [row_groups, row_features, rows_per_feature, embedding, int(pe_dim), w_hidden, b_hidden]
-    return (_launch_tiled(output_kernel, [n_blocks, d_hidden_parts.shape[0]],
-                          [d_table, *rows_args, w_out, part_w_out, part_b_out, d_hidden_parts], device, stream, record)
+    col_blocks, block_cols = column_split(d_table.shape[0], d_table.shape[1])
+    if d_hidden_parts.shape[0] != col_blocks:
+        raise ValueError(f"d_hidden_parts must have {col_blocks} column blocks (generator_partial_shapes), got "
+                         f"{d_hidden_parts.shape[0]}")
+    return (_launch_tiled(output_kernel, [n_blocks, col_blocks],
+                          [d_table, *rows_args, w_out, part_w_out, part_b_out, d_hidden_parts, block_cols], device,
+                          stream, record)
             + _launch_tiled(hidden_kernel, [n_blocks], [d_hidden_parts, *rows_args, part_w_encoding, part_w_embedding,
                                                        part_b_hidden, d_embedding_rows], device, stream, record)
             + _launch(_generator_combine_kernel(name), (n_entries,),

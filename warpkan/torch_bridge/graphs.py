@@ -24,8 +24,8 @@ not be overwritten: when accumulating gradients over micro-batches, before each 
 model). Accumulating, the gradients must also exist before the first micro-batch and be zeroed in place
 (``optimizer.zero_grad(set_to_none=False)``): a first backward into ``.grad = None`` takes the recorded
 backward's output tensor itself as the gradient, and the next micro-batch's replay writes over it.
-:func:`graphed_training_step` with ``accumulation_steps`` does all of this, and graphs the loss and the
-optimizer too. A plain loop of one forward, backward and optimizer step per batch needs no mark; torch
+:func:`graphed_training_step` with ``accumulation_steps`` needs none of this (one capture holds every
+micro-batch, so nothing of one replay is overwritten by the next), and graphs the loss and the optimizer too. A plain loop of one forward, backward and optimizer step per batch needs no mark; torch
 starts a new step once the backward has run.
 """
 
@@ -71,9 +71,10 @@ def capture_step(step, warmup: int = 3):
 
     ``warmup`` eager calls come first, on a side stream, as ``torch.cuda.graph`` asks; they are training steps
     like the replays. The step must keep its tensors where they are: an optimizer made with
-    ``capturable=True``, ``zero_grad(set_to_none=False)``, and new inputs copied into the captured input tensors
-    rather than passed as new ones. For a supervised training step, :func:`graphed_training_step` does all of
-    this."""
+    ``capturable=True``, the gradients zeroed inside the step (``zero_grad()`` there: the captured backward
+    then writes each gradient where the capture put it; one called between replays would set ``.grad`` to None
+    and leave the graph's gradients unseen), and new inputs copied into the captured input tensors rather than
+    passed as new ones. For a supervised training step, :func:`graphed_training_step` does all of this."""
     if not torch.cuda.is_available():
         raise RuntimeError("capture_step needs a CUDA device: CUDA graphs replay GPU work only")
     side = torch.cuda.Stream()
@@ -185,10 +186,15 @@ class _GraphedTrainingStep:
         return self._replay()
 
     def _step(self) -> torch.Tensor:
-        """What every call runs, and what the graph captures: zero the gradients (in place, so a replay
-        accumulates into the same tensors), forward and backward each micro-batch of the static batch, then the
-        optimizer's step. Returns the sum of the micro-batches' (scaled) losses, detached."""
-        self._optimizer.zero_grad(set_to_none=False)
+        """What every call runs, and what the graph captures: the gradients set to None, forward and backward
+        each micro-batch of the static batch, then the optimizer's step. Returns the sum of the micro-batches'
+        (scaled) losses, detached.
+
+        None, not zeros: the first backward then takes each gradient as ``.grad`` (later micro-batches add to
+        it), where zeroed gradients cost a zeroing and one add kernel a parameter on every step (a KAT-Tiny
+        step has 200 parameters). Captured, the backward allocates the gradients from the graph's pool, and
+        every replay writes them at the same addresses, which the captured optimizer step reads."""
+        self._optimizer.zero_grad(set_to_none=True)
         n = self.accumulation_steps
         micro_batches = zip(*(t.chunk(n) for t in self._batch)) if n > 1 else (self._batch,)
         total = None
@@ -263,7 +269,7 @@ def graphed_training_step(model: nn.Module, optimizer: torch.optim.Optimizer, lo
     Each call copies ``batch`` into the step's input buffers (made like ``example_batch``: same shapes, dtypes
     and device; a batch that differs is refused by name) and runs::
 
-        optimizer.zero_grad(set_to_none=False)
+        optimizer.zero_grad()  # .grad = None: the first backward's gradients become .grad, no add
         for x, *targets in the batch split in accumulation_steps micro-batches (along dim 0):
             with torch.autocast(device_type, dtype=autocast_dtype):  # when autocast_dtype is given
                 loss = loss_fn(model(x), *targets)

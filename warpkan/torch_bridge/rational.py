@@ -10,9 +10,11 @@ from torch import nn
 from .. import _checks
 from ..kernels import rational as kr
 from ._common import autocast_dtype, check_device, check_input_dtype, check_tensor
-from .rational_ops import IO_DTYPES, apply_checked
+from .rational_ops import IO_DTYPES, apply_checked, check_out_dtype
 
 __all__ = ["GroupRational", "GRKANLinear", "KATMLP"]
+
+_AUTOCAST_CASTS = (torch.float32, torch.float16, torch.bfloat16)  # what autocast casts a linear's input from
 
 
 class GroupRational(nn.Module):
@@ -98,15 +100,21 @@ class GroupRational(nn.Module):
             self.variant,
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """F(x), of x's shape and dtype, for x (..., num_features) in float32, float64, bfloat16 or float16 on
-        the layer's device. Non-contiguous x works; an empty batch gives an empty output."""
+    def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """F(x), of x's shape, for x (..., num_features) in float32, float64, bfloat16 or float16 on the layer's
+        device. Non-contiguous x works; an empty batch gives an empty output.
+
+        ``out_dtype``: the result's dtype, x's when None. float32, bfloat16 and float16 go with each other's x
+        (float64 with float64 only). The kernel stores it and its backward reads the gradient in it, so a
+        bfloat16 layer after a float32 x takes the result with no cast on either side (what
+        :class:`GRKANLinear` asks under autocast)."""
         # the weights and the configuration were checked at construction: x alone here
         check_tensor("x", x, ndim_min=1, last_dim=self.num_features, dtypes=IO_DTYPES)
         if x.device != self.weight_denominator.device:
             raise ValueError(f"x must be on the layer's device {self.weight_denominator.device}, got {x.device}")
         return apply_checked(
-            x, self.weight_numerator, self.weight_denominator, self.num_groups, self.variant, self.deterministic
+            x, self.weight_numerator, self.weight_denominator, self.num_groups, self.variant, self.deterministic,
+            check_out_dtype(x, out_dtype),
         )
 
     def extra_repr(self) -> str:
@@ -175,10 +183,16 @@ class GRKANLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """y (..., out_features) = Linear(GroupRational(x)) for x (..., in_features) on the layer's device, of
         the linear layer's dtype (under autocast, any of those :meth:`GroupRational.forward` takes)."""
-        # the rational returns x's dtype, which nn.Linear would refuse naming its own operands
-        if isinstance(x, torch.Tensor) and autocast_dtype(x.device) is None:
-            check_input_dtype(x, self.linear.weight.dtype, IO_DTYPES)
-        return self.linear(self.rational(x))
+        cast_to = autocast_dtype(x.device) if isinstance(x, torch.Tensor) else None
+        if cast_to is None:
+            # the rational returns x's dtype, which nn.Linear would refuse naming its own operands
+            if isinstance(x, torch.Tensor):
+                check_input_dtype(x, self.linear.weight.dtype, IO_DTYPES)
+            return self.linear(self.rational(x))
+        # under autocast the rational gives what autocast would cast the linear's input to (a float64 x is
+        # left alone), so that no cast runs between them: an fp32 x after a LayerNorm in KAT's blocks
+        out_dtype = cast_to if isinstance(x, torch.Tensor) and x.dtype in _AUTOCAST_CASTS else None
+        return self.linear(self.rational(x, out_dtype=out_dtype))
 
 
 class KATMLP(nn.Module):

@@ -75,10 +75,10 @@ def _record_backward(dy, x, a, b, dx, da, db, partials, num_groups, variant, rec
                               accumulate_params=False, partials=partials, record=record)
 
 
-def _forward_impl(x, weight_numerator, weight_denominator, num_groups, variant, deterministic):
+def _forward_impl(x, weight_numerator, weight_denominator, num_groups, variant, deterministic, out_dtype=None):
     x = _aligned(x)
     a, b = _coefficients(x, weight_numerator, weight_denominator)
-    y = torch.empty_like(x)
+    y = torch.empty_like(x) if out_dtype is None else torch.empty(x.shape, dtype=out_dtype, device=x.device)
     if x.numel():
         _LAUNCHES(_record_forward, (x, a, b, y), num_groups, variant)
     return y
@@ -177,8 +177,8 @@ def _higher_backward(ctx, inputs, dy):
     x, weight_numerator, weight_denominator, num_groups, variant, deterministic = inputs
     need_x = ctx.needs_input_grad[0]
     need_params = (ctx.needs_input_grad[1] or ctx.needs_input_grad[2]) and params_used_by_this_backward(ctx)
-    dx, da, db = rational_higher.differentiable_backward(dy, x, weight_numerator, weight_denominator, variant,
-                                                         need_x, need_params)
+    dx, da, db = rational_higher.differentiable_backward(dy.to(x.dtype), x, weight_numerator, weight_denominator,
+                                                         variant, need_x, need_params)
     return (dx, da if need_params and ctx.needs_input_grad[1] else None,
             db if need_params and ctx.needs_input_grad[2] else None, None, None, None)
 
@@ -210,20 +210,21 @@ def _eager_setup_context(ctx, inputs, output):
     size = _partials_size(x.shape[0], x.shape[1], num_groups, a.shape[1] - 1, b.shape[1], x.dtype,
                           x.device) if need_params else 1
     partials = torch.empty(size, dtype=torch.float64, device=x.device)
-    # x stands for dy (contiguous, in x's dtype) and dx (empty_like x) in the signature
-    launch = _LAUNCHES.bind(_record_backward, (x, x, a, b, x if need_x else None, da if need_params else None,
+    # y stands for dy (contiguous, in y's dtype: x's, or the route's out_dtype) and x for dx (empty_like x) in
+    # the signature
+    launch = _LAUNCHES.bind(_record_backward, (output, x, a, b, x if need_x else None, da if need_params else None,
                                                db if need_params else None, partials), num_groups, variant,
                             late=(0, 1, 4) if need_x else (0, 1))
-    ctx.plan = (launch, da, db, need_x, need_params)
+    ctx.plan = (launch, da, db, need_x, need_params, output.dtype)
 
 
 def _eager_backward(ctx, dy):
     plan, ctx.plan = ctx.plan, None  # the buffers go to autograd alone (AccumulateGrad takes them as they are)
     x, weight_numerator, weight_denominator = ctx.saved_tensors
-    if (plan is None or dy.dtype != x.dtype or not (dy.is_contiguous() and x.is_contiguous())
+    if (plan is None or dy.dtype != plan[-1] or not (dy.is_contiguous() and x.is_contiguous())
             or dy.data_ptr() % 16 or x.data_ptr() % 16):
-        return _backward(ctx, dy, _backward_impl)
-    launch, da, db, need_x, need_params = plan
+        return _backward(ctx, dy, _backward_impl)  # converts dy to x's dtype
+    launch, da, db, need_x, need_params, _ = plan
     dx = launch.backward(dy, x, need_x)
     need = ctx.needs_input_grad
     return (dx,
@@ -235,6 +236,21 @@ def _eager_backward(ctx, dy):
 _EagerGroupRational = eager_function(
     "_EagerGroupRational", _forward_impl, _eager_setup_context, _eager_backward, label=LABEL,
     higher=_higher_backward, rows=True)
+_EAGER_OUT_ROUTES: dict = {}  # out_dtype -> the eager route whose y has that dtype
+
+
+def _eager_route(out_dtype):
+    """The eager route whose node gives y in ``out_dtype`` (x's when None): the forward kernel stores it, the
+    backward kernel reads dy in it. For an fp32 x before a bf16 layer (a GR-KAN layer's rational under
+    autocast), that is half the bytes of y and dy, and no cast launch on either side."""
+    if out_dtype is None:
+        return _EagerGroupRational
+    route = _EAGER_OUT_ROUTES.get(out_dtype)
+    if route is None:
+        route = _EAGER_OUT_ROUTES[out_dtype] = eager_function(
+            f"_EagerGroupRational_{_IO_NAMES[out_dtype]}", functools.partial(_forward_impl, out_dtype=out_dtype),
+            _eager_setup_context, _eager_backward, label=LABEL, higher=_higher_backward, rows=True)
+    return route
 
 
 def group_rational(
@@ -244,14 +260,17 @@ def group_rational(
     num_groups: int,
     variant: str = "A",
     deterministic: bool = False,
+    out_dtype: "torch.dtype | None" = None,
 ) -> Tensor:
     """The group-rational activation on x (..., C), channels-last, fp32/bf16/fp16/fp64.
 
     weight_numerator [1 (shared, as in KAT) or num_groups, m + 1]; weight_denominator [num_groups, n].
     Group g covers channels [g C/G, (g + 1) C/G). Variant "A": ``Q = 1 + sum_j |b_j| |x|^(j+1)`` (KAT's
-    kernels); "B": ``Q = 1 + |sum_j b_j x^(j+1)|`` (FlashKAT's paper).
+    kernels); "B": ``Q = 1 + |sum_j b_j x^(j+1)|`` (FlashKAT's paper). ``out_dtype``: the result's dtype
+    (x's when None; see :func:`check_out_dtype`).
     """
     check_tensor("x", x, ndim_min=1, dtypes=IO_DTYPES)
+    out_dtype = check_out_dtype(x, out_dtype)
     num_groups = kr.check_groups(num_groups, x.shape[-1], "the last dimension of x")
     variant = _checks.one_of("variant", variant, kr.VARIANTS)
     weight_dtypes = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -270,12 +289,27 @@ def group_rational(
     for name, w in (("weight_numerator", weight_numerator), ("weight_denominator", weight_denominator)):
         if w.device != x.device:
             raise ValueError(f"{name} must be on device {x.device} (that of x), got {w.device}")
-    return apply_checked(x, weight_numerator, weight_denominator, num_groups, variant, deterministic)
+    return apply_checked(x, weight_numerator, weight_denominator, num_groups, variant, deterministic, out_dtype)
+
+
+def check_out_dtype(x: Tensor, out_dtype) -> "torch.dtype | None":
+    """``out_dtype`` checked against x: None (x's dtype), or a dtype of ``IO_DTYPES`` that x's arithmetic runs
+    in (float32, bfloat16 or float16 for those x; float64 for float64 x). Returns None for x's own dtype."""
+    if out_dtype is None or out_dtype == x.dtype:
+        return None
+    if out_dtype not in IO_DTYPES or _arith_dtype(x) != (torch.float64 if out_dtype == torch.float64 else
+                                                         torch.float32):
+        raise TypeError(f"out_dtype must be None or a dtype of {[str(d) for d in IO_DTYPES]} computed like x's "
+                        f"({x.dtype}: float32, bfloat16 and float16 together, float64 alone), got {out_dtype!r}")
+    return out_dtype
 
 
 def apply_checked(x: Tensor, weight_numerator: Tensor, weight_denominator: Tensor, num_groups: int, variant: str,
-                  deterministic: bool) -> Tensor:
+                  deterministic: bool, out_dtype: "torch.dtype | None" = None) -> Tensor:
     """:func:`group_rational` on arguments already checked (``GroupRational`` checks its weights and
-    configuration once, at construction, and x per call): a small layer's eager step is host-bound."""
-    op = op_or_eager(group_rational_forward, _EagerGroupRational, x)
-    return op(x, weight_numerator, weight_denominator, num_groups, variant, deterministic)
+    configuration once, at construction, and x per call): a small layer's eager step is host-bound.
+    ``out_dtype`` (checked, None for x's): eagerly the node's own output dtype; the registered op (traced code)
+    keeps x's and converts after it."""
+    op = op_or_eager(group_rational_forward, _eager_route(out_dtype), x)
+    y = op(x, weight_numerator, weight_denominator, num_groups, variant, deterministic)
+    return y if out_dtype is None else y.to(out_dtype)  # no op where the node made it

@@ -248,7 +248,7 @@ class UKANLinear(Float32Or64Module):
                 "which torch.compile and CUDA-graph capture cannot do: construct it with table_groups=R"
             )
 
-    def _range_forward(self, x2, group_lo, span, rows_per_feature, precision):
+    def _range_forward(self, x2, group_lo, span, rows_per_feature, precision, out_dtype=None):
         """The dense-range path: the CG-MLP on every group from each feature's lowest touched group - 1 to
         lowest + Rt - 2 (a superset of the touched pairs and their g - 1 neighbours), then a B-spline GEMM."""
         self._last = None
@@ -257,7 +257,7 @@ class UKANLinear(Float32Or64Module):
         return range_layer(x2, group_lo, rows_per_feature, self.pe_dim, self.feature_embedding, self.cg_hidden.weight,
                            self.cg_hidden.bias, self.cg_out.weight, self.cg_out.bias, self.base_weight,
                            self.spline_scaler, self.grid_delta, self.spline_order, fuses_base(self.base_activation),
-                           self.deterministic, self.strategy, precision)
+                           self.deterministic, self.strategy, precision, out_dtype)
 
     def edge_view(self, x: torch.Tensor, *, dense_only: bool = False) -> EdgeView:
         """The layer as the edge engine sees it at the rows ``x``: the UKAN family on the dense-range table of
@@ -345,7 +345,9 @@ class UKANLinear(Float32Or64Module):
         precision = call_precision(self.precision, cast_to, dtype)
         if cast_to is not None:
             with torch.autocast(x.device.type, enabled=False):
-                return self._forward(x.to(dtype), precision).to(cast_to)
+                # y in the autocast dtype from the range path's node where nothing is added to it (as
+                # KANLinear's); .to is then no op
+                return self._forward(x.to(dtype), precision, cast_to).to(cast_to)
         check_input_dtype(x, dtype, FLOAT_DTYPES)
         return self._forward(x, precision)
 
@@ -361,31 +363,32 @@ class UKANLinear(Float32Or64Module):
         """Whether the layer has a base path (``base_activation`` is not None)."""
         return self.base_activation is not None
 
-    def _forward(self, x, precision):
-        y = on_rows(x, self.in_features, lambda x2: self._forward_rows(x2, precision))
+    def _forward(self, x, precision, out_dtype=None):
         activation = self.base_activation
-        if activation is None or fuses_base(activation):
+        alone = activation is None or fuses_base(activation)  # y is the node's output as it is
+        y = on_rows(x, self.in_features, lambda x2: self._forward_rows(x2, precision, out_dtype if alone else None))
+        if alone:
             return y
         return y + F.linear(activation(x), self.base_weight)
 
-    def _forward_rows(self, x2, precision):
+    def _forward_rows(self, x2, precision, out_dtype=None):
         K = self.spline_order + 1
         if not use_registered_op(x2):
             refuse_transforms(LABEL)  # before the first Warp launch (group_range, ukan_pairs)
         if self.table_groups is None and x2.is_meta:
             # shapes only: no values to size the table from, and y's shape does not depend on it
             group_lo, span = group_range(x2, self.grid_delta, self.spline_order)
-            return self._range_forward(x2, group_lo, span, 2, precision)
+            return self._range_forward(x2, group_lo, span, 2, precision, out_dtype)
         if self.table_groups is None:
             self._refuse_capture()
             group_lo, span = group_range(x2.detach(), self.grid_delta, self.spline_order)
             rows_per_feature = int(span.item()) + 1  # groups lowest - 1 .. highest of the widest feature
             if rows_per_feature * K <= self.dense_max_coefficients:
-                return self._range_forward(x2, group_lo, span, rows_per_feature, precision)
+                return self._range_forward(x2, group_lo, span, rows_per_feature, precision, out_dtype)
         elif self._fixed_range():
             # fixed size, nothing read back: groups past lowest + table_groups - 1 get no spline term
             group_lo, span = group_range(x2.detach(), self.grid_delta, self.spline_order)
-            return self._range_forward(x2, group_lo, span, self.table_groups + 1, precision)
+            return self._range_forward(x2, group_lo, span, self.table_groups + 1, precision, out_dtype)
         sorted_elem, window, local_u, pair_feature, pair_group, needed = self._pairs(x2)
         table = self._table(pair_feature, pair_group)
         self._last = (pair_feature, pair_group, needed)

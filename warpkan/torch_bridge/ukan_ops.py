@@ -423,7 +423,8 @@ class _EagerRangeLayer(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
-                base_weight, spline_scaler, grid_delta, spline_order, use_base, deterministic, strategy, precision):
+                base_weight, spline_scaler, grid_delta, spline_order, use_base, deterministic, strategy, precision,
+                out_dtype):
         # [out, in] parameters: their [in, out] operands made here, not as autograd nodes of their own (a view
         # of kernel-layout storage, or one copy of a contiguous parameter, for the forward and the backward)
         # the node's inputs with their history: for create_graph=True, and rows_per_feature for a table recompute
@@ -439,7 +440,7 @@ class _EagerRangeLayer(torch.autograd.Function):
         # the route resolved once, for the forward and the backward
         strategy, precision = resolve_route(spec, x, coef.shape[2], strategy, precision)
         keep = {}  # what the gemm strategy keeps for the backward (its weight, and its basis where it fits)
-        y = run_forward(spec, x, base_weight_t, scaler_t, coef, None, strategy, precision, keep)
+        y = run_forward(spec, x, base_weight_t, scaler_t, coef, None, strategy, precision, keep, out_dtype)
         ctx.kept = keep or None
         ctx.save_for_backward(x, group_lo, base_weight_t, scaler_t, embedding, w_hidden, b_hidden, w_out, b_out)
         ctx.config = (pe_dim, grid_delta, spline_order, use_base, deterministic)
@@ -470,7 +471,7 @@ class _EagerRangeLayer(torch.autograd.Function):
         need_x, need_params = need[0], need_mlp or need[9] or need[10]
         # a second backward of a retained graph recomputes the table and the rows
         table, rows, ctx.table, ctx.rows = ctx.table, ctx.rows, None, None
-        grads = [None] * 17
+        grads = [None] * 18
         if not (need_x or need_params):
             return tuple(grads)
         if table is None:
@@ -552,8 +553,9 @@ def _range_layer_higher(ctx, dy):
     table = node_cached(ctx, "_range_table", mlp, lambda: range_table_torch(
         group_lo, rows, pe_dim, embedding, w_hidden, b_hidden, *coefficient_major(w_out, b_out, spline_order)))
     params = {4: embedding, 5: w_hidden, 6: b_hidden, 7: w_out, 8: b_out, 9: base_weight, 10: spline_scaler}
+    dy = dy.to(x.dtype)  # an autocast caller's (the node's out_dtype)
     return _spline_higher_outputs(
-        ctx, 17, params, 9, use_base,
+        ctx, 18, params, 9, use_base,
         lambda wrt: range_spline_higher_grads(ctx, dy, x, group_lo, table, base_weight.t(), spline_scaler.t(),
                                               grid_delta, spline_order, use_base, ctx.needs_input_grad[0], wrt))
 
@@ -561,22 +563,24 @@ def _range_layer_higher(ctx, dy):
 def range_layer(x: Tensor, group_lo: Tensor, rows_per_feature: int, pe_dim: int, embedding: Tensor,
                 w_hidden: Tensor, b_hidden: Tensor, w_out: Tensor, b_out: Tensor, base_weight: Tensor,
                 spline_scaler: Tensor, grid_delta: float, spline_order: int, use_base: bool,
-                deterministic: bool = False, strategy: str = "stencil", precision: str = "fp32") -> Tensor:
+                deterministic: bool = False, strategy: str = "stencil", precision: str = "fp32",
+                out_dtype: "torch.dtype | None" = None) -> Tensor:
     """y [N, out] of the dense-range path: the CG-MLP table on each feature's rows_per_feature groups from
     group_lo - 1 (:func:`ukan_range_table`), then the spline on it (``edge_forward``); base_weight and
     spline_scaler [out, in]. Under tracing, those two registered ops; eagerly, one autograd node running the
-    same implementations (refused under torch.func transforms)."""
+    same implementations (refused under torch.func transforms). ``out_dtype``: y's dtype where it is not x's
+    (an autocast caller's), made by the node itself as ``edge_ops.edge_apply`` makes it."""
     if use_registered_op(x):
         w_out, b_out = coefficient_major(w_out, b_out, spline_order)
         table = ukan_range_table(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out)
         return edge_apply(x, "ukan_range", _range_static_args(x, table, grid_delta, spline_order, use_base),
                           (group_lo,), base_weight if use_base else None, spline_scaler,
                           _range_coef(x, table, spline_order), None, strategy, precision, deterministic,
-                          layout="ukan_range", label=RANGE_LAYER_LABEL)
+                          layout="ukan_range", label=RANGE_LAYER_LABEL, out_dtype=out_dtype)
     refuse_transforms(RANGE_LAYER_LABEL)
     return _EagerRangeLayer.apply(x, group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
                                   base_weight, spline_scaler, grid_delta, spline_order, use_base, deterministic,
-                                  strategy, precision)
+                                  strategy, precision, None if out_dtype == x.dtype else out_dtype)
 
 
 def positional_encoding(group: Tensor, pe_dim: int, dtype: torch.dtype) -> Tensor:
