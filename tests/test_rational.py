@@ -559,3 +559,16 @@ def test_grkan_under_autocast_casts_nothing(device):
             casts.append({type(child).__name__ for child, _ in node.next_functions})
         stack.extend(child for child, _ in node.next_functions)
     assert casts == [{"AccumulateGrad"}] * 2, casts
+
+
+def test_grkan_with_another_activation_in_place_of_its_rational(device):
+    """A module put in place of the rational (another implementation, as the model bench swaps in FlashKAT's)
+    is called as an activation, x alone, under autocast too."""
+    dev = _torch_device(device)
+    layer = GRKANLinear(16, 8, num_groups=4, device=dev)
+    layer.rational = torch.nn.GELU()
+    x = torch.randn(5, 16, device=dev)
+    with torch.autocast(dev.type, dtype=torch.bfloat16):
+        y = layer(x)
+        want = layer.linear(torch.nn.functional.gelu(x))
+    assert torch.equal(y, want)

@@ -127,6 +127,11 @@ def _rational_modules(config: PrecompileConfig) -> list:
                 # 16-bit input: a layer of that dtype, or a float32 layer under autocast
                 for coef_name in dict.fromkeys((dtype, "float64" if dtype == "float64" else "float32")):
                     builds += rational.rational_modules(m, n, variant, dtype, config.group_size, coef_name)
+                if dtype == "float32":  # a float32 layer's rational under a 16-bit autocast gives that dtype
+                    for out_name in ("bfloat16", "float16"):
+                        if out_name in config.dtypes:
+                            builds += rational.rational_modules(m, n, variant, dtype, config.group_size, dtype,
+                                                                out_name)
                 if config.create_graph or config.jets:
                     builds += rational_jet.jet_modules(m, n, variant, "float64" if dtype == "float64" else "float32")
     return builds

@@ -190,9 +190,11 @@ class GRKANLinear(nn.Module):
                 check_input_dtype(x, self.linear.weight.dtype, IO_DTYPES)
             return self.linear(self.rational(x))
         # under autocast the rational gives what autocast would cast the linear's input to (a float64 x is
-        # left alone), so that no cast runs between them: an fp32 x after a LayerNorm in KAT's blocks
-        out_dtype = cast_to if isinstance(x, torch.Tensor) and x.dtype in _AUTOCAST_CASTS else None
-        return self.linear(self.rational(x, out_dtype=out_dtype))
+        # left alone), so that no cast runs between them: an fp32 x after a LayerNorm in KAT's blocks. A module
+        # put in its place (another implementation, a wrapper) is called as an activation: x alone
+        if not isinstance(self.rational, GroupRational) or x.dtype not in _AUTOCAST_CASTS:
+            return self.linear(self.rational(x))
+        return self.linear(self.rational(x, out_dtype=cast_to))
 
 
 class KATMLP(nn.Module):
