@@ -1412,13 +1412,10 @@ def _generator_layer_funcs(scalar_name: str, widths: tuple):
         return (r % per_output) * (n_cols // per_output) + r // per_output
 
     @wp.func
-    def table_columns(col: int, per_output: int, n_cols: int,
-                      columns: wp.tile(dtype=int, shape=(COLS,), storage="shared")):
-        # into a shared tile of the caller's frame (as range_rows' row maps): an index tile that the indexed
-        # load / store would promote to shared memory itself is not in Warp's frame size
-        wp.tile_assign(columns, wp.tile_map(wp.static(table_column), wp.tile_arange(COLS, dtype=int),
-                                            wp.tile_full(COLS, col, dtype=int), wp.tile_full(COLS, per_output, dtype=int),
-                                            wp.tile_full(COLS, n_cols, dtype=int)))
+    def table_columns(col: int, per_output: int, n_cols: int):
+        return wp.tile_map(wp.static(table_column), wp.tile_arange(COLS, dtype=int),
+                           wp.tile_full(COLS, col, dtype=int), wp.tile_full(COLS, per_output, dtype=int),
+                           wp.tile_full(COLS, n_cols, dtype=int))
 
     @wp.func
     def output_columns(
@@ -1441,9 +1438,8 @@ def _generator_layer_funcs(scalar_name: str, widths: tuple):
         wp.tile_matmul(hidden, wp.tile_transpose(wp.tile_view(w, offset=(0, 0), shape=(COLS, H_W))), out)
         # the table columns of w_out's rows col.. (see table_column): a permuting store, where a copy of w_out
         # and b_out in the table's order would cost two launches a call and two for their gradients
-        columns = wp.tile_zeros(shape=(COLS,), dtype=int, storage="shared")
-        table_columns(col, per_output, table.shape[1], columns)
-        wp.tile_store_indexed(table, indices=columns, t=out, offset=(first_row, 0), axis=1)
+        wp.tile_store_indexed(table, indices=table_columns(col, per_output, table.shape[1]), t=out,
+                              offset=(first_row, 0), axis=1)
 
     @wp.func
     def output_columns_backward(
@@ -1461,10 +1457,8 @@ def _generator_layer_funcs(scalar_name: str, widths: tuple):
         # d_hidden += d_out w_out[cols]; the block's partials of d w_out[cols] = d_out^T hidden and of d b_out
         # (a row of ones times d_out: a fixed summation order), in w_out's row order; d_out gathered from the
         # table's columns (see table_column)
-        columns = wp.tile_zeros(shape=(COLS,), dtype=int, storage="shared")
-        table_columns(col, per_output, d_table.shape[1], columns)
-        d_out = wp.tile_load_indexed(d_table, indices=columns, shape=(ROWS, COLS), offset=(first_row, 0), axis=1,
-                                     storage="shared")
+        d_out = wp.tile_load_indexed(d_table, indices=table_columns(col, per_output, d_table.shape[1]),
+                                     shape=(ROWS, COLS), offset=(first_row, 0), axis=1, storage="shared")
         w = wp.tile_load(w_out, shape=(COLS, H_W), offset=(col, 0), storage="shared")
         wp.tile_matmul(d_out, w, d_hidden)
         d_w = wp.tile_matmul(wp.tile_transpose(d_out), hidden)
