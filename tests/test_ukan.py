@@ -597,37 +597,6 @@ def test_range_generator_column_splits_float64(device, monkeypatch, target_block
         torch.testing.assert_close(grad, grad_ref, rtol=1e-11, atol=1e-11, msg=name)
 
 
-@pytest.mark.parametrize("generator", ["tile", "simt"])
-@pytest.mark.parametrize("per_output,n_cols", [(4, 132), (2, 34), (3, 33)])
-def test_range_generator_takes_output_major_weights(device, monkeypatch, generator, per_output, n_cols):
-    # per_output = K: w_out / b_out in the layer's (output, coefficient) row order, the table in the engine's
-    # (coefficient, output) column order, the gradients in w_out's order: what coefficient_major's copies give
-    # (the tile generator permutes as it stores and gathers; the SIMT one copies), with products that straddle
-    # outputs and a last partial product. The table and the output layer's gradients bitwise; the hidden
-    # layer's gradient sums the columns' products in the other order, so the rest to float64 rounding
-    from warpkan.torch_bridge import ukan_ops
-
-    monkeypatch.setattr(ku, "CG_GENERATOR", generator)
-    n_in, rows, pe_dim, embed_dim, hidden_dim = 3, 11, 6, 5, 9
-    group_lo = torch.tensor([-4, 0, 17], device=device)
-    embedding, w_hidden, b_hidden, w_out, b_out = (
-        p.detach() for p in cg_mlp_params(n_in, pe_dim, embed_dim, hidden_dim, n_cols, device))
-    d_table = torch.randn(n_in * rows, n_cols, dtype=torch.float64, device=device)
-    w_cm, b_cm = ukan_ops.coefficient_major(w_out, b_out, per_output - 1)
-    table = ukan_ops._range_table_impl(group_lo, rows, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
-                                       per_output=per_output)
-    want = ukan_ops._range_table_impl(group_lo, rows, pe_dim, embedding, w_hidden, b_hidden, w_cm, b_cm)
-    assert torch.equal(table, want)
-    grads = ukan_ops._range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b_hidden, w_out,
-                                                per_output=per_output)
-    want = ukan_ops._range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b_hidden, w_cm)
-    want = (*want[:3], *ukan_ops.output_major(*want[3:], per_output - 1))
-    for got, expected in zip(grads[:3], want[:3]):
-        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
-    for got, expected in zip(grads[3:], want[3:]):
-        assert torch.equal(got, expected)
-
-
 def test_range_generator_float32_within_reference_error(device):
     # tolerance from the reference itself: how far the float32 torch CG-MLP lands from the float64 one
     n_in, rows, pe_dim, embed_dim, hidden_dim, n_cols = 6, 11, 16, 8, 32, 72
@@ -1017,13 +986,3 @@ def test_bench_graphs_every_capturable_row_cuda():
             assert "graphed_total_ms" not in row and "graphed note" in row
         else:
             assert row["graphed_total_ms"] > 0, row
-
-
-def test_eager_range_step_copies_no_weights(eager_step_ops):
-    # the range path's generator reads cg_out as the layer has it and writes the table's columns in the
-    # engine's order, and its gradients come back in cg_out's order: no copy of the output layer (the strided
-    # reshape of coefficient_major / output_major, four launches a step) on the tile generator
-    layer = make_layer(6, 5, "cpu", dtype=torch.float32, table_groups=4)
-    x = torch.randn(9, 6, requires_grad=True)
-    ops = eager_step_ops(layer, x, torch.ones(9, 5))
-    assert "aten::clone" not in ops and "aten::_to_copy" not in ops, sorted(ops)

@@ -1401,30 +1401,12 @@ def _generator_layer_funcs(scalar_name: str, widths: tuple):
     ROWS, COLS = GENERATOR_ROWS, GENERATOR_COLS
 
     @wp.func
-    def table_column(c: int, col: int, per_output: int, n_cols: int):
-        # the table column of w_out's row r = col + c: r itself, or with per_output = K (w_out's rows in
-        # (output o, coefficient m) order, r = o K + m) the engine's (m, o) order, m * outputs + o; -1 past w_out
-        r = col + c
-        if r >= n_cols:
-            return -1
-        if per_output == 1:
-            return r
-        return (r % per_output) * (n_cols // per_output) + r // per_output
-
-    @wp.func
-    def table_columns(col: int, per_output: int, n_cols: int):
-        return wp.tile_map(wp.static(table_column), wp.tile_arange(COLS, dtype=int),
-                           wp.tile_full(COLS, col, dtype=int), wp.tile_full(COLS, per_output, dtype=int),
-                           wp.tile_full(COLS, n_cols, dtype=int))
-
-    @wp.func
     def output_columns(
         hidden: wp.tile(dtype=scalar, shape=(ROWS, H_W), storage="shared"),
         w_out: wp.array2d(dtype=scalar),
         b_out: wp.array(dtype=scalar),
         first_row: int,
         col: int,
-        per_output: int,
         table: wp.array2d(dtype=scalar),
     ):
         # w_out's rows are loaded into a tile one column wider than they are and read through a view: the
@@ -1436,10 +1418,7 @@ def _generator_layer_funcs(scalar_name: str, widths: tuple):
         wp.tile_assign(out, wp.tile_broadcast(
             wp.tile_reshape(wp.tile_load(b_out, shape=(COLS,), offset=(col,)), shape=(1, COLS)), shape=(ROWS, COLS)))
         wp.tile_matmul(hidden, wp.tile_transpose(wp.tile_view(w, offset=(0, 0), shape=(COLS, H_W))), out)
-        # the table columns of w_out's rows col.. (see table_column): a permuting store, where a copy of w_out
-        # and b_out in the table's order would cost two launches a call and two for their gradients
-        wp.tile_store_indexed(table, indices=table_columns(col, per_output, table.shape[1]), t=out,
-                              offset=(first_row, 0), axis=1)
+        wp.tile_store(table, out, offset=(first_row, col))
 
     @wp.func
     def output_columns_backward(
@@ -1449,16 +1428,13 @@ def _generator_layer_funcs(scalar_name: str, widths: tuple):
         block: int,
         first_row: int,
         col: int,
-        per_output: int,
         d_hidden: wp.tile(dtype=scalar, shape=(ROWS, H_W), storage="shared"),
         part_w_out: wp.array3d(dtype=scalar),
         part_b_out: wp.array2d(dtype=scalar),
     ):
         # d_hidden += d_out w_out[cols]; the block's partials of d w_out[cols] = d_out^T hidden and of d b_out
-        # (a row of ones times d_out: a fixed summation order), in w_out's row order; d_out gathered from the
-        # table's columns (see table_column)
-        d_out = wp.tile_load_indexed(d_table, indices=table_columns(col, per_output, d_table.shape[1]),
-                                     shape=(ROWS, COLS), offset=(first_row, 0), axis=1, storage="shared")
+        # (a row of ones times d_out: a fixed summation order)
+        d_out = wp.tile_load(d_table, shape=(ROWS, COLS), offset=(first_row, col), storage="shared")
         w = wp.tile_load(w_out, shape=(COLS, H_W), offset=(col, 0), storage="shared")
         wp.tile_matmul(d_out, w, d_hidden)
         d_w = wp.tile_matmul(wp.tile_transpose(d_out), hidden)
@@ -1526,7 +1502,6 @@ def _generator_forward_kernel(scalar_name: str, widths: tuple, rows: str):
         b_out: wp.array(dtype=scalar),
         table: wp.array2d(dtype=scalar),
         block_cols: int,
-        per_output: int,
     ):
         block, col_block, lane = wp.tid()
         first_row = block * ROWS
@@ -1539,7 +1514,7 @@ def _generator_forward_kernel(scalar_name: str, widths: tuple, rows: str):
         wp.tile_assign(hidden, wp.tile_map(wp.static(silu), hidden))  # the pre-activations are not needed again
         first_col = col_block * block_cols
         for col in range(first_col, wp.min(first_col + block_cols, table.shape[1]), COLS):
-            output_columns(hidden, w_out, b_out, first_row, col, per_output, table)
+            output_columns(hidden, w_out, b_out, first_row, col, table)
 
     return generator_forward
 
@@ -1584,7 +1559,6 @@ def _generator_backward_kernels(scalar_name: str, widths: tuple, rows: str):
         part_b_out: wp.array2d(dtype=scalar),
         d_hidden_parts: wp.array3d(dtype=scalar),
         block_cols: int,
-        per_output: int,
     ):
         block, col_block, lane = wp.tid()
         first_row = block * ROWS
@@ -1598,8 +1572,7 @@ def _generator_backward_kernels(scalar_name: str, widths: tuple, rows: str):
         d_hidden = wp.tile_zeros(shape=(ROWS, H_W), dtype=scalar, storage="shared")
         first_col = col_block * block_cols
         for col in range(first_col, wp.min(first_col + block_cols, d_table.shape[1]), COLS):
-            output_columns_backward(d_table, w_out, hidden, block, first_row, col, per_output, d_hidden, part_w_out,
-                                    part_b_out)
+            output_columns_backward(d_table, w_out, hidden, block, first_row, col, d_hidden, part_w_out, part_b_out)
         wp.tile_store(d_hidden_parts, wp.tile_reshape(d_hidden, shape=(1, ROWS, H_W)), offset=(col_block, first_row, 0))
 
     @kernel
@@ -1793,27 +1766,19 @@ def _launch_tiled(kernel, blocks: list, inputs, device, stream, record):
     return [cmd] if record else []
 
 
-def _check_per_output(per_output, n_cols: int) -> int:
-    per_output = int(per_output)
-    if per_output < 1 or n_cols % per_output:
-        raise ValueError(f"per_output must be a positive divisor of w_out's {n_cols} rows, got {per_output}")
-    return per_output
-
-
 def _generator_forward(rows, row_groups, row_features, rows_per_feature, embedding, w_hidden, b_hidden, w_out,
-                       b_out, table, pe_dim, stream, record, per_output=1):
+                       b_out, table, pe_dim, stream, record):
     if table.shape[0] == 0 or table.shape[1] == 0:
         return []
     name, widths, n_blocks = _generator_config(table, embedding, w_hidden, pe_dim)
     col_blocks, block_cols = column_split(table.shape[0], table.shape[1])
     return _launch_tiled(_generator_forward_kernel(name, widths, rows), [n_blocks, col_blocks],
                          [row_groups, row_features, rows_per_feature, embedding, int(pe_dim), w_hidden, b_hidden, w_out,
-                          b_out, table, block_cols, _check_per_output(per_output, table.shape[1])], table.device,
-                         stream, record)
+                          b_out, table, block_cols], table.device, stream, record)
 
 
 def _generator_backward(rows, d_table, row_groups, row_features, rows_per_feature, embedding, w_hidden, b_hidden,
-                        w_out, partials, grads, pe_dim, accumulate, stream, record, per_output=1):
+                        w_out, partials, grads, pe_dim, accumulate, stream, record):
     """The backward kernel and the combine; the combine leaves d_embedding (the last of ``grads``) to the
     caller unless the rows are a range's."""
     name, widths, n_blocks = _generator_config(d_table, embedding, w_hidden, pe_dim)
@@ -1831,8 +1796,8 @@ def _generator_backward(rows, d_table, row_groups, row_features, rows_per_featur
         raise ValueError(f"d_hidden_parts must have {col_blocks} column blocks (generator_partial_shapes), got "
                          f"{d_hidden_parts.shape[0]}")
     return (_launch_tiled(output_kernel, [n_blocks, col_blocks],
-                          [d_table, *rows_args, w_out, part_w_out, part_b_out, d_hidden_parts, block_cols,
-                           _check_per_output(per_output, d_table.shape[1])], device, stream, record)
+                          [d_table, *rows_args, w_out, part_w_out, part_b_out, d_hidden_parts, block_cols], device,
+                          stream, record)
             + _launch_tiled(hidden_kernel, [n_blocks], [d_hidden_parts, *rows_args, part_w_encoding, part_w_embedding,
                                                        part_b_hidden, d_embedding_rows], device, stream, record)
             + _launch(_generator_combine_kernel(name), (n_entries,),
@@ -1843,27 +1808,23 @@ def _no_row_features(device):
     return wp.empty(0, dtype=wp.int32, device=device)
 
 
-def launch_generator_forward(group_lo, embedding, w_hidden, b_hidden, w_out, b_out, table, pe_dim, per_output=1,
-                             stream=None, record=False):
+def launch_generator_forward(group_lo, embedding, w_hidden, b_hidden, w_out, b_out, table, pe_dim, stream=None,
+                             record=False):
     """The CG-MLP on the dense range by the fused tile generator: table [in Rt, B] = w_out silu(w_hidden f +
     b_hidden) + b_out, the input row f of row i Rt + j being (the encoding of group group_lo[i] - 1 + j,
-    embedding[i]) (what :func:`launch_range_mlp_forward` computes, in one launch and no row scratch).
-    ``per_output``: 1, the table's columns in w_out's row order; K, w_out's rows in (output, coefficient) order
-    (the torch layer's ``cg_out``, K = k + 1 a output) and the table's in the edge engine's (coefficient,
-    output) order, permuted as the kernel stores them."""
+    embedding[i]) (what :func:`launch_range_mlp_forward` computes, in one launch and no row scratch)."""
     rows_per_feature = table.shape[0] // group_lo.shape[0]
     return _generator_forward("range", group_lo, _no_row_features(table.device), rows_per_feature, embedding,
-                              w_hidden, b_hidden, w_out, b_out, table, pe_dim, stream, record, per_output)
+                              w_hidden, b_hidden, w_out, b_out, table, pe_dim, stream, record)
 
 
 def launch_generator_backward(d_table, group_lo, embedding, w_hidden, b_hidden, w_out, part_w_out, part_b_out,
                               part_w_encoding, part_w_embedding, part_b_hidden, d_embedding_rows, d_hidden_parts,
-                              d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding, pe_dim, per_output=1,
-                              stream=None, record=False):
+                              d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding, pe_dim, stream=None,
+                              record=False):
     """Every parameter gradient of :func:`launch_generator_forward` from d_table [in Rt, B], written, not
     accumulated: the blocks' tile_matmul partials (scratch shaped by :func:`generator_partial_shapes`), then
-    their fixed-order sum (bitwise reproducible). ``per_output``: as the forward's (d_w_out and d_b_out in
-    w_out's row order)."""
+    their fixed-order sum (bitwise reproducible)."""
     if d_table.shape[0] == 0:
         return []
     rows_per_feature = d_table.shape[0] // group_lo.shape[0]
@@ -1871,8 +1832,7 @@ def launch_generator_backward(d_table, group_lo, embedding, w_hidden, b_hidden, 
                 d_hidden_parts]
     return _generator_backward("range", d_table, group_lo, _no_row_features(d_table.device), rows_per_feature,
                                embedding, w_hidden, b_hidden, w_out, partials,
-                               (d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding), pe_dim, False, stream, record,
-                               per_output)
+                               (d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding), pe_dim, False, stream, record)
 
 
 def launch_pair_generator_forward(pair_feature, pair_group, embedding, w_hidden, b_hidden, w_out, b_out, table,

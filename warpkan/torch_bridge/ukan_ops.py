@@ -245,22 +245,16 @@ def _(x, grid_delta, spline_order):
 
 
 def _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
-                      keep_rows=False, per_output=1):
+                      keep_rows=False):
     """The table; with ``keep_rows``, (table, *rows): the (features, pre, hidden) that the SIMT generator's
-    backward reuses, none from the tile generator (its backward recomputes them in shared memory).
-    ``per_output``: 1, w_out's rows in the table's column order (:func:`coefficient_major`'s); K, the layer's
-    ``cg_out`` as it is, rows in (output, coefficient) order: the tile generator permutes as it stores (no copy
-    of the weights), the SIMT one takes coefficient_major's copy."""
+    backward reuses, none from the tile generator (its backward recomputes them in shared memory)."""
     group_lo, embedding, w_hidden, b_hidden, w_out, b_out = (
         t.contiguous() for t in (group_lo, embedding, w_hidden, b_hidden, w_out, b_out))
     n_rows = group_lo.shape[0] * rows_per_feature
     if ku.use_tile_generator(embedding.element_size(), pe_dim, embedding.shape[1], w_hidden.shape[0]):
         table = embedding.new_empty((n_rows, w_out.shape[0]))
-        _launch(ku.launch_generator_forward, (group_lo, embedding, w_hidden, b_hidden, w_out, b_out, table), pe_dim,
-                per_output)
+        _launch(ku.launch_generator_forward, (group_lo, embedding, w_hidden, b_hidden, w_out, b_out, table), pe_dim)
         return (table,) if keep_rows else table
-    if per_output > 1:
-        w_out, b_out = coefficient_major(w_out, b_out, per_output - 1)
     features = embedding.new_empty((n_rows, w_hidden.shape[1]))
     pre = embedding.new_empty((n_rows, w_hidden.shape[0]))
     hidden = torch.empty_like(pre)
@@ -293,11 +287,9 @@ def _range_table_grads(embedding, w_hidden, w_out, alloc):
             alloc(w_out.shape[:1], dtype=w_out.dtype, device=w_out.device))
 
 
-def _range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b_hidden, w_out, rows=None,
-                               per_output=1):
+def _range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b_hidden, w_out, rows=None):
     """The parameter gradients; ``rows``: the forward's (features, pre, hidden) of the SIMT generator, else
-    recomputed (the tile generator always recomputes them). ``per_output``: as :func:`_range_table_impl`'s;
-    d_w_out and d_b_out come in w_out's row order."""
+    recomputed (the tile generator always recomputes them)."""
     d_table, group_lo, embedding, w_hidden, b_hidden, w_out = (
         t.contiguous() for t in (d_table, group_lo, embedding, w_hidden, b_hidden, w_out))
     d_embedding, d_w_hidden, d_b_hidden, d_w_out, d_b_out = _range_table_grads(embedding, w_hidden, w_out,
@@ -308,13 +300,8 @@ def _range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b
         shapes = ku.generator_partial_shapes(n_rows, w_out.shape[0], pe_dim, embedding.shape[1], n_hidden)
         partials = tuple(d_table.new_empty(shape) for shape in shapes.values())
         _launch(ku.launch_generator_backward, (d_table, group_lo, embedding, w_hidden, b_hidden, w_out, *partials,
-                                               d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding), pe_dim,
-                per_output)
+                                               d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding), pe_dim)
         return grads
-    if per_output > 1:  # the SIMT kernels take the table's order: coefficient_major's copy, its gradients back
-        w_out = coefficient_major(w_out, None, per_output - 1)[0]
-        grads = _range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b_hidden, w_out, rows)
-        return (*grads[:3], *output_major(*grads[3:], per_output - 1))
     recompute = not rows
     if recompute:
         rows = (d_table.new_empty((n_rows, w_hidden.shape[1])), d_table.new_empty((n_rows, n_hidden)),
@@ -375,13 +362,13 @@ ukan_range_table.register_autograd(
     setup_context=_range_table_setup_context)
 
 
-def coefficient_major(w_out: Tensor, b_out: "Tensor | None", spline_order: int) -> tuple:
+def coefficient_major(w_out: Tensor, b_out: Tensor, spline_order: int) -> tuple[Tensor, Tensor]:
     """The CG-MLP's output layer with its rows in (m, o) order instead of (o, m): the range table it makes is
     then the engine's coefficient table [in, Rt K, out] as it lies (a copy of the small layer, not of the
-    table). ``b_out`` None: (w, None)."""
+    table)."""
     K = spline_order + 1
     return (w_out.view(-1, K, w_out.shape[1]).transpose(0, 1).reshape(w_out.shape),
-            None if b_out is None else b_out.view(-1, K).t().reshape(b_out.shape))
+            b_out.view(-1, K).t().reshape(b_out.shape))
 
 
 def output_major(d_w_out: Tensor, d_b_out: Tensor, spline_order: int) -> tuple[Tensor, Tensor]:
@@ -445,10 +432,10 @@ class _EagerRangeLayer(torch.autograd.Function):
                           base_weight, spline_scaler, grid_delta, spline_order, use_base)
         base_weight_t = contiguous(base_weight.t()) if use_base else None
         scaler_t = contiguous(spline_scaler.t())
+        w_out, b_out = coefficient_major(w_out, b_out, spline_order)
         x, group_lo = x.contiguous(), group_lo.contiguous()
-        # w_out and b_out as the layer has them: the generator stores the table's columns in the engine's order
         table, *rows = _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out,
-                                         b_out, keep_rows=True, per_output=spline_order + 1)
+                                         b_out, keep_rows=True)
         spec, coef = range_spec(x, group_lo, table, grid_delta, spline_order, use_base)
         # the route resolved once, for the forward and the backward
         strategy, precision = resolve_route(spec, x, coef.shape[2], strategy, precision)
@@ -489,8 +476,7 @@ class _EagerRangeLayer(torch.autograd.Function):
             return tuple(grads)
         if table is None:
             rows_per_feature = ctx.raw_inputs[2]
-            table = _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
-                                      per_output=spline_order + 1)
+            table = _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out)
         spec, coef = range_spec(x, group_lo, table, grid_delta, spline_order, use_base)
         dx, d_base, d_scaler, d_coef, _ = run_backward(spec, dy.contiguous(), x, base_weight_t, scaler_t, coef, None,
                                                        *ctx.route, deterministic, need_x, need_params, False,
@@ -506,7 +492,8 @@ class _EagerRangeLayer(torch.autograd.Function):
                 grads[index] = (with_strides(grad, param_t.stride()) if kernel_copies(param_t) else grad).t()
         if need_mlp:
             mlp_grads = _range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b_hidden, w_out,
-                                                   rows=rows, per_output=spline_order + 1)
+                                                   rows=rows)
+            mlp_grads = (*mlp_grads[:3], *output_major(*mlp_grads[3:], spline_order))
             for index, grad in zip(range(4, 9), mlp_grads):
                 if need[index]:
                     grads[index] = grad
