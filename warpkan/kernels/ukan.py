@@ -605,10 +605,7 @@ def launch_backward(dy, x, pairs: PairBuffers, table, base_weight_t, scaler_t, g
 
 # ---------------------------------------------------------------------- dense-range path
 _RANGE_THREADS = 1 << 17  # parallelism aimed at by the group-range search
-# rows a thread of the search takes at least: a thread walks its rows one dependent locate after another, so a
-# small batch (MNIST's 128 rows: 8 chunks of 16 rows a feature, ~6.5 us a call on the H200) is a chain of
-# latencies; more, shorter chunks cost only more integer atomics, which commute
-_MIN_RANGE_ROWS = 4
+_MIN_RANGE_ROWS = 16
 
 
 def _launch(kernel, dim, inputs, device, stream, record):
