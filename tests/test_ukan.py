@@ -554,7 +554,12 @@ GENERATOR_SIZES = [
 def test_range_generator_matches_torch_cg_mlp_float64(device, monkeypatch, generator, n_in, rows, pe_dim, embed_dim,
                                                       hidden_dim, n_cols):
     monkeypatch.setattr(ku, "CG_GENERATOR", generator)
-    group_lo = torch.randint(-50, 50, (n_in,), generator=torch.Generator().manual_seed(1)).to(device)
+    check_range_generator_float64(device, n_in, rows, pe_dim, embed_dim, hidden_dim, n_cols, seed=1)
+
+
+def check_range_generator_float64(device, n_in, rows, pe_dim, embed_dim, hidden_dim, n_cols, seed):
+    """The registered range-table op's table and every CG-MLP gradient against the torch reference, float64."""
+    group_lo = torch.randint(-50, 50, (n_in,), generator=torch.Generator().manual_seed(seed)).to(device)
     params = cg_mlp_params(n_in, pe_dim, embed_dim, hidden_dim, n_cols, device)
     d_table = torch.randn(n_in * rows, n_cols, dtype=torch.float64, device=device)
     table, grads = table_and_grads(range_table_op(group_lo, rows, pe_dim), params, d_table)
@@ -587,14 +592,7 @@ def test_range_generator_column_splits_float64(device, monkeypatch, target_block
     monkeypatch.setattr(ku, "GENERATOR_TARGET_BLOCKS", target_blocks)
     n_in, rows, pe_dim, embed_dim, hidden_dim, n_cols = 5, 13, 4, 3, 13, 131
     assert ku.column_split(n_in * rows, n_cols)[0] == {1: 1, 6: 2, 512: 5}[target_blocks]
-    group_lo = torch.randint(-50, 50, (n_in,), generator=torch.Generator().manual_seed(2)).to(device)
-    params = cg_mlp_params(n_in, pe_dim, embed_dim, hidden_dim, n_cols, device)
-    d_table = torch.randn(n_in * rows, n_cols, dtype=torch.float64, device=device)
-    table, grads = table_and_grads(range_table_op(group_lo, rows, pe_dim), params, d_table)
-    expected, grads_ref = table_and_grads(range_table_reference(group_lo, rows, pe_dim), params, d_table)
-    torch.testing.assert_close(table, expected, rtol=1e-12, atol=1e-12)
-    for name, grad, grad_ref in zip(("embedding", "w_hidden", "b_hidden", "w_out", "b_out"), grads, grads_ref):
-        torch.testing.assert_close(grad, grad_ref, rtol=1e-11, atol=1e-11, msg=name)
+    check_range_generator_float64(device, n_in, rows, pe_dim, embed_dim, hidden_dim, n_cols, seed=2)
 
 
 def test_range_generator_float32_within_reference_error(device):
