@@ -8,13 +8,12 @@ never a fallback.
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 
 from ..kernels.bspline import uniform_basis_matrix
-from ..torch_bridge._common import cacheable
 from ..kernels.ukan import CELL_LIMIT, PE_BASE
+from ..torch_bridge._common import cacheable
 
 __all__ = ["locate", "positional_encoding", "cg_mlp", "ukan_linear"]
 

@@ -175,9 +175,8 @@ def run_backward(spec: EdgeSpec, dy: Tensor, x: Tensor, base_weight_t, scaler_t,
     d_bias = dy.sum(dim=0, dtype=x.dtype) if need_bias else empty
     if not (need_x or need_params):
         return empty, empty, empty, empty, d_bias
-    if strategy != "gemm":  # gemm_backward converts dy to its basis dtype itself (none for a bf16 dy and basis)
-        dy = dy.to(x.dtype)
     if strategy == "gemm":  # cuBLAS and fixed-order kernels: deterministic as it is
+        # gemm_backward converts dy to its basis dtype itself (none for a bf16 dy and basis)
         dx, d_base, d_scaler, d_coef = gemm_backward(*spec[:4], dy, x,
                                                      scaler_t if base_weight_t is None else base_weight_t, scaler_t,
                                                      coef if scaler_t is not None else contiguous(coef),
@@ -185,6 +184,7 @@ def run_backward(spec: EdgeSpec, dy: Tensor, x: Tensor, base_weight_t, scaler_t,
         if need_params and scaler_t is None:
             d_coef = _strided_like(d_coef, coef)
     else:
+        dy = dy.to(x.dtype)
         shared = spec.family.shared_table  # its backward is the atomic-free one, in the pair search's order
         if x.is_cuda and not (shared or spec.family.single_slot) and not torch.cuda.is_current_stream_capturing():
             ready_for_capture(spec.family, x, spec.n_coef, coef.shape[2], precision)  # on autograd's thread

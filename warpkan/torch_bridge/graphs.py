@@ -25,8 +25,9 @@ model). Accumulating, the gradients must also exist before the first micro-batch
 (``optimizer.zero_grad(set_to_none=False)``): a first backward into ``.grad = None`` takes the recorded
 backward's output tensor itself as the gradient, and the next micro-batch's replay writes over it.
 :func:`graphed_training_step` with ``accumulation_steps`` needs none of this (one capture holds every
-micro-batch, so nothing of one replay is overwritten by the next), and graphs the loss and the optimizer too. A plain loop of one forward, backward and optimizer step per batch needs no mark; torch
-starts a new step once the backward has run.
+micro-batch, so nothing of one replay is overwritten by the next), and graphs the loss and the optimizer too. A
+plain loop of one forward, backward and optimizer step per batch needs no mark; torch starts a new step once the
+backward has run.
 """
 
 from __future__ import annotations

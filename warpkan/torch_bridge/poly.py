@@ -48,8 +48,9 @@ class PolyKANLinear(Float32Or64Module):
     dtypes: the layer computes in float32 or float64. Under bf16/fp16 autocast it takes x in fp32 (its
     parameters stay fp32; the gemm strategy's contractions follow ``precision``, bf16 for "auto" under bf16
     autocast) and returns the autocast dtype, made inside its autograd node; ``.half()``, ``.bfloat16()`` and
-    other conversions to a 16-bit dtype are refused with a TypeError (the layer is left unchanged). NaN in one row of x makes that row of the output NaN; as under
-    autograd, it also makes the coefficient gradients of that input NaN.
+    other conversions to a 16-bit dtype are refused with a TypeError (the layer is left unchanged). NaN in one
+    row of x makes that row of the output NaN; as under autograd, it also makes the coefficient gradients of
+    that input NaN.
 
     Higher-order derivatives (``create_graph=True``, and Taylor mode: ``warpkan.torch_bridge.jet``) come from the
     edge engine's bases and their x-derivatives, to the third order; the ``torch.func`` transforms raise. In LUT

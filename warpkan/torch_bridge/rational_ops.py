@@ -30,8 +30,9 @@ IO_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _IO_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
-def _arith_dtype(x: Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
+def _arith_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the kernels compute in for I/O of ``dtype``."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _aligned(t: Tensor) -> Tensor:
@@ -46,7 +47,7 @@ def _coefficient_dtype(x: Tensor, weight_numerator: Tensor, weight_denominator: 
     """The dtype the kernels read the weights in: their own when they share one, else x's arithmetic one."""
     if weight_numerator.dtype == weight_denominator.dtype:
         return weight_numerator.dtype
-    return _arith_dtype(x)
+    return _arith_dtype(x.dtype)
 
 
 def _coefficients(x: Tensor, weight_numerator: Tensor, weight_denominator: Tensor) -> tuple[Tensor, Tensor]:
@@ -297,8 +298,7 @@ def check_out_dtype(x: Tensor, out_dtype) -> "torch.dtype | None":
     in (float32, bfloat16 or float16 for those x; float64 for float64 x). Returns None for x's own dtype."""
     if out_dtype is None or out_dtype == x.dtype:
         return None
-    if out_dtype not in IO_DTYPES or _arith_dtype(x) != (torch.float64 if out_dtype == torch.float64 else
-                                                         torch.float32):
+    if out_dtype not in IO_DTYPES or _arith_dtype(out_dtype) != _arith_dtype(x.dtype):
         raise TypeError(f"out_dtype must be None or a dtype of {[str(d) for d in IO_DTYPES]} computed like x's "
                         f"({x.dtype}: float32, bfloat16 and float16 together, float64 alone), got {out_dtype!r}")
     return out_dtype

@@ -570,6 +570,8 @@ def range_layer(x: Tensor, group_lo: Tensor, rows_per_feature: int, pe_dim: int,
     spline_scaler [out, in]. Under tracing, those two registered ops; eagerly, one autograd node running the
     same implementations (refused under torch.func transforms). ``out_dtype``: y's dtype where it is not x's
     (an autocast caller's), made by the node itself as ``edge_ops.edge_apply`` makes it."""
+    if out_dtype == x.dtype:
+        out_dtype = None
     if use_registered_op(x):
         w_out, b_out = coefficient_major(w_out, b_out, spline_order)
         table = ukan_range_table(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out)
@@ -580,7 +582,7 @@ def range_layer(x: Tensor, group_lo: Tensor, rows_per_feature: int, pe_dim: int,
     refuse_transforms(RANGE_LAYER_LABEL)
     return _EagerRangeLayer.apply(x, group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
                                   base_weight, spline_scaler, grid_delta, spline_order, use_base, deterministic,
-                                  strategy, precision, None if out_dtype == x.dtype else out_dtype)
+                                  strategy, precision, out_dtype)
 
 
 def positional_encoding(group: Tensor, pe_dim: int, dtype: torch.dtype) -> Tensor:
