@@ -613,6 +613,86 @@ def test_gemm_step_copies_no_parameter(eager_step_ops):
     assert not names & {"aten::copy_", "aten::clone", "aten::contiguous"}, names
 
 
+def _parameter_copies(layer, x, dy) -> list:
+    """The copies (``aten::copy_``, ``aten::clone``) of a parameter's size in one eager step of ``layer``, taken
+    after a warm-up step with the gradients cleared; (op, numel) each. Other copies (the CPU stencil backward's
+    sort of its entries) are of other sizes."""
+    sizes = {p.numel() for p in layer.parameters()}
+    for warm_up in (True, False):
+        for t in (x, *layer.parameters()):
+            t.grad = None  # a new tensor each step, not an add into one the caller holds
+        if warm_up:
+            layer(x).backward(dy)
+    with torch.autograd.set_multithreading_enabled(False):  # the backward's ops on this thread, for the profiler
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+            layer(x).backward(dy)
+    copies = []
+    for event in prof.events():
+        if event.name in ("aten::copy_", "aten::clone") and event.input_shapes and event.input_shapes[0]:
+            numel = int(np.prod(event.input_shapes[0]))
+            if numel in sizes:
+                copies.append((event.name, numel))
+    return copies
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_small_stencil_step_reads_the_parameters_in_place(device, deterministic, monkeypatch):
+    """The stencil strategy on a small call reads the public-layout parameters where they lie and writes their
+    gradients in their strides (``edge_ops._stencil_param``): a step copies no parameter or gradient (no copy
+    into the kernels' layout, none by AccumulateGrad), and its results are bitwise those of the same call on
+    copies in the kernels' layout (a call above IN_PLACE_MAX_ROWS), which makes those copies."""
+    from warpkan.torch_bridge import edge_ops
+
+    tdev = _torch_device(device)
+    torch.manual_seed(0)
+    layer = KANLinear(5, 3, grid_size=4, strategy="stencil", deterministic=deterministic).to(tdev)
+    x = (torch.rand(37, 5, device=tdev) * 2.4 - 1.2).requires_grad_(True)  # some rows outside the grid
+    dy = torch.randn(37, 3, device=tdev)
+    assert _parameter_copies(layer, x, dy) == []
+
+    def step():
+        for t in (x, *layer.parameters()):
+            t.grad = None
+        y = layer(x)
+        y.backward(dy)
+        return y, [t.grad for t in (x, *layer.parameters())]
+
+    y_in_place, grads_in_place = step()
+    for p, g in zip(layer.parameters(), grads_in_place[1:]):
+        assert g.stride() == p.stride()
+    monkeypatch.setattr(edge_ops, "IN_PLACE_MAX_ROWS", 0)
+    assert len(_parameter_copies(layer, x, dy)) >= 3  # base weight, scaler, table (and gradients back)
+    y_copied, grads_copied = step()
+    torch.testing.assert_close(y_in_place, y_copied, rtol=0, atol=0)
+    for a, b in zip(grads_in_place, grads_copied):
+        if deterministic or tdev.type == "cpu":
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        else:  # atomic adds in another order
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_stencil_param_rule(device):
+    """``edge_ops.stencil_param``: a small parameter view is read in place up to IN_PLACE_MAX_ROWS rows an eager
+    call and IN_PLACE_MAX_ROWS_CAPTURED rows a call recorded into a CUDA graph, and copied contiguous beyond
+    those or beyond IN_PLACE_MAX_BYTES."""
+    from warpkan.torch_bridge import edge_ops
+
+    tdev = _torch_device(device)
+    view = torch.randn(3, 5, device=tdev).t()
+    assert edge_ops.stencil_param(view, edge_ops.IN_PLACE_MAX_ROWS) is view
+    copied = edge_ops.stencil_param(view, edge_ops.IN_PLACE_MAX_ROWS + 1)
+    assert copied.is_contiguous() and torch.equal(copied, view)
+    large = torch.zeros(edge_ops.IN_PLACE_MAX_BYTES // 4 + 1, 2, device=tdev).t()
+    assert edge_ops.stencil_param(large, 1).is_contiguous()
+    if tdev.type == "cuda":
+        rows = (edge_ops.IN_PLACE_MAX_ROWS_CAPTURED, edge_ops.IN_PLACE_MAX_ROWS_CAPTURED + 1)
+        edge_ops.stencil_param(view, rows[1])  # the copy's kernels loaded before the capture
+        torch.cuda.synchronize()
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            in_place, captured_copy = (edge_ops.stencil_param(view, n) for n in rows)
+        assert in_place is view and captured_copy.is_contiguous()
+
+
 # ------------------------------------------------------------------------------------ 7. copy and pickle
 def _trained(layer, x):
     """A forward and backward pass first: whatever a layer caches on its way is in place."""

@@ -53,7 +53,7 @@ from .edge_driver import (EdgeSpec, bind_tiled_backward, combined_weight, differ
                           split_weight_grad, stencil_backward, stencil_forward)
 
 __all__ = ["edge_forward", "edge_backward", "edge_apply", "static_spec_maker", "resolve_route", "resolve_auto",
-           "ready_for_capture", "register_higher_view",
+           "ready_for_capture", "register_higher_view", "stencil_param",
            "forward_impl", "backward_impl", "LAYOUTS"]
 
 # the ops' inputs, by position (the eager routes take the same)
@@ -120,14 +120,42 @@ def _unit_scaler(x: Tensor, n_in: int, n_out: int) -> Tensor:
     return one.expand(n_in, n_out)
 
 
+# Public-layout parameters on the stencil strategy. The kernels index every array through its strides, so a
+# parameter can be read where it lies and its gradient written in the parameter's own strides, which AccumulateGrad
+# takes as it is. For a small layer that saves two copies a parameter a step: one into the kernels' layout before
+# the forward, and AccumulateGrad's copy of a gradient in other strides after the backward. That is six of the
+# launches of a KANLinear step, and an eager small layer waits on the host time of each. The price is uncoalesced
+# access, one element a memory sector: the table's reads and the gradients' atomic adds, one add an element for
+# each chunk of rows, which grows with the rows. On the GPU machine (KANLinear 32 -> 32, G = 5 and 21;
+# `python scripts/in_place_params.py`, docs/perf-notes-host.md):
+# - eager, an in-place step took 0.62-0.80x the copying one's time at 128 to 16384 rows (the host is the bound);
+# - graphed, in place was 3-7% faster at 128 and 1024 rows, 2% slower at 4096 rows with G = 5, and 14% (4096 rows,
+#   G = 21) to 39% (16384 rows) slower beyond.
+# So a parameter of at most IN_PLACE_MAX_BYTES is read in place in an eager call of at most IN_PLACE_MAX_ROWS rows
+# and in a call recorded into a CUDA graph (where the GPU time is all that counts) of at most
+# IN_PLACE_MAX_ROWS_CAPTURED rows; larger calls copy, coalesced on both sides. The results are bitwise the same.
+IN_PLACE_MAX_BYTES = 1 << 20
+IN_PLACE_MAX_ROWS = 16384
+IN_PLACE_MAX_ROWS_CAPTURED = 1024
+
+
+def stencil_param(t: Tensor, n_rows: int) -> Tensor:
+    """A parameter (or its op view) as the stencil kernels read it in a call of ``n_rows`` rows: in place where
+    the rule above allows, else contiguous."""
+    if t.numel() * t.element_size() <= IN_PLACE_MAX_BYTES and n_rows <= IN_PLACE_MAX_ROWS and (
+            n_rows <= IN_PLACE_MAX_ROWS_CAPTURED or not (t.is_cuda and torch.cuda.is_current_stream_capturing())):
+        return t
+    return contiguous(t)
+
+
 def _stencil_operands(spec: EdgeSpec, x: Tensor, base_weight_t, scaler_t, coef: Tensor) -> tuple:
-    """What the stencil kernels read: contiguous parameters (a shared table seen by every input through a zero
-    input stride), ones for an unscaled family's scaler, the scaler in the place of an absent base weight (the
-    kernels skip the base term)."""
-    n_in, n_out = x.shape[1], coef.shape[2]
-    scaler_t = _unit_scaler(x, n_in, n_out) if scaler_t is None else contiguous(scaler_t)
-    base_weight_t = scaler_t if base_weight_t is None else contiguous(base_weight_t)
-    coef = contiguous(coef)
+    """What the stencil kernels read: the parameters in place or contiguous (:func:`stencil_param`; a shared
+    table seen by every input through a zero input stride), ones for an unscaled family's scaler, the scaler in
+    the place of an absent base weight (the kernels skip the base term)."""
+    n_rows, n_in, n_out = x.shape[0], x.shape[1], coef.shape[2]
+    scaler_t = _unit_scaler(x, n_in, n_out) if scaler_t is None else stencil_param(scaler_t, n_rows)
+    base_weight_t = scaler_t if base_weight_t is None else stencil_param(base_weight_t, n_rows)
+    coef = stencil_param(coef, n_rows)
     if spec.family.shared_table:
         coef = coef.expand(n_in, -1, -1)
     return base_weight_t, scaler_t, coef
@@ -378,14 +406,16 @@ LAYOUTS = {
 def _prepare(inputs: tuple) -> tuple:
     """The eager route's inputs with the route resolved once for the forward and the backward (where an eager
     call resolves "auto" is where it runs both passes), and the contiguous copies of public-layout parameters
-    made once a step where the kernels read the kernel layout (the stencil kernels; the GEMMs of an unscaled
-    family, on its table as it lies; the combine kernel of a scaled family reads any strides)."""
+    made once a step where the kernels read the kernel layout (the stencil kernels beyond
+    :func:`stencil_param`'s bounds; the GEMMs of an unscaled family, on its table as it lies; the combine kernel
+    of a scaled family reads any strides)."""
     x, frame_tensors, base_weight_t, scaler_t, coef, bias, entry_order, spec, strategy, precision, deterministic \
         = inputs
     x = x.contiguous()
     strategy, precision = resolve_route(spec, x, coef.shape[2], strategy, precision)
     if strategy == "stencil":
-        base_weight_t, scaler_t, coef = (None if t is None else contiguous(t) for t in (base_weight_t, scaler_t, coef))
+        base_weight_t, scaler_t, coef = (None if t is None else stencil_param(t, x.shape[0])
+                                         for t in (base_weight_t, scaler_t, coef))
     elif scaler_t is None:  # an unscaled family's GEMMs read its table as it lies
         coef = contiguous(coef)
     _node.keep = {} if strategy == "gemm" else None  # a node is being built: its forward may keep the basis
@@ -434,8 +464,7 @@ def _bound_backward(ctx, inputs, output) -> "tuple | None":
     need = ctx.needs_input_grad
     need_params = need[BASE] or need[SCALER] or need[COEF]
     param_bytes = (2 * base_weight_t.numel() + coef.numel()) * coef.element_size()
-    if param_bytes > BOUND_BACKWARD_MAX_BYTES or not (base_weight_t.is_contiguous() and scaler_t.is_contiguous()
-                                                      and coef.is_contiguous()):
+    if param_bytes > BOUND_BACKWARD_MAX_BYTES:  # (the parameters in any strides: stencil_param's)
         return None
     # the bound launch reads dy in x's dtype (an autocast caller's dy is converted first: _eager_node_backward)
     dy_like = output if output.dtype == x.dtype else output.new_empty(output.shape, dtype=x.dtype)

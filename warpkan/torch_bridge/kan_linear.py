@@ -95,11 +95,13 @@ class KANLinear(Float32Or64Module):
     in float64; the stencil strategy always in the layer's dtype.
     ``contiguous_parameters`` (default True) stores the parameters contiguously in their public shapes, which
     every torch optimiser and utility takes (``torch.optim.LBFGS``, ``parameters_to_vector``, FSDP2's
-    ``fully_shard``). The gemm strategy reads them and writes their gradients in place; the stencil strategy
-    copies them into the kernels' layout (output index innermost) once a training step, and their gradients
-    back (on CUDA by a transpose kernel coalesced on both sides). ``contiguous_parameters=False`` stores them
-    as views of the kernels' layout instead, which saves those copies (``scripts/param_layout_cost.py``
-    measures them) but which LBFGS, ``parameters_to_vector`` and FSDP2 refuse.
+    ``fully_shard``). The gemm strategy reads them and writes their gradients in place, and so does the stencil
+    strategy on a small call (a parameter of at most 1 MiB, at most 16384 rows eagerly or 1024 rows in a CUDA
+    graph: ``edge_ops.stencil_param``). On larger calls the stencil strategy copies them into the kernels' layout
+    (output index innermost) once a training step, and their gradients back (on CUDA by a transpose kernel
+    coalesced on both sides). ``contiguous_parameters=False`` stores them as views of the kernels' layout
+    instead, which saves those copies (``scripts/param_layout_cost.py`` measures them) but which LBFGS,
+    ``parameters_to_vector`` and FSDP2 refuse.
 
     Unlike efficient-kan, the initial ``spline_weight`` is drawn directly as small uniform noise instead of a
     least-squares fit of noise, which would be an O(G^3) solve at large ``grid_size``; the distribution of the

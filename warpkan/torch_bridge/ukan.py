@@ -78,8 +78,9 @@ class UKANLinear(Float32Or64Module):
     fixed-order sums everywhere: bitwise reproducible run to run).
 
     ``base_weight`` and ``spline_scaler`` [out, in] are stored contiguously (every torch optimiser and utility
-    takes them: LBFGS, ``parameters_to_vector``, FSDP2) and copied into the kernels' [in, out] layout once a
-    step; ``contiguous_parameters=False`` stores them as views of that layout, as ``KANLinear``'s.
+    takes them: LBFGS, ``parameters_to_vector``, FSDP2). The kernels read them where they lie, except the
+    stencil strategy on a large call, which copies them into the kernels' [in, out] layout once a step (see
+    ``KANLinear``); ``contiguous_parameters=False`` stores them as views of that layout, as ``KANLinear``'s.
 
     dtypes: the layer computes in float32 or float64. Under bf16/fp16 autocast it computes in fp32 and returns
     the autocast dtype; ``.half()``, ``.bfloat16()`` and other conversions to a 16-bit dtype are refused with a

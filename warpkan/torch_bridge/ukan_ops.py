@@ -39,8 +39,9 @@ from ..kernels import ukan as ku
 from ..kernels.edge.ukan_family import (ukan_family, ukan_frame_of, ukan_pairs_family, ukan_pairs_frame_of,
                                         ukan_table_family, ukan_table_frame_of)
 from .edge_driver import EdgeSpec, differentiable_backward, node_cached, node_combined_weight
-from .edge_ops import static_spec_maker, edge_apply, register_higher_view, resolve_route, run_backward, run_forward
-from ._common import (RecordedLaunches, contiguous, kernel_scalar, first_order_backward, forward_mode_message, kernel_copies,
+from .edge_ops import (static_spec_maker, edge_apply, register_higher_view, resolve_route, run_backward, run_forward,
+                       stencil_param)
+from ._common import (RecordedLaunches, kernel_scalar, first_order_backward, forward_mode_message, kernel_copies,
                       params_used_by_this_backward, refuse_transforms, to_warp, use_registered_op, warp_stream,
                       with_strides)
 
@@ -425,13 +426,9 @@ class _EagerRangeLayer(torch.autograd.Function):
     def forward(ctx, x, group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
                 base_weight, spline_scaler, grid_delta, spline_order, use_base, deterministic, strategy, precision,
                 out_dtype):
-        # [out, in] parameters: their [in, out] operands made here, not as autograd nodes of their own (a view
-        # of kernel-layout storage, or one copy of a contiguous parameter, for the forward and the backward)
         # the node's inputs with their history: for create_graph=True, and rows_per_feature for a table recompute
         ctx.raw_inputs = (x, group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
                           base_weight, spline_scaler, grid_delta, spline_order, use_base)
-        base_weight_t = contiguous(base_weight.t()) if use_base else None
-        scaler_t = contiguous(spline_scaler.t())
         w_out, b_out = coefficient_major(w_out, b_out, spline_order)
         x, group_lo = x.contiguous(), group_lo.contiguous()
         table, *rows = _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out,
@@ -439,6 +436,14 @@ class _EagerRangeLayer(torch.autograd.Function):
         spec, coef = range_spec(x, group_lo, table, grid_delta, spline_order, use_base)
         # the route resolved once, for the forward and the backward
         strategy, precision = resolve_route(spec, x, coef.shape[2], strategy, precision)
+        # [out, in] parameters: their [in, out] operands made here, not as autograd nodes of their own, once for
+        # the forward and the backward: views (the gemm strategy's combine kernel reads any strides; the stencil
+        # kernels, a small call's in place), or a copy of a large contiguous parameter (edge_ops.stencil_param)
+        base_weight_t = base_weight.t() if use_base else None
+        scaler_t = spline_scaler.t()
+        if strategy == "stencil":
+            base_weight_t, scaler_t = (None if t is None else stencil_param(t, x.shape[0])
+                                       for t in (base_weight_t, scaler_t))
         keep = {}  # what the gemm strategy keeps for the backward (its weight, and its basis where it fits)
         y = run_forward(spec, x, base_weight_t, scaler_t, coef, None, strategy, precision, keep, out_dtype)
         ctx.kept = keep or None
