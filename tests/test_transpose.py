@@ -9,7 +9,7 @@ import warp as wp
 
 from warpkan.kernels import _transpose as kt
 from warpkan.torch_bridge import KANLinear, PolyKANLinear, UKANLinear
-from warpkan.torch_bridge import _common
+from warpkan.torch_bridge import _common, edge_ops
 
 # (rows, cols, batch): one element, a row, a column, primes, a tile, multiples and non-multiples of it, a
 # batch of awkward ones, and two large-ish ones (a long [32, M] table and its gradient's way back)
@@ -111,7 +111,9 @@ def test_transpose_plan():
 def warp_copies(monkeypatch, device):
     """The bridge's transposing copies through the Warp kernel on ``device`` (CUDA's default; the CPU's
     default is torch's copy), whatever their size, logged: the (rows, cols, batch) of every copy the kernel
-    makes."""
+    makes. The stencil strategy copies on every call here, as on a call beyond the bounds in which it reads
+    small parameters in place (``edge_ops.stencil_param``)."""
+    monkeypatch.setattr(edge_ops, "IN_PLACE_MAX_ROWS", 0)
     log = []
 
     class Logged(_common.RecordedLaunches):
