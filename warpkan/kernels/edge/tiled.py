@@ -119,6 +119,7 @@ def table_fits(family: EdgeFamily, capacity: int, backward: bool) -> bool:
     return used + _WARP_STATIC_SMEM <= _STATIC_SMEM_LIMIT
 
 
+@functools.lru_cache(maxsize=None)  # a function of constants alone, asked several times a layer call
 def tiled_capacity(family: EdgeFamily, n_coef: int, backward: bool = False) -> int | None:
     """The smallest table capacity holding the padded table (B-spline: G + 3k rows) whose pass fits shared
     memory, or None when there is none."""
@@ -180,6 +181,7 @@ def _plan(family: EdgeFamily, banded_capacities: dict, is_cuda: bool, n_coef: in
     return None
 
 
+@functools.lru_cache(maxsize=None)  # a function of constants alone, asked several times a layer call
 def forward_plan(family: EdgeFamily, is_cuda: bool, n_coef: int) -> TablePlan | None:
     """How the tiled forward pass runs a layer: on one table when :func:`tiled_applies`, else (float32) on
     bands of :data:`FORWARD_BANDED_CAPACITIES`; None when neither serves (the per-thread kernel does)."""
@@ -187,6 +189,7 @@ def forward_plan(family: EdgeFamily, is_cuda: bool, n_coef: int) -> TablePlan | 
                  lambda family, capacity: table_fits(family, capacity, False))
 
 
+@functools.lru_cache(maxsize=None)  # a function of constants alone, asked several times a layer call
 def backward_plan(family: EdgeFamily, is_cuda: bool, n_coef: int) -> TablePlan | None:
     """How the tiled backward pass runs a layer: on one table when :func:`tiled_applies`, else (float32) on
     bands of one of the tables of :data:`BANDED_CAPACITIES`, a band holding capacity - K + 1 slots; None when
