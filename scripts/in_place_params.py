@@ -9,12 +9,13 @@ sets them to 0; the ratio is in place over copies, the median of 7 rounds (the r
 """
 import statistics
 import sys
-import time
 
 import torch
 
 from warpkan.bench.timing import graphed, time_fn, training_step
 from warpkan.torch_bridge import KANLinear, UKANLinear, edge_ops
+
+from host_cost import eager_round_ms  # scripts/host_cost.py, which reads the same --cpu switch
 
 dev = "cpu" if "--cpu" in sys.argv else "cuda"  # --cpu: a smoke run of the script, not a measurement
 BOUNDS = {"in place": 10**9, "copies": 0}
@@ -22,17 +23,6 @@ BOUNDS = {"in place": 10**9, "copies": 0}
 
 def set_bounds(bound: int) -> None:
     edge_ops.IN_PLACE_MAX_ROWS = edge_ops.IN_PLACE_MAX_ROWS_CAPTURED = bound
-
-
-def eager_ms(step, calls: int = 100) -> float:
-    if dev == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        step()
-    if dev == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t0) * 1e3 / calls
 
 
 CASES = {"KANLinear stencil G=5": lambda: KANLinear(32, 32, 5, strategy="stencil"),
@@ -58,7 +48,7 @@ for rows in ((16,) if dev == "cpu" else (128, 1024, 4096, 16384)):
         for _ in range(7):
             for mode, bound in BOUNDS.items():
                 set_bounds(bound)
-                eager[mode].append(eager_ms(step))
+                eager[mode].append(eager_round_ms(step))
         ratios = [a / b for a, b in zip(eager["in place"], eager["copies"])]
         print(f"IN-PLACE {name:26s} rows {rows:6d}: graphed {replay_us['in place']:7.1f} / {replay_us['copies']:7.1f} us"
               f" | eager {statistics.median(eager['in place']):.3f} / {statistics.median(eager['copies']):.3f} ms, "

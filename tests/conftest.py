@@ -81,15 +81,21 @@ def device(request):
 def eager_step_ops():
     """``ops(layer, x, dy)``: the names torch.profiler records (aten ops, autograd nodes) on the CPU for one
     eager training step ``layer(x).backward(dy)``, taken after a warm-up step and with the gradients
-    cleared, as ``zero_grad()`` leaves them. The host-cost tests read what a step runs from it."""
+    cleared, as ``zero_grad()`` leaves them (before the warm-up too: it adds into no gradient a caller holds).
+    With ``shapes=True``, the step's ops in order instead, (name, input shapes) each. The host-cost tests read
+    what a step runs from it."""
     import torch
 
-    def ops(layer, x, dy):
-        layer(x).backward(dy)  # compile and record first
-        for t in (x, *layer.parameters()):
-            t.grad = None
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    def ops(layer, x, dy, shapes=False):
+        for warm_up in (True, False):
+            for t in (x, *layer.parameters()):
+                t.grad = None
+            if warm_up:
+                layer(x).backward(dy)  # compile and record first
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=shapes) as prof:
             layer(x).backward(dy)
+        if shapes:
+            return [(event.name, event.input_shapes) for event in prof.events()]
         return {event.key for event in prof.key_averages()}
 
     return ops

@@ -613,30 +613,22 @@ def test_gemm_step_copies_no_parameter(eager_step_ops):
     assert not names & {"aten::copy_", "aten::clone", "aten::contiguous"}, names
 
 
-def _parameter_copies(layer, x, dy) -> list:
-    """The copies (``aten::copy_``, ``aten::clone``) of a parameter's size in one eager step of ``layer``, taken
-    after a warm-up step with the gradients cleared; (op, numel) each. Other copies (the CPU stencil backward's
+def _parameter_copies(step_ops, layer, x, dy) -> list:
+    """The copies (``aten::copy_``, ``aten::clone``) of a parameter's size in one eager step of ``layer``
+    (``step_ops``: the ``eager_step_ops`` fixture), (op, numel) each. Other copies (the CPU stencil backward's
     sort of its entries) are of other sizes."""
     sizes = {p.numel() for p in layer.parameters()}
-    for warm_up in (True, False):
-        for t in (x, *layer.parameters()):
-            t.grad = None  # a new tensor each step, not an add into one the caller holds
-        if warm_up:
-            layer(x).backward(dy)
-    with torch.autograd.set_multithreading_enabled(False):  # the backward's ops on this thread, for the profiler
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
-            layer(x).backward(dy)
     copies = []
-    for event in prof.events():
-        if event.name in ("aten::copy_", "aten::clone") and event.input_shapes and event.input_shapes[0]:
-            numel = int(np.prod(event.input_shapes[0]))
+    for name, shapes in step_ops(layer, x, dy, shapes=True):
+        if name in ("aten::copy_", "aten::clone") and shapes and shapes[0]:
+            numel = int(np.prod(shapes[0]))
             if numel in sizes:
-                copies.append((event.name, numel))
+                copies.append((name, numel))
     return copies
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
-def test_small_stencil_step_reads_the_parameters_in_place(device, deterministic, monkeypatch):
+def test_small_stencil_step_reads_the_parameters_in_place(device, deterministic, eager_step_ops, monkeypatch):
     """The stencil strategy on a small call reads the public-layout parameters where they lie and writes their
     gradients in their strides (``edge_ops._stencil_param``): a step copies no parameter or gradient (no copy
     into the kernels' layout, none by AccumulateGrad), and its results are bitwise those of the same call on
@@ -648,7 +640,7 @@ def test_small_stencil_step_reads_the_parameters_in_place(device, deterministic,
     layer = KANLinear(5, 3, grid_size=4, strategy="stencil", deterministic=deterministic).to(tdev)
     x = (torch.rand(37, 5, device=tdev) * 2.4 - 1.2).requires_grad_(True)  # some rows outside the grid
     dy = torch.randn(37, 3, device=tdev)
-    assert _parameter_copies(layer, x, dy) == []
+    assert _parameter_copies(eager_step_ops, layer, x, dy) == []
 
     def step():
         for t in (x, *layer.parameters()):
@@ -661,7 +653,7 @@ def test_small_stencil_step_reads_the_parameters_in_place(device, deterministic,
     for p, g in zip(layer.parameters(), grads_in_place[1:]):
         assert g.stride() == p.stride()
     monkeypatch.setattr(edge_ops, "IN_PLACE_MAX_ROWS", 0)
-    assert len(_parameter_copies(layer, x, dy)) >= 3  # base weight, scaler, table (and gradients back)
+    assert len(_parameter_copies(eager_step_ops, layer, x, dy)) >= 3  # base weight, scaler, table (and gradients back)
     y_copied, grads_copied = step()
     torch.testing.assert_close(y_in_place, y_copied, rtol=0, atol=0)
     for a, b in zip(grads_in_place, grads_copied):

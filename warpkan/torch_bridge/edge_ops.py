@@ -139,10 +139,10 @@ IN_PLACE_MAX_ROWS = 16384
 IN_PLACE_MAX_ROWS_CAPTURED = 1024
 
 
-def stencil_param(t: Tensor, n_rows: int) -> Tensor:
+def stencil_param(t: "Tensor | None", n_rows: int) -> "Tensor | None":
     """A parameter (or its op view) as the stencil kernels read it in a call of ``n_rows`` rows: in place where
-    the rule above allows, else contiguous."""
-    if t.numel() * t.element_size() <= IN_PLACE_MAX_BYTES and n_rows <= IN_PLACE_MAX_ROWS and (
+    the rule above allows, else contiguous (None, an absent parameter, stays None)."""
+    if t is None or t.numel() * t.element_size() <= IN_PLACE_MAX_BYTES and n_rows <= IN_PLACE_MAX_ROWS and (
             n_rows <= IN_PLACE_MAX_ROWS_CAPTURED or not (t.is_cuda and torch.cuda.is_current_stream_capturing())):
         return t
     return contiguous(t)
@@ -414,8 +414,7 @@ def _prepare(inputs: tuple) -> tuple:
     x = x.contiguous()
     strategy, precision = resolve_route(spec, x, coef.shape[2], strategy, precision)
     if strategy == "stencil":
-        base_weight_t, scaler_t, coef = (None if t is None else stencil_param(t, x.shape[0])
-                                         for t in (base_weight_t, scaler_t, coef))
+        base_weight_t, scaler_t, coef = (stencil_param(t, x.shape[0]) for t in (base_weight_t, scaler_t, coef))
     elif scaler_t is None:  # an unscaled family's GEMMs read its table as it lies
         coef = contiguous(coef)
     _node.keep = {} if strategy == "gemm" else None  # a node is being built: its forward may keep the basis

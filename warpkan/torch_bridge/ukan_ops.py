@@ -442,8 +442,7 @@ class _EagerRangeLayer(torch.autograd.Function):
         base_weight_t = base_weight.t() if use_base else None
         scaler_t = spline_scaler.t()
         if strategy == "stencil":
-            base_weight_t, scaler_t = (None if t is None else stencil_param(t, x.shape[0])
-                                       for t in (base_weight_t, scaler_t))
+            base_weight_t, scaler_t = stencil_param(base_weight_t, x.shape[0]), stencil_param(scaler_t, x.shape[0])
         keep = {}  # what the gemm strategy keeps for the backward (its weight, and its basis where it fits)
         y = run_forward(spec, x, base_weight_t, scaler_t, coef, None, strategy, precision, keep, out_dtype)
         ctx.kept = keep or None
