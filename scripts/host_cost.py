@@ -4,7 +4,7 @@ long grids (regress), whole-model bf16 steps eager and whole-step graphed (model
 GroupRational's eager fwd+bwd at KAT-Tiny's two shapes under bf16 autocast, the GPU kept busy so that only the
 host is timed (rational). On the GPU machine:
 
-    python scripts/host_cost.py host [regress] [models] [rational] [--prof] [--cpu]
+    python scripts/host_cost.py host [regress] [models] [rational] [grkan] [--prof] [--cpu]
 
 ``host`` times each layer's step and nn.Linear's in alternating rounds and reports the median ratio with the
 rounds' range: separate processes moved nn.Linear's own step by 35% on the GPU machine.
@@ -145,9 +145,10 @@ def models():
             f"{e.key[:50]} {e.self_device_time_total/1e3:.3f}x{e.count}" for e in top), flush=True)
 
 
-def _busy_host_us(step) -> float:
-    """Median host us of one call of ``step`` over 7 rounds of 50, each queued behind ~0.1 s of GPU spin, so
-    that only the host is timed."""
+def _busy_host_us(step, calls: int = 50) -> float:
+    """Median host us of one call of ``step`` over 7 rounds of ``calls``, each queued behind ~0.1 s of GPU spin,
+    so that only the host is timed (the rounds' GPU work must fit in the spin, and their launches in the
+    launch queue)."""
     for _ in range(20): step()
     _sync()
     ts = []
@@ -155,8 +156,8 @@ def _busy_host_us(step) -> float:
         if dev == "cuda":
             torch.cuda._sleep(200_000_000)
         t0 = time.perf_counter()
-        for _ in range(50): step()
-        ts.append((time.perf_counter() - t0) / 50 * 1e6)
+        for _ in range(calls): step()
+        ts.append((time.perf_counter() - t0) / calls * 1e6)
         _sync()
     return statistics.median(ts)
 
@@ -188,6 +189,48 @@ def rational():
                   f"({'autograd device thread' if mt else 'caller thread'}): {ours:.1f}, GELU {gelu:.1f}", flush=True)
         if "--prof" in sys.argv:
             print_profile(step, 30)
+
+
+def grkan():
+    """The host time of one fwd+bwd of KAT-Tiny's MLP block (KATMLP, x [25216, 192] fp32, hidden 768, bf16
+    autocast) and of a GRKANLinear at (1024, 32 -> 32) fp32: as one autograd node each
+    (``warpkan.torch_bridge.grkan_ops``) and as their composition (a rational node and a linear layer each
+    GR-KAN layer), beside the GELU ViT's FFN on the same x and nn.Linear, in alternating rounds."""
+    from warpkan.models import FeedForward
+    from warpkan.torch_bridge import KATMLP, rational
+    chain_arguments = rational._chain_arguments
+    rows = 128 * 197 if dev == "cuda" else 197  # --cpu: a smoke run
+    cases = (("KATMLP", KATMLP(192, 768).to(dev), FeedForward((192, 768, 192), "mlp").to(dev), "GELU FFN",
+              torch.randn(rows, 192, device=dev, requires_grad=True), torch.bfloat16),
+             ("GRKANLinear", GRKANLinear(32, 32).to(dev), torch.nn.Linear(32, 32).to(dev), "nn.Linear",
+              torch.randn(1024, 32, device=dev, requires_grad=True), None))
+    for name, layer, peer, peer_name, x, autocast in cases:
+        dy = torch.randn_like(x, dtype=autocast or x.dtype)
+
+        def step(module, fused=True):
+            def run():
+                rational._chain_arguments = chain_arguments if fused else (lambda *args, **kwargs: None)
+                try:
+                    with torch.autocast(dev, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+                        y = module(x)
+                    y.backward(dy)
+                finally:
+                    rational._chain_arguments = chain_arguments
+                x.grad = None
+                for p in (*layer.parameters(), *peer.parameters()):
+                    p.grad = None
+            return run
+
+        steps = {f"{name}, one node": step(layer), f"{name}, composed": step(layer, fused=False), peer_name: step(peer)}
+        for mt in (True, False):
+            with torch.autograd.set_multithreading_enabled(mt):
+                rounds = {label: [] for label in steps}
+                for _ in range(3):
+                    for label, run in steps.items():
+                        rounds[label].append(_busy_host_us(run, calls=10 if name == "KATMLP" else 50))
+            print(f"GRKAN host us a fwd+bwd ({'autograd device thread' if mt else 'caller thread'}): " + ", ".join(
+                f"{label} {statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f})" for label, v in rounds.items()),
+                flush=True)
 
 
 if __name__ == "__main__":

@@ -546,7 +546,7 @@ def test_grkan_under_autocast_casts_nothing(device):
 
     for got, want in zip(step(False), step(True)):
         assert got.dtype == want.dtype and torch.equal(got, want)
-    # the only casts left are autocast's of the linear's weight and bias (a ToCopy node on a parameter)
+    # no cast node at all: the layer is one node (grkan_ops), which casts the linear's weight and bias inside
     with torch.autocast(dev.type, dtype=torch.bfloat16):
         y = layer(x.clone().requires_grad_())
     casts, stack, seen = [], [y.grad_fn], set()
@@ -558,7 +558,7 @@ def test_grkan_under_autocast_casts_nothing(device):
         if type(node).__name__ == "ToCopyBackward0":
             casts.append({type(child).__name__ for child, _ in node.next_functions})
         stack.extend(child for child, _ in node.next_functions)
-    assert casts == [{"AccumulateGrad"}] * 2, casts
+    assert casts == [] and type(y.grad_fn).__name__ == "_GRKANChainBackward", casts
 
 
 def test_grkan_with_another_activation_in_place_of_its_rational(device):
@@ -572,3 +572,141 @@ def test_grkan_with_another_activation_in_place_of_its_rational(device):
         y = layer(x)
         want = layer.linear(torch.nn.functional.gelu(x))
     assert torch.equal(y, want)
+
+
+# ------------------------------------------------------------------ KATMLP: the block as one eager node
+def _kat_mlp_step(mlp, x, dy, composed, autocast=None, create_graph=False):
+    """(y, x.grad, every parameter's grad) of one step of ``mlp`` on a copy of x, through its fused node or the
+    composition ``fc2(fc1(x))``."""
+    mlp.zero_grad(set_to_none=True)
+    xg = x.detach().clone().requires_grad_(x.requires_grad)
+    with torch.autocast(x.device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+        y = mlp.fc2(mlp.fc1(xg)) if composed else mlp(xg)
+    y.backward(dy, create_graph=create_graph)
+    return [y.detach(), xg.grad] + [p.grad for p in mlp.parameters()]
+
+
+def _assert_bitwise(got, want):
+    for g, w in zip(got, want):
+        assert (g is None) == (w is None)
+        if g is not None:
+            assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w), (g - w).abs().max()
+
+
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(7,), (1,), (3, 5), (2, 3, 5)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_kat_mlp_node_is_the_composition_bitwise(device, autocast, shape, bias):
+    """KATMLP's eager node runs the composition's kernels and products on the same operands: its output and
+    every gradient equal, bitwise and in dtype, those of ``fc2(fc1(x))``, in fp32 and under autocast, for 2-D
+    and N-D x, one row, and odd widths (12 -> 20 -> 6 with 2 groups)."""
+    dev = _torch_device(device)
+    if autocast == torch.float16 and dev.type == "cpu":
+        pytest.skip("CPU autocast computes linear layers in bfloat16")
+    torch.manual_seed(0)
+    mlp = KATMLP(12, 20, 6, num_groups=2, bias=bias, device=dev)
+    x = torch.randn(*shape, 12, device=dev, requires_grad=True)
+    dy = torch.randn(*shape, 6, device=dev, dtype=autocast or torch.float32)
+    with torch.autocast(dev.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+        assert type(mlp(x).grad_fn).__name__ == "_GRKANChainBackward"
+    _assert_bitwise(_kat_mlp_step(mlp, x, dy, False, autocast), _kat_mlp_step(mlp, x, dy, True, autocast))
+
+
+def test_kat_mlp_node_float64_gradcheck(device):
+    """The node's first and second derivatives (create_graph=True runs the composition again) against finite
+    differences in float64, every input and parameter, variant B and per-group numerators."""
+    dev = _torch_device(device)
+    torch.manual_seed(0)
+    mlp = KATMLP(4, 6, 2, num_groups=2, variant="B", shared_numerator=False, dtype=torch.float64, device=dev)
+    x = torch.randn(3, 4, dtype=torch.float64, device=dev, requires_grad=True)
+    params = list(mlp.parameters())
+
+    def f(x, *values):
+        return torch.func.functional_call(mlp, dict(zip([n for n, _ in mlp.named_parameters()], values)), (x,))
+
+    with torch.no_grad():
+        for p in params:  # off the identity init, where |b| has no derivative at b = 0
+            p.copy_(0.4 * torch.randn_like(p))
+    assert type(f(x, *params).grad_fn).__name__ == "_GRKANChainBackward"
+    assert torch.autograd.gradcheck(f, (x, *params))
+    assert torch.autograd.gradgradcheck(f, (x, *params))
+
+
+@pytest.mark.parametrize("frozen", ["x", "rationals", "linears", "all but fc2"])
+def test_kat_mlp_node_with_some_inputs_frozen(device, frozen):
+    """Gradients of a subset of the inputs (frozen x, rationals or linear layers) are the composition's, bitwise,
+    and the others stay None."""
+    dev = _torch_device(device)
+    torch.manual_seed(0)
+    mlp = KATMLP(8, 16, num_groups=2, device=dev)
+    for name, p in mlp.named_parameters():
+        p.requires_grad_(not ((frozen == "rationals" and "rational" in name) or (frozen == "linears" and "linear" in name)
+                              or (frozen == "all but fc2" and name.startswith("fc1"))))
+    x = torch.randn(5, 8, device=dev, requires_grad=frozen not in ("x", "all but fc2"))
+    dy = torch.randn(5, 8, device=dev)
+    got, want = _kat_mlp_step(mlp, x, dy, False), _kat_mlp_step(mlp, x, dy, True)
+    _assert_bitwise(got, want)
+    assert (got[1] is None) == (frozen in ("x", "all but fc2"))
+
+
+def test_kat_mlp_node_second_backward_of_a_retained_graph(device):
+    """A retained graph's second backward (the bound launches are spent) adds the same gradients again."""
+    dev = _torch_device(device)
+    torch.manual_seed(0)
+    mlp = KATMLP(8, 16, num_groups=2, device=dev)
+    x = torch.randn(2, 3, 8, device=dev, requires_grad=True)
+    dy = torch.randn(2, 3, 8, device=dev)
+    y = mlp(x)
+    y.backward(dy, retain_graph=True)
+    once = [t.grad.clone() for t in (x, *mlp.parameters())]
+    y.backward(dy)
+    for t, g in zip((x, *mlp.parameters()), once):
+        torch.testing.assert_close(t.grad, 2 * g, rtol=1e-6, atol=1e-6)
+
+
+def test_grkan_layers_take_the_composition_where_the_node_would_change_something():
+    """Hooks on a layer's modules (forward, backward, global), a sub-module put in another's place, no gradient
+    wanted, and an x the composition refuses all run the composition: hooks fire, results are the composition's,
+    errors are the layers' own. (A KATMLP whose fc1 has a hook still runs fc2 as a node of its own.)"""
+    torch.manual_seed(0)
+    mlp = KATMLP(8, 16, num_groups=2)
+    x = torch.randn(4, 8, requires_grad=True)
+    fused = "_GRKANChainBackward"
+    assert type(mlp(x).grad_fn).__name__ == fused and type(mlp.fc1(x).grad_fn).__name__ == fused
+    want = mlp.fc2.linear(mlp.fc2.rational(mlp.fc1.linear(mlp.fc1.rational(x))))
+    seen = []
+    for module in (mlp.fc1, mlp.fc2.rational, mlp.fc1.linear):
+        handle = module.register_forward_hook(lambda m, i, o: seen.append(m))
+        assert torch.equal(mlp(x), want)
+        handle.remove()
+    handle = mlp.fc2.linear.register_full_backward_hook(lambda m, gi, go: seen.append(m))
+    mlp(x).sum().backward()
+    handle.remove()
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda m, i, o: seen.append(m))
+    y = mlp.fc1(x)
+    handle.remove()
+    assert seen[:4] == [mlp.fc1, mlp.fc2.rational, mlp.fc1.linear, mlp.fc2.linear]
+    assert {mlp.fc1.rational, mlp.fc1.linear} <= set(seen[4:]) and type(y.grad_fn).__name__ != fused
+    with torch.no_grad():
+        assert mlp(x).grad_fn is None
+    swapped = KATMLP(8, 16, num_groups=2)
+    swapped.fc1.rational = torch.nn.GELU()
+    y = swapped.fc1(x)
+    assert type(y.grad_fn).__name__ != fused and torch.equal(y, swapped.fc1.linear(torch.nn.functional.gelu(x)))
+    with pytest.raises(TypeError, match=r"x must have the layer's dtype torch\.float32, got torch\.float64"):
+        mlp(x.double())
+    with pytest.raises(ValueError, match="last dimension 8"):
+        mlp(torch.randn(4, 9, requires_grad=True))
+
+
+def test_kat_mlp_eager_step_is_one_node(eager_step_ops):
+    """One eager step of the block is one autograd node and the parameters' AccumulateGrad: no linear, view or
+    cast node around it, under autocast too (where the composition casts each weight and bias in a node)."""
+    torch.manual_seed(0)
+    mlp = KATMLP(8, 16, num_groups=2)
+    x = torch.randn(2, 3, 8, requires_grad=True)
+    dy = torch.randn(2, 3, 8)
+    for layer, dy in ((mlp, dy), (mlp.fc1, torch.randn(2, 3, 16))):
+        nodes = {name for name in eager_step_ops(layer, x, dy) if name.startswith("autograd::engine::evaluate_function")}
+        assert nodes == {"autograd::engine::evaluate_function: _GRKANChainBackward",
+                         "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"}, nodes

@@ -6,10 +6,13 @@ import math
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _module_hooks
 
 from .. import _checks
 from ..kernels import rational as kr
-from ._common import autocast_dtype, check_device, check_input_dtype, check_tensor
+
+from ._common import autocast_dtype, check_device, check_input_dtype, check_tensor, use_registered_op
+from .grkan_ops import grkan_chain
 from .rational_ops import IO_DTYPES, apply_checked, check_out_dtype
 
 __all__ = ["GroupRational", "GRKANLinear", "KATMLP"]
@@ -183,6 +186,9 @@ class GRKANLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """y (..., out_features) = Linear(GroupRational(x)) for x (..., in_features) on the layer's device, of
         the linear layer's dtype (under autocast, any of those :meth:`GroupRational.forward` takes)."""
+        fused = _chain_arguments(x, (self,), check_layers=False)
+        if fused is not None:  # one autograd node, bitwise the composition below (grkan_ops)
+            return grkan_chain(x, *fused)
         cast_to = autocast_dtype(x.device) if isinstance(x, torch.Tensor) else None
         if cast_to is None:
             # the rational returns x's dtype, which nn.Linear would refuse naming its own operands
@@ -247,5 +253,66 @@ class KATMLP(nn.Module):
         self.fc2 = GRKANLinear(hidden_features, out_features, init=inits[1], **common)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """y (..., out_features) = fc2(fc1(x)) for x (..., in_features) on the layer's device."""
-        return self.fc2(self.fc1(x))
+        """y (..., out_features) = fc2(fc1(x)) for x (..., in_features) on the layer's device.
+
+        Where a gradient is wanted in eager code, the block is one autograd node
+        (:mod:`warpkan.torch_bridge.grkan_ops`), bitwise the composition; traced code (``torch.compile``), hooks
+        on the sub-modules, sub-modules replaced by others, and inputs the composition refuses run the
+        composition itself."""
+        fused = _chain_arguments(x, (self._modules["fc1"], self._modules["fc2"]), check_layers=True)
+        if fused is None:
+            return self.fc2(self.fc1(x))
+        return grkan_chain(x, *fused)
+
+
+def _no_hooks(module: nn.Module) -> bool:
+    return not (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or
+                module._backward_pre_hooks)
+
+
+def _chain_arguments(x, layers: tuple, check_layers: bool):
+    """(config, weights) of :func:`~warpkan.torch_bridge.grkan_ops.grkan_chain` for GR-KAN ``layers`` on x, or
+    None where their composition runs instead: traced code (torch.compile sees the composition alone), no
+    gradient wanted, a hook the node would skip, a sub-module replaced by another, an x the composition refuses
+    (for its errors) and dtypes autocast would leave alone. ``check_layers``: the layers are sub-modules of the
+    caller (KATMLP's), whose own type and hooks count too."""
+    # traced code first: the checks below would break torch.compile's graph
+    if not isinstance(x, torch.Tensor) or use_registered_op(x) or not torch.is_grad_enabled():
+        return None
+    # the modules' and parameters' own dicts: nn.Module.__getattr__ is about 0.3 us a name, a call asks for 7
+    # names a layer
+    weights, layer_configs = [], []
+    for layer in layers:
+        rational, linear = layer._modules.get("rational"), layer._modules.get("linear")
+        if type(rational) is not GroupRational or type(linear) is not nn.Linear or not (
+                _no_hooks(rational) and _no_hooks(linear)) or (check_layers and not (
+                type(layer) is GRKANLinear and _no_hooks(layer))):
+            return None
+        rp, lp = rational._parameters, linear._parameters
+        weights += (rp["weight_numerator"], rp["weight_denominator"], lp["weight"], lp["bias"])
+        layer_configs.append(rational)
+    if (_module_hooks._global_forward_hooks or _module_hooks._global_forward_pre_hooks or
+            _module_hooks._global_backward_hooks or _module_hooks._global_backward_pre_hooks or
+            torch._C._are_functorch_transforms_active()):
+        return None
+    if not (x.requires_grad or any(w is not None and w.requires_grad for w in weights)):
+        return None
+    first = layer_configs[0]
+    if (x.dtype not in IO_DTYPES or x.layout != torch.strided or not x.dim() or x.shape[-1] != first.num_features
+            or not x.numel() or x.device != weights[1].device or x.device != weights[2].device):
+        return None
+    cast_to = autocast_dtype(x.device)
+    linear_dtypes = {w.dtype for w in weights[2::4] + weights[3::4] if w is not None}
+    if cast_to is None:
+        if linear_dtypes != {x.dtype}:
+            return None
+        out_dtype = None
+    else:
+        # autocast casts fp32/fp16/bf16 operands to its dtype (not fp64): the composition's other cases
+        if x.dtype not in _AUTOCAST_CASTS or not linear_dtypes <= set(_AUTOCAST_CASTS):
+            return None
+        out_dtype = check_out_dtype(x, cast_to)
+    # a later layer's rational reads the linear's output, in cast_to (or x's dtype): its own dtype out
+    config = (cast_to, tuple((r.num_groups, r.variant, r.deterministic, out_dtype if i == 0 else None)
+                             for i, r in enumerate(layer_configs)))
+    return config, tuple(weights)

@@ -52,7 +52,10 @@ def _coefficient_dtype(x: Tensor, weight_numerator: Tensor, weight_denominator: 
 
 def _coefficients(x: Tensor, weight_numerator: Tensor, weight_denominator: Tensor) -> tuple[Tensor, Tensor]:
     dtype = _coefficient_dtype(x, weight_numerator, weight_denominator)
-    return weight_numerator.to(dtype).contiguous(), weight_denominator.to(dtype).contiguous()
+    # the weights as they are where they already fit (the usual case): no conversion call, a few us of a
+    # node's host time
+    return tuple(w if w.dtype == dtype and w.is_contiguous() else w.to(dtype).contiguous()
+                 for w in (weight_numerator, weight_denominator))
 
 
 @functools.lru_cache(maxsize=256)
@@ -196,14 +199,12 @@ group_rational_forward.register_autograd(first_order_backward(LABEL, _backward, 
 # gradients and partial sums (a few KiB), and the launch's signature, with dy, x and dx bound late
 # (``RecordedLaunches.bind``). The backward then checks dy and x, allocates dx and launches. A second backward of
 # a retained graph, an unaligned dy and create_graph=True take the general path.
-def _eager_setup_context(ctx, inputs, output):
-    _setup_context(ctx, inputs, output)
-    x, weight_numerator, weight_denominator, num_groups, variant, deterministic = inputs
-    need_x = ctx.needs_input_grad[0]
-    need_params = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
+def bind_backward(x, weight_numerator, weight_denominator, num_groups, variant, y, need_x, need_params):
+    """The backward launch of a rational node that gave ``y`` from x, worked out in its forward (see above):
+    a plan for :func:`run_bound_backward`, or None where the general path must run (nothing to compute, or an
+    x the kernels can't read in place)."""
     if not (x.numel() and (need_x or need_params) and x.is_contiguous()) or x.data_ptr() % 16:
-        ctx.plan = None
-        return
+        return None
     a, b = _coefficients(x, weight_numerator, weight_denominator)
     dtype = a.dtype  # _coefficient_dtype's
     da = torch.empty(weight_numerator.shape if need_params else (0,), dtype=dtype, device=x.device)
@@ -213,45 +214,66 @@ def _eager_setup_context(ctx, inputs, output):
     partials = torch.empty(size, dtype=torch.float64, device=x.device)
     # y stands for dy (contiguous, in y's dtype: x's, or the route's out_dtype) and x for dx (empty_like x) in
     # the signature
-    launch = _LAUNCHES.bind(_record_backward, (output, x, a, b, x if need_x else None, da if need_params else None,
+    launch = _LAUNCHES.bind(_record_backward, (y, x, a, b, x if need_x else None, da if need_params else None,
                                                db if need_params else None, partials), num_groups, variant,
                             late=(0, 1, 4) if need_x else (0, 1))
-    ctx.plan = (launch, da, db, need_x, need_params, output.dtype)
+    return launch, da, db, need_x, need_params, y.dtype
+
+
+def run_bound_backward(plan, dy, x, weight_numerator, weight_denominator, config, need_x, need_params):
+    """(dx, d_numerator, d_denominator) of a rational node, by its bound launch (``plan`` of
+    :func:`bind_backward`, made with the same ``need_x`` and ``need_params``) where dy and x allow it, else by
+    the general path; ``config`` is (num_groups, variant, deterministic). The parameter gradients come back in
+    the weights' dtypes; None where not asked."""
+    if (plan is None or dy.dtype != plan[-1] or not (dy.is_contiguous() and x.is_contiguous())
+            or dy.data_ptr() % 16 or x.data_ptr() % 16):
+        dx, da, db = _backward_impl(dy, x, weight_numerator, weight_denominator, *config, need_x, need_params)
+    else:
+        launch, da, db = plan[:3]
+        dx = launch.backward(dy, x, need_x)
+    if not need_params:
+        da = db = None
+    if da is not None and da.dtype != weight_numerator.dtype:
+        da = da.to(weight_numerator.dtype)
+    if db is not None and db.dtype != weight_denominator.dtype:
+        db = db.to(weight_denominator.dtype)
+    return dx if need_x else None, da, db
+
+
+def _eager_setup_context(ctx, inputs, output):
+    _setup_context(ctx, inputs, output)
+    x, weight_numerator, weight_denominator, num_groups, variant, deterministic = inputs
+    need = ctx.needs_input_grad
+    ctx.plan = bind_backward(x, weight_numerator, weight_denominator, num_groups, variant, output, need[0],
+                             need[1] or need[2])
 
 
 def _eager_backward(ctx, dy):
     plan, ctx.plan = ctx.plan, None  # the buffers go to autograd alone (AccumulateGrad takes them as they are)
-    x, weight_numerator, weight_denominator = ctx.saved_tensors
-    if (plan is None or dy.dtype != plan[-1] or not (dy.is_contiguous() and x.is_contiguous())
-            or dy.data_ptr() % 16 or x.data_ptr() % 16):
+    if plan is None:
         return _backward(ctx, dy, _backward_impl)  # converts dy to x's dtype
-    launch, da, db, need_x, need_params, _ = plan
-    dx = launch.backward(dy, x, need_x)
+    x, weight_numerator, weight_denominator = ctx.saved_tensors
+    dx, da, db = run_bound_backward(plan, dy, x, weight_numerator, weight_denominator, ctx.config, *plan[3:5])
     need = ctx.needs_input_grad
-    return (dx,
-            (da if da.dtype == weight_numerator.dtype else da.to(weight_numerator.dtype)) if need[1] else None,
-            (db if db.dtype == weight_denominator.dtype else db.to(weight_denominator.dtype)) if need[2] else None,
-            None, None, None)
+    return dx, da if need[1] else None, db if need[2] else None, None, None, None
 
 
 _EagerGroupRational = eager_function(
     "_EagerGroupRational", _forward_impl, _eager_setup_context, _eager_backward, label=LABEL,
     higher=_higher_backward, rows=True)
-_EAGER_OUT_ROUTES: dict = {}  # out_dtype -> the eager route whose y has that dtype
+# out_dtype -> the eager route whose y has that dtype; made here, not on first use, so that torch.compile never
+# traces the making of one (a graph break)
+_EAGER_OUT_ROUTES = {
+    dtype: eager_function(f"_EagerGroupRational_{_IO_NAMES[dtype]}", functools.partial(_forward_impl, out_dtype=dtype),
+                          _eager_setup_context, _eager_backward, label=LABEL, higher=_higher_backward, rows=True)
+    for dtype in IO_DTYPES}
 
 
 def _eager_route(out_dtype):
     """The eager route whose node gives y in ``out_dtype`` (x's when None): the forward kernel stores it, the
     backward kernel reads dy in it. For an fp32 x before a bf16 layer (a GR-KAN layer's rational under
     autocast), that is half the bytes of y and dy, and no cast launch on either side."""
-    if out_dtype is None:
-        return _EagerGroupRational
-    route = _EAGER_OUT_ROUTES.get(out_dtype)
-    if route is None:
-        route = _EAGER_OUT_ROUTES[out_dtype] = eager_function(
-            f"_EagerGroupRational_{_IO_NAMES[out_dtype]}", functools.partial(_forward_impl, out_dtype=out_dtype),
-            _eager_setup_context, _eager_backward, label=LABEL, higher=_higher_backward, rows=True)
-    return route
+    return _EagerGroupRational if out_dtype is None else _EAGER_OUT_ROUTES[out_dtype]
 
 
 def group_rational(
