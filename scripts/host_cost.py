@@ -231,6 +231,18 @@ def grkan():
             print(f"GRKAN host us a fwd+bwd ({'autograd device thread' if mt else 'caller thread'}): " + ", ".join(
                 f"{label} {statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f})" for label, v in rounds.items()),
                 flush=True)
+        if "--prof" in sys.argv:  # the node's calls, queued behind GPU spin so that only the host is profiled
+            with torch.autograd.set_multithreading_enabled(False):
+                run = steps[f"{name}, one node"]
+                run()
+                _sync()
+                if dev == "cuda":
+                    torch.cuda._sleep(200_000_000)
+                pr = cProfile.Profile(); pr.enable()
+                for _ in range(30): run()
+                pr.disable(); _sync()
+            out = io.StringIO(); pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(28)
+            print("\n".join(l for l in out.getvalue().splitlines() if l.strip()), flush=True)
 
 
 if __name__ == "__main__":
