@@ -4,7 +4,7 @@ long grids (regress), whole-model bf16 steps eager and whole-step graphed (model
 GroupRational's eager fwd+bwd at KAT-Tiny's two shapes under bf16 autocast, the GPU kept busy so that only the
 host is timed (rational). On the GPU machine:
 
-    python scripts/host_cost.py host [regress] [models] [rational] [grkan] [--prof] [--cpu]
+    python scripts/host_cost.py host [regress] [models] [rational] [grkan] [strategies] [--prof] [--cpu]
 
 ``host`` times each layer's step and nn.Linear's in alternating rounds and reports the median ratio with the
 rounds' range: separate processes moved nn.Linear's own step by 35% on the GPU machine.
@@ -96,6 +96,24 @@ def host():
               f"{hi_c:.2f}x)  graphed {g:.4f}", flush=True)
         if "--prof" in sys.argv:
             print_profile(step, 16)
+
+
+def strategies():
+    """PolyKANLinear by each strategy at small and mid shapes (rows, in, out, degree): the eager step against
+    nn.Linear's (alternating rounds) and the graphed step: which strategy an eager call of the layer should
+    take (``kernels.edge.strategy.single_slot_strategy``)."""
+    shapes = [(1024, 32, 32, 8), (4096, 32, 32, 8), (16384, 32, 32, 8), (128, 40, 256, 8), (1024, 32, 32, 15),
+              (64, 64, 128, 15), (256, 96, 96, 8), (64, 256, 512, 15)]
+    for rows, n_in, n_out, degree in shapes if dev == "cuda" else shapes[:1]:
+        x = torch.randn(rows, n_in, device=dev, requires_grad=True)
+        dy = torch.randn(rows, n_out, device=dev)
+        linear = training_step(torch.nn.Linear(n_in, n_out).to(dev), x, dy)
+        for strategy in ("auto", "stencil", "gemm"):
+            step = training_step(PolyKANLinear(n_in, n_out, degree, strategy=strategy).to(dev), x, dy)
+            ms, base, ratio, (lo, hi) = paired_eager(step, linear)
+            g = time_fn(graphed(step), dev, warmup=3, repeat=50) if dev == "cuda" else float("nan")
+            print(f"STRATEGY PolyKANLinear ({rows}, {n_in} -> {n_out}, D={degree}) {strategy:8s} eager {ms:.3f} ms, "
+                  f"nn.Linear {base:.3f}: {ratio:.2f}x ({lo:.2f}-{hi:.2f}x)  graphed {g:.4f} ms", flush=True)
 
 
 def regress():

@@ -477,7 +477,10 @@ def test_autocast_output_is_made_inside_the_node(device, name, eager_step_ops):
         else:
             assert torch.equal(got, expected), param_name
     exact = run("fp32", False)[0]
-    if "stencil" not in name and "torch base" not in name:  # no bf16 path; the GEMM's rounding added to fp32
+    # no bf16 path on the stencil kernels (an eager CUDA call of a small polynomial layer takes them:
+    # single_slot_strategy); elsewhere the GEMM's rounding is added to fp32
+    stencil = "stencil" in name or (name.startswith("PolyKANLinear") and dev.type == "cuda")
+    if not stencil and "torch base" not in name:
         assert not torch.equal(y, exact.to(torch.bfloat16))
     assert torch.equal(run("fp32", True)[0], exact.to(torch.bfloat16))
     if device == "cpu":  # the node count is host bookkeeping: the same on every device

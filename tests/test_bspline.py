@@ -851,19 +851,25 @@ def _mse(y: wp.array2d(dtype=wp.float32), t: wp.array2d(dtype=wp.float32), loss:
 
 _CAPTURE_AFTER_EAGER = r"""
 import sys, torch
-from warpkan.torch_bridge import KANLinear, UKANLinear, bspline_ops, capture_step
+from warpkan.kernels.edge.strategy import single_slot_strategy
+from warpkan.torch_bridge import KANLinear, PolyKANLinear, UKANLinear, bspline_ops, capture_step
 
 kind = sys.argv[1]
 torch.manual_seed(0)
 make = {"kan": lambda s: KANLinear(32, 32, grid_size=5, strategy=s),
-        "ukan": lambda s: UKANLinear(32, 32, grid_delta=0.25, table_groups=8, strategy=s)}[kind]
+        "ukan": lambda s: UKANLinear(32, 32, grid_delta=0.25, table_groups=8, strategy=s),
+        "poly": lambda s: PolyKANLinear(32, 32, 8, strategy=s)}[kind]
 layer = make("auto").cuda()
 twin = make("gemm").cuda()
 twin.load_state_dict(layer.state_dict())
 x = torch.rand(1024, 32, device="cuda") * 2 - 1
-n_coef = 8 if kind == "kan" else 36
-assert bspline_ops.choose_strategy(1024, 32, 32, n_coef, True, "fp32", host_bound=True) == "stencil"
-assert bspline_ops.choose_strategy(1024, 32, 32, n_coef, True, "fp32", host_bound=False) == "gemm"
+if kind == "poly":
+    assert single_slot_strategy(1024, 32, 32, 9, True, host_bound=True) == "stencil"
+    assert single_slot_strategy(1024, 32, 32, 9, True, host_bound=False) == "gemm"
+else:
+    n_coef = 8 if kind == "kan" else 36
+    assert bspline_ops.choose_strategy(1024, 32, 32, n_coef, True, "fp32", host_bound=True) == "stencil"
+    assert bspline_ops.choose_strategy(1024, 32, 32, n_coef, True, "fp32", host_bound=False) == "gemm"
 
 def step():
     layer.zero_grad(set_to_none=False)
@@ -880,10 +886,10 @@ print("ok")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")
-@pytest.mark.parametrize("kind", ["kan", "ukan"])
+@pytest.mark.parametrize("kind", ["kan", "ukan", "poly"])
 def test_capture_after_eager_steps_of_the_other_strategy_cuda(kind, child_env, tmp_path):
-    """"auto" takes the tiled kernels in an eager step of a small layer and the gemm strategy in a captured one
-    (choose_strategy's host-bound rule). The eager warm-up steps load the gemm module too, so the capture
+    """"auto" takes the stencil kernels in an eager step of a small layer and the gemm strategy in a captured one
+    (choose_strategy's host-bound rule, and the polynomial families' single_slot_strategy). The eager warm-up steps load the gemm module too, so the capture
     launches loaded kernels only (a module load inside a capture invalidates it), and the replay gives the
     gemm strategy's gradients. A fresh process: no other test has loaded the module."""
     import subprocess

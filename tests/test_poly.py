@@ -239,7 +239,44 @@ def test_auto_strategy_is_gemm_on_the_cpu(monkeypatch, shape):
     assert layer.strategy == "auto" and layer.coeffs.device.type == "cpu"
     layer(torch.rand(n_rows, n_in, requires_grad=True)).sum().backward()
     assert ran == ["gemm_forward", "gemm_backward"]
-    assert poly_ops.AUTO_STRATEGY == "gemm"  # the one rule, CUDA's unchanged
+    assert poly_ops.AUTO_STRATEGY == "gemm"  # the CPU's and a capture's rule
+
+
+def test_auto_strategy_of_an_eager_cuda_call():
+    """An eager CUDA call of a small polynomial layer waits on the host, so "auto" takes the stencil kernels there
+    (one launch a pass, the parameters read in place); a captured call, a large one and a CPU call take gemm."""
+    from warpkan.kernels.edge.strategy import EAGER_SINGLE_SLOT_STENCIL_MAX_WORK as bound
+    from warpkan.kernels.edge.strategy import single_slot_strategy
+
+    for shape in ((1024, 32, 32, 9), (128, 40, 256, 9), (14563, 32, 32, 9)):
+        assert single_slot_strategy(*shape, is_cuda=True, host_bound=True) == "stencil", shape
+        assert single_slot_strategy(*shape, is_cuda=True, host_bound=False) == "gemm", shape
+        assert single_slot_strategy(*shape, is_cuda=False, host_bound=True) == "gemm", shape
+    assert single_slot_strategy(bound // (32 * 32 * 9) + 1, 32, 32, 9, is_cuda=True, host_bound=True) == "gemm"
+    assert single_slot_strategy(65536, 256, 256, 9, is_cuda=True, host_bound=True) == "gemm"
+    assert single_slot_strategy(64, 256, 512, 16, is_cuda=True, host_bound=True) == "gemm"  # a long walk
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_eager_cuda_call_takes_the_stencil_kernels_cuda(monkeypatch):
+    """The driver runs the rule: an eager step of a small layer runs the stencil kernels forward and backward, and
+    its results match the gemm strategy's to fp32 rounding."""
+    from warpkan.torch_bridge import edge_ops
+
+    torch.manual_seed(0)
+    layer = PolyKANLinear(32, 32, 8).cuda()
+    twin = PolyKANLinear(32, 32, 8, strategy="gemm").cuda()
+    twin.load_state_dict(layer.state_dict())
+    x = torch.rand(1024, 32, device="cuda") * 2 - 1
+    ran = _strategies_run(monkeypatch, edge_ops)
+    y = layer(x)
+    y.square().mean().backward()
+    assert ran == ["stencil_forward", "stencil_backward"], ran
+    y_twin = twin(x)
+    y_twin.square().mean().backward()
+    torch.testing.assert_close(y, y_twin, rtol=1e-5, atol=1e-5)
+    for a, b in zip(layer.parameters(), twin.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("precision,unit_roundoff", [("bf16", 2.0**-9), ("tf32", 2.0**-10)])

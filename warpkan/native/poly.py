@@ -45,8 +45,10 @@ class PolyKANLinear(WarpState):
         dtype: ``wp.float32`` or ``wp.float64``.
         seed: seed of the numpy generator that draws the initial coefficients.
         strategy: ``"stencil"`` (the engine's per-edge kernels), ``"gemm"`` (the dense basis multiplied with the
-            coefficient table by ``wp.tile_matmul``: :mod:`warpkan.kernels.edge.tile_gemm`) or ``"auto"``: the
-            torch layer's choice, gemm at every shape (:data:`warpkan.kernels.edge.strategy.SINGLE_SLOT_AUTO_STRATEGY`).
+            coefficient table by ``wp.tile_matmul``: :mod:`warpkan.kernels.edge.tile_gemm`) or ``"auto"``: gemm at
+            every shape (:data:`warpkan.kernels.edge.strategy.SINGLE_SLOT_AUTO_STRATEGY`, the torch layer's choice
+            wherever the GPU time decides; its eager small calls, which wait on torch's host work, are not
+            measured for this layer).
     """
 
     def __init__(
@@ -118,8 +120,7 @@ class PolyKANLinear(WarpState):
         return y
 
     def resolve_strategy(self, n_rows: int) -> str:
-        """The strategy a call on ``n_rows`` rows takes: the layer's, or for "auto" the torch layer's (gemm at
-        every shape)."""
+        """The strategy a call on ``n_rows`` rows takes: the layer's, or for "auto" gemm at every shape."""
         return SINGLE_SLOT_AUTO_STRATEGY if self.strategy == "auto" else self.strategy
 
     # ---------------------------------------------------------------- state (the torch layer's names)

@@ -25,8 +25,8 @@ table's element order (the pair search's sort) that its atomic-free coefficient 
 asked for (or of an input not given) come back empty; the parameters' in ``torch.empty_like``'s strides of each
 parameter (a public-layout parameter's gradient is then taken by AccumulateGrad without a copy).
 
-Routes. :func:`resolve_route` picks the strategy (:mod:`warpkan.kernels.edge.strategy`: the spline rule,
-gemm for the polynomial families, the stencil kernels for a shared table) and the gemm strategy's precision
+Routes. :func:`resolve_route` picks the strategy (:mod:`warpkan.kernels.edge.strategy`: the spline rule, the
+polynomial families' rule, the stencil kernels for a shared table) and the gemm strategy's precision
 (:func:`warpkan.torch_bridge.edge_driver.resolve_precision`). Eager calls run :func:`edge_apply`'s
 ``autograd.Function`` (one node a layer call, the custom-op dispatch skipped: ``_common.eager_function``),
 resolving the route once for the forward and the backward; traced code (``torch.compile``, export, opcheck)
@@ -41,13 +41,14 @@ import functools
 import threading
 
 import torch
+import warp as wp
 from torch import Tensor
 
 from ..kernels.edge import tiled as edge_tiled
-from ..kernels.edge.strategy import SINGLE_SLOT_AUTO_STRATEGY, choose_strategy
+from ..kernels.edge.strategy import SINGLE_SLOT_AUTO_STRATEGY, choose_strategy, single_slot_strategy
 from . import _common
-from ._common import (TRANSPOSED, contiguous, copy_into, eager_function, first_order_backward, on_rows,
-                      params_used_by_this_backward, refuse_transforms)
+from ._common import (TRANSPOSED, WP_DTYPES, contiguous, copy_into, eager_function, first_order_backward, on_rows,
+                      params_used_by_this_backward, refuse_transforms, warp_device)
 from .edge_driver import (EdgeSpec, bind_tiled_backward, combined_weight, differentiable_backward, gemm_backward,
                           gemm_forward, load_gemm_modules, node_combined_weight, resolve_precision, spec_of,
                           split_weight_grad, stencil_backward, stencil_forward)
@@ -78,11 +79,13 @@ def resolve_auto(family, tiled: bool, x: Tensor, n_coef: int, n_out: int, precis
 
 
 def ready_for_capture(family, x: Tensor, n_coef: int, n_out: int, precision: str) -> None:
-    """Where an eager call of a spline family runs the tiled stencil kernels and a call of the same shape
-    recorded into a CUDA graph would take the gemm strategy: that strategy's module loaded, and this thread's
+    """Where an eager call of a spline family runs the tiled stencil kernels (or of a polynomial family the
+    stencil kernels) and a call of the same shape recorded into a CUDA graph would take the gemm strategy: that strategy's module loaded, and this thread's
     cuBLAS handles made (``edge_driver.load_gemm_modules``), so that a capture after eager warm-up steps does
     neither. The forward runs on the caller's thread and the backward on autograd's: each pass calls this."""
-    if choose_strategy(x.shape[0], x.shape[1], n_out, n_coef, True, precision) == "gemm":
+    captured = SINGLE_SLOT_AUTO_STRATEGY if family.single_slot else choose_strategy(x.shape[0], x.shape[1], n_out,
+                                                                                     n_coef, True, precision)
+    if captured == "gemm":
         load_gemm_modules(family, precision, x.device)
 
 
@@ -98,7 +101,11 @@ def resolve_route(spec: EdgeSpec, x: Tensor, n_out: int, strategy: str, precisio
         return "stencil", precision
     if strategy == "auto":
         if family.single_slot:
-            return SINGLE_SLOT_AUTO_STRATEGY, precision
+            captured = x.is_cuda and torch.cuda.is_current_stream_capturing()
+            strategy = single_slot_strategy(x.shape[0], x.shape[1], n_out, spec.n_coef, x.is_cuda, not captured)
+            if strategy == "stencil":
+                ready_for_capture(family, x, spec.n_coef, n_out, precision)
+            return strategy, precision
         tiled = x.dtype in _FLOATS and edge_tiled.tiled_applies(family, x.is_cuda, spec.n_coef)
         strategy = resolve_auto(family, tiled, x, spec.n_coef, n_out, precision)
     return strategy, precision
@@ -109,14 +116,21 @@ _ONES: dict = {}
 
 def _unit_scaler(x: Tensor, n_in: int, n_out: int) -> Tensor:
     """[in, out] ones, the stencil kernels' scaler of an unscaled family: a stride-0 view of one cached element
-    (not cached while a CUDA graph is captured: its memory would belong to the graph; nor when made under a
-    tracing mode or a torch.func transform, whatever x is: ``_common.cacheable``)."""
+    (not cached while a CUDA graph is captured: its memory would belong to the graph; nor under a tracing mode or
+    a torch.func transform, whatever x is: ``_common.cacheable``). The cached element comes from Warp's allocator, not
+    torch's: torch.compile's reduce-overhead mode runs its warm-up calls with torch's allocations routed to a
+    CUDA graph's pool, and refuses a tensor of that pool that outlives the call."""
     key = (x.dtype, x.device)
     one = _ONES.get(key)
     if one is None:
-        one = torch.ones((), dtype=x.dtype, device=x.device)
-        if _common.cacheable(one) and not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
-            _ONES[key] = one
+        if _common.cacheable(x) and not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+            device = warp_device(x.device)
+            one = wp.to_torch(wp.ones(1, dtype=WP_DTYPES[x.dtype], device=device))[0]
+            wp.synchronize_device(device)  # filled on Warp's stream; read on torch's
+            if _common.cacheable(one):  # (a fake mode turns even a real x's tensor into one of its own)
+                _ONES[key] = one
+        else:
+            one = torch.ones((), dtype=x.dtype, device=x.device)
     return one.expand(n_in, n_out)
 
 
@@ -214,7 +228,7 @@ def run_backward(spec: EdgeSpec, dy: Tensor, x: Tensor, base_weight_t, scaler_t,
     else:
         dy = dy.to(x.dtype)
         shared = spec.family.shared_table  # its backward is the atomic-free one, in the pair search's order
-        if x.is_cuda and not (shared or spec.family.single_slot) and not torch.cuda.is_current_stream_capturing():
+        if x.is_cuda and not shared and not torch.cuda.is_current_stream_capturing():
             ready_for_capture(spec.family, x, spec.n_coef, coef.shape[2], precision)  # on autograd's thread
         operands = _stencil_operands(spec, x, base_weight_t, scaler_t, coef)
         dx, d_base, d_scaler, d_coef = stencil_backward(*spec[:4], dy, x, *operands, spec.use_base,

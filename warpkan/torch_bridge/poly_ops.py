@@ -12,8 +12,9 @@ has their description, the ``precision`` rule of the gemm strategy and its error
 - ``gemm``: the engine writes the transposed dense basis of a chunk of rows and cuBLAS contracts it with the
   coefficient table itself ([in (D + 1), out] as it lies: no copy in fp32).
 
-``auto`` takes the gemm strategy, on every device (:data:`AUTO_STRATEGY`, measured in
-:mod:`warpkan.kernels.edge.strategy`). The bias is added by the forward's last op and its gradient is
+``auto`` takes the gemm strategy (:data:`AUTO_STRATEGY`), except in an eager CUDA call of a small layer, which
+waits on the host and takes the stencil kernels (measured in :mod:`warpkan.kernels.edge.strategy`:
+``single_slot_strategy``). The bias is added by the forward's last op and its gradient is
 ``dy.sum(0)``.
 """
 
@@ -36,7 +37,8 @@ __all__ = ["poly_kan", "poly_apply", "basis_spec", "derivative_spec", "poly_stat
            "STRATEGIES", "PRECISIONS"]
 
 BF16_ERROR_BOUND = "(2**-8 + K * 2**-24) * (|A| @ |B|) for a contraction A @ B of length K"
-# The strategy "auto" resolves to, on every device and at every shape (measured: kernels.edge.strategy)
+# The strategy "auto" resolves to on the CPU, under CUDA-graph capture and for large eager CUDA calls (measured:
+# kernels.edge.strategy; small eager CUDA calls take the stencil kernels: single_slot_strategy)
 AUTO_STRATEGY = SINGLE_SLOT_AUTO_STRATEGY
 # how errors name the layers and their op
 LABEL = "PolyKANLinear/ChebyKANLinear (warpkan::edge_forward)"

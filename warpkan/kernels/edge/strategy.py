@@ -5,25 +5,39 @@ bridge and the Warp-native layers follow the same rule. The bounds were measured
 strategy (cuBLAS, or MKL on the CPU); the Warp-native layers' gemm strategy multiplies with ``wp.tile_matmul``
 (:mod:`.tile_gemm`), whose own figures are in ``docs/perf-notes-engine.md``.
 
-The polynomial families (one window of D + 1 bases an input) take the gemm strategy everywhere
-(:data:`SINGLE_SLOT_AUTO_STRATEGY`); shared-table families (UKAN's touched-pair table) have no dense basis and
-take the stencil kernels.
+The polynomial families (one window of D + 1 bases an input) take the gemm strategy
+(:data:`SINGLE_SLOT_AUTO_STRATEGY`) except in an eager CUDA call of a small layer (:func:`single_slot_strategy`);
+shared-table families (UKAN's touched-pair table) have no dense basis and take the stencil kernels.
 """
 
-__all__ = ["STRATEGIES", "choose_strategy", "SINGLE_SLOT_AUTO_STRATEGY", "GEMM_MAX_COEFFICIENTS", "TILED_GEMM_MAX_COEFFICIENTS",
+__all__ = ["STRATEGIES", "choose_strategy", "single_slot_strategy", "SINGLE_SLOT_AUTO_STRATEGY",
+           "EAGER_SINGLE_SLOT_STENCIL_MAX_WORK", "GEMM_MAX_COEFFICIENTS", "TILED_GEMM_MAX_COEFFICIENTS",
            "TILED_MIN_TILES", "TILED_LONG_WALK", "BF16_GEMM_MIN_OUTPUTS", "EAGER_TILED_MAX_TILES"]
 
 STRATEGIES = ("auto", "stencil", "gemm")
-# The strategy "auto" resolves to for the polynomial families, on every device and at every shape: it was the
-# faster one wherever measured. CUDA: replayed from a CUDA graph (GPU time alone), at every PolyKAN configuration
+# The strategy "auto" resolves to for the polynomial families on the CPU, under CUDA-graph capture, and for eager
+# CUDA calls past EAGER_SINGLE_SLOT_STENCIL_MAX_WORK: it was the faster one there. CUDA: replayed from a CUDA graph
+# (GPU time alone), at every PolyKAN configuration
 # (H100, `warpkan bench poly`, fwd+bwd: 0.035 against 0.24 ms at (128, 40, 256, 8), 0.076 against 1.9 at
 # (64, 256, 512, 15)): the engine's tiled kernels give a warp 32 rows, too few blocks for small batches, and
-# their records grow with the degree. Eager, the smallest layer is bound by the host either way (0.32-0.55 ms).
+# their records grow with the degree.
 # CPU: 2.7-30x faster at every shape of scripts/cpu_strategy.py (one thread, fwd+bwd, LUT mode: (16, 8->8, D=3)
 # 0.17 against 0.45 ms, (64, 16->32, D=8) 0.32 against 1.6, (1024, 32->64, D=8) 7.0 against 63, (64, 256->512,
 # D=15) 19 against 371; exact mode and float64 alike): the per-thread stencil kernels evaluate every edge's D + 1
 # bases on one thread, where the GEMMs run in MKL, faster still on more threads.
 SINGLE_SLOT_AUTO_STRATEGY = "gemm"
+# An eager CUDA call of a small polynomial layer waits on the host, and there the stencil route (one launch a
+# pass, the parameters read in place: ``torch_bridge.edge_ops.stencil_param``) beats the gemm route (the table
+# copied into the GEMM's layout, the basis expanded, three GEMMs, the contraction) by more than the stencil's
+# longer GPU time. H200, (rows, 32 -> 32, D = 8), an eager fwd+bwd step, stencil vs gemm, ms (graphed in
+# brackets; `python scripts/host_cost.py strategies`): 1024 rows 0.381 vs 0.884 (0.230 vs 0.037), 4096 0.542 vs
+# 0.875 (0.260 vs 0.056), 16384 0.591 vs 0.895 (0.390 vs 0.134). The bound is on the stencil's work, rows x in x
+# out x (D + 1): 16384 rows there are 1.5 x 2^27, where its GPU time (0.39 ms) was still under the gemm route's
+# host time; the bound keeps a margin below that. Long walks (TILED_LONG_WALK inputs or more) stay on gemm, as
+# for the spline families: (64, 256 -> 512, D = 15), 2^27 terms, took 1.9 ms on the stencil kernels against
+# 0.076 on gemm (H100, graphed, above), past any eager step's host time.
+EAGER_SINGLE_SLOT_STENCIL_MAX_WORK = 2**27
+
 
 # Up to this many coefficients per input the dense basis (zeros included) is cheaper to multiply on cuBLAS
 # than to gather per edge with the per-thread stencil kernels (the CPU, and grids past the tiled kernels'
@@ -85,3 +99,13 @@ def choose_strategy(n_rows: int, n_in: int, n_out: int, n_coef: int, tiled_stenc
     if precision == "bf16" and n_coef <= GEMM_MAX_COEFFICIENTS and n_out >= BF16_GEMM_MIN_OUTPUTS:
         return "gemm"
     return "stencil"
+
+
+def single_slot_strategy(n_rows: int, n_in: int, n_out: int, n_coef: int, is_cuda: bool, host_bound: bool) -> str:
+    """The strategy "auto" takes for a polynomial (single-slot) family: the stencil kernels for an eager
+    (``host_bound``) CUDA call of at most EAGER_SINGLE_SLOT_STENCIL_MAX_WORK edge-coefficient terms a pass and
+    fewer than TILED_LONG_WALK inputs, else :data:`SINGLE_SLOT_AUTO_STRATEGY`."""
+    if (is_cuda and host_bound and n_in < TILED_LONG_WALK
+            and n_rows * n_in * n_out * n_coef <= EAGER_SINGLE_SLOT_STENCIL_MAX_WORK):
+        return "stencil"
+    return SINGLE_SLOT_AUTO_STRATEGY
