@@ -693,6 +693,13 @@ def test_grkan_layers_take_the_composition_where_the_node_would_change_something
     swapped.fc1.rational = torch.nn.GELU()
     y = swapped.fc1(x)
     assert type(y.grad_fn).__name__ != fused and torch.equal(y, swapped.fc1.linear(torch.nn.functional.gelu(x)))
+    for name in ("weight", "bias"):  # a linear tensor set as a plain attribute (not a parameter)
+        plain = KATMLP(8, 16, num_groups=2).fc1
+        value = getattr(plain.linear, name).detach().clone()
+        delattr(plain.linear, name)
+        setattr(plain.linear, name, value)
+        y = plain(x)
+        assert type(y.grad_fn).__name__ != fused and torch.equal(y, plain.linear(plain.rational(x)))
     with pytest.raises(TypeError, match=r"x must have the layer's dtype torch\.float32, got torch\.float64"):
         mlp(x.double())
     with pytest.raises(ValueError, match="last dimension 8"):

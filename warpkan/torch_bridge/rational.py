@@ -289,7 +289,10 @@ def _chain_arguments(x, layers: tuple, check_layers: bool):
                 type(layer) is GRKANLinear and _no_hooks(layer))):
             return None
         rp, lp = rational._parameters, linear._parameters
-        weights += (rp["weight_numerator"], rp["weight_denominator"], lp["weight"], lp["bias"])
+        layer_weights = (rp.get("weight_numerator"), rp.get("weight_denominator"), lp.get("weight"), lp.get("bias"))
+        if any(w is None for w in layer_weights[:3]) or "bias" not in lp:  # a tensor set as a plain attribute
+            return None
+        weights += layer_weights
         layer_configs.append(rational)
     if (_module_hooks._global_forward_hooks or _module_hooks._global_forward_pre_hooks or
             _module_hooks._global_backward_hooks or _module_hooks._global_backward_pre_hooks or
