@@ -576,12 +576,21 @@ def test_grkan_with_another_activation_in_place_of_its_rational(device):
 
 # ------------------------------------------------------------------ KATMLP: the block as one eager node
 def _kat_mlp_step(mlp, x, dy, composed, autocast=None, create_graph=False):
-    """(y, x.grad, every parameter's grad) of one step of ``mlp`` on a copy of x, through its fused node or the
-    composition ``fc2(fc1(x))``."""
+    """(y, x.grad, every parameter's grad) of one step of ``mlp`` (a KATMLP or a GRKANLinear) on a copy of x,
+    through its node or through its modules' composition (the node turned off: the layers' own composed path)."""
+    from warpkan.torch_bridge import rational
+
     mlp.zero_grad(set_to_none=True)
     xg = x.detach().clone().requires_grad_(x.requires_grad)
-    with torch.autocast(x.device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
-        y = mlp.fc2(mlp.fc1(xg)) if composed else mlp(xg)
+    chain_arguments = rational._chain_arguments
+    if composed:
+        rational._chain_arguments = lambda *args, **kwargs: None
+    try:
+        with torch.autocast(x.device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+            y = mlp(xg)
+        assert (type(y.grad_fn).__name__ == "_GRKANChainBackward") != composed
+    finally:
+        rational._chain_arguments = chain_arguments
     y.backward(dy, create_graph=create_graph)
     return [y.detach(), xg.grad] + [p.grad for p in mlp.parameters()]
 
@@ -594,17 +603,25 @@ def _assert_bitwise(got, want):
 
 
 @pytest.mark.parametrize("autocast", [None, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("shape", [(7,), (1,), (3, 5), (2, 3, 5)])
+@pytest.mark.parametrize("shape", [(), (7,), (1,), (3, 5), (2, 3, 5)])
 @pytest.mark.parametrize("bias", [True, False])
-def test_kat_mlp_node_is_the_composition_bitwise(device, autocast, shape, bias):
-    """KATMLP's eager node runs the composition's kernels and products on the same operands: its output and
-    every gradient equal, bitwise and in dtype, those of ``fc2(fc1(x))``, in fp32 and under autocast, for 2-D
-    and N-D x, one row, and odd widths (12 -> 20 -> 6 with 2 groups)."""
+@pytest.mark.parametrize("block", ["KATMLP", "GRKANLinear"])
+def test_kat_mlp_node_is_the_composition_bitwise(device, autocast, shape, bias, block):
+    """The eager node of a KATMLP block (or of a lone GRKANLinear) runs the composition's kernels and products on
+    the same operands: its output and every gradient equal, bitwise and in dtype, those of its modules' composition,
+    in fp32 and under autocast, for 1-D, 2-D and N-D x, one row, and odd widths (12 -> 20 -> 6 with 2 groups)."""
     dev = _torch_device(device)
     if autocast == torch.float16 and dev.type == "cpu":
         pytest.skip("CPU autocast computes linear layers in bfloat16")
     torch.manual_seed(0)
     mlp = KATMLP(12, 20, 6, num_groups=2, bias=bias, device=dev)
+    if block == "GRKANLinear":
+        mlp = mlp.fc2.to(dev)
+        mlp.rational.weight_numerator.data.normal_(0, 0.5)  # off the swish init: every coefficient in play
+        x = torch.randn(*shape, 20, device=dev, requires_grad=True)
+        dy = torch.randn(*shape, 6, device=dev, dtype=autocast or torch.float32)
+        _assert_bitwise(_kat_mlp_step(mlp, x, dy, False, autocast), _kat_mlp_step(mlp, x, dy, True, autocast))
+        return
     x = torch.randn(*shape, 12, device=dev, requires_grad=True)
     dy = torch.randn(*shape, 6, device=dev, dtype=autocast or torch.float32)
     with torch.autocast(dev.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
