@@ -10,7 +10,6 @@ from torch.nn.modules import module as _module_hooks
 
 from .. import _checks
 from ..kernels import rational as kr
-
 from ._common import autocast_dtype, check_device, check_input_dtype, check_tensor, use_registered_op
 from .grkan_ops import grkan_chain
 from .rational_ops import IO_DTYPES, apply_checked, check_out_dtype
@@ -281,7 +280,7 @@ def _chain_arguments(x, layers: tuple, check_layers: bool):
         return None
     # the modules' and parameters' own dicts: nn.Module.__getattr__ is about 0.3 us a name, a call asks for 7
     # names a layer
-    weights, layer_configs = [], []
+    weights, rationals = [], []
     for layer in layers:
         rational, linear = layer._modules.get("rational"), layer._modules.get("linear")
         if type(rational) is not GroupRational or type(linear) is not nn.Linear or not (
@@ -292,17 +291,19 @@ def _chain_arguments(x, layers: tuple, check_layers: bool):
         layer_weights = (rp.get("weight_numerator"), rp.get("weight_denominator"), lp.get("weight"), lp.get("bias"))
         if any(w is None for w in layer_weights[:3]) or "bias" not in lp:  # a tensor set as a plain attribute
             return None
+        if rationals and rational.num_features != weights[-2].shape[0]:  # a layer that can't follow the last
+            return None
         weights += layer_weights
-        layer_configs.append(rational)
+        rationals.append(rational)
     if (_module_hooks._global_forward_hooks or _module_hooks._global_forward_pre_hooks or
             _module_hooks._global_backward_hooks or _module_hooks._global_backward_pre_hooks or
             torch._C._are_functorch_transforms_active()):
         return None
     if not (x.requires_grad or any(w is not None and w.requires_grad for w in weights)):
         return None
-    first = layer_configs[0]
-    if (x.dtype not in IO_DTYPES or x.layout != torch.strided or not x.dim() or x.shape[-1] != first.num_features
-            or not x.numel() or x.device != weights[1].device or x.device != weights[2].device):
+    if (x.dtype not in IO_DTYPES or x.layout != torch.strided or not x.dim()
+            or x.shape[-1] != rationals[0].num_features or not x.numel()
+            or any(w is not None and w.device != x.device for w in weights)):
         return None
     cast_to = autocast_dtype(x.device)
     linear_dtypes = {w.dtype for w in weights[2::4] + weights[3::4] if w is not None}
@@ -317,5 +318,5 @@ def _chain_arguments(x, layers: tuple, check_layers: bool):
         out_dtype = check_out_dtype(x, cast_to)
     # a later layer's rational reads the linear's output, in cast_to (or x's dtype): its own dtype out
     config = (cast_to, tuple((r.num_groups, r.variant, r.deterministic, out_dtype if i == 0 else None)
-                             for i, r in enumerate(layer_configs)))
+                             for i, r in enumerate(rationals)))
     return config, tuple(weights)
