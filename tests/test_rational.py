@@ -721,6 +721,10 @@ def test_grkan_layers_take_the_composition_where_the_node_would_change_something
         mlp(x.double())
     with pytest.raises(ValueError, match="last dimension 8"):
         mlp(torch.randn(4, 9, requires_grad=True))
+    misfit = KATMLP(8, 16, num_groups=2)
+    misfit.fc2 = GRKANLinear(12, 8, num_groups=2)  # can't follow fc1's 16 outputs: the composition's error
+    with pytest.raises(ValueError, match="last dimension 12"):
+        misfit(x)
 
 
 def test_kat_mlp_eager_step_is_one_node(eager_step_ops):
