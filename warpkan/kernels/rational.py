@@ -1127,10 +1127,10 @@ def launch_backward(
     partials: "wp.array | None" = None,
     record: bool = False,
 ):
-    """Gradients of ``launch_forward`` (dy of y's scalar type, dx of x's). ``da`` and ``db`` (the scalar type and shapes of a and b) are
-    accumulated (+=) when ``accumulate_params`` and ``dx`` when ``accumulate_dx`` (Warp's adjoint
-    convention); otherwise they are overwritten (the torch op: no zeroing launch, no read of dx). ``da`` and
-    ``db`` go together.
+    """Gradients of ``launch_forward`` (dy of y's scalar type, dx of x's). ``da`` and ``db`` (the scalar type
+    and shapes of a and b) are accumulated (+=) when ``accumulate_params`` and ``dx`` when ``accumulate_dx``
+    (Warp's adjoint convention); otherwise they are overwritten (the torch op: no zeroing launch, no read of
+    dx). ``da`` and ``db`` go together.
     ``deterministic`` is accepted for symmetry with the other families: the coefficient gradients are always
     reduced in a fixed order (fp64 block partials and a combine pass), so they are always bitwise
     reproducible, at the cost of one small extra launch. ``workspace``: an object with

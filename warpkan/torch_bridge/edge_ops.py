@@ -45,7 +45,7 @@ import warp as wp
 from torch import Tensor
 
 from ..kernels.edge import tiled as edge_tiled
-from ..kernels.edge.strategy import SINGLE_SLOT_AUTO_STRATEGY, choose_strategy, single_slot_strategy
+from ..kernels.edge.strategy import choose_strategy, single_slot_strategy
 from . import _common
 from ._common import (TRANSPOSED, WP_DTYPES, contiguous, copy_into, eager_function, first_order_backward, on_rows,
                       params_used_by_this_backward, refuse_transforms, warp_device)
@@ -64,28 +64,35 @@ LABEL = "edge layer (warpkan::edge_forward)"
 _FLOATS = (torch.float32, torch.float64)
 
 
+def _auto_strategy(family, tiled: bool, x: Tensor, n_coef: int, n_out: int, precision: str, host_bound: bool) -> str:
+    """The strategy "auto" takes for a call of ``family`` on x [N, in]: the polynomial families' rule
+    (:func:`single_slot_strategy`) or the spline families' (:func:`choose_strategy`)."""
+    if family.single_slot:
+        return single_slot_strategy(x.shape[0], x.shape[1], n_out, n_coef, x.is_cuda, host_bound)
+    return choose_strategy(x.shape[0], x.shape[1], n_out, n_coef, tiled, precision, host_bound)
+
+
 def resolve_auto(family, tiled: bool, x: Tensor, n_coef: int, n_out: int, precision: str) -> str:
-    """The strategy "auto" takes for a call of a spline family on x [N, in]: :func:`choose_strategy` with the
+    """The strategy "auto" takes for a call of a spline or polynomial family on x [N, in]: its rule with the
     call's resolved precision, host-bound unless the call is recorded into a CUDA graph (``capture_step``,
     ``graphed_training_step``, ``torch.compile(mode="reduce-overhead")``), where only the GPU time counts;
     ``tiled``: the warp-tiled stencil kernels apply. Where an eager call takes the stencil kernels and a captured
     one would take the gemm strategy, the family's gemm module is loaded here: the capture after eager warm-up
     steps must not load one."""
     captured = x.is_cuda and torch.cuda.is_current_stream_capturing()
-    strategy = choose_strategy(x.shape[0], x.shape[1], n_out, n_coef, tiled, precision, not captured)
-    if strategy == "stencil" and not captured and tiled:
+    strategy = _auto_strategy(family, tiled, x, n_coef, n_out, precision, not captured)
+    if strategy == "stencil" and not captured and (tiled or family.single_slot):
         ready_for_capture(family, x, n_coef, n_out, precision)
     return strategy
 
 
 def ready_for_capture(family, x: Tensor, n_coef: int, n_out: int, precision: str) -> None:
     """Where an eager call of a spline family runs the tiled stencil kernels (or of a polynomial family the
-    stencil kernels) and a call of the same shape recorded into a CUDA graph would take the gemm strategy: that strategy's module loaded, and this thread's
-    cuBLAS handles made (``edge_driver.load_gemm_modules``), so that a capture after eager warm-up steps does
-    neither. The forward runs on the caller's thread and the backward on autograd's: each pass calls this."""
-    captured = SINGLE_SLOT_AUTO_STRATEGY if family.single_slot else choose_strategy(x.shape[0], x.shape[1], n_out,
-                                                                                     n_coef, True, precision)
-    if captured == "gemm":
+    stencil kernels) and a call of the same shape recorded into a CUDA graph would take the gemm strategy: that
+    strategy's module loaded, and this thread's cuBLAS handles made (``edge_driver.load_gemm_modules``), so that
+    a capture after eager warm-up steps does neither. The forward runs on the caller's thread and the backward
+    on autograd's: each pass calls this."""
+    if _auto_strategy(family, True, x, n_coef, n_out, precision, host_bound=False) == "gemm":
         load_gemm_modules(family, precision, x.device)
 
 
@@ -100,12 +107,6 @@ def resolve_route(spec: EdgeSpec, x: Tensor, n_out: int, strategy: str, precisio
                              "(UKAN's touched-pair table) does not have; use 'stencil' or 'auto'")
         return "stencil", precision
     if strategy == "auto":
-        if family.single_slot:
-            captured = x.is_cuda and torch.cuda.is_current_stream_capturing()
-            strategy = single_slot_strategy(x.shape[0], x.shape[1], n_out, spec.n_coef, x.is_cuda, not captured)
-            if strategy == "stencil":
-                ready_for_capture(family, x, spec.n_coef, n_out, precision)
-            return strategy, precision
         tiled = x.dtype in _FLOATS and edge_tiled.tiled_applies(family, x.is_cuda, spec.n_coef)
         strategy = resolve_auto(family, tiled, x, spec.n_coef, n_out, precision)
     return strategy, precision
@@ -116,10 +117,10 @@ _ONES: dict = {}
 
 def _unit_scaler(x: Tensor, n_in: int, n_out: int) -> Tensor:
     """[in, out] ones, the stencil kernels' scaler of an unscaled family: a stride-0 view of one cached element
-    (not cached while a CUDA graph is captured: its memory would belong to the graph; nor under a tracing mode or
-    a torch.func transform, whatever x is: ``_common.cacheable``). The cached element comes from Warp's allocator, not
-    torch's: torch.compile's reduce-overhead mode runs its warm-up calls with torch's allocations routed to a
-    CUDA graph's pool, and refuses a tensor of that pool that outlives the call."""
+    (not cached while a CUDA graph is captured: its memory would belong to the graph; nor under a tracing mode
+    or a torch.func transform, whatever x is: ``_common.cacheable``). The cached element comes from Warp's
+    allocator, not torch's: torch.compile's reduce-overhead mode runs its warm-up calls with torch's allocations
+    routed to a CUDA graph's pool, and refuses a tensor of that pool that outlives the call."""
     key = (x.dtype, x.device)
     one = _ONES.get(key)
     if one is None:

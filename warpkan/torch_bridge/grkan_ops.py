@@ -82,7 +82,7 @@ class _GRKANChain(torch.autograd.Function):
         cast_to, layers = config
         ctx.lead = x.shape[:-1] if x.dim() != 2 else None
         h = x if ctx.lead is None else x.reshape(-1, x.shape[-1])
-        need_in, need_params = _needs(ctx)
+        need_in, need_params = ctx.needs = _needs(ctx)  # (the backward's too)
         saved, plans, dtypes = [], [], []
         for i, (groups, variant, deterministic, out_dtype) in enumerate(layers):
             wn, wd, w, b = weights[PER_LAYER * i:PER_LAYER * (i + 1)]
@@ -104,7 +104,7 @@ class _GRKANChain(torch.autograd.Function):
         plans, ctx.plans = ctx.plans or [None] * len(layers), None
         saved = ctx.saved_tensors
         need = ctx.needs_input_grad
-        need_in, need_params = _needs(ctx)
+        need_in, need_params = ctx.needs
         grads = [None] * (2 + PER_LAYER * len(layers))
         g = dy if dy.dim() == 2 else dy.reshape(-1, dy.shape[-1])
         for i in reversed(range(len(layers))):

@@ -40,10 +40,10 @@ class PolyKANLinear(Float32Or64Module):
 
     ``strategy``: ``"stencil"`` (the edge engine's kernels: warp-tiled on CUDA where the degree fits, per-thread
     elsewhere; their backward adds by atomics on CUDA), ``"gemm"`` (the engine writes the dense basis and cuBLAS
-    contracts it) or ``"auto"`` (gemm, the faster wherever the GPU time decides, ``warpkan.torch_bridge.poly_ops.AUTO_STRATEGY``;
-    an eager CUDA call of a small layer, which waits on the host, takes the stencil kernels:
-    ``warpkan.kernels.edge.strategy.single_slot_strategy``. Pass ``deterministic=True`` for bitwise reproducible
-    gradients there).
+    contracts it) or ``"auto"`` (gemm, the faster wherever the GPU time decides:
+    ``warpkan.torch_bridge.poly_ops.AUTO_STRATEGY``; an eager CUDA call of a small layer, which waits on the host,
+    takes the stencil kernels: ``warpkan.kernels.edge.strategy.single_slot_strategy``. Pass
+    ``deterministic=True`` for bitwise reproducible gradients there).
     ``precision`` is the gemm strategy's, with KANLinear's rule (``warpkan.torch_bridge.edge_driver``): "auto"
     follows bf16 autocast and torch's float32 matmul setting, "fp32", "tf32" and "bf16" force one (tf32 and bf16
     for float32 layers only); the stencil kernels ignore it.

@@ -158,13 +158,13 @@ def _setup_context(ctx, inputs, output):
     ctx.op_inputs = inputs  # for create_graph=True (_higher_backward): the op's inputs, with their history
 
 
-def _backward(ctx, dy, backward_fn=None):
+def _backward(ctx, dy):
     x, weight_numerator, weight_denominator = ctx.saved_tensors
     need_x = ctx.needs_input_grad[0]
     need_params = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
     if not (need_x or need_params):
         return None, None, None, None, None, None
-    dx, da, db = (backward_fn or group_rational_backward)(
+    dx, da, db = group_rational_backward(
         dy, x, weight_numerator, weight_denominator, *ctx.config, need_x, need_params
     )
     return (
@@ -250,11 +250,10 @@ def _eager_setup_context(ctx, inputs, output):
 
 def _eager_backward(ctx, dy):
     plan, ctx.plan = ctx.plan, None  # the buffers go to autograd alone (AccumulateGrad takes them as they are)
-    if plan is None:
-        return _backward(ctx, dy, _backward_impl)  # converts dy to x's dtype
     x, weight_numerator, weight_denominator = ctx.saved_tensors
-    dx, da, db = run_bound_backward(plan, dy, x, weight_numerator, weight_denominator, ctx.config, *plan[3:5])
     need = ctx.needs_input_grad
+    dx, da, db = run_bound_backward(plan, dy, x, weight_numerator, weight_denominator, ctx.config, need[0],
+                                    need[1] or need[2])
     return dx, da if need[1] else None, db if need[2] else None, None, None, None
 
 
