@@ -391,8 +391,10 @@ def test_dense_range_cg_mlp_inputs(device, pe_dim, embed_dim):
     groups = (group_lo.unsqueeze(1) - 1 + torch.arange(rows, device=device)).reshape(-1)
     features = torch.arange(3, device=device).repeat_interleave(rows)
     table = tb.ukan_ops.ukan_range_table(group_lo, rows, pe_dim, layer.feature_embedding, layer.cg_hidden.weight,
-                                         layer.cg_hidden.bias, layer.cg_out.weight, layer.cg_out.bias)
-    expected = layer.generate_coefficients(features, groups).reshape(3 * rows, -1)
+                                         layer.cg_hidden.bias, layer.cg_out.weight, layer.cg_out.bias,
+                                         layer.spline_order + 1)
+    # [P, out, K] coefficients, coefficient-major in the table: row p holds C[p, o, m] at column m out + o
+    expected = layer.generate_coefficients(features, groups).transpose(1, 2).reshape(3 * rows, -1)
     torch.testing.assert_close(table, expected, rtol=1e-12, atol=1e-12)
 
 
@@ -500,7 +502,7 @@ def test_dense_range_opcheck_and_empty(device):
                                                  True, True, False))
     mlp = [p.detach().requires_grad_() for p in (layer.feature_embedding, layer.cg_hidden.weight,
                                                  layer.cg_hidden.bias, layer.cg_out.weight, layer.cg_out.bias)]
-    torch.library.opcheck(tb.ukan_ops.ukan_range_table, (group_lo, rows, layer.pe_dim, *mlp))
+    torch.library.opcheck(tb.ukan_ops.ukan_range_table, (group_lo, rows, layer.pe_dim, *mlp, layer.spline_order + 1))
     empty = torch.zeros(0, 3, dtype=torch.float64, device=device, requires_grad=True)
     y = layer(empty)
     assert y.shape == (0, 4)
@@ -528,45 +530,67 @@ def table_and_grads(make_table, params, d_table):
     return table.detach(), torch.autograd.grad(table, params, d_table, allow_unused=True)
 
 
-def range_table_op(group_lo, rows, pe_dim):
-    return lambda *params: tb.ukan_ops.ukan_range_table(group_lo, rows, pe_dim, *params)
+def range_table_op(group_lo, rows, pe_dim, table_k=1):
+    return lambda *params: tb.ukan_ops.ukan_range_table(group_lo, rows, pe_dim, *params, table_k)
 
 
-def range_table_reference(group_lo, rows, pe_dim):
-    return lambda *params: tb.ukan_ops.range_table_torch(group_lo, rows, pe_dim, *params)
+def range_table_reference(group_lo, rows, pe_dim, table_k=1):
+    return lambda *params: tb.ukan_ops.range_table_torch(group_lo, rows, pe_dim, *params, table_k)
 
 
 GENERATOR_SIZES = [
-    # (in, rows per feature, pe_dim, embed_dim, hidden_dim, table columns)
-    (1, 1, 16, 8, 32, 40),  # one feature, one group
-    (3, 7, 2, 5, 7, 11),  # prime embed, hidden and output widths
-    (5, 13, 0, 3, 13, 131),  # no encoding; output columns past two tile widths
-    (2, 40, 6, 0, 3, 17),  # no embedding
-    (4, 100, 16, 8, 32, 4),  # many groups: 400 rows, many blocks, features across block edges
-    (3, 5, 64, 64, 48, 20),  # wide tiles (64, 64, 64): past the shared memory budget in float64 (SIMT)
-    (3, 5, 10, 120, 8, 33),  # the widest embedding tile
-    (2, 3, 4, 3, 129, 8),  # hidden wider than the widest tile: the SIMT generator
+    # (in, rows per feature, pe_dim, embed_dim, hidden_dim, table columns, K of the coefficient-major order)
+    (1, 1, 16, 8, 32, 40, 4),  # one feature, one group
+    (3, 7, 2, 5, 7, 11, 1),  # prime embed, hidden and output widths
+    (5, 13, 0, 3, 13, 131, 1),  # no encoding; output columns past two tile widths
+    (2, 40, 6, 0, 3, 17, 1),  # no embedding
+    (4, 100, 16, 8, 32, 4, 2),  # many groups: 400 rows, many blocks, features across block edges
+    (3, 5, 64, 64, 48, 20, 5),  # wide tiles (64, 64, 64): past the shared memory budget in float64 (SIMT)
+    (3, 5, 10, 120, 8, 33, 3),  # the widest embedding tile
+    (2, 3, 4, 3, 129, 8, 4),  # hidden wider than the widest tile: the SIMT generator
+    (3, 4, 6, 5, 9, 70, 2),  # 35 outputs of 2 coefficients: a column tile holding rows of both coefficients
+    (2, 6, 4, 3, 11, 66, 6),  # K = 6 (order 5) over three column tiles
 ]
 
 
 @pytest.mark.parametrize("generator", ["tile", "simt"])
-@pytest.mark.parametrize("n_in,rows,pe_dim,embed_dim,hidden_dim,n_cols", GENERATOR_SIZES)
+@pytest.mark.parametrize("n_in,rows,pe_dim,embed_dim,hidden_dim,n_cols,table_k", GENERATOR_SIZES)
 def test_range_generator_matches_torch_cg_mlp_float64(device, monkeypatch, generator, n_in, rows, pe_dim, embed_dim,
-                                                      hidden_dim, n_cols):
+                                                      hidden_dim, n_cols, table_k):
     monkeypatch.setattr(ku, "CG_GENERATOR", generator)
-    check_range_generator_float64(device, n_in, rows, pe_dim, embed_dim, hidden_dim, n_cols, seed=1)
+    check_range_generator_float64(device, n_in, rows, pe_dim, embed_dim, hidden_dim, n_cols, seed=1, table_k=table_k)
 
 
-def check_range_generator_float64(device, n_in, rows, pe_dim, embed_dim, hidden_dim, n_cols, seed):
-    """The registered range-table op's table and every CG-MLP gradient against the torch reference, float64."""
+def check_range_generator_float64(device, n_in, rows, pe_dim, embed_dim, hidden_dim, n_cols, seed, table_k=1):
+    """The registered range-table op's table and every CG-MLP gradient against the torch reference, float64;
+    with ``table_k`` > 1 also against the op's own table in w_out's order, its columns permuted to
+    coefficient-major by hand."""
     group_lo = torch.randint(-50, 50, (n_in,), generator=torch.Generator().manual_seed(seed)).to(device)
     params = cg_mlp_params(n_in, pe_dim, embed_dim, hidden_dim, n_cols, device)
     d_table = torch.randn(n_in * rows, n_cols, dtype=torch.float64, device=device)
-    table, grads = table_and_grads(range_table_op(group_lo, rows, pe_dim), params, d_table)
-    expected, grads_ref = table_and_grads(range_table_reference(group_lo, rows, pe_dim), params, d_table)
+    table, grads = table_and_grads(range_table_op(group_lo, rows, pe_dim, table_k), params, d_table)
+    expected, grads_ref = table_and_grads(range_table_reference(group_lo, rows, pe_dim, table_k), params, d_table)
     torch.testing.assert_close(table, expected, rtol=1e-12, atol=1e-12)
     for name, grad, grad_ref in zip(("embedding", "w_hidden", "b_hidden", "w_out", "b_out"), grads, grads_ref):
         torch.testing.assert_close(grad, grad_ref, rtol=1e-11, atol=1e-11, msg=name)
+    if table_k > 1:
+        n_out = n_cols // table_k
+        # column m n_out + o of the coefficient-major table is column o K + m of w_out's order
+        by_output = range_table_op(group_lo, rows, pe_dim)(*params).detach()
+        by_coefficient = by_output.view(-1, n_out, table_k).transpose(1, 2).reshape(by_output.shape)
+        assert torch.equal(table, by_coefficient)
+        grads_by_output = table_and_grads(range_table_op(group_lo, rows, pe_dim), params,
+                                          d_table.view(-1, table_k, n_out).transpose(1, 2).reshape(d_table.shape))[1]
+        for name, grad, grad_by_output in zip(("embedding", "w_hidden", "b_hidden", "w_out", "b_out"), grads,
+                                              grads_by_output):
+            torch.testing.assert_close(grad, grad_by_output, rtol=1e-12, atol=1e-12, msg=name)
+
+
+def test_range_table_refuses_a_k_that_does_not_divide_the_columns(device):
+    params = cg_mlp_params(2, 4, 3, 5, 10, device)
+    group_lo = torch.tensor([0, 3], device=device)
+    with pytest.raises(ValueError, match="table_k"):
+        range_table_op(group_lo, 3, 4, 3)(*params)
 
 
 def test_generator_column_split():
@@ -602,9 +626,9 @@ def test_range_generator_float32_within_reference_error(device):
     params64 = cg_mlp_params(n_in, pe_dim, embed_dim, hidden_dim, n_cols, device)
     params32 = [p.detach().float().requires_grad_() for p in params64]
     d_table = torch.randn(n_in * rows, n_cols, dtype=torch.float64, device=device)
-    exact, grads64 = table_and_grads(range_table_reference(group_lo, rows, pe_dim), params64, d_table)
-    ref32, grads_ref32 = table_and_grads(range_table_reference(group_lo, rows, pe_dim), params32, d_table.float())
-    ours, grads32 = table_and_grads(range_table_op(group_lo, rows, pe_dim), params32, d_table.float())
+    exact, grads64 = table_and_grads(range_table_reference(group_lo, rows, pe_dim, 4), params64, d_table)
+    ref32, grads_ref32 = table_and_grads(range_table_reference(group_lo, rows, pe_dim, 4), params32, d_table.float())
+    ours, grads32 = table_and_grads(range_table_op(group_lo, rows, pe_dim, 4), params32, d_table.float())
 
     def check(value, reference32, value64, what):
         budget = 4 * (reference32.double() - value64).abs().max().item() + 1e-6 * value64.abs().max().item()
@@ -625,8 +649,8 @@ def test_range_generator_keeps_encoding_precision_at_huge_groups(device, monkeyp
     rows, pe_dim = 6, 16
     params = cg_mlp_params(3, pe_dim, 4, 9, 12, device)
     d_table = torch.randn(3 * rows, 12, dtype=torch.float64, device=device)
-    table, grads = table_and_grads(range_table_op(group_lo, rows, pe_dim), params, d_table)
-    expected, grads_ref = table_and_grads(range_table_reference(group_lo, rows, pe_dim), params, d_table)
+    table, grads = table_and_grads(range_table_op(group_lo, rows, pe_dim, 3), params, d_table)
+    expected, grads_ref = table_and_grads(range_table_reference(group_lo, rows, pe_dim, 3), params, d_table)
     torch.testing.assert_close(table, expected, rtol=1e-12, atol=1e-12)
     for grad, grad_ref in zip(grads, grads_ref):
         torch.testing.assert_close(grad, grad_ref, rtol=1e-11, atol=1e-11)
@@ -638,8 +662,8 @@ def test_range_generator_gradients_bitwise_reproducible(device):
     group_lo = torch.tensor([-3, 4, 0, 9], device=device)
     params = cg_mlp_params(4, 16, 8, 32, 64, device, dtype=torch.float32)
     d_table = torch.randn(4 * 50, 64, device=device)
-    first = table_and_grads(range_table_op(group_lo, 50, 16), params, d_table)
-    second = table_and_grads(range_table_op(group_lo, 50, 16), params, d_table)
+    first = table_and_grads(range_table_op(group_lo, 50, 16, 4), params, d_table)
+    second = table_and_grads(range_table_op(group_lo, 50, 16, 4), params, d_table)
     assert torch.equal(first[0], second[0])
     assert all(torch.equal(a, b) for a, b in zip(first[1], second[1]))
 

@@ -92,7 +92,6 @@ __all__ = [
     "launch_dense_forward",
     "launch_dense_backward",
     "launch_embedding_backward",
-    "launch_reorder_table",
     "PE_BASE",
     "shared_table",
     "table_frame",
@@ -156,6 +155,22 @@ def group_encoding(g: wp.int64, a: int, pe_dim: int) -> wp.float64:
     if a - 2 * j == 1:
         return wp.cos(phase)
     return wp.sin(phase)
+
+
+@wp.func
+def output_row(c: int, n_cols: int, table_k: int) -> int:
+    """The CG-MLP output layer's row (w_out, b_out) behind column c of a table of ``n_cols`` columns.
+
+    The layer's rows are output-major, (o, m) = o K + m, as ``UKANLinear.cg_out`` holds them; the spline
+    kernels read the table coefficient-major, (m, o) = m out + o, with K = ``table_k``. The CG-MLP kernels
+    take w_out's rows in that order where they read them, so that neither the layer nor the table is
+    reordered by a copy. ``table_k`` = 1: the same order. Columns past the table (a tile's padding, never
+    stored) read row 0."""
+    if c >= n_cols:
+        return 0
+    n_out = n_cols // table_k
+    m = c // n_out
+    return (c - m * n_out) * table_k + m
 
 @dataclass(frozen=True)
 class UKANVariant:
@@ -650,7 +665,6 @@ class DenseVariant:
     dense_backward_params: wp.Kernel
     dense_combine: wp.Kernel
     embedding_backward: wp.Kernel
-    reorder_table: wp.Kernel
     range_features: wp.Kernel
     range_param_partials: wp.Kernel
     range_param_combine: wp.Kernel
@@ -717,14 +731,16 @@ def _dense_forward_kernel(scalar_name: str):
         weight: wp.array2d(dtype=scalar),
         bias: wp.array(dtype=scalar),
         apply_silu: int,
+        table_k: int,
         pre: wp.array2d(dtype=scalar),
         out: wp.array2d(dtype=scalar),
     ):
-        # pre[p, b] = bias[b] + sum_a inp[p, a] weight[b, a]; out = silu(pre) or pre
+        # pre[p, b] = bias[w] + sum_a inp[p, a] weight[w, a] with w = output_row(b); out = silu(pre) or pre
         p, b = wp.tid()
-        acc = bias[b]
+        w = output_row(b, out.shape[1], table_k)
+        acc = bias[w]
         for a in range(inp.shape[1]):
-            acc = acc + inp[p, a] * weight[b, a]
+            acc = acc + inp[p, a] * weight[w, a]
         pre[p, b] = acc
         if apply_silu:
             act, dact = silu_and_grad(acc)
@@ -749,13 +765,16 @@ def _dense_backward_input_kernel(scalar_name: str):
         weight: wp.array2d(dtype=scalar),
         pre_in: wp.array2d(dtype=scalar),
         silu_in: int,
+        table_k: int,
         d_in: wp.array2d(dtype=scalar),
     ):
-        # d_in[p, a] = (sum_b d_out[p, b] weight[b, a]) * silu'(pre_in[p, a]) when the input was a SiLU output
+        # d_in[p, a] = (sum_b d_out[p, b] weight[output_row(b), a]) * silu'(pre_in[p, a]) when the input was a
+        # SiLU output
         p, a = wp.tid()
         acc = zero
-        for b in range(d_out.shape[1]):
-            acc = acc + d_out[p, b] * weight[b, a]
+        n_cols = d_out.shape[1]
+        for b in range(n_cols):
+            acc = acc + d_out[p, b] * weight[output_row(b, n_cols, table_k), a]
         if silu_in:
             act, dact = silu_and_grad(pre_in[p, a])
             acc = acc * dact
@@ -803,16 +822,17 @@ def _dense_combine_kernel(scalar_name: str):
     zero = scalar(0.0)
 
     @kernel
-    def dense_combine(partial: wp.array3d(dtype=scalar), d_weight: wp.array2d(dtype=scalar),
+    def dense_combine(partial: wp.array3d(dtype=scalar), table_k: int, d_weight: wp.array2d(dtype=scalar),
                       d_bias: wp.array(dtype=scalar)):
         b, a = wp.tid()
         acc = zero
         for chunk in range(partial.shape[0]):  # fixed order: deterministic
             acc = acc + partial[chunk, b, a]
+        w = output_row(b, partial.shape[1], table_k)
         if a < d_weight.shape[1]:
-            d_weight[b, a] = d_weight[b, a] + acc
+            d_weight[w, a] = d_weight[w, a] + acc
         else:
-            d_bias[b] = d_bias[b] + acc
+            d_bias[w] = d_bias[w] + acc
 
     return dense_combine
 
@@ -844,27 +864,6 @@ def _embedding_backward_kernel(scalar_name: str):
         d_embedding[i, e] = d_embedding[i, e] + acc
 
     return embedding_backward
-
-
-@functools.lru_cache(maxsize=None)
-def _reorder_table_kernel(scalar_name: str):
-    """The CG-MLP output's (o, m) order <-> the spline kernels' table layout."""
-    scalar = SCALARS[scalar_name]
-    kernel = _mlp_kernel_decorator(scalar_name)
-
-    @kernel
-    def reorder_table(by_output: wp.array2d(dtype=scalar), K: int, to_kernel_order: int,
-                      by_basis: wp.array2d(dtype=scalar)):
-        # the MLP's [P, out * K] rows in (o, m) order <-> the spline kernels' [P * K, out]
-        p, b = wp.tid()
-        o = b // K
-        m = b - o * K
-        if to_kernel_order:
-            by_basis[p * K + m, o] = by_output[p, b]
-        else:
-            by_output[p, b] = by_basis[p * K + m, o]
-
-    return reorder_table
 
 
 # ---- the CG-MLP on a dense range of groups (the torch layer's dense-range path): row p = i Rt + j is
@@ -961,6 +960,7 @@ def _range_param_combine_kernel(scalar_name: str):
         d_features: wp.array2d(dtype=scalar),
         rows_per_feature: int,
         pe_dim: int,
+        table_k: int,
         d_w_out: wp.array2d(dtype=scalar),
         d_b_out: wp.array(dtype=scalar),
         d_w_hidden: wp.array2d(dtype=scalar),
@@ -978,10 +978,10 @@ def _range_param_combine_kernel(scalar_name: str):
         if q < partial.shape[1]:
             for chunk in range(partial.shape[0]):
                 acc = acc + partial[chunk, q]
-            if q < n_b * n_h:
-                d_w_out[q // n_h, q - (q // n_h) * n_h] = acc
+            if q < n_b * n_h:  # partial's entries in table column order: the layer's rows by output_row
+                d_w_out[output_row(q // n_h, n_b, table_k), q - (q // n_h) * n_h] = acc
             elif q < n_b * n_h + n_b:
-                d_b_out[q - n_b * n_h] = acc
+                d_b_out[output_row(q - n_b * n_h, n_b, table_k)] = acc
             elif q < n_b * n_h + n_b + n_h * n_a:
                 r = q - n_b * n_h - n_b
                 d_w_hidden[r // n_a, r - (r // n_a) * n_a] = acc
@@ -1006,18 +1006,8 @@ def get_dense_variant(scalar_name: str = "float32") -> DenseVariant:
     return DenseVariant(SCALARS[scalar_name], _features_kernel(scalar_name), _dense_forward_kernel(scalar_name),
                         _dense_backward_input_kernel(scalar_name), _dense_backward_params_kernel(scalar_name),
                         _dense_combine_kernel(scalar_name), _embedding_backward_kernel(scalar_name),
-                        _reorder_table_kernel(scalar_name), _range_features_kernel(scalar_name),
+                        _range_features_kernel(scalar_name),
                         _range_param_partials_kernel(scalar_name), _range_param_combine_kernel(scalar_name))
-
-
-def launch_reorder_table(by_output, by_basis, order, to_kernel_order: bool, stream=None):
-    """Copy the CG-MLP output [P, out * K] ((o, m) order) into the kernels' table [P * K, out], or back."""
-    variant = get_dense_variant(scalar_name(by_output, "by_output"))
-    if by_output.shape[0] == 0 or by_output.shape[1] == 0:
-        return
-    wp.launch(variant.reorder_table, dim=tuple(by_output.shape),
-              inputs=[by_output, order + 1, int(to_kernel_order)], outputs=[by_basis], device=by_output.device,
-              stream=stream, record_tape=False)
 
 
 def launch_features(pair_feature, pair_group, embedding, pe_dim, out, stream=None):
@@ -1028,18 +1018,21 @@ def launch_features(pair_feature, pair_group, embedding, pe_dim, out, stream=Non
               outputs=[out], device=out.device, stream=stream, record_tape=False)
 
 
-def launch_dense_forward(inp, weight, bias, apply_silu, pre, out, stream=None):
+def launch_dense_forward(inp, weight, bias, apply_silu, pre, out, table_k=1, stream=None):
+    """pre = inp weight^T + bias, out = silu(pre) or pre; ``table_k`` = K: out's columns are the layer's rows
+    (o, m) taken in the spline table's (m, o) order (:func:`output_row`; 1: as they are)."""
     variant = get_dense_variant(scalar_name(inp, "inp"))
     if out.shape[0] == 0:
         return
-    wp.launch(variant.dense_forward, dim=tuple(out.shape), inputs=[inp, weight, bias, int(apply_silu)],
+    wp.launch(variant.dense_forward, dim=tuple(out.shape), inputs=[inp, weight, bias, int(apply_silu), int(table_k)],
               outputs=[pre, out], device=out.device, stream=stream, record_tape=False)
 
 
 def launch_dense_backward(d_out, inp, weight, d_weight, d_bias, d_in=None, pre_in=None, silu_in=False,
-                          partials=None, stream=None):
+                          partials=None, table_k=1, stream=None):
     """Accumulate d_weight, d_bias (chunked partials + fixed-order combine); write d_in (not accumulated)
-    when given, multiplied by silu'(pre_in) when ``silu_in``."""
+    when given, multiplied by silu'(pre_in) when ``silu_in``. ``table_k``: d_out's columns in the order
+    :func:`launch_dense_forward` wrote them with it."""
     variant = get_dense_variant(scalar_name(inp, "inp"))
     device = inp.device
     n_rows, n_in = inp.shape
@@ -1049,14 +1042,15 @@ def launch_dense_backward(d_out, inp, weight, d_weight, d_bias, d_in=None, pre_i
     with on_stream(stream):
         if d_in is not None:
             wp.launch(variant.dense_backward_input, dim=(n_rows, n_in),
-                      inputs=[d_out, weight, pre_in if pre_in is not None else d_in, int(silu_in)],
+                      inputs=[d_out, weight, pre_in if pre_in is not None else d_in, int(silu_in), int(table_k)],
                       outputs=[d_in], device=device, record_tape=False)
         n_chunks, rows_per_chunk = row_chunks(n_rows, n_out, n_in + 1)
         shape = (n_chunks, n_out, n_in + 1)
         partial = partials("dense_partial", shape, variant.scalar) if partials else wp.empty(shape, dtype=variant.scalar, device=device)
         wp.launch(variant.dense_backward_params, dim=shape, inputs=[d_out, inp, rows_per_chunk], outputs=[partial],
                   device=device, record_tape=False)
-        wp.launch(variant.dense_combine, dim=(n_out, n_in + 1), inputs=[partial], outputs=[d_weight, d_bias],
+        wp.launch(variant.dense_combine, dim=(n_out, n_in + 1), inputs=[partial, int(table_k)],
+                  outputs=[d_weight, d_bias],
                   device=device, record_tape=False)
 
 
@@ -1084,15 +1078,16 @@ def _range_rows(variant, group_lo, embedding, w_hidden, b_hidden, features, pre,
     rows = features.shape[0] // group_lo.shape[0]
     return (_launch(variant.range_features, tuple(features.shape), [group_lo, rows, embedding, int(pe_dim), features],
                     features.device, stream, record)
-            + _launch(variant.dense_forward, tuple(pre.shape), [features, w_hidden, b_hidden, 1, pre, hidden],
+            + _launch(variant.dense_forward, tuple(pre.shape), [features, w_hidden, b_hidden, 1, 1, pre, hidden],
                       features.device, stream, record))
 
 
 def launch_range_mlp_forward(group_lo, embedding, w_hidden, b_hidden, w_out, b_out, features, pre, hidden, table,
-                             pe_dim, stream=None, record=False):
+                             pe_dim, table_k=1, stream=None, record=False):
     """The CG-MLP on the dense range: table [in Rt, B] = w_out silu(w_hidden f + b_hidden) + b_out, where the
     input row f of row i Rt + j (``features`` [in Rt, pe_dim + E]) is (the encoding of group
-    group_lo[i] - 1 + j, embedding[i]). Also writes the pre-activations and the hidden activations [in Rt, H].
+    group_lo[i] - 1 + j, embedding[i]); the table's columns are w_out's rows in the order ``table_k`` gives
+    (:func:`output_row`). Also writes the pre-activations and the hidden activations [in Rt, H].
     Three launches, none of them a torch op: at small N, the chain of torch ops this replaces cost as much
     host time per step as the whole spline."""
     variant = get_dense_variant(scalar_name(table, "table"))
@@ -1101,35 +1096,39 @@ def launch_range_mlp_forward(group_lo, embedding, w_hidden, b_hidden, w_out, b_o
     device = table.device
     return (_range_rows(variant, group_lo, embedding, w_hidden, b_hidden, features, pre, hidden, pe_dim, stream,
                         record)
-            + _launch(variant.dense_forward, tuple(table.shape), [hidden, w_out, b_out, 0, table, table], device,
-                      stream, record))
+            + _launch(variant.dense_forward, tuple(table.shape),
+                      [hidden, w_out, b_out, 0, _check_table_k(table.shape[1], table_k), table, table],
+                      device, stream, record))
 
 
 def launch_range_mlp_backward(d_table, group_lo, embedding, w_hidden, b_hidden, w_out, features, pre, hidden, d_pre,
                               d_features, partial, d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding, pe_dim,
-                              recompute=True, stream=None, record=False):
+                              recompute=True, table_k=1, stream=None, record=False):
     """Every parameter gradient of :func:`launch_range_mlp_forward` from d_table [in Rt, B] (Rt >= 1),
     written, not accumulated, with fixed-order sums (deterministic). ``d_pre`` and ``partial``
     (:func:`range_mlp_partial_shape`) are scratch; ``features``, ``pre`` and ``hidden`` are the forward's
     (``recompute=False``) or scratch that the forward's launches fill again (``recompute=True``).
-    ``d_features`` (the input rows' gradient, shaped as ``features``) is scratch too."""
+    ``d_features`` (the input rows' gradient, shaped as ``features``) is scratch too. ``table_k``: the
+    forward's."""
     variant = get_dense_variant(scalar_name(d_table, "d_table"))
     if d_table.shape[0] == 0:
         return []
     rows = d_table.shape[0] // group_lo.shape[0]
     device = d_table.device
     partial_args = [d_table, hidden, d_pre, features, _RANGE_ROWS_PER_CHUNK, partial]
-    combine_args = [partial, d_features, rows, int(pe_dim), d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding]
+    table_k = _check_table_k(d_table.shape[1], table_k)
+    combine_args = [partial, d_features, rows, int(pe_dim), table_k, d_w_out, d_b_out, d_w_hidden, d_b_hidden,
+                    d_embedding]
     n_entries = partial.shape[1] + d_embedding.shape[0] * d_embedding.shape[1]
     cmds = []
     if recompute:
         cmds = _range_rows(variant, group_lo, embedding, w_hidden, b_hidden, features, pre, hidden, pe_dim, stream,
                            record)
     return (cmds
-            + _launch(variant.dense_backward_input, tuple(d_pre.shape), [d_table, w_out, pre, 1, d_pre], device,
-                      stream, record)
+            + _launch(variant.dense_backward_input, tuple(d_pre.shape), [d_table, w_out, pre, 1, table_k, d_pre],
+                      device, stream, record)
             + _launch(variant.range_param_partials, tuple(partial.shape), partial_args, device, stream, record)
-            + _launch(variant.dense_backward_input, tuple(d_features.shape), [d_pre, w_hidden, d_pre, 0, d_features],
+            + _launch(variant.dense_backward_input, tuple(d_features.shape), [d_pre, w_hidden, d_pre, 0, 1, d_features],
                       device, stream, record)
             + _launch(variant.range_param_combine, (n_entries,), combine_args, device, stream, record))
 
@@ -1404,16 +1403,21 @@ def _generator_layer_funcs(scalar_name: str, widths: tuple):
         b_out: wp.array(dtype=scalar),
         first_row: int,
         col: int,
+        table_k: int,
         table: wp.array2d(dtype=scalar),
     ):
         # w_out's rows are loaded into a tile one column wider than they are and read through a view: the
         # transposed operand's row stride is then odd (H_W + 1), so the lanes of Warp's scalar GEMM, which
         # read one element from each of 16 rows, hit 16 banks, not one (a 16-way shared-memory conflict on
         # every step of the product). The extra column is never read.
-        w = wp.tile_load(w_out, shape=(COLS, H_PAD), offset=(col, 0), storage="shared")
+        # w_out's rows behind the table columns col .. col + COLS - 1 (output_row)
+        rows = wp.tile_map(output_row, wp.tile_arange(COLS, dtype=int) + wp.tile_full(COLS, col, dtype=int),
+                           wp.tile_full(COLS, table.shape[1], dtype=int), wp.tile_full(COLS, table_k, dtype=int))
+        w = wp.tile_load_indexed(w_out, indices=rows, shape=(COLS, H_PAD), axis=0, storage="shared")
         out = wp.tile_zeros(shape=(ROWS, COLS), dtype=scalar, storage="shared")
         wp.tile_assign(out, wp.tile_broadcast(
-            wp.tile_reshape(wp.tile_load(b_out, shape=(COLS,), offset=(col,)), shape=(1, COLS)), shape=(ROWS, COLS)))
+            wp.tile_reshape(wp.tile_load_indexed(b_out, indices=rows, shape=(COLS,), axis=0), shape=(1, COLS)),
+            shape=(ROWS, COLS)))
         wp.tile_matmul(hidden, wp.tile_transpose(wp.tile_view(w, offset=(0, 0), shape=(COLS, H_W))), out)
         wp.tile_store(table, out, offset=(first_row, col))
 
@@ -1425,14 +1429,17 @@ def _generator_layer_funcs(scalar_name: str, widths: tuple):
         block: int,
         first_row: int,
         col: int,
+        table_k: int,
         d_hidden: wp.tile(dtype=scalar, shape=(ROWS, H_W), storage="shared"),
         part_w_out: wp.array3d(dtype=scalar),
         part_b_out: wp.array2d(dtype=scalar),
     ):
-        # d_hidden += d_out w_out[cols]; the block's partials of d w_out[cols] = d_out^T hidden and of d b_out
-        # (a row of ones times d_out: a fixed summation order)
+        # d_hidden += d_out w_out[rows of cols]; the block's partials of d w_out[rows of cols] = d_out^T hidden
+        # and of d b_out (a row of ones times d_out: a fixed summation order), in table column order
         d_out = wp.tile_load(d_table, shape=(ROWS, COLS), offset=(first_row, col), storage="shared")
-        w = wp.tile_load(w_out, shape=(COLS, H_W), offset=(col, 0), storage="shared")
+        rows = wp.tile_map(output_row, wp.tile_arange(COLS, dtype=int) + wp.tile_full(COLS, col, dtype=int),
+                           wp.tile_full(COLS, d_table.shape[1], dtype=int), wp.tile_full(COLS, table_k, dtype=int))
+        w = wp.tile_load_indexed(w_out, indices=rows, shape=(COLS, H_W), axis=0, storage="shared")
         wp.tile_matmul(d_out, w, d_hidden)
         d_w = wp.tile_matmul(wp.tile_transpose(d_out), hidden)
         wp.tile_store(part_w_out, wp.tile_reshape(d_w, shape=(1, COLS, H_W)), offset=(block, col, 0))
@@ -1499,6 +1506,7 @@ def _generator_forward_kernel(scalar_name: str, widths: tuple, rows: str):
         b_out: wp.array(dtype=scalar),
         table: wp.array2d(dtype=scalar),
         block_cols: int,
+        table_k: int,
     ):
         block, col_block, lane = wp.tid()
         first_row = block * ROWS
@@ -1511,7 +1519,7 @@ def _generator_forward_kernel(scalar_name: str, widths: tuple, rows: str):
         wp.tile_assign(hidden, wp.tile_map(wp.static(silu), hidden))  # the pre-activations are not needed again
         first_col = col_block * block_cols
         for col in range(first_col, wp.min(first_col + block_cols, table.shape[1]), COLS):
-            output_columns(hidden, w_out, b_out, first_row, col, table)
+            output_columns(hidden, w_out, b_out, first_row, col, table_k, table)
 
     return generator_forward
 
@@ -1556,6 +1564,7 @@ def _generator_backward_kernels(scalar_name: str, widths: tuple, rows: str):
         part_b_out: wp.array2d(dtype=scalar),
         d_hidden_parts: wp.array3d(dtype=scalar),
         block_cols: int,
+        table_k: int,
     ):
         block, col_block, lane = wp.tid()
         first_row = block * ROWS
@@ -1569,7 +1578,8 @@ def _generator_backward_kernels(scalar_name: str, widths: tuple, rows: str):
         d_hidden = wp.tile_zeros(shape=(ROWS, H_W), dtype=scalar, storage="shared")
         first_col = col_block * block_cols
         for col in range(first_col, wp.min(first_col + block_cols, d_table.shape[1]), COLS):
-            output_columns_backward(d_table, w_out, hidden, block, first_row, col, d_hidden, part_w_out, part_b_out)
+            output_columns_backward(d_table, w_out, hidden, block, first_row, col, table_k, d_hidden, part_w_out,
+                                    part_b_out)
         wp.tile_store(d_hidden_parts, wp.tile_reshape(d_hidden, shape=(1, ROWS, H_W)), offset=(col_block, first_row, 0))
 
     @kernel
@@ -1663,6 +1673,7 @@ def _generator_combine_kernel(scalar_name: str):
         d_embedding_rows: wp.array2d(dtype=scalar),
         rows_per_feature: int,
         accumulate: int,
+        table_k: int,
         d_w_out: wp.array2d(dtype=scalar),
         d_b_out: wp.array(dtype=scalar),
         d_w_hidden: wp.array2d(dtype=scalar),
@@ -1678,17 +1689,19 @@ def _generator_combine_kernel(scalar_name: str):
         n_a = d_w_hidden.shape[1]
         pe_dim = part_w_encoding.shape[2]
         acc = zero
-        if q < n_b * n_h:
+        if q < n_b * n_h:  # the partials in table column order b: w_out's row output_row(b)
             b = q // n_h
             h = q - b * n_h
+            w = output_row(b, n_b, table_k)
             if accumulate:
-                acc = d_w_out[b, h]
-            d_w_out[b, h] = sum_blocks3(acc, part_w_out, b, h)
+                acc = d_w_out[w, h]
+            d_w_out[w, h] = sum_blocks3(acc, part_w_out, b, h)
         elif q < n_b * n_h + n_b:
             b = q - n_b * n_h
+            w = output_row(b, n_b, table_k)
             if accumulate:
-                acc = d_b_out[b]
-            d_b_out[b] = sum_blocks2(acc, part_b_out, b)
+                acc = d_b_out[w]
+            d_b_out[w] = sum_blocks2(acc, part_b_out, b)
         elif q < n_b * n_h + n_b + n_h * n_a:
             r = q - n_b * n_h - n_b
             h = r // n_a
@@ -1763,19 +1776,27 @@ def _launch_tiled(kernel, blocks: list, inputs, device, stream, record):
     return [cmd] if record else []
 
 
+def _check_table_k(n_cols: int, table_k: int) -> int:
+    table_k = int(table_k)
+    if table_k < 1 or n_cols % table_k:
+        raise ValueError(f"table_k must be a positive divisor of the table's {n_cols} columns, got {table_k}")
+    return table_k
+
+
 def _generator_forward(rows, row_groups, row_features, rows_per_feature, embedding, w_hidden, b_hidden, w_out,
-                       b_out, table, pe_dim, stream, record):
+                       b_out, table, pe_dim, table_k, stream, record):
     if table.shape[0] == 0 or table.shape[1] == 0:
         return []
     name, widths, n_blocks = _generator_config(table, embedding, w_hidden, pe_dim)
     col_blocks, block_cols = column_split(table.shape[0], table.shape[1])
     return _launch_tiled(_generator_forward_kernel(name, widths, rows), [n_blocks, col_blocks],
                          [row_groups, row_features, rows_per_feature, embedding, int(pe_dim), w_hidden, b_hidden, w_out,
-                          b_out, table, block_cols], table.device, stream, record)
+                          b_out, table, block_cols, _check_table_k(table.shape[1], table_k)], table.device, stream,
+                         record)
 
 
 def _generator_backward(rows, d_table, row_groups, row_features, rows_per_feature, embedding, w_hidden, b_hidden,
-                        w_out, partials, grads, pe_dim, accumulate, stream, record):
+                        w_out, partials, grads, pe_dim, table_k, accumulate, stream, record):
     """The backward kernel and the combine; the combine leaves d_embedding (the last of ``grads``) to the
     caller unless the rows are a range's."""
     name, widths, n_blocks = _generator_config(d_table, embedding, w_hidden, pe_dim)
@@ -1792,36 +1813,38 @@ def _generator_backward(rows, d_table, row_groups, row_features, rows_per_featur
     if d_hidden_parts.shape[0] != col_blocks:
         raise ValueError(f"d_hidden_parts must have {col_blocks} column blocks (generator_partial_shapes), got "
                          f"{d_hidden_parts.shape[0]}")
+    table_k = _check_table_k(d_table.shape[1], table_k)
     return (_launch_tiled(output_kernel, [n_blocks, col_blocks],
-                          [d_table, *rows_args, w_out, part_w_out, part_b_out, d_hidden_parts, block_cols], device,
-                          stream, record)
+                          [d_table, *rows_args, w_out, part_w_out, part_b_out, d_hidden_parts, block_cols, table_k],
+                          device, stream, record)
             + _launch_tiled(hidden_kernel, [n_blocks], [d_hidden_parts, *rows_args, part_w_encoding, part_w_embedding,
                                                        part_b_hidden, d_embedding_rows], device, stream, record)
             + _launch(_generator_combine_kernel(name), (n_entries,),
-                      [*partials[:6], rows_per_feature, int(accumulate), *grads], device, stream, record))
+                      [*partials[:6], rows_per_feature, int(accumulate), table_k, *grads], device, stream, record))
 
 
 def _no_row_features(device):
     return wp.empty(0, dtype=wp.int32, device=device)
 
 
-def launch_generator_forward(group_lo, embedding, w_hidden, b_hidden, w_out, b_out, table, pe_dim, stream=None,
-                             record=False):
+def launch_generator_forward(group_lo, embedding, w_hidden, b_hidden, w_out, b_out, table, pe_dim, table_k=1,
+                             stream=None, record=False):
     """The CG-MLP on the dense range by the fused tile generator: table [in Rt, B] = w_out silu(w_hidden f +
     b_hidden) + b_out, the input row f of row i Rt + j being (the encoding of group group_lo[i] - 1 + j,
-    embedding[i]) (what :func:`launch_range_mlp_forward` computes, in one launch and no row scratch)."""
+    embedding[i]) (what :func:`launch_range_mlp_forward` computes, in one launch and no row scratch); the
+    table's columns are w_out's rows in the order ``table_k`` gives (:func:`output_row`)."""
     rows_per_feature = table.shape[0] // group_lo.shape[0]
     return _generator_forward("range", group_lo, _no_row_features(table.device), rows_per_feature, embedding,
-                              w_hidden, b_hidden, w_out, b_out, table, pe_dim, stream, record)
+                              w_hidden, b_hidden, w_out, b_out, table, pe_dim, table_k, stream, record)
 
 
 def launch_generator_backward(d_table, group_lo, embedding, w_hidden, b_hidden, w_out, part_w_out, part_b_out,
                               part_w_encoding, part_w_embedding, part_b_hidden, d_embedding_rows, d_hidden_parts,
-                              d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding, pe_dim, stream=None,
+                              d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding, pe_dim, table_k=1, stream=None,
                               record=False):
-    """Every parameter gradient of :func:`launch_generator_forward` from d_table [in Rt, B], written, not
-    accumulated: the blocks' tile_matmul partials (scratch shaped by :func:`generator_partial_shapes`), then
-    their fixed-order sum (bitwise reproducible)."""
+    """Every parameter gradient of :func:`launch_generator_forward` (with the same ``table_k``) from d_table
+    [in Rt, B], written, not accumulated: the blocks' tile_matmul partials (scratch shaped by
+    :func:`generator_partial_shapes`), then their fixed-order sum (bitwise reproducible)."""
     if d_table.shape[0] == 0:
         return []
     rows_per_feature = d_table.shape[0] // group_lo.shape[0]
@@ -1829,20 +1852,23 @@ def launch_generator_backward(d_table, group_lo, embedding, w_hidden, b_hidden, 
                 d_hidden_parts]
     return _generator_backward("range", d_table, group_lo, _no_row_features(d_table.device), rows_per_feature,
                                embedding, w_hidden, b_hidden, w_out, partials,
-                               (d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding), pe_dim, False, stream, record)
+                               (d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding), pe_dim, table_k, False, stream,
+                               record)
 
 
 def launch_pair_generator_forward(pair_feature, pair_group, embedding, w_hidden, b_hidden, w_out, b_out, table,
-                                  pe_dim, stream=None):
+                                  pe_dim, table_k=1, stream=None):
     """The CG-MLP on the touched-pair rows by the fused tile generator: table [P, B] = w_out silu(w_hidden f +
     b_hidden) + b_out, the input row f of row p being (the encoding of group pair_group[p],
-    embedding[pair_feature[p]]) (what launch_features and two launch_dense_forward compute)."""
+    embedding[pair_feature[p]]) (what launch_features and two launch_dense_forward compute); the table's
+    columns are w_out's rows in the order ``table_k`` gives (:func:`output_row`)."""
     return _generator_forward("pairs", pair_group, pair_feature, 0, embedding, w_hidden, b_hidden, w_out, b_out, table,
-                              pe_dim, stream, False)
+                              pe_dim, table_k, stream, False)
 
 
 def launch_pair_generator_backward(d_table, pair_feature, pair_group, rows_needed, embedding, w_hidden, b_hidden,
-                                   w_out, d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding, pe_dim, stream=None):
+                                   w_out, d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding, pe_dim, table_k=1,
+                                   stream=None):
     """Accumulate (+=) every parameter gradient of :func:`launch_pair_generator_forward` from d_table [P, B]:
     the blocks' partials and their fixed-order sum, then the embedding's by each feature's rows in order
     (:func:`launch_embedding_backward`). Scratch allocated here."""
@@ -1854,6 +1880,6 @@ def launch_pair_generator_backward(d_table, pair_feature, pair_group, rows_neede
     partials = [wp.empty(shape, dtype=d_table.dtype, device=device) for shape in shapes.values()]
     with on_stream(stream):
         _generator_backward("pairs", d_table, pair_group, pair_feature, 0, embedding, w_hidden, b_hidden, w_out,
-                            partials, (d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding), pe_dim, True, None,
-                            False)
+                            partials, (d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding), pe_dim, table_k, True,
+                            None, False)
         launch_embedding_backward(partials[5], pair_feature, rows_needed, 0, d_embedding)

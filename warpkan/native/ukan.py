@@ -141,21 +141,22 @@ class UKANLinear(WarpState):
                 n_pairs = -(-needed // 1024) * 1024
                 pairs = touched_pairs(n_pairs)
         self.last_rows_needed = pairs.rows_needed
+        # the CG-MLP's output [P, out K] with its columns coefficient-major (table_k = K: w2's (o, m) rows read in
+        # (m, o) order), which is the spline kernels' table [P K, out] as it lies
         table_flat = empty((n_pairs, out * K))
-        table = empty((n_pairs * K, out))
+        table = table_flat.reshape((n_pairs * K, out))
         # the CG-MLP on the pair rows: the fused tile generator (which recomputes its rows in the backward), or
         # the SIMT kernels, whose rows the backward reuses
         tile = ku.use_tile_generator(wp.types.type_size_in_bytes(dtype), self.pe_dim, self.embed_dim, hidden)
         if tile:
             ku.launch_pair_generator_forward(pairs.pair_feature, pairs.pair_group, self.feature_embedding, self.w1,
-                                             self.b1, self.w2, self.b2, table_flat, self.pe_dim)
+                                             self.b1, self.w2, self.b2, table_flat, self.pe_dim, K)
         else:
             features = empty((n_pairs, self.pe_dim + self.embed_dim))
             pre1, hid = empty((n_pairs, hidden)), empty((n_pairs, hidden))
             ku.launch_features(pairs.pair_feature, pairs.pair_group, self.feature_embedding, self.pe_dim, features)
             ku.launch_dense_forward(features, self.w1, self.b1, True, pre1, hid)
-            ku.launch_dense_forward(hid, self.w2, self.b2, False, table_flat, table_flat)
-        ku.launch_reorder_table(table_flat, table, k, to_kernel_order=True)
+            ku.launch_dense_forward(hid, self.w2, self.b2, False, table_flat, table_flat, K)
         y = new_output((n_rows, out), dtype, device, tape)
         ku.launch_forward(x, pairs, table, self.base_weight_t, self.scaler_t, y, h, k, self.use_base)
 
@@ -169,17 +170,16 @@ class UKANLinear(WarpState):
             )
             if n_pairs == 0:
                 return
-            d_table_flat = empty((n_pairs, out * K))
-            ku.launch_reorder_table(d_table_flat, d_table, k, to_kernel_order=False)
+            d_table_flat = d_table.reshape((n_pairs, out * K))  # coefficient-major, as the forward's
             if tile:
                 ku.launch_pair_generator_backward(d_table_flat, pairs.pair_feature, pairs.pair_group,
                                                   pairs.rows_needed, self.feature_embedding, self.w1, self.b1, self.w2,
                                                   self.w2.grad, self.b2.grad, self.w1.grad, self.b1.grad,
-                                                  self.feature_embedding.grad, self.pe_dim)
+                                                  self.feature_embedding.grad, self.pe_dim, K)
                 return
             d_hid = empty((n_pairs, hidden))
             ku.launch_dense_backward(d_table_flat, hid, self.w2, self.w2.grad,
-                                     self.b2.grad, d_in=d_hid, pre_in=pre1, silu_in=True)
+                                     self.b2.grad, d_in=d_hid, pre_in=pre1, silu_in=True, table_k=K)
             d_features = empty((n_pairs, self.pe_dim + self.embed_dim))
             ku.launch_dense_backward(d_hid, features, self.w1, self.w1.grad, self.b1.grad, d_in=d_features)
             ku.launch_embedding_backward(d_features, pairs.pair_feature, pairs.rows_needed, self.pe_dim, self.feature_embedding.grad)

@@ -15,8 +15,8 @@ from ._common import (FLOAT_DTYPES, Float32Or64Module, autocast_dtype, call_prec
 from .bspline_ops import STRATEGIES, check_precision
 from .edge_driver import EdgeView, check_view_rows
 from .kan_linear import KANLinear, base_activation_module, l1_entropy_loss, base_repr, fuses_base, init_public, layout_parameter
-from .ukan_ops import (LABEL, coefficient_major, group_range, pairs_of, positional_encoding, range_layer, range_spec,
-                       range_table_torch, spline_layer)
+from .ukan_ops import (LABEL, group_range, pairs_of, positional_encoding, range_layer, range_spec, range_table_torch,
+                       spline_layer)
 
 __all__ = ["UKANLinear"]
 
@@ -296,9 +296,8 @@ class UKANLinear(Float32Or64Module):
             rows_per_feature = int(span.item()) + 1  # groups lowest - 1 .. highest of the widest feature
             if dense_only and rows_per_feature * K > self.dense_max_coefficients:
                 self._refuse_pair_table(rows_per_feature)
-        w_out, b_out = coefficient_major(self.cg_out.weight, self.cg_out.bias, self.spline_order)
         table = range_table_torch(group_lo, rows_per_feature, self.pe_dim, self.feature_embedding,
-                                  self.cg_hidden.weight, self.cg_hidden.bias, w_out, b_out)
+                                  self.cg_hidden.weight, self.cg_hidden.bias, self.cg_out.weight, self.cg_out.bias, K)
         fused = fuses_base(self.base_activation)
         spec, coef = range_spec(x, group_lo, table, self.grid_delta, self.spline_order, fused)
         return EdgeView(spec, coef, self.base_weight.t(), self.spline_scaler.t(), None,

@@ -245,38 +245,41 @@ def _(x, grid_delta, spline_order):
     return x.new_empty((x.shape[1],), dtype=torch.int64), x.new_empty((1,), dtype=torch.int32)
 
 
-def _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
+def _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out, table_k,
                       keep_rows=False):
-    """The table; with ``keep_rows``, (table, *rows): the (features, pre, hidden) that the SIMT generator's
-    backward reuses, none from the tile generator (its backward recomputes them in shared memory)."""
+    """The table, its columns w_out's rows in the order ``table_k`` gives (``kernels.ukan.output_row``); with
+    ``keep_rows``, (table, *rows): the (features, pre, hidden) that the SIMT generator's backward reuses, none
+    from the tile generator (its backward recomputes them in shared memory)."""
     group_lo, embedding, w_hidden, b_hidden, w_out, b_out = (
         t.contiguous() for t in (group_lo, embedding, w_hidden, b_hidden, w_out, b_out))
     n_rows = group_lo.shape[0] * rows_per_feature
     if ku.use_tile_generator(embedding.element_size(), pe_dim, embedding.shape[1], w_hidden.shape[0]):
         table = embedding.new_empty((n_rows, w_out.shape[0]))
-        _launch(ku.launch_generator_forward, (group_lo, embedding, w_hidden, b_hidden, w_out, b_out, table), pe_dim)
+        _launch(ku.launch_generator_forward, (group_lo, embedding, w_hidden, b_hidden, w_out, b_out, table), pe_dim,
+                table_k)
         return (table,) if keep_rows else table
     features = embedding.new_empty((n_rows, w_hidden.shape[1]))
     pre = embedding.new_empty((n_rows, w_hidden.shape[0]))
     hidden = torch.empty_like(pre)
     table = embedding.new_empty((n_rows, w_out.shape[0]))
     _launch(ku.launch_range_mlp_forward,
-            (group_lo, embedding, w_hidden, b_hidden, w_out, b_out, features, pre, hidden, table), pe_dim)
+            (group_lo, embedding, w_hidden, b_hidden, w_out, b_out, features, pre, hidden, table), pe_dim, table_k)
     return (table, features, pre, hidden) if keep_rows else table
 
 
 @torch.library.custom_op("warpkan::ukan_range_table", mutates_args=())
 def ukan_range_table(group_lo: Tensor, rows_per_feature: int, pe_dim: int, embedding: Tensor, w_hidden: Tensor,
-                     b_hidden: Tensor, w_out: Tensor, b_out: Tensor) -> Tensor:
-    """The CG-MLP on the dense range, [in * Rt, out * K] in ``w_out``'s row order: row i Rt + j is
-    ``w_out silu(w_hidden f + b_hidden) + b_out`` for the input row f = (the ``pe_dim`` encoding of group
-    group_lo[i] - 1 + j, embedding[i]). Three Warp launches and no torch op (at small N the chain of torch ops
-    it replaces cost as much host time per step as the whole spline)."""
-    return _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out)
+                     b_hidden: Tensor, w_out: Tensor, b_out: Tensor, table_k: int) -> Tensor:
+    """The CG-MLP on the dense range, [in * Rt, B]: row i Rt + j is ``w_out silu(w_hidden f + b_hidden) +
+    b_out`` for the input row f = (the ``pe_dim`` encoding of group group_lo[i] - 1 + j, embedding[i]), its
+    columns w_out's B = out K rows taken coefficient-major for ``table_k`` = K (column m out + o is row
+    o K + m; 1: w_out's order). One Warp launch on the tile generator, three on the SIMT one, and no torch op
+    (at small N the chain of torch ops it replaces cost as much host time per step as the whole spline)."""
+    return _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out, table_k)
 
 
 @ukan_range_table.register_fake
-def _(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out):
+def _(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out, table_k):
     return embedding.new_empty((group_lo.shape[0] * rows_per_feature, w_out.shape[0]))
 
 
@@ -288,9 +291,10 @@ def _range_table_grads(embedding, w_hidden, w_out, alloc):
             alloc(w_out.shape[:1], dtype=w_out.dtype, device=w_out.device))
 
 
-def _range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b_hidden, w_out, rows=None):
-    """The parameter gradients; ``rows``: the forward's (features, pre, hidden) of the SIMT generator, else
-    recomputed (the tile generator always recomputes them)."""
+def _range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b_hidden, w_out, table_k, rows=None):
+    """The parameter gradients, in the parameters' own layouts (``table_k``: the forward's); ``rows``: the
+    forward's (features, pre, hidden) of the SIMT generator, else recomputed (the tile generator always
+    recomputes them)."""
     d_table, group_lo, embedding, w_hidden, b_hidden, w_out = (
         t.contiguous() for t in (d_table, group_lo, embedding, w_hidden, b_hidden, w_out))
     d_embedding, d_w_hidden, d_b_hidden, d_w_out, d_b_out = _range_table_grads(embedding, w_hidden, w_out,
@@ -301,7 +305,8 @@ def _range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b
         shapes = ku.generator_partial_shapes(n_rows, w_out.shape[0], pe_dim, embedding.shape[1], n_hidden)
         partials = tuple(d_table.new_empty(shape) for shape in shapes.values())
         _launch(ku.launch_generator_backward, (d_table, group_lo, embedding, w_hidden, b_hidden, w_out, *partials,
-                                               d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding), pe_dim)
+                                               d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding), pe_dim,
+                table_k)
         return grads
     recompute = not rows
     if recompute:
@@ -312,37 +317,38 @@ def _range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b
     partial = d_table.new_empty(ku.range_mlp_partial_shape(n_rows, w_out.shape[0], n_hidden, w_hidden.shape[1]))
     _launch(ku.launch_range_mlp_backward, (d_table, group_lo, embedding, w_hidden, b_hidden, w_out, features, pre,
                                            hidden, d_pre, d_features, partial, d_w_out, d_b_out, d_w_hidden, d_b_hidden,
-                                           d_embedding), pe_dim, recompute)
+                                           d_embedding), pe_dim, recompute, table_k)
     return grads
 
 
 @torch.library.custom_op("warpkan::ukan_range_table_backward", mutates_args=())
 def ukan_range_table_backward(d_table: Tensor, group_lo: Tensor, pe_dim: int, embedding: Tensor, w_hidden: Tensor,
-                              b_hidden: Tensor, w_out: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                              b_hidden: Tensor, w_out: Tensor, table_k: int
+                              ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(d_embedding, d_w_hidden, d_b_hidden, d_w_out, d_b_out) of :func:`ukan_range_table` (the hidden layer
     recomputed; fixed-order sums, deterministic)."""
-    return _range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b_hidden, w_out)
+    return _range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b_hidden, w_out, table_k)
 
 
 @ukan_range_table_backward.register_fake
-def _(d_table, group_lo, pe_dim, embedding, w_hidden, b_hidden, w_out):
+def _(d_table, group_lo, pe_dim, embedding, w_hidden, b_hidden, w_out, table_k):
     return _range_table_grads(embedding, w_hidden, w_out, torch.empty)
 
 
 def _range_table_setup_context(ctx, inputs, output):
-    group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out = inputs
+    group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out, table_k = inputs
     ctx.save_for_backward(group_lo, embedding, w_hidden, b_hidden, w_out)
-    ctx.pe_dim = pe_dim
+    ctx.pe_dim, ctx.table_k = pe_dim, table_k
     ctx.op_inputs = inputs  # for create_graph=True (_range_table_higher)
 
 
 def _range_table_higher(ctx, inputs, d_table):
     """The CG-MLP's parameter gradients as graphs (create_graph=True), by its torch form."""
-    group_lo, rows, pe_dim, *params = inputs
+    group_lo, rows, pe_dim, *params, table_k = inputs
     wanted = [i for i in range(5) if ctx.needs_input_grad[3 + i]]
-    table = range_table_torch(group_lo, rows, pe_dim, *params)
+    table = range_table_torch(group_lo, rows, pe_dim, *params, table_k)
     grads = torch.autograd.grad(table, [params[i] for i in wanted], d_table, create_graph=True, allow_unused=True)
-    out = [None] * 8
+    out = [None] * 9
     for i, grad in zip(wanted, grads):
         out[3 + i] = grad
     return tuple(out)
@@ -350,10 +356,11 @@ def _range_table_higher(ctx, inputs, d_table):
 
 def _range_table_backward_with(backward):
     def range_table_backward(ctx, d_table):
-        if not any(ctx.needs_input_grad[3:]):
-            return (None,) * 8
-        grads = backward(d_table.contiguous(), ctx.saved_tensors[0], ctx.pe_dim, *ctx.saved_tensors[1:])
-        return (None, None, None) + tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad[3:]))
+        if not any(ctx.needs_input_grad[3:8]):
+            return (None,) * 9
+        grads = backward(d_table.contiguous(), ctx.saved_tensors[0], ctx.pe_dim, *ctx.saved_tensors[1:], ctx.table_k)
+        return ((None, None, None) + tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad[3:8]))
+                + (None,))
 
     return range_table_backward
 
@@ -361,22 +368,6 @@ def _range_table_backward_with(backward):
 ukan_range_table.register_autograd(
     first_order_backward(RANGE_TABLE_LABEL, _range_table_backward_with(ukan_range_table_backward), _range_table_higher),
     setup_context=_range_table_setup_context)
-
-
-def coefficient_major(w_out: Tensor, b_out: Tensor, spline_order: int) -> tuple[Tensor, Tensor]:
-    """The CG-MLP's output layer with its rows in (m, o) order instead of (o, m): the range table it makes is
-    then the engine's coefficient table [in, Rt K, out] as it lies (a copy of the small layer, not of the
-    table)."""
-    K = spline_order + 1
-    return (w_out.view(-1, K, w_out.shape[1]).transpose(0, 1).reshape(w_out.shape),
-            b_out.view(-1, K).t().reshape(b_out.shape))
-
-
-def output_major(d_w_out: Tensor, d_b_out: Tensor, spline_order: int) -> tuple[Tensor, Tensor]:
-    """The inverse of :func:`coefficient_major`, for the gradients."""
-    K = spline_order + 1
-    return (d_w_out.view(K, -1, d_w_out.shape[1]).transpose(0, 1).reshape(d_w_out.shape),
-            d_b_out.view(K, -1).t().reshape(d_b_out.shape))
 
 
 def _range_frame(group_lo, h: float, n_groups: int, scalar: str):
@@ -429,10 +420,11 @@ class _EagerRangeLayer(torch.autograd.Function):
         # the node's inputs with their history: for create_graph=True, and rows_per_feature for a table recompute
         ctx.raw_inputs = (x, group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
                           base_weight, spline_scaler, grid_delta, spline_order, use_base)
-        w_out, b_out = coefficient_major(w_out, b_out, spline_order)
         x, group_lo = x.contiguous(), group_lo.contiguous()
+        # the table's columns coefficient-major ((m, o)), w_out's rows read in that order by the generator: the
+        # engine's coefficient table [in, Rt K, out] as it lies
         table, *rows = _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out,
-                                         b_out, keep_rows=True)
+                                         b_out, spline_order + 1, keep_rows=True)
         spec, coef = range_spec(x, group_lo, table, grid_delta, spline_order, use_base)
         # the route resolved once, for the forward and the backward
         strategy, precision = resolve_route(spec, x, coef.shape[2], strategy, precision)
@@ -480,7 +472,8 @@ class _EagerRangeLayer(torch.autograd.Function):
             return tuple(grads)
         if table is None:
             rows_per_feature = ctx.raw_inputs[2]
-            table = _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out)
+            table = _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
+                                      spline_order + 1)
         spec, coef = range_spec(x, group_lo, table, grid_delta, spline_order, use_base)
         dx, d_base, d_scaler, d_coef, _ = run_backward(spec, dy.contiguous(), x, base_weight_t, scaler_t, coef, None,
                                                        *ctx.route, deterministic, need_x, need_params, False,
@@ -496,17 +489,20 @@ class _EagerRangeLayer(torch.autograd.Function):
                 grads[index] = (with_strides(grad, param_t.stride()) if kernel_copies(param_t) else grad).t()
         if need_mlp:
             mlp_grads = _range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b_hidden, w_out,
-                                                   rows=rows)
-            mlp_grads = (*mlp_grads[:3], *output_major(*mlp_grads[3:], spline_order))
+                                                   spline_order + 1, rows=rows)
             for index, grad in zip(range(4, 9), mlp_grads):
                 if need[index]:
                     grads[index] = grad
         return tuple(grads)
 
 
-def range_table_torch(group_lo, rows_per_feature: int, pe_dim: int, embedding, w_hidden, b_hidden, w_out, b_out):
+def range_table_torch(group_lo, rows_per_feature: int, pe_dim: int, embedding, w_hidden, b_hidden, w_out, b_out,
+                      table_k: int = 1):
     """What :func:`ukan_range_table` computes, by torch ops (differentiable to any order): the CG-MLP on the
-    rows (encoding of group group_lo[i] - 1 + j, embedding[i])."""
+    rows (encoding of group group_lo[i] - 1 + j, embedding[i]), w_out's rows taken coefficient-major for
+    ``table_k`` = K (1: in their order)."""
+    w_out = w_out.view(-1, table_k, w_out.shape[1]).transpose(0, 1).reshape(w_out.shape)
+    b_out = b_out.view(-1, table_k).t().reshape(b_out.shape)
     n_in = group_lo.shape[0]
     steps = torch.arange(rows_per_feature, device=group_lo.device)
     groups = (group_lo.unsqueeze(1) - 1 + steps).reshape(-1)
@@ -555,7 +551,7 @@ def _range_layer_higher(ctx, dy):
      spline_order, use_base) = ctx.raw_inputs
     mlp = (embedding, w_hidden, b_hidden, w_out, b_out)
     table = node_cached(ctx, "_range_table", mlp, lambda: range_table_torch(
-        group_lo, rows, pe_dim, embedding, w_hidden, b_hidden, *coefficient_major(w_out, b_out, spline_order)))
+        group_lo, rows, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out, spline_order + 1))
     params = {4: embedding, 5: w_hidden, 6: b_hidden, 7: w_out, 8: b_out, 9: base_weight, 10: spline_scaler}
     dy = dy.to(x.dtype)  # an autocast caller's (the node's out_dtype)
     return _spline_higher_outputs(
@@ -577,8 +573,8 @@ def range_layer(x: Tensor, group_lo: Tensor, rows_per_feature: int, pe_dim: int,
     if out_dtype == x.dtype:
         out_dtype = None
     if use_registered_op(x):
-        w_out, b_out = coefficient_major(w_out, b_out, spline_order)
-        table = ukan_range_table(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out)
+        table = ukan_range_table(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
+                                 spline_order + 1)
         return edge_apply(x, "ukan_range", _range_static_args(x, table, grid_delta, spline_order, use_base),
                           (group_lo,), base_weight if use_base else None, spline_scaler,
                           _range_coef(x, table, spline_order), None, strategy, precision, deterministic,
