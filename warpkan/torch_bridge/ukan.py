@@ -15,8 +15,8 @@ from ._common import (FLOAT_DTYPES, Float32Or64Module, autocast_dtype, call_prec
 from .bspline_ops import STRATEGIES, check_precision
 from .edge_driver import EdgeView, check_view_rows
 from .kan_linear import KANLinear, base_activation_module, l1_entropy_loss, base_repr, fuses_base, init_public, layout_parameter
-from .ukan_ops import (LABEL, group_range, pairs_of, positional_encoding, range_layer, range_spec, range_table_torch,
-                       spline_layer)
+from .ukan_ops import (LABEL, coefficient_major, group_range, pairs_of, positional_encoding, range_layer, range_spec,
+                       range_table_torch, spline_layer)
 
 __all__ = ["UKANLinear"]
 
@@ -164,9 +164,6 @@ class UKANLinear(Float32Or64Module):
         self.base_weight = layout_parameter((in_features, out_features), (1, 0), device, dtype, contiguous_parameters)
         self.spline_scaler = layout_parameter((in_features, out_features), (1, 0), device, dtype,
                                               contiguous_parameters)
-        # the kernels read the table as [P, K, out]: cg_out's rows (o, m) taken in (m, o) order
-        order_km = torch.arange(out_features * K, device=device).view(out_features, K).t().reshape(-1)
-        self.register_buffer("_rows_km", order_km, persistent=False)
         # (pair_feature, pair_group, rows_needed) of the last sparse-path forward: no autograd graph, so the step's
         # table and CG-MLP activations go with its backward (regularization_loss recomputes the table), and none
         # of an earlier step's is freed inside a later one (a CUDA-graph capture after eager steps)
@@ -211,7 +208,8 @@ class UKANLinear(Float32Or64Module):
     def _table(self, pair_feature: torch.Tensor, pair_group: torch.Tensor) -> torch.Tensor:
         """The table as the kernels read it: [P * K, out] (C_g of row p is rows p K .. p K + K - 1)."""
         hidden = F.silu(self.cg_hidden(self._pair_inputs(pair_feature, pair_group)))
-        out = F.linear(hidden, self.cg_out.weight[self._rows_km], self.cg_out.bias[self._rows_km])
+        # the kernels read the table as [P, K, out]: cg_out's rows (o, m) taken in (m, o) order
+        out = F.linear(hidden, *coefficient_major(self.cg_out.weight, self.cg_out.bias, self.spline_order + 1))
         return out.view(-1, self.out_features)
 
     def _capacity(self, n_rows: int) -> int:

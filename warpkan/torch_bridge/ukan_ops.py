@@ -52,7 +52,7 @@ RANGE_TABLE_LABEL = "UKANLinear (warpkan::ukan_range_table)"
 RANGE_LAYER_LABEL = "UKANLinear (warpkan::ukan_range_table + edge_forward)"
 
 __all__ = ["ukan_pairs", "pairs_of", "group_range", "group_range_op", "ukan_range_table", "range_layer",
-           "spline_layer", "range_spec", "table_spec", "range_table_torch", "positional_encoding"]
+           "spline_layer", "range_spec", "table_spec", "range_table_torch", "coefficient_major", "positional_encoding"]
 
 _TORCH_INT = {ku.wp.int32: torch.int32, ku.wp.int64: torch.int64}
 
@@ -496,13 +496,22 @@ class _EagerRangeLayer(torch.autograd.Function):
         return tuple(grads)
 
 
+def coefficient_major(w_out: Tensor, b_out: Tensor, table_k: int) -> tuple[Tensor, Tensor]:
+    """The CG-MLP output layer's rows, (o, m) = o K + m, taken in the spline table's (m, o) order for
+    ``table_k`` = K (what ``kernels.ukan.output_row`` reads in place), by torch ops: for the torch forms of the
+    CG-MLP (differentiable to any order; the copies' backward is a copy, not an index scatter)."""
+    if table_k == 1:
+        return w_out, b_out
+    return (w_out.view(-1, table_k, w_out.shape[1]).transpose(0, 1).reshape(w_out.shape),
+            b_out.view(-1, table_k).t().reshape(b_out.shape))
+
+
 def range_table_torch(group_lo, rows_per_feature: int, pe_dim: int, embedding, w_hidden, b_hidden, w_out, b_out,
                       table_k: int = 1):
     """What :func:`ukan_range_table` computes, by torch ops (differentiable to any order): the CG-MLP on the
     rows (encoding of group group_lo[i] - 1 + j, embedding[i]), w_out's rows taken coefficient-major for
     ``table_k`` = K (1: in their order)."""
-    w_out = w_out.view(-1, table_k, w_out.shape[1]).transpose(0, 1).reshape(w_out.shape)
-    b_out = b_out.view(-1, table_k).t().reshape(b_out.shape)
+    w_out, b_out = coefficient_major(w_out, b_out, table_k)
     n_in = group_lo.shape[0]
     steps = torch.arange(rows_per_feature, device=group_lo.device)
     groups = (group_lo.unsqueeze(1) - 1 + steps).reshape(-1)
