@@ -5,9 +5,11 @@ GroupRational's eager fwd+bwd at KAT-Tiny's two shapes under bf16 autocast, the 
 host is timed (rational). On the GPU machine:
 
     python scripts/host_cost.py host [regress] [models] [rational] [grkan] [strategies] [--prof] [--cpu]
+        [KANLinear] [UKANLinear] [PolyKANLinear] [GRKANLinear]
 
-``host`` times each layer's step and nn.Linear's in alternating rounds and reports the median ratio with the
-rounds' range: separate processes moved nn.Linear's own step by 35% on the GPU machine.
+``host`` times each layer's step (of the classes named, else all four) and nn.Linear's in alternating rounds and
+reports the median ratio with the rounds' range: separate processes moved nn.Linear's own step by 35% on the GPU
+machine. An A/B of two checkouts runs it in alternating processes, each with its checkout first on PYTHONPATH.
 
 On a fresh GPU machine, build the kernels first: UKANLinear's modules once took over 200 s to build cold (its
 CG-MLP generator on cuBLASDx), which cut a timed call short at its UKAN row; a configuration of every family
@@ -83,7 +85,8 @@ def host():
     """Each layer class's eager step against nn.Linear's, in alternating rounds (autograd's device thread, the
     default, and the backward on the caller's thread), and its graphed step."""
     linear = _layer_step("nn.Linear")
-    for name in ["KANLinear", "UKANLinear", "PolyKANLinear", "GRKANLinear"]:
+    classes = ["KANLinear", "UKANLinear", "PolyKANLinear", "GRKANLinear"]
+    for name in [n for n in classes if n in sys.argv] or classes:  # the classes named on the command line, or all
         step = _layer_step(name)
         res = {}
         for mt in (True, False):
@@ -265,5 +268,5 @@ def grkan():
 
 if __name__ == "__main__":
     for w in sys.argv[1:]:
-        if not w.startswith("-"):
+        if not w.startswith("-") and w not in ("KANLinear", "UKANLinear", "PolyKANLinear", "GRKANLinear"):
             globals()[w]()
