@@ -1410,7 +1410,9 @@ def _generator_layer_funcs(scalar_name: str, widths: tuple):
         # transposed operand's row stride is then odd (H_W + 1), so the lanes of Warp's scalar GEMM, which
         # read one element from each of 16 rows, hit 16 banks, not one (a 16-way shared-memory conflict on
         # every step of the product). The extra column is never read.
-        # w_out's rows behind the table columns col .. col + COLS - 1 (output_row)
+        # w_out's rows behind the table columns col .. col + COLS - 1 (output_row). Formed here and in
+        # output_columns_backward, not by a @wp.func returning the index tile: such a func passed on the CPU but
+        # every generator launch then failed on CUDA (illegal memory access, Warp 1.19)
         rows = wp.tile_map(output_row, wp.tile_arange(COLS, dtype=int) + wp.tile_full(COLS, col, dtype=int),
                            wp.tile_full(COLS, table.shape[1], dtype=int), wp.tile_full(COLS, table_k, dtype=int))
         w = wp.tile_load_indexed(w_out, indices=rows, shape=(COLS, H_PAD), axis=0, storage="shared")
