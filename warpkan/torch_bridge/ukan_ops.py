@@ -20,9 +20,10 @@ The dense-range path (see ``warpkan.kernels.ukan``):
   widest span, on the device;
 - ``warpkan::ukan_range_table`` (backward ``warpkan::ukan_range_table_backward``): the CG-MLP itself on
   every feature's contiguous groups, in Warp (its input rows formed on the device, fixed-order gradient sums);
-- the spline on the CG-MLP output ``[in * Rt, K * out]`` ((m, o) columns: the CG-MLP's output rows are permuted
-  so), which is the edge engine's coefficient table ``[in, Rt K, out]`` as it lies: the op pair on the UKAN edge
-  family (:func:`range_spec`; :mod:`warpkan.kernels.edge.ukan_family`), routed as KANLinear's.
+- the spline on the CG-MLP output ``[in * Rt, K * out]`` ((m, o) columns: the generator reads the output
+  layer's (o, m) rows in that order, ``table_k`` = K), which is the edge engine's coefficient table
+  ``[in, Rt K, out]`` as it lies: the op pair on the UKAN edge family (:func:`range_spec`;
+  :mod:`warpkan.kernels.edge.ukan_family`), routed as KANLinear's.
 
 Eagerly the range table and the spline run as one ``autograd.Function`` node through the same implementations
 (:func:`range_layer`); under tracing, ``ukan_range_table`` then ``edge_forward``. Both take base_weight and
