@@ -586,11 +586,22 @@ def check_range_generator_float64(device, n_in, rows, pe_dim, embed_dim, hidden_
             torch.testing.assert_close(grad, grad_by_output, rtol=1e-12, atol=1e-12, msg=name)
 
 
-def test_range_table_refuses_a_k_that_does_not_divide_the_columns(device):
+@pytest.mark.parametrize("generator", ["tile", "simt"])
+def test_range_table_refuses_a_k_that_does_not_divide_the_columns(device, monkeypatch, generator):
+    monkeypatch.setattr(ku, "CG_GENERATOR", generator)
     params = cg_mlp_params(2, 4, 3, 5, 10, device)
     group_lo = torch.tensor([0, 3], device=device)
     with pytest.raises(ValueError, match="table_k"):
         range_table_op(group_lo, 3, 4, 3)(*params)
+
+
+def test_dense_layer_launchers_refuse_a_k_that_does_not_divide_the_columns(device):
+    # the Warp-native layer's SIMT CG-MLP: forward and backward take table_k as the generators do
+    w, b, inp, out = (wp.zeros(shape, dtype=wp.float32, device=device) for shape in ((10, 3), (10,), (4, 3), (4, 10)))
+    with pytest.raises(ValueError, match="table_k"):
+        ku.launch_dense_forward(inp, w, b, False, out, out, table_k=4)
+    with pytest.raises(ValueError, match="table_k"):
+        ku.launch_dense_backward(out, inp, w, wp.zeros_like(w), wp.zeros_like(b), table_k=3)
 
 
 def test_generator_column_split():

@@ -1024,7 +1024,8 @@ def launch_dense_forward(inp, weight, bias, apply_silu, pre, out, table_k=1, str
     variant = get_dense_variant(scalar_name(inp, "inp"))
     if out.shape[0] == 0:
         return
-    wp.launch(variant.dense_forward, dim=tuple(out.shape), inputs=[inp, weight, bias, int(apply_silu), int(table_k)],
+    table_k = _check_table_k(out.shape[1], table_k)
+    wp.launch(variant.dense_forward, dim=tuple(out.shape), inputs=[inp, weight, bias, int(apply_silu), table_k],
               outputs=[pre, out], device=out.device, stream=stream, record_tape=False)
 
 
@@ -1039,17 +1040,18 @@ def launch_dense_backward(d_out, inp, weight, d_weight, d_bias, d_in=None, pre_i
     n_out = d_out.shape[1]
     if n_rows == 0:
         return
+    table_k = _check_table_k(n_out, table_k)
     with on_stream(stream):
         if d_in is not None:
             wp.launch(variant.dense_backward_input, dim=(n_rows, n_in),
-                      inputs=[d_out, weight, pre_in if pre_in is not None else d_in, int(silu_in), int(table_k)],
+                      inputs=[d_out, weight, pre_in if pre_in is not None else d_in, int(silu_in), table_k],
                       outputs=[d_in], device=device, record_tape=False)
         n_chunks, rows_per_chunk = row_chunks(n_rows, n_out, n_in + 1)
         shape = (n_chunks, n_out, n_in + 1)
         partial = partials("dense_partial", shape, variant.scalar) if partials else wp.empty(shape, dtype=variant.scalar, device=device)
         wp.launch(variant.dense_backward_params, dim=shape, inputs=[d_out, inp, rows_per_chunk], outputs=[partial],
                   device=device, record_tape=False)
-        wp.launch(variant.dense_combine, dim=(n_out, n_in + 1), inputs=[partial, int(table_k)],
+        wp.launch(variant.dense_combine, dim=(n_out, n_in + 1), inputs=[partial, table_k],
                   outputs=[d_weight, d_bias],
                   device=device, record_tape=False)
 
@@ -1406,15 +1408,15 @@ def _generator_layer_funcs(scalar_name: str, widths: tuple):
         table_k: int,
         table: wp.array2d(dtype=scalar),
     ):
-        # w_out's rows are loaded into a tile one column wider than they are and read through a view: the
-        # transposed operand's row stride is then odd (H_W + 1), so the lanes of Warp's scalar GEMM, which
-        # read one element from each of 16 rows, hit 16 banks, not one (a 16-way shared-memory conflict on
-        # every step of the product). The extra column is never read.
         # w_out's rows behind the table columns col .. col + COLS - 1 (output_row). Formed here and in
         # output_columns_backward, not by a @wp.func returning the index tile: such a func passed on the CPU but
         # every generator launch then failed on CUDA (illegal memory access, Warp 1.19)
         rows = wp.tile_map(output_row, wp.tile_arange(COLS, dtype=int) + wp.tile_full(COLS, col, dtype=int),
                            wp.tile_full(COLS, table.shape[1], dtype=int), wp.tile_full(COLS, table_k, dtype=int))
+        # those rows are loaded into a tile one column wider than they are and read through a view: the
+        # transposed operand's row stride is then odd (H_W + 1), so the lanes of Warp's scalar GEMM, which
+        # read one element from each of 16 rows, hit 16 banks, not one (a 16-way shared-memory conflict on
+        # every step of the product). The extra column is never read.
         w = wp.tile_load_indexed(w_out, indices=rows, shape=(COLS, H_PAD), axis=0, storage="shared")
         out = wp.tile_zeros(shape=(ROWS, COLS), dtype=scalar, storage="shared")
         wp.tile_assign(out, wp.tile_broadcast(
