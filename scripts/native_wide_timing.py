@@ -157,7 +157,11 @@ def _parse_tile_shapes(text):
 
     if not text:
         return []
-    return [TileShape(*(int(v) for v in item.split("x"))) for item in text.split(",")]
+    shapes = []
+    for item in text.split(","):  # rows x outputs x depth, and tN for N threads a block (128 without)
+        dims, _, threads = item.partition("t")
+        shapes.append(TileShape(*(int(v) for v in dims.split("x")), threads=int(threads) if threads else 128))
+    return shapes
 
 
 def _parse_case(text):
@@ -167,22 +171,37 @@ def _parse_case(text):
     return (kind, *(int(v) for v in sizes))
 
 
-def measure(case, device, warmup, repeat, tile_shapes=(), scalar_gemm=False):
+@contextlib.contextmanager
+def _chunk_bytes(mib):
+    """The native gemm path's bound on a chunk of dense basis for the block (None: as it is)."""
+    from warpkan.kernels.edge import tile_gemm
+
+    kept = tile_gemm.GEMM_CHUNK_BYTES
+    if mib is not None:
+        tile_gemm.GEMM_CHUNK_BYTES = mib * 2**20
+    try:
+        yield
+    finally:
+        tile_gemm.GEMM_CHUNK_BYTES = kept
+
+
+def measure(case, device, warmup, repeat, tile_shapes=(), scalar_gemm=False, chunk_mib=()):
     kind, n_rows, n_in, n_out, size = case
     timer = _timer(device)
     rng = np.random.default_rng(0)
     x = wp.array(rng.uniform(-1, 1, (n_rows, n_in)).astype(np.float32), device=device, requires_grad=True)
     dy = wp.array(rng.standard_normal((n_rows, n_out)).astype(np.float32), device=device)
     rows, results = [], {}
-    variants = [("stencil", None, False)] + [("gemm", shape, scalar) for shape in tile_shapes or [None]
-                                              for scalar in ((False, True) if scalar_gemm else (False,))]
-    for strategy, shape, scalar in variants:
+    variants = [("stencil", None, False, None)] + [
+        ("gemm", shape, scalar, mib) for shape in tile_shapes or [None]
+        for scalar in ((False, True) if scalar_gemm else (False,)) for mib in [None, *chunk_mib]]
+    for strategy, shape, scalar, mib in variants:
         layer = _native_layer(kind, n_in, n_out, size, strategy, device)
-        with _float32_tiles(shape, scalar):
+        with _float32_tiles(shape, scalar), _chunk_bytes(mib):
             forward, step = _native_passes(layer, x, dy)
             fwd = timer(forward, warmup, repeat)
             path = (f"native {strategy}" + (f" {shape.name}" if shape is not None else "")
-                    + (" scalar tile_matmul" if scalar else ""))
+                    + (" scalar tile_matmul" if scalar else "") + (f" chunks of {mib} MiB" if mib else ""))
             rows.append({"path": path, "fwd_ms": fwd, "step_ms": timer(step, warmup, repeat)})
             results.setdefault(strategy, _native_results(layer, x, dy))
     apart = max(float(np.abs(a - b).max()) / max(float(np.abs(a).max()), 1e-30)
@@ -220,6 +239,9 @@ def main(argv=None):
                         "(SIZE: the grid size, or a PolyKANLinear's degree)")
     parser.add_argument("--tile-shapes", default="", help="float32 tile shapes to time the native gemm path with, "
                         "e.g. 64x64x32,32x64x32 (default: the layer's own pick)")
+    parser.add_argument("--chunk-mib", type=int, action="append", default=[],
+                        help="also time the native gemm path with this bound on a chunk of dense basis, MiB "
+                        "(repeatable; default: warpkan.kernels.edge.tile_gemm.GEMM_CHUNK_BYTES)")
     parser.add_argument("--scalar-gemm", action="store_true", help="also time each native gemm variant with "
                         "Warp's scalar tile_matmul in place of cuBLASDx")
     args = parser.parse_args(argv)
@@ -229,7 +251,7 @@ def main(argv=None):
     rows = []
     cases = [_parse_case(text) for text in args.case] or (QUICK_CASES if args.quick else CASES)
     for case in cases:
-        rows += measure(case, device, args.warmup, args.repeat, tile_shapes, args.scalar_gemm)
+        rows += measure(case, device, args.warmup, args.repeat, tile_shapes, args.scalar_gemm, args.chunk_mib)
         print(_table(rows), flush=True)
     head = rows[0]["case"]
     gemm_ms = min(r["step_ms"] for r in rows if r["case"] == head and r["path"].startswith("native gemm"))

@@ -23,9 +23,11 @@ EPS = {wp.float32: float(np.finfo(np.float32).eps), wp.float64: float(np.finfo(n
 NP = {wp.float32: np.float32, wp.float64: np.float64}
 TORCH = {wp.float32: torch.float32, wp.float64: torch.float64}
 
-# (rows, in, out): one row and one edge; primes with 67 outputs (a second, 3-wide column tile); 131 rows past two
-# 64-row tiles, a width (13 (G + k + 1) = 143) no tile divides
-SHAPES = [(1, 1, 1), (37, 7, 67), (131, 13, 3)]
+# (rows, in, out), each float32 tile shape (warpkan.kernels.edge.tile_gemm.TILE_SHAPES) in turn: one row and one
+# edge; primes with 67 outputs (the 128-wide tile, 61 columns of it past the end; a second, 3-wide column tile of
+# the float64 one); 131 rows past two 64-row tiles, a width (13 (G + k + 1) = 143) no tile divides; 41 outputs
+# (the 64-wide tile) over 70 rows; 131 outputs, a second 128-wide column tile 3 wide
+SHAPES = [(1, 1, 1), (37, 7, 67), (131, 13, 3), (70, 5, 41), (29, 3, 131)]
 
 
 def _tape_run(layer, x_np, dy_np, device, strided=False):
@@ -137,7 +139,8 @@ def _poly_layer(n_in, n_out, degree, dtype, device, strategy, mode="exact", basi
 
 @pytest.mark.parametrize("dtype", [wp.float64, wp.float32])
 @pytest.mark.parametrize("strategy", ["gemm", "stencil"])
-@pytest.mark.parametrize("shape, degree", [(SHAPES[0], 0), (SHAPES[1], 4), (SHAPES[2], 8)])
+@pytest.mark.parametrize("shape, degree", [(SHAPES[0], 0), (SHAPES[1], 4), (SHAPES[2], 8), (SHAPES[3], 3),
+                                           (SHAPES[4], 2)])
 def test_poly_kan_linear_against_reference(device, dtype, strategy, shape, degree):
     n_rows, n_in, n_out = shape
     rng = np.random.default_rng(n_rows + 1)
@@ -265,12 +268,18 @@ def test_auto_follows_the_torch_layers_rule(monkeypatch):
     assert KANLinear(8, 8, grid_size=60, device="cpu", strategy="gemm").resolve_strategy(100) == "gemm"
     assert PolyKANLinear(8, 8, 3, device="cpu").resolve_strategy(5) == "gemm"
     assert PolyKANLinear(8, 8, 3, device="cpu", strategy="stencil").resolve_strategy(5) == "stencil"
-    # CUDA: the stencil kernels for B-spline layers, whose tile GEMMs measured slower at every shape
-    from warpkan.native import bspline as native_bspline_rule
+    # CUDA: the tile GEMMs for wide, long calls on short grids (where they measured faster), else the stencil
+    from warpkan.native.bspline import cuda_auto_strategy
 
-    assert native_bspline_rule.CUDA_AUTO_STRATEGY == "stencil"
+    assert cuda_auto_strategy(65536, 256, 256, 11) == "gemm"
+    assert cuda_auto_strategy(2**14, 512, 128, 8) == "gemm"
+    assert cuda_auto_strategy(2**14 - 1, 256, 256, 11) == "stencil"  # short
+    assert cuda_auto_strategy(65536, 255, 256, 11) == "stencil"  # narrow
+    assert cuda_auto_strategy(65536, 256, 256, 12) == "stencil"  # a grid beyond the one measured
+    assert cuda_auto_strategy(4096, 64, 64, 8) == "stencil"
     if wp.is_cuda_available():
         assert KANLinear(8, 8, grid_size=8, device="cuda").resolve_strategy(65536) == "stencil"
+        assert KANLinear(256, 256, grid_size=8, device="cuda").resolve_strategy(65536) == "gemm"
         assert KANLinear(8, 8, grid_size=8, device="cuda", strategy="gemm").resolve_strategy(65536) == "gemm"
     # and the call takes the path the rule names
     from warpkan.native import bspline as native_bspline

@@ -151,8 +151,8 @@ def family_modules(name: str, config: PrecompileConfig, is_cuda: bool) -> tuple:
     else:
         builds = _edge_modules(name, config, is_cuda)
     if config.native and name in ("bspline", "poly"):  # the Warp-native layers' gemm strategy: its tile GEMMs
-        builds += [ModuleBuild(module, tile_gemm.BLOCK_DIM) for dtype in config.dtypes
-                   if dtype in tile_gemm.TILE_SHAPES for module in tile_gemm.tile_gemm_modules(dtype)]
+        builds += [ModuleBuild(module, threads) for dtype in config.dtypes
+                   if dtype in tile_gemm.TILE_SHAPES for module, threads in tile_gemm.tile_gemm_modules(dtype)]
     if is_cuda:
         builds += _transpose.transpose_modules()
     return distinct(build if is_cuda else ModuleBuild(build.name, 1) for build in builds)

@@ -16,13 +16,25 @@ from ._common import check_device, check_dtype, check_strategy, layer_input
 from ._state import WarpState
 from ._tape import active_tape, new_output, record_backward
 
-__all__ = ["KANLinear", "CUDA_AUTO_STRATEGY"]
+__all__ = ["KANLinear", "cuda_auto_strategy", "CUDA_GEMM_MIN_EDGES", "CUDA_GEMM_MIN_ROWS",
+           "CUDA_GEMM_MAX_COEFFICIENTS"]
 
-# "auto" on CUDA. The tile GEMMs of the gemm strategy lost to the stencil kernels at every B-spline shape
-# measured (H200, fp32 fwd+bwd ms, `python scripts/native_wide_timing.py`): (65536, 256->256, G=8) 25.8 against
-# 19.0, (4096, 64->64, G=5) 1.59 against 0.58; the torch bridge's gemm strategy, on cuBLAS, took 8.6 and 1.3.
-# (The polynomial layers' gemm strategy won: PolyKANLinear (65536, 256->256, D=8) 20.4 against 54.3.)
-CUDA_AUTO_STRATEGY = "stencil"
+# "auto" on CUDA: the gemm strategy (the tile GEMMs) for layers at least this wide (in x out edges), long (rows)
+# and short-gridded (coefficients an input), else the stencil kernels. Measured on an H200 (fp32 fwd+bwd ms,
+# `python scripts/native_wide_timing.py --out DIR`, gemm against stencil): (65536, 256 -> 256, G = 8) 11.6
+# against 19.0; (16384, 128 -> 128, G = 8) 1.25 against 1.25; (65536, 64 -> 64, G = 8) 1.27-2.54 against
+# 1.39-1.41 across two runs; (4096, 64 -> 64, G = 5) 1.2-2.0 against 0.35-0.45. The gemm strategy's work grows
+# with the coefficients an input (G + k, each a row of the dense basis) and the stencil kernels' does not, so
+# the gemm side of the rule stops at the grid measured.
+CUDA_GEMM_MIN_EDGES = 256 * 256
+CUDA_GEMM_MIN_ROWS = 2**14
+CUDA_GEMM_MAX_COEFFICIENTS = 11
+
+
+def cuda_auto_strategy(n_rows: int, n_in: int, n_out: int, n_coef: int) -> str:
+    """The strategy "auto" takes for a call on CUDA (see :data:`CUDA_GEMM_MIN_EDGES`)."""
+    wide = n_in * n_out >= CUDA_GEMM_MIN_EDGES and n_rows >= CUDA_GEMM_MIN_ROWS
+    return "gemm" if wide and n_coef <= CUDA_GEMM_MAX_COEFFICIENTS else "stencil"
 
 
 class KANLinear(WarpState):
@@ -128,15 +140,16 @@ class KANLinear(WarpState):
         return y
 
     def resolve_strategy(self, n_rows: int) -> str:
-        """The strategy a call on ``n_rows`` rows takes: the layer's, or for "auto" on CUDA the stencil kernels
-        (:data:`CUDA_AUTO_STRATEGY`), and elsewhere the torch layer's rule
+        """The strategy a call on ``n_rows`` rows takes: the layer's, or for "auto" on CUDA
+        :func:`cuda_auto_strategy` (the tile GEMMs for wide, long, short-gridded calls, else the stencil
+        kernels), and elsewhere the torch layer's rule
         (:func:`~warpkan.kernels.edge.strategy.choose_strategy` at full fp32 precision; host-bound unless
         Warp is capturing a CUDA graph on the layer's device)."""
         if self.strategy != "auto":
             return self.strategy
-        if self.device.is_cuda:
-            return CUDA_AUTO_STRATEGY
         n_coef = self.grid_size + self.spline_order
+        if self.device.is_cuda:
+            return cuda_auto_strategy(n_rows, self.in_features, self.out_features, n_coef)
         family = kb.family_of(self.spline_order, self.uniform, self.coef)
         tiled = edge_tiled.tiled_applies(family, self.device.is_cuda, n_coef)
         return choose_strategy(n_rows, self.in_features, self.out_features, n_coef, tiled, "fp32",

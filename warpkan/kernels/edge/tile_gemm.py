@@ -10,10 +10,16 @@ rows of a fused base path, then the n_coef basis rows of every input) and ``W`` 
 
 where ``contract`` is the engine's dense contraction with the bases' x-derivatives (and silu').
 
+No operand tile is a transposed view: cuBLASDx multiplied those (column-major) tiles 1.5-3.6x slower on an H200
+(``python scripts/tile_gemm_probe.py``; ``docs/perf-notes-engine.md``). So the forward forms ``y^T = W^T A^T``
+from ``W^T``, transposed once a call into scratch, and transposes ``y^T`` into y a chunk at a time; the basis
+gradient multiplies W by ``dy^T``, transposed a chunk at a time. Those transposes move the small arrays (W, y,
+dy), never the basis.
+
 Why the dense basis goes through memory rather than being built in shared memory inside the GEMM kernel:
 
 - the contractions are the work: at (65536, 256 -> 256, G = 8, k = 3), width 3072, each is 103 GFLOP, about
-  3.4 ms at the 29-34 TFLOP/s tile_matmul reached in fp32 on an H200 (warp-lang 1.19, 4096^3), while writing
+  3.6-4.1 ms at the 25-29 TFLOP/s these kernels reach in fp32 on an H200 (warp-lang 1.19), while writing
   and reading back a pass's basis (0.8 GB) takes about 0.4 ms at HBM speed; a fused build could save at most
   that, and would evaluate the basis of a row tile once per output tile;
 - compile time: a module holding ``tile_matmul`` (cuBLASDx, linked as LTO code) takes 25-35 s to build on the
@@ -37,6 +43,7 @@ import warp as wp
 
 from .._common import SCALARS, on_stream, scalar_name
 from .._runtime import launch, launch_accumulate, launch_combine_chunks, workspace_for
+from .._transpose import launch_transpose
 from . import launch as edge
 from .dense import dense_width
 from .family import EdgeFamily
@@ -49,31 +56,40 @@ __all__ = ["TileShape", "TILE_SHAPES", "tile_shape", "tile_gemm_kernels", "tile_
 @dataclass(frozen=True)
 class TileShape:
     """One block's tiles: ``rows`` rows of y (and of the basis), ``cols`` outputs, ``depth`` the step of the
-    contraction loop. The output tiles are [rows, cols] (y), [rows, cols] (dW: rows of the width) and
-    [rows, rows] (dA^T); shared memory holds about (rows cols + (rows + cols) depth) values at a time."""
+    contraction loop, ``threads`` the block's threads on CUDA. The output tiles are [rows, cols] (y), [rows, cols]
+    (dW: rows of the width) and [rows, rows] (dA^T); shared memory holds about (rows cols + (rows + cols) depth)
+    values at a time."""
 
     rows: int
     cols: int
     depth: int
+    threads: int = 128
 
     @property
     def name(self) -> str:
-        return f"{self.rows}x{self.cols}x{self.depth}"
+        return f"{self.rows}x{self.cols}x{self.depth}" + (f"t{self.threads}" if self.threads != 128 else "")
 
 
 # The fixed list the tile shape is taken from (each entry of a scalar type is one module, 25-35 s or more to build
-# on the GPU, once per machine: Warp's kernel cache keeps it): float32 64 x 64 tiles (32 KiB of operands and
-# accumulator), 32 outputs wide for layers of at most 32 outputs (half the padding work there); float64 32 x 32
-# (the same bytes as a float32 32 x 64 tile). Built for sm_90, the float32 64 x 64 kernels take 32-48 KiB of shared
-# memory a block: within the 48 KiB a block gets without opting in to more.
+# on the GPU, once per machine: Warp's kernel cache keeps it; a layer builds one). float32: 64 rows x 128 outputs,
+# depth 64, 256 threads, for layers of more than 64 outputs; 64 x 64 (depth 64) and 64 x 32 (depth 32) at 128
+# threads for narrower ones, whose padding a wider tile would multiply. float64: 32 x 32 (the bytes of a float32
+# 32 x 64 tile). Timed one against another on an H200 (``python scripts/tile_gemm_probe.py``: the three kernels
+# on one 10880-row chunk of KANLinear (65536, 256 -> 256, G = 8)), 64 x 128 x 64 at 256 threads took 1.81 ms for
+# the three, 64 x 64 x 64 1.97 and 128 x 64 x 64 1.92; cuBLAS 1.18. The float32 64 x 128 kernels take about
+# 80 KiB of shared memory a block (two blocks an SM), which Warp opts in to.
 TILE_SHAPES = {
-    "float32": (TileShape(64, 64, 32), TileShape(64, 32, 32)),
+    "float32": (TileShape(64, 128, 64, threads=256), TileShape(64, 64, 64), TileShape(64, 32, 32)),
     "float64": (TileShape(32, 32, 32),),
 }
-BLOCK_DIM = 128  # threads a block on CUDA: four warps share a tile's GEMM (the CPU runs one thread a block)
-# Scratch for one chunk of the dense basis: the torch bridge's bounds (``edge_driver.GEMM_CHUNK_BYTES``, and on
-# the CPU a chunk that stays in a core's cache from the kernel that writes it to the GEMM that reads it).
-GEMM_CHUNK_BYTES = 128 * 2**20
+# Scratch for one chunk of the dense basis. On the GPU twice the torch bridge's bound (its
+# ``edge_driver.GEMM_CHUNK_BYTES``): a chunk's forward GEMM is a grid of few blocks ((65536, 256 -> 256, G = 8) in
+# 128 MiB chunks: 294 blocks of 64 x 128 tiles, for 264 resident at a time on an H200), so its last wave runs
+# the GPU part-empty, and larger chunks make that a smaller part of the work: H200, that layer's fwd+bwd took
+# 14.6 ms in 128 MiB chunks, 13.0 in 256 and 13.1 in 512; at (65536, 64 -> 64, G = 8) 1.76, 1.27 and 1.29 ms
+# (`python scripts/native_wide_timing.py --out DIR --chunk-mib 256 --chunk-mib 512`). On the CPU, a chunk that
+# stays in a core's cache from the kernel that writes it to the GEMM that reads it.
+GEMM_CHUNK_BYTES = 256 * 2**20
 CPU_GEMM_CHUNK_BYTES = 2**20
 # Blocks the row-split weight-gradient GEMM aims at (about eight per SM of an H200's 132): a wide layer's
 # (width, output) tiles alone may not fill the GPU (3072 x 256 in 64 x 64 tiles: 192 blocks).
@@ -102,10 +118,11 @@ def tile_gemm_module(scalar: str, tiles: TileShape) -> str:
     return f"warpkan_tile_gemm_{scalar}_{tiles.name}"
 
 
-def tile_gemm_modules(scalar: str) -> list[str]:
+def tile_gemm_modules(scalar: str) -> list[tuple[str, int]]:
     """Every tile-GEMM module a layer of this scalar type may launch (one per listed tile shape), its kernels
-    built: what ``warpkan precompile`` loads for the Warp-native layers' gemm strategy."""
-    return [tile_gemm_kernels(scalar, tiles).module for tiles in TILE_SHAPES[scalar]]
+    built, with its block size on CUDA: what ``warpkan precompile`` loads for the Warp-native layers' gemm
+    strategy."""
+    return [(tile_gemm_kernels(scalar, tiles).module, tiles.threads) for tiles in TILE_SHAPES[scalar]]
 
 
 @functools.lru_cache(maxsize=None)
@@ -118,23 +135,20 @@ def tile_gemm_kernels(scalar: str, tiles: TileShape) -> TileGemmKernels:
     module = tile_gemm_module(scalar, tiles)
     # the module's own block size is the launches': a load without one (``warpkan precompile``) builds the
     # variant the launches run (Warp builds a tile module once per block size)
-    wp.set_module_options({"block_dim": BLOCK_DIM}, module)
+    wp.set_module_options({"block_dim": tiles.threads}, module)
     kernel = functools.partial(wp.kernel, enable_backward=False, module=module)
 
     @kernel
-    def forward(basis_t: wp.array2d(dtype=dtype), weight: wp.array2d(dtype=dtype), bias: wp.array2d(dtype=dtype),
-                has_bias: int, y: wp.array2d(dtype=dtype)):
-        # y [rows, out] = basis_t^T weight (+ bias [1, out]): one (rows, outputs) tile a block, over the width
-        row_tile, col_tile = wp.tid()
-        acc = wp.tile_zeros(shape=(tm, tn), dtype=dtype)
+    def forward(weight_t: wp.array2d(dtype=dtype), basis_t: wp.array2d(dtype=dtype), y_t: wp.array2d(dtype=dtype)):
+        # y_t [out, rows] = weight^T basis_t: one (outputs, rows) tile a block, over the width. The bias is added
+        # after the transpose into y: adding it to the accumulator here made this kernel 1.3x slower on an H200
+        col_tile, row_tile = wp.tid()
+        acc = wp.tile_zeros(shape=(tn, tm), dtype=dtype)
         for k in range(0, basis_t.shape[0], tk):
-            a = wp.tile_load(basis_t, shape=(tk, tm), offset=(k, row_tile * tm))
-            b = wp.tile_load(weight, shape=(tk, tn), offset=(k, col_tile * tn))
-            wp.tile_matmul(wp.tile_transpose(a), b, acc)
-        if has_bias:
-            bias_row = wp.tile_load(bias, shape=(1, tn), offset=(0, col_tile * tn))
-            acc += wp.tile_broadcast(bias_row, shape=(tm, tn))
-        wp.tile_store(y, acc, offset=(row_tile * tm, col_tile * tn))
+            a = wp.tile_load(weight_t, shape=(tn, tk), offset=(col_tile * tn, k))
+            b = wp.tile_load(basis_t, shape=(tk, tm), offset=(k, row_tile * tm))
+            wp.tile_matmul(a, b, acc)
+        wp.tile_store(y_t, acc, offset=(col_tile * tn, row_tile * tm))
 
     @kernel
     def weight_grad(basis_t: wp.array2d(dtype=dtype), dy: wp.array2d(dtype=dtype), rows_per_split: int,
@@ -154,14 +168,14 @@ def tile_gemm_kernels(scalar: str, tiles: TileShape) -> TileGemmKernels:
         wp.tile_store(partial, acc, offset=(row, col_tile * tn))
 
     @kernel
-    def basis_grad(weight: wp.array2d(dtype=dtype), dy: wp.array2d(dtype=dtype), d_basis_t: wp.array2d(dtype=dtype)):
+    def basis_grad(weight: wp.array2d(dtype=dtype), dy_t: wp.array2d(dtype=dtype), d_basis_t: wp.array2d(dtype=dtype)):
         # d_basis_t [width, rows] = weight dy^T: one (width, rows) tile a block, over the outputs
         width_tile, row_tile = wp.tid()
         acc = wp.tile_zeros(shape=(tm, tm), dtype=dtype)
         for o in range(0, weight.shape[1], tn):
             a = wp.tile_load(weight, shape=(tm, tn), offset=(width_tile * tm, o))
-            b = wp.tile_load(dy, shape=(tm, tn), offset=(row_tile * tm, o))
-            wp.tile_matmul(a, wp.tile_transpose(b), acc)
+            b = wp.tile_load(dy_t, shape=(tn, tm), offset=(o, row_tile * tm))
+            wp.tile_matmul(a, b, acc)
         wp.tile_store(d_basis_t, acc, offset=(width_tile * tm, row_tile * tm))
 
     return TileGemmKernels(module, forward, weight_grad, basis_grad)
@@ -169,10 +183,13 @@ def tile_gemm_kernels(scalar: str, tiles: TileShape) -> TileGemmKernels:
 
 def chunk_rows(n_rows: int, width: int, itemsize: int, is_cuda: bool, tiles: TileShape) -> int:
     """Rows of one chunk of the dense basis: at most GEMM_CHUNK_BYTES of it (CPU_GEMM_CHUNK_BYTES on the CPU),
-    whole row tiles (every chunk but the last fills its blocks), at least one row tile."""
+    whole row tiles, at least one row tile, and the rows shared about equally among the chunks (a last chunk of
+    a few row tiles would launch GEMMs that leave most of the GPU idle)."""
     limit = GEMM_CHUNK_BYTES if is_cuda else CPU_GEMM_CHUNK_BYTES
-    rows = max(tiles.rows, limit // max(1, width * itemsize))
-    return max(1, min(rows - rows % tiles.rows, n_rows))
+    most = max(tiles.rows, limit // max(1, width * itemsize))
+    most -= most % tiles.rows
+    share = -(-n_rows // -(-n_rows // most))
+    return max(1, min(-(-share // tiles.rows) * tiles.rows, n_rows))
 
 
 def weight_grad_splits(rows: int, width: int, n_out: int, tiles: TileShape) -> tuple[int, int]:
@@ -189,8 +206,8 @@ def weight_grad_splits(rows: int, width: int, n_out: int, tiles: TileShape) -> t
     return -(-rows // per_split), per_split
 
 
-def _block(device) -> int:
-    return BLOCK_DIM if device.is_cuda else 1
+def _block(device, tiles: TileShape) -> int:
+    return tiles.threads if device.is_cuda else 1
 
 
 def _chunks(n_rows: int, rows: int):
@@ -217,14 +234,20 @@ def launch_gemm_forward(family: EdgeFamily, frame, x, n_coef: int, weight, y, us
     device = x.device
     ws = workspace or workspace_for(device, stream)
     rows = chunk_rows(n_rows, width, wp.types.type_size_in_bytes(x.dtype), device.is_cuda, tiles)
-    bias_row = bias.reshape((1, n_out)) if bias is not None else None
     with on_stream(stream):
+        weight_t = ws.get("tile_gemm_weight_t", (n_out, width), x.dtype)
+        launch_transpose(weight, weight_t, width, n_out, stream=stream)
         for start, stop in _chunks(n_rows, rows):
             basis_t = ws.get("tile_gemm_basis", (width, stop - start), x.dtype)
             edge.launch_expand_basis(family, frame, x[start:stop], n_coef, basis_t, use_base, stream)
-            launch(kernels.forward, (-(-(stop - start) // tiles.rows), -(-n_out // tiles.cols)),
-                   [basis_t, weight, bias_row, int(bias is not None)], [y[start:stop]], device, stream,
-                   block_dim=_block(device), tiled=True)
+            y_t = ws.get("tile_gemm_y_t", (n_out, stop - start), x.dtype)
+            launch(kernels.forward, (-(-n_out // tiles.cols), -(-(stop - start) // tiles.rows)),
+                   [weight_t, basis_t], [y_t], device, stream, block_dim=_block(device, tiles), tiled=True)
+            launch_transpose(y_t, y[start:stop], n_out, stop - start, stream=stream)
+        if bias is not None:  # y += bias, the bias seen as [1, N, out] with zero strides: one combine launch
+            rows_of_bias = wp.array(ptr=bias.ptr, shape=(1, n_rows, n_out), strides=(0, 0, bias.strides[0]),
+                                    dtype=bias.dtype, device=bias.device)
+            launch_combine_chunks(rows_of_bias, y, accumulate=True, stream=stream)
 
 
 def launch_gemm_backward(family: EdgeFamily, frame, dy, x, n_coef: int, weight, use_base: bool, dx=None,
@@ -243,7 +266,7 @@ def launch_gemm_backward(family: EdgeFamily, frame, dy, x, n_coef: int, weight, 
     tiles = tile_shape(scalar, n_out)
     kernels = tile_gemm_kernels(scalar, tiles)
     device = x.device
-    block = _block(device)
+    block = _block(device, tiles)
     ws = workspace or workspace_for(device, stream)
     rows = chunk_rows(n_rows, width, wp.types.type_size_in_bytes(x.dtype), device.is_cuda, tiles)
     with on_stream(stream):
@@ -263,8 +286,10 @@ def launch_gemm_backward(family: EdgeFamily, frame, dy, x, n_coef: int, weight, 
                        [basis_t, dy[start:stop], rows_per_split, padded_width], [partial], device, stream,
                        block_dim=block, tiled=True)
             if dx is not None:
+                dy_t = ws.get("tile_gemm_dy_t", (n_out, stop - start), x.dtype)
+                launch_transpose(dy[start:stop], dy_t, stop - start, n_out, stream=stream)
                 launch(kernels.basis_grad, (-(-width // tiles.rows), -(-(stop - start) // tiles.rows)),
-                       [weight, dy[start:stop]], [basis_t], device, stream, block_dim=block, tiled=True)
+                       [weight, dy_t], [basis_t], device, stream, block_dim=block, tiled=True)
                 edge.launch_contract_basis_grad(family, frame, x[start:stop], n_coef, basis_t, dx_new[start:stop],
                                                 use_base, stream)
         if d_weight is not None:
