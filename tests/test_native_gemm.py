@@ -245,6 +245,27 @@ def test_gemm_gradients_accumulate_and_empty_batch(device):
     assert y.shape == (0, 6)
 
 
+def test_gemm_forward_refuses_a_bias_of_another_length():
+    """The tile-GEMM forward adds the bias through a zero-stride view of it as rows of y: a bias of another length
+    than the outputs would be read past its end, so the launcher refuses it by name (the layers' own launchers
+    check it before)."""
+    from warpkan.kernels import poly as kp
+
+    x = wp.zeros((5, 3), dtype=wp.float32, device="cpu")
+    weight = wp.zeros((3 * 4, 6), dtype=wp.float32, device="cpu")
+    y = wp.zeros((5, 6), dtype=wp.float32, device="cpu")
+    family = kp.family_of(4, "chebyshev", False, "float32")
+
+    def run(bias):
+        tile_gemm.launch_gemm_forward(family, kp.frame_of(family, 4, 1.0, 1.0, None), x, 4, weight, y, False,
+                                      bias=bias)
+
+    with pytest.raises(ValueError, match=r"bias must hold 6 values \(one an output\), got shape \(5,\)"):
+        run(wp.zeros(5, dtype=wp.float32, device="cpu"))
+    run(wp.array(np.arange(6, dtype=np.float32), device="cpu"))
+    np.testing.assert_array_equal(y.numpy(), np.tile(np.arange(6, dtype=np.float32), (5, 1)))  # zero weight: y is the bias
+
+
 def test_strategy_argument_is_checked():
     """What a bad strategy is told (every bad value of every layer: tests/test_bad_input.py's sweep)."""
     for make in (lambda s: KANLinear(2, 3, strategy=s, device="cpu"),

@@ -368,8 +368,8 @@ def launch_backward(dy, x, coeffs, basis: str = "chebyshev", lut=None, alpha: fl
 def launch_gemm_forward(x, coeffs, y, basis: str = "chebyshev", bias=None, lut=None, alpha: float = 1.0,
                         beta: float = 1.0, stream=None, workspace=None) -> None:
     """y as :func:`launch_forward` computes it, by the gemm strategy: the dense basis times the coefficient
-    table [in (D + 1), out] itself with ``wp.tile_matmul`` (:mod:`warpkan.kernels.edge.tile_gemm`), the bias
-    added by the same kernel. Overwrites y. x, coeffs and y contiguous."""
+    table [in (D + 1), out] itself with ``wp.tile_matmul`` (:mod:`warpkan.kernels.edge.tile_gemm`), then the
+    bias. Overwrites y. x, coeffs and y contiguous."""
     _check(x, coeffs, bias, lut)
     if tuple(y.shape) != (x.shape[0], coeffs.shape[2]):
         raise ValueError(f"y must have shape {(x.shape[0], coeffs.shape[2])}, got {tuple(y.shape)}")

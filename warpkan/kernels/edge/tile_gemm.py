@@ -226,6 +226,8 @@ def launch_gemm_forward(family: EdgeFamily, frame, x, n_coef: int, weight, y, us
     if tuple(weight.shape) != (width, n_out) or tuple(y.shape) != (n_rows, n_out):
         raise ValueError(f"weight must have shape {(width, n_out)} and y {(n_rows, n_out)}, got "
                          f"{tuple(weight.shape)} and {tuple(y.shape)}")
+    if bias is not None and bias.size != n_out:
+        raise ValueError(f"bias must hold {n_out} values (one an output), got shape {tuple(bias.shape)}")
     if n_rows == 0 or n_out == 0:
         return
     scalar = scalar_name(x)
@@ -245,7 +247,7 @@ def launch_gemm_forward(family: EdgeFamily, frame, x, n_coef: int, weight, y, us
                    [weight_t, basis_t], [y_t], device, stream, block_dim=_block(device, tiles), tiled=True)
             launch_transpose(y_t, y[start:stop], n_out, stop - start, stream=stream)
         if bias is not None:  # y += bias, the bias seen as [1, N, out] with zero strides: one combine launch
-            rows_of_bias = wp.array(ptr=bias.ptr, shape=(1, n_rows, n_out), strides=(0, 0, bias.strides[0]),
+            rows_of_bias = wp.array(ptr=bias.ptr, shape=(1, n_rows, n_out), strides=(0, 0, bias.strides[-1]),
                                     dtype=bias.dtype, device=bias.device)
             launch_combine_chunks(rows_of_bias, y, accumulate=True, stream=stream)
 
