@@ -64,7 +64,8 @@ class KANLinear(WarpState):
         seed: seed of the numpy generator that draws the initial parameters.
         strategy: ``"stencil"`` (the engine's per-edge kernels), ``"gemm"`` (the dense basis multiplied with the
             combined weight by ``wp.tile_matmul``: :mod:`warpkan.kernels.edge.tile_gemm`) or ``"auto"``, which
-            picks one per call by the torch layer's rule (:func:`warpkan.kernels.edge.strategy.choose_strategy`).
+            picks one per call: on CUDA by :func:`cuda_auto_strategy` (gemm for wide, long calls on short
+            grids), elsewhere by the torch layer's rule (:func:`warpkan.kernels.edge.strategy.choose_strategy`).
     """
 
     def __init__(
