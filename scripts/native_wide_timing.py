@@ -1,16 +1,18 @@
 """Wide Warp-native layers: one training pass (forward + backward under ``wp.Tape``) of ``warpkan.KANLinear`` and
 ``warpkan.PolyKANLinear`` with the stencil strategy (the engine's per-edge kernels) and the gemm strategy (the
-dense basis times the weight with ``wp.tile_matmul``) side by side, and, where torch is importable, the torch
-bridge's ``KANLinear`` / ``PolyKANLinear`` with ``strategy="gemm"`` (cuBLAS) at the same shape, all fp32.
+dense basis times the weight with ``wp.tile_matmul``) side by side, and the torch bridge's ``KANLinear`` /
+``PolyKANLinear`` with ``strategy="gemm"`` (cuBLAS) at the same shape, all fp32: the cases and passes of
+``warpkan bench native``'s wide-layer rows, with what that bench does not vary.
 
 Each row also says how far the two native strategies lie apart (y, dx and every parameter gradient, max
 |difference| over max |value|): the same map, so a few float32 units.
 
     python scripts/native_wide_timing.py --out DIR [--device cuda] [--quick]
 
-``--tile-shapes 64x64x32,32x64x32`` times the native gemm path once per float32 tile shape (rows x outputs x
-depth; each a module to build, 25-35 s on the GPU) in place of the layer's own pick from
-``warpkan.kernels.edge.tile_gemm.TILE_SHAPES``: what a change of that list would be measured with.
+``--tile-shapes 64x64x32,64x128x64t256`` times the native gemm path once per float32 tile shape (rows x outputs
+x depth, ``tN`` for N threads a block; each a module to build, a minute or two on the GPU) in place of the
+layer's own pick from ``warpkan.kernels.edge.tile_gemm.TILE_SHAPES``: what a change of that list would be
+measured with. ``--chunk-mib M`` (repeatable) adds the native gemm path with that bound on a chunk of basis.
 ``--scalar-gemm`` adds each native gemm variant with Warp's scalar tile_matmul in place of cuBLASDx.
 
 Target (docs/perf-notes-engine.md): the native gemm path within 1.5x of the torch bridge's gemm path at
@@ -30,21 +32,11 @@ import time
 import numpy as np
 import warp as wp
 
-CASES = [  # (layer, rows, in, out, grid size or degree)
-    ("KANLinear", 65536, 256, 256, 8),
-    ("KANLinear", 4096, 64, 64, 5),
-    ("PolyKANLinear", 65536, 256, 256, 8),
-]
-QUICK_CASES = [("KANLinear", 512, 32, 32, 8), ("KANLinear", 256, 16, 16, 5), ("PolyKANLinear", 512, 32, 32, 8)]
-TARGET_RATIO = 1.5  # native gemm / torch gemm at the first case
+from warpkan.bench.native import QUICK_WIDE_CASES as QUICK_CASES
+from warpkan.bench.native import WIDE_CASES as CASES
+from warpkan.bench.native import WIDE_TARGET as TARGET_RATIO
+from warpkan.bench.native import bridge_passes, native_layer, native_passes
 
-
-def _native_layer(kind, n_in, n_out, size, strategy, device):
-    import warpkan
-
-    if kind == "KANLinear":
-        return warpkan.KANLinear(n_in, n_out, grid_size=size, device=device, strategy=strategy)
-    return warpkan.PolyKANLinear(n_in, n_out, size, device=device, strategy=strategy)
 
 
 def _timer(device: str):
@@ -71,21 +63,6 @@ def _timer(device: str):
     return run
 
 
-def _native_passes(layer, x, dy):
-    """(forward, forward + backward): the forward alone, and one pass under a fresh tape whose backward
-    accumulates into x.grad and the parameters' gradients."""
-    def forward():
-        layer(x)
-
-    def step():
-        tape = wp.Tape()
-        with tape:
-            y = layer(x)
-        tape.backward(grads={y: dy})
-
-    return forward, step
-
-
 def _native_results(layer, x, dy):
     """(y, dx, parameter gradients) of one pass from zeroed gradients, as numpy arrays."""
     x.grad.zero_()
@@ -99,29 +76,10 @@ def _native_results(layer, x, dy):
 
 
 def _torch_row(kind, n_rows, n_in, n_out, size, device, timer, warmup, repeat):
-    try:
-        import torch
-    except ImportError:
-        return None
-    from warpkan import torch_bridge as tb
+    import torch
 
     torch_device = "cuda" if wp.get_device(device).is_cuda else "cpu"
-    torch.manual_seed(0)
-    if kind == "KANLinear":
-        layer = tb.KANLinear(n_in, n_out, grid_size=size, strategy="gemm", precision="fp32", device=torch_device)
-    else:
-        layer = tb.PolyKANLinear(n_in, n_out, size, strategy="gemm", precision="fp32", device=torch_device)
-    x = torch.rand(n_rows, n_in, device=torch_device) * 2 - 1
-    x.requires_grad_(True)
-    dy = torch.randn(n_rows, n_out, device=torch_device)
-
-    def forward():
-        with torch.no_grad():
-            layer(x)
-
-    def step():
-        layer(x).backward(dy)
-
+    forward, step = bridge_passes(kind, n_rows, n_in, n_out, size, torch_device)
     # torch runs on its own current stream; the events are recorded on Warp's stream of the device, so put
     # Warp on torch's stream for the measurement
     stream = wp.stream_from_torch(torch.cuda.current_stream()) if torch_device == "cuda" else None
@@ -196,9 +154,9 @@ def measure(case, device, warmup, repeat, tile_shapes=(), scalar_gemm=False, chu
         ("gemm", shape, scalar, mib) for shape in tile_shapes or [None]
         for scalar in ((False, True) if scalar_gemm else (False,)) for mib in [None, *chunk_mib]]
     for strategy, shape, scalar, mib in variants:
-        layer = _native_layer(kind, n_in, n_out, size, strategy, device)
+        layer = native_layer(kind, n_in, n_out, size, strategy, device)
         with _float32_tiles(shape, scalar), _chunk_bytes(mib):
-            forward, step = _native_passes(layer, x, dy)
+            forward, step = native_passes(layer, x, dy)
             fwd = timer(forward, warmup, repeat)
             path = (f"native {strategy}" + (f" {shape.name}" if shape is not None else "")
                     + (" scalar tile_matmul" if scalar else "") + (f" chunks of {mib} MiB" if mib else ""))
@@ -206,9 +164,8 @@ def measure(case, device, warmup, repeat, tile_shapes=(), scalar_gemm=False, chu
             results.setdefault(strategy, _native_results(layer, x, dy))
     apart = max(float(np.abs(a - b).max()) / max(float(np.abs(a).max()), 1e-30)
                 for a, b in zip(results["stencil"], results["gemm"]))
-    torch_row = _torch_row(kind, n_rows, n_in, n_out, size, device, timer, warmup, repeat)
-    if torch_row is not None:
-        rows.append({"path": "torch bridge gemm", **torch_row})
+    rows.append({"path": "torch bridge gemm", **_torch_row(kind, n_rows, n_in, n_out, size, device, timer, warmup,
+                                                            repeat)})
     label = f"{kind} ({n_rows}, {n_in}->{n_out}, {'G' if kind == 'KANLinear' else 'D'}={size})"
     for row in rows:
         row["case"] = label

@@ -1,4 +1,6 @@
-"""Warp-native benchmark: one training step of the logistic-ODE PINN (examples/pinn_logistic.py: a 1 -> 5 -> 1
+"""Warp-native benchmarks: the logistic-ODE PINN step, and wide layers on their two strategies.
+
+One training step of the logistic-ODE PINN (examples/pinn_logistic.py: a 1 -> 5 -> 1
 B-spline KAN, residual df/dt - f (1 - f) from the splines' analytic derivatives, wp.Tape backward, Adam), at
 useful collocation counts, against in the same run:
 
@@ -15,6 +17,13 @@ written for replay).
 
 The Warp-native step needs the repository's ``examples/`` folder (the PINN lives there); from an installed
 package without it the Warp rows say so.
+
+Wide layers: one fp32 forward + backward (under ``wp.Tape``) of ``warpkan.KANLinear`` and
+``warpkan.PolyKANLinear`` on the stencil kernels and on the gemm strategy (the dense basis times the weight by
+``wp.tile_matmul``), beside the torch bridge's layer on its gemm strategy (cuBLAS) at the same shape, with the
+FLOP rate of the gemm strategy's three contractions and, at the first case, the target: native gemm within
+:data:`WIDE_TARGET` of the torch bridge's gemm. ``scripts/native_wide_timing.py`` times other tile shapes and
+chunk bounds with the same passes.
 """
 
 from __future__ import annotations
@@ -30,6 +39,13 @@ from .timing import time_fn
 
 COLLOCATION = (4096, 65536)
 QUICK_COLLOCATION = (1024,)
+WIDE_CASES = [  # (layer, rows, in, out, grid size or degree)
+    ("KANLinear", 65536, 256, 256, 8),
+    ("PolyKANLinear", 65536, 256, 256, 8),
+    ("KANLinear", 4096, 64, 64, 5),
+]
+QUICK_WIDE_CASES = [("KANLinear", 256, 16, 16, 5), ("PolyKANLinear", 256, 16, 16, 4)]
+WIDE_TARGET = 1.5  # native gemm's fwd+bwd over the torch bridge's gemm, at the first case
 
 
 def _load_example():
@@ -132,8 +148,115 @@ def _bridge_step(device: str, n_points: int, capturable: bool = False):
     return _torch_step(net, params, device, n_points, capturable), sum(p.numel() for p in params)
 
 
+def native_layer(kind: str, n_in: int, n_out: int, size: int, strategy: str, device: str):
+    """A Warp-native wide-layer case's layer (fp32): KANLinear of grid ``size`` or PolyKANLinear of degree
+    ``size``."""
+    import warpkan
+
+    if kind == "KANLinear":
+        return warpkan.KANLinear(n_in, n_out, grid_size=size, device=device, strategy=strategy)
+    return warpkan.PolyKANLinear(n_in, n_out, size, device=device, strategy=strategy)
+
+
+def native_passes(layer, x, dy):
+    """(forward, forward + backward) of a Warp-native layer: the forward alone, and one pass under a fresh tape
+    whose backward accumulates into x.grad and the parameters' gradients."""
+    import warp as wp
+
+    def forward():
+        layer(x)
+
+    def step():
+        tape = wp.Tape()
+        with tape:
+            y = layer(x)
+        tape.backward(grads={y: dy})
+
+    return forward, step
+
+
+def bridge_passes(kind: str, n_rows: int, n_in: int, n_out: int, size: int, device: str):
+    """(forward, forward + backward) of the torch bridge's layer of a wide-layer case, on its gemm strategy at
+    full fp32 (cuBLAS)."""
+    from .. import torch_bridge as tb
+
+    torch.manual_seed(0)
+    if kind == "KANLinear":
+        layer = tb.KANLinear(n_in, n_out, grid_size=size, strategy="gemm", precision="fp32", device=device)
+    else:
+        layer = tb.PolyKANLinear(n_in, n_out, size, strategy="gemm", precision="fp32", device=device)
+    x = (torch.rand(n_rows, n_in, device=device) * 2 - 1).requires_grad_(True)
+    dy = torch.randn(n_rows, n_out, device=device)
+
+    def forward():
+        with torch.no_grad():
+            layer(x)
+
+    def step():
+        layer(x).backward(dy)
+
+    return forward, step
+
+
+def gemm_flop(kind: str, n_rows: int, n_in: int, n_out: int, size: int) -> float:
+    """FLOP of the gemm strategy's three contractions in one fwd+bwd (y = A W, dW = A^T dy, dA = dy W^T) over
+    the dense basis: a B-spline layer's SiLU row and G + k bases an input (k = 3), a polynomial layer's D + 1."""
+    width = n_in * (1 + size + 3) if kind == "KANLinear" else n_in * (size + 1)
+    return 3 * 2.0 * n_rows * width * n_out
+
+
+def _wide_rows(device: str, quick: bool) -> list[dict]:
+    import warp as wp
+
+    from ..kernels._common import on_stream
+    from .timing import flop_rate
+
+    stream = wp.stream_from_torch(torch.cuda.current_stream()) if device.startswith("cuda") else None
+    rows = []
+    cases = QUICK_WIDE_CASES if quick else WIDE_CASES
+    repeat = 3 if quick else 10
+    for index, (kind, n_rows, n_in, n_out, size) in enumerate(cases):
+        case = (f"wide layer: {kind} ({n_rows}, {n_in}->{n_out}, {'G' if kind == 'KANLinear' else 'D'}={size}), "
+                "fp32")
+        rng = np.random.default_rng(0)
+        x = wp.array(rng.uniform(-1, 1, (n_rows, n_in)).astype(np.float32), device=device, requires_grad=True)
+        dy = wp.array(rng.standard_normal((n_rows, n_out)).astype(np.float32), device=device)
+        results = []
+        for strategy in ("stencil", "gemm"):
+            layer = native_layer(kind, n_in, n_out, size, strategy, device)
+            forward, step = native_passes(layer, x, dy)
+            with on_stream(stream):  # Warp's launches on torch's stream, where the events are recorded
+                row = {"case": case, "impl": f"warpkan native {strategy}" + (" (tile GEMMs)" if strategy == "gemm"
+                                                                              else " (per-edge kernels)"),
+                       "fwd_ms": time_fn(forward, device, warmup=3, repeat=repeat),
+                       "step_ms": time_fn(step, device, warmup=3, repeat=repeat)}
+            row["auto picks"] = "yes" if native_layer(kind, n_in, n_out, size, "auto", device).resolve_strategy(
+                n_rows) == strategy else "no"
+            if strategy == "gemm":
+                row.update(flop_rate(gemm_flop(kind, n_rows, n_in, n_out, size), row["step_ms"], device))
+            results.append(row)
+        forward, step = bridge_passes(kind, n_rows, n_in, n_out, size, device)
+        results.append({"case": case, "impl": "torch bridge gemm (cuBLAS)",
+                        "fwd_ms": time_fn(forward, device, warmup=3, repeat=repeat),
+                        "step_ms": time_fn(step, device, warmup=3, repeat=repeat)})
+        reference = results[-1]["step_ms"]
+        for row in results:
+            row["x torch bridge gemm (step_ms)"] = row["step_ms"] / reference
+        if index == 0 and device.startswith("cuda"):  # the target is the GPU's
+            ratio = results[1]["x torch bridge gemm (step_ms)"]
+            results[1]["target"] = f"<= {WIDE_TARGET}x torch bridge gemm: {'met' if ratio <= WIDE_TARGET else 'no'}"
+        rows.extend(results)
+    return rows
+
+
 LEGEND = {
-    "step_ms": "one training step (residual, backward, Adam), median ms",
+    "step_ms": "one training step (PINN: residual, backward, Adam; wide layers: forward + backward), median ms",
+    "fwd_ms": "a wide layer's forward alone, median ms",
+    "auto picks": "whether strategy='auto' takes this strategy at this shape",
+    "TFLOP/s": "the gemm strategy's three contractions (y = A W, dW = A^T dy, dA = dy W^T) over step_ms",
+    "GFLOP/s": "the gemm strategy's three contractions (y = A W, dW = A^T dy, dA = dy W^T) over step_ms",
+    "x torch bridge gemm (step_ms)": "step_ms over the torch bridge's gemm strategy's (cuBLAS, fp32)",
+    "target": f"the wide-layer target: native gemm's step within {WIDE_TARGET}x the torch bridge's gemm",
     "graphed_step_ms": "the torch step captured once in a CUDA graph and replayed: no host overhead",
     "parameters": "the network's trainable parameters",
     "x warpkan native (step_ms)": "step_ms over the Warp-native step's: above 1, slower than it",
@@ -174,4 +297,4 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
                 if reference and row.get(key):
                     row[f"x warpkan native ({key})"] = row[key] / reference
         rows.extend(results)
-    return rows
+    return rows + _wide_rows(device, quick)
