@@ -23,7 +23,7 @@ Why the dense basis goes through memory rather than being built in shared memory
   and reading back a pass's basis (0.8 GB) takes about 0.4 ms at HBM speed; a fused build could save at most
   that, and would evaluate the basis of a row tile once per output tile;
 - compile time: a module holding ``tile_matmul`` (cuBLASDx, linked as LTO code) takes 25-35 s to build on the
-  GPU alone, and took 142-146 s with eight builds at a time. Here the three GEMM kernels
+  GPU alone, and these took 61-146 s with three to eight builds at a time. Here the three GEMM kernels
   depend on the scalar type and the tile shape alone (a short fixed list: :data:`TILE_SHAPES`), so every
   family, order, grid kind and polynomial basis shares them; a fused kernel would be one such module per family
   key and tile shape. The basis kernels are the engine's SIMT dense kernels (seconds to build), the ones the
@@ -56,7 +56,7 @@ __all__ = ["TileShape", "TILE_SHAPES", "tile_shape", "tile_gemm_kernels", "tile_
 @dataclass(frozen=True)
 class TileShape:
     """One block's tiles: ``rows`` rows of y (and of the basis), ``cols`` outputs, ``depth`` the step of the
-    contraction loop, ``threads`` the block's threads on CUDA. The output tiles are [rows, cols] (y), [rows, cols]
+    contraction loop, ``threads`` the block's threads on CUDA. The output tiles are [cols, rows] (y^T), [rows, cols]
     (dW: rows of the width) and [rows, rows] (dA^T); shared memory holds about (rows cols + (rows + cols) depth)
     values at a time."""
 
@@ -70,7 +70,7 @@ class TileShape:
         return f"{self.rows}x{self.cols}x{self.depth}" + (f"t{self.threads}" if self.threads != 128 else "")
 
 
-# The fixed list the tile shape is taken from (each entry of a scalar type is one module, 25-35 s or more to build
+# The fixed list the tile shape is taken from (each entry of a scalar type is one module, a minute or two to build
 # on the GPU, once per machine: Warp's kernel cache keeps it; a layer builds one). float32: 64 rows x 128 outputs,
 # depth 64, 256 threads, for layers of more than 64 outputs; 64 x 64 (depth 64) and 64 x 32 (depth 32) at 128
 # threads for narrower ones, whose padding a wider tile would multiply. float64: 32 x 32 (the bytes of a float32
