@@ -225,6 +225,7 @@ def _wide_rows(device: str, quick: bool) -> list[dict]:
         for strategy in ("stencil", "gemm"):
             layer = native_layer(kind, n_in, n_out, size, strategy, device)
             forward, step = native_passes(layer, x, dy)
+            wp.synchronize_device(device)  # x, dy and the parameters were written on Warp's own stream
             with on_stream(stream):  # Warp's launches on torch's stream, where the events are recorded
                 row = {"case": case, "impl": f"warpkan native {strategy}" + (" (tile GEMMs)" if strategy == "gemm"
                                                                               else " (per-edge kernels)"),
