@@ -23,7 +23,7 @@ __all__ = ["KANLinear", "cuda_auto_strategy", "CUDA_GEMM_MIN_EDGES", "CUDA_GEMM_
 # and short-gridded (coefficients an input), else the stencil kernels. Measured on an H200 (fp32 fwd+bwd ms,
 # `python scripts/native_wide_timing.py --out DIR`, gemm against stencil): (65536, 256 -> 256, G = 8) 11.6
 # against 19.0; (16384, 128 -> 128, G = 8) 1.25 against 1.25; (65536, 64 -> 64, G = 8) 1.27-2.54 against
-# 1.39-1.41 across two runs; (4096, 64 -> 64, G = 5) 1.2-2.0 against 0.35-0.45. The gemm strategy's work grows
+# 1.39-1.41 across two runs; (4096, 64 -> 64, G = 5) 1.28-2.01 against 0.33-0.45. The gemm strategy's work grows
 # with the coefficients an input (G + k, each a row of the dense basis) and the stencil kernels' does not, so
 # the gemm side of the rule stops at the grid measured.
 CUDA_GEMM_MIN_EDGES = 256 * 256
