@@ -113,13 +113,7 @@ def _float32_tiles(shape, scalar_gemm: bool = False):
 def _parse_tile_shapes(text):
     from warpkan.kernels.edge.tile_gemm import TileShape
 
-    if not text:
-        return []
-    shapes = []
-    for item in text.split(","):  # rows x outputs x depth, and tN for N threads a block (128 without)
-        dims, _, threads = item.partition("t")
-        shapes.append(TileShape(*(int(v) for v in dims.split("x")), threads=int(threads) if threads else 128))
-    return shapes
+    return [TileShape.from_name(item) for item in text.split(",")] if text else []
 
 
 def _parse_case(text):

@@ -6,26 +6,21 @@ tile shape against another, beside cuBLAS (torch, fp32, TF32 off) on the same op
     python scripts/tile_gemm_probe.py [--shapes 64x64x32,128x64x32t256,...] [--jobs 8] [--rows 10880]
 
 A shape is rows x outputs x depth, and ``tN`` for N threads a block (128 without). Each shape is a module of
-its own, built first in ``--jobs`` processes side by side (25-35 s each on the GPU, cuBLASDx's LTO build), then
-timed in this process: CUDA events around ``--repeat`` launches after ``--warmup``, compilation excluded. Each
-row gives ms and TFLOP/s per kernel and how far the kernel's result lies from cuBLAS's (max |diff| / max |ref|).
+its own, built first in ``--jobs`` processes side by side (a minute or two each on the GPU, cuBLASDx's LTO
+build), then timed in this process by ``warpkan.bench.timing.time_fn`` (median ms of ``--repeat`` launches after
+``--warmup``, CUDA events on the GPU; compilation excluded). Each row gives ms and TFLOP/s per kernel and how
+far the kernel's result lies from cuBLAS's (max |diff| / max |ref|).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import subprocess
 import sys
 import time
 
 DEFAULT_SHAPES = "64x64x32,64x64x64,64x64x128,64x64x32t256,128x64x32t256,128x64x64t256,128x128x32t256,64x128x32t256"
-
-
-def parse_shape(text: str):
-    from warpkan.kernels.edge.tile_gemm import TileShape
-
-    dims, _, threads = text.partition("t")
-    return TileShape(*(int(v) for v in dims.split("x")), threads=int(threads) if threads else 128)
 
 
 def build(text: str, device: str) -> None:
@@ -35,7 +30,7 @@ def build(text: str, device: str) -> None:
     from warpkan.kernels.edge import tile_gemm
 
     _warp_output.start_warp()
-    shape = parse_shape(text)
+    shape = tile_gemm.TileShape.from_name(text)
     kernels = tile_gemm.tile_gemm_kernels("float32", shape)
     wp.load_module(kernels.module, device=device, block_dim=shape.threads if device != "cpu" else 1)
 
@@ -60,6 +55,7 @@ def time_all(shapes, build_seconds: dict, rows: int, warmup: int, repeat: int, d
     import warp as wp
 
     from warpkan import _warp_output
+    from warpkan.bench.timing import time_fn
     from warpkan.kernels.edge import tile_gemm
 
     _warp_output.start_warp()
@@ -72,21 +68,7 @@ def time_all(shapes, build_seconds: dict, rows: int, warmup: int, repeat: int, d
     flop = 2.0 * rows * width * n_out
     is_cuda = device != "cpu"
 
-    def timed(fn) -> float:
-        for _ in range(warmup):
-            fn()
-        if not is_cuda:  # a smoke run of the script
-            t0 = time.perf_counter()
-            for _ in range(repeat):
-                fn()
-            return (time.perf_counter() - t0) * 1e3 / repeat
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(repeat):
-            fn()
-        stop.record()
-        stop.synchronize()
-        return start.elapsed_time(stop) / repeat
+    timed = functools.partial(time_fn, device=device, warmup=warmup, repeat=repeat)
 
     ref = {"forward": basis_t.T @ weight, "weight_grad": basis_t @ dy, "basis_grad": weight @ dy.T}
     cublas = {"forward": timed(lambda: torch.mm(basis_t.T, weight)),
@@ -104,7 +86,7 @@ def time_all(shapes, build_seconds: dict, rows: int, warmup: int, repeat: int, d
         if build_seconds.get(text) is None:
             print(f"| {text} | failed | | | | | | |", flush=True)
             continue
-        shape = parse_shape(text)
+        shape = tile_gemm.TileShape.from_name(text)
         k = tile_gemm.tile_gemm_kernels("float32", shape)
         splits, per_split = tile_gemm.weight_grad_splits(rows, width, n_out, shape)
         padded = -(-width // shape.rows) * shape.rows
@@ -114,16 +96,15 @@ def time_all(shapes, build_seconds: dict, rows: int, warmup: int, repeat: int, d
         views = {name: wp.from_torch(t) for name, t in dict(basis_t=basis_t, weight=weight, dy=dy, y_t=y_t,
                                                              partial=partial, d_basis=d_basis, weight_t=weight_t,
                                                              dy_t=dy_t).items()}
+        launch = functools.partial(wp.launch_tiled, block_dim=shape.threads if is_cuda else 1, stream=w_stream,
+                                   device=w_device)
         launches = {
-            "forward": lambda: wp.launch_tiled(k.forward, dim=(-(-n_out // shape.cols), -(-rows // shape.rows)),
-                                         inputs=[views["weight_t"], views["basis_t"], views["y_t"]],
-                                         block_dim=shape.threads if is_cuda else 1, stream=w_stream, device=w_device),
-            "weight_grad": lambda: wp.launch_tiled(k.weight_grad, dim=(padded // shape.rows, -(-n_out // shape.cols), splits),
-                                             inputs=[views["basis_t"], views["dy"], per_split, padded, views["partial"]],
-                                             block_dim=shape.threads if is_cuda else 1, stream=w_stream, device=w_device),
-            "basis_grad": lambda: wp.launch_tiled(k.basis_grad, dim=(-(-width // shape.rows), -(-rows // shape.rows)),
-                                            inputs=[views["weight"], views["dy_t"], views["d_basis"]],
-                                            block_dim=shape.threads if is_cuda else 1, stream=w_stream, device=w_device),
+            "forward": lambda: launch(k.forward, dim=(-(-n_out // shape.cols), -(-rows // shape.rows)),
+                                      inputs=[views["weight_t"], views["basis_t"], views["y_t"]]),
+            "weight_grad": lambda: launch(k.weight_grad, dim=(padded // shape.rows, -(-n_out // shape.cols), splits),
+                                          inputs=[views["basis_t"], views["dy"], per_split, padded, views["partial"]]),
+            "basis_grad": lambda: launch(k.basis_grad, dim=(-(-width // shape.rows), -(-rows // shape.rows)),
+                                         inputs=[views["weight"], views["dy_t"], views["d_basis"]]),
         }
         ms = {name: timed(fn) for name, fn in launches.items()}
         partial.zero_()

@@ -263,7 +263,17 @@ def test_gemm_forward_refuses_a_bias_of_another_length():
     with pytest.raises(ValueError, match=r"bias must hold 6 values \(one an output\), got shape \(5,\)"):
         run(wp.zeros(5, dtype=wp.float32, device="cpu"))
     run(wp.array(np.arange(6, dtype=np.float32), device="cpu"))
-    np.testing.assert_array_equal(y.numpy(), np.tile(np.arange(6, dtype=np.float32), (5, 1)))  # zero weight: y is the bias
+    # a zero weight: y is the bias
+    np.testing.assert_array_equal(y.numpy(), np.tile(np.arange(6, dtype=np.float32), (5, 1)))
+
+
+def test_tile_shape_names_round_trip():
+    """A tile shape's module name (with "tN" for N threads) parses back to it: the scripts take shapes by name."""
+    for shapes in tile_gemm.TILE_SHAPES.values():
+        for tiles in shapes:
+            assert tile_gemm.TileShape.from_name(tiles.name) == tiles
+    assert tile_gemm.TileShape.from_name("64x128x64t256") == tile_gemm.TileShape(64, 128, 64, threads=256)
+    assert tile_gemm.TileShape.from_name("64x32x32") == tile_gemm.TileShape(64, 32, 32, threads=128)
 
 
 def test_strategy_argument_is_checked():

@@ -198,11 +198,17 @@ def bridge_passes(kind: str, n_rows: int, n_in: int, n_out: int, size: int, devi
     return forward, step
 
 
-def gemm_flop(kind: str, n_rows: int, n_in: int, n_out: int, size: int) -> float:
-    """FLOP of the gemm strategy's three contractions in one fwd+bwd (y = A W, dW = A^T dy, dA = dy W^T) over
-    the dense basis: a B-spline layer's SiLU row and G + k bases an input (k = 3), a polynomial layer's D + 1."""
-    width = n_in * (1 + size + 3) if kind == "KANLinear" else n_in * (size + 1)
-    return 3 * 2.0 * n_rows * width * n_out
+def gemm_flop(layer, n_rows: int) -> float:
+    """FLOP of the gemm strategy's three contractions in one fwd+bwd (y = A W, dW = A^T dy, dA = dy W^T) of a
+    Warp-native layer over ``n_rows`` rows: the dense basis is a B-spline layer's SiLU rows (with its base path)
+    and G + k bases an input, a polynomial layer's D + 1."""
+    from ..kernels.edge.dense import dense_width
+
+    if hasattr(layer, "grid_size"):
+        width = dense_width(layer.in_features, layer.grid_size + layer.spline_order, layer.use_base)
+    else:
+        width = dense_width(layer.in_features, layer.degree + 1, False)
+    return 3 * 2.0 * n_rows * width * layer.out_features
 
 
 def _wide_rows(device: str, quick: bool) -> list[dict]:
@@ -222,6 +228,7 @@ def _wide_rows(device: str, quick: bool) -> list[dict]:
         x = wp.array(rng.uniform(-1, 1, (n_rows, n_in)).astype(np.float32), device=device, requires_grad=True)
         dy = wp.array(rng.standard_normal((n_rows, n_out)).astype(np.float32), device=device)
         results = []
+        auto = native_layer(kind, n_in, n_out, size, "auto", device).resolve_strategy(n_rows)
         for strategy in ("stencil", "gemm"):
             layer = native_layer(kind, n_in, n_out, size, strategy, device)
             forward, step = native_passes(layer, x, dy)
@@ -231,10 +238,9 @@ def _wide_rows(device: str, quick: bool) -> list[dict]:
                                                                               else " (per-edge kernels)"),
                        "fwd_ms": time_fn(forward, device, warmup=3, repeat=repeat),
                        "step_ms": time_fn(step, device, warmup=3, repeat=repeat)}
-            row["auto picks"] = "yes" if native_layer(kind, n_in, n_out, size, "auto", device).resolve_strategy(
-                n_rows) == strategy else "no"
+            row["auto picks"] = "yes" if auto == strategy else "no"
             if strategy == "gemm":
-                row.update(flop_rate(gemm_flop(kind, n_rows, n_in, n_out, size), row["step_ms"], device))
+                row.update(flop_rate(gemm_flop(layer, n_rows), row["step_ms"], device))
             results.append(row)
         forward, step = bridge_passes(kind, n_rows, n_in, n_out, size, device)
         results.append({"case": case, "impl": "torch bridge gemm (cuBLAS)",

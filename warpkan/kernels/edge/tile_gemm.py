@@ -69,6 +69,12 @@ class TileShape:
     def name(self) -> str:
         return f"{self.rows}x{self.cols}x{self.depth}" + (f"t{self.threads}" if self.threads != 128 else "")
 
+    @classmethod
+    def from_name(cls, name: str) -> "TileShape":
+        """The shape :attr:`name` names ("64x128x64t256"; 128 threads without "tN")."""
+        dims, _, threads = name.partition("t")
+        return cls(*(int(v) for v in dims.split("x")), threads=int(threads) if threads else 128)
+
 
 # The fixed list the tile shape is taken from (each entry of a scalar type is one module, a minute or two to build
 # on the GPU, once per machine: Warp's kernel cache keeps it; a layer builds one). float32: 64 rows x 128 outputs,
