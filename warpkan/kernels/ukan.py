@@ -147,14 +147,28 @@ def check_layer_args(in_features, out_features, spline_order, grid_delta, pe_dim
 
 
 @wp.func
-def group_encoding(g: wp.int64, a: int, pe_dim: int) -> wp.float64:
-    """Entry a of the sinusoidal encoding of group g: sin(g f_j) for even a, cos(g f_j) for odd a, with
-    f_j = PE_BASE^(-2j / pe_dim), j = a // 2; the phase in float64, so |g| ~ 1e7 keeps its precision."""
+def encoding_frequency(a: int, pe_dim: int) -> wp.float64:
+    """The frequency of entry a of the sinusoidal encoding, f_j = PE_BASE^(-2j / pe_dim) with j = a // 2, in
+    float64: a power, which costs several times the sine that uses it, so a block of rows computes it once a
+    column (:func:`encoding_at`)."""
     j = a // 2
-    phase = wp.float64(g) * wp.pow(wp.float64(PE_BASE), -wp.float64(2 * j) / wp.float64(pe_dim))
-    if a - 2 * j == 1:
+    return wp.pow(wp.float64(PE_BASE), -wp.float64(2 * j) / wp.float64(pe_dim))
+
+
+@wp.func
+def encoding_at(g: wp.int64, a: int, frequency: wp.float64) -> wp.float64:
+    """Entry a of the sinusoidal encoding of group g at its frequency (:func:`encoding_frequency`): sin(g f_j)
+    for even a, cos(g f_j) for odd a; the phase in float64, so |g| ~ 1e7 keeps its precision."""
+    phase = wp.float64(g) * frequency
+    if a % 2 == 1:
         return wp.cos(phase)
     return wp.sin(phase)
+
+
+@wp.func
+def group_encoding(g: wp.int64, a: int, pe_dim: int) -> wp.float64:
+    """Entry a of the sinusoidal encoding of group g (:func:`encoding_at` at :func:`encoding_frequency`)."""
+    return encoding_at(g, a, encoding_frequency(a, pe_dim))
 
 
 @wp.func
@@ -620,7 +634,7 @@ def launch_backward(dy, x, pairs: PairBuffers, table, base_weight_t, scaler_t, g
 
 # ---------------------------------------------------------------------- dense-range path
 _RANGE_THREADS = 1 << 17  # parallelism aimed at by the group-range search
-_MIN_RANGE_ROWS = 16
+_MIN_RANGE_ROWS = 4  # rows a thread at least: small batches still spread over threads (the search is latency-bound there)
 
 
 def _launch(kernel, dim, inputs, device, stream, record):
@@ -1166,6 +1180,7 @@ GENERATOR_COLS = 32  # table columns a tile_matmul of the output layer
 GENERATOR_TARGET_BLOCKS = 512
 GENERATOR_WIDTHS = (8, 16, 32, 64, 128)  # tile widths of pe_dim, embed_dim and hidden_dim
 _GENERATOR_BLOCK_DIM = 128
+_COMBINE_BATCH = 32  # partials a combine thread loads before it adds them
 
 
 _GENERATOR_SHARED_BUDGET = 112 * 1024  # bytes of shared memory a block: two blocks an SM on the H200 (228 KiB)
@@ -1270,9 +1285,9 @@ def _generator_funcs(scalar_name: str):
         return lowest - wp.int64(1) + wp.int64(first_row + r - feature * rows_per_feature)
 
     @wp.func
-    def encoding_entry(g: wp.int64, a: int, pe_dim: int):
+    def encoding_entry(g: wp.int64, a: int, frequency: wp.float64, pe_dim: int):
         if a < pe_dim:
-            return scalar(group_encoding(g, a, pe_dim))
+            return scalar(encoding_at(g, a, frequency))
         return zero
 
     @wp.func
@@ -1359,9 +1374,12 @@ def _generator_input_funcs(scalar_name: str, widths: tuple, rows: str):
         group = wp.tile_zeros(shape=(ROWS,), dtype=wp.int64, storage="shared")
         row_map(first_row, row_groups, row_features, rows_per_feature, n_rows, feature, group)
         groups = wp.tile_broadcast(wp.tile_reshape(group, shape=(ROWS, 1)), shape=(ROWS, PE_W))
-        columns = wp.tile_broadcast(wp.tile_reshape(wp.tile_arange(PE_W, dtype=int), shape=(1, PE_W)),
-                                    shape=(ROWS, PE_W))
-        wp.tile_assign(encoding_rows, wp.tile_map(wp.static(encoding_entry), groups, columns,
+        column = wp.tile_arange(PE_W, dtype=int)
+        columns = wp.tile_broadcast(wp.tile_reshape(column, shape=(1, PE_W)), shape=(ROWS, PE_W))
+        # the frequencies once a column, not once an entry (a float64 power each)
+        frequency = wp.tile_map(encoding_frequency, column, wp.tile_full(PE_W, pe_dim, dtype=int))
+        frequencies = wp.tile_broadcast(wp.tile_reshape(frequency, shape=(1, PE_W)), shape=(ROWS, PE_W))
+        wp.tile_assign(encoding_rows, wp.tile_map(wp.static(encoding_entry), groups, columns, frequencies,
                                                   wp.tile_full(shape=(ROWS, PE_W), value=pe_dim, dtype=int)))
         wp.tile_assign(embedding_rows, wp.tile_load_indexed(embedding, indices=feature, shape=(ROWS, E_W), axis=0))
 
@@ -1629,52 +1647,29 @@ def _generator_combine_kernel(scalar_name: str):
     zero = scalar(0.0)
 
     # A thread an entry and few entries (a MNIST layer's combine has ~350 warps), so a sum over ~170 blocks
-    # that loads one partial at a time waits out a memory latency a block. The sums load 8 partials before
-    # adding them, in block order all the same (the result is that of the plain loop, bit for bit).
+    # that loads one partial at a time waits out a memory latency a block. The sums load _COMBINE_BATCH
+    # partials (an unrolled loop of loads with no store between them) before they wait, and add them in block
+    # order all the same (the result is that of the plain loop, bit for bit).
     @wp.func
-    def sum_blocks3(acc: scalar, part: wp.array3d(dtype=scalar), a: int, b: int):
+    def sum_blocks(acc: scalar, part: wp.array2d(dtype=scalar), c: int):
         n = part.shape[0]
-        whole = n - n % 8
-        for block in range(0, whole, 8):
-            p0 = part[block, a, b]
-            p1 = part[block + 1, a, b]
-            p2 = part[block + 2, a, b]
-            p3 = part[block + 3, a, b]
-            p4 = part[block + 4, a, b]
-            p5 = part[block + 5, a, b]
-            p6 = part[block + 6, a, b]
-            p7 = part[block + 7, a, b]
-            acc = acc + p0 + p1 + p2 + p3 + p4 + p5 + p6 + p7
+        whole = n - n % _COMBINE_BATCH
+        for block in range(0, whole, _COMBINE_BATCH):
+            for k in range(wp.static(_COMBINE_BATCH)):
+                acc = acc + part[block + k, c]
         for block in range(whole, n):
-            acc = acc + part[block, a, b]
-        return acc
-
-    @wp.func
-    def sum_blocks2(acc: scalar, part: wp.array2d(dtype=scalar), a: int):
-        n = part.shape[0]
-        whole = n - n % 8
-        for block in range(0, whole, 8):
-            p0 = part[block, a]
-            p1 = part[block + 1, a]
-            p2 = part[block + 2, a]
-            p3 = part[block + 3, a]
-            p4 = part[block + 4, a]
-            p5 = part[block + 5, a]
-            p6 = part[block + 6, a]
-            p7 = part[block + 7, a]
-            acc = acc + p0 + p1 + p2 + p3 + p4 + p5 + p6 + p7
-        for block in range(whole, n):
-            acc = acc + part[block, a]
+            acc = acc + part[block, c]
         return acc
 
     @kernel
     def generator_combine(
-        part_w_out: wp.array3d(dtype=scalar),
+        part_w_out: wp.array2d(dtype=scalar),
         part_b_out: wp.array2d(dtype=scalar),
-        part_w_encoding: wp.array3d(dtype=scalar),
-        part_w_embedding: wp.array3d(dtype=scalar),
+        part_w_encoding: wp.array2d(dtype=scalar),
+        part_w_embedding: wp.array2d(dtype=scalar),
         part_b_hidden: wp.array2d(dtype=scalar),
         d_embedding_rows: wp.array2d(dtype=scalar),
+        pe_dim: int,
         rows_per_feature: int,
         accumulate: int,
         table_k: int,
@@ -1686,12 +1681,13 @@ def _generator_combine_kernel(scalar_name: str):
     ):
         # flat entry q over [W_out (B x H) | b_out (B) | W_hidden (H x A) | b_hidden (H) | embedding (in x E)];
         # each the sum of the blocks' partials in block order (the embedding, launched for range rows only:
-        # of its feature's rows in order), added to the gradient with ``accumulate``, else stored
+        # of its feature's rows in order), added to the gradient with ``accumulate``, else stored. The
+        # partials come flattened past the block index ([blocks, B H] for part_w_out [blocks, B, H]).
         q = wp.tid()
         n_b = d_w_out.shape[0]
         n_h = d_w_out.shape[1]
         n_a = d_w_hidden.shape[1]
-        pe_dim = part_w_encoding.shape[2]
+        n_embed = n_a - pe_dim
         acc = zero
         if q < n_b * n_h:  # the partials in table column order b: w_out's row output_row(b)
             b = q // n_h
@@ -1699,13 +1695,13 @@ def _generator_combine_kernel(scalar_name: str):
             w = output_row(b, n_b, table_k)
             if accumulate:
                 acc = d_w_out[w, h]
-            d_w_out[w, h] = sum_blocks3(acc, part_w_out, b, h)
+            d_w_out[w, h] = sum_blocks(acc, part_w_out, q)
         elif q < n_b * n_h + n_b:
             b = q - n_b * n_h
             w = output_row(b, n_b, table_k)
             if accumulate:
                 acc = d_b_out[w]
-            d_b_out[w] = sum_blocks2(acc, part_b_out, b)
+            d_b_out[w] = sum_blocks(acc, part_b_out, b)
         elif q < n_b * n_h + n_b + n_h * n_a:
             r = q - n_b * n_h - n_b
             h = r // n_a
@@ -1713,15 +1709,15 @@ def _generator_combine_kernel(scalar_name: str):
             if accumulate:
                 acc = d_w_hidden[h, a]
             if a < pe_dim:
-                acc = sum_blocks3(acc, part_w_encoding, h, a)
+                acc = sum_blocks(acc, part_w_encoding, h * pe_dim + a)
             else:
-                acc = sum_blocks3(acc, part_w_embedding, h, a - pe_dim)
+                acc = sum_blocks(acc, part_w_embedding, h * n_embed + a - pe_dim)
             d_w_hidden[h, a] = acc
         elif q < n_b * n_h + n_b + n_h * n_a + n_h:
             h = q - n_b * n_h - n_b - n_h * n_a
             if accumulate:
                 acc = d_b_hidden[h]
-            d_b_hidden[h] = sum_blocks2(acc, part_b_hidden, h)
+            d_b_hidden[h] = sum_blocks(acc, part_b_hidden, h)
         else:
             n_e = d_embedding.shape[1]
             r = q - n_b * n_h - n_b - n_h * n_a - n_h
@@ -1824,7 +1820,18 @@ def _generator_backward(rows, d_table, row_groups, row_features, rows_per_featur
             + _launch_tiled(hidden_kernel, [n_blocks], [d_hidden_parts, *rows_args, part_w_encoding, part_w_embedding,
                                                        part_b_hidden, d_embedding_rows], device, stream, record)
             + _launch(_generator_combine_kernel(name), (n_entries,),
-                      [*partials[:6], rows_per_feature, int(accumulate), table_k, *grads], device, stream, record))
+                      [*(_blocks_by_columns(part) for part in partials[:6]), int(pe_dim), rows_per_feature,
+                       int(accumulate), table_k, *grads], device, stream, record))
+
+
+def _blocks_by_columns(part: wp.array) -> wp.array:
+    """A partial [blocks, ...] as [blocks, columns]: a view (the partials are contiguous scratch; an empty one,
+    of a CG-MLP without encoding or embedding columns, is never read)."""
+    if part.ndim == 2:
+        return part
+    if part.size == 0:
+        return wp.empty((part.shape[0], 0), dtype=part.dtype, device=part.device)
+    return part.reshape((part.shape[0], -1))
 
 
 def _no_row_features(device):
