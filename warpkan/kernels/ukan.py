@@ -634,7 +634,7 @@ def launch_backward(dy, x, pairs: PairBuffers, table, base_weight_t, scaler_t, g
 
 # ---------------------------------------------------------------------- dense-range path
 _RANGE_THREADS = 1 << 17  # parallelism aimed at by the group-range search
-_MIN_RANGE_ROWS = 4  # rows a thread at least: small batches still spread over threads (the search is latency-bound there)
+_MIN_RANGE_ROWS = 4  # rows a thread at least: a small batch still spreads over threads (latency-bound there)
 
 
 def _launch(kernel, dim, inputs, device, stream, record):
