@@ -22,29 +22,19 @@ parser.add_argument("--rounds", type=int, default=7)
 parser.add_argument("--steps", type=int, default=10)
 args = parser.parse_args()
 
-chain_arguments = rational._chain_arguments
-
-
-def composed(x, layers, check_layers):  # the layers then run their composition
-    return None
-
-
 case = next(c for c in bm._cases("cuda", quick=False) if c.name == "KAT-Tiny")
 warpkan_impl = next(i for i in case.impls if i.startswith("warpkan"))
 runs = {}
 for impl in (i for i in case.impls if i not in case.unavailable):
     model, step, _ = bm._prepared_step(case, impl, "bf16 autocast", "eager", "cuda", bm.FULL)
     if impl == warpkan_impl:
-        def with_forward(forward, step=step):
+        def with_layers(composed, step=step):
             def run():
-                rational._chain_arguments = forward
-                try:
+                with rational.composed_layers(composed):
                     step()
-                finally:
-                    rational._chain_arguments = chain_arguments
             return run
-        runs["GR-KAN, one node a block"] = with_forward(chain_arguments)
-        runs["GR-KAN, composed"] = with_forward(composed)
+        runs["GR-KAN, one node a block"] = with_layers(False)
+        runs["GR-KAN, composed"] = with_layers(True)
     else:
         runs[impl] = step
 for run in runs.values():

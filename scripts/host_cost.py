@@ -219,7 +219,6 @@ def grkan():
     GR-KAN layer), beside the GELU ViT's FFN on the same x and nn.Linear, in alternating rounds."""
     from warpkan.models import FeedForward
     from warpkan.torch_bridge import KATMLP, rational
-    chain_arguments = rational._chain_arguments
     rows = 128 * 197 if dev == "cuda" else 197  # --cpu: a smoke run
     cases = (("KATMLP", KATMLP(192, 768).to(dev), FeedForward((192, 768, 192), "mlp").to(dev), "GELU FFN",
               torch.randn(rows, 192, device=dev, requires_grad=True), torch.bfloat16),
@@ -230,13 +229,10 @@ def grkan():
 
         def step(module, fused=True):
             def run():
-                rational._chain_arguments = chain_arguments if fused else (lambda *args, **kwargs: None)
-                try:
-                    with torch.autocast(dev, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
-                        y = module(x)
-                    y.backward(dy)
-                finally:
-                    rational._chain_arguments = chain_arguments
+                with rational.composed_layers(not fused), torch.autocast(dev, dtype=autocast or torch.bfloat16,
+                                                                         enabled=autocast is not None):
+                    y = module(x)
+                y.backward(dy)
                 x.grad = None
                 for p in (*layer.parameters(), *peer.parameters()):
                     p.grad = None

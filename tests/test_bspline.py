@@ -889,9 +889,10 @@ print("ok")
 @pytest.mark.parametrize("kind", ["kan", "ukan", "poly"])
 def test_capture_after_eager_steps_of_the_other_strategy_cuda(kind, child_env, tmp_path):
     """"auto" takes the stencil kernels in an eager step of a small layer and the gemm strategy in a captured one
-    (choose_strategy's host-bound rule, and the polynomial families' single_slot_strategy). The eager warm-up steps load the gemm module too, so the capture
-    launches loaded kernels only (a module load inside a capture invalidates it), and the replay gives the
-    gemm strategy's gradients. A fresh process: no other test has loaded the module."""
+    (choose_strategy's host-bound rule, and the polynomial families' single_slot_strategy). The eager warm-up
+    steps load the gemm module too, so the capture launches loaded kernels only (a module load inside a capture
+    invalidates it), and the replay gives the gemm strategy's gradients. A fresh process: no other test has loaded
+    the module."""
     import subprocess
     import sys
 

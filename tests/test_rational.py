@@ -582,15 +582,10 @@ def _kat_mlp_step(mlp, x, dy, composed, autocast=None, create_graph=False):
 
     mlp.zero_grad(set_to_none=True)
     xg = x.detach().clone().requires_grad_(x.requires_grad)
-    chain_arguments = rational._chain_arguments
-    if composed:
-        rational._chain_arguments = lambda *args, **kwargs: None
-    try:
-        with torch.autocast(x.device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
-            y = mlp(xg)
-        assert (type(y.grad_fn).__name__ == "_GRKANChainBackward") != composed
-    finally:
-        rational._chain_arguments = chain_arguments
+    with rational.composed_layers(composed), torch.autocast(x.device.type, dtype=autocast or torch.bfloat16,
+                                                             enabled=autocast is not None):
+        y = mlp(xg)
+    assert (type(y.grad_fn).__name__ == "_GRKANChainBackward") != composed
     y.backward(dy, create_graph=create_graph)
     return [y.detach(), xg.grad] + [p.grad for p in mlp.parameters()]
 

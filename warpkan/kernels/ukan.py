@@ -186,6 +186,7 @@ def output_row(c: int, n_cols: int, table_k: int) -> int:
     m = c // n_out
     return (c - m * n_out) * table_k + m
 
+
 @dataclass(frozen=True)
 class UKANVariant:
     order: int

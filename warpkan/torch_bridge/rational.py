@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -269,14 +270,29 @@ def _no_hooks(module: nn.Module) -> bool:
                 module._backward_pre_hooks)
 
 
+_COMPOSED_ONLY = False  # composed_layers(): the modules' composition for every GR-KAN layer and KATMLP block
+
+
+@contextlib.contextmanager
+def composed_layers(enabled: bool = True):
+    """Within the block (process-wide), GR-KAN layers and KATMLP blocks run their modules' composition instead of
+    one autograd node each: what the node is tested and timed against. ``enabled=False`` changes nothing."""
+    global _COMPOSED_ONLY
+    previous, _COMPOSED_ONLY = _COMPOSED_ONLY, _COMPOSED_ONLY or enabled
+    try:
+        yield
+    finally:
+        _COMPOSED_ONLY = previous
+
+
 def _chain_arguments(x, layers: tuple, check_layers: bool):
     """(config, weights) of :func:`~warpkan.torch_bridge.grkan_ops.grkan_chain` for GR-KAN ``layers`` on x, or
-    None where their composition runs instead: traced code (torch.compile sees the composition alone), no
+    None where their composition runs instead: inside :func:`composed_layers`, traced code (torch.compile sees the composition alone), no
     gradient wanted, a hook the node would skip, a sub-module replaced by another, an x the composition refuses
     (for its errors) and dtypes autocast would leave alone. ``check_layers``: the layers are sub-modules of the
     caller (KATMLP's), whose own type and hooks count too."""
     # traced code first: the checks below would break torch.compile's graph
-    if not isinstance(x, torch.Tensor) or use_registered_op(x) or not torch.is_grad_enabled():
+    if _COMPOSED_ONLY or not isinstance(x, torch.Tensor) or use_registered_op(x) or not torch.is_grad_enabled():
         return None
     # the modules' and parameters' own dicts: nn.Module.__getattr__ is about 0.3 us a name, a call asks for 7
     # names a layer
