@@ -573,6 +573,7 @@ def check_range_generator_float64(device, n_in, rows, pe_dim, embed_dim, hidden_
     torch.testing.assert_close(table, expected, rtol=1e-12, atol=1e-12)
     for name, grad, grad_ref in zip(("embedding", "w_hidden", "b_hidden", "w_out", "b_out"), grads, grads_ref):
         torch.testing.assert_close(grad, grad_ref, rtol=1e-11, atol=1e-11, msg=name)
+    check_kept_rows_backward(group_lo, rows, pe_dim, params, d_table, table_k, table, grads)
     if table_k > 1:
         n_out = n_cols // table_k
         # column m n_out + o of the coefficient-major table is column o K + m of w_out's order
@@ -584,6 +585,27 @@ def check_range_generator_float64(device, n_in, rows, pe_dim, embed_dim, hidden_
         for name, grad, grad_by_output in zip(("embedding", "w_hidden", "b_hidden", "w_out", "b_out"), grads,
                                               grads_by_output):
             torch.testing.assert_close(grad, grad_by_output, rtol=1e-12, atol=1e-12, msg=name)
+
+
+def check_kept_rows_backward(group_lo, rows, pe_dim, params, d_table, table_k, table, grads):
+    """The eager range node's generator calls (the forward keeping its rows, the backward reading them, as
+    ``_EagerRangeLayer`` runs them) give the op's table and gradients bit for bit (the op's backward forms the
+    rows again), and the backward reads what was kept: kept rows changed in between change the gradients."""
+    with torch.no_grad():
+        kept_table, *kept = tb.ukan_ops._range_table_impl(group_lo, rows, pe_dim, *params, table_k, keep_rows=True)
+        kept_grads = tb.ukan_ops._range_table_backward_impl(d_table, group_lo, pe_dim, *params[:4], table_k,
+                                                            rows=kept)
+        assert torch.equal(kept_table, table)
+        for name, grad, kept_grad in zip(("embedding", "w_hidden", "b_hidden", "w_out", "b_out"), grads, kept_grads):
+            assert torch.equal(kept_grad, grad), name
+        if ku.use_tile_generator(8, pe_dim, params[0].shape[1], params[1].shape[0]):
+            assert len(kept) == 1 and kept[0].shape == (group_lo.shape[0] * rows,
+                                                        ku.kept_row_width(8, pe_dim, params[0].shape[1],
+                                                                          params[1].shape[0]))
+            kept[0].mul_(2)
+            changed = tb.ukan_ops._range_table_backward_impl(d_table, group_lo, pe_dim, *params[:4], table_k,
+                                                             rows=kept)
+            assert not torch.equal(changed[1], grads[1])  # w_hidden's gradient reads the kept input rows
 
 
 @pytest.mark.parametrize("generator", ["tile", "simt"])

@@ -104,6 +104,7 @@ __all__ = [
     "generator_widths",
     "generator_shared_bytes",
     "generator_partial_shapes",
+    "kept_row_width",
     "launch_generator_forward",
     "launch_generator_backward",
     "launch_pair_generator_forward",
@@ -1155,7 +1156,9 @@ def launch_range_mlp_backward(d_table, group_lo, embedding, w_hidden, b_hidden, 
 # consecutive table rows: it forms their input rows in shared memory
 # (the encoding, float64 phases, and the gathered embedding rows), the hidden layer by tile_matmul and SiLU,
 # and the table rows by one tile_matmul per GENERATOR_COLS output columns, without a round trip of the
-# input rows or the hidden layer through global memory. The backward recomputes the rows, and each block
+# input rows or the hidden layer through global memory. The backward forms the rows again, or reads them
+# where the forward kept them (``kept``: one coalesced load in place of that chain of dependent tile operations,
+# for a caller that holds the forward's buffers until the backward, as the eager range node does), and each block
 # writes its share of every parameter gradient as tile_matmul partials (the bias sums too, as products with
 # a row of ones: a fixed summation order); one SIMT kernel adds the blocks' partials in block order and the
 # embedding rows in row order. No atomics: every gradient is bitwise reproducible.
@@ -1405,7 +1408,66 @@ def _generator_input_funcs(scalar_name: str, widths: tuple, rows: str):
         wp.tile_matmul(embedding_rows, wp.tile_transpose(wp.tile_view(w_embedding, offset=(0, 0), shape=(H_W, E_W))),
                        pre)
 
-    return input_rows, hidden_layer
+    @wp.func
+    def keep_rows(
+        kept: wp.array2d(dtype=scalar),
+        first_row: int,
+        encoding_rows: wp.tile(dtype=scalar, shape=(ROWS, PE_W), storage="shared"),
+        embedding_rows: wp.tile(dtype=scalar, shape=(ROWS, E_W), storage="shared"),
+        pre: wp.tile(dtype=scalar, shape=(ROWS, H_W), storage="shared"),
+    ):
+        # the block's input rows and pre-activations for the backward (kept_row_width columns: the padded tiles
+        # side by side; rows past the table are not stored)
+        wp.tile_store(kept, encoding_rows, offset=(first_row, 0))
+        wp.tile_store(kept, embedding_rows, offset=(first_row, PE_W))
+        wp.tile_store(kept, pre, offset=(first_row, PE_W + E_W))
+
+    @wp.func
+    def load_kept_rows(
+        kept: wp.array2d(dtype=scalar),
+        first_row: int,
+        encoding_rows: wp.tile(dtype=scalar, shape=(ROWS, PE_W), storage="shared"),
+        embedding_rows: wp.tile(dtype=scalar, shape=(ROWS, E_W), storage="shared"),
+        pre: wp.tile(dtype=scalar, shape=(ROWS, H_W), storage="shared"),
+    ):
+        wp.tile_assign(encoding_rows, wp.tile_load(kept, shape=(ROWS, PE_W), offset=(first_row, 0)))
+        wp.tile_assign(embedding_rows, wp.tile_load(kept, shape=(ROWS, E_W), offset=(first_row, PE_W)))
+        wp.tile_assign(pre, wp.tile_load(kept, shape=(ROWS, H_W), offset=(first_row, PE_W + E_W)))
+
+    @wp.func
+    def rows_and_pre(
+        kept: wp.array2d(dtype=scalar),
+        first_row: int,
+        row_groups: wp.array(dtype=wp.int64),
+        row_features: wp.array(dtype=wp.int32),
+        rows_per_feature: int,
+        n_rows: int,
+        embedding: wp.array2d(dtype=scalar),
+        pe_dim: int,
+        w_hidden: wp.array2d(dtype=scalar),
+        b_hidden: wp.array(dtype=scalar),
+        encoding_rows: wp.tile(dtype=scalar, shape=(ROWS, PE_W), storage="shared"),
+        embedding_rows: wp.tile(dtype=scalar, shape=(ROWS, E_W), storage="shared"),
+        pre: wp.tile(dtype=scalar, shape=(ROWS, H_W), storage="shared"),
+    ):
+        # the backward's input rows and pre-activations: those the forward kept (a kept array with rows), else
+        # formed again (the encoding, the gathers, the hidden layer's products)
+        if kept.shape[0] > 0:
+            load_kept_rows(kept, first_row, encoding_rows, embedding_rows, pre)
+        else:
+            input_rows(first_row, row_groups, row_features, rows_per_feature, n_rows, embedding, pe_dim,
+                       encoding_rows, embedding_rows)
+            hidden_layer(encoding_rows, embedding_rows, pe_dim, w_hidden, b_hidden, pre)
+
+    return input_rows, hidden_layer, keep_rows, rows_and_pre
+
+
+def kept_row_width(scalar_bytes: int, pe_dim: int, embed_dim: int, hidden_dim: int) -> int:
+    """Columns of the rows the tile generator's forward keeps for its backward ([table rows, width]: the
+    input rows' encoding and embedding and the hidden pre-activations, each at its padded tile width); 0 where
+    the tile generator does not take these sizes."""
+    widths = generator_widths(scalar_bytes, pe_dim, embed_dim, hidden_dim)
+    return sum(widths) if widths is not None else 0
 
 
 @functools.lru_cache(maxsize=None)
@@ -1498,8 +1560,9 @@ def _generator_layer_funcs(scalar_name: str, widths: tuple):
 
 
 def _generator_funcs_of_widths(scalar_name: str, widths: tuple, rows: str):
-    """(input_rows, hidden_layer, output_columns, output_columns_backward, hidden_layer_backward) of one
-    (scalar, widths, row map): :func:`_generator_input_funcs` and :func:`_generator_layer_funcs`."""
+    """(input_rows, hidden_layer, keep_rows, rows_and_pre, output_columns, output_columns_backward,
+    hidden_layer_backward) of one (scalar, widths, row map): :func:`_generator_input_funcs` and
+    :func:`_generator_layer_funcs`."""
     return (*_generator_input_funcs(scalar_name, widths, rows), *_generator_layer_funcs(scalar_name, widths))
 
 
@@ -1513,7 +1576,7 @@ def _generator_forward_kernel(scalar_name: str, widths: tuple, rows: str):
     PE_W, E_W, H_W = widths
     ROWS, COLS = GENERATOR_ROWS, GENERATOR_COLS
     silu = _generator_funcs(scalar_name)[3]
-    input_rows, hidden_layer, output_columns = _generator_funcs_of_widths(scalar_name, widths, rows)[:3]
+    input_rows, hidden_layer, keep_rows, _, output_columns = _generator_funcs_of_widths(scalar_name, widths, rows)[:5]
     kernel = _generator_kernel_decorator(scalar_name, widths, f"forward_{rows}")
 
     @kernel
@@ -1530,6 +1593,7 @@ def _generator_forward_kernel(scalar_name: str, widths: tuple, rows: str):
         table: wp.array2d(dtype=scalar),
         block_cols: int,
         table_k: int,
+        kept: wp.array2d(dtype=scalar),
     ):
         block, col_block, lane = wp.tid()
         first_row = block * ROWS
@@ -1539,7 +1603,9 @@ def _generator_forward_kernel(scalar_name: str, widths: tuple, rows: str):
                    encoding_rows, embedding_rows)
         hidden = wp.tile_zeros(shape=(ROWS, H_W), dtype=scalar, storage="shared")
         hidden_layer(encoding_rows, embedding_rows, pe_dim, w_hidden, b_hidden, hidden)
-        wp.tile_assign(hidden, wp.tile_map(wp.static(silu), hidden))  # the pre-activations are not needed again
+        if kept.shape[0] > 0 and col_block == 0:  # the rows and pre-activations for the backward, once a row block
+            keep_rows(kept, first_row, encoding_rows, embedding_rows, hidden)
+        wp.tile_assign(hidden, wp.tile_map(wp.static(silu), hidden))
         first_col = col_block * block_cols
         for col in range(first_col, wp.min(first_col + block_cols, table.shape[1]), COLS):
             output_columns(hidden, w_out, b_out, first_row, col, table_k, table)
@@ -1550,7 +1616,7 @@ def _generator_forward_kernel(scalar_name: str, widths: tuple, rows: str):
 @functools.lru_cache(maxsize=None)
 def _generator_backward_kernels(scalar_name: str, widths: tuple, rows: str):
     """The fused CG-MLP backward, two kernels. ``output``: a block's ``block_cols`` columns of the output
-    layer (its rows' hidden layer formed again), their partials of d w_out and d b_out, and its columns' share
+    layer (its rows' hidden layer formed again, or read from ``kept``), their partials of d w_out and d b_out, and its columns' share
     of the rows' hidden gradient (d_hidden_parts [column blocks, rows, H]). ``hidden``: a block's rows, their
     hidden gradient summed over the column blocks in order, its partials of d w_hidden and d b_hidden, and the
     rows' embedding gradients. Rows past the table read a zero table gradient, so they add nothing."""
@@ -1558,8 +1624,8 @@ def _generator_backward_kernels(scalar_name: str, widths: tuple, rows: str):
     PE_W, E_W, H_W = widths
     ROWS, COLS = GENERATOR_ROWS, GENERATOR_COLS
     silu, silu_backward = _generator_funcs(scalar_name)[3:]
-    input_rows, hidden_layer, output_columns, output_columns_backward, hidden_layer_backward = (
-        _generator_funcs_of_widths(scalar_name, widths, rows))
+    _, _, _, rows_and_pre, _, output_columns_backward, hidden_layer_backward = _generator_funcs_of_widths(
+        scalar_name, widths, rows)
     kernel = _generator_kernel_decorator(scalar_name, widths, f"backward_{rows}")
 
     @wp.func
@@ -1588,15 +1654,15 @@ def _generator_backward_kernels(scalar_name: str, widths: tuple, rows: str):
         d_hidden_parts: wp.array3d(dtype=scalar),
         block_cols: int,
         table_k: int,
+        kept: wp.array2d(dtype=scalar),
     ):
         block, col_block, lane = wp.tid()
         first_row = block * ROWS
         encoding_rows = wp.tile_zeros(shape=(ROWS, PE_W), dtype=scalar, storage="shared")
         embedding_rows = wp.tile_zeros(shape=(ROWS, E_W), dtype=scalar, storage="shared")
-        input_rows(first_row, row_groups, row_features, rows_per_feature, d_table.shape[0], embedding, pe_dim,
-                   encoding_rows, embedding_rows)
         hidden = wp.tile_zeros(shape=(ROWS, H_W), dtype=scalar, storage="shared")
-        hidden_layer(encoding_rows, embedding_rows, pe_dim, w_hidden, b_hidden, hidden)
+        rows_and_pre(kept, first_row, row_groups, row_features, rows_per_feature, d_table.shape[0], embedding,
+                     pe_dim, w_hidden, b_hidden, encoding_rows, embedding_rows, hidden)
         wp.tile_assign(hidden, wp.tile_map(wp.static(silu), hidden))
         d_hidden = wp.tile_zeros(shape=(ROWS, H_W), dtype=scalar, storage="shared")
         first_col = col_block * block_cols
@@ -1619,15 +1685,15 @@ def _generator_backward_kernels(scalar_name: str, widths: tuple, rows: str):
         part_w_embedding: wp.array3d(dtype=scalar),
         part_b_hidden: wp.array2d(dtype=scalar),
         d_embedding_rows: wp.array2d(dtype=scalar),
+        kept: wp.array2d(dtype=scalar),
     ):
         block, lane = wp.tid()
         first_row = block * ROWS
         encoding_rows = wp.tile_zeros(shape=(ROWS, PE_W), dtype=scalar, storage="shared")
         embedding_rows = wp.tile_zeros(shape=(ROWS, E_W), dtype=scalar, storage="shared")
-        input_rows(first_row, row_groups, row_features, rows_per_feature, d_hidden_parts.shape[1], embedding,
-                   pe_dim, encoding_rows, embedding_rows)
         pre = wp.tile_zeros(shape=(ROWS, H_W), dtype=scalar, storage="shared")
-        hidden_layer(encoding_rows, embedding_rows, pe_dim, w_hidden, b_hidden, pre)
+        rows_and_pre(kept, first_row, row_groups, row_features, rows_per_feature, d_hidden_parts.shape[1], embedding,
+                     pe_dim, w_hidden, b_hidden, encoding_rows, embedding_rows, pre)
         d_hidden = wp.tile_zeros(shape=(ROWS, H_W), dtype=scalar, storage="shared")
         for col_block in range(d_hidden_parts.shape[0]):  # in order: deterministic
             add_hidden_part(d_hidden, d_hidden_parts, col_block, first_row)
@@ -1785,19 +1851,19 @@ def _check_table_k(n_cols: int, table_k: int) -> int:
 
 
 def _generator_forward(rows, row_groups, row_features, rows_per_feature, embedding, w_hidden, b_hidden, w_out,
-                       b_out, table, pe_dim, table_k, stream, record):
+                       b_out, table, pe_dim, table_k, stream, record, kept=None):
     if table.shape[0] == 0 or table.shape[1] == 0:
         return []
     name, widths, n_blocks = _generator_config(table, embedding, w_hidden, pe_dim)
     col_blocks, block_cols = column_split(table.shape[0], table.shape[1])
     return _launch_tiled(_generator_forward_kernel(name, widths, rows), [n_blocks, col_blocks],
                          [row_groups, row_features, rows_per_feature, embedding, int(pe_dim), w_hidden, b_hidden, w_out,
-                          b_out, table, block_cols, _check_table_k(table.shape[1], table_k)], table.device, stream,
-                         record)
+                          b_out, table, block_cols, _check_table_k(table.shape[1], table_k),
+                          _checked_kept(kept, table.shape[0], widths)], table.device, stream, record)
 
 
 def _generator_backward(rows, d_table, row_groups, row_features, rows_per_feature, embedding, w_hidden, b_hidden,
-                        w_out, partials, grads, pe_dim, table_k, accumulate, stream, record):
+                        w_out, partials, grads, pe_dim, table_k, accumulate, stream, record, kept=None):
     """The backward kernel and the combine; the combine leaves d_embedding (the last of ``grads``) to the
     caller unless the rows are a range's."""
     name, widths, n_blocks = _generator_config(d_table, embedding, w_hidden, pe_dim)
@@ -1815,14 +1881,23 @@ def _generator_backward(rows, d_table, row_groups, row_features, rows_per_featur
         raise ValueError(f"d_hidden_parts must have {col_blocks} column blocks (generator_partial_shapes), got "
                          f"{d_hidden_parts.shape[0]}")
     table_k = _check_table_k(d_table.shape[1], table_k)
+    kept = _checked_kept(kept, d_table.shape[0], widths)
     return (_launch_tiled(output_kernel, [n_blocks, col_blocks],
-                          [d_table, *rows_args, w_out, part_w_out, part_b_out, d_hidden_parts, block_cols, table_k],
-                          device, stream, record)
+                          [d_table, *rows_args, w_out, part_w_out, part_b_out, d_hidden_parts, block_cols, table_k,
+                           kept], device, stream, record)
             + _launch_tiled(hidden_kernel, [n_blocks], [d_hidden_parts, *rows_args, part_w_encoding, part_w_embedding,
-                                                       part_b_hidden, d_embedding_rows], device, stream, record)
+                                                       part_b_hidden, d_embedding_rows, kept], device, stream, record)
             + _launch(_generator_combine_kernel(name), (n_entries,),
                       [*(_blocks_by_columns(part) for part in partials[:6]), int(pe_dim), rows_per_feature,
                        int(accumulate), table_k, *grads], device, stream, record))
+
+
+def _checked_kept(kept, n_rows: int, widths: tuple):
+    """``kept`` (the rows a forward keeps for its backward, [n_rows, sum(widths)]), checked, or None (the
+    kernels then form the rows themselves)."""
+    if kept is not None and (kept.ndim != 2 or tuple(kept.shape) != (n_rows, sum(widths))):
+        raise ValueError(f"kept must be [{n_rows}, {sum(widths)}] (kept_row_width), got {tuple(kept.shape)}")
+    return kept
 
 
 def _blocks_by_columns(part: wp.array) -> wp.array:
@@ -1839,24 +1914,27 @@ def _no_row_features(device):
     return wp.empty(0, dtype=wp.int32, device=device)
 
 
-def launch_generator_forward(group_lo, embedding, w_hidden, b_hidden, w_out, b_out, table, pe_dim, table_k=1,
+def launch_generator_forward(group_lo, embedding, w_hidden, b_hidden, w_out, b_out, table, kept, pe_dim, table_k=1,
                              stream=None, record=False):
     """The CG-MLP on the dense range by the fused tile generator: table [in Rt, B] = w_out silu(w_hidden f +
     b_hidden) + b_out, the input row f of row i Rt + j being (the encoding of group group_lo[i] - 1 + j,
-    embedding[i]) (what :func:`launch_range_mlp_forward` computes, in one launch and no row scratch); the
-    table's columns are w_out's rows in the order ``table_k`` gives (:func:`output_row`)."""
+    embedding[i]) (what :func:`launch_range_mlp_forward` computes, in one launch); the table's columns are
+    w_out's rows in the order ``table_k`` gives (:func:`output_row`). ``kept``: None, or [in Rt,
+    :func:`kept_row_width`] that the launch fills with the input rows and the hidden pre-activations, for a
+    :func:`launch_generator_backward` that reads them instead of forming them again."""
     rows_per_feature = table.shape[0] // group_lo.shape[0]
     return _generator_forward("range", group_lo, _no_row_features(table.device), rows_per_feature, embedding,
-                              w_hidden, b_hidden, w_out, b_out, table, pe_dim, table_k, stream, record)
+                              w_hidden, b_hidden, w_out, b_out, table, pe_dim, table_k, stream, record, kept)
 
 
 def launch_generator_backward(d_table, group_lo, embedding, w_hidden, b_hidden, w_out, part_w_out, part_b_out,
                               part_w_encoding, part_w_embedding, part_b_hidden, d_embedding_rows, d_hidden_parts,
-                              d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding, pe_dim, table_k=1, stream=None,
-                              record=False):
+                              d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding, kept, pe_dim, table_k=1,
+                              stream=None, record=False):
     """Every parameter gradient of :func:`launch_generator_forward` (with the same ``table_k``) from d_table
     [in Rt, B], written, not accumulated: the blocks' tile_matmul partials (scratch shaped by
-    :func:`generator_partial_shapes`), then their fixed-order sum (bitwise reproducible)."""
+    :func:`generator_partial_shapes`), then their fixed-order sum (bitwise reproducible). ``kept``: the rows
+    the forward kept (its ``kept``), else None (the blocks form them again)."""
     if d_table.shape[0] == 0:
         return []
     rows_per_feature = d_table.shape[0] // group_lo.shape[0]
@@ -1865,7 +1943,7 @@ def launch_generator_backward(d_table, group_lo, embedding, w_hidden, b_hidden, 
     return _generator_backward("range", d_table, group_lo, _no_row_features(d_table.device), rows_per_feature,
                                embedding, w_hidden, b_hidden, w_out, partials,
                                (d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding), pe_dim, table_k, False, stream,
-                               record)
+                               record, kept)
 
 
 def launch_pair_generator_forward(pair_feature, pair_group, embedding, w_hidden, b_hidden, w_out, b_out, table,

@@ -249,16 +249,19 @@ def _(x, grid_delta, spline_order):
 def _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out, table_k,
                       keep_rows=False):
     """The table, its columns w_out's rows in the order ``table_k`` gives (``kernels.ukan.output_row``); with
-    ``keep_rows``, (table, *rows): the (features, pre, hidden) that the SIMT generator's backward reuses, none
-    from the tile generator (its backward recomputes them in shared memory)."""
+    ``keep_rows``, (table, *rows): what the generator's backward reads instead of forming it again, the SIMT
+    generator's (features, pre, hidden) or the tile generator's kept rows (``kernels.ukan.kept_row_width``)."""
     group_lo, embedding, w_hidden, b_hidden, w_out, b_out = (
         t.contiguous() for t in (group_lo, embedding, w_hidden, b_hidden, w_out, b_out))
     n_rows = group_lo.shape[0] * rows_per_feature
     if ku.use_tile_generator(embedding.element_size(), pe_dim, embedding.shape[1], w_hidden.shape[0]):
         table = embedding.new_empty((n_rows, w_out.shape[0]))
-        _launch(ku.launch_generator_forward, (group_lo, embedding, w_hidden, b_hidden, w_out, b_out, table), pe_dim,
-                table_k)
-        return (table,) if keep_rows else table
+        kept = (embedding.new_empty((n_rows, ku.kept_row_width(embedding.element_size(), pe_dim, embedding.shape[1],
+                                                                w_hidden.shape[0])))
+                if keep_rows and n_rows else None)
+        _launch(ku.launch_generator_forward, (group_lo, embedding, w_hidden, b_hidden, w_out, b_out, table, kept),
+                pe_dim, table_k)
+        return (table, kept) if keep_rows else table
     features = embedding.new_empty((n_rows, w_hidden.shape[1]))
     pre = embedding.new_empty((n_rows, w_hidden.shape[0]))
     hidden = torch.empty_like(pre)
@@ -293,9 +296,8 @@ def _range_table_grads(embedding, w_hidden, w_out, alloc):
 
 
 def _range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b_hidden, w_out, table_k, rows=None):
-    """The parameter gradients, in the parameters' own layouts (``table_k``: the forward's); ``rows``: the
-    forward's (features, pre, hidden) of the SIMT generator, else recomputed (the tile generator always
-    recomputes them)."""
+    """The parameter gradients, in the parameters' own layouts (``table_k``: the forward's); ``rows``: what
+    the forward kept (``_range_table_impl``'s ``keep_rows``), else the generator forms its rows again."""
     d_table, group_lo, embedding, w_hidden, b_hidden, w_out = (
         t.contiguous() for t in (d_table, group_lo, embedding, w_hidden, b_hidden, w_out))
     d_embedding, d_w_hidden, d_b_hidden, d_w_out, d_b_out = _range_table_grads(embedding, w_hidden, w_out,
@@ -305,8 +307,9 @@ def _range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b
     if ku.use_tile_generator(embedding.element_size(), pe_dim, embedding.shape[1], n_hidden):
         shapes = ku.generator_partial_shapes(n_rows, w_out.shape[0], pe_dim, embedding.shape[1], n_hidden)
         partials = tuple(d_table.new_empty(shape) for shape in shapes.values())
+        kept = rows[0] if rows else None
         _launch(ku.launch_generator_backward, (d_table, group_lo, embedding, w_hidden, b_hidden, w_out, *partials,
-                                               d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding), pe_dim,
+                                               d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding, kept), pe_dim,
                 table_k)
         return grads
     recompute = not rows
