@@ -294,3 +294,40 @@ def test_cuda_kernels_compile_and_keep_their_loads_in_flight(tmp_path):
         assert ops[first:first + 8] == [f"ld.global.nc.u{size * 8}"] * 8, ops
         assert ops[first + 8:first + 16] == [f"st.shared.u{size * 8}"] * 8, ops
         assert ops.count("bar.sync") == 1 and ops.count(f"st.global.u{size * 8}") == 8, ops
+
+
+@pytest.mark.parametrize("rows, cols, batch", SHAPES)
+def test_float32_to_bfloat16_kernel_rounds_as_torch(device, rows, cols, batch):
+    # every float32 bit pattern (NaNs, infinities, subnormals, halfway cases among them): torch's conversion
+    # bit for bit, and a NaN for a NaN
+    bits = _random_bits(batch * rows * cols, np.uint32, seed=rows * 1000 + cols + 7)
+    halfway = np.arange(bits.size, dtype=np.uint32) % 3 == 0
+    bits[halfway] = (bits[halfway] & np.uint32(0xFFFF0000)) | np.uint32(0x8000)  # ties: to even
+    src = wp.array(bits.view(np.float32).reshape(batch * rows, cols), dtype=wp.float32, device=device)
+    dst = wp.empty((batch * cols, rows), dtype=wp.bfloat16, device=device)
+    kt.launch_transpose(src, dst, rows, cols, batch)
+    want = torch.from_numpy(bits.view(np.float32).reshape(batch, rows, cols).transpose(0, 2, 1).copy())
+    got = wp.to_torch(dst).reshape(want.shape).cpu()
+    want = want.to(torch.bfloat16)
+    nan = want.isnan()
+    assert torch.equal(got.isnan(), nan)
+    assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16))
+    assert torch.all(got[nan].view(torch.int16) == 0x7FC0)
+
+
+@pytest.mark.parametrize("by_warp", [True, False])
+def test_transposing_copy_converts_to_bfloat16(device, monkeypatch, warp_copies, by_warp):
+    # contiguous(t, bfloat16) of a float32 transpose of contiguous memory: one converting kernel launch where
+    # the Warp transpose takes the copy, torch's copy elsewhere; the same bits either way
+    tdev = _tdev(device)
+    if not by_warp:
+        monkeypatch.setattr(_common, "WARP_TRANSPOSE_DEVICES", set())
+    public = torch.randn(37, 70, 9, device=tdev)  # [in, out, D + 1]
+    view = public.permute(0, 2, 1)  # the kernels' [in, D + 1, out]
+    out = _common.contiguous(view, torch.bfloat16)
+    assert out.dtype == torch.bfloat16 and out.is_contiguous()
+    assert torch.equal(out, view.contiguous().to(torch.bfloat16))
+    assert warp_copies == ([(70, 9, 37)] if by_warp else [])
+    assert _common.contiguous(view.contiguous(), torch.bfloat16).dtype == torch.bfloat16
+    same = view.contiguous()
+    assert _common.contiguous(same) is same and _common.contiguous(same, torch.float32) is same

@@ -26,7 +26,10 @@ destination tile one contiguous block.
 
 Elements move as bits, in words of their size (uint16, uint32, uint64): one kernel a size serves every
 dtype of that size (float16/bfloat16, float32, float64), and the copy is bitwise exact (NaN payloads, signed
-zeros). The three kernels share one module (compiled once, on first use).
+zeros). A fourth kernel converts float32 to bfloat16 on the way (round to nearest even, as torch's
+``Tensor.to(torch.bfloat16)`` bit for bit; a NaN becomes the quiet NaN 0x7FC0), so that a float32 parameter becomes the bf16 operand of a
+GEMM in the kernels' layout in one launch, not a transpose and then a cast. The four kernels share one module
+(compiled once, on first use).
 
 Why not Warp's tile API (``wp.tile_load``, ``wp.tile_transpose``, ``wp.tile_store``): in Warp 1.19 a shared
 tile is dense (no padding), and storing a transposed tile reads it 32 words apart, every lane of a warp in
@@ -62,6 +65,7 @@ MAX_ELEMENTS = _checks.INDEX_MAX
 
 _MOVE_TILE = """
     typedef @WORD@ word;
+    typedef @DST_WORD@ dst_word;
     const unsigned int tile_index = (unsigned)tile;
     const unsigned int batch = tile_index / (unsigned)tiles_per_batch;
     const unsigned int in_batch = tile_index - batch * (unsigned)tiles_per_batch;
@@ -70,10 +74,10 @@ _MOVE_TILE = """
     const unsigned int c0 = (in_batch - tile_r * (unsigned)tiles_c) * @TILE@u;
     const unsigned int n_rows = (unsigned)rows, n_cols = (unsigned)cols;
     const word* s = reinterpret_cast<const word*>(src.data) + batch * n_rows * n_cols;
-    word* d = reinterpret_cast<word*>(dst.data) + batch * n_rows * n_cols;
+    dst_word* d = reinterpret_cast<dst_word*>(dst.data) + batch * n_rows * n_cols;
 #if defined(__CUDA_ARCH__)
     const unsigned int tx = (unsigned)lane % @TILE@u, ty = (unsigned)lane / @TILE@u;
-    __shared__ word staged[@TILE@][@TILE@ + 1];
+    __shared__ dst_word staged[@TILE@][@TILE@ + 1];
     // all of a thread's loads are issued before the first use of their values (a load consumed right away
     // would hold the warp until it returns: one load in flight a thread instead of TILE / BLOCK_ROWS)
     word v[@TILE@ / @BLOCK_ROWS@];
@@ -85,7 +89,10 @@ _MOVE_TILE = """
             v[k] = (r < n_rows && c < n_cols) ? __ldg(s + r * n_cols + c) : word(0);
         }
         #pragma unroll
-        for (unsigned int k = 0; k < @TILE@u / @BLOCK_ROWS@u; ++k) staged[ty + k * @BLOCK_ROWS@u][tx] = v[k];
+        for (unsigned int k = 0; k < @TILE@u / @BLOCK_ROWS@u; ++k) {
+            const word u = v[k];
+            staged[ty + k * @BLOCK_ROWS@u][tx] = @CONVERT@;
+        }
     }
     __syncthreads();
     {
@@ -104,58 +111,76 @@ _MOVE_TILE = """
     // one cache set); the other side's lines are a short row apart, in a few KiB
     if (n_rows > n_cols) {
         for (unsigned int c = c0; c < c_end; ++c)
-            for (unsigned int r = r0; r < r_end; ++r) d[c * n_rows + r] = s[r * n_cols + c];
+            for (unsigned int r = r0; r < r_end; ++r) {
+                const word u = s[r * n_cols + c];
+                d[c * n_rows + r] = @CONVERT@;
+            }
     } else {
         for (unsigned int r = r0; r < r_end; ++r)
-            for (unsigned int c = c0; c < c_end; ++c) d[c * n_rows + r] = s[r * n_cols + c];
+            for (unsigned int c = c0; c < c_end; ++c) {
+                const word u = s[r * n_cols + c];
+                d[c * n_rows + r] = @CONVERT@;
+            }
     }
 #endif
 """
 
 
-def _render(word_c: str) -> str:
-    return (_MOVE_TILE.replace("@WORD@", word_c).replace("@THREADS@", str(THREADS)).replace("@TILE@", str(TILE))
-            .replace("@BLOCK_ROWS@", str(BLOCK_ROWS)))
+# float32 bits ``u`` -> bfloat16 bits: round to nearest even (torch's conversion), a NaN to the quiet NaN 0x7FC0
+_FLOAT32_TO_BFLOAT16 = ("((u & 0x7fffffffu) > 0x7f800000u ? (dst_word)0x7fc0u"
+                        " : (dst_word)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16))")
 
 
-def _kernel(size: int) -> wp.Kernel:
-    """The kernel that moves elements of ``size`` bytes, in the shared module."""
+def _render(word_c: str, dst_word_c: str, convert: str) -> str:
+    return (_MOVE_TILE.replace("@WORD@", word_c).replace("@DST_WORD@", dst_word_c).replace("@CONVERT@", convert)
+            .replace("@THREADS@", str(THREADS)).replace("@TILE@", str(TILE)).replace("@BLOCK_ROWS@", str(BLOCK_ROWS)))
+
+
+def _kernel(size: int, dst_size: "int | None" = None) -> wp.Kernel:
+    """The kernel that moves elements of ``size`` bytes, in the shared module; ``dst_size`` 2 for a size of 4:
+    the float32 -> bfloat16 kernel."""
     word, word_c = WORDS[size]
+    dst_word, dst_word_c = WORDS[dst_size or size]
+    convert = "(dst_word)u" if dst_size is None else _FLOAT32_TO_BFLOAT16
+    name = f"{size * 8}" if dst_size is None else "float32_to_bfloat16"
 
-    def move_tile(src: wp.array(dtype=word), dst: wp.array(dtype=word), rows: int, cols: int, tiles_c: int,
+    def move_tile(src: wp.array(dtype=word), dst: wp.array(dtype=dst_word), rows: int, cols: int, tiles_c: int,
                   tiles_per_batch: int, tile: int, lane: int): ...
 
-    move_tile.__name__ = move_tile.__qualname__ = f"transpose_move_tile_{size * 8}"
-    move_tile = wp.func_native(_render(word_c))(move_tile)
+    move_tile.__name__ = move_tile.__qualname__ = f"transpose_move_tile_{name}"
+    move_tile = wp.func_native(_render(word_c, dst_word_c, convert))(move_tile)
 
-    def transpose(src: wp.array(dtype=word), dst: wp.array(dtype=word), rows: int, cols: int, tiles_c: int,
+    def transpose(src: wp.array(dtype=word), dst: wp.array(dtype=dst_word), rows: int, cols: int, tiles_c: int,
                   tiles_per_batch: int):
         # launched over (tiles, THREADS) on CUDA: a block a tile, every thread of which reaches the barrier;
         # over (tiles, 1) on the CPU: a thread a tile
         tile, lane = wp.tid()
         move_tile(src, dst, rows, cols, tiles_c, tiles_per_batch, tile, lane)
 
-    return wp.kernel(transpose, name=f"transpose_{size * 8}", enable_backward=False, module="warpkan_transpose",
+    return wp.kernel(transpose, name=f"transpose_{name}", enable_backward=False, module="warpkan_transpose",
                      grid_stride=False)
 
 
 @functools.lru_cache(maxsize=None)
 def _kernels() -> dict:
-    """element size -> kernel, all made at once so that their module compiles once."""
-    return {size: _kernel(size) for size in WORDS}
+    """(source element size, destination element size) -> kernel, all made at once so that their module
+    compiles once."""
+    kernels = {(size, size): _kernel(size) for size in WORDS}
+    kernels[(4, 2)] = _kernel(4, 2)
+    return kernels
 
 
 def transpose_modules() -> tuple:
     """The kernels' module (:class:`ModuleBuild`, built), launched at ``THREADS`` a block: what the torch layers'
     copies of public-layout parameters load on CUDA."""
-    return (ModuleBuild(_kernels()[4].module.name, THREADS),)
+    return (ModuleBuild(_kernels()[(4, 4)].module.name, THREADS),)
 
 
 def transpose_kernel(itemsize: int) -> wp.Kernel:
     """The kernel that moves elements of ``itemsize`` bytes (2, 4 or 8)."""
     if itemsize not in WORDS:
         raise ValueError(f"the transpose moves elements of {sorted(WORDS)} bytes, got {itemsize}")
-    return _kernels()[itemsize]
+    return _kernels()[(itemsize, itemsize)]
 
 
 def transpose_launch_dim(rows: int, cols: int, batch: int = 1, is_cuda: bool = True) -> tuple[int, int]:
@@ -183,15 +208,17 @@ def _word_view(a: wp.array, name: str) -> wp.array:
 def launch_transpose(src: wp.array, dst: wp.array, rows: int, cols: int, batch: int = 1, stream=None,
                      record: bool = False):
     """``dst[b, c, r] = src[b, r, c]`` for the contiguous memory of ``src`` seen as [batch, rows, cols] and of
-    ``dst`` as [batch, cols, rows] (any array shapes of that many elements, one dtype, one device); returns
-    what :func:`warpkan.kernels._runtime.launch` returns (``record=True``: the recorded launches). Overwrites
-    dst. ValueError/TypeError naming the argument for arrays that do not fit."""
+    ``dst`` as [batch, cols, rows] (any array shapes of that many elements, one device; one dtype, or a float32
+    ``src`` and a bfloat16 ``dst``, each element rounded to nearest even); returns what
+    :func:`warpkan.kernels._runtime.launch` returns (``record=True``: the recorded launches). Overwrites dst.
+    ValueError/TypeError naming the argument for arrays that do not fit."""
     rows, cols, batch = (_checks.non_negative_int(name, value)
                          for name, value in (("rows", rows), ("cols", cols), ("batch", batch)))
     _checks.fits_index("the transposed arrays", (batch, rows, cols), batch=batch, rows=rows, cols=cols)
-    if src.dtype != dst.dtype:
-        raise TypeError(f"dst must have the dtype of src ({wp.types.type_repr(src.dtype)}), got "
-                        f"{wp.types.type_repr(dst.dtype)}")
+    converts = src.dtype == wp.float32 and dst.dtype == wp.bfloat16
+    if src.dtype != dst.dtype and not converts:
+        raise TypeError(f"dst must have the dtype of src ({wp.types.type_repr(src.dtype)}) or, for a float32 src, "
+                        f"bfloat16, got {wp.types.type_repr(dst.dtype)}")
     if src.device != dst.device:
         raise ValueError(f"dst must be on the device of src ({src.device}), got {dst.device}")
     count = batch * rows * cols
@@ -203,7 +230,7 @@ def launch_transpose(src: wp.array, dst: wp.array, rows: int, cols: int, batch: 
     if count == 0:
         return [] if record else None
     tiles_c = -(-cols // TILE)
-    kernel = transpose_kernel(wp.types.type_size_in_bytes(src.dtype))
+    kernel = _kernels()[(4, 2)] if converts else transpose_kernel(wp.types.type_size_in_bytes(src.dtype))
     return launch(kernel, transpose_launch_dim(rows, cols, batch, src.device.is_cuda),
                   [src_words, dst_words, rows, cols, tiles_c, -(-rows // TILE) * tiles_c], device=src.device,
                   stream=stream, record=record, block_dim=THREADS)

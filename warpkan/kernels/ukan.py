@@ -1408,6 +1408,19 @@ def _generator_input_funcs(scalar_name: str, widths: tuple, rows: str):
         wp.tile_matmul(embedding_rows, wp.tile_transpose(wp.tile_view(w_embedding, offset=(0, 0), shape=(H_W, E_W))),
                        pre)
 
+    return input_rows, hidden_layer
+
+
+@functools.lru_cache(maxsize=None)
+def _generator_kept_funcs(scalar_name: str, widths: tuple, rows: str):
+    """The generator's block-level @wp.funcs of the rows a forward keeps for its backward (``kept``: the input
+    rows and the hidden pre-activations, [table rows, :func:`kept_row_width`]), one set per (scalar, widths,
+    row map): storing them, and the backward's rows, read from there or formed again."""
+    scalar = SCALARS[scalar_name]
+    PE_W, E_W, H_W = widths
+    ROWS = GENERATOR_ROWS
+    input_rows, hidden_layer = _generator_input_funcs(scalar_name, widths, rows)
+
     @wp.func
     def keep_rows(
         kept: wp.array2d(dtype=scalar),
@@ -1459,7 +1472,7 @@ def _generator_input_funcs(scalar_name: str, widths: tuple, rows: str):
                        encoding_rows, embedding_rows)
             hidden_layer(encoding_rows, embedding_rows, pe_dim, w_hidden, b_hidden, pre)
 
-    return input_rows, hidden_layer, keep_rows, rows_and_pre
+    return keep_rows, rows_and_pre
 
 
 def kept_row_width(scalar_bytes: int, pe_dim: int, embed_dim: int, hidden_dim: int) -> int:
@@ -1561,9 +1574,10 @@ def _generator_layer_funcs(scalar_name: str, widths: tuple):
 
 def _generator_funcs_of_widths(scalar_name: str, widths: tuple, rows: str):
     """(input_rows, hidden_layer, keep_rows, rows_and_pre, output_columns, output_columns_backward,
-    hidden_layer_backward) of one (scalar, widths, row map): :func:`_generator_input_funcs` and
-    :func:`_generator_layer_funcs`."""
-    return (*_generator_input_funcs(scalar_name, widths, rows), *_generator_layer_funcs(scalar_name, widths))
+    hidden_layer_backward) of one (scalar, widths, row map): :func:`_generator_input_funcs`,
+    :func:`_generator_kept_funcs` and :func:`_generator_layer_funcs`."""
+    return (*_generator_input_funcs(scalar_name, widths, rows), *_generator_kept_funcs(scalar_name, widths, rows),
+            *_generator_layer_funcs(scalar_name, widths))
 
 
 @functools.lru_cache(maxsize=None)

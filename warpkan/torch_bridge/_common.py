@@ -285,11 +285,13 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 
 
 def copy_into(src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """``out.copy_(src)`` for ``out`` of src's shape, dtype and device (the callers make it so), by the Warp
-    transpose kernel where one of the two is contiguous and the other a transpose of contiguous memory
-    (:func:`transpose_plan`, :func:`_warp_transposes`); torch's copy otherwise. Returns out."""
+    """``out.copy_(src)`` for ``out`` of src's shape and device and of its dtype or (a float32 src) bfloat16 (the
+    callers make it so), by the Warp transpose kernel where one of the two is contiguous and the other a
+    transpose of contiguous memory (:func:`transpose_plan`, :func:`_warp_transposes`; a bfloat16 out in the same
+    launch, rounded as torch rounds); torch's copy otherwise. Returns out."""
     plan = None
-    if _warp_transposes(src):
+    if _warp_transposes(src) and (out.dtype == src.dtype or (src.dtype, out.dtype) == (torch.float32,
+                                                                                          torch.bfloat16)):
         if out.is_contiguous():
             plan = transpose_plan(src.shape, src.stride())
         elif src.is_contiguous():
@@ -303,11 +305,13 @@ def copy_into(src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def contiguous(t: torch.Tensor) -> torch.Tensor:
-    """``t.contiguous()``, with a transpose of contiguous memory copied by :func:`copy_into`."""
-    if t.is_contiguous():
+def contiguous(t: torch.Tensor, dtype: "torch.dtype | None" = None) -> torch.Tensor:
+    """``t.contiguous()`` (``dtype``: ``t.to(dtype).contiguous()``), with a transpose of contiguous memory copied
+    by :func:`copy_into` (to bfloat16 from float32 in the same launch)."""
+    dtype = dtype or t.dtype
+    if t.is_contiguous() and dtype == t.dtype:
         return t
-    return copy_into(t, torch.empty(t.shape, dtype=t.dtype, device=t.device))
+    return copy_into(t, torch.empty(t.shape, dtype=dtype, device=t.device))
 
 
 def with_strides(t: torch.Tensor, stride: tuple) -> torch.Tensor:

@@ -214,24 +214,35 @@ def stencil_backward(family, make_frame, frame_tensors: tuple, frame_config: tup
 
 
 # ---------------------------------------------------------------------------------------------- gemm strategy
+# torch's bf16 x bf16 -> fp32 GEMM (``torch.mm(..., out_dtype=)``, CUDA); without it, a bf16 result and a cast
+_MM_OUT_DTYPE = "dtype_out" in torch.ops.aten.mm.overloads()
+
+
 def _mm(a: Tensor, b: Tensor, out: Tensor) -> None:
-    """out = a @ b. bfloat16 operands: a bf16 GEMM (tensor cores, float32 accumulation, the result rounded
-    to bf16 once, as under autocast; the same roundings in float32 arithmetic on the CPU), written into out
-    (float32 or bfloat16)."""
+    """out = a @ b. bfloat16 operands: a bf16 GEMM (tensor cores, float32 accumulation; the same in float32
+    arithmetic on the CPU), its float32 result rounded to bf16 once into a bfloat16 out (y, as under autocast),
+    or written into a float32 out as it is (a weight gradient: cuBLAS's bf16 x bf16 -> fp32 GEMM, no bf16
+    result and no cast kernel after it)."""
     if a.dtype != torch.bfloat16:
         torch.mm(a, b, out=out)
+    elif not a.is_cuda:
+        product = torch.mm(a.float(), b.float())
+        out.copy_(product)
     elif out.dtype == torch.bfloat16:
-        torch.mm(a, b, out=out) if a.is_cuda else out.copy_(torch.mm(a.float(), b.float()))
+        torch.mm(a, b, out=out)
+    elif _MM_OUT_DTYPE:
+        torch.mm(a, b, out_dtype=out.dtype, out=out)
     else:
-        out.copy_(torch.mm(a, b) if a.is_cuda else torch.mm(a.float(), b.float()).bfloat16())
+        out.copy_(torch.mm(a, b))
 
 
 def _mm_add(c: Tensor, a: Tensor, b: Tensor) -> None:
-    """c += a @ b (see :func:`_mm`)."""
+    """c += a @ b (see :func:`_mm`; c float32 for bfloat16 operands)."""
     if a.dtype != torch.bfloat16:
         c.addmm_(a, b)
     else:
-        c.add_(torch.mm(a, b) if a.is_cuda else torch.mm(a.float(), b.float()).bfloat16())
+        c.add_(torch.mm(a.float(), b.float()) if not a.is_cuda
+               else torch.mm(a, b, out_dtype=c.dtype) if _MM_OUT_DTYPE else torch.mm(a, b))
 
 
 def _chunk_rows(n_rows: int, width: int, bytes_per_entry: int, is_cuda: bool, keep: bool = False) -> int:
@@ -388,7 +399,9 @@ def gemm_backward(family, make_frame, frame_tensors: tuple, frame_config: tuple,
     scaled = scaler_t is not None
     empty = x.new_empty((0,))
     dx = torch.empty_like(x) if need_x else empty
-    d_coef = torch.empty_like(coef) if need_params else empty
+    # in coef's strides (a public-layout parameter's gradient is then written where AccumulateGrad takes it as it
+    # is) and the layer's dtype (an unscaled family's coefficients may come as the bf16 GEMM operand: _prepare)
+    d_coef = torch.empty_like(coef, dtype=x.dtype) if need_params else empty
     d_base = torch.empty_like(base_weight_t) if need_params and scaled else empty
     d_scaler = torch.empty_like(scaler_t) if need_params and scaled else empty
     if n_rows == 0 or width == 0 or n_out == 0:

@@ -422,16 +422,16 @@ def _prepare(inputs: tuple) -> tuple:
     """The eager route's inputs with the route resolved once for the forward and the backward (where an eager
     call resolves "auto" is where it runs both passes), and the contiguous copies of public-layout parameters
     made once a step where the kernels read the kernel layout (the stencil kernels beyond
-    :func:`stencil_param`'s bounds; the GEMMs of an unscaled family, on its table as it lies; the combine kernel
-    of a scaled family reads any strides)."""
+    :func:`stencil_param`'s bounds; the GEMMs of an unscaled family, on its table as it lies, made in bf16 by the
+    same launch for bf16 GEMMs; the combine kernel of a scaled family reads any strides)."""
     x, frame_tensors, base_weight_t, scaler_t, coef, bias, entry_order, spec, strategy, precision, deterministic \
         = inputs
     x = x.contiguous()
     strategy, precision = resolve_route(spec, x, coef.shape[2], strategy, precision)
     if strategy == "stencil":
         base_weight_t, scaler_t, coef = (stencil_param(t, x.shape[0]) for t in (base_weight_t, scaler_t, coef))
-    elif scaler_t is None:  # an unscaled family's GEMMs read its table as it lies
-        coef = contiguous(coef)
+    elif scaler_t is None:  # an unscaled family's GEMMs read its table as it lies, in their operands' dtype
+        coef = contiguous(coef, torch.bfloat16 if precision == "bf16" else None)
     _node.keep = {} if strategy == "gemm" else None  # a node is being built: its forward may keep the basis
     return (x, frame_tensors, base_weight_t, scaler_t, coef, bias, entry_order, spec, strategy, precision,
             deterministic)
