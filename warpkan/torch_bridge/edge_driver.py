@@ -21,7 +21,9 @@ float64 layers always take "fp32", i.e. their own dtype):
 - ``"fp32"``: full-precision cuBLAS (TF32 off for these GEMMs whatever torch's setting).
 - ``"tf32"``: TF32 tensor cores (operands rounded to a 10-bit mantissa inside cuBLAS, fp32 accumulation).
 - ``"bf16"``: the basis is written as bfloat16 by the expansion kernel, the weight and ``dy`` are cast once per
-  call, bf16 tensor cores multiply with fp32 accumulation; results and gradients are fp32.
+  call (a polynomial layer's public-layout table by the same launch that puts it in the kernels' layout), bf16
+  tensor cores multiply with fp32 accumulation; the weight gradient comes out of its GEMM in fp32 (cuBLAS's
+  bf16 x bf16 -> fp32 product), y in the caller's dtype.
 - ``"auto"`` (resolved by :func:`resolve_precision`): bf16 under bf16 autocast, else torch's own rule for
   float32 matmuls, ``torch.get_float32_matmul_precision()``: "highest" -> fp32, "high" -> tf32,
   "medium" -> bf16 (as nn.Linear under the same setting).
@@ -33,9 +35,9 @@ truncate; 2^-8 bf16, rounded to nearest; :data:`PRECISION_UNIT_ROUNDOFF`):
     |C_computed - C| <= (2 u + K 2^-24) (|A| |B|)
 
 (each operand is off by at most u relative, their product by 2u + u^2; the fp32 sum of K terms errs by at
-most K 2^-24 of the sum of magnitudes), plus u |C| under bf16, whose GEMMs round their results to bf16 once
-(as under autocast; the basis gradient stays bf16, halving its traffic). So (3 u + K 2^-24) (|A| |B|) holds
-for every precision. The input gradient adds the fp32 contraction with dB/dx on top.
+most K 2^-24 of the sum of magnitudes), plus u |C| under bf16 for the GEMMs that round their results to bf16
+once (a bf16 y, as under autocast; the basis gradient, which stays bf16 and so halves its traffic; not the
+weight gradient, written in fp32). So (3 u + K 2^-24) (|A| |B|) holds for every precision. The input gradient adds the fp32 contraction with dB/dx on top.
 """
 
 import threading
