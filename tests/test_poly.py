@@ -258,6 +258,31 @@ def test_auto_strategy_of_an_eager_cuda_call():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_bf16_gemms_without_an_fp32_output_gemm_cuda(monkeypatch):
+    """Where torch has no bf16 x bf16 -> fp32 GEMM (``torch.mm(..., out_dtype=)``, torch < 2.8), the bf16 path's
+    float32 outputs of a GEMM (the weight gradient; y outside autocast) are the bf16 GEMM's result cast to
+    fp32: the fp32 ones within a bf16 rounding; the output of a bf16 GEMM (dx, through the bf16 basis
+    gradient) is the same bits."""
+    from warpkan.torch_bridge import edge_driver
+
+    x, coeffs, _ = _inputs("cuda", torch.float32, 67, 24, 20, 8, seed=5)
+    dy = torch.randn(67, 20, device="cuda")
+
+    def run():
+        y = poly_kan(x, coeffs, strategy="gemm", precision="bf16")
+        return (y, *torch.autograd.grad(y, (x, coeffs), dy))
+
+    fp32_out = run()
+    monkeypatch.setattr(edge_driver, "_MM_OUT_DTYPE", False)
+    cast = run()
+    assert torch.equal(fp32_out[1], cast[1])
+    for name, a, b in zip(("y", "d_coeffs"), (fp32_out[0], fp32_out[2]), (cast[0], cast[2])):
+        assert torch.equal(b, b.bfloat16().float()), name  # rounded to bf16 once
+        # a bf16 rounding (2^-8 relative) and two GEMM kernels' fp32 sums apart
+        torch.testing.assert_close(b, a, rtol=2.0**-7, atol=0, msg=name)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_eager_cuda_call_takes_the_stencil_kernels_cuda(monkeypatch):
     """The driver runs the rule: an eager step of a small layer runs the stencil kernels forward and backward, and
     its results match the gemm strategy's to fp32 rounding."""

@@ -222,9 +222,9 @@ _MM_OUT_DTYPE = "dtype_out" in torch.ops.aten.mm.overloads()
 
 def _mm(a: Tensor, b: Tensor, out: Tensor) -> None:
     """out = a @ b. bfloat16 operands: a bf16 GEMM (tensor cores, float32 accumulation; the same in float32
-    arithmetic on the CPU), its float32 result rounded to bf16 once into a bfloat16 out (y, as under autocast),
-    or written into a float32 out as it is (a weight gradient: cuBLAS's bf16 x bf16 -> fp32 GEMM, no bf16
-    result and no cast kernel after it)."""
+    arithmetic on the CPU), its float32 result rounded to bf16 once into a bfloat16 out (y under autocast, the
+    basis gradient), or written into a float32 out as it is (a weight gradient, y outside autocast: cuBLAS's
+    bf16 x bf16 -> fp32 GEMM, no bf16 result and no cast kernel after it)."""
     if a.dtype != torch.bfloat16:
         torch.mm(a, b, out=out)
     elif not a.is_cuda:
