@@ -27,9 +27,9 @@ destination tile one contiguous block.
 Elements move as bits, in words of their size (uint16, uint32, uint64): one kernel a size serves every
 dtype of that size (float16/bfloat16, float32, float64), and the copy is bitwise exact (NaN payloads, signed
 zeros). A fourth kernel converts float32 to bfloat16 on the way (round to nearest even, as torch's
-``Tensor.to(torch.bfloat16)`` bit for bit; a NaN becomes the quiet NaN 0x7FC0), so that a float32 parameter becomes the bf16 operand of a
-GEMM in the kernels' layout in one launch, not a transpose and then a cast. The four kernels share one module
-(compiled once, on first use).
+``Tensor.to(torch.bfloat16)`` bit for bit; a NaN becomes the quiet NaN 0x7FC0), so that a float32 parameter
+becomes the bf16 operand of a GEMM in the kernels' layout in one launch, not a transpose and then a cast. The
+four kernels share one module (compiled once, on first use).
 
 Why not Warp's tile API (``wp.tile_load``, ``wp.tile_transpose``, ``wp.tile_store``): in Warp 1.19 a shared
 tile is dense (no padding), and storing a transposed tile reads it 32 words apart, every lane of a warp in

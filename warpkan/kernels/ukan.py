@@ -1630,10 +1630,11 @@ def _generator_forward_kernel(scalar_name: str, widths: tuple, rows: str):
 @functools.lru_cache(maxsize=None)
 def _generator_backward_kernels(scalar_name: str, widths: tuple, rows: str):
     """The fused CG-MLP backward, two kernels. ``output``: a block's ``block_cols`` columns of the output
-    layer (its rows' hidden layer formed again, or read from ``kept``), their partials of d w_out and d b_out, and its columns' share
-    of the rows' hidden gradient (d_hidden_parts [column blocks, rows, H]). ``hidden``: a block's rows, their
-    hidden gradient summed over the column blocks in order, its partials of d w_hidden and d b_hidden, and the
-    rows' embedding gradients. Rows past the table read a zero table gradient, so they add nothing."""
+    layer (its rows' hidden layer formed again, or read from ``kept``), their partials of d w_out and d b_out,
+    and its columns' share of the rows' hidden gradient (d_hidden_parts [column blocks, rows, H]). ``hidden``: a
+    block's rows (formed again, or read from ``kept``), their hidden gradient summed over the column blocks in
+    order, its partials of d w_hidden and d b_hidden, and the rows' embedding gradients. Rows past the table read
+    a zero table gradient, so they add nothing."""
     scalar = SCALARS[scalar_name]
     PE_W, E_W, H_W = widths
     ROWS, COLS = GENERATOR_ROWS, GENERATOR_COLS

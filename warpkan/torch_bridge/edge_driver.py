@@ -37,7 +37,8 @@ truncate; 2^-8 bf16, rounded to nearest; :data:`PRECISION_UNIT_ROUNDOFF`):
 (each operand is off by at most u relative, their product by 2u + u^2; the fp32 sum of K terms errs by at
 most K 2^-24 of the sum of magnitudes), plus u |C| under bf16 for the GEMMs that round their results to bf16
 once (a bf16 y, as under autocast; the basis gradient, which stays bf16 and so halves its traffic; not the
-weight gradient, written in fp32). So (3 u + K 2^-24) (|A| |B|) holds for every precision. The input gradient adds the fp32 contraction with dB/dx on top.
+weight gradient, written in fp32). So (3 u + K 2^-24) (|A| |B|) holds for every precision. The input
+gradient adds the fp32 contraction with dB/dx on top.
 """
 
 import threading

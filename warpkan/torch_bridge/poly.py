@@ -33,8 +33,9 @@ class PolyKANLinear(Float32Or64Module):
     ``coeffs`` has ChebyKAN's ``cheby_coeffs`` shape [in, out, degree + 1], stored contiguously (every torch
     optimiser and utility takes it: LBFGS, ``parameters_to_vector``, FSDP2); each step copies it into the
     kernels' layout [in, degree + 1, out] (output index innermost, the coalesced one) once (with bf16 GEMMs,
-    into their bf16 operand by the same launch), and its gradient back. ``contiguous_parameters=False`` stores it as a view of that layout instead, which saves the copies
-    (``scripts/param_layout_cost.py``) but which LBFGS, ``parameters_to_vector`` and FSDP2 refuse.
+    into their bf16 operand by the same launch), and its gradient back. ``contiguous_parameters=False`` stores
+    it as a view of that layout instead, which saves the copies (``scripts/param_layout_cost.py``) but which
+    LBFGS, ``parameters_to_vector`` and FSDP2 refuse.
     A state dict of ChebyKAN's ``ChebyKANLayer`` (``cheby_coeffs``, ``arange``) loads through a load hook and,
     in exact mode, gives the same outputs (to rounding: ``cos(d acos t)`` and the recurrence differ there).
 
