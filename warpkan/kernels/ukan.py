@@ -1436,18 +1436,6 @@ def _generator_kept_funcs(scalar_name: str, widths: tuple, rows: str):
         wp.tile_store(kept, pre, offset=(first_row, PE_W + E_W))
 
     @wp.func
-    def load_kept_rows(
-        kept: wp.array2d(dtype=scalar),
-        first_row: int,
-        encoding_rows: wp.tile(dtype=scalar, shape=(ROWS, PE_W), storage="shared"),
-        embedding_rows: wp.tile(dtype=scalar, shape=(ROWS, E_W), storage="shared"),
-        pre: wp.tile(dtype=scalar, shape=(ROWS, H_W), storage="shared"),
-    ):
-        wp.tile_assign(encoding_rows, wp.tile_load(kept, shape=(ROWS, PE_W), offset=(first_row, 0)))
-        wp.tile_assign(embedding_rows, wp.tile_load(kept, shape=(ROWS, E_W), offset=(first_row, PE_W)))
-        wp.tile_assign(pre, wp.tile_load(kept, shape=(ROWS, H_W), offset=(first_row, PE_W + E_W)))
-
-    @wp.func
     def rows_and_pre(
         kept: wp.array2d(dtype=scalar),
         first_row: int,
@@ -1465,8 +1453,10 @@ def _generator_kept_funcs(scalar_name: str, widths: tuple, rows: str):
     ):
         # the backward's input rows and pre-activations: those the forward kept (a kept array with rows), else
         # formed again (the encoding, the gathers, the hidden layer's products)
-        if kept.shape[0] > 0:
-            load_kept_rows(kept, first_row, encoding_rows, embedding_rows, pre)
+        if kept.shape[0] > 0:  # the tiles as keep_rows stored them
+            wp.tile_assign(encoding_rows, wp.tile_load(kept, shape=(ROWS, PE_W), offset=(first_row, 0)))
+            wp.tile_assign(embedding_rows, wp.tile_load(kept, shape=(ROWS, E_W), offset=(first_row, PE_W)))
+            wp.tile_assign(pre, wp.tile_load(kept, shape=(ROWS, H_W), offset=(first_row, PE_W + E_W)))
         else:
             input_rows(first_row, row_groups, row_features, rows_per_feature, n_rows, embedding, pe_dim,
                        encoding_rows, embedding_rows)
@@ -1910,7 +1900,7 @@ def _generator_backward(rows, d_table, row_groups, row_features, rows_per_featur
 def _checked_kept(kept, n_rows: int, widths: tuple):
     """``kept`` (the rows a forward keeps for its backward, [n_rows, sum(widths)]), checked, or None (the
     kernels then form the rows themselves)."""
-    if kept is not None and (kept.ndim != 2 or tuple(kept.shape) != (n_rows, sum(widths))):
+    if kept is not None and tuple(kept.shape) != (n_rows, sum(widths)):
         raise ValueError(f"kept must be [{n_rows}, {sum(widths)}] (kept_row_width), got {tuple(kept.shape)}")
     return kept
 

@@ -229,8 +229,7 @@ def _mm(a: Tensor, b: Tensor, out: Tensor) -> None:
     if a.dtype != torch.bfloat16:
         torch.mm(a, b, out=out)
     elif not a.is_cuda:
-        product = torch.mm(a.float(), b.float())
-        out.copy_(product)
+        out.copy_(torch.mm(a.float(), b.float()))
     elif out.dtype == torch.bfloat16:
         torch.mm(a, b, out=out)
     elif _MM_OUT_DTYPE:
@@ -243,9 +242,12 @@ def _mm_add(c: Tensor, a: Tensor, b: Tensor) -> None:
     """c += a @ b (see :func:`_mm`; c float32 for bfloat16 operands)."""
     if a.dtype != torch.bfloat16:
         c.addmm_(a, b)
+    elif not a.is_cuda:
+        c.add_(torch.mm(a.float(), b.float()))
+    elif _MM_OUT_DTYPE:
+        c.add_(torch.mm(a, b, out_dtype=c.dtype))
     else:
-        c.add_(torch.mm(a.float(), b.float()) if not a.is_cuda
-               else torch.mm(a, b, out_dtype=c.dtype) if _MM_OUT_DTYPE else torch.mm(a, b))
+        c.add_(torch.mm(a, b))
 
 
 def _chunk_rows(n_rows: int, width: int, bytes_per_entry: int, is_cuda: bool, keep: bool = False) -> int:
