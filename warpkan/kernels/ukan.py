@@ -61,6 +61,7 @@ capture and ``torch.compile`` with static shapes.
 """
 
 import functools
+import math
 from dataclasses import dataclass
 
 import warp as wp
@@ -166,6 +167,23 @@ def encoding_at(g: wp.int64, a: int, frequency: wp.float64) -> wp.float64:
     return wp.sin(phase)
 
 
+_TWO_PI = 2.0 * math.pi
+
+
+@wp.func
+def encoding_at_single(g: wp.int64, a: int, frequency: wp.float64) -> wp.float32:
+    """:func:`encoding_at` for a float32 (or narrower) table: the phase formed in float64 and reduced there to
+    [-pi, pi] (so |g| ~ 1e7 keeps its precision), the sine or cosine of the reduced phase in float32. The float64
+    sine and cosine carry a slow path for large arguments whose registers every generator kernel then reserves
+    (222 a thread in the forward: two blocks an SM). The result is within 1.6e-7 of the float64 one (rounding
+    it to float32 alone costs up to 6e-8): an input row's entries move by about two float32 ulps of 1."""
+    phase = wp.float64(g) * frequency
+    reduced = wp.float32(phase - wp.floor(phase / wp.float64(_TWO_PI) + wp.float64(0.5)) * wp.float64(_TWO_PI))
+    if a % 2 == 1:
+        return wp.cos(reduced)
+    return wp.sin(reduced)
+
+
 @wp.func
 def group_encoding(g: wp.int64, a: int, pe_dim: int) -> wp.float64:
     """Entry a of the sinusoidal encoding of group g (:func:`encoding_at` at :func:`encoding_frequency`)."""
@@ -239,9 +257,10 @@ def _config(order: int, scalar_name: str) -> _Config:
     )
 
 
-def _kernel_decorator(module: str):
-    """``wp.kernel`` without a backward pass, into the Warp module named ``module``."""
-    return functools.partial(wp.kernel, enable_backward=False, module=module)
+def _kernel_decorator(module: str, **options):
+    """``wp.kernel`` without a backward pass, into the Warp module named ``module`` (``options``: more of
+    ``wp.kernel``'s keywords)."""
+    return functools.partial(wp.kernel, enable_backward=False, module=module, **options)
 
 
 # ---------------------------------------------------------------------- 1. touched (feature, group) pairs
@@ -1184,6 +1203,13 @@ GENERATOR_COLS = 32  # table columns a tile_matmul of the output layer
 GENERATOR_TARGET_BLOCKS = 512
 GENERATOR_WIDTHS = (8, 16, 32, 64, 128)  # tile widths of pe_dim, embed_dim and hidden_dim
 _GENERATOR_BLOCK_DIM = 128
+# Blocks an SM the generator's kernels are compiled for (__launch_bounds__(128, 3): at most 170 registers a thread),
+# where their shared memory lets that many share an SM; 0: the compiler's choice. Left to itself it gave the
+# forward 222 registers, two blocks an SM, so a MNIST layer's 344 blocks ran in 1.3 waves on the H200: 28.6 us,
+# 19.9 with three blocks an SM, 24.6 with four (128 registers, spilled), 31.0 with six (80). The backward kernels
+# took 168 and 132 registers already (docs/perf-notes-engine.md).
+GENERATOR_MIN_BLOCKS = 3
+_SM_SHARED_BYTES = 228 * 1024  # shared memory of an SM on the H100 / H200
 _COMBINE_BATCH = 32  # partials a combine thread loads before it adds them
 
 
@@ -1263,7 +1289,11 @@ def _generator_kernel_decorator(scalar_name: str, widths: tuple, part: str):
     name = f"warpkan_ukan_generator_{part}_{scalar_name}_{pe_w}_{embed_w}_{hidden_w}"
     _generator_module_names.add(name)
     _apply_generator_gemm(name)
-    return _kernel_decorator(name)
+    options = {}
+    if GENERATOR_MIN_BLOCKS and GENERATOR_MIN_BLOCKS * max(generator_shared_bytes(
+            wp.types.type_size_in_bytes(SCALARS[scalar_name]), widths)) <= _SM_SHARED_BYTES:
+        options["launch_bounds"] = (_GENERATOR_BLOCK_DIM, GENERATOR_MIN_BLOCKS)
+    return _kernel_decorator(name, **options)
 
 
 @functools.lru_cache(maxsize=None)
@@ -1288,10 +1318,13 @@ def _generator_funcs(scalar_name: str):
             return wp.int64(0)
         return lowest - wp.int64(1) + wp.int64(first_row + r - feature * rows_per_feature)
 
+    # a float64 table takes the float64 sine; a narrower one the float32 sine of the reduced phase
+    encoding = encoding_at if scalar_name == "float64" else encoding_at_single
+
     @wp.func
     def encoding_entry(g: wp.int64, a: int, frequency: wp.float64, pe_dim: int):
         if a < pe_dim:
-            return scalar(encoding_at(g, a, frequency))
+            return scalar(wp.static(encoding)(g, a, frequency))
         return zero
 
     @wp.func
