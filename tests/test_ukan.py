@@ -691,6 +691,38 @@ def test_range_generator_keeps_encoding_precision_at_huge_groups(device, monkeyp
     assert (table[1:rows] - table[:rows - 1]).abs().amax(dim=1).min() > 1e-3
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_tile_generator_encoding_within_its_bound(device, dtype):
+    # the encoding the tile generator forms (the first pe_dim columns of the rows its forward keeps): float64
+    # tables take the float64 sine (to its rounding), narrower ones the float32 sine of the phase reduced in
+    # float64, within 2.4e-7 of the float64 sine at every magnitude up to |g| ~ 1e7 (kernels.ukan.encoding_at_single)
+    from warpkan.torch_bridge.ukan_ops import _range_table_impl, positional_encoding
+
+    pe_dim, rows = 16, 40
+    group_lo = torch.tensor([-10_000_000, -123_457, -20, 0, 7, 65_537, 9_999_960], device=device)
+    embedding, w_hidden, b_hidden, w_out, b_out = (p.detach() for p in cg_mlp_params(7, pe_dim, 8, 32, 12, device,
+                                                                                      dtype=dtype))
+    table, kept = _range_table_impl(group_lo, rows, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out, 1,
+                                    keep_rows=True)
+    groups = (group_lo.unsqueeze(1) - 1 + torch.arange(rows, device=device)).reshape(-1)
+    exact = positional_encoding(groups, pe_dim, torch.float64)
+    error = (kept[:, :pe_dim].double() - exact).abs().max().item()
+    assert error <= (1e-15 if dtype == torch.float64 else 2.4e-7)
+    assert dtype == torch.float64 or error > 0  # the float32 entries are not the float64 sine rounded
+
+
+def test_generator_kernels_compiled_for_three_blocks_an_sm():
+    # __launch_bounds__(128, GENERATOR_MIN_BLOCKS) where that many blocks' shared memory fits an SM (the forward took
+    # 222 registers, two blocks an SM, without it); the compiler's choice where it does not
+    assert ku.GENERATOR_MIN_BLOCKS == 3
+    for scalar, widths, bounded in (("float32", (16, 8, 32), True), ("float64", (64, 64, 64), False)):
+        shared = max(ku.generator_shared_bytes(wp.types.type_size_in_bytes(getattr(wp, scalar)), widths))
+        assert (3 * shared <= ku._SM_SHARED_BYTES) == bounded
+        for kernel in (ku._generator_forward_kernel(scalar, widths, "range"),
+                       *ku._generator_backward_kernels(scalar, widths, "range")):
+            assert kernel.options.get("launch_bounds") == ((ku._GENERATOR_BLOCK_DIM, 3) if bounded else None)
+
+
 def test_range_generator_gradients_bitwise_reproducible(device):
     group_lo = torch.tensor([-3, 4, 0, 9], device=device)
     params = cg_mlp_params(4, 16, 8, 32, 64, device, dtype=torch.float32)
