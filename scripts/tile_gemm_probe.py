@@ -41,7 +41,8 @@ def build_all(shapes, jobs: int, device: str) -> dict:
     while pending or running:
         while pending and len(running) < jobs:
             text = pending.pop(0)
-            running[text] = (subprocess.Popen([sys.executable, __file__, "--build", text, "--device", device]), time.perf_counter())
+            build = subprocess.Popen([sys.executable, __file__, "--build", text, "--device", device])
+            running[text] = (build, time.perf_counter())
         for text, (proc, start) in list(running.items()):
             if proc.poll() is not None:
                 seconds[text] = time.perf_counter() - start if proc.returncode == 0 else None
