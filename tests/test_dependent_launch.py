@@ -2,6 +2,7 @@
 that support it, and that other devices fall back to a plain launch."""
 
 import pytest
+import torch
 import warp as wp
 
 from warpkan.kernels._dependent_launch import (
@@ -70,3 +71,90 @@ def test_dependent_launch_runs_every_thread_once(device, shape, block_dim):
                                     record_cmd=True))
     cmd.launch()
     assert (marks.numpy() == 1).all()
+
+
+# ------------------------------------------------------------------ the layers' dependent chains
+def _steps(layer, source, dy_source, steps: int = 3) -> list:
+    """A few eager fwd + bwd steps, x and dy written each step by the kernel just before the layer's first
+    launch, over NaN-filled buffers (a kernel that read them before that one finished would take NaN in, or,
+    in UKAN's range search, which skips NaN, other groups); y, dx and every parameter gradient of each."""
+    results = []
+    for _ in range(steps):
+        layer.zero_grad(set_to_none=True)
+        x = torch.full_like(source, float("nan"))
+        x.copy_(source)
+        x.requires_grad_()
+        y = layer(x)
+        dy = torch.full_like(dy_source, float("nan"))
+        dy.copy_(dy_source)
+        y.backward(dy)
+        results += [y.detach().clone(), x.grad.clone(), *(p.grad.clone() for p in layer.parameters())]
+    return results
+
+
+def _chain_layer(name: str):
+    from warpkan.torch_bridge import KANLinear, PolyKANLinear, UKANLinear
+
+    # deterministic: backward passes without atomics, so that any difference is the launches'
+    return {"KANLinear": lambda: KANLinear(13, 7, deterministic=True),
+            "UKANLinear": lambda: UKANLinear(13, 7, grid_delta=0.5, table_groups=32, deterministic=True),
+            "PolyKANLinear": lambda: PolyKANLinear(13, 7, 8, deterministic=True)}[name]().cuda()
+
+
+def _recorded_dependents() -> set:
+    from warpkan.torch_bridge import edge_driver, ukan_ops
+
+    return {cmd.cmd.kernel.key for cache in (ukan_ops._launch, edge_driver._launch)
+            for cmds, _ in cache._records.values() for cmd in cmds if isinstance(cmd, DependentLaunch) and cmd.enabled}
+
+
+def _clear_recorded():
+    from warpkan.torch_bridge import edge_driver, ukan_ops
+
+    ukan_ops._launch.clear()
+    edge_driver._launch.clear()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("n_rows", [1, 37, 1024, 20011])
+@pytest.mark.parametrize("name", ["KANLinear", "UKANLinear", "PolyKANLinear"])
+def test_layer_chains_match_plain_launches_cuda(name, n_rows, monkeypatch):
+    """The recorded launches of UKAN's range search and generator and of the edge engine's tiled pass replay
+    as programmatic dependents (``as_dependents``, compute capability 9.0+): bitwise the results of plain
+    launches, eagerly and in a captured step."""
+    from warpkan.kernels import _dependent_launch
+    from warpkan.torch_bridge import capture_step
+
+    torch.manual_seed(0)
+    layer = _chain_layer(name)
+    source = torch.rand(n_rows, 13, device="cuda") * (3.0 if name == "UKANLinear" else 1.9) - 0.95
+    dy_source = torch.randn(n_rows, 7, device="cuda")
+    _clear_recorded()
+    dependent = _steps(layer, source, dy_source)
+    dependents = _recorded_dependents()
+    if dependent_launch_supported(wp.get_device("cuda")):
+        if name == "UKANLinear":  # the three range-search kernels, the generator's forward and its three backward ones
+            assert len({key for key in dependents if "range" in key or "generator" in key}) == 7
+            assert layer.table_overflow() == 0
+        if n_rows <= 1024:  # the tiled pass: its forward and backward
+            assert any("forward" in key for key in dependents) and any("backward" in key for key in dependents)
+    else:
+        assert not dependents
+    x_static = source.clone().requires_grad_()
+
+    def step():
+        layer.zero_grad(set_to_none=False)
+        x_static.grad = None
+        y = layer(x_static)
+        y.backward(dy_source)
+        return y
+
+    y_captured = capture_step(step)().clone()
+    captured_grads = [x_static.grad.clone(), *(p.grad.clone() for p in layer.parameters())]
+    monkeypatch.setattr(_dependent_launch, "CHAINS_DEPENDENT", False)
+    _clear_recorded()
+    plain = _steps(layer, source, dy_source)
+    assert not _recorded_dependents()
+    assert all(torch.equal(a, b) for a, b in zip(dependent, plain))
+    assert torch.equal(y_captured, plain[0])
+    assert all(torch.equal(a, b) for a, b in zip(captured_grads, plain[1:len(captured_grads) + 1]))

@@ -24,8 +24,12 @@ import functools
 
 import warp as wp
 
-__all__ = ["DEPENDENTS_SNIPPET", "WAIT_SNIPPET", "DependentLaunch", "allow_dependents", "dependent_launch_supported",
-           "wait_for_previous_grid"]
+__all__ = ["DEPENDENTS_SNIPPET", "WAIT_SNIPPET", "DependentLaunch", "allow_dependents", "as_dependents",
+           "dependent_launch_supported", "start_as_dependent", "wait_for_previous_grid"]
+
+# Whether as_dependents makes the recorded launches of chained kernels dependents (a switch for A/B runs and
+# for the tests that compare them with plain launches).
+CHAINS_DEPENDENT = True
 
 # The two PTX instructions (sm_90), guarded so that other targets compile them out.
 WAIT_SNIPPET = """
@@ -46,6 +50,15 @@ def wait_for_previous_grid(): ...
 
 @wp.func_native(DEPENDENTS_SNIPPET)
 def allow_dependents(): ...
+
+
+@wp.func
+def start_as_dependent():
+    """The first statement of a kernel of a dependent chain (:func:`as_dependents`): it reads and writes
+    nothing before the kernel before it on the stream has finished, and from here on the kernel after it
+    may be made resident. A plain launch (and the CPU) skips both."""
+    wait_for_previous_grid()
+    allow_dependents()
 
 
 _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
@@ -147,3 +160,11 @@ class DependentLaunch:
             runtime.core.wp_cuda_context_pop_current()
         if result != 0:
             raise RuntimeError(f"cuLaunchKernelEx of {cmd.kernel.key} failed with CUDA error {result}")
+
+
+def as_dependents(cmds: list) -> list:
+    """Recorded launches of kernels that begin with :func:`start_as_dependent`, each made a programmatic
+    dependent of the kernel before it (:class:`DependentLaunch`; a plain launch where the device cannot): in
+    a chain of short kernels each one's launch and block start then overlap the tail of the one before it.
+    Unchanged while ``CHAINS_DEPENDENT`` is off."""
+    return [DependentLaunch(cmd) for cmd in cmds] if CHAINS_DEPENDENT else cmds

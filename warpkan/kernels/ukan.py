@@ -67,6 +67,7 @@ from dataclasses import dataclass
 import warp as wp
 
 from ._common import SCALARS, first_at_least, on_stream, scalar_name
+from ._dependent_launch import as_dependents, start_as_dependent
 from ._modules import ModuleBuild, builds
 from .. import _checks
 from .edge.bspline_family import MAX_SPLINE_ORDER
@@ -397,6 +398,7 @@ def _range_init_kernel(order: int, scalar_name: str):
     def range_init(group_lo: wp.array(dtype=wp.int64), group_hi: wp.array(dtype=wp.int64),
                    span_max: wp.array(dtype=wp.int32)):
         i = wp.tid()
+        start_as_dependent()
         group_lo[i] = no_group
         group_hi[i] = -no_group
         if i == 0:
@@ -425,6 +427,7 @@ def _range_partial_kernel(order: int, scalar_name: str):
         # consecutive threads on consecutive features of one row chunk (coalesced x); integer min/max
         # atomics commute, so the result does not depend on their order
         tid = wp.tid()
+        start_as_dependent()
         n_in = x.shape[1]
         chunk = tid // n_in
         i = tid - chunk * n_in
@@ -455,6 +458,7 @@ def _range_finalize_kernel(order: int, scalar_name: str):
                        span_max: wp.array(dtype=wp.int32)):
         # span = groups from the lowest to the highest touched one (a feature without valid input: 1)
         i = wp.tid()
+        start_as_dependent()
         lo = group_lo[i]
         hi = group_hi[i]
         if lo > hi:
@@ -689,7 +693,7 @@ def launch_group_range(x, group_lo, group_hi, span_max, grid_delta, order, strea
             cmds += _launch(variant.range_partial, n_chunks * n_in, [x, h, rows_per_chunk, group_lo, group_hi],
                             device, stream, record)
         cmds += _launch(variant.range_finalize, n_in, [group_lo, group_hi, span_max], device, stream, record)
-    return cmds
+    return as_dependents(cmds)
 
 
 # ---------------------------------------------------------------------- 2. CG-MLP in Warp (native layer)
@@ -1635,6 +1639,7 @@ def _generator_forward_kernel(scalar_name: str, widths: tuple, rows: str):
         kept: wp.array2d(dtype=scalar),
     ):
         block, col_block, lane = wp.tid()
+        start_as_dependent()
         first_row = block * ROWS
         encoding_rows = wp.tile_zeros(shape=(ROWS, PE_W), dtype=scalar, storage="shared")
         embedding_rows = wp.tile_zeros(shape=(ROWS, E_W), dtype=scalar, storage="shared")
@@ -1697,6 +1702,7 @@ def _generator_backward_kernels(scalar_name: str, widths: tuple, rows: str):
         kept: wp.array2d(dtype=scalar),
     ):
         block, col_block, lane = wp.tid()
+        start_as_dependent()
         first_row = block * ROWS
         encoding_rows = wp.tile_zeros(shape=(ROWS, PE_W), dtype=scalar, storage="shared")
         embedding_rows = wp.tile_zeros(shape=(ROWS, E_W), dtype=scalar, storage="shared")
@@ -1728,6 +1734,7 @@ def _generator_backward_kernels(scalar_name: str, widths: tuple, rows: str):
         kept: wp.array2d(dtype=scalar),
     ):
         block, lane = wp.tid()
+        start_as_dependent()
         first_row = block * ROWS
         encoding_rows = wp.tile_zeros(shape=(ROWS, PE_W), dtype=scalar, storage="shared")
         embedding_rows = wp.tile_zeros(shape=(ROWS, E_W), dtype=scalar, storage="shared")
@@ -1791,6 +1798,7 @@ def _generator_combine_kernel(scalar_name: str):
         # of its feature's rows in order), added to the gradient with ``accumulate``, else stored. The
         # partials come flattened past the block index ([blocks, B H] for part_w_out [blocks, B, H]).
         q = wp.tid()
+        start_as_dependent()
         n_b = d_w_out.shape[0]
         n_h = d_w_out.shape[1]
         n_a = d_w_hidden.shape[1]
@@ -1963,8 +1971,9 @@ def launch_generator_forward(group_lo, embedding, w_hidden, b_hidden, w_out, b_o
     :func:`kept_row_width`] that the launch fills with the input rows and the hidden pre-activations, for a
     :func:`launch_generator_backward` that reads them instead of forming them again."""
     rows_per_feature = table.shape[0] // group_lo.shape[0]
-    return _generator_forward("range", group_lo, _no_row_features(table.device), rows_per_feature, embedding,
-                              w_hidden, b_hidden, w_out, b_out, table, pe_dim, table_k, stream, record, kept)
+    return as_dependents(_generator_forward("range", group_lo, _no_row_features(table.device), rows_per_feature,
+                                            embedding, w_hidden, b_hidden, w_out, b_out, table, pe_dim, table_k,
+                                            stream, record, kept))
 
 
 def launch_generator_backward(d_table, group_lo, embedding, w_hidden, b_hidden, w_out, part_w_out, part_b_out,
@@ -1980,10 +1989,10 @@ def launch_generator_backward(d_table, group_lo, embedding, w_hidden, b_hidden, 
     rows_per_feature = d_table.shape[0] // group_lo.shape[0]
     partials = [part_w_out, part_b_out, part_w_encoding, part_w_embedding, part_b_hidden, d_embedding_rows,
                 d_hidden_parts]
-    return _generator_backward("range", d_table, group_lo, _no_row_features(d_table.device), rows_per_feature,
-                               embedding, w_hidden, b_hidden, w_out, partials,
-                               (d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding), pe_dim, table_k, False, stream,
-                               record, kept)
+    return as_dependents(_generator_backward("range", d_table, group_lo, _no_row_features(d_table.device),
+                                             rows_per_feature, embedding, w_hidden, b_hidden, w_out, partials,
+                                             (d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding), pe_dim,
+                                             table_k, False, stream, record, kept))
 
 
 def launch_pair_generator_forward(pair_feature, pair_group, embedding, w_hidden, b_hidden, w_out, b_out, table,
