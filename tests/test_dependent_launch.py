@@ -73,7 +73,7 @@ def test_dependent_launch_runs_every_thread_once(device, shape, block_dim):
     assert (marks.numpy() == 1).all()
 
 
-# ------------------------------------------------------------------ the layers' dependent chains
+# ------------------------------------------------------------------ UKAN's dependent chain
 def _steps(layer, source, dy_source, steps: int = 3) -> list:
     """A few eager fwd + bwd steps, x and dy written each step by the kernel just before the layer's first
     launch, over NaN-filled buffers (a kernel that read them before that one finished would take NaN in, or,
@@ -92,54 +92,32 @@ def _steps(layer, source, dy_source, steps: int = 3) -> list:
     return results
 
 
-def _chain_layer(name: str):
-    from warpkan.torch_bridge import KANLinear, PolyKANLinear, UKANLinear
-
-    # deterministic: backward passes without atomics, so that any difference is the launches'
-    return {"KANLinear": lambda: KANLinear(13, 7, deterministic=True),
-            "UKANLinear": lambda: UKANLinear(13, 7, grid_delta=0.5, table_groups=32, deterministic=True),
-            "PolyKANLinear": lambda: PolyKANLinear(13, 7, 8, deterministic=True)}[name]().cuda()
-
-
 def _recorded_dependents() -> set:
-    from warpkan.torch_bridge import edge_driver, ukan_ops
+    from warpkan.torch_bridge import ukan_ops
 
-    return {cmd.cmd.kernel.key for cache in (ukan_ops._launch, edge_driver._launch)
-            for cmds, _ in cache._records.values() for cmd in cmds if isinstance(cmd, DependentLaunch) and cmd.enabled}
-
-
-def _clear_recorded():
-    from warpkan.torch_bridge import edge_driver, ukan_ops
-
-    ukan_ops._launch.clear()
-    edge_driver._launch.clear()
+    return {cmd.cmd.kernel.key for cmds, _ in ukan_ops._launch._records.values() for cmd in cmds
+            if isinstance(cmd, DependentLaunch) and cmd.enabled}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("n_rows", [1, 37, 1024, 20011])
-@pytest.mark.parametrize("name", ["KANLinear", "UKANLinear", "PolyKANLinear"])
-def test_layer_chains_match_plain_launches_cuda(name, n_rows, monkeypatch):
-    """The recorded launches of UKAN's range search and generator and of the edge engine's tiled pass replay
-    as programmatic dependents (``as_dependents``, compute capability 9.0+): bitwise the results of plain
-    launches, eagerly and in a captured step."""
+def test_ukan_chain_matches_plain_launches_cuda(n_rows, monkeypatch):
+    """The recorded launches of UKAN's range search and generator replay as programmatic dependents
+    (``as_dependents``, compute capability 9.0+): bitwise the results of plain launches, eagerly and in a
+    captured step."""
     from warpkan.kernels import _dependent_launch
-    from warpkan.torch_bridge import capture_step
+    from warpkan.torch_bridge import UKANLinear, capture_step, ukan_ops
 
     torch.manual_seed(0)
-    layer = _chain_layer(name)
-    source = torch.rand(n_rows, 13, device="cuda") * (3.0 if name == "UKANLinear" else 1.9) - 0.95
+    # deterministic: the spline's backward without atomics, so that any difference is the launches'
+    layer = UKANLinear(13, 7, grid_delta=0.5, table_groups=32, deterministic=True, device="cuda")
+    source = torch.rand(n_rows, 13, device="cuda") * 3.0 - 0.95
     dy_source = torch.randn(n_rows, 7, device="cuda")
-    _clear_recorded()
+    ukan_ops._launch.clear()
     dependent = _steps(layer, source, dy_source)
-    dependents = _recorded_dependents()
-    if dependent_launch_supported(wp.get_device("cuda")):
-        if name == "UKANLinear":  # the three range-search kernels, the generator's forward and its three backward ones
-            assert len({key for key in dependents if "range" in key or "generator" in key}) == 7
-            assert layer.table_overflow() == 0
-        if n_rows <= 1024:  # the tiled pass: its forward and backward
-            assert any("forward" in key for key in dependents) and any("backward" in key for key in dependents)
-    else:
-        assert not dependents
+    assert layer.table_overflow() == 0
+    # the three range-search kernels, the generator's forward and its three backward kernels
+    assert len(_recorded_dependents()) == (7 if dependent_launch_supported(wp.get_device("cuda")) else 0)
     x_static = source.clone().requires_grad_()
 
     def step():
@@ -152,7 +130,7 @@ def test_layer_chains_match_plain_launches_cuda(name, n_rows, monkeypatch):
     y_captured = capture_step(step)().clone()
     captured_grads = [x_static.grad.clone(), *(p.grad.clone() for p in layer.parameters())]
     monkeypatch.setattr(_dependent_launch, "CHAINS_DEPENDENT", False)
-    _clear_recorded()
+    ukan_ops._launch.clear()
     plain = _steps(layer, source, dy_source)
     assert not _recorded_dependents()
     assert all(torch.equal(a, b) for a, b in zip(dependent, plain))

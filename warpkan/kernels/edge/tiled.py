@@ -41,7 +41,6 @@ from dataclasses import dataclass
 import warp as wp
 
 from .._common import on_stream
-from .._dependent_launch import as_dependents, start_as_dependent
 from .._modules import DEFAULT_BLOCK_DIM, ModuleBuild, distinct
 from .._runtime import launch, workspace_for
 from ._values import edge_values
@@ -613,7 +612,6 @@ def helper_kernels(family: EdgeFamily) -> tuple:
         # coef_pad[i, r, o] = s[i, o] C[i, r + first, o], zero outside the table. zero_grads (the backward's
         # overwrite mode): 1 zeroes the parameter gradients, 2 dx too; it saves a fill launch per gradient
         i, r, o = wp.tid()
-        start_as_dependent()
         j = r + first
         value = zero
         inside = j >= 0 and j < coef.shape[1]
@@ -639,7 +637,6 @@ def helper_kernels(family: EdgeFamily) -> tuple:
         # fixed chunk order: bitwise reproducible. Rows j < n_coef are coefficients, row n_coef the scaler
         # and base weight.
         i, j, o = wp.tid()
-        start_as_dependent()
         n_coef = d_coef.shape[1]
         if j < n_coef:
             acc = zero
@@ -700,7 +697,6 @@ def _forward_kernel(family: EdgeFamily, capacity: int, banded: bool) -> wp.Kerne
         # step is one (input, band) table: band b holds the slots [b band_cells, (b + 1) band_cells) (one
         # band, all slots, when not banded)
         row_group, warp, lane, o0 = block_warp_lane(wp.tid(), FORWARD_WARPS, n_tiles)
-        start_as_dependent()
         n0 = (row_group * FORWARD_WARPS + warp) * LANES
         n_rows = x.shape[0]
         n = wp.min(n0 + lane, n_rows - 1)
@@ -784,7 +780,6 @@ def _whole_backward(family, kernel, values, backward_op, warps, Frame, T, vecK, 
         # block = (chunk group, input, output tile), laid out so that the blocks that run together share their
         # rows of dy and x; warp w takes chunk group * warps + w
         rest, warp, lane, o0 = block_warp_lane(wp.tid(), warps, n_tiles)
-        start_as_dependent()
         o = o0 + lane
         n_in = x.shape[1]
         chunk_group = rest // n_in
@@ -835,7 +830,6 @@ def _banded_backward(family, kernel, values, backward_op, band_queue, warps, Fra
         # band_cells). A warp scans its chunk's rows for the band's (slot only), queues them, and walks the
         # queue 32 rows at a time; one more scan step past the end walks what is left.
         rest, warp, lane, o0 = block_warp_lane(wp.tid(), warps, n_tiles)
-        start_as_dependent()
         o = o0 + lane
         n_in = x.shape[1]
         band_group = rest // n_bands
@@ -992,7 +986,7 @@ def launch_tiled_forward(family: EdgeFamily, frame, x, base_weight_t, scaler_t, 
         args = ([x, frame, base_weight_t, coef_pad, bias, int(use_base), int(bias is not None), n_tiles, plan.n_bands,
                  plan.band_cells], [y])
         cmds += launch(forward, -(-n_rows // block) * n_tiles * block, *args, x.device, stream, record, block) or []
-    return as_dependents(cmds) if record else None
+    return cmds if record else None
 
 
 def backward_rows_per_chunk(n_rows: int, n_in: int, n_out: int, n_bands: int = 1) -> int:
@@ -1066,4 +1060,4 @@ def launch_tiled_backward(family: EdgeFamily, frame, dy, x, base_weight_t, scale
     with on_stream(None if record else stream):
         for kernel, dim, inputs, outputs, block in steps:
             cmds += launch(kernel, dim, inputs, outputs, x.device, stream, record, block) or []
-    return as_dependents(cmds) if record else None
+    return cmds if record else None
