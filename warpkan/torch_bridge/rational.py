@@ -289,8 +289,8 @@ def _chain_arguments(x, layers: tuple, check_layers: bool):
     """(config, weights) of :func:`~warpkan.torch_bridge.grkan_ops.grkan_chain` for GR-KAN ``layers`` on x, or
     None where their composition runs instead: inside :func:`composed_layers`, traced code (torch.compile sees
     the composition alone), no gradient wanted, a hook the node would skip, a sub-module replaced by another, an
-    x the composition refuses (for its errors) and dtypes autocast would leave alone. ``check_layers``: the layers are sub-modules of the
-    caller (KATMLP's), whose own type and hooks count too."""
+    x the composition refuses (for its errors) and dtypes autocast would leave alone. ``check_layers``: the
+    layers are sub-modules of the caller (KATMLP's), whose own type and hooks count too."""
     # traced code first: the checks below would break torch.compile's graph
     if _COMPOSED_ONLY or not isinstance(x, torch.Tensor) or use_registered_op(x) or not torch.is_grad_enabled():
         return None
