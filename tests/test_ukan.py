@@ -10,6 +10,7 @@ import warp as wp
 
 import warpkan.torch_bridge as tb
 from warpkan.kernels import ukan as ku
+from warpkan.torch_bridge._common import RecordedLaunches
 from warpkan.kernels.ukan import CELL_LIMIT, table_capacity
 from warpkan.reference import ukan as ru
 from warpkan.torch_bridge import UKANLinear
@@ -598,6 +599,18 @@ def check_kept_rows_backward(group_lo, rows, pe_dim, params, d_table, table_k, t
         assert torch.equal(kept_table, table)
         for name, grad, kept_grad in zip(("embedding", "w_hidden", "b_hidden", "w_out", "b_out"), grads, kept_grads):
             assert torch.equal(kept_grad, grad), name
+        # the eager node hands the generator its own d_table to write the hidden gradient's shares over: the
+        # same gradients bit for bit, and d_table written only where the shares fit in its columns
+        scratch = d_table.clone()
+        scratch_grads = tb.ukan_ops._range_table_backward_impl(scratch, group_lo, pe_dim, *params[:4], table_k,
+                                                               rows=kept, d_table_is_scratch=True)
+        for name, grad, scratch_grad in zip(("embedding", "w_hidden", "b_hidden", "w_out", "b_out"), grads,
+                                            scratch_grads):
+            assert torch.equal(scratch_grad, grad), name
+        n_hidden = params[1].shape[0]
+        written = ku.use_tile_generator(8, pe_dim, params[0].shape[1], n_hidden) and ku.hidden_parts_in_table(
+            *d_table.shape, n_hidden)
+        assert torch.equal(scratch, d_table) != written
         if ku.use_tile_generator(8, pe_dim, params[0].shape[1], params[1].shape[0]):
             assert len(kept) == 1 and kept[0].shape == (group_lo.shape[0] * rows,
                                                         ku.kept_row_width(8, pe_dim, params[0].shape[1],
@@ -639,6 +652,11 @@ def test_generator_column_split():
         for n_cols in (1, 40, 131, 1024):
             col_blocks, block_cols = ku.column_split(n_rows, n_cols)
             assert block_cols % cols == 0 and (col_blocks - 1) * block_cols < n_cols <= col_blocks * block_cols
+            # the hidden gradient's shares fit in the table gradient where every column block is that wide
+            for hidden_dim, tile in ((1, 8), (9, 16), (32, 32), (33, 64)):
+                narrowest = min(block_cols, n_cols - (col_blocks - 1) * block_cols)
+                assert ku.hidden_tile_width(hidden_dim) == tile
+                assert ku.hidden_parts_in_table(n_rows, n_cols, hidden_dim) == (tile <= narrowest)
 
 
 @pytest.mark.parametrize("target_blocks", [1, 6, 512])
@@ -647,6 +665,9 @@ def test_range_generator_column_splits_float64(device, monkeypatch, target_block
     # every split gives the reference's table and gradients
     monkeypatch.setattr(ku, "CG_GENERATOR", "tile")
     monkeypatch.setattr(ku, "GENERATOR_TARGET_BLOCKS", target_blocks)
+    # a fresh launch cache: its records key on the tensors, and the split is a module constant, set once a process
+    # outside tests (the eager node's hidden-gradient shares in d_table take no tensor of their own)
+    monkeypatch.setattr(tb.ukan_ops, "_launch", RecordedLaunches())
     n_in, rows, pe_dim, embed_dim, hidden_dim, n_cols = 5, 13, 4, 3, 13, 131
     assert ku.column_split(n_in * rows, n_cols)[0] == {1: 1, 6: 2, 512: 5}[target_blocks]
     check_range_generator_float64(device, n_in, rows, pe_dim, embed_dim, hidden_dim, n_cols, seed=2)

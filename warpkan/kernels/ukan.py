@@ -106,6 +106,8 @@ __all__ = [
     "generator_widths",
     "generator_shared_bytes",
     "generator_partial_shapes",
+    "hidden_parts_in_table",
+    "hidden_tile_width",
     "kept_row_width",
     "launch_generator_forward",
     "launch_generator_backward",
@@ -1661,7 +1663,8 @@ def _generator_forward_kernel(scalar_name: str, widths: tuple, rows: str):
 def _generator_backward_kernels(scalar_name: str, widths: tuple, rows: str):
     """The fused CG-MLP backward, two kernels. ``output``: a block's ``block_cols`` columns of the output
     layer (its rows' hidden layer formed again, or read from ``kept``), their partials of d w_out and d b_out,
-    and its columns' share of the rows' hidden gradient (d_hidden_parts [column blocks, rows, H]). ``hidden``: a
+    and its columns' share of the rows' hidden gradient (columns c share_cols .. + H_W of d_hidden_parts [rows,
+    ...] for column block c: a buffer of their own, or the block's own columns of d_table). ``hidden``: a
     block's rows (formed again, or read from ``kept``), their hidden gradient summed over the column blocks in
     order, its partials of d w_hidden and d b_hidden, and the rows' embedding gradients. Rows past the table read
     a zero table gradient, so they add nothing."""
@@ -1676,12 +1679,12 @@ def _generator_backward_kernels(scalar_name: str, widths: tuple, rows: str):
     @wp.func
     def add_hidden_part(
         d_hidden: wp.tile(dtype=scalar, shape=(ROWS, H_W), storage="shared"),
-        d_hidden_parts: wp.array3d(dtype=scalar),
-        col_block: int,
+        d_hidden_parts: wp.array2d(dtype=scalar),
+        first_col: int,
         first_row: int,
     ):
-        part = wp.tile_load(d_hidden_parts, shape=(1, ROWS, H_W), offset=(col_block, first_row, 0))
-        wp.tile_assign(d_hidden, d_hidden + wp.tile_reshape(part, shape=(ROWS, H_W)))
+        part = wp.tile_load(d_hidden_parts, shape=(ROWS, H_W), offset=(first_row, first_col))
+        wp.tile_assign(d_hidden, d_hidden + part)
 
     @kernel
     def generator_backward_output(
@@ -1696,7 +1699,8 @@ def _generator_backward_kernels(scalar_name: str, widths: tuple, rows: str):
         w_out: wp.array2d(dtype=scalar),
         part_w_out: wp.array3d(dtype=scalar),
         part_b_out: wp.array2d(dtype=scalar),
-        d_hidden_parts: wp.array3d(dtype=scalar),
+        d_hidden_parts: wp.array2d(dtype=scalar),
+        share_cols: int,
         block_cols: int,
         table_k: int,
         kept: wp.array2d(dtype=scalar),
@@ -1715,11 +1719,14 @@ def _generator_backward_kernels(scalar_name: str, widths: tuple, rows: str):
         for col in range(first_col, wp.min(first_col + block_cols, d_table.shape[1]), COLS):
             output_columns_backward(d_table, w_out, hidden, block, first_row, col, table_k, d_hidden, part_w_out,
                                     part_b_out)
-        wp.tile_store(d_hidden_parts, wp.tile_reshape(d_hidden, shape=(1, ROWS, H_W)), offset=(col_block, first_row, 0))
+        # after the block's last read of d_table: where d_hidden_parts is d_table, these are the block's own columns
+        wp.tile_store(d_hidden_parts, d_hidden, offset=(first_row, col_block * share_cols))
 
     @kernel
     def generator_backward_hidden(
-        d_hidden_parts: wp.array3d(dtype=scalar),
+        d_hidden_parts: wp.array2d(dtype=scalar),
+        col_blocks: int,
+        share_cols: int,
         row_groups: wp.array(dtype=wp.int64),
         row_features: wp.array(dtype=wp.int32),
         rows_per_feature: int,
@@ -1739,11 +1746,11 @@ def _generator_backward_kernels(scalar_name: str, widths: tuple, rows: str):
         encoding_rows = wp.tile_zeros(shape=(ROWS, PE_W), dtype=scalar, storage="shared")
         embedding_rows = wp.tile_zeros(shape=(ROWS, E_W), dtype=scalar, storage="shared")
         pre = wp.tile_zeros(shape=(ROWS, H_W), dtype=scalar, storage="shared")
-        rows_and_pre(kept, first_row, row_groups, row_features, rows_per_feature, d_hidden_parts.shape[1], embedding,
+        rows_and_pre(kept, first_row, row_groups, row_features, rows_per_feature, d_hidden_parts.shape[0], embedding,
                      pe_dim, w_hidden, b_hidden, encoding_rows, embedding_rows, pre)
         d_hidden = wp.tile_zeros(shape=(ROWS, H_W), dtype=scalar, storage="shared")
-        for col_block in range(d_hidden_parts.shape[0]):  # in order: deterministic
-            add_hidden_part(d_hidden, d_hidden_parts, col_block, first_row)
+        for col_block in range(col_blocks):  # in order: deterministic
+            add_hidden_part(d_hidden, d_hidden_parts, col_block * share_cols, first_row)
         wp.tile_assign(pre, wp.tile_map(wp.static(silu_backward), d_hidden, pre))  # pre now holds d_pre
         hidden_layer_backward(pre, encoding_rows, embedding_rows, w_hidden, pe_dim, block, first_row, part_w_encoding,
                               part_w_embedding, part_b_hidden, d_embedding_rows)
@@ -1858,8 +1865,23 @@ def generator_partial_shapes(n_rows: int, n_table_cols: int, pe_dim: int, embed_
         "part_w_embedding": (n_blocks, hidden_dim, embed_dim),
         "part_b_hidden": (n_blocks, hidden_dim),
         "d_embedding_rows": (n_rows, embed_dim),
-        "d_hidden_parts": (column_split(n_rows, n_table_cols)[0], n_rows, hidden_dim),
+        "d_hidden_parts": (n_rows, column_split(n_rows, n_table_cols)[0] * hidden_tile_width(hidden_dim)),
     }
+
+
+def hidden_tile_width(hidden_dim: int) -> int:
+    """The generator's tile width of a hidden layer of ``hidden_dim`` (the first of :data:`GENERATOR_WIDTHS`
+    that holds it)."""
+    return next((w for w in GENERATOR_WIDTHS if w >= hidden_dim), GENERATOR_WIDTHS[-1])
+
+
+def hidden_parts_in_table(n_rows: int, n_table_cols: int, hidden_dim: int) -> bool:
+    """Whether the generator backward's column blocks can leave their shares of the hidden gradient in the
+    table gradient's own columns (``d_hidden_parts=None`` in :func:`launch_generator_backward`): every column
+    block, the last included, at least a hidden tile wide. A block (row block r, column block c) is the only
+    reader of d_table[rows of r, columns of c], and it stores its share there after its last read."""
+    col_blocks, block_cols = column_split(n_rows, n_table_cols)
+    return hidden_tile_width(hidden_dim) <= min(block_cols, n_table_cols - (col_blocks - 1) * block_cols)
 
 
 def column_split(n_rows: int, n_table_cols: int) -> tuple[int, int]:
@@ -1925,19 +1947,36 @@ def _generator_backward(rows, d_table, row_groups, row_features, rows_per_featur
     output_kernel, hidden_kernel = _generator_backward_kernels(name, widths, rows)
     rows_args = [row_groups, row_features, rows_per_feature, embedding, int(pe_dim), w_hidden, b_hidden]
     col_blocks, block_cols = column_split(d_table.shape[0], d_table.shape[1])
-    if d_hidden_parts.shape[0] != col_blocks:
-        raise ValueError(f"d_hidden_parts must have {col_blocks} column blocks (generator_partial_shapes), got "
-                         f"{d_hidden_parts.shape[0]}")
+    d_hidden_parts, share_cols = _hidden_shares(d_table, d_hidden_parts, w_hidden.shape[0], col_blocks, block_cols)
     table_k = _check_table_k(d_table.shape[1], table_k)
     kept = _checked_kept(kept, d_table.shape[0], widths)
     return (_launch_tiled(output_kernel, [n_blocks, col_blocks],
-                          [d_table, *rows_args, w_out, part_w_out, part_b_out, d_hidden_parts, block_cols, table_k,
+                          [d_table, *rows_args, w_out, part_w_out, part_b_out, d_hidden_parts, share_cols, block_cols,
+                           table_k,
                            kept], device, stream, record)
-            + _launch_tiled(hidden_kernel, [n_blocks], [d_hidden_parts, *rows_args, part_w_encoding, part_w_embedding,
-                                                       part_b_hidden, d_embedding_rows, kept], device, stream, record)
+            + _launch_tiled(hidden_kernel, [n_blocks], [d_hidden_parts, col_blocks, share_cols, *rows_args,
+                                                       part_w_encoding, part_w_embedding, part_b_hidden,
+                                                       d_embedding_rows, kept], device, stream, record)
             + _launch(_generator_combine_kernel(name), (n_entries,),
                       [*(_blocks_by_columns(part) for part in partials[:6]), int(pe_dim), rows_per_feature,
                        int(accumulate), table_k, *grads], device, stream, record))
+
+
+def _hidden_shares(d_table, d_hidden_parts, hidden_dim: int, col_blocks: int, block_cols: int):
+    """(the array the column blocks leave their hidden-gradient shares in, the columns between two blocks'
+    shares): ``d_hidden_parts`` [rows, column blocks x hidden tile] (generator_partial_shapes), or, where it is
+    None, d_table itself, each share in its block's own columns (:func:`hidden_parts_in_table`)."""
+    n_rows, n_cols = d_table.shape
+    if d_hidden_parts is None:
+        if not hidden_parts_in_table(n_rows, n_cols, hidden_dim):
+            raise ValueError(f"a table gradient [{n_rows}, {n_cols}] cannot hold the hidden gradient's shares of "
+                             f"{hidden_dim} columns (hidden_parts_in_table): pass d_hidden_parts")
+        return d_table, block_cols
+    width = hidden_tile_width(hidden_dim)
+    if tuple(d_hidden_parts.shape) != (n_rows, col_blocks * width):
+        raise ValueError(f"d_hidden_parts must be [{n_rows}, {col_blocks * width}] (generator_partial_shapes), got "
+                         f"{tuple(d_hidden_parts.shape)}")
+    return d_hidden_parts, width
 
 
 def _checked_kept(kept, n_rows: int, widths: tuple):
@@ -1983,7 +2022,10 @@ def launch_generator_backward(d_table, group_lo, embedding, w_hidden, b_hidden, 
     """Every parameter gradient of :func:`launch_generator_forward` (with the same ``table_k``) from d_table
     [in Rt, B], written, not accumulated: the blocks' tile_matmul partials (scratch shaped by
     :func:`generator_partial_shapes`), then their fixed-order sum (bitwise reproducible). ``kept``: the rows
-    the forward kept (its ``kept``), else None (the blocks form them again)."""
+    the forward kept (its ``kept``), else None (the blocks form them again). ``d_hidden_parts`` None: the
+    column blocks' shares of the hidden gradient go into d_table's own columns, which are then overwritten
+    (only where :func:`hidden_parts_in_table`; for a caller whose d_table is scratch), a buffer of that size
+    less at the step's peak."""
     if d_table.shape[0] == 0:
         return []
     rows_per_feature = d_table.shape[0] // group_lo.shape[0]

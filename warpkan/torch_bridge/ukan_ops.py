@@ -295,9 +295,12 @@ def _range_table_grads(embedding, w_hidden, w_out, alloc):
             alloc(w_out.shape[:1], dtype=w_out.dtype, device=w_out.device))
 
 
-def _range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b_hidden, w_out, table_k, rows=None):
+def _range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b_hidden, w_out, table_k, rows=None,
+                               d_table_is_scratch=False):
     """The parameter gradients, in the parameters' own layouts (``table_k``: the forward's); ``rows``: what
-    the forward kept (``_range_table_impl``'s ``keep_rows``), else the generator forms its rows again."""
+    the forward kept (``_range_table_impl``'s ``keep_rows``), else the generator forms its rows again;
+    ``d_table_is_scratch``: the caller's own d_table, which the tile generator may overwrite with its hidden
+    gradient's shares (``ku.hidden_parts_in_table``) instead of taking a buffer of their own."""
     d_table, group_lo, embedding, w_hidden, b_hidden, w_out = (
         t.contiguous() for t in (d_table, group_lo, embedding, w_hidden, b_hidden, w_out))
     d_embedding, d_w_hidden, d_b_hidden, d_w_out, d_b_out = _range_table_grads(embedding, w_hidden, w_out,
@@ -306,7 +309,10 @@ def _range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b
     n_rows, n_hidden = d_table.shape[0], w_hidden.shape[0]
     if ku.use_tile_generator(embedding.element_size(), pe_dim, embedding.shape[1], n_hidden):
         shapes = ku.generator_partial_shapes(n_rows, w_out.shape[0], pe_dim, embedding.shape[1], n_hidden)
+        if d_table_is_scratch and ku.hidden_parts_in_table(n_rows, w_out.shape[0], n_hidden):
+            del shapes["d_hidden_parts"]
         partials = tuple(d_table.new_empty(shape) for shape in shapes.values())
+        partials += (None,) * (7 - len(partials))
         kept = rows[0] if rows else None
         _launch(ku.launch_generator_backward, (d_table, group_lo, embedding, w_hidden, b_hidden, w_out, *partials,
                                                d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding, kept), pe_dim,
@@ -492,8 +498,9 @@ class _EagerRangeLayer(torch.autograd.Function):
                 param_t = ctx.raw_inputs[index].t()
                 grads[index] = (with_strides(grad, param_t.stride()) if kernel_copies(param_t) else grad).t()
         if need_mlp:
+            # d_table is this node's own (the spline's gradient of the table): the generator may write over it
             mlp_grads = _range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b_hidden, w_out,
-                                                   spline_order + 1, rows=rows)
+                                                   spline_order + 1, rows=rows, d_table_is_scratch=True)
             for index, grad in zip(range(4, 9), mlp_grads):
                 if need[index]:
                     grads[index] = grad
