@@ -71,11 +71,11 @@ def _edge_family_modules(name: str, family, key: dict, config: PrecompileConfig,
     return [build for basis in basis_dtypes for build in registry.layer_modules(family, n_coef, is_cuda, basis, jets)]
 
 
-def _edge_extras(name: str, key: dict, config: PrecompileConfig) -> list:
+def _edge_extras(name: str, key: dict, config: PrecompileConfig, is_cuda: bool) -> list:
     """The modules a layer family launches besides its edge families' (for one of their keys)."""
     higher = config.create_graph or bool(config.jets)
     if name == "ukan":
-        return list(ukan.ukan_modules(key["order"], key["scalar_name"]))
+        return list(ukan.ukan_modules(key["order"], key["scalar_name"], is_cuda=is_cuda))
     if name == "poly" and key["basis"] == "lut":
         capacity, scalar = key["capacity"], key["scalar_name"]
         builds = [build for basis in config.bases for build in poly.lut_modules(capacity, basis)]
@@ -115,7 +115,7 @@ def _edge_modules(name: str, config: PrecompileConfig, is_cuda: bool) -> list:
             jets = config.jets if _runs_taylor_mode(registry_name, key) else ()
             builds += _edge_family_modules(name, family, key, config, is_cuda, jets)
             if registry_name == LAYER_FAMILIES[name][0]:
-                builds += _edge_extras(name, key, config)
+                builds += _edge_extras(name, key, config, is_cuda)
     return builds
 
 

@@ -493,19 +493,22 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
 
 
 
-def ukan_modules(order: int, scalar_name: str = "float32", mlp_sizes: tuple = (16, 8, 32)) -> tuple:
+def ukan_modules(order: int, scalar_name: str = "float32", mlp_sizes: tuple = (16, 8, 32), is_cuda: bool = True
+                 ) -> tuple:
     """The modules (:class:`ModuleBuild`) of a UKAN layer's own kernels of one (order, scalar type): the pair
     search and group-range kernels and the CG-MLP's (the default block size), and the fused tile generator's of
     the CG-MLP ``mlp_sizes`` (pe_dim, embed_dim, hidden_dim; UKANLinear's defaults) for both row maps, where the
     generator takes those sizes. Its spline runs the edge engine's UKAN families (:mod:`.edge.registry`:
-    ``ukan``, ``ukan_pairs``, ``ukan_table``)."""
+    ``ukan``, ``ukan_pairs``, ``ukan_table``). ``is_cuda``: the generator's combine is laid out per device
+    kind (:func:`_combine_layout`)."""
     found = [ModuleBuild(get_variant(order, scalar_name).module), *builds([get_dense_variant(scalar_name).features])]
     widths = generator_widths(8 if scalar_name == "float64" else 4, *mlp_sizes)
     if CG_GENERATOR == "tile" and widths is not None:
         for rows in ("range", "pairs"):
             found += builds([_generator_forward_kernel(scalar_name, widths, rows),
                              *_generator_backward_kernels(scalar_name, widths, rows)], _GENERATOR_BLOCK_DIM)
-        found += builds([_generator_combine_kernel(scalar_name)])
+        layout = (_COMBINE_LANES, _COMBINE_ENTRIES) if is_cuda else (1, 1)
+        found += builds([_generator_combine_kernel(scalar_name, layout)], layout[0] * layout[1])
     return tuple(found)
 
 
@@ -1218,7 +1221,9 @@ _GENERATOR_BLOCK_DIM = 128
 # took 168 and 132 registers already (docs/perf-notes-engine.md).
 GENERATOR_MIN_BLOCKS = 3
 _SM_SHARED_BYTES = 228 * 1024  # shared memory of an SM on the H100 / H200
-_COMBINE_BATCH = 32  # partials a combine thread loads before it adds them
+_COMBINE_BATCH = 8  # partials a combine lane loads before it adds them
+_COMBINE_LANES = 8  # combine threads an entry
+_COMBINE_ENTRIES = 32  # entries a combine block (LANES x ENTRIES threads)
 
 
 _GENERATOR_SHARED_BUDGET = 112 * 1024  # bytes of shared memory a block: two blocks an SM on the H200 (228 KiB)
@@ -1758,27 +1763,37 @@ def _generator_backward_kernels(scalar_name: str, widths: tuple, rows: str):
     return generator_backward_output, generator_backward_hidden
 
 
+def _combine_layout(device) -> tuple[int, int]:
+    """(lanes an entry, entries a block) of the generator's combine on ``device``: a CPU block is one thread."""
+    return (_COMBINE_LANES, _COMBINE_ENTRIES) if wp.get_device(device).is_cuda else (1, 1)  # see ukan_modules
+
+
 @functools.lru_cache(maxsize=None)
-def _generator_combine_kernel(scalar_name: str):
-    """The generator's parameter gradients from the blocks' partials, and the embedding's from its rows. A
-    module of its own: built the first time a backward runs, it would otherwise change the hash of a CG-MLP
-    module that is already loaded and make Warp build all of its kernels again."""
+def _generator_combine_kernel(scalar_name: str, layout: tuple):
+    """The generator's parameter gradients from the blocks' partials, and the embedding's from its rows, with
+    ``layout`` = (lanes an entry, entries a block) (:func:`_combine_layout`). A module of its own: built the
+    first time a backward runs, it would otherwise change the hash of a CG-MLP module that is already loaded and
+    make Warp build all of its kernels again."""
     scalar = SCALARS[scalar_name]
-    kernel = _kernel_decorator(f"warpkan_ukan_generator_combine_{scalar_name}")
+    kernel = _kernel_decorator(f"warpkan_ukan_generator_combine_{scalar_name}_{layout[0]}x{layout[1]}")
     zero = scalar(0.0)
 
-    # A thread an entry and few entries (a MNIST layer's combine has ~350 warps), so a sum over ~170 blocks
-    # that loads one partial at a time waits out a memory latency a block. The sums load _COMBINE_BATCH
-    # partials (an unrolled loop of loads with no store between them) before they wait, and add them in block
-    # order all the same (the result is that of the plain loop, bit for bit).
+    # Few entries (a MNIST layer's ~11k) over many blocks' partials (~170): a thread an entry left most SMs idle
+    # and each thread a chain of memory latencies. So COMBINE_LANES threads share an entry: lane l sums the
+    # partials of blocks l, l + LANES, ... (COMBINE_BATCH loads issued before their adds), and the lanes' sums
+    # meet in a block-level tile sum. The order is fixed by the shapes alone: bitwise reproducible.
+    LANES, ENTRIES = layout
+
     @wp.func
-    def sum_blocks(acc: scalar, part: wp.array2d(dtype=scalar), c: int):
+    def lane_sum(part: wp.array2d(dtype=scalar), c: int, lane: int):
         n = part.shape[0]
-        whole = n - n % _COMBINE_BATCH
-        for block in range(0, whole, _COMBINE_BATCH):
+        step = LANES * _COMBINE_BATCH
+        whole = n - n % step
+        acc = zero
+        for block in range(lane, whole, step):
             for k in range(wp.static(_COMBINE_BATCH)):
-                acc = acc + part[block + k, c]
-        for block in range(whole, n):
+                acc = acc + part[block + k * LANES, c]
+        for block in range(whole + lane, n, LANES):
             acc = acc + part[block, c]
         return acc
 
@@ -1794,62 +1809,80 @@ def _generator_combine_kernel(scalar_name: str):
         rows_per_feature: int,
         accumulate: int,
         table_k: int,
+        n_entries: int,
         d_w_out: wp.array2d(dtype=scalar),
         d_b_out: wp.array(dtype=scalar),
         d_w_hidden: wp.array2d(dtype=scalar),
         d_b_hidden: wp.array(dtype=scalar),
         d_embedding: wp.array2d(dtype=scalar),
     ):
-        # flat entry q over [W_out (B x H) | b_out (B) | W_hidden (H x A) | b_hidden (H) | embedding (in x E)];
-        # each the sum of the blocks' partials in block order (the embedding, launched for range rows only:
-        # of its feature's rows in order), added to the gradient with ``accumulate``, else stored. The
-        # partials come flattened past the block index ([blocks, B H] for part_w_out [blocks, B, H]).
-        q = wp.tid()
+        # flat entry q over [W_out (B x H) | b_out (B) | W_hidden (H x A) | b_hidden (H) | embedding (in x E)]
+        # (the embedding's for range rows only: n_entries stops before it otherwise); each the sum of the
+        # blocks' partials (the embedding: of its feature's rows), added to the gradient with ``accumulate``,
+        # else stored. The partials come flattened past the block index ([blocks, B H] for [blocks, B, H]).
+        chunk, t = wp.tid()
         start_as_dependent()
+        lane = t // ENTRIES
+        slot = t - lane * ENTRIES
+        q = chunk * ENTRIES + slot
         n_b = d_w_out.shape[0]
         n_h = d_w_out.shape[1]
         n_a = d_w_hidden.shape[1]
         n_embed = n_a - pe_dim
-        acc = zero
+        n_e = d_embedding.shape[1]
+        first_hidden = n_b * n_h + n_b
+        first_embedding = first_hidden + n_h * n_a + n_h
+        value = zero
         if q < n_b * n_h:  # the partials in table column order b: w_out's row output_row(b)
-            b = q // n_h
-            h = q - b * n_h
-            w = output_row(b, n_b, table_k)
-            if accumulate:
-                acc = d_w_out[w, h]
-            d_w_out[w, h] = sum_blocks(acc, part_w_out, q)
-        elif q < n_b * n_h + n_b:
-            b = q - n_b * n_h
-            w = output_row(b, n_b, table_k)
-            if accumulate:
-                acc = d_b_out[w]
-            d_b_out[w] = sum_blocks(acc, part_b_out, b)
-        elif q < n_b * n_h + n_b + n_h * n_a:
-            r = q - n_b * n_h - n_b
-            h = r // n_a
-            a = r - h * n_a
-            if accumulate:
-                acc = d_w_hidden[h, a]
+            value = lane_sum(part_w_out, q, lane)
+        elif q < first_hidden:
+            value = lane_sum(part_b_out, q - n_b * n_h, lane)
+        elif q < first_hidden + n_h * n_a:
+            h = (q - first_hidden) // n_a
+            a = q - first_hidden - h * n_a
             if a < pe_dim:
-                acc = sum_blocks(acc, part_w_encoding, h * pe_dim + a)
+                value = lane_sum(part_w_encoding, h * pe_dim + a, lane)
             else:
-                acc = sum_blocks(acc, part_w_embedding, h * n_embed + a - pe_dim)
-            d_w_hidden[h, a] = acc
-        elif q < n_b * n_h + n_b + n_h * n_a + n_h:
-            h = q - n_b * n_h - n_b - n_h * n_a
-            if accumulate:
-                acc = d_b_hidden[h]
-            d_b_hidden[h] = sum_blocks(acc, part_b_hidden, h)
-        else:
-            n_e = d_embedding.shape[1]
-            r = q - n_b * n_h - n_b - n_h * n_a - n_h
-            i = r // n_e
-            e = r - i * n_e
-            if accumulate:
-                acc = d_embedding[i, e]
-            for j in range(rows_per_feature):
-                acc = acc + d_embedding_rows[i * rows_per_feature + j, e]
-            d_embedding[i, e] = acc
+                value = lane_sum(part_w_embedding, h * n_embed + a - pe_dim, lane)
+        elif q < first_embedding:
+            value = lane_sum(part_b_hidden, q - first_hidden - n_h * n_a, lane)
+        elif q < n_entries:
+            i = (q - first_embedding) // n_e
+            e = q - first_embedding - i * n_e
+            for j in range(lane, rows_per_feature, LANES):
+                value = value + d_embedding_rows[i * rows_per_feature + j, e]
+        lanes = wp.tile_reshape(wp.tile(value), shape=(LANES, ENTRIES))
+        total = wp.tile_extract(wp.tile_sum(lanes, axis=0), slot)
+        if lane == 0 and q < n_entries:
+            if q < n_b * n_h:
+                b = q // n_h
+                h = q - b * n_h
+                w = output_row(b, n_b, table_k)
+                if accumulate:
+                    total = total + d_w_out[w, h]
+                d_w_out[w, h] = total
+            elif q < first_hidden:
+                w = output_row(q - n_b * n_h, n_b, table_k)
+                if accumulate:
+                    total = total + d_b_out[w]
+                d_b_out[w] = total
+            elif q < first_hidden + n_h * n_a:
+                h = (q - first_hidden) // n_a
+                a = q - first_hidden - h * n_a
+                if accumulate:
+                    total = total + d_w_hidden[h, a]
+                d_w_hidden[h, a] = total
+            elif q < first_embedding:
+                h = q - first_hidden - n_h * n_a
+                if accumulate:
+                    total = total + d_b_hidden[h]
+                d_b_hidden[h] = total
+            else:
+                i = (q - first_embedding) // n_e
+                e = q - first_embedding - i * n_e
+                if accumulate:
+                    total = total + d_embedding[i, e]
+                d_embedding[i, e] = total
 
     return generator_combine
 
@@ -1905,11 +1938,11 @@ def _generator_config(table, embedding, w_hidden, pe_dim):
     return name, widths, -(-table.shape[0] // GENERATOR_ROWS)
 
 
-def _launch_tiled(kernel, blocks: list, inputs, device, stream, record):
+def _launch_tiled(kernel, blocks: list, inputs, device, stream, record, block_dim=_GENERATOR_BLOCK_DIM):
     """One tiled launch of a grid of ``blocks``, or (record=True) its recorded command in a list, for a caller's
     launch cache."""
     cmd = wp.launch_tiled(kernel, dim=blocks, inputs=inputs, device=device, stream=stream,
-                          block_dim=_GENERATOR_BLOCK_DIM, record_tape=False, record_cmd=record)
+                          block_dim=block_dim, record_tape=False, record_cmd=record)
     return [cmd] if record else []
 
 
@@ -1945,6 +1978,7 @@ def _generator_backward(rows, d_table, row_groups, row_features, rows_per_featur
     device = d_table.device
     part_w_out, part_b_out, part_w_encoding, part_w_embedding, part_b_hidden, d_embedding_rows, d_hidden_parts = partials
     output_kernel, hidden_kernel = _generator_backward_kernels(name, widths, rows)
+    layout = _combine_layout(device)
     rows_args = [row_groups, row_features, rows_per_feature, embedding, int(pe_dim), w_hidden, b_hidden]
     col_blocks, block_cols = column_split(d_table.shape[0], d_table.shape[1])
     d_hidden_parts, share_cols = _hidden_shares(d_table, d_hidden_parts, w_hidden.shape[0], col_blocks, block_cols)
@@ -1957,9 +1991,10 @@ def _generator_backward(rows, d_table, row_groups, row_features, rows_per_featur
             + _launch_tiled(hidden_kernel, [n_blocks], [d_hidden_parts, col_blocks, share_cols, *rows_args,
                                                        part_w_encoding, part_w_embedding, part_b_hidden,
                                                        d_embedding_rows, kept], device, stream, record)
-            + _launch(_generator_combine_kernel(name), (n_entries,),
-                      [*(_blocks_by_columns(part) for part in partials[:6]), int(pe_dim), rows_per_feature,
-                       int(accumulate), table_k, *grads], device, stream, record))
+            + _launch_tiled(_generator_combine_kernel(name, layout), [max(1, -(-n_entries // layout[1]))],
+                            [*(_blocks_by_columns(part) for part in partials[:6]), int(pe_dim), rows_per_feature,
+                             int(accumulate), table_k, n_entries, *grads], device, stream, record,
+                            block_dim=layout[0] * layout[1]))
 
 
 def _hidden_shares(d_table, d_hidden_parts, hidden_dim: int, col_blocks: int, block_cols: int):
