@@ -1786,15 +1786,15 @@ def _generator_combine_kernel(scalar_name: str, layout: tuple):
 
     @wp.func
     def lane_sum(part: wp.array2d(dtype=scalar), c: int, lane: int):
+        # past the last block a load reads the last one again and adds zero: a whole batch of loads is issued
+        # before its adds, the tail included
         n = part.shape[0]
-        step = LANES * _COMBINE_BATCH
-        whole = n - n % step
         acc = zero
-        for block in range(lane, whole, step):
+        for block in range(lane, n, LANES * _COMBINE_BATCH):
             for k in range(wp.static(_COMBINE_BATCH)):
-                acc = acc + part[block + k * LANES, c]
-        for block in range(whole + lane, n, LANES):
-            acc = acc + part[block, c]
+                b = block + k * LANES
+                value = part[wp.min(b, n - 1), c]
+                acc = acc + wp.where(b < n, value, zero)
         return acc
 
     @kernel
