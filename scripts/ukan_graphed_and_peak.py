@@ -4,7 +4,7 @@ of 5 rounds of 200 replays, us) and its peak memory after warm-up (``bench.timin
 A third column bounds what a cheaper group-range search could give: the same UKAN step with ``group_range``
 replaced by the result it returns (no range kernels at all).
 
-    python scripts/ukan_graphed_and_peak.py
+    python scripts/ukan_graphed_and_peak.py [ROWS ...]   # only the cases of these row counts
 """
 import statistics, sys, torch
 from warpkan.bench import ukan as bu
@@ -23,7 +23,10 @@ def replay_us(fn, n=200):
     return s.elapsed_time(e) / n * 1e3
 
 real_group_range = tu.group_range
+wanted = {int(arg) for arg in sys.argv[1:]}
 for n, fin, fout, g in CASES:
+    if wanted and n not in wanted:
+        continue
     torch.manual_seed(0)
     x = (torch.rand(n, fin, device="cuda") * 2 - 1)
     dy = torch.randn(n, fout, device="cuda")

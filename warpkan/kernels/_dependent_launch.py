@@ -54,9 +54,12 @@ def allow_dependents(): ...
 
 @wp.func
 def start_as_dependent():
-    """The first statement of a kernel of a dependent chain (:func:`as_dependents`): it reads and writes
-    nothing before the kernel before it on the stream has finished, and from here on the kernel after it
-    may be made resident. A plain launch (and the CPU) skips both."""
+    """Where a kernel of a dependent chain (:func:`as_dependents`) waits for the kernel before it on the stream
+    to finish, and from where the kernel after it may be made resident. Before it a kernel may only read what
+    was written before the kernel before it (that kernel lets it in only from its own call, once everything
+    before that kernel has finished: a chain's inputs, the parameters) and write nothing but its own shared
+    memory; as its first statement, it reads and writes nothing early. A plain launch (and the CPU) skips
+    both."""
     wait_for_previous_grid()
     allow_dependents()
 
@@ -163,7 +166,7 @@ class DependentLaunch:
 
 
 def as_dependents(cmds: list) -> list:
-    """Recorded launches of kernels that begin with :func:`start_as_dependent`, each made a programmatic
+    """Recorded launches of kernels that call :func:`start_as_dependent`, each made a programmatic
     dependent of the kernel before it (:class:`DependentLaunch`; a plain launch where the device cannot): in
     a chain of short kernels each one's launch and block start then overlap the tail of the one before it.
     Unchanged while ``CHAINS_DEPENDENT`` is off."""

@@ -428,8 +428,10 @@ def _range_partial_kernel(order: int, scalar_name: str):
     ):
         # consecutive threads on consecutive features of one row chunk (coalesced x); integer min/max
         # atomics commute, so the result does not depend on their order
+        # launched as a dependent of range_init, it scans x while range_init runs: x was written before
+        # range_init started (range_init waited for its own predecessor before it let this kernel in), and
+        # only the atomics touch what range_init writes
         tid = wp.tid()
-        start_as_dependent()
         n_in = x.shape[1]
         chunk = tid // n_in
         i = tid - chunk * n_in
@@ -442,6 +444,7 @@ def _range_partial_kernel(order: int, scalar_name: str):
             if valid:
                 lo = wp.min(lo, g)
                 hi = wp.max(hi, g)
+        start_as_dependent()
         if lo <= hi:
             wp.atomic_min(group_lo, i, lo)
             wp.atomic_max(group_hi, i, hi)
@@ -1746,13 +1749,16 @@ def _generator_backward_kernels(scalar_name: str, widths: tuple, rows: str):
         kept: wp.array2d(dtype=scalar),
     ):
         block, lane = wp.tid()
-        start_as_dependent()
         first_row = block * ROWS
         encoding_rows = wp.tile_zeros(shape=(ROWS, PE_W), dtype=scalar, storage="shared")
         embedding_rows = wp.tile_zeros(shape=(ROWS, E_W), dtype=scalar, storage="shared")
         pre = wp.tile_zeros(shape=(ROWS, H_W), dtype=scalar, storage="shared")
+        # the rows while the output kernel runs: launched as its dependent, this kernel starts only once every
+        # output block has passed its own wait, so what the rows are made of (the kept rows, the groups, the
+        # weights) is written; only the hidden-gradient shares are the output kernel's
         rows_and_pre(kept, first_row, row_groups, row_features, rows_per_feature, d_hidden_parts.shape[0], embedding,
                      pe_dim, w_hidden, b_hidden, encoding_rows, embedding_rows, pre)
+        start_as_dependent()
         d_hidden = wp.tile_zeros(shape=(ROWS, H_W), dtype=scalar, storage="shared")
         for col_block in range(col_blocks):  # in order: deterministic
             add_hidden_part(d_hidden, d_hidden_parts, col_block * share_cols, first_row)
