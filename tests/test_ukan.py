@@ -659,6 +659,33 @@ def test_generator_column_split():
                 assert ku.hidden_parts_in_table(n_rows, n_cols, hidden_dim) == (tile <= narrowest)
 
 
+def test_generator_backward_refuses_hidden_shares_it_cannot_hold():
+    # d_hidden_parts=None asks for the shares in d_table's columns: refused where a column block is narrower than
+    # the hidden tile; a buffer of the wrong shape is refused too, before any launch
+    n_in, rows, pe_dim, embed_dim, hidden_dim = 2, 5, 4, 3, 16
+    group_lo = torch.tensor([0, 3])
+    embedding, w_hidden, b_hidden, w_out, _ = (p.detach() for p in cg_mlp_params(n_in, pe_dim, embed_dim, hidden_dim,
+                                                                                 40, "cpu"))
+
+    def launch(n_cols, d_hidden_parts_shape):
+        w = w_out[:n_cols].contiguous()
+        shapes = ku.generator_partial_shapes(n_in * rows, n_cols, pe_dim, embed_dim, hidden_dim)
+        parts = [wp.zeros(shape, dtype=wp.float64) for name, shape in shapes.items() if name != "d_hidden_parts"]
+        shares = None if d_hidden_parts_shape is None else wp.zeros(d_hidden_parts_shape, dtype=wp.float64)
+        grads = [wp.zeros(t.shape, dtype=wp.float64) for t in (w, w[:, 0], w_hidden, b_hidden, embedding)]
+        ku.launch_generator_backward(wp.zeros((n_in * rows, n_cols), dtype=wp.float64), wp.from_torch(group_lo),
+                                     *(wp.from_torch(t) for t in (embedding, w_hidden, b_hidden, w)), *parts, shares,
+                                     *grads, None, pe_dim)
+
+    assert ku.hidden_parts_in_table(n_in * rows, 20, hidden_dim) and not ku.hidden_parts_in_table(n_in * rows, 40,
+                                                                                                  hidden_dim)
+    launch(20, None)  # one column block of 20 >= 16 columns: the shares fit
+    with pytest.raises(ValueError, match="hidden_parts_in_table"):
+        launch(40, None)  # a second column block of 8 columns
+    with pytest.raises(ValueError, match="d_hidden_parts must be"):
+        launch(40, (n_in * rows, hidden_dim))
+
+
 @pytest.mark.parametrize("target_blocks", [1, 6, 512])
 def test_range_generator_column_splits_float64(device, monkeypatch, target_blocks):
     # 65 rows (3 row blocks), 131 columns (5 products): one column block of 5 products, 2 of 3 + 2, 5 of 1;
