@@ -659,6 +659,18 @@ def test_generator_column_split():
                 assert ku.hidden_parts_in_table(n_rows, n_cols, hidden_dim) == (tile <= narrowest)
 
 
+@pytest.mark.parametrize("n_in,rows,table_k", [(4, 600, 2), (3, 7, 1)])
+def test_generator_combine_lanes_on_cpu_blocks_float64(monkeypatch, n_in, rows, table_k):
+    # the combine's CUDA layout (COMBINE_LANES lanes an entry, their sums met by a block tile_sum) run on the CPU
+    # with Warp's CPU blocks: 75 and 1 row blocks of partials (two batches a lane, a tail shorter than a
+    # batch), against the float64 reference
+    monkeypatch.setattr(wp.config, "enable_cpu_blocks", True)
+    monkeypatch.setattr(ku, "_combine_layout", lambda device: (ku._COMBINE_LANES, ku._COMBINE_ENTRIES))
+    monkeypatch.setattr(tb.ukan_ops, "_launch", RecordedLaunches())
+    monkeypatch.setattr(ku, "CG_GENERATOR", "tile")
+    check_range_generator_float64("cpu", n_in, rows, 16, 8, 32, 40, seed=3, table_k=table_k)
+
+
 def test_generator_backward_refuses_hidden_shares_it_cannot_hold():
     # d_hidden_parts=None asks for the shares in d_table's columns: refused where a column block is narrower than
     # the hidden tile; a buffer of the wrong shape is refused too, before any launch
