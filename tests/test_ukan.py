@@ -665,7 +665,7 @@ def test_generator_combine_lanes_on_cpu_blocks_float64(monkeypatch, n_in, rows, 
     # with Warp's CPU blocks: 75 and 1 row blocks of partials (two batches a lane, a tail shorter than a
     # batch), against the float64 reference
     monkeypatch.setattr(wp.config, "enable_cpu_blocks", True)
-    monkeypatch.setattr(ku, "_combine_layout", lambda device: (ku._COMBINE_LANES, ku._COMBINE_ENTRIES))
+    monkeypatch.setattr(ku, "_combine_layout", lambda is_cuda: (ku._COMBINE_LANES, ku._COMBINE_ENTRIES))
     monkeypatch.setattr(tb.ukan_ops, "_launch", RecordedLaunches())
     monkeypatch.setattr(ku, "CG_GENERATOR", "tile")
     check_range_generator_float64("cpu", n_in, rows, 16, 8, 32, 40, seed=3, table_k=table_k)

@@ -510,7 +510,7 @@ def ukan_modules(order: int, scalar_name: str = "float32", mlp_sizes: tuple = (1
         for rows in ("range", "pairs"):
             found += builds([_generator_forward_kernel(scalar_name, widths, rows),
                              *_generator_backward_kernels(scalar_name, widths, rows)], _GENERATOR_BLOCK_DIM)
-        layout = (_COMBINE_LANES, _COMBINE_ENTRIES) if is_cuda else (1, 1)
+        layout = _combine_layout(is_cuda)
         found += builds([_generator_combine_kernel(scalar_name, layout)], layout[0] * layout[1])
     return tuple(found)
 
@@ -1249,18 +1249,17 @@ def generator_shared_bytes(scalar_bytes: int, widths: tuple) -> tuple[int, int]:
     return (forward * scalar_bytes + _GENERATOR_SHARED_SLACK, backward * scalar_bytes + _GENERATOR_SHARED_SLACK)
 
 
+def _tile_width(size: int) -> "int | None":
+    """The first of :data:`GENERATOR_WIDTHS` that holds ``size``; None past the widest."""
+    return next((w for w in GENERATOR_WIDTHS if w >= size), None)
+
+
 def generator_widths(scalar_bytes: int, pe_dim: int, embed_dim: int, hidden_dim: int):
     """The tile widths (pe, embed, hidden) of the fused generator for these CG-MLP sizes in a scalar type of
     ``scalar_bytes`` bytes, or None where one is wider than the widest tile or the blocks would need more shared
     memory than the budget (the SIMT kernels then run the CG-MLP)."""
-    widths = []
-    for size in (pe_dim, embed_dim, hidden_dim):
-        fitting = [w for w in GENERATOR_WIDTHS if w >= size]
-        if not fitting:
-            return None
-        widths.append(fitting[0])
-    widths = tuple(widths)
-    if max(generator_shared_bytes(scalar_bytes, widths)) > _GENERATOR_SHARED_BUDGET:
+    widths = tuple(_tile_width(size) for size in (pe_dim, embed_dim, hidden_dim))
+    if None in widths or max(generator_shared_bytes(scalar_bytes, widths)) > _GENERATOR_SHARED_BUDGET:
         return None
     return widths
 
@@ -1769,9 +1768,10 @@ def _generator_backward_kernels(scalar_name: str, widths: tuple, rows: str):
     return generator_backward_output, generator_backward_hidden
 
 
-def _combine_layout(device) -> tuple[int, int]:
-    """(lanes an entry, entries a block) of the generator's combine on ``device``: a CPU block is one thread."""
-    return (_COMBINE_LANES, _COMBINE_ENTRIES) if wp.get_device(device).is_cuda else (1, 1)  # see ukan_modules
+def _combine_layout(is_cuda: bool) -> tuple[int, int]:
+    """(lanes an entry, entries a block) of the generator's combine on a CUDA device or the CPU, whose blocks are
+    one thread."""
+    return (_COMBINE_LANES, _COMBINE_ENTRIES) if is_cuda else (1, 1)
 
 
 @functools.lru_cache(maxsize=None)
@@ -1910,8 +1910,8 @@ def generator_partial_shapes(n_rows: int, n_table_cols: int, pe_dim: int, embed_
 
 def hidden_tile_width(hidden_dim: int) -> int:
     """The generator's tile width of a hidden layer of ``hidden_dim`` (the first of :data:`GENERATOR_WIDTHS`
-    that holds it)."""
-    return next((w for w in GENERATOR_WIDTHS if w >= hidden_dim), GENERATOR_WIDTHS[-1])
+    that holds it; the widest past it, where the tile generator does not run)."""
+    return _tile_width(hidden_dim) or GENERATOR_WIDTHS[-1]
 
 
 def hidden_parts_in_table(n_rows: int, n_table_cols: int, hidden_dim: int) -> bool:
@@ -1984,7 +1984,7 @@ def _generator_backward(rows, d_table, row_groups, row_features, rows_per_featur
     device = d_table.device
     part_w_out, part_b_out, part_w_encoding, part_w_embedding, part_b_hidden, d_embedding_rows, d_hidden_parts = partials
     output_kernel, hidden_kernel = _generator_backward_kernels(name, widths, rows)
-    layout = _combine_layout(device)
+    layout = _combine_layout(wp.get_device(device).is_cuda)
     rows_args = [row_groups, row_features, rows_per_feature, embedding, int(pe_dim), w_hidden, b_hidden]
     col_blocks, block_cols = column_split(d_table.shape[0], d_table.shape[1])
     d_hidden_parts, share_cols = _hidden_shares(d_table, d_hidden_parts, w_hidden.shape[0], col_blocks, block_cols)

@@ -309,10 +309,9 @@ def _range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b
     n_rows, n_hidden = d_table.shape[0], w_hidden.shape[0]
     if ku.use_tile_generator(embedding.element_size(), pe_dim, embedding.shape[1], n_hidden):
         shapes = ku.generator_partial_shapes(n_rows, w_out.shape[0], pe_dim, embedding.shape[1], n_hidden)
-        if d_table_is_scratch and ku.hidden_parts_in_table(n_rows, w_out.shape[0], n_hidden):
-            del shapes["d_hidden_parts"]
-        partials = tuple(d_table.new_empty(shape) for shape in shapes.values())
-        partials += (None,) * (7 - len(partials))
+        shares_in_table = d_table_is_scratch and ku.hidden_parts_in_table(n_rows, w_out.shape[0], n_hidden)
+        partials = tuple(None if shares_in_table and name == "d_hidden_parts" else d_table.new_empty(shape)
+                         for name, shape in shapes.items())
         kept = rows[0] if rows else None
         _launch(ku.launch_generator_backward, (d_table, group_lo, embedding, w_hidden, b_hidden, w_out, *partials,
                                                d_w_out, d_b_out, d_w_hidden, d_b_hidden, d_embedding, kept), pe_dim,
