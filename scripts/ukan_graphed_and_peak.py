@@ -5,6 +5,10 @@ A third column bounds what a cheaper group-range search could give: the same UKA
 replaced by the result it returns (no range kernels at all).
 
     python scripts/ukan_graphed_and_peak.py [ROWS ...]   # only the cases of these row counts
+
+At N=65536, h=2/256 its UKAN figure is 9% above what `warpkan bench ukan` and a separate timing of the bench's own
+setup give in the same process (792 against 729 us; the other cases agree): use the bench's ratio for that case
+(docs/perf-notes-engine.md, *The generator backward's hidden-gradient shares*).
 """
 import statistics, sys, torch
 from warpkan.bench import ukan as bu
