@@ -13,7 +13,8 @@ Each row also says how far the two native strategies lie apart (y, dx and every 
 x depth, ``tN`` for N threads a block; each a module to build, a minute or two on the GPU) in place of the
 layer's own pick from ``warpkan.kernels.edge.tile_gemm.TILE_SHAPES``: what a change of that list would be
 measured with. ``--chunk-mib M`` (repeatable) adds the native gemm path with that bound on a chunk of basis.
-``--scalar-gemm`` adds each native gemm variant with Warp's scalar tile_matmul in place of cuBLASDx.
+``--mathdx`` adds each native gemm variant with cuBLASDx's tile_matmul in place of Warp's scalar GEMM (the
+default, :data:`warpkan.kernels._modules.TILE_MATMUL`; cuBLASDx modules take minutes to build).
 
 Target (docs/perf-notes-engine.md): the native gemm path within 1.5x of the torch bridge's gemm path at
 KANLinear (65536, 256 -> 256, G = 8). On CUDA the times come from CUDA events around ``--repeat`` passes after
@@ -88,26 +89,21 @@ def _torch_row(kind, n_rows, n_in, n_out, size, device, timer, warmup, repeat):
 
 
 @contextlib.contextmanager
-def _float32_tiles(shape, scalar_gemm: bool = False):
-    """The float32 layers' tile shape for the block (None: the list as it is); ``scalar_gemm``: their
-    tile_matmul by Warp's cooperative scalar GEMM instead of cuBLASDx (the module option
-    ``enable_mathdx_gemm=False``: no LTO build, and for small tiles sometimes faster)."""
+def _float32_tiles(shape, gemm: str):
+    """The float32 layers' tile shape for the block (None: the list as it is), their tile_matmul by ``gemm``
+    (:data:`warpkan.kernels._modules.TILE_MATMULS`)."""
+    from warpkan.kernels import _modules as kernel_modules
     from warpkan.kernels.edge import tile_gemm
 
-    listed = tile_gemm.TILE_SHAPES["float32"]
+    listed, chosen = tile_gemm.TILE_SHAPES["float32"], kernel_modules.TILE_MATMUL
     if shape is not None:
         tile_gemm.TILE_SHAPES["float32"] = (shape,)
-    modules = [tile_gemm.tile_gemm_module("float32", s) for s in tile_gemm.TILE_SHAPES["float32"]]
-    if scalar_gemm:
-        for module in modules:
-            wp.set_module_options({"enable_mathdx_gemm": False}, module)
+    kernel_modules.set_tile_matmul(gemm)
     try:
         yield
     finally:
         tile_gemm.TILE_SHAPES["float32"] = listed
-        if scalar_gemm:
-            for module in modules:
-                wp.set_module_options({"enable_mathdx_gemm": None}, module)
+        kernel_modules.set_tile_matmul(chosen)
 
 
 def _parse_tile_shapes(text):
@@ -137,23 +133,23 @@ def _chunk_bytes(mib):
         tile_gemm.GEMM_CHUNK_BYTES = kept
 
 
-def measure(case, device, warmup, repeat, tile_shapes=(), scalar_gemm=False, chunk_mib=()):
+def measure(case, device, warmup, repeat, tile_shapes=(), mathdx=False, chunk_mib=()):
     kind, n_rows, n_in, n_out, size = case
     timer = _timer(device)
     rng = np.random.default_rng(0)
     x = wp.array(rng.uniform(-1, 1, (n_rows, n_in)).astype(np.float32), device=device, requires_grad=True)
     dy = wp.array(rng.standard_normal((n_rows, n_out)).astype(np.float32), device=device)
     rows, results = [], {}
-    variants = [("stencil", None, False, None)] + [
-        ("gemm", shape, scalar, mib) for shape in tile_shapes or [None]
-        for scalar in ((False, True) if scalar_gemm else (False,)) for mib in [None, *chunk_mib]]
-    for strategy, shape, scalar, mib in variants:
+    variants = [("stencil", None, "scalar", None)] + [
+        ("gemm", shape, gemm, mib) for shape in tile_shapes or [None]
+        for gemm in (("scalar", "mathdx") if mathdx else ("scalar",)) for mib in [None, *chunk_mib]]
+    for strategy, shape, gemm, mib in variants:
         layer = native_layer(kind, n_in, n_out, size, strategy, device)
-        with _float32_tiles(shape, scalar), _chunk_bytes(mib):
+        with _float32_tiles(shape, gemm), _chunk_bytes(mib):
             forward, step = native_passes(layer, x, dy)
             fwd = timer(forward, warmup, repeat)
             path = (f"native {strategy}" + (f" {shape.name}" if shape is not None else "")
-                    + (" scalar tile_matmul" if scalar else "") + (f" chunks of {mib} MiB" if mib else ""))
+                    + (" cuBLASDx tile_matmul" if gemm == "mathdx" else "") + (f" chunks of {mib} MiB" if mib else ""))
             rows.append({"path": path, "fwd_ms": fwd, "step_ms": timer(step, warmup, repeat)})
             results.setdefault(strategy, _native_results(layer, x, dy))
     apart = max(float(np.abs(a - b).max()) / max(float(np.abs(a).max()), 1e-30)
@@ -193,8 +189,8 @@ def main(argv=None):
     parser.add_argument("--chunk-mib", type=int, action="append", default=[],
                         help="also time the native gemm path with this bound on a chunk of dense basis, MiB "
                         "(repeatable; default: warpkan.kernels.edge.tile_gemm.GEMM_CHUNK_BYTES)")
-    parser.add_argument("--scalar-gemm", action="store_true", help="also time each native gemm variant with "
-                        "Warp's scalar tile_matmul in place of cuBLASDx")
+    parser.add_argument("--mathdx", action="store_true", help="also time each native gemm variant with "
+                        "cuBLASDx's tile_matmul in place of Warp's scalar GEMM (minutes of build)")
     args = parser.parse_args(argv)
     tile_shapes = _parse_tile_shapes(args.tile_shapes)
     wp.init()
@@ -202,7 +198,7 @@ def main(argv=None):
     rows = []
     cases = [_parse_case(text) for text in args.case] or (QUICK_CASES if args.quick else CASES)
     for case in cases:
-        rows += measure(case, device, args.warmup, args.repeat, tile_shapes, args.scalar_gemm, args.chunk_mib)
+        rows += measure(case, device, args.warmup, args.repeat, tile_shapes, args.mathdx, args.chunk_mib)
         print(_table(rows), flush=True)
     head = rows[0]["case"]
     gemm_ms = min(r["step_ms"] for r in rows if r["case"] == head and r["path"].startswith("native gemm"))

@@ -16,7 +16,7 @@ generators' tables and gradients, relative to the largest entry.
 
 Each path's first call is timed on the wall clock too: with a fresh kernel cache (``WARP_CACHE_PATH=<empty
 folder>``) it includes the build of its modules, so that cuBLASDx's tile_matmul ("tile") and Warp's scalar one
-("tile scalar", :data:`warpkan.kernels.ukan.GENERATOR_GEMMS`) are compared on build time as well.
+("tile scalar", :data:`warpkan.kernels._modules.TILE_MATMULS`) are compared on build time as well.
 
 ``--quick``: small shapes and few repeats, runnable on the CPU (a smoke test of the script, not a measurement).
 """
@@ -34,6 +34,7 @@ import torch
 from warpkan.bench.models import _cases as model_cases
 from warpkan.bench.timing import time_fn
 from warpkan.bench.ukan import CG, FULL_CASES, ORDER, QUICK_CASES
+from warpkan.kernels import _modules as kernel_modules
 from warpkan.kernels import ukan as ku
 from warpkan.kernels._common import on_stream
 from warpkan.torch_bridge import UKANLinear
@@ -48,14 +49,14 @@ GENERATORS = ["simt", "tile", "tile scalar"]
 def generator(name: str):
     """The CG-MLP path ``name`` of :data:`GENERATORS` for the block; the first call's wall seconds (the build
     of modules not in the kernel cache, which a fresh ``WARP_CACHE_PATH`` makes cold) go to ``first``."""
-    previous = ku.CG_GENERATOR, ku.GENERATOR_GEMM
+    previous = ku.CG_GENERATOR, kernel_modules.TILE_MATMUL
     ku.CG_GENERATOR = "simt" if name == "simt" else "tile"
-    ku.set_generator_gemm("scalar" if name.endswith("scalar") else "mathdx")
+    kernel_modules.set_tile_matmul("scalar" if name.endswith("scalar") else "mathdx")
     try:
         yield
     finally:
         ku.CG_GENERATOR = previous[0]
-        ku.set_generator_gemm(previous[1])
+        kernel_modules.set_tile_matmul(previous[1])
 
 
 def first_call_s(fn, device: str) -> float:

@@ -18,6 +18,7 @@ EXPECTED_WARPKAN = {
     "rational_funcs",
     "GroupRational",
     "GRKANLinear",
+    "set_tile_matmul",
 }
 
 EXPECTED_TORCH_BRIDGE = {

@@ -793,31 +793,41 @@ def test_range_generator_gradients_bitwise_reproducible(device):
     assert all(torch.equal(a, b) for a, b in zip(first[1], second[1]))
 
 
-def test_generator_gemm_switch_reaches_every_generator_module():
-    # the generator's tile_matmul: Warp's scalar GEMM by default (a cuBLASDx module took 116-146 s to build on
-    # the GPU machine); set_generator_gemm switches the modules already made and those made after
-    assert ku.GENERATOR_GEMM == "scalar"
+def test_tile_matmul_switch_reaches_every_tile_matmul_module():
+    # tile_matmul is Warp's scalar GEMM by default in every module that calls it, the UKAN generator's and the
+    # Warp-native tile GEMMs' (a cuBLASDx module took 116-146 s to build on the GPU machine); set_tile_matmul
+    # switches the modules already made and those made after
+    from warpkan.kernels import _modules as kernel_modules
+    from warpkan.kernels.edge import tile_gemm
+
+    assert kernel_modules.TILE_MATMUL == "scalar"
     params = cg_mlp_params(2, 16, 8, 32, 12, "cpu", dtype=torch.float32)
     expected = table_and_grads(range_table_op(torch.tensor([0, 3]), 4, 16), params, torch.ones(8, 12))
-    names = sorted(ku._generator_module_names)
-    assert any("forward" in name for name in names) and any("backward" in name for name in names)
-    assert all(wp.get_module(name).options["enable_mathdx_gemm"] is False for name in names)
+    gemm_modules = [module for module, _ in tile_gemm.tile_gemm_modules("float32")]
+    names = sorted(kernel_modules._tile_matmul_modules)
+    assert any("generator_forward" in name for name in names) and any("generator_backward" in name for name in names)
+    assert set(gemm_modules) <= set(names)
+
+    def mathdx_options():
+        return {wp.get_module(name).options["enable_mathdx_gemm"] for name in kernel_modules._tile_matmul_modules}
+
+    assert mathdx_options() == {False}
     try:
-        ku.set_generator_gemm("mathdx")
-        assert all(wp.get_module(name).options["enable_mathdx_gemm"] is True for name in names)
+        kernel_modules.set_tile_matmul("mathdx")
+        assert mathdx_options() == {True}
         # a module named while cuBLASDx is chosen is made with it (a name no layer uses: whether the layers'
         # own modules already exist depends on the tests before)
         ku._generator_kernel_decorator("float32", (8, 8, 8), "switch_test")
         assert wp.get_module("warpkan_ukan_generator_switch_test_float32_8_8_8").options["enable_mathdx_gemm"] is True
     finally:
-        ku.set_generator_gemm("scalar")
-    assert all(wp.get_module(name).options["enable_mathdx_gemm"] is False for name in ku._generator_module_names)
+        kernel_modules.set_tile_matmul("scalar")
+    assert mathdx_options() == {False}
     # on the CPU tile_matmul is Warp's scalar GEMM either way: the same table and gradients after the round trip
     again = table_and_grads(range_table_op(torch.tensor([0, 3]), 4, 16), params, torch.ones(8, 12))
     assert torch.equal(expected[0], again[0]) and all(torch.equal(a, b) for a, b in zip(expected[1], again[1]))
     with pytest.raises(ValueError, match="must be one of"):
-        ku.set_generator_gemm("cublas")
-    assert ku.GENERATOR_GEMM == "scalar"
+        kernel_modules.set_tile_matmul("cublas")
+    assert kernel_modules.TILE_MATMUL == "scalar"
 
 
 def test_range_generator_choice(monkeypatch):

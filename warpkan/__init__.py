@@ -24,6 +24,7 @@ _LAZY = {
     "rational_funcs": "warpkan.funcs",
     "GroupRational": "warpkan.native.rational",
     "GRKANLinear": "warpkan.native.rational",
+    "set_tile_matmul": "warpkan.kernels._modules",
 }
 
 __all__ = ["__version__", *_LAZY]

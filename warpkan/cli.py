@@ -287,8 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "rational Taylor-series kernels)")
     pre.add_argument("--native", action="store_true",
                      help="also the tile GEMMs of the Warp-native layers' gemm strategy (warpkan.KANLinear, "
-                     "warpkan.PolyKANLinear; no torch layer loads them), each a cuBLASDx module of one to two "
-                     "minutes' build on a GPU")
+                     "warpkan.PolyKANLinear; no torch layer loads them)")
     pre.set_defaults(fn=cmd_precompile)
 
     bench = sub.add_parser("bench", parents=[common], help="benchmarks against peer implementations: JSON and markdown",

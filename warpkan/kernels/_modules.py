@@ -12,9 +12,43 @@ from typing import Iterable, NamedTuple
 
 import warp as wp
 
-__all__ = ["ModuleBuild", "DEFAULT_BLOCK_DIM", "builds", "distinct", "load"]
+__all__ = ["ModuleBuild", "DEFAULT_BLOCK_DIM", "builds", "distinct", "load", "TILE_MATMULS", "TILE_MATMUL",
+           "set_tile_matmul", "tile_matmul_module"]
 
 DEFAULT_BLOCK_DIM = 256  # what wp.launch (and _runtime.launch) use when no block size is given
+
+# How ``wp.tile_matmul`` multiplies on CUDA in every module that calls it (UKAN's CG-MLP generator, the Warp-native
+# layers' tile GEMMs): "scalar", Warp's cooperative scalar GEMM over the shared-memory tiles, or "mathdx",
+# cuBLASDx linked as LTO code. On the H200 machine a scalar module builds in 0.2-4.6 s and a cuBLASDx one took
+# 116-146 s; cuBLASDx ran the generator 1.05-2.1x and the native (65536, 256 -> 256) layers' steps 1.07-1.08x
+# faster (docs/perf-notes-engine.md). So a new layer configuration does not wait minutes for its first step.
+TILE_MATMULS = ("scalar", "mathdx")
+TILE_MATMUL = "scalar"
+_tile_matmul_modules: set[str] = set()
+
+
+def _apply_tile_matmul(name: str) -> None:
+    wp.set_module_options({"enable_mathdx_gemm": TILE_MATMUL == "mathdx"}, name)
+
+
+def tile_matmul_module(name: str) -> str:
+    """Register module ``name`` as one whose kernels call ``tile_matmul``, with its GEMM by :data:`TILE_MATMUL`
+    (now and at every later :func:`set_tile_matmul`); returns the name."""
+    _tile_matmul_modules.add(name)
+    _apply_tile_matmul(name)
+    return name
+
+
+def set_tile_matmul(gemm: str) -> None:
+    """Switch every ``tile_matmul`` module, made before or after, between Warp's scalar GEMM and cuBLASDx
+    (:data:`TILE_MATMULS`); a module built the other way is built again at its next launch (a long run whose
+    kernel cache is kept can take cuBLASDx's faster products for its minutes of build)."""
+    global TILE_MATMUL
+    if gemm not in TILE_MATMULS:
+        raise ValueError(f"tile_matmul's GEMM must be one of {TILE_MATMULS}, got {gemm!r}")
+    TILE_MATMUL = gemm
+    for name in _tile_matmul_modules:
+        _apply_tile_matmul(name)
 
 
 class ModuleBuild(NamedTuple):

@@ -68,7 +68,7 @@ import warp as wp
 
 from ._common import SCALARS, first_at_least, on_stream, scalar_name
 from ._dependent_launch import as_dependents, start_as_dependent
-from ._modules import ModuleBuild, builds
+from ._modules import ModuleBuild, builds, tile_matmul_module
 from .. import _checks
 from .edge.bspline_family import MAX_SPLINE_ORDER
 from .edge.ukan_family import CELL_LIMIT, ukan_locate_func, ukan_table_family, ukan_table_frame_of, window_codec
@@ -1272,38 +1272,11 @@ def use_tile_generator(scalar_bytes: int, pe_dim: int, embed_dim: int, hidden_di
     return CG_GENERATOR == "tile" and generator_widths(scalar_bytes, pe_dim, embed_dim, hidden_dim) is not None
 
 
-# how the generator's tile_matmuls multiply on CUDA: "mathdx" (cuBLASDx, linked as LTO code) or "scalar" (Warp's
-# cooperative scalar GEMM over the shared-memory tiles). The generator's products are small (32 rows against
-# at most 128 x 128 weights): a scalar module builds in 0.2-4.6 s on the GPU machine, a cuBLASDx one took
-# 116-146 s, for a generator 1.05-2.1x slower forward + backward (docs/perf-notes-engine.md)
-GENERATOR_GEMMS = ("mathdx", "scalar")
-GENERATOR_GEMM = "scalar"
-_generator_module_names: set[str] = set()
-
-
-def set_generator_gemm(gemm: str) -> None:
-    """Switch the generator's tile_matmul between cuBLASDx and Warp's scalar GEMM (:data:`GENERATOR_GEMMS`),
-    for modules made before and after; a module built the other way is built again at its next launch."""
-    global GENERATOR_GEMM
-    if gemm not in GENERATOR_GEMMS:
-        raise ValueError(f"the generator's GEMM must be one of {GENERATOR_GEMMS}, got {gemm!r}")
-    GENERATOR_GEMM = gemm
-    for name in _generator_module_names:
-        _apply_generator_gemm(name)
-
-
-def _apply_generator_gemm(name: str) -> None:
-    """Module ``name``'s tile_matmul by :data:`GENERATOR_GEMM`."""
-    wp.set_module_options({"enable_mathdx_gemm": GENERATOR_GEMM == "mathdx"}, name)
-
-
 def _generator_kernel_decorator(scalar_name: str, widths: tuple, part: str):
     """``wp.kernel`` into a module of its own per (scalar, widths, forward or backward), its tile_matmul by
-    :data:`GENERATOR_GEMM`: a forward-only use never builds the backward (a cuBLASDx module takes minutes)."""
+    :data:`._modules.TILE_MATMUL`: a forward-only use never builds the backward (a cuBLASDx module takes minutes)."""
     pe_w, embed_w, hidden_w = widths
-    name = f"warpkan_ukan_generator_{part}_{scalar_name}_{pe_w}_{embed_w}_{hidden_w}"
-    _generator_module_names.add(name)
-    _apply_generator_gemm(name)
+    name = tile_matmul_module(f"warpkan_ukan_generator_{part}_{scalar_name}_{pe_w}_{embed_w}_{hidden_w}")
     options = {}
     if GENERATOR_MIN_BLOCKS and GENERATOR_MIN_BLOCKS * max(generator_shared_bytes(
             wp.types.type_size_in_bytes(SCALARS[scalar_name]), widths)) <= _SM_SHARED_BYTES:

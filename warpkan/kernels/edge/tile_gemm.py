@@ -22,12 +22,13 @@ Why the dense basis goes through memory rather than being built in shared memory
   3.6-4.1 ms at the 25-29 TFLOP/s these kernels reach in fp32 on an H200 (warp-lang 1.19), while writing
   and reading back a pass's basis (0.8 GB) takes about 0.4 ms at HBM speed; a fused build could save at most
   that, and would evaluate the basis of a row tile once per output tile;
-- compile time: a module holding ``tile_matmul`` (cuBLASDx, linked as LTO code) takes 25-35 s to build on the
-  GPU alone, and these took 61-146 s with three to eight builds at a time. Here the three GEMM kernels
-  depend on the scalar type and the tile shape alone (a short fixed list: :data:`TILE_SHAPES`), so every
-  family, order, grid kind and polynomial basis shares them; a fused kernel would be one such module per family
-  key and tile shape. The basis kernels are the engine's SIMT dense kernels (seconds to build), the ones the
-  torch bridge's gemm strategy launches;
+- compile time: a module holding ``tile_matmul`` on cuBLASDx (linked as LTO code) takes 25-35 s to build on the
+  GPU alone, and these took 61-146 s with three to eight builds at a time; on Warp's scalar GEMM, the default
+  (:data:`.._modules.TILE_MATMUL`), 2.0-2.6 s, for steps 1.07-1.08x slower at (65536, 256 -> 256). Here the
+  three GEMM kernels depend on the scalar type and the tile shape alone (a short fixed list:
+  :data:`TILE_SHAPES`), so every family, order, grid kind and polynomial basis shares them; a fused kernel
+  would be one such module per family key and tile shape. The basis kernels are the engine's SIMT dense
+  kernels (seconds to build), the ones the torch bridge's gemm strategy launches;
 - it moves the same data as the torch bridge's gemm strategy, which it is measured against.
 
 Determinism: ``dW`` is summed over the rows without atomics. Each block owns one (width, output) tile of one
@@ -42,6 +43,7 @@ from dataclasses import dataclass
 import warp as wp
 
 from .._common import SCALARS, on_stream, scalar_name
+from .._modules import tile_matmul_module
 from .._runtime import launch, launch_accumulate, launch_combine_chunks, workspace_for
 from .._transpose import launch_transpose
 from . import launch as edge
@@ -138,7 +140,7 @@ def tile_gemm_kernels(scalar: str, tiles: TileShape) -> TileGemmKernels:
     it is dropped (Warp's bounds-checked tiles), so any shape works."""
     dtype = SCALARS[scalar]
     tm, tn, tk = tiles.rows, tiles.cols, tiles.depth
-    module = tile_gemm_module(scalar, tiles)
+    module = tile_matmul_module(tile_gemm_module(scalar, tiles))
     # the module's own block size is the launches': a load without one (``warpkan precompile``) builds the
     # variant the launches run (Warp builds a tile module once per block size)
     wp.set_module_options({"block_dim": tiles.threads}, module)
