@@ -40,9 +40,12 @@ def tile_matmul_module(name: str) -> str:
 
 
 def set_tile_matmul(gemm: str) -> None:
-    """Switch every ``tile_matmul`` module, made before or after, between Warp's scalar GEMM and cuBLASDx
-    (:data:`TILE_MATMULS`); a module built the other way is built again at its next launch (a long run whose
-    kernel cache is kept can take cuBLASDx's faster products for its minutes of build)."""
+    """How ``wp.tile_matmul`` multiplies on CUDA in warpkan's kernels (UKAN's coefficient generator, the
+    Warp-native layers' tile GEMMs): ``"scalar"`` (the default; Warp's scalar GEMM, seconds to build) or
+    ``"mathdx"`` (cuBLASDx: each module takes one to two minutes to build the first time on a GPU, and the
+    products run up to 2x faster). For modules made before and after the call; a module built the other way is
+    built again at its next launch, and Warp's kernel cache keeps both. A long run whose kernel cache is kept is
+    where ``"mathdx"`` pays. The CPU runs Warp's scalar GEMM either way."""
     global TILE_MATMUL
     if gemm not in TILE_MATMULS:
         raise ValueError(f"tile_matmul's GEMM must be one of {TILE_MATMULS}, got {gemm!r}")
