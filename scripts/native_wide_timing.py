@@ -10,7 +10,7 @@ Each row also says how far the two native strategies lie apart (y, dx and every 
     python scripts/native_wide_timing.py --out DIR [--device cuda] [--quick]
 
 ``--tile-shapes 64x64x32,64x128x64t256`` times the native gemm path once per float32 tile shape (rows x outputs
-x depth, ``tN`` for N threads a block; each a module to build, a minute or two on the GPU) in place of the
+x depth, ``tN`` for N threads a block; each a module to build, seconds on the scalar GEMM) in place of the
 layer's own pick from ``warpkan.kernels.edge.tile_gemm.TILE_SHAPES``: what a change of that list would be
 measured with. ``--chunk-mib M`` (repeatable) adds the native gemm path with that bound on a chunk of basis.
 ``--mathdx`` adds each native gemm variant with cuBLASDx's tile_matmul in place of Warp's scalar GEMM (the
@@ -149,7 +149,8 @@ def measure(case, device, warmup, repeat, tile_shapes=(), mathdx=False, chunk_mi
             forward, step = native_passes(layer, x, dy)
             fwd = timer(forward, warmup, repeat)
             path = (f"native {strategy}" + (f" {shape.name}" if shape is not None else "")
-                    + (" cuBLASDx tile_matmul" if gemm == "mathdx" else "") + (f" chunks of {mib} MiB" if mib else ""))
+                    + (" cuBLASDx tile_matmul" if gemm == "mathdx" else "")
+                    + (f" chunks of {mib} MiB" if mib else ""))
             rows.append({"path": path, "fwd_ms": fwd, "step_ms": timer(step, warmup, repeat)})
             results.setdefault(strategy, _native_results(layer, x, dy))
     apart = max(float(np.abs(a - b).max()) / max(float(np.abs(a).max()), 1e-30)

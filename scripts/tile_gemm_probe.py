@@ -3,12 +3,14 @@ tile shape against another, beside cuBLAS (torch, fp32, TF32 off) on the same op
 (``TILE_SHAPES``) is chosen by. The shapes are those of one chunk of the target layer, KANLinear (65536,
 256 -> 256, G = 8): a basis of width 3072 (256 SiLU rows and 11 bases an input) over 10880 rows, 256 outputs.
 
-    python scripts/tile_gemm_probe.py [--shapes 64x64x32,128x64x32t256,...] [--jobs 8] [--rows 10880]
+    python scripts/tile_gemm_probe.py [--shapes 64x64x32,128x64x32t256,...] [--jobs 8] [--rows 10880] [--mathdx]
 
 A shape is rows x outputs x depth, and ``tN`` for N threads a block (128 without). Each shape is a module of
-its own, built first in ``--jobs`` processes side by side (a minute or two each on the GPU, cuBLASDx's LTO
-build), then timed in this process by ``warpkan.bench.timing.time_fn`` (median ms of ``--repeat`` launches after
-``--warmup``, CUDA events on the GPU; compilation excluded). Each row gives ms and TFLOP/s per kernel and how
+its own, its ``tile_matmul`` Warp's scalar GEMM (the library's default, ``warpkan.set_tile_matmul``; seconds
+to build) or with ``--mathdx`` cuBLASDx (a minute or two each on the GPU: its LTO build; ``TILE_SHAPES`` was
+chosen on it), built first in ``--jobs`` processes side by side, then timed in this process by
+``warpkan.bench.timing.time_fn`` (median ms of ``--repeat`` launches after ``--warmup``, CUDA events on the
+GPU; compilation excluded). Each row gives ms and TFLOP/s per kernel and how
 far the kernel's result lies from cuBLAS's (max |diff| / max |ref|).
 """
 
@@ -23,25 +25,34 @@ import time
 DEFAULT_SHAPES = "64x64x32,64x64x64,64x64x128,64x64x32t256,128x64x32t256,128x64x64t256,128x128x32t256,64x128x32t256"
 
 
-def build(text: str, device: str) -> None:
+def use_gemm(mathdx: bool) -> None:
+    """The tile GEMM modules' tile_matmul for this process (each build process and the timing one)."""
+    from warpkan.kernels import _modules as kernel_modules
+
+    kernel_modules.set_tile_matmul("mathdx" if mathdx else "scalar")
+
+
+def build(text: str, device: str, mathdx: bool) -> None:
     import warp as wp
 
     from warpkan import _warp_output
     from warpkan.kernels.edge import tile_gemm
 
     _warp_output.start_warp()
+    use_gemm(mathdx)
     shape = tile_gemm.TileShape.from_name(text)
     kernels = tile_gemm.tile_gemm_kernels("float32", shape)
     wp.load_module(kernels.module, device=device, block_dim=shape.threads if device != "cpu" else 1)
 
 
-def build_all(shapes, jobs: int, device: str) -> dict:
+def build_all(shapes, jobs: int, device: str, mathdx: bool) -> dict:
     """Seconds of each shape's build (its own process), ``jobs`` at a time; None where the build failed."""
     pending, running, seconds = list(shapes), {}, {}
     while pending or running:
         while pending and len(running) < jobs:
             text = pending.pop(0)
-            build = subprocess.Popen([sys.executable, __file__, "--build", text, "--device", device])
+            build = subprocess.Popen([sys.executable, __file__, "--build", text, "--device", device]
+                                     + (["--mathdx"] if mathdx else []))
             running[text] = (build, time.perf_counter())
         for text, (proc, start) in list(running.items()):
             if proc.poll() is not None:
@@ -131,12 +142,14 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=10880)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--mathdx", action="store_true", help="cuBLASDx's tile_matmul instead of Warp's scalar GEMM")
     args = parser.parse_args()
     if args.build:
-        build(args.build, args.device)
+        build(args.build, args.device, args.mathdx)
         return
+    use_gemm(args.mathdx)
     shapes = args.shapes.split(",")
-    seconds = build_all(shapes, args.jobs, args.device)
+    seconds = build_all(shapes, args.jobs, args.device, args.mathdx)
     time_all(shapes, seconds, args.rows, args.warmup, args.repeat, args.device)
 
 
