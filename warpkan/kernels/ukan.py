@@ -1741,6 +1741,36 @@ def _generator_backward_kernels(scalar_name: str, widths: tuple, rows: str):
     return generator_backward_output, generator_backward_hidden
 
 
+@wp.func
+def _combine_entry(q: int, n_b: int, n_h: int, n_a: int, n_e: int):
+    """(section, row, col) of flat entry q of the generator's combine over [W_out (B x H) | b_out (B) | W_hidden
+    (H x A) | b_hidden (H) | embedding (in x E)]: section 0 w_out (table column b, h), 1 b_out (b, 0), 2
+    w_hidden (h, a), 3 b_hidden (h, 0), 4 embedding (i, e); decoded once for the sum and the store."""
+    first_hidden = n_b * n_h + n_b
+    first_embedding = first_hidden + n_h * n_a + n_h
+    section = int(4)
+    start = first_embedding
+    width = n_e
+    if q < n_b * n_h:
+        section = 0
+        start = 0
+        width = n_h
+    elif q < first_hidden:
+        section = 1
+        start = n_b * n_h
+        width = 1
+    elif q < first_hidden + n_h * n_a:
+        section = 2
+        start = first_hidden
+        width = n_a
+    elif q < first_embedding:
+        section = 3
+        start = first_hidden + n_h * n_a
+        width = 1
+    row = (q - start) // width
+    return section, row, q - start - row * width
+
+
 def _combine_layout(is_cuda: bool) -> tuple[int, int]:
     """(lanes an entry, entries a block) of the generator's combine on a CUDA device or the CPU, whose blocks are
     one thread."""
@@ -1808,60 +1838,47 @@ def _generator_combine_kernel(scalar_name: str, layout: tuple):
         n_h = d_w_out.shape[1]
         n_a = d_w_hidden.shape[1]
         n_embed = n_a - pe_dim
-        n_e = d_embedding.shape[1]
-        first_hidden = n_b * n_h + n_b
-        first_embedding = first_hidden + n_h * n_a + n_h
+        section, row, col = _combine_entry(q, n_b, n_h, n_a, d_embedding.shape[1])
         value = zero
-        if q < n_b * n_h:  # the partials in table column order b: w_out's row output_row(b)
+        if section == 0:  # the partials in table column order b: w_out's row output_row(b)
             value = lane_sum(part_w_out, q, lane)
-        elif q < first_hidden:
-            value = lane_sum(part_b_out, q - n_b * n_h, lane)
-        elif q < first_hidden + n_h * n_a:
-            h = (q - first_hidden) // n_a
-            a = q - first_hidden - h * n_a
-            if a < pe_dim:
-                value = lane_sum(part_w_encoding, h * pe_dim + a, lane)
+        elif section == 1:
+            value = lane_sum(part_b_out, row, lane)
+        elif section == 2:
+            if col < pe_dim:
+                value = lane_sum(part_w_encoding, row * pe_dim + col, lane)
             else:
-                value = lane_sum(part_w_embedding, h * n_embed + a - pe_dim, lane)
-        elif q < first_embedding:
-            value = lane_sum(part_b_hidden, q - first_hidden - n_h * n_a, lane)
+                value = lane_sum(part_w_embedding, row * n_embed + col - pe_dim, lane)
+        elif section == 3:
+            value = lane_sum(part_b_hidden, row, lane)
         elif q < n_entries:
-            i = (q - first_embedding) // n_e
-            e = q - first_embedding - i * n_e
             for j in range(lane, rows_per_feature, LANES):
-                value = value + d_embedding_rows[i * rows_per_feature + j, e]
+                value = value + d_embedding_rows[row * rows_per_feature + j, col]
         lanes = wp.tile_reshape(wp.tile(value), shape=(LANES, ENTRIES))
         total = wp.tile_extract(wp.tile_sum(lanes, axis=0), slot)
         if lane == 0 and q < n_entries:
-            if q < n_b * n_h:
-                b = q // n_h
-                h = q - b * n_h
-                w = output_row(b, n_b, table_k)
+            if section == 0:
+                w = output_row(row, n_b, table_k)
                 if accumulate:
-                    total = total + d_w_out[w, h]
-                d_w_out[w, h] = total
-            elif q < first_hidden:
-                w = output_row(q - n_b * n_h, n_b, table_k)
+                    total = total + d_w_out[w, col]
+                d_w_out[w, col] = total
+            elif section == 1:
+                w = output_row(row, n_b, table_k)
                 if accumulate:
                     total = total + d_b_out[w]
                 d_b_out[w] = total
-            elif q < first_hidden + n_h * n_a:
-                h = (q - first_hidden) // n_a
-                a = q - first_hidden - h * n_a
+            elif section == 2:
                 if accumulate:
-                    total = total + d_w_hidden[h, a]
-                d_w_hidden[h, a] = total
-            elif q < first_embedding:
-                h = q - first_hidden - n_h * n_a
+                    total = total + d_w_hidden[row, col]
+                d_w_hidden[row, col] = total
+            elif section == 3:
                 if accumulate:
-                    total = total + d_b_hidden[h]
-                d_b_hidden[h] = total
+                    total = total + d_b_hidden[row]
+                d_b_hidden[row] = total
             else:
-                i = (q - first_embedding) // n_e
-                e = q - first_embedding - i * n_e
                 if accumulate:
-                    total = total + d_embedding[i, e]
-                d_embedding[i, e] = total
+                    total = total + d_embedding[row, col]
+                d_embedding[row, col] = total
 
     return generator_combine
 
