@@ -1982,8 +1982,7 @@ def _generator_backward(rows, d_table, row_groups, row_features, rows_per_featur
     kept = _checked_kept(kept, d_table.shape[0], widths)
     return (_launch_tiled(output_kernel, [n_blocks, col_blocks],
                           [d_table, *rows_args, w_out, part_w_out, part_b_out, d_hidden_parts, share_cols, block_cols,
-                           table_k,
-                           kept], device, stream, record)
+                           table_k, kept], device, stream, record)
             + _launch_tiled(hidden_kernel, [n_blocks], [d_hidden_parts, col_blocks, share_cols, *rows_args,
                                                        part_w_encoding, part_w_embedding, part_b_hidden,
                                                        d_embedding_rows, kept], device, stream, record)
