@@ -80,7 +80,7 @@ def bench_tables(device: str, quick: bool) -> list[dict]:
         x = torch.rand(n_rows, n_in, device=device) * 2 - 1
         group_lo, span = ukan_ops.group_range(x, 2.0 / grid_size, ORDER)
         cases.append(dict(case=f"bench ukan N={n_rows} {n_in}->{n_out} h=2/{grid_size}", n_in=n_in, n_out=n_out,
-                          rows_per_feature=int(span.item()) + 1, group_lo=group_lo, **CG))
+                          rows_per_feature=int(span.max()) + 1, group_lo=group_lo, **CG))
     return cases
 
 

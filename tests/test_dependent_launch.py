@@ -5,6 +5,7 @@ import pytest
 import torch
 import warp as wp
 
+from warpkan.kernels import ukan as ku
 from warpkan.kernels._dependent_launch import (
     DependentLaunch, allow_dependents, dependent_launch_supported, wait_for_previous_grid,
 )
@@ -116,8 +117,15 @@ def test_ukan_chain_matches_plain_launches_cuda(n_rows, monkeypatch):
     ukan_ops._launch.clear()
     dependent = _steps(layer, source, dy_source)
     assert layer.table_overflow() == 0
-    # the three range-search kernels, the generator's forward and its three backward kernels
-    assert len(_recorded_dependents()) == (7 if dependent_launch_supported(wp.get_device("cuda")) else 0)
+    # the range search's kernels (one block a feature for a small batch, three chunked launches for a large
+    # one), the generator's forward and its three backward kernels
+    search = ["range_block"] if ku._block_search(n_rows, 13) else ["range_init", "range_partial", "range_finalize"]
+    expected = {f"_{name}_kernel__locals__{name}" for name in search} | {
+        "_generator_forward_kernel__locals__generator_forward",
+        "_generator_backward_kernels__locals__generator_backward_output",
+        "_generator_backward_kernels__locals__generator_backward_hidden",
+        "_generator_combine_kernel__locals__generator_combine"}
+    assert _recorded_dependents() == (expected if dependent_launch_supported(wp.get_device("cuda")) else set())
     x_static = source.clone().requires_grad_()
 
     def step():

@@ -341,7 +341,7 @@ def _edge_spec(kind, x, use_base):
     n_out = 2
     if kind == "ukan":
         group_lo, span = ukan_ops.group_range(x.detach(), 0.3, order)
-        n_groups = int(span.item()) + 1
+        n_groups = int(span.max()) + 1
         table = torch.zeros(n_in * n_groups, (order + 1) * n_out, dtype=x.dtype, device=x.device)
         return ukan_ops.range_spec(x, group_lo, table, 0.3, order, use_base)[0]
     else:

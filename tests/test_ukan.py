@@ -388,7 +388,7 @@ def test_dense_range_cg_mlp_inputs(device, pe_dim, embed_dim):
     for name in grads_ref:
         torch.testing.assert_close(grads[name], grads_ref[name], rtol=1e-11, atol=1e-12, msg=name)
     group_lo, span = tb.ukan_ops.group_range(x, H, 3)
-    rows = int(span) + 1
+    rows = int(span.max()) + 1
     groups = (group_lo.unsqueeze(1) - 1 + torch.arange(rows, device=device)).reshape(-1)
     features = torch.arange(3, device=device).repeat_interleave(rows)
     table = tb.ukan_ops.ukan_range_table(group_lo, rows, pe_dim, layer.feature_embedding, layer.cg_hidden.weight,
@@ -443,6 +443,48 @@ def test_eager_steps_take_the_parameters_inside_their_nodes(eager_step_ops):
             assert p.grad.stride() == p.stride()
 
 
+def group_range_reference(x, h, order):
+    """Each feature's lowest touched group and its span (capped at 2^30), by torch in float64: NaN ignored,
+    |x / h| clamped to the cell limit, a feature without valid input at group 0 with span 1."""
+    s = x.double() / h
+    valid = ~torch.isnan(s)
+    groups = torch.div(torch.floor(s.nan_to_num(0.0).clamp(-CELL_LIMIT, CELL_LIMIT)).long(), order + 1,
+                       rounding_mode="floor")
+    lo = torch.where(valid, groups, 2**62).amin(0)
+    hi = torch.where(valid, groups, -(2**62)).amax(0)
+    empty = lo > hi
+    lo, hi = lo.masked_fill(empty, 0), hi.masked_fill(empty, 0)
+    return lo, (hi - lo + 1).clamp(max=2**30).int()
+
+
+@pytest.mark.parametrize("search", ["block", "chunked"])
+@pytest.mark.parametrize("n_rows", [1, 13, 300])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_group_range_search_matches_reference(device, monkeypatch, search, n_rows, dtype):
+    """Both searches (a block a feature for small batches, three chunked launches otherwise) against the torch reference: NaN, +-Inf, inputs past the cell limit (a span
+    over the cap), a feature without valid input, negative groups, knots, one row."""
+    monkeypatch.setattr(ku, "_RANGE_BLOCK_MAX_ROWS", 1 << 30 if search == "block" else 0)
+    monkeypatch.setattr(ku, "_RANGE_BLOCK_MAX_FEATURES", 1 << 30)
+    tb.ukan_ops._launch.clear()  # the records do not key on the search taken
+    torch.manual_seed(n_rows)
+    x = torch.randn(n_rows, 7, dtype=torch.float64) * 3
+    x[:, 1] = float("nan")  # no valid input
+    x[::2, 2] = float("nan")
+    x[0, 2] = -float("inf")
+    x[-1, 3] = float("inf")
+    x[0, 4], x[-1, 4] = -1e15, 1e15  # both clamped: 2^38 groups, over the cap
+    x[:, 5] = -x[:, 5].abs() - 40.0  # negative groups only
+    x[:, 6] = torch.arange(n_rows, dtype=torch.float64) * H  # on knots
+    x = x.to(dtype).to(device)
+    for order in (1, 3):
+        group_lo, span = tb.ukan_ops.group_range(x, H, order)
+        lo_ref, span_ref = group_range_reference(x.cpu(), H, order)
+        assert group_lo.dtype == torch.int64 and span.dtype == torch.int32 and span.shape == (7,)
+        torch.testing.assert_close(group_lo.cpu(), lo_ref, rtol=0, atol=0)
+        torch.testing.assert_close(span.cpu(), span_ref, rtol=0, atol=0)
+    tb.ukan_ops._launch.clear()
+
+
 def test_fixed_table_dense_range_overflow(device):
     # table_groups=R on the dense-range path: R groups per feature from its lowest touched one; the elements
     # past them get no spline term (as off-grid inputs of a bounded KAN), the rest are exact, and
@@ -488,7 +530,7 @@ def test_dense_range_opcheck_and_empty(device):
     layer = make_layer(3, 4, device)
     x = torch.randn(6, 3, dtype=torch.float64, device=device)
     group_lo, span = tb.ukan_ops.group_range(x, H, 3)
-    rows = int(span) + 1
+    rows = int(span.max()) + 1
     groups = (group_lo.unsqueeze(1) - 1 + torch.arange(rows, device=device)).reshape(-1)
     features = torch.arange(3, device=device).repeat_interleave(rows)
     table = layer.generate_coefficients(features, groups).reshape(3 * rows, -1).detach().requires_grad_()

@@ -49,7 +49,7 @@ def data_span(x, grid_delta: float) -> int:
     spline term)."""
     from ..torch_bridge.ukan_ops import group_range
 
-    return int(group_range(x.detach(), grid_delta, ORDER)[1].item())
+    return int(group_range(x.detach(), grid_delta, ORDER)[1].max().item())
 
 
 def _make(impl, n_in, n_out, grid_size, device, table_groups=None):

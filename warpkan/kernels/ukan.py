@@ -21,9 +21,10 @@ have zero spline derivative. NaN inputs get a zero spline term.
 Two paths compute the same map.
 
 **Dense range** (``range_*`` kernels; taken by the torch layer while every feature's touched groups lie in a
-short contiguous run). Per feature i, the lowest touched group ``lo_i`` and the widest span R (groups from
-lowest to highest, over all features) are found by integer min/max atomics (order-independent, so
-deterministic) without a read-back. The table then holds, for every feature, the Rt = R + 1 groups
+short contiguous run). Per feature i, the lowest touched group ``lo_i`` and its span (groups from lowest to
+highest) are found without a read-back by integer min and max (order-independent, so deterministic): for a
+small batch in one launch, a block a feature; else by atomics over chunks of rows. R is the widest span over
+the features (read back by the exact table, fixed by ``table_groups`` otherwise). The table then holds, for every feature, the Rt = R + 1 groups
 ``lo_i - 1 .. lo_i + R - 1``: a B-spline on that piece of the unbounded grid with W = Rt K coefficient slots,
 of which the last is reached by no window (the highest window starts at (R - 1) K + K - 1 and ends at
 Rt K - 2) and holds the SiLU base instead. Like KANLinear's gemm strategy, the bases of a chunk of rows are
@@ -98,6 +99,7 @@ __all__ = [
     "shared_table",
     "table_frame",
     "launch_group_range",
+    "range_search_scratch",
     "launch_range_mlp_forward",
     "launch_range_mlp_backward",
     "range_mlp_partial_shape",
@@ -218,6 +220,7 @@ class UKANVariant:
     pair_keys: wp.Kernel
     pair_mark: wp.Kernel
     pair_fill: wp.Kernel
+    range_block: wp.Kernel
     range_init: wp.Kernel
     range_partial: wp.Kernel
     range_finalize: wp.Kernel
@@ -391,20 +394,68 @@ def _pair_fill_kernel(order: int, scalar_name: str):
 # ---------------------------------------------------------------------- dense-range path (see module doc)
 
 @functools.lru_cache(maxsize=None)
+def _store_range_func():
+    """Where a feature's search ends: its lowest touched group and its span of groups from that one to its
+    highest (capped; a feature without valid input gets group 0 and span 1)."""
+    span_cap = wp.int64(_SPAN_CAP)
+
+    @wp.func
+    def store_range(group_lo: wp.array(dtype=wp.int64), span: wp.array(dtype=wp.int32), i: int, lo: wp.int64,
+                    hi: wp.int64):
+        if lo > hi:
+            lo = wp.int64(0)
+            hi = wp.int64(0)
+        group_lo[i] = lo
+        span[i] = int(wp.min(hi - lo + wp.int64(1), span_cap))
+
+    return store_range
+
+
+@functools.lru_cache(maxsize=None)
+def _range_block_kernel(order: int, scalar_name: str):
+    """A small batch's search in one launch: a block a feature, its threads over the rows, a block-wide
+    min/max."""
+    cfg = _config(order, scalar_name)
+    scalar = cfg.scalar
+    kernel = _kernel_decorator(cfg.module)
+    locate = ukan_locate_func(order, scalar_name)
+    store_range = _store_range_func()
+    no_group = wp.int64(_NO_GROUP)
+
+    @kernel
+    def range_block(x: wp.array2d(dtype=scalar), h: wp.float64, group_lo: wp.array(dtype=wp.int64),
+                    span: wp.array(dtype=wp.int32)):
+        # strided loads (a thread a row of one feature): at the batches this takes (_RANGE_BLOCK_MAX_ROWS) x is a
+        # few hundred KB at most, served from L2, and a block a feature needs neither atomics nor a reset
+        i, lane = wp.tid()
+        start_as_dependent()
+        lo = no_group
+        hi = -no_group
+        for n in range(lane, x.shape[0], wp.block_dim()):
+            valid, g, r, u, sloped = locate(x[n, i], h)
+            if valid:
+                lo = wp.min(lo, g)
+                hi = wp.max(hi, g)
+        lowest = wp.tile_min(wp.tile(lo))
+        highest = wp.tile_max(wp.tile(hi))
+        if lane == 0:
+            store_range(group_lo, span, i, lowest[0], highest[0])
+
+    return range_block
+
+
+@functools.lru_cache(maxsize=None)
 def _range_init_kernel(order: int, scalar_name: str):
-    """The group-range search's starting values."""
+    """The chunked search's starting values."""
     kernel = _kernel_decorator(_config(order, scalar_name).module)
     no_group = wp.int64(_NO_GROUP)
 
     @kernel
-    def range_init(group_lo: wp.array(dtype=wp.int64), group_hi: wp.array(dtype=wp.int64),
-                   span_max: wp.array(dtype=wp.int32)):
+    def range_init(group_lo: wp.array(dtype=wp.int64), group_hi: wp.array(dtype=wp.int64)):
         i = wp.tid()
         start_as_dependent()
         group_lo[i] = no_group
         group_hi[i] = -no_group
-        if i == 0:
-            span_max[0] = 0
 
     return range_init
 
@@ -454,24 +505,16 @@ def _range_partial_kernel(order: int, scalar_name: str):
 
 @functools.lru_cache(maxsize=None)
 def _range_finalize_kernel(order: int, scalar_name: str):
-    """The widest span of touched groups over the features."""
+    """Each feature's lowest group and span from the chunks' min/max."""
     kernel = _kernel_decorator(_config(order, scalar_name).module)
-    span_cap = wp.int64(_SPAN_CAP)
+    store_range = _store_range_func()
 
     @kernel
     def range_finalize(group_lo: wp.array(dtype=wp.int64), group_hi: wp.array(dtype=wp.int64),
-                       span_max: wp.array(dtype=wp.int32)):
-        # span = groups from the lowest to the highest touched one (a feature without valid input: 1)
+                       span: wp.array(dtype=wp.int32)):
         i = wp.tid()
         start_as_dependent()
-        lo = group_lo[i]
-        hi = group_hi[i]
-        if lo > hi:
-            lo = wp.int64(0)
-            hi = wp.int64(0)
-            group_lo[i] = lo
-        span = wp.min(hi - lo + wp.int64(1), span_cap)
-        wp.atomic_max(span_max, 0, int(span))
+        store_range(group_lo, span, i, group_lo[i], group_hi[i])
 
     return range_finalize
 
@@ -487,6 +530,7 @@ def get_variant(order: int, scalar_name: str = "float32") -> UKANVariant:
         pair_keys=_pair_keys_kernel(*combination),
         pair_mark=_pair_mark_kernel(*combination),
         pair_fill=_pair_fill_kernel(*combination),
+        range_block=_range_block_kernel(*combination),
         range_init=_range_init_kernel(*combination),
         range_partial=_range_partial_kernel(*combination),
         range_finalize=_range_finalize_kernel(*combination),
@@ -668,8 +712,17 @@ def launch_backward(dy, x, pairs: PairBuffers, table, base_weight_t, scaler_t, g
 
 
 # ---------------------------------------------------------------------- dense-range path
-_RANGE_THREADS = 1 << 17  # parallelism aimed at by the group-range search
+_RANGE_THREADS = 1 << 17  # parallelism aimed at by the chunked group-range search
 _MIN_RANGE_ROWS = 4  # rows a thread at least: a small batch still spreads over threads (latency-bound there)
+# Batches of at most _RANGE_BLOCK_MAX_ROWS rows and _RANGE_BLOCK_MAX_FEATURES features take the one-launch search
+# (a block a feature, _RANGE_BLOCK_DIM threads over its rows); others the chunked search's three launches
+# (coalesced, spread over every SM). Graphed on an H200 with a torch kernel writing x before it (block against
+# chunked, us): 4.7 / 5.8 at (128, 32), 6.0 / 6.9 at (1024, 32), 7.6 / 8.2 at (2048, 32), 9.1 / 11.5 at
+# (2048, 256), 6.0 / 6.7 at (128, 512); a tie at (4096, 32); but 7.4 / 6.1 at (128, 784), whose 784 blocks are
+# mostly idle lanes, and 96 / 32 at (65536, 32).
+_RANGE_BLOCK_MAX_ROWS = 2048
+_RANGE_BLOCK_MAX_FEATURES = 512
+_RANGE_BLOCK_DIM = 256
 
 
 def _launch(kernel, dim, inputs, device, stream, record):
@@ -680,27 +733,39 @@ def _launch(kernel, dim, inputs, device, stream, record):
     return []
 
 
-def launch_group_range(x, group_lo, group_hi, span_max, grid_delta, order, stream=None, record=False):
-    """Per feature i, the lowest group its valid inputs touch (``group_lo[i]``, int64) and, in
-    ``span_max[0]`` (int32), the most groups any feature spans from its lowest to its highest touched one
-    (capped at 2^30). NaN is ignored; a feature without valid input gets group 0 and span 1. ``group_hi`` is
-    scratch [in] int64. Nothing is read back."""
+def _block_search(n_rows: int, n_in: int) -> bool:
+    return n_rows <= _RANGE_BLOCK_MAX_ROWS and n_in <= _RANGE_BLOCK_MAX_FEATURES
+
+
+def range_search_scratch(n_rows: int, n_in: int) -> int:
+    """The length of the int64 scratch :func:`launch_group_range` takes at x [n_rows, n_in] (0: none)."""
+    return 0 if _block_search(n_rows, n_in) else n_in
+
+
+def launch_group_range(x, group_lo, span, group_hi, grid_delta, order, stream=None, record=False):
+    """Per feature i, the lowest group its valid inputs touch (``group_lo[i]``, int64) and how many groups it
+    spans from that one to its highest touched one (``span[i]``, int32, capped at 2^30; the table's rows a
+    feature are the widest span + 1). NaN is ignored; a feature without valid input gets group 0 and span 1.
+    ``group_hi`` is int64 scratch of :func:`range_search_scratch`'s length (None where that is 0). Nothing is
+    read back. Every result is an integer min/max, the same whichever search runs."""
     h = _check_h(grid_delta)
     variant = get_variant(order, scalar_name(x))
     n_rows, n_in = x.shape
     device = x.device
     if n_in == 0:
-        span_max.zero_()
         return []
-    rows_per_chunk = max(_MIN_RANGE_ROWS, -(-n_rows * n_in // _RANGE_THREADS))
-    n_chunks = -(-n_rows // rows_per_chunk)
     cmds = []
     with on_stream(stream):
-        cmds += _launch(variant.range_init, n_in, [group_lo, group_hi, span_max], device, stream, record)
-        if n_chunks > 0:
-            cmds += _launch(variant.range_partial, n_chunks * n_in, [x, h, rows_per_chunk, group_lo, group_hi],
-                            device, stream, record)
-        cmds += _launch(variant.range_finalize, n_in, [group_lo, group_hi, span_max], device, stream, record)
+        if _block_search(n_rows, n_in):
+            cmds += _launch_tiled(variant.range_block, [n_in], [x, h, group_lo, span], device, stream, record,
+                                  block_dim=_RANGE_BLOCK_DIM)
+            return as_dependents(cmds)
+        rows_per_chunk = max(_MIN_RANGE_ROWS, -(-n_rows * n_in // _RANGE_THREADS))
+        n_chunks = -(-n_rows // rows_per_chunk)
+        cmds += _launch(variant.range_init, n_in, [group_lo, group_hi], device, stream, record)
+        cmds += _launch(variant.range_partial, n_chunks * n_in, [x, h, rows_per_chunk, group_lo, group_hi],
+                        device, stream, record)
+        cmds += _launch(variant.range_finalize, n_in, [group_lo, group_hi, span], device, stream, record)
     return as_dependents(cmds)
 
 

@@ -169,7 +169,7 @@ class UKANLinear(Float32Or64Module):
         # of an earlier step's is freed inside a later one (a CUDA-graph capture after eager steps)
         self._last = None
         self._last_range_x = None  # the input of the last dense-range forward
-        self._last_range_span = None  # and the most groups one of its features spanned ([1] device tensor)
+        self._last_range_span = None  # and how many groups each of its features spanned ([in] device tensor)
         self._pair_rows_hint = 0  # the sparse path's table capacity to start from (exact mode; see _pairs)
         self.dense_max_coefficients = DENSE_MAX_COEFFICIENTS
         self.reset_parameters()
@@ -291,7 +291,7 @@ class UKANLinear(Float32Or64Module):
             if self.table_groups is None:
                 self._refuse_capture()
             group_lo, span = group_range(x.detach(), self.grid_delta, self.spline_order)
-            rows_per_feature = int(span.item()) + 1  # groups lowest - 1 .. highest of the widest feature
+            rows_per_feature = int(span.max().item()) + 1  # groups lowest - 1 .. highest of the widest feature
             if dense_only and rows_per_feature * K > self.dense_max_coefficients:
                 self._refuse_pair_table(rows_per_feature)
         table = range_table_torch(group_lo, rows_per_feature, self.pe_dim, self.feature_embedding,
@@ -317,7 +317,7 @@ class UKANLinear(Float32Or64Module):
             x2 = x.reshape(-1, self.in_features).to(self.spline_scaler.dtype)
             if self._fixed_range():
                 _, span = group_range(x2, self.grid_delta, self.spline_order)
-                return max(0, int(span.item()) - self.table_groups)
+                return max(0, int(span.max().item()) - self.table_groups)
             pairs = self._pairs(x2)
             needed, capacity = pairs[5], pairs[3].shape[0]
         elif self._last is not None:
@@ -325,7 +325,7 @@ class UKANLinear(Float32Or64Module):
         elif self._last_range_x is not None:  # dense range: the widest feature's groups past the table's
             if self.table_groups is None:
                 return 0  # sized from the data: covers every group
-            return max(0, int(self._last_range_span.item()) - self.table_groups)
+            return max(0, int(self._last_range_span.max().item()) - self.table_groups)
         else:
             raise RuntimeError("table_overflow needs a forward pass first, or pass x")
         return max(0, int(needed.item()) - capacity)
@@ -380,7 +380,7 @@ class UKANLinear(Float32Or64Module):
         if self.table_groups is None:
             self._refuse_capture()
             group_lo, span = group_range(x2.detach(), self.grid_delta, self.spline_order)
-            rows_per_feature = int(span.item()) + 1  # groups lowest - 1 .. highest of the widest feature
+            rows_per_feature = int(span.max().item()) + 1  # groups lowest - 1 .. highest of the widest feature
             if rows_per_feature * K <= self.dense_max_coefficients:
                 return self._range_forward(x2, group_lo, span, rows_per_feature, precision, out_dtype)
         elif self._fixed_range():

@@ -16,8 +16,8 @@ On the sparse touched-pair path:
 
 The dense-range path (see ``warpkan.kernels.ukan``):
 
-- ``warpkan::ukan_group_range(x, grid_delta, spline_order)``: each feature's lowest touched group and the
-  widest span, on the device;
+- ``warpkan::ukan_group_range(x, grid_delta, spline_order)``: each feature's lowest touched group and its
+  span of groups, on the device;
 - ``warpkan::ukan_range_table`` (backward ``warpkan::ukan_range_table_backward``): the CG-MLP itself on
   every feature's contiguous groups, in Warp (its input rows formed on the device, fixed-order gradient sums);
 - the spline on the CG-MLP output ``[in * Rt, K * out]`` ((m, o) columns: the generator reads the output
@@ -217,20 +217,21 @@ _launch = RecordedLaunches()
 
 def _group_range_impl(x: Tensor, grid_delta: float, spline_order: int) -> tuple[Tensor, Tensor]:
     x = x.contiguous()
-    n_in = x.shape[1]
+    n_rows, n_in = x.shape
     group_lo = torch.empty(n_in, dtype=torch.int64, device=x.device)
-    span_max = torch.empty(1, dtype=torch.int32, device=x.device)
+    span = torch.empty(n_in, dtype=torch.int32, device=x.device)
     if x.numel() == 0:  # nothing to launch on an empty batch: one group per feature
-        return group_lo.zero_(), span_max.fill_(1)
-    group_hi = torch.empty(n_in, dtype=torch.int64, device=x.device)
-    _launch(ku.launch_group_range, (x, group_lo, group_hi, span_max), grid_delta, spline_order)
-    return group_lo, span_max
+        return group_lo.zero_(), span.fill_(1)
+    scratch = ku.range_search_scratch(n_rows, n_in)
+    group_hi = torch.empty(scratch, dtype=torch.int64, device=x.device) if scratch else None
+    _launch(ku.launch_group_range, (x, group_lo, span, group_hi), grid_delta, spline_order)
+    return group_lo, span
 
 
 @torch.library.custom_op("warpkan::ukan_group_range", mutates_args=())
 def group_range_op(x: Tensor, grid_delta: float, spline_order: int) -> tuple[Tensor, Tensor]:
-    """(group_lo [in] int64, span_max [1] int32) of x [N, in] (see ``ku.launch_group_range``); no read-back,
-    so it captures and compiles."""
+    """(group_lo [in] int64, span [in] int32) of x [N, in] (see ``ku.launch_group_range``; the table's rows a
+    feature are ``span.max() + 1``); no read-back, so it captures and compiles."""
     return _group_range_impl(x, grid_delta, spline_order)
 
 
@@ -243,7 +244,7 @@ def group_range(x: Tensor, grid_delta: float, spline_order: int) -> tuple[Tensor
 
 @group_range_op.register_fake
 def _(x, grid_delta, spline_order):
-    return x.new_empty((x.shape[1],), dtype=torch.int64), x.new_empty((1,), dtype=torch.int32)
+    return x.new_empty((x.shape[1],), dtype=torch.int64), x.new_empty((x.shape[1],), dtype=torch.int32)
 
 
 def _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out, table_k,
