@@ -24,10 +24,10 @@ Two paths compute the same map.
 short contiguous run). Per feature i, the lowest touched group ``lo_i`` and its span (groups from lowest to
 highest) are found without a read-back by integer min and max (order-independent, so deterministic): for a
 small batch in one launch, a block a feature; else by atomics over chunks of rows. R is the widest span over
-the features (read back by the exact table, fixed by ``table_groups`` otherwise). The table then holds, for every feature, the Rt = R + 1 groups
-``lo_i - 1 .. lo_i + R - 1``: a B-spline on that piece of the unbounded grid with W = Rt K coefficient slots,
-of which the last is reached by no window (the highest window starts at (R - 1) K + K - 1 and ends at
-Rt K - 2) and holds the SiLU base instead. Like KANLinear's gemm strategy, the bases of a chunk of rows are
+the features (read back by the exact table, fixed by ``table_groups`` otherwise). The table then holds, for
+every feature, the Rt = R + 1 groups ``lo_i - 1 .. lo_i + R - 1``: a B-spline on that piece of the unbounded
+grid with W = Rt K coefficient slots, of which the last is reached by no window (the highest window starts at
+(R - 1) K + K - 1 and ends at Rt K - 2) and holds the SiLU base instead. Like KANLinear's gemm strategy, the bases of a chunk of rows are
 written as a transposed dense basis ``[in W, rows]`` by coalesced stores (zeros included, no fill) and
 contracted with cuBLAS; dx folds the basis gradient back per element, and one kernel splits the combined
 weight's gradient into d table, d scaler and d base weight in a fixed order. The cell is located in float64
