@@ -2,8 +2,10 @@
 implementation and with torch's fused and foreach AdamW: the step timed by CUDA events (3 rounds of 20), again with
 Python's garbage collector off, the host's own time a step (perf_counter, no synchronisation inside), the garbage
 collections during the timed steps, and for the fused optimizer the CUDA runtime and driver calls and the heaviest
-ops of two profiled steps (a synchronising call shows there as cudaDeviceSynchronize / cudaStreamSynchronize). On
-the GPU machine:
+ops of two profiled steps (a synchronising call shows there as cudaDeviceSynchronize / cudaStreamSynchronize), and
+the host time of one step with about 300 ms of GPU work queued before it ("behind 300 ms"): a step that waits on
+the GPU anywhere (a read-back, a synchronising free, a launch queue full of its own kernels) takes that long
+there, one that does not takes its host time. On the GPU machine:
 
     WARPKAN_KAT_PATH=... python scripts/kat_eager_diagnose.py [MODEL ...]   # default: KAT-Tiny
 """
@@ -48,10 +50,17 @@ for model_name in sys.argv[1:] or ["KAT-Tiny"]:
                 step()
                 hosts.append((time.perf_counter() - start) * 1e3)
             torch.cuda.synchronize()
+            behind = []
+            for _ in range(3):
+                torch.cuda._sleep(600_000_000)  # ~300 ms of one spinning kernel at the H200's clock
+                start = time.perf_counter()
+                step()
+                behind.append((time.perf_counter() - start) * 1e3)
+                torch.cuda.synchronize()
             print(f"DIAG {model_name} | {impl} | {next(iter(optimizer))} AdamW: step {' '.join(f'{r:.2f}' for r in rounds)}"
                   f" ms | gc off {' '.join(f'{r:.2f}' for r in rounds_no_gc)} | host {statistics.median(hosts):.2f}"
-                  f" ({min(hosts):.2f}-{max(hosts):.2f}) | {len(seen)} collections, {sum(t for _, t in seen):.1f} ms",
-                  flush=True)
+                  f" ({min(hosts):.2f}-{max(hosts):.2f}) | behind 300 ms {statistics.median(behind):.1f} ms | "
+                  f"{len(seen)} collections, {sum(t for _, t in seen):.1f} ms", flush=True)
             if optimizer.get("fused"):
                 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                         torch.profiler.ProfilerActivity.CUDA]) as prof:
