@@ -235,6 +235,7 @@ class UKANVariant:
 
 _NO_GROUP = 2**62  # above every clamped group: "no valid input yet" in the range search
 _SPAN_CAP = 2**30  # the widest span the range search reports
+_RANGE_BLOCK_BATCH = 4  # rows a lane of the one-launch range search loads before it locates them
 
 
 @dataclass(frozen=True, eq=False)
@@ -422,20 +423,30 @@ def _range_block_kernel(order: int, scalar_name: str):
     store_range = _store_range_func()
     no_group = wp.int64(_NO_GROUP)
 
+    values = wp.types.vector(_RANGE_BLOCK_BATCH, scalar)
+
     @kernel
     def range_block(x: wp.array2d(dtype=scalar), h: wp.float64, group_lo: wp.array(dtype=wp.int64),
                     span: wp.array(dtype=wp.int32)):
         # strided loads (a thread a row of one feature): at the batches this takes (_RANGE_BLOCK_MAX_ROWS) x is a
-        # few hundred KB at most, served from L2, and a block a feature needs neither atomics nor a reset
+        # few hundred KB at most, served from L2, and a block a feature needs neither atomics nor a reset. A lane
+        # issues a batch of loads before it locates any: one latency a batch, not one a row. Past the last row a
+        # load reads the last row again, which leaves a min and a max as they are.
         i, lane = wp.tid()
         start_as_dependent()
+        lanes = wp.block_dim()
+        last = x.shape[0] - 1
         lo = no_group
         hi = -no_group
-        for n in range(lane, x.shape[0], wp.block_dim()):
-            valid, g, r, u, sloped = locate(x[n, i], h)
-            if valid:
-                lo = wp.min(lo, g)
-                hi = wp.max(hi, g)
+        for first in range(lane, x.shape[0], lanes * _RANGE_BLOCK_BATCH):
+            batch = values()
+            for k in range(wp.static(_RANGE_BLOCK_BATCH)):
+                batch[k] = x[wp.min(first + k * lanes, last), i]
+            for k in range(wp.static(_RANGE_BLOCK_BATCH)):
+                valid, g, r, u, sloped = locate(batch[k], h)
+                if valid:
+                    lo = wp.min(lo, g)
+                    hi = wp.max(hi, g)
         lowest = wp.tile_min(wp.tile(lo))
         highest = wp.tile_max(wp.tile(hi))
         if lane == 0:
