@@ -8,10 +8,10 @@ tile shape against another, beside cuBLAS (torch, fp32, TF32 off) on the same op
 A shape is rows x outputs x depth, and ``tN`` for N threads a block (128 without). Each shape is a module of
 its own, its ``tile_matmul`` Warp's scalar GEMM (the library's default, ``warpkan.set_tile_matmul``; seconds
 to build; ``TILE_SHAPES`` was re-checked on it: ``docs/perf-notes-engine.md``) or with ``--mathdx`` cuBLASDx (a
-minute or two each on the GPU: its LTO build; the list was first chosen on it), built first in ``--jobs`` processes side by side, then timed in this process by
-``warpkan.bench.timing.time_fn`` (median ms of ``--repeat`` launches after ``--warmup``, CUDA events on the
-GPU; compilation excluded). Each row gives ms and TFLOP/s per kernel and how
-far the kernel's result lies from cuBLAS's (max |diff| / max |ref|).
+minute or two each on the GPU: its LTO build; the list was first chosen on it), built first in ``--jobs``
+processes side by side, then timed in this process by ``warpkan.bench.timing.time_fn`` (median ms of
+``--repeat`` launches after ``--warmup``, CUDA events on the GPU; compilation excluded). Each row gives ms and
+TFLOP/s per kernel and how far the kernel's result lies from cuBLAS's (max |diff| / max |ref|).
 """
 
 from __future__ import annotations

@@ -461,8 +461,9 @@ def group_range_reference(x, h, order):
 @pytest.mark.parametrize("n_rows", [1, 13, 300])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_group_range_search_matches_reference(device, monkeypatch, search, n_rows, dtype):
-    """Both searches (a block a feature for small batches, three chunked launches otherwise) against the torch reference: NaN, +-Inf, inputs past the cell limit (a span
-    over the cap), a feature without valid input, negative groups, knots, one row."""
+    """Both searches (a block a feature for small batches, three chunked launches otherwise) against the torch
+    reference: NaN, +-Inf, inputs past the cell limit (a span over the cap), a feature without valid input,
+    negative groups, knots, one row."""
     monkeypatch.setattr(ku, "_RANGE_BLOCK_MAX_ROWS", 1 << 30 if search == "block" else 0)
     monkeypatch.setattr(ku, "_RANGE_BLOCK_MAX_FEATURES", 1 << 30)
     tb.ukan_ops._launch.clear()  # the records do not key on the search taken

@@ -20,22 +20,21 @@ have zero spline derivative. NaN inputs get a zero spline term.
 
 Two paths compute the same map.
 
-**Dense range** (``range_*`` kernels; taken by the torch layer while every feature's touched groups lie in a
-short contiguous run). Per feature i, the lowest touched group ``lo_i`` and its span (groups from lowest to
-highest) are found without a read-back by integer min and max (order-independent, so deterministic): for a
-small batch in one launch, a block a feature; else by atomics over chunks of rows. R is the widest span over
-the features (read back by the exact table, fixed by ``table_groups`` otherwise). The table then holds, for
-every feature, the Rt = R + 1 groups ``lo_i - 1 .. lo_i + R - 1``: a B-spline on that piece of the unbounded
-grid with W = Rt K coefficient slots, of which the last is reached by no window (the highest window starts at
-(R - 1) K + K - 1 and ends at Rt K - 2) and holds the SiLU base instead. Like KANLinear's gemm strategy, the bases of a chunk of rows are
-written as a transposed dense basis ``[in W, rows]`` by coalesced stores (zeros included, no fill) and
-contracted with cuBLAS; dx folds the basis gradient back per element, and one kernel splits the combined
-weight's gradient into d table, d scaler and d base weight in a fixed order. The cell is located in float64
-relative to ``lo_i``, so |x| = 1e6 keeps full precision here too. The CG-MLP of the range (its rows are
-(feature i, group lo_i - 1 + j)) runs as one fused tile generator (``generator_*`` below: input rows, hidden
-layer and table rows a block in shared memory by ``wp.tile_matmul``; the backward as per-block partials and
-a fixed-order combine), or, where its tiles would not fit or :data:`CG_GENERATOR` says "simt", on the SIMT
-kernels (``range_*``).
+**Dense range** (``range_*`` kernels; taken by the torch layer while every feature's touched groups lie in a short
+contiguous run). Per feature i, the lowest touched group ``lo_i`` and its span (groups from lowest to highest) are
+found without a read-back by integer min and max (order-independent, so deterministic): for a small batch in one
+launch, a block a feature; else by atomics over chunks of rows. R is the widest span over the features (read back by
+the exact table, fixed by ``table_groups`` otherwise). The table then holds, for every feature, the Rt = R + 1
+groups ``lo_i - 1 .. lo_i + R - 1``: a B-spline on that piece of the unbounded grid with W = Rt K coefficient slots,
+of which the last is reached by no window (the highest window starts at (R - 1) K + K - 1 and ends at Rt K - 2) and
+holds the SiLU base instead. Like KANLinear's gemm strategy, the bases of a chunk of rows are written as a
+transposed dense basis ``[in W, rows]`` by coalesced stores (zeros included, no fill) and contracted with cuBLAS; dx
+folds the basis gradient back per element, and one kernel splits the combined weight's gradient into d table, d
+scaler and d base weight in a fixed order. The cell is located in float64 relative to ``lo_i``, so |x| = 1e6 keeps
+full precision here too. The CG-MLP of the range (its rows are (feature i, group lo_i - 1 + j)) runs as one fused
+tile generator (``generator_*`` below: input rows, hidden layer and table rows a block in shared memory by
+``wp.tile_matmul``; the backward as per-block partials and a fixed-order combine), or, where its tiles would not fit
+or :data:`CG_GENERATOR` says "simt", on the SIMT kernels (``range_*``).
 
 **Sparse pairs** (below; any span, cost independent of it). The pipeline has no host read-back: every size is a function of the shapes, so it runs under CUDA-graph
 capture and ``torch.compile`` with static shapes.
@@ -765,18 +764,17 @@ def launch_group_range(x, group_lo, span, group_hi, grid_delta, order, stream=No
     device = x.device
     if n_in == 0:
         return []
-    cmds = []
     with on_stream(stream):
         if _block_search(n_rows, n_in):
-            cmds += _launch_tiled(variant.range_block, [n_in], [x, h, group_lo, span], device, stream, record,
-                                  block_dim=_RANGE_BLOCK_DIM)
-            return as_dependents(cmds)
-        rows_per_chunk = max(_MIN_RANGE_ROWS, -(-n_rows * n_in // _RANGE_THREADS))
-        n_chunks = -(-n_rows // rows_per_chunk)
-        cmds += _launch(variant.range_init, n_in, [group_lo, group_hi], device, stream, record)
-        cmds += _launch(variant.range_partial, n_chunks * n_in, [x, h, rows_per_chunk, group_lo, group_hi],
-                        device, stream, record)
-        cmds += _launch(variant.range_finalize, n_in, [group_lo, group_hi, span], device, stream, record)
+            cmds = _launch_tiled(variant.range_block, [n_in], [x, h, group_lo, span], device, stream, record,
+                                 block_dim=_RANGE_BLOCK_DIM)
+        else:
+            rows_per_chunk = max(_MIN_RANGE_ROWS, -(-n_rows * n_in // _RANGE_THREADS))
+            n_chunks = -(-n_rows // rows_per_chunk)
+            cmds = (_launch(variant.range_init, n_in, [group_lo, group_hi], device, stream, record)
+                    + _launch(variant.range_partial, n_chunks * n_in, [x, h, rows_per_chunk, group_lo, group_hi],
+                              device, stream, record)
+                    + _launch(variant.range_finalize, n_in, [group_lo, group_hi, span], device, stream, record))
     return as_dependents(cmds)
 
 

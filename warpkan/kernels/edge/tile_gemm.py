@@ -79,12 +79,13 @@ class TileShape:
 
 
 # The fixed list the tile shape is taken from (each entry of a scalar type is one module, built once per machine:
-# seconds on Warp's scalar GEMM, a minute or two on cuBLASDx; Warp's kernel cache keeps it; a layer builds one). float32: 64 rows x 128 outputs,
-# depth 64, 256 threads, for layers of more than 64 outputs; 64 x 64 (depth 64) and 64 x 32 (depth 32) at 128
-# threads for narrower ones, whose padding a wider tile would multiply. float64: 32 x 32 (the bytes of a float32
-# 32 x 64 tile). Timed one against another on an H200 (``python scripts/tile_gemm_probe.py``: the three kernels
-# on one 10880-row chunk of KANLinear (65536, 256 -> 256, G = 8)), 64 x 128 x 64 at 256 threads took 1.81 ms for
-# the three, 64 x 64 x 64 1.97 and 128 x 64 x 64 1.92; cuBLAS 1.18 (on cuBLASDx). On Warp's scalar GEMM (the
+# seconds on Warp's scalar GEMM, a minute or two on cuBLASDx; Warp's kernel cache keeps it; a layer builds one).
+# float32: 64 rows x 128 outputs, depth 64, 256 threads, for layers of more than 64 outputs; 64 x 64 (depth 64)
+# and 64 x 32 (depth 32) at 128 threads for narrower ones, whose padding a wider tile would multiply. float64:
+# 32 x 32 (the bytes of a float32 32 x 64 tile). Timed one against another on an H200 (``python
+# scripts/tile_gemm_probe.py``: the three kernels on one 10880-row chunk of KANLinear (65536, 256 -> 256, G = 8)),
+# 64 x 128 x 64 at 256 threads took 1.81 ms for the three, 64 x 64 x 64 1.97 and 128 x 64 x 64 1.92; cuBLAS 1.18
+# (on cuBLASDx). On Warp's scalar GEMM (the
 # default) 64 x 128 x 64 took 1.98 ms, within 2% of the fastest of 13 shapes (128 x 64 x 64 at 256 threads, 1.94).
 # The float32 64 x 128 kernels take about 80 KiB of shared memory a block (two blocks an SM), which Warp opts in to.
 TILE_SHAPES = {
