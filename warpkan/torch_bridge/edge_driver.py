@@ -238,6 +238,16 @@ def _mm(a: Tensor, b: Tensor, out: Tensor) -> None:
         out.copy_(torch.mm(a, b))
 
 
+def _mm_widened(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:
+    """a @ b as a new float32 tensor for bfloat16 operands (``dtype`` float32; see :func:`_mm`): on CUDA one
+    bf16 x bf16 -> fp32 GEMM, no bf16 result and no cast after it."""
+    if a.is_cuda and _MM_OUT_DTYPE:
+        return torch.mm(a, b, out_dtype=dtype)
+    out = torch.empty((a.shape[0], b.shape[1]), dtype=dtype, device=a.device)
+    _mm(a, b, out)
+    return out
+
+
 def _mm_add(c: Tensor, a: Tensor, b: Tensor) -> None:
     """c += a @ b (see :func:`_mm`; c float32 for bfloat16 operands)."""
     if a.dtype != torch.bfloat16:

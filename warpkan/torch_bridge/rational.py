@@ -187,7 +187,7 @@ class GRKANLinear(nn.Module):
         """y (..., out_features) = Linear(GroupRational(x)) for x (..., in_features) on the layer's device, of
         the linear layer's dtype (under autocast, any of those :meth:`GroupRational.forward` takes)."""
         fused = _chain_arguments(x, (self,), check_layers=False)
-        if fused is not None:  # one autograd node, bitwise the composition below (grkan_ops)
+        if fused is not None:  # one autograd node, the composition below's results (grkan_ops)
             return grkan_chain(x, *fused)
         cast_to = autocast_dtype(x.device) if isinstance(x, torch.Tensor) else None
         if cast_to is None:
@@ -256,9 +256,9 @@ class KATMLP(nn.Module):
         """y (..., out_features) = fc2(fc1(x)) for x (..., in_features) on the layer's device.
 
         Where a gradient is wanted in eager code, the block is one autograd node
-        (:mod:`warpkan.torch_bridge.grkan_ops`), bitwise the composition; traced code (``torch.compile``), hooks
-        on the sub-modules, sub-modules replaced by others, and inputs the composition refuses run the
-        composition itself."""
+        (:mod:`warpkan.torch_bridge.grkan_ops`) with the composition's results (under bf16 autocast, the linear
+        layers' weight and bias gradients unrounded); traced code (``torch.compile``), hooks on the sub-modules,
+        sub-modules replaced by others, and inputs the composition refuses run the composition itself."""
         fused = _chain_arguments(x, (self._modules["fc1"], self._modules["fc2"]), check_layers=True)
         if fused is None:
             return self.fc2(self.fc1(x))
