@@ -1112,6 +1112,72 @@ def test_cuda_graph_capture(strategy):
         torch.testing.assert_close(p.grad, p_ref.grad, rtol=1e-5, atol=1e-5, msg=name)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")
+@pytest.mark.parametrize("case", ["1 row", "37 rows", "1024 rows", "three chunks", "bf16 autocast", "frozen CG-MLP",
+                                  "no input gradient"])
+def test_captured_side_stream_matches_one_stream_cuda(case, monkeypatch):
+    """On the gemm strategy, a captured step runs the CG-MLP on a side stream, beside the spline's basis work
+    (``ukan_ops._side_work``): its output and every gradient equal, bitwise, those of the same step captured on
+    one stream, with the basis in one chunk or in three (the weight gradient's split forked after the last),
+    under bf16 autocast, with the CG-MLP frozen (no side work in the backward) and with no input gradient."""
+    from warpkan.torch_bridge import _common, capture_step, edge_driver, ukan_ops
+
+    n_rows = {"1 row": 1, "37 rows": 37, "three chunks": 1500}.get(case, 1024)
+    if case == "three chunks":  # about 600 rows a chunk of the basis (13 (K table_groups + 1) + 13 entries a row)
+        monkeypatch.setattr(edge_driver, "GEMM_CHUNK_BYTES", 600 * 4 * 13 * (4 * 4 + 2))
+        monkeypatch.setattr(edge_driver, "KEEP_BASIS_BYTES", 0)
+    chunks = []
+    chunk_rows = edge_driver._chunk_rows
+    monkeypatch.setattr(edge_driver, "_chunk_rows", lambda *a, **k: chunks.append(chunk_rows(*a, **k)) or chunks[-1])
+    torch.manual_seed(0)
+    source = torch.rand(n_rows, 13, device="cuda") * 3.0 - 0.95
+    dy = torch.randn(n_rows, 7, device="cuda")
+    forks = []
+    fork = _common.SideStream.fork
+
+    def counted_fork(self):
+        forks.append(1)
+        return fork(self)
+
+    monkeypatch.setattr(_common.SideStream, "fork", counted_fork)
+
+    def captured(side: bool):
+        torch.manual_seed(1)
+        layer = UKANLinear(13, 7, grid_delta=0.5, table_groups=4, strategy="gemm", device="cuda")
+        if case == "frozen CG-MLP":
+            for module in (layer.cg_hidden, layer.cg_out):
+                module.requires_grad_(False)
+            layer.feature_embedding.requires_grad_(False)
+        x = source.clone().requires_grad_(case != "no input gradient")
+        params = [p for p in layer.parameters() if p.requires_grad]
+
+        def step():
+            for p in params:
+                p.grad = None
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=case == "bf16 autocast"):
+                y = layer(x)
+            y.backward(dy.to(y.dtype))
+            return y
+
+        real = ukan_ops._side_work
+        monkeypatch.setattr(ukan_ops, "_side_work", real if side else (lambda x, strategy: None))
+        forks.clear()
+        y = capture_step(step)().clone()
+        torch.cuda.synchronize()
+        monkeypatch.setattr(ukan_ops, "_side_work", real)
+        grads = [x.grad] + [p.grad for p in params]
+        return [y] + [g.clone() for g in grads if g is not None], len(forks)
+
+    two, side_forks = captured(True)
+    one, one_forks = captured(False)
+    assert -(-n_rows // min(chunks)) == (3 if case == "three chunks" else 1)
+    # forward and backward each fork once (the backward not with a frozen CG-MLP); none on one stream
+    assert side_forks == (1 if case == "frozen CG-MLP" else 2) and one_forks == 0
+    assert len(two) == len(one)
+    for a, b in zip(two, one):
+        assert a.dtype == b.dtype and torch.equal(a, b), (a - b).abs().max()
+
+
 def test_sparse_path_embedding_route_follows_determinism(device, monkeypatch):
     # the CG-MLP's embedding on the sparse path: F.embedding by default; indexing (sort-based backward) for a
     # deterministic layer or under torch.use_deterministic_algorithms; the same values either way

@@ -51,6 +51,75 @@ def warp_stream(device: torch.device) -> wp.Stream | None:
     return found
 
 
+_side_streams: dict = {}
+
+
+class SideStream:
+    """Work of one pass forked onto a second CUDA stream of the device, so that two independent chains of
+    small kernels (a UKAN layer's CG-MLP and its spline's basis work) run side by side where one would leave
+    the GPU mostly idle. ``fork()`` makes the side stream wait for the current one; work launched inside
+    ``with side:`` goes on the side stream (Warp's launches too: ``warp_stream`` follows torch's current
+    stream); ``join()`` makes the current stream wait for the side one. Under CUDA-graph capture the two
+    become parallel branches of the graph. Tensors the side stream reads or writes that the caller would
+    otherwise drop before the join are handed to ``hold()``: after the join, their memory is reused in stream
+    order. One side stream a device, made the first time :func:`side_stream` is asked for it (an eager call,
+    so that no stream is created during a capture)."""
+
+    __slots__ = ("main", "side", "held", "forked", "_context")
+
+    def __init__(self, main: "torch.cuda.Stream", side: "torch.cuda.Stream"):
+        self.main, self.side, self.held, self.forked, self._context = main, side, [], False, None
+
+    def fork(self) -> "SideStream":
+        self.side.wait_stream(self.main)
+        self.forked = True
+        return self
+
+    def join(self) -> None:
+        """The current stream waits for the side one (again, where it already did: nothing is lost)."""
+        if self.forked:
+            self.main.wait_stream(self.side)
+        self.held.clear()
+
+    def hold(self, *tensors) -> None:
+        self.held.extend(tensors)
+
+    def __enter__(self):
+        if not self.forked:  # work on the side stream always follows the main stream's so far
+            self.fork()
+        self._context = torch.cuda.stream(self.side)
+        self._context.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        context, self._context = self._context, None
+        return context.__exit__(*exc)
+
+
+def side_stream(device: torch.device) -> "torch.cuda.Stream":
+    """The device's side stream (see :class:`SideStream`), made on first use with its Warp wrapper."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    found = _side_streams.get(index)
+    if found is None:
+        found = _side_streams[index] = torch.cuda.Stream(device=index)
+        with torch.cuda.stream(found):
+            warp_stream(torch.device("cuda", index))
+    return found
+
+
+def side_work(device: torch.device) -> "SideStream | None":
+    """A :class:`SideStream` on ``device`` (not forked yet) while a CUDA graph is being captured on its current
+    stream (only the GPU time counts there, and the graph's parallel branches cost no host time at replay);
+    None otherwise: an eager call pays the fork's and the join's host time (two events), which a small call,
+    bound by the host, does not get back."""
+    if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+        return None
+    side = _side_streams.get(device.index if device.index is not None else torch.cuda.current_device())
+    if side is None:  # never made eagerly: not made now, during the capture
+        return None
+    return SideStream(torch.cuda.current_stream(device), side)
+
+
 def to_warp(t: torch.Tensor) -> wp.array:
     """Zero-copy Warp view of a contiguous tensor."""
     return wp.from_torch(t, requires_grad=False)

@@ -52,7 +52,7 @@ from ..kernels.edge import launch as edge
 from ..kernels.edge import tiled as edge_tiled
 from ..kernels.edge.dense import dense_kernels, dense_width
 from ..kernels.edge.strategy import STRATEGIES
-from ._common import (RecordedLaunches, TorchWorkspace, autocast_dtype, check_tensor, keyword_launcher,
+from ._common import (RecordedLaunches, SideStream, TorchWorkspace, autocast_dtype, check_tensor, keyword_launcher,
                       matmul_precision, needed_grads, runs_registered_op, to_warp, warp_device, warp_stream)
 
 __all__ = ["STRATEGIES", "PRECISIONS", "PRECISION_UNIT_ROUNDOFF", "check_strategy", "check_precision",
@@ -363,7 +363,8 @@ def expand_basis(family, make_frame, frame_tensors: tuple, frame_config: tuple, 
 
 def gemm_forward(family, make_frame, frame_tensors: tuple, frame_config: tuple, x: Tensor, base_weight_t, scaler_t,
                  coef: Tensor, use_base: bool, precision: str, bias: "Tensor | None" = None,
-                 keep: "dict | None" = None, out_dtype: "torch.dtype | None" = None) -> Tensor:
+                 keep: "dict | None" = None, out_dtype: "torch.dtype | None" = None,
+                 side: "SideStream | None" = None) -> Tensor:
     """y [N, out] by the gemm strategy; ``precision`` resolved (not "auto"). ``scaler_t`` None: an unscaled
     family without a base path (the polynomial one), whose weight is the coefficient table itself. ``out_dtype``
     (default x's): y's dtype; bf16 with ``precision="bf16"`` is the GEMM's own output (an autocast caller's
@@ -371,7 +372,10 @@ def gemm_forward(family, make_frame, frame_tensors: tuple, frame_config: tuple, 
 
     ``keep`` (a dict): what :func:`gemm_backward` (``kept=``) then reads instead of making it again: the combined
     weight (``"weight"``), and, where the whole dense basis takes at most :data:`KEEP_BASIS_BYTES` (and, on the
-    CPU, one cache-sized chunk), the basis written in one chunk (``"basis"``)."""
+    CPU, one cache-sized chunk), the basis written in one chunk (``"basis"``).
+
+    ``side``: a forked :class:`~._common.SideStream` whose work writes ``coef`` (UKAN's generated table); the
+    first chunk's basis is written before the join, side by side with it, and the combined weight after."""
     n_rows, n_in = x.shape
     n_coef, n_out = coef.shape[1], coef.shape[2]
     width = dense_width(n_in, n_coef, use_base)
@@ -381,19 +385,23 @@ def gemm_forward(family, make_frame, frame_tensors: tuple, frame_config: tuple, 
     if width == 0:
         return y.copy_(bias.expand(n_rows, n_out)) if bias is not None else y.zero_()
     basis_dtype = torch.bfloat16 if precision == "bf16" else x.dtype
-    weight = _gemm_weight(family, base_weight_t, scaler_t, coef, use_base, basis_dtype)
-    chunk = _chunk_rows(n_rows, width, weight.element_size(), x.is_cuda, keep is not None)
+    chunk = _chunk_rows(n_rows, width, torch.finfo(basis_dtype).bits // 8, x.is_cuda, keep is not None)
     scratch = x.new_empty((chunk * width,), dtype=basis_dtype)
-    if keep is not None:
-        keep["weight"] = weight
-        if chunk == n_rows and scratch.numel() * scratch.element_size() <= KEEP_BASIS_BYTES:
-            keep["basis"] = scratch.view(width, n_rows)
+    if keep is not None and chunk == n_rows and scratch.numel() * scratch.element_size() <= KEEP_BASIS_BYTES:
+        keep["basis"] = scratch.view(width, n_rows)
     config = _frame_config(family, make_frame, frame_tensors, frame_config, n_coef, use_base)
+    weight = None
     with matmul_precision(precision, x.device):
         for start in range(0, n_rows, chunk):
             stop = min(start + chunk, n_rows)
             basis_t = scratch[: width * (stop - start)].view(width, stop - start)
             _launch(_EXPAND, (x[start:stop], None, *frame_tensors, basis_t), config)
+            if weight is None:  # after the first chunk's basis, which does not read coef
+                if side is not None:
+                    side.join()
+                weight = _gemm_weight(family, base_weight_t, scaler_t, coef, use_base, basis_dtype)
+                if keep is not None:
+                    keep["weight"] = weight
             if bias is not None and basis_dtype == x.dtype == y.dtype:
                 torch.addmm(bias, basis_t.t(), weight, out=y[start:stop])
             else:
@@ -403,15 +411,20 @@ def gemm_forward(family, make_frame, frame_tensors: tuple, frame_config: tuple, 
 
 def gemm_backward(family, make_frame, frame_tensors: tuple, frame_config: tuple, dy: Tensor, x: Tensor, base_weight_t,
                   scaler_t, coef: Tensor, use_base: bool, precision: str, need_x: bool, need_params: bool,
-                  kept: "dict | None" = None) -> tuple:
+                  kept: "dict | None" = None, side: "SideStream | None" = None) -> tuple:
     """(dx, d_base_weight_t, d_scaler_t, d_coef) of :func:`gemm_forward`, each written by its last op (no
     zero fills); those not asked for (and, unscaled, the base and scaler ones) come back empty. ``kept``: what
     the forward kept (``gemm_forward(keep=)``): its combined weight, and the dense basis of every row, read
-    instead of making them again (and not written: a retained graph's second backward reads them too)."""
+    instead of making them again (and not written: a retained graph's second backward reads them too).
+
+    ``side``: a :class:`~._common.SideStream` (not forked) on which the parameter gradients' split runs, forked
+    once the weight gradient is complete, so that the caller's work on them (UKAN's CG-MLP backward) runs side
+    by side with the last chunk's basis gradient; the caller joins it."""
     n_rows, n_in = x.shape
     n_coef, n_out = coef.shape[1], coef.shape[2]
     width = dense_width(n_in, n_coef, use_base)
     scaled = scaler_t is not None
+    side = side if need_params and scaled else None
     empty = x.new_empty((0,))
     dx = torch.empty_like(x) if need_x else empty
     # in coef's strides (a public-layout parameter's gradient is then written where AccumulateGrad takes it as it
@@ -449,13 +462,20 @@ def gemm_backward(family, make_frame, frame_tensors: tuple, frame_config: tuple,
                     _mm(kept_or_part, dy_mm[start:stop], out=d_weight)
                 else:
                     _mm_add(d_weight, kept_or_part, dy_mm[start:stop])
+                if side is not None and stop == n_rows:  # d_weight is complete: split it on the side stream
+                    side.fork().hold(d_weight)
+                    with side:
+                        _split_weight_grad(family, use_base, d_weight, scaler_t, coef, d_base, d_scaler, d_coef)
             if need_x:
                 _mm(weight, dy_mm[start:stop].t(), out=part)
                 _launch(_CONTRACT, (x[start:stop], None, *frame_tensors, part, dx[start:stop]), config)
-    if need_params and scaled:
-        _launch(_SPLIT, (d_weight, scaler_t, coef, d_base, d_scaler, d_coef), (("family", family),
-                                                                                ("use_base", use_base)))
+    if need_params and scaled and side is None:
+        _split_weight_grad(family, use_base, d_weight, scaler_t, coef, d_base, d_scaler, d_coef)
     return dx, d_base, d_scaler, d_coef
+
+
+def _split_weight_grad(family, use_base, d_weight, scaler_t, coef, d_base, d_scaler, d_coef) -> None:
+    _launch(_SPLIT, (d_weight, scaler_t, coef, d_base, d_scaler, d_coef), (("family", family), ("use_base", use_base)))
 
 
 # ---------------------------------------------------------------------------------------------- higher order

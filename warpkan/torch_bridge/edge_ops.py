@@ -190,18 +190,21 @@ def _spec(spec, frame_tensors) -> EdgeSpec:
 
 
 def run_forward(spec: EdgeSpec, x: Tensor, base_weight_t, scaler_t, coef: Tensor, bias, strategy: str,
-                precision: str, keep: "dict | None" = None, out_dtype: "torch.dtype | None" = None) -> Tensor:
-    """y [N, out] on a resolved route (x contiguous); ``keep``: see ``edge_driver.gemm_forward``. ``out_dtype``
-    (default x's): y's dtype, an autocast caller's; the bf16 gemm path writes a bf16 y directly, other routes
-    convert theirs."""
+                precision: str, keep: "dict | None" = None, out_dtype: "torch.dtype | None" = None,
+                side=None) -> Tensor:
+    """y [N, out] on a resolved route (x contiguous); ``keep`` and ``side`` (a forked side stream whose work
+    writes coef): see ``edge_driver.gemm_forward``. ``out_dtype`` (default x's): y's dtype, an autocast
+    caller's; the bf16 gemm path writes a bf16 y directly, other routes convert theirs."""
     out_dtype = out_dtype or x.dtype
+    if side is not None and strategy != "gemm":
+        side.join()  # the stencil kernels read coef from their first launch
     if strategy == "gemm":
         direct = out_dtype == x.dtype or (out_dtype == torch.bfloat16 and precision == "bf16")
         # the weight-combining kernel reads the parameters in any strides (no copy of a public-layout table); an
         # unscaled family's weight is its table as it lies
         y = gemm_forward(*spec[:4], x, scaler_t if base_weight_t is None else base_weight_t, scaler_t,
                          coef if scaler_t is not None else contiguous(coef), spec.use_base, precision, bias=bias,
-                         keep=keep, out_dtype=out_dtype if direct else None)
+                         keep=keep, out_dtype=out_dtype if direct else None, side=side)
     else:
         y = stencil_forward(*spec[:4], x, *_stencil_operands(spec, x, base_weight_t, scaler_t, coef), spec.use_base,
                             bias=bias)
@@ -210,10 +213,11 @@ def run_forward(spec: EdgeSpec, x: Tensor, base_weight_t, scaler_t, coef: Tensor
 
 def run_backward(spec: EdgeSpec, dy: Tensor, x: Tensor, base_weight_t, scaler_t, coef: Tensor, entry_order,
                  strategy: str, precision: str, deterministic: bool, need_x: bool, need_params: bool,
-                 need_bias: bool, kept: "dict | None" = None) -> tuple:
+                 need_bias: bool, kept: "dict | None" = None, side=None) -> tuple:
     """(dx, d_base_weight_t, d_scaler_t, d_coef, d_bias) on a resolved route (dy, x contiguous); ``kept``: what
     the forward kept (``run_forward(keep=)``), if anything. dy may have the dtype of a ``run_forward(out_dtype=)``
-    y: the bf16 gemm path reads a bf16 dy as it is, other routes convert it."""
+    y: the bf16 gemm path reads a bf16 dy as it is, other routes convert it. ``side`` (an unforked side stream,
+    gemm only): the parameter gradients come from it (``edge_driver.gemm_backward``); the caller joins it."""
     empty = x.new_empty((0,))
     d_bias = dy.sum(dim=0, dtype=x.dtype) if need_bias else empty
     if not (need_x or need_params):
@@ -223,7 +227,8 @@ def run_backward(spec: EdgeSpec, dy: Tensor, x: Tensor, base_weight_t, scaler_t,
         dx, d_base, d_scaler, d_coef = gemm_backward(*spec[:4], dy, x,
                                                      scaler_t if base_weight_t is None else base_weight_t, scaler_t,
                                                      coef if scaler_t is not None else contiguous(coef),
-                                                     spec.use_base, precision, need_x, need_params, kept=kept)
+                                                     spec.use_base, precision, need_x, need_params, kept=kept,
+                                                     side=side)
         if need_params and scaler_t is None:
             d_coef = _strided_like(d_coef, coef)
     else:

@@ -32,6 +32,7 @@ spline_scaler as the layer exposes them ([out, in]) and make the transposed view
 
 from __future__ import annotations
 
+import contextlib
 
 import torch
 from torch import Tensor
@@ -43,8 +44,8 @@ from .edge_driver import EdgeSpec, differentiable_backward, node_cached, node_co
 from .edge_ops import (static_spec_maker, edge_apply, register_higher_view, resolve_route, run_backward, run_forward,
                        stencil_param)
 from ._common import (RecordedLaunches, kernel_scalar, first_order_backward, forward_mode_message, kernel_copies,
-                      params_used_by_this_backward, refuse_transforms, to_warp, use_registered_op, warp_stream,
-                      with_strides)
+                      params_used_by_this_backward, refuse_transforms, side_stream, side_work, to_warp,
+                      use_registered_op, warp_stream, with_strides)
 
 # how errors name the layer and its ops
 LABEL = "UKANLinear (warpkan::ukan_pairs, ukan_group_range, ukan_range_table, edge_forward)"
@@ -431,13 +432,18 @@ class _EagerRangeLayer(torch.autograd.Function):
         ctx.raw_inputs = (x, group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
                           base_weight, spline_scaler, grid_delta, spline_order, use_base)
         x, group_lo = x.contiguous(), group_lo.contiguous()
-        # the table's columns coefficient-major ((m, o)), w_out's rows read in that order by the generator: the
-        # engine's coefficient table [in, Rt K, out] as it lies
-        table, *rows = _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out,
-                                         b_out, spline_order + 1, keep_rows=True)
-        spec, coef = range_spec(x, group_lo, table, grid_delta, spline_order, use_base)
+        spec = range_static_spec(spline_order, kernel_scalar(x), float(grid_delta), rows_per_feature,
+                                 rows_per_feature * (spline_order + 1), use_base).with_frame((group_lo,))
         # the route resolved once, for the forward and the backward
-        strategy, precision = resolve_route(spec, x, coef.shape[2], strategy, precision)
+        strategy, precision = resolve_route(spec, x, w_out.shape[0] // (spline_order + 1), strategy, precision)
+        side = _side_work(x, strategy)
+        # the table's columns coefficient-major ((m, o)), w_out's rows read in that order by the generator: the
+        # engine's coefficient table [in, Rt K, out] as it lies. On the gemm strategy in a CUDA-graph capture
+        # the CG-MLP runs on a side stream, beside the spline's basis expansion, which does not read the table
+        with _on(side.fork() if side is not None else None):
+            table, *rows = _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden,
+                                             w_out, b_out, spline_order + 1, keep_rows=True)
+        coef = _range_coef(x, table, spline_order)
         # [out, in] parameters: their [in, out] operands made here, not as autograd nodes of their own, once for
         # the forward and the backward: views (the gemm strategy's combine kernel reads any strides; the stencil
         # kernels, a small call's in place), or a copy of a large contiguous parameter (edge_ops.stencil_param)
@@ -446,7 +452,9 @@ class _EagerRangeLayer(torch.autograd.Function):
         if strategy == "stencil":
             base_weight_t, scaler_t = stencil_param(base_weight_t, x.shape[0]), stencil_param(scaler_t, x.shape[0])
         keep = {}  # what the gemm strategy keeps for the backward (its weight, and its basis where it fits)
-        y = run_forward(spec, x, base_weight_t, scaler_t, coef, None, strategy, precision, keep, out_dtype)
+        y = run_forward(spec, x, base_weight_t, scaler_t, coef, None, strategy, precision, keep, out_dtype, side=side)
+        if side is not None:
+            side.join()  # where the forward had nothing to compute (a capture must end joined)
         ctx.kept = keep or None
         ctx.save_for_backward(x, group_lo, base_weight_t, scaler_t, embedding, w_hidden, b_hidden, w_out, b_out)
         ctx.config = (pe_dim, grid_delta, spline_order, use_base, deterministic)
@@ -485,11 +493,26 @@ class _EagerRangeLayer(torch.autograd.Function):
             table = _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
                                       spline_order + 1)
         spec, coef = range_spec(x, group_lo, table, grid_delta, spline_order, use_base)
+        # on the gemm strategy in a CUDA-graph capture, the parameter gradients' split and the CG-MLP's backward
+        # run on a side stream, beside the basis gradient's product and contraction (dx)
+        side = _side_work(x, ctx.route[0]) if need_mlp else None
         dx, d_base, d_scaler, d_coef, _ = run_backward(spec, dy.contiguous(), x, base_weight_t, scaler_t, coef, None,
                                                        *ctx.route, deterministic, need_x, need_params, False,
-                                                       ctx.kept)
+                                                       ctx.kept, side=side)
         d_table = d_coef.view(table.shape) if need_params else d_coef
+        if side is not None:
+            side.hold(table)  # the side stream's split reads it
         del table, coef
+        if need_mlp:
+            # d_table is this node's own (the spline's gradient of the table): the generator may write over it
+            with _on(side):
+                mlp_grads = _range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b_hidden,
+                                                       w_out, spline_order + 1, rows=rows, d_table_is_scratch=True)
+            for index, grad in zip(range(4, 9), mlp_grads):
+                if need[index]:
+                    grads[index] = grad
+        if side is not None:
+            side.join()
         if need_x:
             grads[0] = dx
         # in the parameters' own strides where the transpose kernel copied them (see eager_function)
@@ -497,14 +520,22 @@ class _EagerRangeLayer(torch.autograd.Function):
             if need[index] and grad is not None:
                 param_t = ctx.raw_inputs[index].t()
                 grads[index] = (with_strides(grad, param_t.stride()) if kernel_copies(param_t) else grad).t()
-        if need_mlp:
-            # d_table is this node's own (the spline's gradient of the table): the generator may write over it
-            mlp_grads = _range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b_hidden, w_out,
-                                                   spline_order + 1, rows=rows, d_table_is_scratch=True)
-            for index, grad in zip(range(4, 9), mlp_grads):
-                if need[index]:
-                    grads[index] = grad
         return tuple(grads)
+
+
+def _side_work(x: Tensor, strategy: str):
+    """The side stream of a dense-range call on the gemm strategy (``_common.side_work``: while a CUDA graph is
+    captured), else None. Its first eager CUDA call makes the device's side stream, so that none is made
+    during a capture."""
+    if not x.is_cuda:
+        return None
+    side_stream(x.device)
+    return side_work(x.device) if strategy == "gemm" else None
+
+
+def _on(side):
+    """``with _on(side)``: the side stream's context, or nothing for None."""
+    return side if side is not None else contextlib.nullcontext()
 
 
 def coefficient_major(w_out: Tensor, b_out: Tensor, table_k: int) -> tuple[Tensor, Tensor]:
