@@ -7,7 +7,6 @@ float32/float64 layers, devices other than the CPU and CUDA), each refused with 
 from __future__ import annotations
 
 import contextlib
-
 import ctypes
 import math
 import sys
@@ -97,13 +96,17 @@ class SideStream:
 
 
 def side_stream(device: torch.device) -> "torch.cuda.Stream":
-    """The device's side stream (see :class:`SideStream`), made on first use with its Warp wrapper."""
+    """The device's side stream (see :class:`SideStream`), made on first use: a stream of its own, created by
+    Warp, not one of torch's pooled streams, which torch hands out in turn to every ``torch.cuda.Stream()`` (a
+    caller's capture stream, or a user's stream, could otherwise be this one)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     found = _side_streams.get(index)
     if found is None:
-        found = _side_streams[index] = torch.cuda.Stream(device=index)
-        with torch.cuda.stream(found):
-            warp_stream(torch.device("cuda", index))
+        start_warp()
+        owner = wp.Stream(wp.get_device(f"cuda:{index}"))
+        found = torch.cuda.ExternalStream(owner.cuda_stream, device=torch.device("cuda", index))
+        _streams[(index, owner.cuda_stream)] = owner  # warp_stream's wrapper of it: Warp's own, kept alive
+        _side_streams[index] = found
     return found
 
 
@@ -118,6 +121,23 @@ def side_work(device: torch.device) -> "SideStream | None":
     if side is None:  # never made eagerly: not made now, during the capture
         return None
     return SideStream(torch.cuda.current_stream(device), side)
+
+
+def on_side(side: "SideStream | None"):
+    """``with on_side(side)``: work on the side stream (forked first if it was not), or where it is for None."""
+    return side if side is not None else contextlib.nullcontext()
+
+
+def gemm_side_work(x: torch.Tensor, strategy: str) -> "SideStream | None":
+    """The side stream of a UKAN dense-range call on the gemm strategy (:func:`side_work`: while a CUDA graph is
+    captured), else None. Any CUDA call makes the device's side stream first, so that a capture after eager
+    calls (of another strategy, as small eager calls take) finds it made. (The other edge families do not take
+    it: KANLinear's combined weight and split beside its basis work measured from 0.89x to 1.52x its one-stream
+    step, graphed, and the polynomial layers have nothing to put there: docs/perf-notes-engine.md.)"""
+    if not x.is_cuda:
+        return None
+    side_stream(x.device)
+    return side_work(x.device) if strategy == "gemm" else None
 
 
 def to_warp(t: torch.Tensor) -> wp.array:

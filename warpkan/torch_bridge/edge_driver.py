@@ -53,7 +53,7 @@ from ..kernels.edge import tiled as edge_tiled
 from ..kernels.edge.dense import dense_kernels, dense_width
 from ..kernels.edge.strategy import STRATEGIES
 from ._common import (RecordedLaunches, SideStream, TorchWorkspace, autocast_dtype, check_tensor, keyword_launcher,
-                      matmul_precision, needed_grads, runs_registered_op, to_warp, warp_device, warp_stream)
+                      matmul_precision, needed_grads, on_side, runs_registered_op, to_warp, warp_device, warp_stream)
 
 __all__ = ["STRATEGIES", "PRECISIONS", "PRECISION_UNIT_ROUNDOFF", "check_strategy", "check_precision",
            "resolve_precision", "stencil_forward", "stencil_backward", "gemm_forward", "gemm_backward", "expand_basis",
@@ -374,8 +374,9 @@ def gemm_forward(family, make_frame, frame_tensors: tuple, frame_config: tuple, 
     weight (``"weight"``), and, where the whole dense basis takes at most :data:`KEEP_BASIS_BYTES` (and, on the
     CPU, one cache-sized chunk), the basis written in one chunk (``"basis"``).
 
-    ``side``: a forked :class:`~._common.SideStream` whose work writes ``coef`` (UKAN's generated table); the
-    first chunk's basis is written before the join, side by side with it, and the combined weight after."""
+    ``side`` (a :class:`~._common.SideStream`, in a CUDA-graph capture): the combined weight is made on the side
+    stream (after the work the caller put there, UKAN's generated table) while the first chunk's basis is
+    written, and joined before the first product."""
     n_rows, n_in = x.shape
     n_coef, n_out = coef.shape[1], coef.shape[2]
     width = dense_width(n_in, n_coef, use_base)
@@ -390,18 +391,17 @@ def gemm_forward(family, make_frame, frame_tensors: tuple, frame_config: tuple, 
     if keep is not None and chunk == n_rows and scratch.numel() * scratch.element_size() <= KEEP_BASIS_BYTES:
         keep["basis"] = scratch.view(width, n_rows)
     config = _frame_config(family, make_frame, frame_tensors, frame_config, n_coef, use_base)
-    weight = None
+    with on_side(side):
+        weight = _gemm_weight(family, base_weight_t, scaler_t, coef, use_base, basis_dtype)
+    if keep is not None:
+        keep["weight"] = weight
     with matmul_precision(precision, x.device):
         for start in range(0, n_rows, chunk):
             stop = min(start + chunk, n_rows)
             basis_t = scratch[: width * (stop - start)].view(width, stop - start)
             _launch(_EXPAND, (x[start:stop], None, *frame_tensors, basis_t), config)
-            if weight is None:  # after the first chunk's basis, which does not read coef
-                if side is not None:
-                    side.join()
-                weight = _gemm_weight(family, base_weight_t, scaler_t, coef, use_base, basis_dtype)
-                if keep is not None:
-                    keep["weight"] = weight
+            if start == 0 and side is not None:
+                side.join()
             if bias is not None and basis_dtype == x.dtype == y.dtype:
                 torch.addmm(bias, basis_t.t(), weight, out=y[start:stop])
             else:
@@ -417,14 +417,16 @@ def gemm_backward(family, make_frame, frame_tensors: tuple, frame_config: tuple,
     the forward kept (``gemm_forward(keep=)``): its combined weight, and the dense basis of every row, read
     instead of making them again (and not written: a retained graph's second backward reads them too).
 
-    ``side``: a :class:`~._common.SideStream` (not forked) on which the parameter gradients' split runs, forked
-    once the weight gradient is complete, so that the caller's work on them (UKAN's CG-MLP backward) runs side
-    by side with the last chunk's basis gradient; the caller joins it."""
+    ``side`` (a :class:`~._common.SideStream`, in a CUDA-graph capture; the caller joins it): a scaled family's
+    weight gradient is split into the parameters' on the side stream, forked once the last chunk's product is
+    in, side by side with that chunk's basis gradient product and contraction (dx); the caller's own work on
+    them (UKAN's CG-MLP backward) can follow there. The products stay on the current stream: torch keeps a
+    cuBLAS workspace a stream, and one made on the side stream during a capture would outlive the graph's
+    memory pool (torch frees the capture stream's alone)."""
     n_rows, n_in = x.shape
     n_coef, n_out = coef.shape[1], coef.shape[2]
     width = dense_width(n_in, n_coef, use_base)
     scaled = scaler_t is not None
-    side = side if need_params and scaled else None
     empty = x.new_empty((0,))
     dx = torch.empty_like(x) if need_x else empty
     # in coef's strides (a public-layout parameter's gradient is then written where AccumulateGrad takes it as it
@@ -450,6 +452,7 @@ def gemm_backward(family, make_frame, frame_tensors: tuple, frame_config: tuple,
     chunk = n_rows if basis is not None else _chunk_rows(n_rows, width, 2 if bf16 else x.element_size(), x.is_cuda)
     scratch = x.new_empty((chunk * width,), dtype=basis_dtype) if need_x or basis is None else None
     config = _frame_config(family, make_frame, frame_tensors, frame_config, n_coef, use_base)
+    split = need_params and scaled  # the weight gradient's split, still to launch
     with matmul_precision(precision, x.device):
         for start in range(0, n_rows, chunk):
             stop = min(start + chunk, n_rows)
@@ -462,14 +465,15 @@ def gemm_backward(family, make_frame, frame_tensors: tuple, frame_config: tuple,
                     _mm(kept_or_part, dy_mm[start:stop], out=d_weight)
                 else:
                     _mm_add(d_weight, kept_or_part, dy_mm[start:stop])
-                if side is not None and stop == n_rows:  # d_weight is complete: split it on the side stream
+                if split and side is not None and stop == n_rows:  # d_weight complete: split on the side stream
                     side.fork().hold(d_weight)
                     with side:
                         _split_weight_grad(family, use_base, d_weight, scaler_t, coef, d_base, d_scaler, d_coef)
+                    split = False
             if need_x:
                 _mm(weight, dy_mm[start:stop].t(), out=part)
                 _launch(_CONTRACT, (x[start:stop], None, *frame_tensors, part, dx[start:stop]), config)
-    if need_params and scaled and side is None:
+    if split:
         _split_weight_grad(family, use_base, d_weight, scaler_t, coef, d_base, d_scaler, d_coef)
     return dx, d_base, d_scaler, d_coef
 

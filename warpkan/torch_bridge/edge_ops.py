@@ -192,9 +192,10 @@ def _spec(spec, frame_tensors) -> EdgeSpec:
 def run_forward(spec: EdgeSpec, x: Tensor, base_weight_t, scaler_t, coef: Tensor, bias, strategy: str,
                 precision: str, keep: "dict | None" = None, out_dtype: "torch.dtype | None" = None,
                 side=None) -> Tensor:
-    """y [N, out] on a resolved route (x contiguous); ``keep`` and ``side`` (a forked side stream whose work
-    writes coef): see ``edge_driver.gemm_forward``. ``out_dtype`` (default x's): y's dtype, an autocast
-    caller's; the bf16 gemm path writes a bf16 y directly, other routes convert theirs."""
+    """y [N, out] on a resolved route (x contiguous); ``keep`` and ``side`` (a side stream, in a CUDA-graph capture,
+    joined here; the caller's work there may write coef): see ``edge_driver.gemm_forward``. ``out_dtype``
+    (default x's): y's dtype, an autocast caller's; the bf16 gemm path writes a bf16 y directly, other routes
+    convert theirs."""
     out_dtype = out_dtype or x.dtype
     if side is not None and strategy != "gemm":
         side.join()  # the stencil kernels read coef from their first launch
@@ -205,6 +206,8 @@ def run_forward(spec: EdgeSpec, x: Tensor, base_weight_t, scaler_t, coef: Tensor
         y = gemm_forward(*spec[:4], x, scaler_t if base_weight_t is None else base_weight_t, scaler_t,
                          coef if scaler_t is not None else contiguous(coef), spec.use_base, precision, bias=bias,
                          keep=keep, out_dtype=out_dtype if direct else None, side=side)
+        if side is not None:
+            side.join()  # (a forward with nothing to compute returns before its own join)
     else:
         y = stencil_forward(*spec[:4], x, *_stencil_operands(spec, x, base_weight_t, scaler_t, coef), spec.use_base,
                             bias=bias)
@@ -216,8 +219,9 @@ def run_backward(spec: EdgeSpec, dy: Tensor, x: Tensor, base_weight_t, scaler_t,
                  need_bias: bool, kept: "dict | None" = None, side=None) -> tuple:
     """(dx, d_base_weight_t, d_scaler_t, d_coef, d_bias) on a resolved route (dy, x contiguous); ``kept``: what
     the forward kept (``run_forward(keep=)``), if anything. dy may have the dtype of a ``run_forward(out_dtype=)``
-    y: the bf16 gemm path reads a bf16 dy as it is, other routes convert it. ``side`` (an unforked side stream,
-    gemm only): the parameter gradients come from it (``edge_driver.gemm_backward``); the caller joins it."""
+    y: the bf16 gemm path reads a bf16 dy as it is, other routes convert it. ``side`` (a side stream, in a
+    CUDA-graph capture): the parameter gradients come from it (``edge_driver.gemm_backward``); the caller joins it
+    before it reads them (its own work on them can follow there first)."""
     empty = x.new_empty((0,))
     d_bias = dy.sum(dim=0, dtype=x.dtype) if need_bias else empty
     if not (need_x or need_params):

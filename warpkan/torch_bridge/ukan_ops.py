@@ -32,8 +32,6 @@ spline_scaler as the layer exposes them ([out, in]) and make the transposed view
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch import Tensor
 
@@ -44,7 +42,7 @@ from .edge_driver import EdgeSpec, differentiable_backward, node_cached, node_co
 from .edge_ops import (static_spec_maker, edge_apply, register_higher_view, resolve_route, run_backward, run_forward,
                        stencil_param)
 from ._common import (RecordedLaunches, kernel_scalar, first_order_backward, forward_mode_message, kernel_copies,
-                      params_used_by_this_backward, refuse_transforms, side_stream, side_work, to_warp,
+                      gemm_side_work, on_side, params_used_by_this_backward, refuse_transforms, to_warp,
                       use_registered_op, warp_stream, with_strides)
 
 # how errors name the layer and its ops
@@ -436,11 +434,11 @@ class _EagerRangeLayer(torch.autograd.Function):
                                  rows_per_feature * (spline_order + 1), use_base).with_frame((group_lo,))
         # the route resolved once, for the forward and the backward
         strategy, precision = resolve_route(spec, x, w_out.shape[0] // (spline_order + 1), strategy, precision)
-        side = _side_work(x, strategy)
+        side = gemm_side_work(x, strategy)
         # the table's columns coefficient-major ((m, o)), w_out's rows read in that order by the generator: the
         # engine's coefficient table [in, Rt K, out] as it lies. On the gemm strategy in a CUDA-graph capture
         # the CG-MLP runs on a side stream, beside the spline's basis expansion, which does not read the table
-        with _on(side.fork() if side is not None else None):
+        with on_side(side):
             table, *rows = _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden,
                                              w_out, b_out, spline_order + 1, keep_rows=True)
         coef = _range_coef(x, table, spline_order)
@@ -453,8 +451,6 @@ class _EagerRangeLayer(torch.autograd.Function):
             base_weight_t, scaler_t = stencil_param(base_weight_t, x.shape[0]), stencil_param(scaler_t, x.shape[0])
         keep = {}  # what the gemm strategy keeps for the backward (its weight, and its basis where it fits)
         y = run_forward(spec, x, base_weight_t, scaler_t, coef, None, strategy, precision, keep, out_dtype, side=side)
-        if side is not None:
-            side.join()  # where the forward had nothing to compute (a capture must end joined)
         ctx.kept = keep or None
         ctx.save_for_backward(x, group_lo, base_weight_t, scaler_t, embedding, w_hidden, b_hidden, w_out, b_out)
         ctx.config = (pe_dim, grid_delta, spline_order, use_base, deterministic)
@@ -493,9 +489,9 @@ class _EagerRangeLayer(torch.autograd.Function):
             table = _range_table_impl(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
                                       spline_order + 1)
         spec, coef = range_spec(x, group_lo, table, grid_delta, spline_order, use_base)
-        # on the gemm strategy in a CUDA-graph capture, the parameter gradients' split and the CG-MLP's backward
-        # run on a side stream, beside the basis gradient's product and contraction (dx)
-        side = _side_work(x, ctx.route[0]) if need_mlp else None
+        # on the gemm strategy in a CUDA-graph capture, the parameter gradients and the CG-MLP's backward run on a
+        # side stream, beside the basis gradient's product and contraction (dx)
+        side = gemm_side_work(x, ctx.route[0])
         dx, d_base, d_scaler, d_coef, _ = run_backward(spec, dy.contiguous(), x, base_weight_t, scaler_t, coef, None,
                                                        *ctx.route, deterministic, need_x, need_params, False,
                                                        ctx.kept, side=side)
@@ -505,7 +501,7 @@ class _EagerRangeLayer(torch.autograd.Function):
         del table, coef
         if need_mlp:
             # d_table is this node's own (the spline's gradient of the table): the generator may write over it
-            with _on(side):
+            with on_side(side):
                 mlp_grads = _range_table_backward_impl(d_table, group_lo, pe_dim, embedding, w_hidden, b_hidden,
                                                        w_out, spline_order + 1, rows=rows, d_table_is_scratch=True)
             for index, grad in zip(range(4, 9), mlp_grads):
@@ -521,21 +517,6 @@ class _EagerRangeLayer(torch.autograd.Function):
                 param_t = ctx.raw_inputs[index].t()
                 grads[index] = (with_strides(grad, param_t.stride()) if kernel_copies(param_t) else grad).t()
         return tuple(grads)
-
-
-def _side_work(x: Tensor, strategy: str):
-    """The side stream of a dense-range call on the gemm strategy (``_common.side_work``: while a CUDA graph is
-    captured), else None. Its first eager CUDA call makes the device's side stream, so that none is made
-    during a capture."""
-    if not x.is_cuda:
-        return None
-    side_stream(x.device)
-    return side_work(x.device) if strategy == "gemm" else None
-
-
-def _on(side):
-    """``with _on(side)``: the side stream's context, or nothing for None."""
-    return side if side is not None else contextlib.nullcontext()
 
 
 def coefficient_major(w_out: Tensor, b_out: Tensor, table_k: int) -> tuple[Tensor, Tensor]:
