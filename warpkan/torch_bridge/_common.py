@@ -130,13 +130,14 @@ def on_side(side: "SideStream | None"):
 
 def gemm_side_work(x: torch.Tensor, strategy: str) -> "SideStream | None":
     """The side stream of a UKAN dense-range call on the gemm strategy (:func:`side_work`: while a CUDA graph is
-    captured), else None. Any CUDA call makes the device's side stream first, so that a capture after eager
+    captured), else None. Any eager CUDA call makes the device's side stream first, so that a capture after eager
     calls (of another strategy, as small eager calls take) finds it made. (The other edge families do not take
     it: KANLinear's combined weight and split beside its basis work measured from 0.89x to 1.52x its one-stream
     step, graphed, and the polynomial layers have nothing to put there: docs/perf-notes-engine.md.)"""
     if not x.is_cuda:
         return None
-    side_stream(x.device)
+    if x.device.index not in _side_streams and not torch.cuda.is_current_stream_capturing():
+        side_stream(x.device)
     return side_work(x.device) if strategy == "gemm" else None
 
 
