@@ -35,13 +35,18 @@ def warp_device(device: torch.device) -> wp.Device:
     return found
 
 
+def _cuda_index(device: torch.device) -> int:
+    """The index of a CUDA device (the current device for a bare ``cuda``)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def warp_stream(device: torch.device) -> wp.Stream | None:
     """Warp's wrapper of torch's current stream on ``device`` (None on the CPU), cached per (device, handle)
     so the hot path creates nothing: the raw handle costs ~0.1 us where ``torch.cuda.current_stream`` builds a
     Python stream object (~4 us on the GPU machine), and a layer asks once per launch."""
     if device.type != "cuda":
         return None
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _cuda_index(device)
     key = (index, torch._C._cuda_getCurrentRawStream(index))
     found = _streams.get(key)
     if found is None:
@@ -75,9 +80,11 @@ class SideStream:
         return self
 
     def join(self) -> None:
-        """The current stream waits for the side one (again, where it already did: nothing is lost)."""
+        """The current stream waits for the side one, if work went there since the last join (a second join does
+        nothing; work on the side stream after a join forks again)."""
         if self.forked:
             self.main.wait_stream(self.side)
+            self.forked = False
         self.held.clear()
 
     def hold(self, *tensors) -> None:
@@ -99,7 +106,7 @@ def side_stream(device: torch.device) -> "torch.cuda.Stream":
     """The device's side stream (see :class:`SideStream`), made on first use: a stream of its own, created by
     Warp, not one of torch's pooled streams, which torch hands out in turn to every ``torch.cuda.Stream()`` (a
     caller's capture stream, or a user's stream, could otherwise be this one)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _cuda_index(device)
     found = _side_streams.get(index)
     if found is None:
         start_warp()
@@ -117,7 +124,7 @@ def side_work(device: torch.device) -> "SideStream | None":
     bound by the host, does not get back."""
     if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
         return None
-    side = _side_streams.get(device.index if device.index is not None else torch.cuda.current_device())
+    side = _side_streams.get(_cuda_index(device))
     if side is None:  # never made eagerly: not made now, during the capture
         return None
     return SideStream(torch.cuda.current_stream(device), side)

@@ -392,8 +392,8 @@ def range_static_spec(spline_order: int, scalar: str, grid_delta: float, n_group
     return EdgeSpec(family, _range_frame, (), (float(grid_delta), n_groups, family.scalar_name), n_coef, use_base)
 
 
-def _range_static_args(x: Tensor, table: Tensor, grid_delta: float, spline_order: int, use_base: bool) -> tuple:
-    n_groups = table.shape[0] // x.shape[1]
+def _range_static_args(x: Tensor, n_groups: int, grid_delta: float, spline_order: int, use_base: bool) -> tuple:
+    """:func:`range_static_spec`'s arguments for x and a table of ``n_groups`` rows a feature."""
     return spline_order, kernel_scalar(x), float(grid_delta), n_groups, n_groups * (spline_order + 1), use_base
 
 
@@ -406,7 +406,7 @@ def range_spec(x: Tensor, group_lo: Tensor, table: Tensor, grid_delta: float, sp
                use_base: bool) -> tuple[EdgeSpec, Tensor]:
     """(the edge-engine spec, coef [in, Rt K, out]) of a range table [in Rt, K out] (:func:`range_table_torch`)
     from each feature's lowest group ``group_lo`` [in], for x's dtype; ``use_base``: the SiLU base rows fused."""
-    spec = range_static_spec(*_range_static_args(x, table, grid_delta, spline_order, use_base))
+    spec = range_static_spec(*_range_static_args(x, table.shape[0] // x.shape[1], grid_delta, spline_order, use_base))
     return spec.with_frame((group_lo,)), _range_coef(x, table, spline_order)
 
 
@@ -430,8 +430,8 @@ class _EagerRangeLayer(torch.autograd.Function):
         ctx.raw_inputs = (x, group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
                           base_weight, spline_scaler, grid_delta, spline_order, use_base)
         x, group_lo = x.contiguous(), group_lo.contiguous()
-        spec = range_static_spec(spline_order, kernel_scalar(x), float(grid_delta), rows_per_feature,
-                                 rows_per_feature * (spline_order + 1), use_base).with_frame((group_lo,))
+        spec = range_static_spec(*_range_static_args(x, rows_per_feature, grid_delta, spline_order, use_base))
+        spec = spec.with_frame((group_lo,))
         # the route resolved once, for the forward and the backward
         strategy, precision = resolve_route(spec, x, w_out.shape[0] // (spline_order + 1), strategy, precision)
         side = gemm_side_work(x, strategy)
@@ -607,7 +607,7 @@ def range_layer(x: Tensor, group_lo: Tensor, rows_per_feature: int, pe_dim: int,
     if use_registered_op(x):
         table = ukan_range_table(group_lo, rows_per_feature, pe_dim, embedding, w_hidden, b_hidden, w_out, b_out,
                                  spline_order + 1)
-        return edge_apply(x, "ukan_range", _range_static_args(x, table, grid_delta, spline_order, use_base),
+        return edge_apply(x, "ukan_range", _range_static_args(x, rows_per_feature, grid_delta, spline_order, use_base),
                           (group_lo,), base_weight if use_base else None, spline_scaler,
                           _range_coef(x, table, spline_order), None, strategy, precision, deterministic,
                           layout="ukan_range", label=RANGE_LAYER_LABEL, out_dtype=out_dtype)
