@@ -380,6 +380,42 @@ def test_graphed_step_trains_as_eager_cuda(name, accumulation_steps, precision, 
 
 
 @needs_cuda
+@pytest.mark.parametrize("name", list(MODELS))
+def test_graphed_step_of_a_compiled_model_trains_as_its_eager_loop_cuda(name):
+    """graphed_training_step of a model compiled by inductor (torch.compile's default mode, as the bench's
+    "compiled graphed" mode runs it): after STEPS bf16 steps the parameters and losses are those of the same
+    compiled model trained by the eager loop, within that loop's run-to-run spread, and Dynamo made one graph
+    with no break (the warm-up steps compiled it; the capture and the replays did not compile again)."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    batches = _batches(name, STEPS, "cuda")
+
+    def compiled_model():
+        model = _fixed_strategy(_model(name, "cuda"))
+        model.compile()
+        return model
+
+    graphed = compiled_model()
+    start = _parameters(graphed)
+    losses, step = _graphed(graphed, _sgd(graphed), batches, autocast_dtype=torch.bfloat16)
+    assert step.graphed
+    counters = torch._dynamo.utils.counters
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"], dict(counters)
+    eager = []
+    for _ in range(2):
+        model = compiled_model()
+        eager.append((model, _hand_written(model, _sgd(model), batches, autocast_dtype=torch.bfloat16)))
+    (eager_a, losses_a), (eager_b, losses_b) = eager
+    names = [n for n, _ in graphed.named_parameters()]
+    updates = [(a - p0).abs().max().item() for a, p0 in zip(eager_a.parameters(), start)]
+    relative = UPDATE_TOLERANCE["bf16"]
+    _assert_within_spread(list(graphed.parameters()), list(eager_a.parameters()), list(eager_b.parameters()), names,
+                          updates, relative)
+    _assert_within_spread([losses], [losses_a], [losses_b], ["losses"], [losses_a.abs().max().item()], relative)
+    assert any(not torch.equal(p, p0) for p, p0 in zip(graphed.parameters(), start))
+
+
+@needs_cuda
 @capturable_uncaptured
 @pytest.mark.parametrize("optimizer", ["adamw-tensor-lr", "sgd-fused-tensor-lr", "sgd-momentum-float-lr"])
 def test_graphed_step_with_a_learning_rate_schedule_cuda(optimizer):

@@ -8,7 +8,7 @@ their twins, in one run, on synthetic inputs of the right shapes (no downloads):
 | Speech Commands net (PolyKAN, 40-256-256-12, degree 8, B=128) | ``PolyKANLinear`` Fourier / Chebyshev, LUT / exact | the torch cos/sin+einsum (Fourier) and acos/cos (Chebyshev, ChebyKAN's) forms |
 | MNIST 784-32-10 (B=128) | ``KANLinear`` / ``UKANLinear`` | efficient-kan's formula; an MLP |
 
-Each model trains in fp32 and in bf16 autocast, in four modes (:data:`MODES`). A step is what a training
+Each model trains in fp32 and in bf16 autocast, in five modes (:data:`MODES`). A step is what a training
 loop runs: forward, cross-entropy loss, backward, ``AdamW.step()`` (torch's fused AdamW, :data:`OPTIMIZER`),
 ``zero_grad``; the columns are its median time (CUDA events around each of ``repeat`` back-to-back steps after
 warm-up, :func:`warpkan.bench.timing.time_fn`; the median of ``rounds`` such timings, with their spread), the
@@ -27,9 +27,11 @@ modes, that of the call that records the graphs: the memory their pool keeps). T
   CUDA graphs took;
 - ``graphed``: the whole step (forward, loss, backward, a ``capturable`` AdamW's step) replayed from one CUDA
   graph by :func:`warpkan.torch_bridge.graphed_training_step`, the batch copied into its input buffers on
-  each call; the first step is its first eager warm-up step.
+  each call; the first step is its first eager warm-up step;
+- ``compiled graphed``: the model compiled as in ``compile``, then its whole step graphed as in ``graphed``: the
+  graph replays inductor's fused kernels for the torch ops around the layers (the first warm-up step compiles).
 
-The last two are cuda only: on another device their rows say so and hold no figures. Before the first
+The last three are cuda only: on another device their rows say so and hold no figures. Before the first
 measured step, every warpkan model runs one untimed step in fp32 and one in bf16 so that the Warp kernels it
 launches are built (once per machine, cached on disk) and loaded: that time is its own row, and the
 first-step columns are what each later process pays.
@@ -75,8 +77,9 @@ from .timing import peak_memory, time_fn
 FULL = dict(repeat=20, warmup=3, rounds=3, backend="inductor", paired_rounds=7)
 QUICK = dict(repeat=2, warmup=0, rounds=1, backend="aot_eager", paired_rounds=2)
 PRECISIONS = ("fp32", "bf16 autocast")
-MODES = ("eager", "compile", "reduce-overhead", "graphed")
-CUDA_GRAPH_MODES = ("reduce-overhead", "graphed")  # measured on cuda only
+MODES = ("eager", "compile", "reduce-overhead", "graphed", "compiled graphed")
+CUDA_GRAPH_MODES = ("reduce-overhead", "graphed", "compiled graphed")  # measured on cuda only
+COMPILED_MODES = ("compile", "reduce-overhead", "compiled graphed")  # their rows count Dynamo's graphs
 
 # the targets, on the bf16 autocast rows, in one mode or the best mode of each implementation (mode
 # None): (model, warpkan impl, other impl, mode, bound, sense). sense "speedup": other's step time over
@@ -299,9 +302,11 @@ def _prepared_step(case: _Case, impl: str, precision: str, mode: str, device: st
     torch.manual_seed(0)
     model = case.impls[impl]().to(device)
     x, labels = case.inputs(device)
-    if mode == "graphed":
+    if mode in ("graphed", "compiled graphed"):
         from ..torch_bridge import graphed_training_step
 
+        if mode == "compiled graphed":  # compiled as in "compile"; the eager warm-up steps compile it
+            _compile(model, settings["backend"])
         optimizer = _optimizer(model, device, graphed=True)
         graphed = graphed_training_step(model, optimizer, F.cross_entropy, x, labels,
                                         autocast_dtype=None if precision == "fp32" else torch.bfloat16)
@@ -340,7 +345,7 @@ def _measure(case: _Case, impl: str, precision: str, mode: str, device: str, set
     row["samples/s"] = case.batch / (ms * 1e-3)
     if peak is not None:
         row["peak_MiB"] = peak
-    if mode in ("compile", "reduce-overhead"):
+    if mode in COMPILED_MODES:
         counters = torch._dynamo.utils.counters
         row["graphs"] = counters["stats"]["unique_graphs"]
         row["graph breaks"] = sum(counters["graph_break"].values())
@@ -507,7 +512,7 @@ LEGEND = {
     "samples/s": "batch / step_ms",
     "graphs": "the graphs torch.compile made",
     "graph breaks": "torch.compile's graph breaks",
-    "fastest": "the fastest of the model and implementation's four modes",
+    "fastest": "the fastest of the model and implementation's rows (both precisions, every mode)",
     "Δ logits": "largest difference of the fp32 logits from the warpkan model's with the same parameters, "
                 "relative to its largest logit",
     "target": "the aim a target row checks (bf16 autocast)",
