@@ -2,12 +2,12 @@
 command line (default: eager and graphed), every model and implementation, targets and profiles of the missed
 ones as the full run makes them.
 
-    python scripts/bench_models_subset.py [--modes eager graphed reduce-overhead] [--models MNIST Speech ...]
-        [--impls "warpkan chebyshev" "torch acos/cos" ...] [--foreach]
+    python scripts/bench_models_subset.py [--modes eager graphed reduce-overhead "compiled graphed"]
+        [--models MNIST Speech ...] [--impls "warpkan chebyshev" "torch acos/cos" ...] [--foreach]
 
 ``--impls``: name prefixes of the implementations to keep (every one by default), e.g. the Speech Commands
-net's Chebyshev forms in all four modes: ``--models Speech --impls "warpkan chebyshev" "torch acos/cos"
---modes eager compile reduce-overhead graphed``.
+net's Chebyshev forms in all five modes: ``--models Speech --impls "warpkan chebyshev" "torch acos/cos"
+--modes eager compile reduce-overhead graphed "compiled graphed"``.
 
 ``--foreach``: torch's default foreach AdamW in every step instead of the bench's fused one (the bench's figures
 before it took the fused optimizer).
