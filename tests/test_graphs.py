@@ -344,6 +344,26 @@ UPDATE_TOLERANCE = {"fp32": 2.0**-16, "bf16": 2.0**-5}
 STEPS = 7  # three eager warm-up steps, the capture, three more replays
 
 
+def _assert_trains_as_eager(graphed, start, losses, build, batches, accumulation_steps, precision):
+    """``graphed`` (its parameters ``start`` before training) trained on ``batches`` by graphed_training_step
+    with these ``losses``: its parameters and losses are those of ``build()`` trained by the eager loop, within
+    that loop's run-to-run spread (two eager runs) plus UPDATE_TOLERANCE[precision] of what the steps changed,
+    and training changed them."""
+    dtype = torch.bfloat16 if precision == "bf16" else None
+    eager = []
+    for _ in range(2):
+        model = build()
+        eager.append((model, _hand_written(model, _sgd(model), batches, accumulation_steps, dtype)))
+    (eager_a, losses_a), (eager_b, losses_b) = eager
+    names = [n for n, _ in graphed.named_parameters()]
+    updates = [(a - p0).abs().max().item() for a, p0 in zip(eager_a.parameters(), start)]
+    relative = UPDATE_TOLERANCE[precision]
+    _assert_within_spread(list(graphed.parameters()), list(eager_a.parameters()), list(eager_b.parameters()), names,
+                          updates, relative)
+    _assert_within_spread([losses], [losses_a], [losses_b], ["losses"], [losses_a.abs().max().item()], relative)
+    assert any(not torch.equal(p, p0) for p, p0 in zip(graphed.parameters(), start))
+
+
 # the eager reference loops run a capturable AdamW uncaptured, which torch warns about
 capturable_uncaptured = pytest.mark.filterwarnings("ignore:This instance was constructed with capturable=True")
 
@@ -365,18 +385,8 @@ def test_graphed_step_trains_as_eager_cuda(name, accumulation_steps, precision, 
     start = _parameters(graphed)
     losses, step = _graphed(graphed, _sgd(graphed), batches, accumulation_steps, dtype)
     assert step.graphed and len(replays) == STEPS - step.warmup
-    eager = []
-    for _ in range(2):
-        model = _fixed_strategy(_model(name, "cuda"))
-        eager.append((model, _hand_written(model, _sgd(model), batches, accumulation_steps, dtype)))
-    (eager_a, losses_a), (eager_b, losses_b) = eager
-    names = [n for n, _ in graphed.named_parameters()]
-    updates = [(a - p0).abs().max().item() for a, p0 in zip(eager_a.parameters(), start)]
-    relative = UPDATE_TOLERANCE[precision]
-    _assert_within_spread(list(graphed.parameters()), list(eager_a.parameters()), list(eager_b.parameters()), names,
-                          updates, relative)
-    _assert_within_spread([losses], [losses_a], [losses_b], ["losses"], [losses_a.abs().max().item()], relative)
-    assert any(not torch.equal(p, p0) for p, p0 in zip(graphed.parameters(), start))
+    _assert_trains_as_eager(graphed, start, losses, lambda: _fixed_strategy(_model(name, "cuda")), batches,
+                            accumulation_steps, precision)
 
 
 @needs_cuda
@@ -401,18 +411,7 @@ def test_graphed_step_of_a_compiled_model_trains_as_its_eager_loop_cuda(name):
     assert step.graphed
     counters = torch._dynamo.utils.counters
     assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"], dict(counters)
-    eager = []
-    for _ in range(2):
-        model = compiled_model()
-        eager.append((model, _hand_written(model, _sgd(model), batches, autocast_dtype=torch.bfloat16)))
-    (eager_a, losses_a), (eager_b, losses_b) = eager
-    names = [n for n, _ in graphed.named_parameters()]
-    updates = [(a - p0).abs().max().item() for a, p0 in zip(eager_a.parameters(), start)]
-    relative = UPDATE_TOLERANCE["bf16"]
-    _assert_within_spread(list(graphed.parameters()), list(eager_a.parameters()), list(eager_b.parameters()), names,
-                          updates, relative)
-    _assert_within_spread([losses], [losses_a], [losses_b], ["losses"], [losses_a.abs().max().item()], relative)
-    assert any(not torch.equal(p, p0) for p, p0 in zip(graphed.parameters(), start))
+    _assert_trains_as_eager(graphed, start, losses, compiled_model, batches, 1, "bf16")
 
 
 @needs_cuda

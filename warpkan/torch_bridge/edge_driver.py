@@ -386,7 +386,7 @@ def gemm_forward(family, make_frame, frame_tensors: tuple, frame_config: tuple, 
     if width == 0:
         return y.copy_(bias.expand(n_rows, n_out)) if bias is not None else y.zero_()
     basis_dtype = torch.bfloat16 if precision == "bf16" else x.dtype
-    chunk = _chunk_rows(n_rows, width, torch.finfo(basis_dtype).bits // 8, x.is_cuda, keep is not None)
+    chunk = _chunk_rows(n_rows, width, basis_dtype.itemsize, x.is_cuda, keep is not None)
     scratch = x.new_empty((chunk * width,), dtype=basis_dtype)
     if keep is not None and chunk == n_rows and scratch.numel() * scratch.element_size() <= KEEP_BASIS_BYTES:
         keep["basis"] = scratch.view(width, n_rows)
@@ -438,8 +438,7 @@ def gemm_backward(family, make_frame, frame_tensors: tuple, frame_config: tuple,
         for grad in (dx, d_base, d_scaler, d_coef):
             grad.zero_()
         return dx, d_base, d_scaler, d_coef
-    bf16 = precision == "bf16"
-    basis_dtype = torch.bfloat16 if bf16 else x.dtype
+    basis_dtype = torch.bfloat16 if precision == "bf16" else x.dtype
     dy_mm = dy.to(basis_dtype)
     basis = kept.get("basis") if kept else None
     weight = kept.get("weight") if kept else None
@@ -449,7 +448,7 @@ def gemm_backward(family, make_frame, frame_tensors: tuple, frame_config: tuple,
     d_weight = (x.new_empty((width, n_out)) if scaled else d_coef.view(width, n_out)) if need_params else None
     # the basis gradient reuses the basis's scratch: in stream order the d_weight GEMM has read the basis before
     # the dA GEMM overwrites it
-    chunk = n_rows if basis is not None else _chunk_rows(n_rows, width, 2 if bf16 else x.element_size(), x.is_cuda)
+    chunk = n_rows if basis is not None else _chunk_rows(n_rows, width, basis_dtype.itemsize, x.is_cuda)
     scratch = x.new_empty((chunk * width,), dtype=basis_dtype) if need_x or basis is None else None
     config = _frame_config(family, make_frame, frame_tensors, frame_config, n_coef, use_base)
     split = need_params and scaled  # the weight gradient's split, still to launch
